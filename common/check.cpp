@@ -1,0 +1,100 @@
+#include "common/check.hpp"
+
+#include <algorithm>
+#include <sstream>
+
+namespace attn {
+namespace {
+
+TensorCheck judge_tensor(const char* name, const std::vector<float>& out, std::size_t expected_elems,
+                         const CheckedRows<double>& ref, const ErrorStats& naive, DType stored,
+                         bool allow_neg_inf) {
+  TensorCheck t;
+  t.name = name;
+  t.naive = naive;
+  if (out.size() != expected_elems) {
+    t.verdict.pass = false;
+    t.verdict.reason = std::string(name) + " has " + std::to_string(out.size()) + " elements, expected " +
+                       std::to_string(expected_elems);
+    return t;
+  }
+  t.err = compare_rows(out.data(), ref);
+  const std::size_t unwritten = count_unwritten(out.data(), out.size(), allow_neg_inf);
+  t.verdict = accept(t.err, naive, stored, unwritten);
+  if (!t.verdict.pass) t.mismatches = describe_mismatches(out.data(), ref, t.verdict.tolerance);
+  return t;
+}
+
+/// Error of the yardstick, whose values are stored compactly (one row per checked row).
+ErrorStats compact_error(const CheckedRows<float>& mine, const CheckedRows<double>& ref) {
+  CheckedRows<double> dense = ref;
+  for (std::size_t k = 0; k < dense.rows.size(); ++k) dense.rows[k] = k;
+  return compare_rows(mine.values.data(), dense);
+}
+
+}  // namespace
+
+bool CheckResult::pass() const {
+  return !tensors.empty() &&
+         std::all_of(tensors.begin(), tensors.end(), [](const TensorCheck& t) { return t.verdict.pass; });
+}
+
+double CheckResult::max_abs() const {
+  double m = 0;
+  for (const auto& t : tensors) m = std::max(m, t.err.max_abs);
+  return m;
+}
+
+double CheckResult::rel_l2() const {
+  double m = 0;
+  for (const auto& t : tensors) m = std::max(m, t.err.rel_l2);
+  return m;
+}
+
+std::string CheckResult::failures() const {
+  std::ostringstream s;
+  for (const auto& t : tensors)
+    if (!t.verdict.pass) {
+      s << t.name << ": " << t.verdict.reason;
+      if (!t.mismatches.empty()) s << " [" << t.mismatches << "]";
+      s << "\n";
+    }
+  return s.str();
+}
+
+ForwardOracle::ForwardOracle(const Problem& p, const AttnInputs& in, CheckPlan plan, const ScoreMod* mod)
+    : p_(p), plan_(std::move(plan)) {
+  ref_ = reference_forward(p_, in, plan_, mod);
+  naive_ = naive_forward_same_precision(p_, in, plan_, mod);
+  naive_o_ = compact_error(naive_.o, ref_.o);
+  naive_lse_ = compact_error(naive_.lse, ref_.lse);
+}
+
+CheckResult ForwardOracle::judge(const std::vector<float>& o, const std::vector<float>* lse) const {
+  CheckResult r;
+  r.tensors.push_back(judge_tensor("O", o, p_.o_elems(), ref_.o, naive_o_, p_.dtype, false));
+  if (lse)
+    r.tensors.push_back(judge_tensor("LSE", *lse, p_.lse_elems(), ref_.lse, naive_lse_, DType::f32, true));
+  return r;
+}
+
+BackwardOracle::BackwardOracle(const Problem& p, const AttnInputs& in, BackwardPlan plan,
+                               const ScoreMod* mod)
+    : p_(p), plan_(std::move(plan)) {
+  ref_ = reference_backward(p_, in, plan_, mod);
+  naive_ = naive_backward_same_precision(p_, in, plan_, mod);
+  naive_dq_ = compact_error(naive_.dq, ref_.dq);
+  naive_dk_ = compact_error(naive_.dk, ref_.dk);
+  naive_dv_ = compact_error(naive_.dv, ref_.dv);
+}
+
+CheckResult BackwardOracle::judge(const std::vector<float>& dq, const std::vector<float>& dk,
+                                  const std::vector<float>& dv) const {
+  CheckResult r;
+  r.tensors.push_back(judge_tensor("dQ", dq, p_.q_elems(), ref_.dq, naive_dq_, p_.dtype, false));
+  r.tensors.push_back(judge_tensor("dK", dk, p_.k_elems(), ref_.dk, naive_dk_, p_.dtype, false));
+  r.tensors.push_back(judge_tensor("dV", dv, p_.v_elems(), ref_.dv, naive_dv_, p_.dtype, false));
+  return r;
+}
+
+}  // namespace attn

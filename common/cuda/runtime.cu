@@ -1,0 +1,136 @@
+// CUDA-side implementations of check.cuh, buffer.cuh, timing.cuh and the device query.
+#include <algorithm>
+#include <cstdlib>
+#include <iostream>
+#include <vector>
+
+#include "common/cuda/buffer.cuh"
+#include "common/cuda/check.cuh"
+#include "common/cuda/timing.cuh"
+#include "common/device.hpp"
+
+namespace attn {
+
+void cuda_fail(cudaError_t e, const char* what, const char* file, int line) {
+  std::string f = file;
+  if (auto s = f.rfind('/'); s != std::string::npos) f = f.substr(s + 1);
+  throw CudaError(f + ":" + std::to_string(line) + ": " + what + " failed: " + cudaGetErrorString(e));
+}
+
+void check_launch(const char* what, const char* file, int line) {
+  cuda_check(cudaGetLastError(), what, file, line);
+  static const bool sync = [] {
+    const char* s = std::getenv("ATTN_SYNC");
+    return s && *s && *s != '0';
+  }();
+  if (sync) cuda_check(cudaDeviceSynchronize(), what, file, line);
+}
+
+// ----------------------------------------------------------------------------- device query
+
+bool cuda_built() { return true; }
+
+std::optional<DeviceInfo> query_device(std::string* why_not) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    if (why_not)
+      *why_not = std::string("no CUDA device: ") + (e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+    cudaGetLastError();  // clear the sticky error of a failed query
+    return std::nullopt;
+  }
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  DeviceInfo d;
+  d.name = prop.name;
+  d.cc_major = prop.major;
+  d.cc_minor = prop.minor;
+  d.sms = prop.multiProcessorCount;
+  d.l2_bytes = std::size_t(prop.l2CacheSize);
+  d.smem_per_block_optin = prop.sharedMemPerBlockOptin;
+  CUDA_CHECK(cudaMemGetInfo(&d.free_mem, &d.total_mem));
+  return d;
+}
+
+// ----------------------------------------------------------------------------- tensors
+
+DeviceTensor DeviceTensor::from_host(const std::vector<float>& h, DType dtype) {
+  DeviceTensor t(dtype, h.size());
+  if (h.empty()) return t;
+  if (dtype == DType::f32) {
+    CUDA_CHECK(cudaMemcpy(t.data(), h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+  } else {
+    std::vector<uint16_t> bits(h.size());
+    for (std::size_t i = 0; i < h.size(); ++i)
+      bits[i] = dtype == DType::bf16 ? float_to_bf16_bits(h[i]) : float_to_half_bits(h[i]);
+    CUDA_CHECK(cudaMemcpy(t.data(), bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
+  }
+  return t;
+}
+
+std::vector<float> DeviceTensor::to_host() const {
+  std::vector<float> h(n_);
+  if (!n_) return h;
+  if (dtype_ == DType::f32) {
+    CUDA_CHECK(cudaMemcpy(h.data(), data(), n_ * 4, cudaMemcpyDeviceToHost));
+  } else {
+    std::vector<uint16_t> bits(n_);
+    CUDA_CHECK(cudaMemcpy(bits.data(), data(), n_ * 2, cudaMemcpyDeviceToHost));
+    for (std::size_t i = 0; i < n_; ++i)
+      h[i] = dtype_ == DType::bf16 ? bf16_bits_to_float(bits[i]) : half_bits_to_float(bits[i]);
+  }
+  return h;
+}
+
+// ----------------------------------------------------------------------------- timing
+
+namespace {
+
+/// A buffer twice the L2's size; writing it evicts whatever the previous repeat left.
+DeviceBuffer<unsigned char>& flush_buffer() {
+  static DeviceBuffer<unsigned char> buf = [] {
+    int dev = 0, l2 = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+    return DeviceBuffer<unsigned char>(std::max<std::size_t>(2 * std::size_t(l2), 64u << 20));
+  }();
+  return buf;
+}
+
+}  // namespace
+
+Timing time_gpu(const std::function<void()>& launch, TimingOptions opt) {
+  opt.repeats = std::max(opt.repeats, 1);
+  for (int w = 0; w < opt.warmup; ++w) launch();
+  CUDA_CHECK(cudaDeviceSynchronize());
+  cudaEvent_t start, stop;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<double> ms;
+  for (int r = 0; r < opt.repeats; ++r) {
+    if (opt.flush_l2) {
+      auto& buf = flush_buffer();
+      CUDA_CHECK(cudaMemsetAsync(buf.get(), r & 0xff, buf.bytes()));
+    }
+    CUDA_CHECK(cudaEventRecord(start));
+    launch();
+    CUDA_CHECK(cudaEventRecord(stop));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float t = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+    ms.push_back(t);
+  }
+  CUDA_CHECK(cudaEventDestroy(start));
+  CUDA_CHECK(cudaEventDestroy(stop));
+  std::sort(ms.begin(), ms.end());
+  Timing t;
+  t.repeats = int(ms.size());
+  t.min_ms = ms.front();
+  t.max_ms = ms.back();
+  t.median_ms = ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
+  return t;
+}
+
+}  // namespace attn
