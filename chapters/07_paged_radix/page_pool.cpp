@@ -1,0 +1,141 @@
+// The block pool: free list, reference counts and K/V storage (see page_pool.hpp).
+#include "page_pool.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "common/inputs.hpp"
+
+namespace attn::ch07 {
+
+const char* status_name(Status s) {
+  switch (s) {
+    case Status::ok: return "ok";
+    case Status::out_of_pages: return "out of pages";
+    case Status::no_such_sequence: return "no such sequence";
+    case Status::bad_position: return "bad position";
+  }
+  return "?";
+}
+
+PagePool::PagePool(int num_pages, int page_size, int kv_heads, int head_dim, DType dtype)
+    : page_size_(page_size), kv_heads_(kv_heads), d_(head_dim), dtype_(dtype) {
+  if (num_pages < 0 || page_size < 1 || kv_heads < 0 || head_dim < 0)
+    throw std::invalid_argument("PagePool: num_pages >= 0, page_size >= 1, kv_heads >= 0, head_dim >= 0");
+  ref_.assign(num_pages, 0);
+  // Pushed in reverse so that the first allocations are pages 0, 1, 2, ...: easier to read in a demo.
+  free_.reserve(num_pages);
+  for (int p = num_pages - 1; p >= 0; --p) free_.push_back(p);
+  if (kv_heads > 0 && head_dim > 0) {
+    const std::size_t n = std::size_t(num_pages) * kv_heads * page_size * head_dim;
+    k_.assign(n, 0.f);
+    v_.assign(n, 0.f);
+  }
+}
+
+void PagePool::check_page(int page, const char* what) const {
+  if (page < 0 || page >= num_pages())
+    throw std::logic_error(std::string("PagePool::") + what + ": page " + std::to_string(page) + " out of range");
+}
+
+Status PagePool::alloc(int* page) {
+  if (free_.empty()) return Status::out_of_pages;
+  *page = free_.back();
+  free_.pop_back();
+  ref_[*page] = 1;
+  peak_used_ = std::max(peak_used_, used_pages());
+  return Status::ok;
+}
+
+Status PagePool::alloc_n(int n, std::vector<int>* pages) {
+  if (n > free_pages()) return Status::out_of_pages;
+  for (int i = 0; i < n; ++i) {
+    int p = -1;
+    alloc(&p);
+    pages->push_back(p);
+  }
+  return Status::ok;
+}
+
+void PagePool::retain(int page) {
+  check_page(page, "retain");
+  if (ref_[page] == 0) throw std::logic_error("PagePool::retain: page " + std::to_string(page) + " is free");
+  ++ref_[page];
+}
+
+void PagePool::release(int page) {
+  check_page(page, "release");
+  if (ref_[page] == 0) throw std::logic_error("PagePool::release: page " + std::to_string(page) + " is already free");
+  if (--ref_[page] == 0) free_.push_back(page);
+}
+
+int PagePool::refcount(int page) const {
+  check_page(page, "refcount");
+  return ref_[page];
+}
+
+void PagePool::shuffle_free_list(uint64_t seed) {
+  Rng rng(seed);
+  for (std::size_t i = free_.size(); i > 1; --i) std::swap(free_[i - 1], free_[rng.next_u64() % i]);
+}
+
+void PagePool::write_slot(int page, int slot, const float* k, const float* v) {
+  check_page(page, "write_slot");
+  if (!has_storage()) return;
+  for (int hk = 0; hk < kv_heads_; ++hk) {
+    const std::size_t at = offset(page, hk, slot);
+    for (int c = 0; c < d_; ++c) {
+      k_[at + c] = round_to(dtype_, k[std::size_t(hk) * d_ + c]);
+      v_[at + c] = round_to(dtype_, v[std::size_t(hk) * d_ + c]);
+    }
+  }
+}
+
+void PagePool::read_slot(int page, int slot, float* k, float* v) const {
+  check_page(page, "read_slot");
+  if (!has_storage()) return;
+  for (int hk = 0; hk < kv_heads_; ++hk) {
+    const std::size_t at = offset(page, hk, slot);
+    std::copy_n(k_.data() + at, d_, k + std::size_t(hk) * d_);
+    std::copy_n(v_.data() + at, d_, v + std::size_t(hk) * d_);
+  }
+}
+
+void PagePool::copy_page(int dst, int src) {
+  check_page(dst, "copy_page");
+  check_page(src, "copy_page");
+  if (!has_storage()) return;
+  const std::size_t n = std::size_t(kv_heads_) * page_size_ * d_;
+  std::copy_n(k_.data() + offset(src, 0, 0), n, k_.data() + offset(dst, 0, 0));
+  std::copy_n(v_.data() + offset(src, 0, 0), n, v_.data() + offset(dst, 0, 0));
+}
+
+void PagePool::attach(const PageOwner* owner) { owners_.push_back(owner); }
+
+void PagePool::detach(const PageOwner* owner) {
+  owners_.erase(std::remove(owners_.begin(), owners_.end(), owner), owners_.end());
+}
+
+std::string PagePool::validate() const {
+  const int n = num_pages();
+  std::vector<char> on_free(n, 0);
+  for (int p : free_) {
+    if (p < 0 || p >= n) return "free list holds page " + std::to_string(p) + ", outside the pool";
+    if (on_free[p]) return "page " + std::to_string(p) + " is on the free list twice";
+    on_free[p] = 1;
+    if (ref_[p] != 0)
+      return "page " + std::to_string(p) + " is on the free list with reference count " + std::to_string(ref_[p]);
+  }
+  std::vector<int> refs(n, 0);
+  for (const PageOwner* o : owners_) o->count_references(refs);
+  for (int p = 0; p < n; ++p) {
+    if (ref_[p] < 0) return "page " + std::to_string(p) + " has a negative reference count";
+    if (ref_[p] == 0 && !on_free[p]) return "page " + std::to_string(p) + " has count 0 but is not on the free list (lost)";
+    if (refs[p] != ref_[p])
+      return "page " + std::to_string(p) + " has reference count " + std::to_string(ref_[p]) + " but " +
+             std::to_string(refs[p]) + " references exist" + (refs[p] > ref_[p] ? " (double-owned)" : " (leaked)");
+  }
+  return {};
+}
+
+}  // namespace attn::ch07

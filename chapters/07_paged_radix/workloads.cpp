@@ -1,0 +1,470 @@
+// Serving traces, the serving-loop simulator and the fragmentation study (see workloads.hpp).
+#include "workloads.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <iomanip>
+#include <memory>
+#include <sstream>
+
+#include "common/errors.hpp"
+#include "common/inputs.hpp"
+#include "hash_prefix_cache.hpp"
+#include "paged_kv_cache.hpp"
+
+namespace attn::ch07 {
+
+const char* workload_name(Workload w) {
+  switch (w) {
+    case Workload::chat: return "chat";
+    case Workload::few_shot: return "few-shot";
+    case Workload::agent: return "agent";
+    case Workload::independent: return "independent";
+  }
+  return "?";
+}
+
+bool parse_workload(const std::string& s, Workload* w) {
+  for (Workload x : all_workloads())
+    if (s == workload_name(x)) {
+      *w = x;
+      return true;
+    }
+  return false;
+}
+
+const std::vector<Workload>& all_workloads() {
+  static const std::vector<Workload> all = {Workload::chat, Workload::few_shot, Workload::agent, Workload::independent};
+  return all;
+}
+
+const char* cache_name(CacheKind c) {
+  switch (c) {
+    case CacheKind::none: return "none";
+    case CacheKind::radix: return "radix";
+    case CacheKind::hash: return "hash";
+  }
+  return "?";
+}
+
+long Trace::prompt_tokens() const {
+  long n = 0;
+  for (const auto& r : requests) n += long(r.prompt.size());
+  return n;
+}
+
+long Trace::output_tokens() const {
+  long n = 0;
+  for (const auto& r : requests) n += long(r.output.size());
+  return n;
+}
+
+// ----------------------------------------------------------------------------- traces
+
+namespace {
+
+constexpr int kVocab = 32000;
+
+/// round(exp(N(log median, sigma))) clamped to [lo, hi].
+int lognormal(Rng& rng, double median, double sigma, int lo, int hi) {
+  const double x = std::exp(std::log(median) + sigma * rng.normal());
+  return std::clamp(int(std::lround(x)), lo, hi);
+}
+
+std::vector<int32_t> tokens(Rng& rng, int n) {
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = int32_t(rng.next_u64() % kVocab);
+  return t;
+}
+
+std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+/// Sessions (conversations, agent episodes) whose steps depend on each other,
+/// interleaved as they would arrive: session s starts at a random time and its
+/// step t arrives a few ticks after step t - 1. Returns the trace in arrival order.
+struct Step {
+  double time;
+  int session, index;
+  TraceRequest req;
+};
+
+Trace order_sessions(Workload kind, std::vector<Step> steps, int limit) {
+  std::stable_sort(steps.begin(), steps.end(), [](const Step& a, const Step& b) { return a.time < b.time; });
+  if (int(steps.size()) > limit) steps.resize(limit);
+  // Dependencies point at the previous step of the same session, by position in the trace.
+  std::vector<std::vector<int>> where;
+  Trace tr;
+  tr.kind = kind;
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    Step& s = steps[i];
+    if (int(where.size()) <= s.session) where.resize(s.session + 1);
+    auto& w = where[s.session];
+    if (int(w.size()) <= s.index) w.resize(s.index + 1, -1);
+    w[s.index] = int(i);
+    s.req.after = s.index > 0 ? w[s.index - 1] : -1;
+    tr.requests.push_back(std::move(s.req));
+  }
+  return tr;
+}
+
+Trace chat_trace(int n, Rng& rng) {
+  const std::vector<int32_t> system = tokens(rng, 512);  // one system prompt for every conversation
+  std::vector<Step> steps;
+  const int conversations = std::max(1, n / 3);
+  for (int c = 0; c < conversations; ++c) {
+    const int turns = rng.range(1, 6);
+    double t = rng.uniform() * conversations;
+    std::vector<int32_t> history = system;
+    for (int k = 0; k < turns; ++k) {
+      TraceRequest r;
+      r.prompt = concat(history, tokens(rng, lognormal(rng, 60, 0.8, 4, 400)));
+      r.output = tokens(rng, lognormal(rng, 150, 0.7, 4, 600));
+      history = concat(r.prompt, r.output);
+      steps.push_back({t, c, k, std::move(r)});
+      t += 2.0 + 3.0 * rng.uniform();  // the user reads, then types the next turn
+    }
+  }
+  return order_sessions(Workload::chat, std::move(steps), n);
+}
+
+Trace few_shot_trace(int n, Rng& rng) {
+  // A few tasks, each with an instruction and eight worked examples in front of every question.
+  std::vector<std::vector<int32_t>> prefixes;
+  for (int k = 0; k < 4; ++k) {
+    std::vector<int32_t> p = tokens(rng, 100);
+    for (int e = 0; e < 8; ++e) p = concat(p, tokens(rng, lognormal(rng, 150, 0.3, 60, 400)));
+    prefixes.push_back(std::move(p));
+  }
+  Trace tr;
+  tr.kind = Workload::few_shot;
+  while (int(tr.requests.size()) < n) {
+    const auto& prefix = prefixes[rng.range(0, int(prefixes.size()) - 1)];
+    const int batch = rng.range(4, 16);
+    for (int b = 0; b < batch && int(tr.requests.size()) < n; ++b) {
+      TraceRequest r;
+      r.prompt = concat(prefix, tokens(rng, lognormal(rng, 50, 0.6, 4, 300)));
+      r.output = tokens(rng, lognormal(rng, 30, 0.6, 2, 200));
+      tr.requests.push_back(std::move(r));
+    }
+  }
+  return tr;
+}
+
+Trace agent_trace(int n, Rng& rng) {
+  const std::vector<int32_t> manual = tokens(rng, 1500);  // system prompt and tool descriptions, shared
+  std::vector<Step> steps;
+  const int agents = std::max(1, n / 12);
+  for (int a = 0; a < agents; ++a) {
+    const int loop = rng.range(8, 16);
+    double t = rng.uniform() * agents;
+    std::vector<int32_t> history = concat(manual, tokens(rng, lognormal(rng, 200, 0.5, 20, 800)));  // the task
+    for (int k = 0; k < loop; ++k) {
+      TraceRequest r;
+      r.prompt = history;
+      r.output = tokens(rng, lognormal(rng, 60, 0.6, 8, 300));  // thought and tool call
+      // The tool's answer joins the context before the next call.
+      history = concat(concat(r.prompt, r.output), tokens(rng, lognormal(rng, 250, 0.8, 10, 1500)));
+      steps.push_back({t, a, k, std::move(r)});
+      t += 1.0 + rng.uniform();  // tools answer quickly
+    }
+  }
+  return order_sessions(Workload::agent, std::move(steps), n);
+}
+
+Trace independent_trace(int n, Rng& rng) {
+  Trace tr;
+  tr.kind = Workload::independent;
+  for (int i = 0; i < n; ++i) {
+    TraceRequest r;
+    r.prompt = tokens(rng, lognormal(rng, 300, 0.8, 16, 2000));
+    r.output = tokens(rng, lognormal(rng, 150, 0.7, 4, 600));
+    tr.requests.push_back(std::move(r));
+  }
+  return tr;
+}
+
+}  // namespace
+
+Trace make_trace(Workload w, int requests, uint64_t seed) {
+  Rng rng(seed * 0x9e3779b97f4a7c15ull + uint64_t(w) * 0x632be59bd9b4e019ull + 7);
+  switch (w) {
+    case Workload::chat: return chat_trace(requests, rng);
+    case Workload::few_shot: return few_shot_trace(requests, rng);
+    case Workload::agent: return agent_trace(requests, rng);
+    case Workload::independent: return independent_trace(requests, rng);
+  }
+  return {};
+}
+
+// ----------------------------------------------------------------------------- simulation
+
+namespace {
+
+/// The two prefix caches behind one interface for the serving loop.
+class PrefixCache {
+ public:
+  virtual ~PrefixCache() = default;
+  /// Pages of the cached prefix of `tokens`, each retained for the request; `node`
+  /// receives what release() needs (the radix node it locked).
+  virtual std::vector<int> acquire(const std::vector<int32_t>& tokens, int* node) = 0;
+  /// The request no longer needs its locks (finished or preempted).
+  virtual void release(int node) = 0;
+  virtual void insert(const std::vector<int32_t>& tokens, const std::vector<int>& pages) = 0;
+  virtual int evict(int pages) = 0;
+  virtual std::string validate() const = 0;
+  virtual int cached_pages() const = 0;
+  virtual int unreachable_pages() const { return 0; }
+};
+
+class RadixAdapter : public PrefixCache {
+ public:
+  RadixAdapter(PagePool& pool, Eviction e) : pool_(pool), tree_(pool, e) {}
+  std::vector<int> acquire(const std::vector<int32_t>& tokens, int* node) override {
+    const PrefixMatch m = tree_.match_prefix(tokens);
+    tree_.lock(m.node);
+    for (int p : m.pages) pool_.retain(p);
+    *node = m.node;
+    return m.pages;
+  }
+  void release(int node) override { tree_.unlock(node); }
+  void insert(const std::vector<int32_t>& tokens, const std::vector<int>& pages) override { tree_.insert(tokens, pages); }
+  int evict(int pages) override { return tree_.evict(pages); }
+  std::string validate() const override { return tree_.validate(); }
+  int cached_pages() const override { return tree_.total_pages(); }
+
+ private:
+  PagePool& pool_;
+  RadixCache tree_;
+};
+
+class HashAdapter : public PrefixCache {
+ public:
+  explicit HashAdapter(PagePool& pool) : cache_(pool) {}
+  std::vector<int> acquire(const std::vector<int32_t>& tokens, int* node) override {
+    *node = 0;
+    return cache_.match(tokens);
+  }
+  void release(int) override {}
+  void insert(const std::vector<int32_t>& tokens, const std::vector<int>& pages) override { cache_.insert(tokens, pages); }
+  int evict(int pages) override { return cache_.evict(pages); }
+  std::string validate() const override { return cache_.validate(); }
+  int cached_pages() const override { return cache_.cached_pages(); }
+  int unreachable_pages() const override { return cache_.unreachable_pages(); }
+
+ private:
+  HashPrefixCache cache_;
+};
+
+/// The running requests' page references, as a PageOwner so the pool can check them.
+struct Running {
+  int idx = -1;
+  std::vector<int> pages;
+  int len = 0, generated = 0, node = 0;
+};
+
+class RunningSet : public PageOwner {
+ public:
+  std::vector<Running> list;
+  void count_references(std::vector<int>& refs) const override {
+    for (const auto& r : list)
+      for (int p : r.pages) ++refs[p];
+  }
+  const char* owner_name() const override { return "running requests"; }
+};
+
+}  // namespace
+
+SimStats simulate(const Trace& trace, CacheKind kind, const SimConfig& cfg) {
+  const int P = cfg.page_size;
+  PagePool pool(cfg.pool_pages, P);
+  RunningSet running;
+  pool.attach(&running);
+  std::unique_ptr<PrefixCache> cache;
+  if (kind == CacheKind::radix) cache = std::make_unique<RadixAdapter>(pool, cfg.radix_policy);
+  if (kind == CacheKind::hash) cache = std::make_unique<HashAdapter>(pool);
+
+  SimStats st;
+  const int n = int(trace.requests.size());
+  st.requests = n;
+  std::vector<char> done(n, 0);
+  std::deque<int> waiting;
+  for (int i = 0; i < n; ++i) waiting.push_back(i);
+  std::vector<int> stamp(cfg.pool_pages, -1);
+
+  auto take = [&](int count, std::vector<int>& into) {
+    if (count <= 0) return true;
+    if (pool.free_pages() < count && cache) st.evicted_pages += cache->evict(count - pool.free_pages());
+    return pool.alloc_n(count, &into) == Status::ok;
+  };
+  auto drop = [&](Running& r) {
+    for (int p : r.pages) pool.release(p);
+    r.pages.clear();
+    if (cache) cache->release(r.node);
+  };
+  auto too_small = [&](int idx) {
+    return UsageError("--pool-pages " + std::to_string(cfg.pool_pages) + " cannot hold request " + std::to_string(idx) +
+                      " alone (" + std::to_string(trace.requests[idx].prompt.size() + trace.requests[idx].output.size()) +
+                      " tokens at page size " + std::to_string(P) + ")");
+  };
+
+  int finished = 0;
+  while (finished < n) {
+    // Admit in trace order while there is room; a request waits for the turn it follows.
+    for (auto it = waiting.begin(); it != waiting.end() && int(running.list.size()) < cfg.max_running;) {
+      const int idx = *it;
+      const TraceRequest& req = trace.requests[idx];
+      if (req.after >= 0 && !done[req.after]) {
+        ++it;
+        continue;
+      }
+      Running r;
+      r.idx = idx;
+      // The last prompt token is always computed: its logits give the first output token.
+      const std::vector<int32_t> lookup(req.prompt.begin(), req.prompt.end() - 1);
+      if (cache) r.pages = cache->acquire(lookup, &r.node);
+      const int cached = int(r.pages.size()) * P;
+      const int need = (int(req.prompt.size()) + P - 1) / P - int(r.pages.size());
+      if (!take(need, r.pages)) {
+        drop(r);
+        break;  // the pool is full: admit nobody else this step
+      }
+      r.len = int(req.prompt.size());
+      st.prompt_tokens += long(req.prompt.size());
+      st.cached_tokens += cached;
+      st.computed_tokens += long(req.prompt.size()) - cached;
+      running.list.push_back(std::move(r));
+      it = waiting.erase(it);
+    }
+    if (running.list.empty()) throw too_small(waiting.front());
+
+    // One decode step: every running request appends one token.
+    for (std::size_t i = 0; i < running.list.size(); ++i) {
+      if (running.list[i].len % P == 0) {
+        std::vector<int> got;
+        while (!take(1, got)) {
+          // No page and nothing evictable: preempt the newest other request.
+          if (running.list.size() == 1) throw too_small(running.list[i].idx);
+          const std::size_t victim = i + 1 == running.list.size() ? i - 1 : running.list.size() - 1;
+          Running& v = running.list[victim];
+          drop(v);
+          waiting.push_front(v.idx);
+          ++st.preemptions;
+          running.list.erase(running.list.begin() + long(victim));
+          if (victim < i) --i;
+        }
+        running.list[i].pages.push_back(got[0]);
+      }
+      ++running.list[i].len;
+      ++running.list[i].generated;
+      ++st.generated_tokens;
+    }
+    ++st.steps;
+    st.peak_pages = std::max(st.peak_pages, pool.used_pages());
+    int distinct = 0;
+    for (const auto& r : running.list)
+      for (int p : r.pages)
+        if (stamp[p] != st.steps) stamp[p] = st.steps, ++distinct;
+    st.peak_running_pages = std::max(st.peak_running_pages, distinct);
+
+    // Finished requests leave their KV behind in the cache.
+    for (std::size_t i = 0; i < running.list.size();) {
+      Running& r = running.list[i];
+      const TraceRequest& req = trace.requests[r.idx];
+      if (r.generated < int(req.output.size())) {
+        ++i;
+        continue;
+      }
+      if (cache) cache->insert(concat(req.prompt, req.output), r.pages);
+      drop(r);
+      done[r.idx] = 1;
+      ++finished;
+      running.list.erase(running.list.begin() + long(i));
+    }
+    if (cfg.validate_every_step) {
+      const std::string why = cache ? cache->validate() : pool.validate();
+      if (!why.empty()) {
+        st.final_validation = "step " + std::to_string(st.steps) + ": " + why;
+        pool.detach(&running);
+        return st;
+      }
+    }
+  }
+  st.final_validation = cache ? cache->validate() : pool.validate();
+  if (st.final_validation.empty() && pool.used_pages() != (cache ? cache->cached_pages() : 0))
+    st.final_validation = "pages leaked: " + std::to_string(pool.used_pages()) + " in use after the last request";
+  st.cached_pages_at_end = cache ? cache->cached_pages() : 0;
+  st.unreachable_pages_at_end = cache ? cache->unreachable_pages() : 0;
+  pool.detach(&running);
+  return st;
+}
+
+// ----------------------------------------------------------------------------- fragmentation
+
+std::vector<int> sample_lengths(int n, int max_len, uint64_t seed) {
+  Rng rng(seed * 0xd1b54a32d192ed03ull + 11);
+  std::vector<int> len(n);
+  for (int& x : len) {
+    const int prompt = lognormal(rng, 256, 1.0, 1, max_len - 1);
+    const int output = lognormal(rng, 192, 0.9, 1, max_len);
+    x = std::min(prompt + output, max_len);
+  }
+  return len;
+}
+
+long predicted_paged_slots(const std::vector<int>& lengths, int page_size) {
+  long slots = 0;
+  for (int len : lengths) slots += long((len + page_size - 1) / page_size) * page_size;
+  return slots;
+}
+
+std::vector<FragmentationRow> fragmentation_study(const std::vector<int>& lengths, int max_len,
+                                                  const std::vector<int>& page_sizes) {
+  long tokens = 0, pow2 = 0;
+  for (int len : lengths) {
+    tokens += len;
+    long r = 1;
+    while (r < len) r *= 2;
+    pow2 += std::min<long>(r, max_len);
+  }
+  std::vector<FragmentationRow> rows;
+  rows.push_back({"contiguous, max length", 0, tokens, long(lengths.size()) * max_len, 0});
+  rows.push_back({"contiguous, next power of 2", 0, tokens, pow2, 0});
+  for (int P : page_sizes) {
+    // Measured by the block manager itself: each sequence grows token by token, as in decoding.
+    long need = 0;
+    for (int len : lengths) need += (len + P - 1) / P;
+    PagePool pool(int(need), P);
+    {
+      PagedKvCache cache(pool);
+      for (int len : lengths) {
+        const auto s = cache.create();
+        for (int t = 0; t < len; ++t) cache.append(s);
+      }
+      rows.push_back({"paged, P = " + std::to_string(P), P, tokens, long(pool.used_pages()) * P, long(pool.used_pages())});
+    }
+  }
+  return rows;
+}
+
+// ----------------------------------------------------------------------------- text
+
+std::string bar_chart(const std::string& title, const std::vector<Bar>& bars, double max_value, int width) {
+  std::size_t gw = 0, lw = 0;
+  for (const auto& b : bars) gw = std::max(gw, b.group.size()), lw = std::max(lw, b.label.size());
+  std::ostringstream s;
+  s << title << "\n";
+  std::string last_group;
+  for (const auto& b : bars) {
+    const int n = max_value > 0 ? int(std::lround(std::clamp(b.value / max_value, 0.0, 1.0) * width)) : 0;
+    s << std::left << std::setw(int(gw)) << (b.group == last_group ? "" : b.group) << "  " << std::setw(int(lw))
+      << b.label << " |" << std::string(n, '#') << std::string(width - n, ' ') << "| " << b.text << "\n";
+    last_group = b.group;
+  }
+  return s.str();
+}
+
+}  // namespace attn::ch07
