@@ -47,6 +47,10 @@ Cli& Cli::dtypes(std::vector<DType> types) {
   dtypes_ = std::move(types);
   return *this;
 }
+Cli& Cli::sram_default(std::size_t bytes) {
+  sram_default_ = bytes;
+  return *this;
+}
 
 void Cli::add_int(const std::string& flag, int* target, const std::string& help, int lo, int hi) {
   Extra e;
@@ -84,7 +88,7 @@ std::string Cli::usage() const {
     << "run:\n"
     << "  --device DEV     cpu | cuda | auto                            [auto]\n"
     << "  --bench          measure the GPU ceilings and run the chapter's sweep\n"
-    << "  --sram-bytes M   on-chip budget of the CPU models in bytes     [98304]\n"
+    << "  --sram-bytes M   on-chip budget of the CPU models in bytes     [" << sram_default_ << "]\n"
     << "  --check-all      check every row in fp64, however large the problem\n"
     << "  --json           print the report as one JSON object\n"
     << "  --help           this text\n";
@@ -112,6 +116,7 @@ std::string Cli::usage() const {
 bool Cli::parse(int argc, char** argv, Options* out) const {
   Options o;
   o.problem = defaults_;
+  o.sram_bytes = sram_default_;
   bool nk_set = false, dv_set = false, kvh_set = false;
   const long long kMaxDim = 1 << 30;
   for (int a = 1; a < argc; ++a) {

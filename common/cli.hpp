@@ -44,6 +44,8 @@ class Cli {
   /// Head dims the chapter's kernels support; any other --d is rejected.
   Cli& head_dims(std::vector<int> dims);
   Cli& dtypes(std::vector<DType> types);
+  /// The chapter's default on-chip budget for its CPU models (--sram-bytes).
+  Cli& sram_default(std::size_t bytes);
 
   void add_int(const std::string& flag, int* target, const std::string& help, int min_value = 1,
                int max_value = 1 << 30);
@@ -70,6 +72,7 @@ class Cli {
   Problem defaults_;
   std::vector<int> head_dims_;
   std::vector<DType> dtypes_ = {DType::f32, DType::f16, DType::bf16};
+  std::size_t sram_default_ = 96 * 1024;
   std::vector<Extra> extras_;
 };
 

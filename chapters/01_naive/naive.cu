@@ -130,9 +130,11 @@ __device__ float block_max(float x) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) warp_max[warp] = x;
   __syncthreads();
+  // Every warp reduces the eight partial maxima again, over all 32 lanes (lanes 8..31
+  // hold the identity), so that every thread of the block ends with the same m_i.
   x = lane < kWarps ? warp_max[lane] : neg_inf<float>();
 #pragma unroll
-  for (int offset = kWarps / 2; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  for (int offset = 16; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
   __syncthreads();  // warp_max is reused by the next call
   return x;
 }
@@ -146,7 +148,7 @@ __device__ float block_sum(float x) {
   __syncthreads();
   x = lane < kWarps ? warp_sum[lane] : 0.f;
 #pragma unroll
-  for (int offset = kWarps / 2; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
   __syncthreads();
   return x;
 }

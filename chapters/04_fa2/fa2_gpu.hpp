@@ -1,0 +1,38 @@
+#pragma once
+/// \file fa2_gpu.hpp
+/// \brief Chapter 04 on the GPU behind a plain C++ interface (no CUDA types).
+
+#include <string>
+#include <vector>
+
+#include "common/inputs.hpp"
+#include "common/problem.hpp"
+
+namespace attn::ch04 {
+
+/// The forward steps, 1..6 (steps/vN_*.cu).
+constexpr int kSteps = 6;
+const char* step_name(int step);
+/// Empty when the step runs this problem, else why not (dtype, head dim).
+std::string step_unsupported(int step, const Problem& p);
+
+struct GpuForward {
+  std::vector<float> o, lse;
+  double time_ms = 0;  ///< median of the timed repeats; 0 when not timed
+};
+GpuForward fa2_forward_gpu(const Problem& p, const AttnInputs& in, int step, bool time);
+
+struct GpuBackward {
+  std::vector<float> dq, dk, dv;
+  double time_ms = 0;  ///< backward only (the forward's O and LSE are inputs)
+};
+/// Empty when the backward runs this problem, else why not.
+std::string backward_unsupported(const Problem& p);
+/// Runs the final forward for O and LSE, then the backward (checked once, timed
+/// when asked). `deterministic` replaces dQ's atomics with a separate dQ kernel.
+GpuBackward fa2_backward_gpu(const Problem& p, const AttnInputs& in, bool deterministic, bool time);
+
+/// Device bytes the forward (and, with `backward`, the backward) allocates.
+double fa2_device_bytes(const Problem& p, bool backward);
+
+}  // namespace attn::ch04

@@ -1,0 +1,152 @@
+// ch04_fa2: FlashAttention-2. The CPU model of Algorithms 1 and 2 with counted
+// traffic, and (with a GPU) every forward step and the backward, checked against
+// the fp64 reference and timed.
+#include <cstdio>
+#include <iostream>
+
+#include "common/check.hpp"
+#include "common/cli.hpp"
+#include "common/device.hpp"
+#include "common/report.hpp"
+#include "fa2_gpu.hpp"
+#include "fa2_model.hpp"
+
+#if TUTORIAL_HAVE_CUDA
+#include "common/cuda/ceilings.cuh"
+#endif
+
+using namespace attn;
+
+namespace {
+
+/// The CPU models do all the work on one core; above this many FLOPs they are skipped.
+constexpr double kModelFlopBudget = 3e9;
+
+std::string fmt(const char* f, double x) {
+  char b[64];
+  std::snprintf(b, sizeof b, f, x);
+  return b;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Problem defaults;
+  defaults.batch = 1;
+  defaults.heads = defaults.kv_heads = 4;
+  defaults.nq = defaults.nk = 1000;  // not a multiple of any tile
+  defaults.d = defaults.dv = 64;
+  defaults.causal = true;
+  defaults.dtype = DType::bf16;
+  Cli cli("ch04_fa2", "FlashAttention-2: Q outer, K/V inner, tensor cores; forward steps 1-6 and the backward.");
+  cli.defaults(defaults).head_dims({64, 128, 256}).dtypes({DType::bf16, DType::f16});
+  // One v6 thread block: 64 KB of shared-memory tiles plus ~128 KB of registers at d = 128.
+  cli.sram_default(224 * 1024);
+  int step = 0;
+  bool no_backward = false, forward_only_model = false;
+  cli.add_int("--step", &step, "run only this forward step (1-6; 0 = all)", 0, ch04::kSteps);
+  cli.add_flag("--no-backward", &no_backward, "skip the backward rows");
+  cli.add_flag("--no-model", &forward_only_model, "skip the CPU model rows");
+
+  return run_chapter(argc, argv, cli, [&](const Options& opt) {
+    const Problem& p = opt.problem;
+    Report rep;
+    rep.chapter = "ch04_fa2";
+    rep.title = "FlashAttention-2 (Q outer, K/V inner, tensor cores)";
+    rep.problem = p;
+    rep.inputs = std::string(dist_name(opt.dist)) + ", seed " + std::to_string(opt.seed);
+    const auto dev = select_device(opt.device, &rep.mode);
+    if (dev) require_device_memory(*dev, ch04::fa2_device_bytes(p, !no_backward), "this problem");
+    const bool with_backward = !no_backward;
+    const bool run_model = !forward_only_model && (flops_forward(p) <= kModelFlopBudget || opt.device == DeviceChoice::cpu);
+    require_host_memory(4.0 * double(2 * p.q_elems() + 2 * p.k_elems() + 2 * p.v_elems() + 3 * p.o_elems()),
+                        "this problem");
+
+    const AttnInputs in = make_inputs(p, opt.dist, opt.seed, with_backward);
+    const ForwardOracle oracle(p, in, opt.check_all ? CheckPlan::full(p) : CheckPlan::sampled(p));
+    rep.check_plan = oracle.plan().describe(p);
+
+    if (run_model) {
+      ResultRow row;
+      row.impl = "FA2 model, forward (Alg. 1)";
+      row.device = "cpu";
+      row.flops = flops_forward(p);
+      const ch04::Fa2ForwardResult m = ch04::fa2_forward_model(p, in, opt.sram_bytes);
+      row.set_traffic(m.traffic);
+      row.set_check(oracle.judge(m.o, &m.lse));
+      rep.rows.push_back(row);
+      rep.notes.push_back("model: Q read " + fmt("%.2f", m.q_read / (dtype_bytes(p.dtype) * double(p.q_elems()))) +
+                          "x, K/V read " + fmt("%.2f", m.kv_read / (dtype_bytes(p.dtype) * double(p.k_elems() + p.v_elems()))) +
+                          "x, O and LSE written once, no statistics in HBM (extra memory 0)");
+    }
+    std::optional<BackwardOracle> boracle;
+    if (with_backward && (run_model || dev))
+      boracle.emplace(p, in, opt.check_all ? BackwardPlan::full(p) : BackwardPlan::sampled(p));
+    if (run_model && with_backward) {
+      ResultRow row;
+      row.impl = "FA2 model, backward (Alg. 2)";
+      row.device = "cpu";
+      row.flops = flops_backward(p);
+      const ch04::Fa2BackwardResult m = ch04::fa2_backward_model(p, in, opt.sram_bytes);
+      row.set_traffic(m.traffic);
+      row.set_check(boracle->judge(m.dq, m.dk, m.dv));
+      rep.rows.push_back(row);
+      rep.notes.push_back("model backward: " + format_bytes(m.dq_accum_bytes) +
+                          " of the traffic are dQ's fp32 read-modify-writes (the atomics)");
+    }
+
+#if TUTORIAL_HAVE_CUDA
+    if (dev) {
+      if (opt.bench) rep.ceilings = measure_ceilings(p.dtype);
+      for (int s = 1; s <= ch04::kSteps; ++s) {
+        if (step != 0 && s != step) continue;
+        ResultRow row;
+        row.impl = ch04::step_name(s);
+        row.device = "cuda";
+        row.flops = flops_forward(p);
+        row.bound = Bound::compute;
+        const std::string why = ch04::step_unsupported(s, p);
+        if (!why.empty()) {
+          row.note = "not built for " + why;
+          rep.rows.push_back(row);
+          continue;
+        }
+        const ch04::Fa2Tiles tiles{s == 1 || s == 6 ? 128 : 64, s == 1 ? 32 : 64};
+        row.hbm_read_bytes = ch04::fa2_forward_bytes(p, tiles, s >= 5) - double(p.o_elems()) * dtype_bytes(p.dtype) -
+                             4.0 * double(p.lse_elems());
+        row.hbm_write_bytes = double(p.o_elems()) * dtype_bytes(p.dtype) + 4.0 * double(p.lse_elems());
+        row.extra_bytes = 0;
+        const ch04::GpuForward g = ch04::fa2_forward_gpu(p, in, s, /*time=*/true);
+        row.set_check(oracle.judge(g.o, &g.lse));
+        row.set_time(g.time_ms);
+        rep.rows.push_back(row);
+      }
+      if (with_backward && ch04::backward_unsupported(p).empty()) {
+        for (bool det : {false, true}) {
+          ResultRow row;
+          row.impl = det ? "backward, deterministic dQ" : "backward, dQ atomics";
+          row.device = "cuda";
+          row.flops = flops_backward(p);
+          row.bound = Bound::compute;
+          const ch04::GpuBackward g = ch04::fa2_backward_gpu(p, in, det, /*time=*/true);
+          row.set_check(boracle->judge(g.dq, g.dk, g.dv));
+          row.set_time(g.time_ms);
+          rep.rows.push_back(row);
+        }
+      } else if (with_backward) {
+        ResultRow row;
+        row.impl = "backward";
+        row.device = "cuda";
+        row.note = "not built for " + ch04::backward_unsupported(p);
+        rep.rows.push_back(row);
+      }
+      rep.apply_ceilings();
+    }
+#endif
+    if (boracle) rep.check_plan += "; backward: " + boracle->plan().describe(p);
+    rep.previous =
+        "chapter 03's FA1 walks K/V outside and Q inside, re-reading Q_i and (m, l, O) on every step; "
+        "here each Q block is read once and its statistics never leave the chip (see the model note)";
+    return rep.emit(std::cout, opt.json);
+  });
+}

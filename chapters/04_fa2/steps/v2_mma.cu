@@ -1,0 +1,253 @@
+// Chapter 04 - FlashAttention-2 forward, built in steps. Each file is a whole kernel;
+// `diff` two neighbours to see one move.
+//
+//   v1_loop_swap.cu          Q outer, K/V inner, grid (Nq/Br, B*H); scalar FMA math
+// > v2_mma.cu                tensor cores: mma.sync m16n8k16, Q split over 4 warps, P in registers
+//   v3_ldmatrix_swizzle.cu   ldmatrix fragments from XOR-swizzled shared memory: no bank conflicts
+//   v4_cp_async.cu           cp.async: K_{j+1} and V_j stream in while the other product runs
+//   v5_exp2_causal.cu        exp2 with tau*log2(e) folded in, causal block skipping, heaviest-first order
+//   v6_final.cu              two 16-row tiles per warp (Br = 128), deferred row sums, coalesced
+//                            O stores through shared memory; bf16 and fp16, d in {64, 128, 256}
+//
+// This step: both products run on tensor cores (mma.sync m16n8k16, bf16 in, fp32
+// accumulate; fragment layouts in ptx.cuh). Q_i is split across the 4 warps, 16
+// rows each, and every warp sees all of K_j and V_j (FlashAttention-2 section 3.3;
+// FlashAttention-1 split K/V across warps instead and had to combine partial
+// outputs through shared memory). S's accumulators are reused in place as P, the
+// A operand of P V_j: P never leaves registers.
+//
+//        Q_i (Br = 64 rows)         K_j^T / V_j (Bc = 64 keys, all warps)
+//        +---------------+
+//        | warp 0: 0-15  |  ->  S_w = Q_w K_j^T (16 x 64), P_w, O_w += P_w V_j (16 x d)
+//        | warp 1: 16-31 |  ->  ...
+//        | warp 2: 32-47 |
+//        | warp 3: 48-63 |
+//        +---------------+
+//
+// Fragments are fetched with one 32-bit shared load per register, from tiles
+// stored row by row as in global memory. A row of d = 128 bf16 is 256 bytes, so
+// the 8 rows g = 0..7 a warp reads at once all start in the same bank: 8-way bank
+// conflicts, and V must be gathered 16 bits at a time because P V_j needs it
+// transposed. Step 3 removes both.
+#include "common/online_softmax.hpp"
+#include "fa2_kernels.cuh"
+#include "ptx.cuh"
+
+namespace attn::ch04 {
+namespace {
+
+/// Tile shapes of one configuration.
+///   Br = kWarps * 16 * MT query rows per thread block (warp w owns rows [w*16*MT, (w+1)*16*MT))
+///   Bc keys per K/V tile; D head dim.
+template <int D_, int kWarps_, int MT_, int Bc_>
+struct Cfg {
+  static constexpr int D = D_, kWarps = kWarps_, MT = MT_, Bc = Bc_;
+  static constexpr int Br = kWarps * 16 * MT;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int NT = Bc / 8;      // n8 tiles of S per 16-row tile
+  static constexpr int DT = D / 8;       // n8 tiles of O per 16-row tile
+  static constexpr int kSmemBytes = (Br + 2 * Bc) * D * 2;  // sQ, sK, sV (16-bit elements)
+};
+
+template <class T, class C>
+__global__ void __launch_bounds__(C::kThreads) fa2_fwd_v2(const FwdParams p) {
+  constexpr int D = C::D, MT = C::MT, Bc = C::Bc, Br = C::Br, NT = C::NT, DT = C::DT;
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* sQ = reinterpret_cast<T*>(smem);  // [Br][D]  Q_i
+  T* sK = sQ + Br * D;                 // [Bc][D]  K_j
+  T* sV = sK + Bc * D;                 // [Bc][D]  V_j
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;  // mma fragment coordinates (ptx.cuh)
+  const int i_blk = blockIdx.x;
+  const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
+  const int hk = h / (p.heads / p.kv_heads);
+  const T* Q = static_cast<const T*>(p.q) + std::size_t(bh) * p.nq * D;
+  const T* K = static_cast<const T*>(p.k) + (std::size_t(b) * p.kv_heads + hk) * p.nk * D;
+  const T* V = static_cast<const T*>(p.v) + (std::size_t(b) * p.kv_heads + hk) * p.nk * D;
+  T* O = static_cast<T*>(p.o) + std::size_t(bh) * p.nq * D;
+  float* LSE = p.lse + std::size_t(bh) * p.nq;
+  const int row0 = i_blk * Br;          // first query row of Q_i
+  const int wrow = warp * 16 * MT;      // first row of this warp within Q_i
+  const int diag = p.nk - p.nq;         // row i sees keys j <= i + diag
+
+  const int n_blocks = (p.nk + Bc - 1) / Bc;  // every K/V block, masked where causal hides it
+
+  copy_tile<Br, D, C::kThreads, false>(sQ, Q, row0, p.nq);
+  // Two 16-bit elements at p as one register (they must be adjacent in memory).
+  auto lds32 = [](const T* p) { return *reinterpret_cast<const uint32_t*>(p); };
+
+  float o[MT][DT][4];   // O_i, unnormalised: rows g and g+8 of each 16-row tile
+  float m[MT][2], l[MT][2];  // running max (raw scores) and row sum of each of this thread's rows
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.f;
+    m[mt][0] = m[mt][1] = neg_inf<float>();
+    l[mt][0] = l[mt][1] = 0.f;
+  }
+
+  for (int j = 0; j < n_blocks; ++j) {
+    __syncthreads();  // every warp is done with K_{j-1} and V_{j-1}
+    copy_tile<Bc, D, C::kThreads, false>(sK, K, j * Bc, p.nk);
+    copy_tile<Bc, D, C::kThreads, false>(sV, V, j * Bc, p.nk);
+    __syncthreads();  // K_j, V_j (and, the first time, Q_i) are in shared memory
+
+    // S_ij = Q_i K_j^T: (16*MT) x Bc per warp, k over the head dim in steps of 16.
+    float s[MT][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {  // A = Q rows wrow + mt*16 + (g, g+8), cols 16kk + (2t, 2t+8)
+        const T* q = sQ + (wrow + mt * 16 + g) * D + 16 * kk + 2 * t;
+        a[mt][0] = lds32(q);
+        a[mt][1] = lds32(q + 8 * D);
+        a[mt][2] = lds32(q + 8);
+        a[mt][3] = lds32(q + 8 * D + 8);
+      }
+#pragma unroll
+      for (int np = 0; np < NT / 2; ++np) {
+        uint32_t bk[4];  // B = K_j^T for n tiles 2np, 2np+1: B(k, n) = K[n][k], so key row g, cols 2t
+        const T* k = sK + (np * 16 + g) * D + 16 * kk + 2 * t;
+        bk[0] = lds32(k);
+        bk[1] = lds32(k + 8);
+        bk[2] = lds32(k + 8 * D);
+        bk[3] = lds32(k + 8 * D + 8);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16816<T>(s[mt][2 * np], a[mt], bk[0], bk[1]);
+          mma_16816<T>(s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
+        }
+      }
+    }
+
+    // Mask the ragged last block, and (causal) every block that reaches past the diagonal.
+    const int col0 = j * Bc;
+    if (col0 + Bc > p.nk || (p.causal && col0 + Bc - 1 > row0 + diag)) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int row = row0 + wrow + mt * 16 + g + (e / 2) * 8;
+            const int col = col0 + nt * 8 + 2 * t + (e % 2);
+            if (col >= p.nk || (p.causal && col > row + diag)) s[mt][nt][e] = neg_inf<float>();
+          }
+    }
+
+    // Online softmax (common/online_softmax.hpp): m_new = max(m, rowmax(S)),
+    // P = exp(tau (S - m_new)), O and l rescaled by exp(tau (m - m_new)).
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {  // r = 0: row g, r = 1: row g + 8
+        float mx = neg_inf<float>();
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the 4 lanes of a quad share a row
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m[mt][r], mx);
+        const float shift = finite_max(m_new);  // an all-masked row shifts by 0, not -inf
+        const float alpha = __expf((m[mt][r] - shift) * p.scale);
+        m[mt][r] = m_new;
+        float rowsum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const float pv = __expf((s[mt][nt][2 * r + c] - shift) * p.scale);
+            s[mt][nt][2 * r + c] = pv;
+            rowsum += pv;
+          }
+        rowsum += __shfl_xor_sync(0xffffffffu, rowsum, 1);  // the full row sum, every block
+        rowsum += __shfl_xor_sync(0xffffffffu, rowsum, 2);
+        l[mt][r] = l[mt][r] * alpha + rowsum;
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt) {
+          o[mt][dt][2 * r] *= alpha;
+          o[mt][dt][2 * r + 1] *= alpha;
+        }
+      }
+
+
+    // O_i += P_ij V_j. P's accumulators are already the A fragments of the second product.
+#pragma unroll
+    for (int kk = 0; kk < Bc / 16; ++kk) {
+      uint32_t a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        a[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        a[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        a[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        a[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int dp = 0; dp < DT / 2; ++dp) {
+        uint32_t bv[4];  // B = V_j (keys x dims): B(k, n) = V[k][n], two keys apart by a row each
+        const T* v = sV + (kk * 16 + 2 * t) * D + dp * 16 + g;
+        auto gather = [&](const T* e) {  // {V[k][n], V[k+1][n]}
+          const uint32_t lo = *reinterpret_cast<const unsigned short*>(e);
+          const uint32_t hi = *reinterpret_cast<const unsigned short*>(e + D);
+          return lo | (hi << 16);
+        };
+        bv[0] = gather(v);
+        bv[1] = gather(v + 8 * D);
+        bv[2] = gather(v + 8);
+        bv[3] = gather(v + 8 * D + 8);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16816<T>(o[mt][2 * dp], a[mt], bv[0], bv[1]);
+          mma_16816<T>(o[mt][2 * dp + 1], a[mt], bv[2], bv[3]);
+        }
+      }
+    }
+  }
+
+  // Epilogue: O_i / l_i straight from the accumulators (4 bytes per store) and
+  // LSE_i = tau m_i + log l_i.
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float inv = l[mt][r] > 0.f ? 1.f / l[mt][r] : 0.f;  // an empty row's output is 0
+      const int row = row0 + wrow + mt * 16 + g + r * 8;
+      if (row >= p.nq) continue;
+#pragma unroll
+      for (int dt = 0; dt < DT; ++dt)
+        *reinterpret_cast<uint32_t*>(O + std::size_t(row) * D + dt * 8 + 2 * t) =
+            pack2<T>(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
+      if (t == 0) LSE[row] = l[mt][r] > 0.f ? BaseE::lse(m[mt][r] * p.scale, l[mt][r]) : neg_inf<float>();
+    }
+}
+
+template <class T, class C>
+void launch(const FwdParams& p, cudaStream_t s) {
+  auto kernel = fa2_fwd_v2<T, C>;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
+  const dim3 grid((p.nq + C::Br - 1) / C::Br, p.batch * p.heads);
+  kernel<<<grid, C::kThreads, C::kSmemBytes, s>>>(p);
+}
+
+template <class T>
+bool launch_dtype(const FwdParams& p, cudaStream_t s) {
+  switch (p.d) {
+    case 64: launch<T, Cfg<64, 4, 1, 64>>(p, s); return true;     // Br 64, Bc 64, 24 KB smem
+    case 128: launch<T, Cfg<128, 4, 1, 64>>(p, s); return true;   // Br 64, Bc 64, 48 KB smem
+    default: return false;
+  }
+}
+
+}  // namespace
+
+bool launch_v2(const FwdParams& p, DType t, cudaStream_t s) {
+  if (t == DType::bf16) return launch_dtype<__nv_bfloat16>(p, s);
+  return false;
+}
+
+}  // namespace attn::ch04

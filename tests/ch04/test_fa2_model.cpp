@@ -1,0 +1,122 @@
+// Chapter 04's CPU model of FlashAttention-2: correct at awkward shapes, and its
+// traffic shows the loop swap (Q once, no statistics in HBM) and causal skipping.
+#include <doctest/doctest.h>
+
+#include "common/check.hpp"
+#include "common/errors.hpp"
+#include "fa2_model.hpp"
+
+using namespace attn;
+using namespace attn::ch04;
+
+namespace {
+
+constexpr std::size_t kSram = 224 * 1024;
+
+Problem shape(int b, int hq, int hkv, int nq, int nk, int d, bool causal, DType t = DType::bf16) {
+  Problem p;
+  p.batch = b;
+  p.heads = hq;
+  p.kv_heads = hkv;
+  p.nq = nq;
+  p.nk = nk;
+  p.d = p.dv = d;
+  p.causal = causal;
+  p.dtype = t;
+  return p;
+}
+
+void check_forward(const Problem& p, Dist dist = Dist::normal) {
+  CAPTURE(p.describe());
+  const AttnInputs in = make_inputs(p, dist, 7);
+  const ForwardOracle oracle(p, in, CheckPlan::full(p));
+  const Fa2ForwardResult r = fa2_forward_model(p, in, kSram);
+  const CheckResult c = oracle.judge(r.o, &r.lse);
+  CHECK_MESSAGE(c.pass(), c.failures());
+}
+
+void check_backward(const Problem& p, Dist dist = Dist::normal) {
+  CAPTURE(p.describe());
+  const AttnInputs in = make_inputs(p, dist, 8, true);
+  const BackwardOracle oracle(p, in, BackwardPlan::full(p));
+  const Fa2BackwardResult r = fa2_backward_model(p, in, kSram);
+  const CheckResult c = oracle.judge(r.dq, r.dk, r.dv);
+  CHECK_MESSAGE(c.pass(), c.failures());
+}
+
+}  // namespace
+
+TEST_CASE("forward model matches the fp64 reference at awkward shapes") {
+  check_forward(shape(1, 1, 1, 1, 1, 64, false));
+  check_forward(shape(1, 1, 1, 1, 1, 64, true));
+  check_forward(shape(1, 2, 2, 200, 200, 64, true));         // N not a multiple of Br or Bc
+  check_forward(shape(1, 1, 1, 100, 300, 64, true));         // Nq < Nk, bottom-right
+  check_forward(shape(1, 1, 1, 300, 100, 64, true));         // Nq > Nk: empty rows
+  check_forward(shape(2, 4, 2, 130, 130, 128, false));       // GQA, batches
+  check_forward(shape(1, 2, 2, 140, 140, 64, true, DType::f16), Dist::mean_shifted);
+  check_forward(shape(1, 1, 1, 129, 129, 128, false), Dist::outliers);
+}
+
+TEST_CASE("exercise ch04.1: the running output is rescaled when the maximum grows") {
+  // Mean-shifted rows grow their maximum block after block; without the rescale O_i is wrong.
+  check_forward(shape(1, 1, 1, 150, 400, 64, false), Dist::mean_shifted);
+}
+
+TEST_CASE("the loop swap: Q read once, K and V once per query block, no statistics in HBM") {
+  const Problem p = shape(1, 2, 2, 512, 512, 64, false);
+  const AttnInputs in = make_inputs(p, Dist::normal, 1);
+  const Fa2ForwardResult r = fa2_forward_model(p, in, kSram);
+  const double e = dtype_bytes(p.dtype);
+  CHECK(r.q_read == e * double(p.q_elems()));                   // exactly once
+  CHECK(r.kv_read == 4 * e * double(p.k_elems() + p.v_elems()));  // Nq / Br = 4 query blocks
+  CHECK(r.o_written == e * double(p.o_elems()));
+  CHECK(r.lse_written == 4.0 * double(p.lse_elems()));
+  CHECK(r.traffic.extra_peak == 0);                             // m, l never leave the chip
+  CHECK(r.traffic.bytes() == fa2_forward_bytes(p));
+}
+
+TEST_CASE("exercise ch04.2: causal blocks past the diagonal are never loaded") {
+  for (const Problem& p : {shape(1, 1, 1, 1024, 1024, 64, true), shape(1, 2, 1, 300, 700, 64, true),
+                           shape(1, 1, 1, 700, 300, 64, true)}) {
+    CAPTURE(p.describe());
+    const AttnInputs in = make_inputs(p, Dist::normal, 1);
+    const Fa2ForwardResult r = fa2_forward_model(p, in, kSram);
+    CHECK(r.traffic.bytes() == fa2_forward_bytes(p, {}, true));
+    CHECK(r.traffic.bytes() < fa2_forward_bytes(p, {}, false));
+  }
+  // Square causal: the K/V traffic is about half (whole 64-key tiles round it up a little).
+  const Problem p = shape(1, 1, 1, 1024, 1024, 64, true);
+  const Problem q = shape(1, 1, 1, 1024, 1024, 64, false);
+  const double ratio = fa2_forward_bytes(p) / fa2_forward_bytes(q);
+  CHECK(ratio > 0.5);
+  CHECK(ratio < 0.62);
+}
+
+TEST_CASE("the tiles must fit the on-chip budget") {
+  const Problem p = shape(1, 1, 1, 64, 64, 128, false);
+  const AttnInputs in = make_inputs(p, Dist::normal, 1);
+  CHECK_THROWS_AS(fa2_forward_model(p, in, 96 * 1024), SramOverflow);
+  CHECK(fa2_onchip_bytes(p) <= kSram);
+  CHECK_NOTHROW(fa2_forward_model(p, in, fa2_onchip_bytes(p)));
+}
+
+TEST_CASE("backward model matches the fp64 reference at awkward shapes") {
+  check_backward(shape(1, 1, 1, 1, 1, 64, false, DType::f16));
+  check_backward(shape(1, 2, 2, 100, 100, 64, false));
+  check_backward(shape(1, 1, 1, 70, 150, 64, true));
+  check_backward(shape(1, 1, 1, 150, 70, 64, true));          // empty rows
+  check_backward(shape(2, 4, 2, 65, 65, 64, true));           // GQA: dK, dV summed over the group
+}
+
+TEST_CASE("exercise ch04.4: dQ accumulates across K/V blocks") {
+  check_backward(shape(1, 1, 1, 64, 200, 64, false));          // four K/V blocks add into each dQ_i
+}
+
+TEST_CASE("backward model: FLOPs are 2.5x the forward and dQ's atomics are counted") {
+  const Problem p = shape(1, 1, 1, 128, 128, 64, false);
+  const AttnInputs in = make_inputs(p, Dist::normal, 1, true);
+  const Fa2BackwardResult r = fa2_backward_model(p, in, kSram);
+  CHECK(r.traffic.flops == doctest::Approx(flops_backward(p)));
+  // Two K/V blocks each read and write all of dQ's fp32 accumulator, plus zeroing and conversion.
+  CHECK(r.dq_accum_bytes == doctest::Approx(4.0 * double(p.q_elems()) * (2 * 2 + 2)));
+}
