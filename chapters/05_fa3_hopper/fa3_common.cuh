@@ -1,0 +1,258 @@
+#pragma once
+/// \file fa3_common.cuh
+/// \brief What every step of chapter 05 shares and never changes: the kernel
+///        parameters, the shared-memory plan, and the per-thread online softmax on the
+///        MMA accumulator layout. The steps differ in how tiles arrive and who computes.
+///
+/// **Who owns what.** A thread block owns Br = 128 query rows. Eight MMA warps each
+/// own 16 of them (steps 2-7 group them as two warpgroups of 64):
+///
+///     rows   0- 15  warp 0  \                      with wgmma:  warpgroup 0 = warps 0-3,
+///     rows  16- 31  warp 1   |  warpgroup 0          one m64 MMA covers rows 0-63
+///     ...                    |
+///     rows  48- 63  warp 3  /
+///     rows  64- 79  warp 4  \  warpgroup 1
+///     ...                    |
+///     rows 112-127  warp 7  /
+///
+/// and within a warp, lane l holds rows r0 = l / 4 and r1 = l / 4 + 8, columns
+/// 8c + 2 (l % 4) + {0, 1} of every 8-column chunk c (the accumulator layout of both
+/// mma.sync and wgmma). So the four lanes of a quad hold two whole rows, and every
+/// row reduction is a local loop plus two shuffles.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "common/online_softmax.hpp"
+#include "fa3_tiles.hpp"
+
+namespace attn::ch05 {
+
+/// Everything a kernel needs besides its tensor maps.
+struct Fa3Params {
+  void* o = nullptr;       ///< [B][Hq][Nq][d], the input dtype
+  float* lse = nullptr;    ///< [B][Hq][Nq]
+  int batch = 1, heads = 1, kv_heads = 1, nq = 0, nk = 0;
+  float scale_log2 = 0;    ///< tau * log2(e): scores are turned into base-2 exponents
+  int causal = 0;
+  int n_qtiles = 0;        ///< ceil(nq / Br)
+  // fp8 (step 7) only: per-block dequantisation scales.
+  const float* q_scale = nullptr;  ///< [B][Hq][ceil(Nq / 64)]
+  const float* k_scale = nullptr;  ///< [B][Hkv][ceil(Nk / 64)]
+  const float* v_scale = nullptr;  ///< [B][Hkv][d] (per channel)
+};
+
+// ----------------------------------------------------------------------------- shared memory
+//
+// One Q tile and a ring of kStages K and V tiles, each stored as TMA boxes of
+// kRowBytes-byte swizzled rows, then the mbarriers. Every tile starts 1024-aligned.
+//
+//     | Q: Br x d | K stage 0 | K stage 1 | V stage 0 | V stage 1 | barriers |
+//       Q as boxes: [box 0: Br rows x 128 B][box 1: Br rows x 128 B] ...  (d = 128 bf16: 2 boxes)
+
+template <class T, int D, int Bc, int kStages, int kVRows = Bc>
+struct SmemPlan {
+  static constexpr int kElem = int(sizeof(T));
+  static constexpr int kRowBytes = D * kElem >= 128 ? 128 : D * kElem;  ///< bytes per box row
+  static constexpr int kBoxCols = kRowBytes / kElem;                    ///< elements per box row
+  static constexpr int kBoxes = D / kBoxCols;                           ///< boxes across d
+  static constexpr int kQBytes = kBr * D * kElem;
+  static constexpr int kKBytes = Bc * D * kElem;      ///< one K stage
+  static constexpr int kVBytes = kVRows * D * kElem;  ///< one V stage (V^T for fp8: d rows of Bc)
+  static constexpr int kQ = 0;
+  static constexpr int kK = kQ + kQBytes;
+  static constexpr int kV = kK + kStages * kKBytes;
+  static constexpr int kBars = kV + kStages * kVBytes;
+  static constexpr int kNumBars = 2 + 4 * kStages;  ///< full_q, empty_q, full/empty for K and V
+  static constexpr int kBytes = kBars + 8 * kNumBars + 1024;  ///< + slack to align the base
+  static_assert(kQBytes % 1024 == 0 && kKBytes % 1024 == 0 && kVBytes % 1024 == 0,
+                "every tile must keep the next one 1024-aligned");
+};
+
+/// The dynamic shared memory base rounded up to 1024 bytes (the 128B swizzle's atom).
+__device__ __forceinline__ unsigned char* align_1024(unsigned char* p) {
+  return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(p) + 1023) & ~uintptr_t(1023));
+}
+
+/// The mbarriers of a K/V ring of kStages stages, laid out after the tiles:
+/// full_q, empty_q, full_k[S], full_v[S], empty_k[S], empty_v[S].
+template <int kStages>
+struct Barriers {
+  uint64_t* full_q;
+  uint64_t* empty_q;
+  uint64_t* full_k;
+  uint64_t* full_v;
+  uint64_t* empty_k;
+  uint64_t* empty_v;
+  __device__ __forceinline__ explicit Barriers(unsigned char* at) {
+    full_q = reinterpret_cast<uint64_t*>(at);
+    empty_q = full_q + 1;
+    full_k = full_q + 2;
+    full_v = full_k + kStages;
+    empty_k = full_v + kStages;
+    empty_v = empty_k + kStages;
+  }
+};
+
+// ----------------------------------------------------------------------------- roles
+//
+// A warp-specialised kernel splits into a producer branch and a consumer branch that
+// re-divide the registers with setmaxnreg. Any value computed before the split and
+// used after it must survive the producer's 24-register budget, and ptxas then
+// squeezes the consumers' wgmma pipeline (it reports "wgmma ... serialized due to
+// insufficient register resources" and spills). So each role computes what it
+// needs from scratch: these read the special registers again instead of reusing a
+// value the compiler may have kept from before the split.
+
+__device__ __forceinline__ int fresh_thread_index() {
+  int v;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(v));
+  return v;
+}
+__device__ __forceinline__ int fresh_block_index_x() {
+  int v;
+  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(v));
+  return v;
+}
+__device__ __forceinline__ int fresh_block_index_y() {
+  int v;
+  asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(v));
+  return v;
+}
+/// align_1024(raw), computed anew (the volatile zero keeps the compiler from reusing
+/// the address it computed before the split).
+__device__ __forceinline__ unsigned char* fresh_smem(unsigned char* raw) {
+  int zero;
+  asm volatile("mov.u32 %0, 0;" : "=r"(zero));
+  return align_1024(raw + zero);
+}
+
+// ----------------------------------------------------------------------------- arithmetic
+
+/// 2^x in one instruction (`ex2.approx`, relative error about 2^-22; 2^-inf = 0).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+/// Two floats as one register of two 16-bit values (low half = first), round to nearest.
+template <class T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  const __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// ----------------------------------------------------------------------------- online softmax
+
+/// The running (m_i, l_i) of this thread's two rows, updated one block of scores at a time
+/// (FA2/FA3's rescaled accumulation, base 2):
+/// \f[ m^{new} = \max(m, \max_j s_j),\quad P_j = 2^{c\, s_j - c\, m^{new}},\quad
+///     \alpha = 2^{c\,(m - m^{new})},\quad \ell \leftarrow \alpha \ell + \textstyle\sum_j P_j,\quad
+///     O \leftarrow \alpha O + P V \f]
+/// with c = tau log2(e). m is kept in score units so that c s - c m is one FFMA.
+/// l holds only this thread's columns: it is summed over the quad once, at the end.
+/// An empty row keeps m = -inf; every shift goes through finite_max(), so it yields
+/// P = 0 and alpha = 0, never NaN.
+struct RowSoftmax {
+  float m[2];
+  float l[2];
+
+  __device__ __forceinline__ void init() {
+    m[0] = m[1] = neg_inf<float>();
+    l[0] = l[1] = 0.f;
+  }
+
+  /// s: this thread's scores of one block (NS floats, accumulator layout), replaced by
+  /// P. alpha: the factor each row's O must be multiplied by before adding P V.
+  template <int NS>
+  __device__ __forceinline__ void update(float (&s)[NS], float c, float (&alpha)[2]) {
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int i = 0; i < NS; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    }
+    float shift[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      shift[r] = finite_max(mx[r]) * c;
+      alpha[r] = fast_exp2(m[r] * c - shift[r]);  // m = -inf: 2^-inf = 0
+      m[r] = mx[r];
+      l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int i = 0; i < NS; ++i) {
+      const int r = (i >> 1) & 1;
+      s[i] = fast_exp2(fmaf(s[i], c, -shift[r]));  // a masked score is -inf: P = 0
+      l[r] += s[i];
+    }
+  }
+
+  /// Finishes the rows: l summed over the quad, 1/l (0 for an empty row) in inv_l,
+  /// and the natural-log LSE = (c m + log2 l) ln 2 (-inf for an empty row).
+  __device__ __forceinline__ void finish(float c, float (&inv_l)[2], float (&lse)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float sum = l[r];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      inv_l[r] = sum > 0.f ? 1.f / sum : 0.f;
+      lse[r] = sum > 0.f ? (m[r] * c + __log2f(sum)) * float(kLn2) : neg_inf<float>();
+    }
+  }
+};
+
+/// Sets to -inf every score of this thread whose key is at or past its row's limit.
+/// `col0`: the block's first key; `limit[r]`: one past the last key row r may see.
+template <int NS>
+__device__ __forceinline__ void apply_mask(float (&s)[NS], int col0, int lane, const int (&limit)[2]) {
+#pragma unroll
+  for (int i = 0; i < NS; ++i) {
+    const int col = col0 + 8 * (i / 4) + 2 * (lane % 4) + (i & 1);
+    if (col >= limit[(i >> 1) & 1]) s[i] = neg_inf<float>();
+  }
+}
+
+/// O *= alpha, row by row.
+template <int NO>
+__device__ __forceinline__ void rescale(float (&o)[NO], const float (&alpha)[2]) {
+#pragma unroll
+  for (int i = 0; i < NO; ++i) o[i] *= alpha[(i >> 1) & 1];
+}
+
+/// P (fp32, accumulator layout) as 16-bit pairs: p[j] = (s[2j], s[2j+1]). The four
+/// registers of k-slice kk are then p[4kk .. 4kk+3], the A operand of P V as is.
+template <class T, int NS>
+__device__ __forceinline__ void convert_p(const float (&s)[NS], uint32_t (&p)[NS / 2]) {
+#pragma unroll
+  for (int j = 0; j < NS / 2; ++j) p[j] = pack2<T>(s[2 * j], s[2 * j + 1]);
+}
+
+/// Writes this thread's part of O (normalised by inv_l) and, from lane 0 of each quad,
+/// the LSE of its two rows; rows at or past nq are not written.
+template <class T, int NO>
+__device__ __forceinline__ void store_o(const Fa3Params& p, int bh, const int (&row)[2], int lane,
+                                        const float (&o)[NO], const float (&inv_l)[2], const float (&lse)[2]) {
+  constexpr int D = NO * 2;
+  T* out = static_cast<T*>(p.o) + size_t(bh) * p.nq * D;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (row[r] >= p.nq) continue;
+    T* dst = out + size_t(row[r]) * D + 2 * (lane % 4);
+#pragma unroll
+    for (int c = 0; c < D / 8; ++c)
+      *reinterpret_cast<uint32_t*>(dst + 8 * c) = pack2<T>(o[4 * c + 2 * r] * inv_l[r], o[4 * c + 2 * r + 1] * inv_l[r]);
+    if (lane % 4 == 0) p.lse[size_t(bh) * p.nq + row[r]] = lse[r];
+  }
+}
+
+}  // namespace attn::ch05

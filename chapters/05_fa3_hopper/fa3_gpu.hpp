@@ -1,0 +1,79 @@
+#pragma once
+/// \file fa3_gpu.hpp
+/// \brief Chapter 05 on the GPU, behind a plain C++ interface (no CUDA types), so
+///        main.cpp and the tests compile with or without the CUDA toolkit.
+///
+/// The seven steps, each a full kernel in steps/ (read them in order, `diff` them pairwise):
+///
+///     v1  TMA loads completing on mbarriers, a 2-stage K/V ring; mma.sync compute
+///     v2  wgmma: Q K^T from shared memory, P V with P from registers
+///     v3  warp specialisation: a producer warpgroup, two consumer warpgroups, setmaxnreg
+///     v4  pingpong: named barriers alternate the two consumers' GEMMs
+///     v5  intra-warpgroup overlap: S_{j+1} = Q K_{j+1}^T issued before softmax(S_j) is done
+///     v6  causal block skipping and a persistent, longest-first tile scheduler
+///     v7  FP8 (E4M3): per-block scales, Hadamard rotation of Q and K, V transposed
+
+#include <string>
+#include <vector>
+
+#include "common/inputs.hpp"
+#include "common/problem.hpp"
+
+namespace attn::ch05 {
+
+enum class Step { v1_tma = 1, v2_wgmma, v3_warp_specialized, v4_pingpong, v5_intra_overlap, v6_persistent, v7_fp8 };
+
+constexpr Step kAllSteps[] = {Step::v1_tma,           Step::v2_wgmma,         Step::v3_warp_specialized,
+                              Step::v4_pingpong,      Step::v5_intra_overlap, Step::v6_persistent,
+                              Step::v7_fp8};
+
+/// "v3 warp-specialised" etc.
+const char* step_name(Step s);
+/// Parses "1".."7" or "v1".."v7"; false otherwise.
+bool parse_step(const std::string& text, Step* out);
+
+/// Whether step `s` has a kernel for this problem (head dim, dtype, d == dv); the
+/// reason when not. Steps 1-5 are built for d = 128, steps 6-7 for d in {64, 128, 256}.
+bool step_supports(Step s, const Problem& p, std::string* why = nullptr);
+
+/// True when this binary carries the sm_90a kernels and the current GPU is sm_90;
+/// otherwise false with the reason (the chapter then waives its GPU rows).
+bool hopper_ready(std::string* why);
+
+struct GpuForward {
+  std::vector<float> o, lse;  ///< downloaded results (poisoned before the run)
+  double time_ms = 0;         ///< the attention kernel: median of >= 20 repeats, L2 flushed
+  double prep_ms = 0;         ///< fp8 only: the quantisation pass (Hadamard, scales, V^T)
+  int grid = 0;               ///< thread blocks launched
+  int smem_bytes = 0;         ///< dynamic shared memory per block
+};
+
+/// Runs step `s` once for the check and, when `time` is set, times it. Throws
+/// UsageError if step_supports() is false, CudaError on a CUDA failure.
+GpuForward fa3_forward_gpu(const Problem& p, const AttnInputs& in, Step s, bool time);
+
+/// Device bytes the run allocates (inputs, outputs, fp8 copies).
+double fa3_device_bytes(const Problem& p, Step s);
+
+/// TFLOP/s of a cuBLASLt E4M3 x E4M3 -> bf16 GEMM of 8192^3 (the fp8 ceiling; cached).
+double measure_fp8_gemm_tflops();
+
+// ----------------------------------------------------------------------------- building blocks
+//
+// Each Hopper mechanism checked alone on the device, so a failure points at one helper.
+
+struct ProbeResult {
+  double max_err = 0;  ///< max |got - want|
+  bool ran = false;
+  std::string what;
+};
+/// A TMA copy of a 128-byte-swizzled box read back element by element through the
+/// swizzle formula of wgmma.cuh.
+ProbeResult probe_tma_swizzle();
+/// One m64n128 product with wgmma: both operands K-major from shared memory (SS),
+/// and A from registers with an N-major B (RS, the P V form), against a CPU GEMM.
+ProbeResult probe_wgmma_bf16();
+/// The fp8 RS product with the permuted V^T layout (fp8_key_at()).
+ProbeResult probe_wgmma_fp8();
+
+}  // namespace attn::ch05

@@ -1,0 +1,227 @@
+// Chapter 05, step 4 of 7: pingpong.
+//
+//     v1  TMA loads completing on mbarriers, a 2-stage K/V ring; mma.sync compute
+//     v2  wgmma: S = Q K^T with both operands in shared memory, O += P V with P in registers
+//     v3  warp specialisation: a producer warpgroup, two consumer warpgroups, setmaxnreg
+//   > v4  pingpong: named barriers alternate the two consumers' GEMMs
+//     v5  intra-warpgroup overlap: S_j = Q K_j^T issued before softmax(S_{j-1}) is done
+//     v6  causal block skipping and a persistent, longest-first tile scheduler
+//     v7  FP8 (E4M3): per-block scales, Hadamard rotation of Q and K, V transposed
+//
+// What changes from v3. In v3 both consumers issue their GEMMs whenever they are
+// ready, so they tend to run in lockstep: both multiply, then both compute the
+// softmax while the tensor cores idle. Pingpong puts them half a period apart:
+//
+//     tensor cores:  | S(wg1) | S(wg2) | PV(wg1) | PV(wg2) | S(wg1) | S(wg2) | ...
+//     wg1:           | issue  |    softmax(wg1)  | issue   |  wait  | ...
+//     wg2:           |  wait  | issue  |    softmax(wg2)   | issue  | ...
+//
+// Each GEMM issue is a "window" bracketed by two named barriers, one per consumer:
+//
+//     named_barrier_sync(my_turn, 256)      -- wait until the other warpgroup has issued
+//     ... issue the wgmma of this window ...
+//     named_barrier_arrive(other_turn, 256) -- let the other warpgroup issue
+//
+// A sync completes when 256 threads have arrived: this warpgroup's 128 and the
+// other's 128 from its arrive. So the windows strictly alternate wg1, wg2, wg1, ...
+// Warpgroup 2 arrives once on warpgroup 1's barrier before the loop (so warpgroup 1
+// goes first), and warpgroup 1 syncs once more after it (to take that extra arrival
+// back), so every arrival is matched by a sync. Both warpgroups open the same number of
+// windows, since they walk the same key blocks.
+#include "common/cuda/check.cuh"
+#include "fa3_common.cuh"
+#include "hopper/sync.cuh"
+#include "hopper/tma.cuh"
+#include "hopper/wgmma.cuh"
+#include "steps/step_launch.cuh"
+
+namespace attn::ch05 {
+namespace {
+
+using namespace attn::hopper;
+
+constexpr int D = 128;        // head dim of this step's kernels
+constexpr int Bc = 128;       // keys per block
+constexpr int kStages = 2;    // K/V ring depth
+constexpr int kThreads = 384; // producer + two consumer warpgroups
+constexpr int kConsumerWarps = 8;
+constexpr int kTurnBarrier = 1;  // named barriers 1 and 2: consumer 0's and 1's turn (0 is __syncthreads)
+constexpr int kConsumerThreads = 256;
+
+// ---------------------------------------------------------------- producer warpgroup (warps 0-3)
+// One thread issues every copy: Q once, then K_j and V_j into the ring as stages free up.
+template <class T>
+__device__ __forceinline__ void producer(const CUtensorMap& tm_q, const CUtensorMap& tm_k, const CUtensorMap& tm_v,
+                                         const Fa3Params& p, unsigned char* smem) {
+  using Plan = SmemPlan<T, D, Bc, kStages>;
+  const Barriers<kStages> bar(smem + Plan::kBars);
+  if (fresh_thread_index() != 0) return;
+  const int m_block = fresh_block_index_x(), bh = fresh_block_index_y();
+  const int bhk = (bh / p.heads) * p.kv_heads + (bh % p.heads) / (p.heads / p.kv_heads);
+  const int Tc = kv_blocks(m_block, kBr, Bc, p.nq, p.nk, p.causal != 0, /*skip=*/false).n_max;
+
+  mbarrier_arrive_expect_tx(bar.full_q, Plan::kQBytes);
+  for (int b = 0; b < Plan::kBoxes; ++b)
+    tma_load_3d(smem + Plan::kQ + b * kBr * Plan::kRowBytes, &tm_q, bar.full_q, b * Plan::kBoxCols, m_block * kBr, bh);
+  RingState<kStages> ring;
+  for (int j = 0; j < Tc; ++j, ring.advance()) {
+    // K_j and V_j into stage ring.stage once the consumers have released it.
+    mbarrier_wait(&bar.empty_k[ring.stage], ring.phase ^ 1);
+    mbarrier_arrive_expect_tx(&bar.full_k[ring.stage], Plan::kKBytes);
+    for (int b = 0; b < Plan::kBoxes; ++b)
+      tma_load_3d(smem + Plan::kK + ring.stage * Plan::kKBytes + b * Bc * Plan::kRowBytes, &tm_k,
+                  &bar.full_k[ring.stage], b * Plan::kBoxCols, j * Bc, bhk);
+    mbarrier_wait(&bar.empty_v[ring.stage], ring.phase ^ 1);
+    mbarrier_arrive_expect_tx(&bar.full_v[ring.stage], Plan::kVBytes);
+    for (int b = 0; b < Plan::kBoxes; ++b)
+      tma_load_3d(smem + Plan::kV + ring.stage * Plan::kVBytes + b * Bc * Plan::kRowBytes, &tm_v,
+                  &bar.full_v[ring.stage], b * Plan::kBoxCols, j * Bc, bhk);
+  }
+}
+
+// ---------------------------------------------------------------- consumer warpgroups (warps 4-11)
+template <class T>
+__device__ __forceinline__ void consumer(const Fa3Params& p, unsigned char* smem) {
+  using Plan = SmemPlan<T, D, Bc, kStages>;
+  const Barriers<kStages> bar(smem + Plan::kBars);
+  // wg: 0 or 1 for warpgroups 1 and 2 (rows 0-63, 64-127); warp: 0-7 counted from warpgroup 1.
+  const int tid = fresh_thread_index() - 128, wg = tid / 128, warp = tid / 32, lane = tid % 32;
+  const int m_block = fresh_block_index_x(), bh = fresh_block_index_y();
+  const int Tc = kv_blocks(m_block, kBr, Bc, p.nq, p.nk, p.causal != 0, /*skip=*/false).n_max;
+
+  // Descriptors. Q: this warpgroup's 64 rows; the k-th K-step is 32 bytes into the rows.
+  auto q_desc = [&](int k) {
+    const int byte = 32 * k;
+    return desc_k_major(smem + Plan::kQ + (byte / Plan::kRowBytes) * kBr * Plan::kRowBytes +
+                            wg * 64 * Plan::kRowBytes + byte % Plan::kRowBytes,
+                        Plan::kRowBytes);
+  };
+  auto k_desc = [&](int stage, int k) {
+    const int byte = 32 * k;
+    return desc_k_major(smem + Plan::kK + stage * Plan::kKBytes + (byte / Plan::kRowBytes) * Bc * Plan::kRowBytes +
+                            byte % Plan::kRowBytes,
+                        Plan::kRowBytes);
+  };
+  // V as the N-major B of P V: K-step kk is keys 16kk..16kk+15, i.e. 16 rows further down.
+  auto v_desc = [&](int stage, int kk) {
+    return desc_mn_major(smem + Plan::kV + stage * Plan::kVBytes + kk * 16 * Plan::kRowBytes, Bc * Plan::kRowBytes);
+  };
+
+  const int row[2] = {m_block * kBr + 16 * warp + lane / 4, m_block * kBr + 16 * warp + lane / 4 + 8};
+  const int limit[2] = {key_limit(row[0], p.nq, p.nk, p.causal != 0), key_limit(row[1], p.nq, p.nk, p.causal != 0)};
+
+  float o[D / 2];  // O_i: 64 x d per warpgroup, fp32
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  RowSoftmax softmax;
+  softmax.init();
+
+  // The window bracket: wait for my turn, then (after issuing) hand the turn over.
+  auto my_turn = [&] { named_barrier_sync(kTurnBarrier + wg, kConsumerThreads); };
+  auto your_turn = [&] { named_barrier_arrive(kTurnBarrier + 1 - wg, kConsumerThreads); };
+  if (wg == 1) your_turn();  // warpgroup 2 hands the first turn to warpgroup 1
+
+  mbarrier_wait(bar.full_q, 0);
+  RingState<kStages> ring;
+  for (int j = 0; j < Tc; ++j, ring.advance()) {
+    // S_ij = Q_i K_j^T (64 x Bc per warpgroup)
+    float s[Bc / 2];
+    mbarrier_wait(&bar.full_k[ring.stage], ring.phase);
+    my_turn();
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < D / 16; ++k) WgmmaSS<T, Bc>::mma(s, q_desc(k), k_desc(ring.stage, k), k > 0);
+    wgmma_commit();
+    your_turn();
+    wgmma_wait<0>();
+    fence_operand(s);
+    if (lane == 0) mbarrier_arrive(&bar.empty_k[ring.stage]);  // K_j no longer read by this warp
+
+    // P_ij = exp2(c S_ij - c m_i), O_i *= alpha (masking only where a key can be hidden)
+    if (p.causal || j * Bc + Bc > p.nk) apply_mask(s, j * Bc, lane, limit);
+    float alpha[2];
+    softmax.update(s, p.scale_log2, alpha);
+    rescale(o, alpha);
+    uint32_t pr[Bc / 4];
+    convert_p<T>(s, pr);
+
+    // O_i += P_ij V_j
+    mbarrier_wait(&bar.full_v[ring.stage], ring.phase);
+    fence_operand(o);
+    my_turn();
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Bc / 16; ++kk) {
+      const uint32_t a[4] = {pr[4 * kk], pr[4 * kk + 1], pr[4 * kk + 2], pr[4 * kk + 3]};
+      WgmmaRS<T, D>::mma(o, a, v_desc(ring.stage, kk), 1);
+    }
+    wgmma_commit();
+    your_turn();
+    wgmma_wait<0>();
+    fence_operand(o);
+    if (lane == 0) mbarrier_arrive(&bar.empty_v[ring.stage]);  // V_j no longer read by this warp
+  }
+  if (wg == 0) my_turn();  // warpgroup 1 takes back warpgroup 2's last hand-over
+
+  float inv_l[2], lse[2];
+  softmax.finish(p.scale_log2, inv_l, lse);
+  store_o<T>(p, bh, row, lane, o, inv_l, lse);
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads, 1)
+    fa3_v4_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                  const __grid_constant__ CUtensorMap tm_v, const Fa3Params p) {
+  using Plan = SmemPlan<T, D, Bc, kStages>;
+  extern __shared__ unsigned char smem_raw[];
+  if (threadIdx.x == 0) {
+    const Barriers<kStages> bar(align_1024(smem_raw) + Plan::kBars);
+    mbarrier_init(bar.full_q, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(&bar.full_k[s], 1);
+      mbarrier_init(&bar.full_v[s], 1);
+      mbarrier_init(&bar.empty_k[s], kConsumerWarps);
+      mbarrier_init(&bar.empty_v[s], kConsumerWarps);
+    }
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+  // The role split: every value below is computed inside its role (see fa3_common.cuh).
+  if (threadIdx.x < 128) {
+    setmaxnreg_dec<24>();
+    producer<T>(tm_q, tm_k, tm_v, p, fresh_smem(smem_raw));
+  } else {
+    setmaxnreg_inc<240>();
+    consumer<T>(p, fresh_smem(smem_raw));
+  }
+}
+
+template <class T>
+PreparedStep prepare(const StepArgs& a) {
+  using Plan = SmemPlan<T, D, Bc, kStages>;
+  const Problem& pr = a.problem;
+  const CUtensorMapDataType ty = tma_type<T>();
+  const uint64_t bhq = uint64_t(pr.batch) * pr.heads, bhk = uint64_t(pr.batch) * pr.kv_heads;
+  const CUtensorMap tq = make_tensor_map_3d(a.q, ty, 2, D, pr.nq, bhq, Plan::kBoxCols, kBr);
+  const CUtensorMap tk = make_tensor_map_3d(a.k, ty, 2, D, pr.nk, bhk, Plan::kBoxCols, Bc);
+  const CUtensorMap tv = make_tensor_map_3d(a.v, ty, 2, D, pr.nk, bhk, Plan::kBoxCols, Bc);
+  CUDA_CHECK(cudaFuncSetAttribute(fa3_v4_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, Plan::kBytes));
+  const dim3 grid(a.params.n_qtiles, unsigned(bhq));
+  const Fa3Params params = a.params;
+  PreparedStep s;
+  s.grid = int(grid.x * grid.y);
+  s.smem_bytes = Plan::kBytes;
+  s.launch = [=] {
+    fa3_v4_kernel<T><<<grid, kThreads, Plan::kBytes>>>(tq, tk, tv, params);
+    CUDA_CHECK_LAUNCH("fa3_v4_kernel");
+  };
+  return s;
+}
+
+}  // namespace
+
+PreparedStep prepare_v4(const StepArgs& a) {
+  return a.problem.dtype == DType::f16 ? prepare<__half>(a) : prepare<__nv_bfloat16>(a);
+}
+
+}  // namespace attn::ch05
