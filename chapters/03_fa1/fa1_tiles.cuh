@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "common/cuda/types.cuh"
 
@@ -38,7 +39,8 @@ __device__ __forceinline__ void stage_rows(const T* __restrict__ src, int rows, 
     float* out = dst + r * tile_ld<D>() + c0;
     if (r < rows) {
       const uint4 raw = *reinterpret_cast<const uint4*>(src + std::size_t(r) * D + c0);
-      const T* x = reinterpret_cast<const T*>(&raw);
+      T x[kVec];
+      memcpy(x, &raw, sizeof raw);  // well-defined type punning; register moves after compilation
 #pragma unroll
       for (int k = 0; k < kVec; ++k) out[k] = to_float(x[k]);
     } else {
