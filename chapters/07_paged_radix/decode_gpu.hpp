@@ -1,0 +1,49 @@
+#pragma once
+/// \file decode_gpu.hpp
+/// \brief Chapter 07's decode kernels behind a plain C++ interface (no CUDA types),
+///        so main.cpp and the tests compile with or without the CUDA toolkit. The
+///        class is defined only when the chapter is built with CUDA.
+
+#include <memory>
+#include <vector>
+
+#include "decode.hpp"
+
+namespace attn::ch07 {
+
+/// Where the kernel finds K and V.
+enum class KvLayout {
+  paged,       ///< the page pool, through the block table
+  contiguous,  ///< the same values gathered into [B][Hkv][L_max][d]: the cost of indirection
+};
+const char* layout_name(KvLayout l);
+
+struct GpuDecodeOutput {
+  std::vector<float> o, lse;  ///< [batch][heads][d] and [batch][heads]
+};
+
+/// One decode batch on the GPU: uploads Q, the lengths and the block tables, and
+/// fills the K/V pool on the device from kv_value() (or uploads `kv.pools` when
+/// set). The contiguous copy is made on first use.
+class GpuDecoder {
+ public:
+  GpuDecoder(const DecodeBatch& batch, const std::vector<float>& q, const KvContents& kv);
+  ~GpuDecoder();
+  GpuDecoder(const GpuDecoder&) = delete;
+  GpuDecoder& operator=(const GpuDecoder&) = delete;
+
+  /// One step with O and the LSE poisoned (NaN) first: `splits == 1` runs v1, more runs v2.
+  GpuDecodeOutput run(int splits, KvLayout layout);
+  /// Median time of the step in ms: warm-up, L2 flushed before each of >= 20 repeats.
+  double time_ms(int splits, KvLayout layout);
+  /// The device's SM count (what choose_splits() needs).
+  int sms() const;
+  /// Device bytes the batch needs, with or without the contiguous copy.
+  static double device_bytes(const DecodeBatch& b, int max_splits, bool contiguous);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace attn::ch07

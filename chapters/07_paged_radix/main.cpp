@@ -1,0 +1,621 @@
+// ch07_paged_radix: the paged KV cache (block manager, fork, copy-on-write, and the
+// fragmentation it saves), decode kernels that read it (v1 and split-K v2) checked
+// against the fp64 reference, and RadixAttention's prefix cache on serving traces.
+//
+//   ch07_paged_radix                 a short tour of all three at small sizes
+//   ch07_paged_radix paged  [opts]   block tables, copy-on-write, fragmentation
+//   ch07_paged_radix decode [opts]   decode v1 / v2 (CPU model, and the GPU when present)
+//   ch07_paged_radix radix  [opts]   prefix caches on seeded workloads, the radix tree drawn
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <map>
+#include <sstream>
+
+#include "common/check.hpp"
+#include "common/cli.hpp"
+#include "common/device.hpp"
+#include "common/report.hpp"
+#include "decode.hpp"
+#include "decode_gpu.hpp"
+#include "decode_model.hpp"
+#include "hash_prefix_cache.hpp"
+#include "paged_kv_cache.hpp"
+#include "radix_cache.hpp"
+#include "workloads.hpp"
+
+#if TUTORIAL_HAVE_CUDA
+#include "common/cuda/ceilings.cuh"
+#endif
+
+using namespace attn;
+using namespace attn::ch07;
+
+namespace {
+
+constexpr const char* kChapter = "ch07_paged_radix";
+/// SMs assumed by the v1/v2 heuristic when no GPU is present: an H200's.
+constexpr int kDefaultSms = 132;
+/// The CPU model runs when a step is at most this many FLOPs; above it the report
+/// takes the bytes from decode_traffic() alone.
+constexpr double kModelFlopBudget = 4e9;
+
+std::string fmt(const char* f, double x) {
+  char b[64];
+  std::snprintf(b, sizeof b, f, x);
+  return b;
+}
+
+std::string pct(double x) { return fmt("%.1f%%", 100.0 * x); }
+
+/// JSON number (null when not finite).
+std::string jnum(double x) {
+  if (!std::isfinite(x)) return "null";
+  return fmt("%.9g", x);
+}
+
+// ============================================================================= paged
+
+struct PagedOptions {
+  int page_size = 16, seqs = 1000, max_len = 4096;
+};
+
+/// The block-table pictures for the README: a small pool whose pages hold token labels.
+std::string paged_demo() {
+  std::ostringstream s;
+  const int P = 4;
+  PagePool pool(8, P, /*kv_heads=*/1, /*head_dim=*/1, DType::f32);  // one number per token: its label
+  PagedKvCache cache(pool);
+  std::map<PagedKvCache::SeqId, char> name;
+  auto label = [](char who, int t) { return float(int(who) * 1000 + t); };
+  auto show = [&](const std::string& title) {
+    s << title << "\n";
+    for (auto id : cache.sequences()) {
+      const auto& t = cache.block_table(id);
+      s << "  " << name[id] << "  block table [";
+      for (std::size_t i = 0; i < t.size(); ++i) s << (i ? " | " : " ") << t[i];
+      s << " ]  len " << cache.length(id) << "\n";
+    }
+    s << "  pages  ";
+    for (int p = 0; p < pool.num_pages(); ++p) {
+      if (pool.refcount(p) == 0) continue;
+      s << " p" << p << "(rc " << pool.refcount(p) << "):[";
+      for (int slot = 0; slot < P; ++slot) {
+        const float x = pool.k_data()[pool.offset(p, 0, slot)];
+        const int v = int(x);
+        s << (slot ? " " : "") << (v >= 1000 ? std::string(1, char(v / 1000)) + std::to_string(v % 1000) : ".");
+      }
+      s << "]";
+    }
+    s << "   free " << pool.free_pages() << "\n";
+  };
+  auto append = [&](PagedKvCache::SeqId id, int n) {
+    for (int i = 0; i < n; ++i) {
+      const float x = label(name[id], cache.length(id));
+      cache.append(id, &x, &x);
+    }
+  };
+  const auto a = cache.create();
+  name[a] = 'a';
+  append(a, 10);
+  show("1. sequence a appends 10 tokens: three pages, the last one half full");
+  PagedKvCache::SeqId b;
+  cache.fork(a, &b);
+  name[b] = 'b';
+  show("2. fork a -> b (parallel sampling): b shares all three pages, nothing is allocated");
+  const float xb = label('b', 10);
+  cache.append(b, &xb, &xb);
+  show("3. b appends token 10: page 2 is shared, so it is copied first (copy-on-write)");
+  const float xa = label('a', 10);
+  cache.append(a, &xa, &xa);
+  show("4. a appends token 10: page 2 is a's alone now, written in place");
+  cache.free(a);
+  show("5. a is freed: its private page returns to the free list, the shared ones stay with b");
+  const std::string why = cache.validate();
+  s << "validate(): " << (why.empty() ? "every invariant holds" : why) << "\n";
+  return s.str();
+}
+
+int run_paged(int argc, char** argv, bool tour) {
+  PagedOptions po;
+  if (tour) po.seqs = 500;
+  Cli cli(std::string(kChapter) + " paged",
+          "The paged KV cache: block tables, fork, copy-on-write, and the internal fragmentation of\n"
+          "paged storage against a contiguous allocator that reserves the maximum length.");
+  cli.add_int("--page-size", &po.page_size, "page size of the highlighted row (1..256)", 1, 256);
+  cli.add_int("--seqs", &po.seqs, "sequences in the length sample", 1, 1000000);
+  cli.add_int("--max-len", &po.max_len, "the model's maximum length (the contiguous reservation)", 2, 1 << 20);
+  return run_chapter(argc, argv, cli, [&](const Options& opt) {
+    const std::vector<int> lens = sample_lengths(po.seqs, po.max_len, opt.seed);
+    std::vector<int> sizes = {1, 8, 16, 32, 64};
+    if (std::find(sizes.begin(), sizes.end(), po.page_size) == sizes.end()) sizes.push_back(po.page_size);
+    std::sort(sizes.begin(), sizes.end());
+    const std::vector<FragmentationRow> rows = fragmentation_study(lens, po.max_len, sizes);
+    long total = 0;
+    for (int l : lens) total += l;
+    const double mean = double(total) / lens.size();
+    std::vector<int> sorted = lens;
+    std::sort(sorted.begin(), sorted.end());
+    const int p50 = sorted[sorted.size() / 2], p99 = sorted[std::min(sorted.size() - 1, sorted.size() * 99 / 100)];
+    if (opt.json) {
+      std::ostringstream j;
+      j << "{\"chapter\": \"" << kChapter << "\", \"subcommand\": \"paged\", \"seed\": " << opt.seed
+        << ", \"sequences\": " << lens.size() << ", \"max_len\": " << po.max_len << ", \"mean_len\": " << jnum(mean)
+        << ", \"p50_len\": " << p50 << ", \"p99_len\": " << p99 << ", \"fragmentation\": [";
+      for (std::size_t i = 0; i < rows.size(); ++i)
+        j << (i ? ", " : "") << "{\"scheme\": \"" << json_escape(rows[i].scheme) << "\", \"page_size\": "
+          << rows[i].page_size << ", \"tokens\": " << rows[i].tokens << ", \"slots\": " << rows[i].slots
+          << ", \"pages\": " << rows[i].pages << ", \"waste\": " << jnum(rows[i].waste()) << "}";
+      j << "]}\n";
+      std::cout << j.str();
+      return 0;
+    }
+    std::cout << "== " << kChapter << " paged: block tables, copy-on-write, fragmentation ==\n\n";
+    std::cout << paged_demo() << "\n";
+    std::cout << "Internal fragmentation, " << lens.size() << " sequences (seed " << opt.seed
+              << "): lognormal prompt + output lengths, mean " << fmt("%.0f", mean) << ", median " << p50
+              << ", p99 " << p99 << ", capped at " << po.max_len << " tokens.\n"
+              << "Paged rows are measured: every sequence grows token by token in the block manager.\n\n";
+    std::printf("  %-30s %14s %12s %10s %22s\n", "allocator", "slots reserved", "tokens", "waste",
+                "sequences per memory");
+    const double base = double(rows[0].slots);
+    for (const auto& r : rows) {
+      const bool mark = r.page_size == po.page_size;
+      std::printf("%s %-30s %14ld %12ld %9.1f%% %21.2fx\n", mark ? ">" : " ", r.scheme.c_str(), r.slots, r.tokens,
+                  100.0 * r.waste(), base / double(r.slots));
+    }
+    std::cout << "\n(waste = reserved slots holding no token; \"sequences per memory\" is how many more sequences fit\n"
+                 " in the same KV memory than with the max-length reservation. A page wastes at most P - 1 slots\n"
+                 " per sequence, about P / 2 on average.)\n";
+    return 0;
+  });
+}
+
+// ============================================================================= decode
+
+struct DecodeOptions {
+  int page_size = 16, shared_prefix = 0, splits = 0, sms = 0;
+  std::string lengths = "ragged";
+  bool sweep = false;
+};
+
+DecodeBatch make_batch(const Options& opt, const DecodeOptions& dopt) {
+  const Problem& p = opt.problem;
+  const std::vector<int> lens = dopt.lengths == "equal" ? std::vector<int>(p.batch, p.nk)
+                                                        : ragged_lengths(p.batch, p.nk, dopt.page_size, opt.seed);
+  DecodeBatch b = build_batch(p.heads, p.kv_heads, p.d, dopt.page_size, lens, dopt.shared_prefix, opt.seed);
+  b.scale = p.scale;
+  validate(b);
+  return b;
+}
+
+Problem as_problem(const DecodeBatch& b) {
+  Problem p;
+  p.batch = b.batch();
+  p.heads = b.heads;
+  p.kv_heads = b.kv_heads;
+  p.nq = 1;
+  p.nk = b.max_len();
+  p.d = p.dv = b.d;
+  p.scale = b.scale;
+  p.dtype = DType::bf16;
+  return p;
+}
+
+/// Fills a report row's bytes from the kernels' own count.
+void set_traffic(ResultRow& row, const DecodeTraffic& t) {
+  row.hbm_read_bytes = t.read();
+  row.hbm_write_bytes = t.write();
+  row.extra_bytes = t.partial_write;  // v2's partial states
+}
+
+#if TUTORIAL_HAVE_CUDA
+struct SweepConfig {
+  int batch, len, heads, kv_heads, page_size;
+};
+
+/// The README's bandwidth table: every kernel on each configuration, checked, timed.
+int run_sweep(const Options& opt, const DecodeOptions& dopt, const DeviceInfo& dev) {
+  const double read_gbps = measure_read_gbps();
+  std::vector<SweepConfig> configs = {{1, 32768, 32, 8, 16},  {1, 65536, 32, 8, 16},  {1, 65536, 32, 32, 16},
+                                      {8, 32768, 32, 8, 16},  {8, 32768, 32, 32, 16}, {8, 131072, 32, 8, 16},
+                                      {64, 4096, 32, 8, 16}};
+  for (int P : {1, 8, 32, 64}) configs.push_back({1, 65536, 32, 8, P});
+  std::ostringstream js, txt;
+  js << "{\"chapter\": \"" << kChapter << "\", \"subcommand\": \"decode-sweep\", \"device_name\": \""
+     << json_escape(dev.name) << "\", \"date\": \"" << today() << "\", \"read_gbps\": " << jnum(read_gbps)
+     << ", \"d\": " << opt.problem.d << ", \"configs\": [";
+  txt << "== " << kChapter << " decode --sweep: KV bytes read per second ==\n"
+      << "device  : " << dev.describe() << ", " << today() << "\n"
+      << "ceiling : read " << fmt("%.0f", read_gbps) << " GB/s (measured in this run)\n\n";
+  char line[512];
+  std::snprintf(line, sizeof line, "%-3s %-7s %-6s %-3s  %-22s %9s %10s %8s %6s\n", "B", "L", "Hq/Hkv", "P", "kernel",
+                "ms", "KV GB/s", "ceiling", "check");
+  txt << line;
+  bool all_pass = true;
+  for (std::size_t ci = 0; ci < configs.size(); ++ci) {
+    const SweepConfig& c = configs[ci];
+    const std::vector<int> lens(c.batch, c.len);
+    DecodeBatch b = build_batch(c.heads, c.kv_heads, opt.problem.d, c.page_size, lens, 0, opt.seed);
+    const SplitPlan plan = choose_splits(b, dev.sms);
+    const int v2_splits = std::max(2, dopt.splits > 0 ? dopt.splits : plan.splits);
+    require_device_memory(dev, GpuDecoder::device_bytes(b, v2_splits, true), "the decode sweep");
+    const std::vector<float> q = make_queries(b, opt.seed, opt.dist);
+    const KvContents kv{opt.seed, opt.dist, nullptr};
+    const DecodeOracle oracle(b, q, kv, opt.check_all);
+    GpuDecoder gpu(b, q, kv);
+    struct Run {
+      const char* name;
+      int splits;
+      KvLayout layout;
+    };
+    std::vector<Run> runs = {{"v1", 1, KvLayout::paged}, {"v2", v2_splits, KvLayout::paged}};
+    if (c.page_size == 16) {
+      runs.push_back({"v1", 1, KvLayout::contiguous});
+      runs.push_back({"v2", v2_splits, KvLayout::contiguous});
+    }
+    js << (ci ? ", " : "") << "{\"batch\": " << c.batch << ", \"len\": " << c.len << ", \"heads\": " << c.heads
+       << ", \"kv_heads\": " << c.kv_heads << ", \"d\": " << b.d << ", \"page_size\": " << c.page_size
+       << ", \"kv_bytes\": " << jnum(b.kv_bytes()) << ", \"plan_splits\": " << plan.splits << ", \"plan_why\": \""
+       << json_escape(plan.why) << "\", \"results\": [";
+    for (std::size_t ri = 0; ri < runs.size(); ++ri) {
+      const Run& r = runs[ri];
+      const GpuDecodeOutput out = gpu.run(r.splits, r.layout);
+      const CheckResult check = oracle.judge(out.o, out.lse);
+      all_pass = all_pass && check.pass();
+      const double ms = gpu.time_ms(r.splits, r.layout);
+      const double gbps = b.kv_bytes() / (ms * 1e-3) / 1e9;
+      const bool chosen = (r.splits > 1) == (plan.splits > 1);
+      const std::string kernel = std::string(r.name) + (r.splits > 1 ? " S=" + std::to_string(r.splits) : "") + " " +
+                                 layout_name(r.layout) + (chosen ? " *" : "");
+      std::snprintf(line, sizeof line, "%-3d %-7d %2d/%-3d %-3d  %-22s %9.4f %10.0f %7.0f%% %6s\n", c.batch, c.len,
+                    c.heads, c.kv_heads, c.page_size, kernel.c_str(), ms, gbps, 100.0 * gbps / read_gbps,
+                    check.pass() ? "pass" : "FAIL");
+      txt << line;
+      if (!check.pass()) txt << "    " << check.failures();
+      js << (ri ? ", " : "") << "{\"kernel\": \"" << r.name << "\", \"layout\": \"" << layout_name(r.layout)
+         << "\", \"splits\": " << r.splits << ", \"chosen\": " << (chosen ? "true" : "false")
+         << ", \"time_ms\": " << jnum(ms) << ", \"kv_gbps\": " << jnum(gbps)
+         << ", \"ceiling_share\": " << jnum(gbps / read_gbps) << ", \"max_abs_err\": " << jnum(check.max_abs())
+         << ", \"pass\": " << (check.pass() ? "true" : "false") << "}";
+    }
+    js << "], \"check_plan\": \"" << json_escape(oracle.describe()) << "\"}";
+  }
+  js << "]}\n";
+  txt << "\n* = the kernel choose_splits() picks for this shape. KV GB/s = K and V bytes of every cached token\n"
+         "/ time; the ceiling is a read-only streaming kernel measured in this run.\n";
+  std::cout << (opt.json ? js.str() : txt.str());
+  return all_pass ? 0 : kExitCheckFailed;
+}
+#endif
+
+int run_decode(int argc, char** argv) {
+  DecodeOptions dopt;
+  Problem defaults;
+  defaults.batch = 4;
+  defaults.heads = 8;
+  defaults.kv_heads = 2;
+  defaults.nq = 1;
+  defaults.nk = 1000;
+  defaults.d = defaults.dv = 128;
+  defaults.dtype = DType::bf16;
+  Cli cli(std::string(kChapter) + " decode",
+          "One decode step (one query token per sequence) over a paged KV cache with GQA: v1 (one block per\n"
+          "sequence and KV head) and v2 (split-K, flash-decoding), against the fp64 reference.\n"
+          "--nk is the longest cached length; --batch the number of sequences.");
+  cli.defaults(defaults).head_dims({64, 128}).dtypes({DType::bf16});
+  cli.add_int("--page-size", &dopt.page_size, "tokens per page, a power of two in [1, 256]", 1, 256);
+  cli.add_choice("--lengths", &dopt.lengths, {"ragged", "equal"},
+                 "ragged: --nk, 1, P-1, P, P+1, ... ; equal: every sequence --nk long");
+  cli.add_int("--shared-prefix", &dopt.shared_prefix, "tokens every sequence shares (whole pages, by fork)", 0,
+              1 << 30);
+  cli.add_int("--splits", &dopt.splits, "v2 split count (0: the heuristic's choice)", 0, 4096);
+  cli.add_int("--sms", &dopt.sms, "SM count the heuristic assumes (0: the device's, or 132)", 0, 100000);
+  cli.add_flag("--sweep", &dopt.sweep, "the README's bandwidth table (needs a GPU)");
+  return run_chapter(argc, argv, cli, [&](const Options& opt) {
+    const Problem& p0 = opt.problem;
+    if (p0.nq != 1) throw UsageError("decode has one query token per sequence: --n must be 1");
+    if (p0.causal) throw UsageError("--causal means nothing for decode: the new token sees every cached key");
+    Report rep;
+    rep.chapter = kChapter;
+    rep.title = "decode over a paged KV cache: v1 and split-K v2";
+    const auto dev = select_device(opt.device, &rep.mode);
+    if (dopt.sweep) {
+#if TUTORIAL_HAVE_CUDA
+      if (!dev) throw UsageError("--sweep measures the GPU, and this run has none (" + rep.mode + ")");
+      return run_sweep(opt, dopt, *dev);
+#else
+      throw UsageError("--sweep measures the GPU: this binary was built without CUDA");
+#endif
+    }
+    if (p0.batch > 65535) throw UsageError("--batch must be at most 65535 sequences");
+    require_host_memory(8.0 * double(p0.batch) * p0.nk * p0.kv_heads * p0.d * 1.2, "the block tables and checks");
+    const DecodeBatch b = make_batch(opt, dopt);
+    rep.problem = as_problem(b);
+    rep.inputs = std::string(dist_name(opt.dist)) + ", seed " + std::to_string(opt.seed) + "; " + b.describe();
+    const int sms = dopt.sms > 0 ? dopt.sms : dev ? dev->sms : kDefaultSms;
+    const SplitPlan plan = choose_splits(b, sms);
+    const int v2_splits = std::max(2, dopt.splits > 0 ? dopt.splits : plan.splits);
+    const std::vector<float> q = make_queries(b, opt.seed, opt.dist);
+    const KvContents hash_kv{opt.seed, opt.dist, nullptr};
+    const DecodeOracle oracle(b, q, hash_kv, opt.check_all);
+    rep.check_plan = oracle.describe();
+
+    // CPU model rows (counted traffic), while the step is small enough to simulate.
+    const double step_flops = 4.0 * double(b.total_tokens()) * b.heads * b.d;
+    const bool run_model = step_flops <= kModelFlopBudget || opt.device == DeviceChoice::cpu;
+    KvPools pools;
+    if (run_model) {
+      require_host_memory(8.0 * double(b.pool_elems()), "the CPU model's K/V pools");
+      pools = fill_pools(b, opt.seed, opt.dist);
+    }
+    for (int splits : {1, v2_splits}) {
+      ResultRow row;
+      row.impl = splits == 1 ? "model v1" : "model v2, S=" + std::to_string(splits);
+      row.device = "cpu";
+      row.flops = 4.0 * double(b.total_tokens()) * b.heads * b.d;
+      const DecodeTraffic f = decode_traffic(b, splits, true);
+      if (run_model) {
+        const DecodeModelResult m = decode_model(b, q, pools, splits, opt.sram_bytes);
+        row.set_traffic(m.traffic);
+        row.set_check(oracle.judge(m.o, m.lse));
+        if (m.traffic.bytes_read != f.read() || m.traffic.bytes_written != f.write())
+          row.note = "counted traffic differs from decode_traffic()";
+      } else {
+        set_traffic(row, f);
+        row.note = "model not run at this size; bytes from decode_traffic()";
+      }
+      rep.rows.push_back(row);
+    }
+
+#if TUTORIAL_HAVE_CUDA
+    if (dev) {
+      if (!decode_head_dim_supported(b.d)) throw UsageError("the decode kernels support head dims 64 and 128");
+      require_device_memory(*dev, GpuDecoder::device_bytes(b, v2_splits, true), "the decode batch");
+      if (opt.bench) rep.ceilings = measure_ceilings(DType::bf16);
+      rep.device = dev->name;
+      GpuDecoder gpu(b, q, hash_kv);
+      struct Run {
+        std::string name;
+        int splits;
+        KvLayout layout;
+      };
+      const std::vector<Run> runs = {{"v1 paged", 1, KvLayout::paged},
+                                     {"v2 paged, S=" + std::to_string(v2_splits), v2_splits, KvLayout::paged},
+                                     {"v1 contiguous", 1, KvLayout::contiguous},
+                                     {"v2 contiguous, S=" + std::to_string(v2_splits), v2_splits, KvLayout::contiguous}};
+      for (const Run& r : runs) {
+        ResultRow row;
+        row.impl = r.name;
+        row.device = "cuda";
+        row.flops = step_flops;
+        row.bound = Bound::memory;
+        set_traffic(row, decode_traffic(b, r.splits, r.layout == KvLayout::paged));
+        const GpuDecodeOutput out = gpu.run(r.splits, r.layout);
+        row.set_check(oracle.judge(out.o, out.lse));
+        row.set_time(gpu.time_ms(r.splits, r.layout));
+        const double kv_gbps = b.kv_bytes() / (*row.time_ms * 1e-3) / 1e9;
+        std::string n = "  " + r.name + ": KV " + fmt("%.0f", kv_gbps) + " GB/s";
+        if (rep.ceilings.read_gbps) n += " (" + pct(kv_gbps / *rep.ceilings.read_gbps) + " of the read ceiling)";
+        rep.notes.push_back(n);
+        rep.rows.push_back(row);
+      }
+      rep.apply_ceilings();
+    }
+#endif
+    rep.notes.push_back("heuristic (" + std::to_string(sms) + " SMs): " + plan.why);
+    rep.notes.push_back("KV bytes per step: " + format_bytes(b.kv_bytes()) + " for " + std::to_string(b.total_tokens()) +
+                        " cached tokens; arithmetic intensity " +
+                        fmt("%.1f", step_flops / b.kv_bytes()) + " FLOP/byte (G = " + std::to_string(b.group()) +
+                        "): far below any GPU's balance point, so the measure is KV GB/s");
+    rep.previous = "the prefill kernels of chapters 03-05 read K/V contiguously for many query rows; decode has one "
+                   "row per head, reads K/V through a block table, and splits the keys (v2) instead of the queries";
+    return rep.emit(std::cout, opt.json);
+  });
+}
+
+// ============================================================================= radix
+
+struct RadixOptions {
+  int page_size = 16, requests = 200, pool_pages = 4096, max_running = 8;
+  std::string workload = "all", policy = "lru";
+  bool draw = false;
+};
+
+/// The README's radix tree: a tiny chat trace, with words for tokens and 2-token pages.
+std::string radix_demo() {
+  std::ostringstream s;
+  std::vector<std::string> words;
+  std::map<std::string, int32_t> ids;
+  auto tok = [&](const std::string& text) {
+    std::vector<int32_t> t;
+    std::istringstream in(text);
+    for (std::string w; in >> w;) {
+      auto it = ids.find(w);
+      if (it == ids.end()) {
+        it = ids.emplace(w, int32_t(words.size())).first;
+        words.push_back(w);
+      }
+      t.push_back(it->second);
+    }
+    return t;
+  };
+  auto name = [&](int32_t id) { return words[id]; };
+  const int P = 2;
+  PagePool pool(24, P);
+  RadixCache tree(pool);
+  struct Req {
+    std::string who, prompt, answer;
+  };
+  const std::vector<Req> reqs = {
+      {"r1", "you are a helpful bot . what is a page ?", "a block of slots"},
+      {"r2", "you are a helpful bot . what is a trie ?", "a prefix tree"},
+      {"r3", "you are a helpful bot . what is a page ? a block of slots and a fork ?", "shared pages"},
+  };
+  for (const Req& r : reqs) {
+    const std::vector<int32_t> prompt = tok(r.prompt), answer = tok(r.answer);
+    const std::vector<int32_t> lookup(prompt.begin(), prompt.end() - 1);
+    const PrefixMatch m = tree.match_prefix(lookup);
+    tree.lock(m.node);
+    std::vector<int> pages = m.pages;
+    for (int p : pages) pool.retain(p);
+    std::vector<int32_t> all = prompt;
+    all.insert(all.end(), answer.begin(), answer.end());
+    std::vector<int> fresh;
+    pool.alloc_n(int((all.size() + P - 1) / P - pages.size()), &fresh);
+    pages.insert(pages.end(), fresh.begin(), fresh.end());
+    s << r.who << ": \"" << r.prompt << "\" -> \"" << r.answer << "\"\n    prefix hit " << m.tokens << " of "
+      << prompt.size() << " prompt tokens (" << m.pages.size() << " pages); locked while it runs\n";
+    tree.insert(all, pages);
+    tree.unlock(m.node);
+    for (int p : pages) pool.release(p);
+  }
+  s << "\nthe tree after r1, r2, r3 (2 tokens per page; a partial last page is not cached):\n" << tree.draw(name);
+  const PrefixMatch m = tree.match_prefix(tok("you are a helpful bot . what is a page ?"));
+  tree.lock(m.node);
+  s << "\nr4 asks r1's question again and is running (its path is locked); now evict 4 pages:\n";
+  std::vector<std::vector<int>> gone;
+  const int freed = tree.evict(4, &gone);
+  s << "  evicted " << freed << " pages:";
+  for (const auto& g : gone) {
+    s << " [";
+    for (std::size_t i = 0; i < g.size(); ++i) s << (i ? " " : "") << g[i];
+    s << "]";
+  }
+  s << "  (least recently used unlocked leaves first)\n" << tree.draw(name);
+  tree.unlock(m.node);
+  const std::string why = tree.validate();
+  s << "validate(): " << (why.empty() ? "every invariant holds" : why) << "; evictable " << tree.evictable_pages()
+    << " + protected " << tree.protected_pages() << " = total " << tree.total_pages() << " pages\n";
+  return s.str();
+}
+
+int run_radix(int argc, char** argv, bool tour) {
+  RadixOptions ro;
+  if (tour) ro.requests = 80;
+  Cli cli(std::string(kChapter) + " radix",
+          "RadixAttention's prefix cache against a vLLM-style hash-of-block cache and no cache, on seeded\n"
+          "serving traces: hit rate, prefill tokens saved, peak pages. --draw: the radix tree of a tiny trace.");
+  cli.add_int("--page-size", &ro.page_size, "tokens per page", 1, 4096);
+  cli.add_int("--requests", &ro.requests, "requests per workload", 1, 1000000);
+  cli.add_int("--pool-pages", &ro.pool_pages, "pages in the pool", 1, 1 << 26);
+  cli.add_int("--max-running", &ro.max_running, "requests decoding at once", 1, 100000);
+  cli.add_choice("--workload", &ro.workload, {"all", "chat", "few-shot", "agent", "independent"}, "which trace");
+  cli.add_choice("--policy", &ro.policy, {"lru", "lfu"}, "radix eviction order");
+  cli.add_flag("--draw", &ro.draw, "only draw the radix tree of a tiny trace");
+  return run_chapter(argc, argv, cli, [&](const Options& opt) {
+    if (ro.draw) {
+      if (opt.json) throw UsageError("--draw prints a picture: it has no JSON form");
+      std::cout << radix_demo();
+      return 0;
+    }
+    std::vector<Workload> ws;
+    Workload one;
+    if (ro.workload == "all") ws = all_workloads();
+    else if (parse_workload(ro.workload, &one)) ws = {one};
+    SimConfig cfg;
+    cfg.page_size = ro.page_size;
+    cfg.pool_pages = ro.pool_pages;
+    cfg.max_running = ro.max_running;
+    cfg.radix_policy = ro.policy == "lfu" ? Eviction::lfu : Eviction::lru;
+    struct Result {
+      Workload w;
+      CacheKind c;
+      SimStats s;
+      long prompt;
+    };
+    std::vector<Result> results;
+    for (Workload w : ws) {
+      const Trace tr = make_trace(w, ro.requests, opt.seed);
+      for (CacheKind c : {CacheKind::radix, CacheKind::hash, CacheKind::none})
+        results.push_back({w, c, simulate(tr, c, cfg), tr.prompt_tokens()});
+    }
+    bool sound = true;
+    for (const auto& r : results) sound = sound && r.s.final_validation.empty();
+    if (opt.json) {
+      std::ostringstream j;
+      j << "{\"chapter\": \"" << kChapter << "\", \"subcommand\": \"radix\", \"seed\": " << opt.seed
+        << ", \"page_size\": " << cfg.page_size << ", \"pool_pages\": " << cfg.pool_pages
+        << ", \"max_running\": " << cfg.max_running << ", \"requests\": " << ro.requests << ", \"policy\": \""
+        << ro.policy << "\", \"results\": [";
+      for (std::size_t i = 0; i < results.size(); ++i) {
+        const auto& r = results[i];
+        j << (i ? ", " : "") << "{\"workload\": \"" << workload_name(r.w) << "\", \"cache\": \"" << cache_name(r.c)
+          << "\", \"prompt_tokens\": " << r.s.prompt_tokens << ", \"cached_tokens\": " << r.s.cached_tokens
+          << ", \"hit_rate\": " << jnum(r.s.hit_rate()) << ", \"computed_tokens\": " << r.s.computed_tokens
+          << ", \"peak_pages\": " << r.s.peak_pages << ", \"peak_running_pages\": " << r.s.peak_running_pages
+          << ", \"evicted_pages\": " << r.s.evicted_pages << ", \"preemptions\": " << r.s.preemptions
+          << ", \"unreachable_pages\": " << r.s.unreachable_pages_at_end << ", \"valid\": "
+          << (r.s.final_validation.empty() ? "true" : "false") << "}";
+      }
+      j << "]}\n";
+      std::cout << j.str();
+      return sound ? 0 : kExitCheckFailed;
+    }
+    std::cout << "== " << kChapter << " radix: prefix caches on serving traces ==\n"
+              << "traces: " << ro.requests << " requests each, seed " << opt.seed << "; pool " << cfg.pool_pages
+              << " pages of " << cfg.page_size << " tokens; " << cfg.max_running
+              << " requests at once; radix eviction " << ro.policy << "\n\n";
+    std::printf("%-12s %-6s %10s %9s %14s %11s %14s %9s %8s %s\n", "workload", "cache", "prompt tok", "hit rate",
+                "prefill saved", "peak pages", "peak running", "evicted", "preempt", "check");
+    for (const auto& r : results) {
+      std::printf("%-12s %-6s %10ld %8.1f%% %14ld %11d %14d %9ld %8d %s\n", workload_name(r.w), cache_name(r.c),
+                  r.s.prompt_tokens, 100.0 * r.s.hit_rate(), r.s.cached_tokens, r.s.peak_pages,
+                  r.s.peak_running_pages, r.s.evicted_pages, r.s.preemptions,
+                  r.s.final_validation.empty() ? "ok" : ("FAIL: " + r.s.final_validation).c_str());
+    }
+    std::cout << "\n(hit rate = prompt tokens served from the cache; peak running = distinct pages referenced by\n"
+                 " running requests, so shared prefix pages count once; peak pages adds what the cache keeps.)\n\n";
+    std::vector<Bar> hit, running;
+    int max_running_pages = 1;
+    for (const auto& r : results) max_running_pages = std::max(max_running_pages, r.s.peak_running_pages);
+    for (const auto& r : results) {
+      hit.push_back({workload_name(r.w), cache_name(r.c), pct(r.s.hit_rate()), r.s.hit_rate()});
+      running.push_back({workload_name(r.w), cache_name(r.c), std::to_string(r.s.peak_running_pages),
+                         double(r.s.peak_running_pages)});
+    }
+    std::cout << bar_chart("prompt tokens served from the cache (hit rate)", hit, 1.0) << "\n"
+              << bar_chart("peak pages held by running requests", running, double(max_running_pages));
+    if (tour) std::cout << "\n" << radix_demo();
+    return sound ? 0 : kExitCheckFailed;
+  });
+}
+
+// ============================================================================= tour
+
+int run_tour(int argc, char** argv) {
+  for (int a = 1; a < argc; ++a)
+    if (std::strcmp(argv[a], "--json") == 0) {
+      std::cerr << kChapter << ": error: --json needs a subcommand: paged, decode or radix\n";
+      return kExitUsage;
+    }
+  std::cout << "ch07_paged_radix: a tour at small sizes. Subcommands: paged, decode, radix (each takes --help).\n\n";
+  // The common options (--device, --seed, ...) go to every part; the chapter's own flags need a subcommand.
+  int rc = run_paged(argc, argv, true);
+  if (rc != 0) return rc;
+  std::cout << "\n";
+  rc = run_decode(argc, argv);
+  std::cout << "\n";
+  const int rr = run_radix(argc, argv, true);
+  return rc != 0 ? rc : rr;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1 && argv[1][0] != '-') {
+    const std::string sub = argv[1];
+    // The subcommand's own argv: the program name, then the options.
+    std::vector<char*> args = {argv[0]};
+    for (int a = 2; a < argc; ++a) args.push_back(argv[a]);
+    const int n = int(args.size());
+    if (sub == "paged") return run_paged(n, args.data(), false);
+    if (sub == "decode") return run_decode(n, args.data());
+    if (sub == "radix") return run_radix(n, args.data(), false);
+    std::cerr << kChapter << ": error: unknown subcommand '" << sub << "' (paged, decode or radix)\n";
+    return kExitUsage;
+  }
+  return run_tour(argc, argv);
+}
