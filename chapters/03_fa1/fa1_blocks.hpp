@@ -6,7 +6,7 @@
 /// **M in elements.** The paper's M counts elements of on-chip memory. Every tile in
 /// this chapter is held on chip in fp32 (the kernels convert fp16/bf16 to fp32 as they
 /// stage a tile, and accumulate in fp32), so a budget of `--sram-bytes` bytes is
-/// \f$M = \text{sram\_bytes} / 4\f$ elements.
+/// M = sram_bytes / 4 elements.
 ///
 /// **The paper's rule** (Algorithm 1, line 1) is
 /// \f[ B_c = \left\lceil \frac{M}{4d} \right\rceil, \qquad B_r = \min(B_c, d), \f]
@@ -88,9 +88,8 @@ inline Blocks backward_blocks(const Problem& p, std::size_t sram_bytes) {
 }
 
 /// The CUDA kernels' blocks: the paper's rule at a fixed M of 32768 fp32 elements
-/// (K_j and V_j fill 128 KiB of shared memory in the forward, dK_j and dV_j live in
-/// registers in the backward), with B_r at most 64 rows (four 16-row groups of the
-/// thread layout):
+/// (128 KiB, of which K_j and V_j take half; the backward's dK_j and dV_j live in
+/// registers), with B_r at most 64 rows (four 16-row groups of the thread layout):
 ///
 ///     d      forward (Br, Bc)    backward (Br, Bc)
 ///     32     (32, 256)           (32, 128)

@@ -33,9 +33,10 @@ constexpr double kNaiveBackwardFlopBudget = 4e9;
 /// fp64 backward checks above this many FLOPs run on a smaller problem instead.
 constexpr double kBackwardCheckBudget = 2e10;
 
-/// The --bench sweep: enough (batch, head) pairs that chapter 01's S and P stop
-/// fitting in an H200's memory at N = 16K while FA1's O(N) scratch does not notice.
-constexpr int kSweepBatch = 4, kSweepHeads = 16;
+/// The --bench sweep: 128 (batch, head) pairs, one thread block each for the 132 SMs of
+/// an H200, and enough that chapter 01's S and P (both pipelines) stop fitting in its
+/// memory at N = 16K while FA1's O(N) scratch does not notice.
+constexpr int kSweepBatch = 8, kSweepHeads = 16;
 constexpr int kSweepN[] = {1024, 4096, 16384};
 
 std::string fmt(const char* f, double x) {
@@ -160,7 +161,7 @@ ResultRow naive_row(const Problem& p, const AttnInputs& in, const ForwardOracle&
   return row;
 }
 
-/// --bench: N = 1K, 4K, 16K at B = 4, Hq = 16.
+/// --bench: N = 1K, 4K, 16K at B = 8, Hq = 16.
 void sweep(const Options& opt, Report& rep) {
   const Problem& base = opt.problem;
   for (int n : kSweepN) {
