@@ -19,17 +19,20 @@
 // head), which owned all of dQ, and so needed none; FA2 trades that for parallelism
 // over the sequence and pays with fp32 atomics on dQ (ERRATA 2).
 //
-// Warp layout of fa2_bwd_main (4 warps, Bc = 64 keys, Br = 64 queries per step):
+// Warp layout of fa2_bwd_main (8 warps, Bc = 128 keys, Br = 64 queries per step):
 //
 //            queries of Q_i ->  (Br = 64)
 //   keys   warp 0 | S^T, P^T, dP^T, dS^T : 16 keys x 64 queries | dK, dV rows 0..15
 //   of     warp 1 |                        16 x 64              | dK, dV rows 16..31
-//   K_j    warp 2 |                        16 x 64              | ...
-//          warp 3 |                        16 x 64              |
+//   K_j     ...   |                                             | ...
+//          warp 7 |                        16 x 64              | dK, dV rows 112..127
 //
 // Each warp holds the transposed tiles (keys as rows), so P^T and dS^T are already
 // the A operands of dV += P^T dO and dK += dS^T Q. dQ needs dS with queries as rows:
-// dS^T goes through shared memory once and comes back transposed by ldmatrix.trans.
+// dS^T goes through shared memory once and comes back transposed by ldmatrix.trans,
+// and the 8 warps split dQ_i (64 x d) into 4 row groups x 2 column halves.
+// A K/V block of 128 keys halves the dQ atomics (and the reloads of Q_i, dO_i)
+// against 64; on sm_90 each atomic adds two floats at once.
 #include "common/online_softmax.hpp"
 #include "fa2_kernels.cuh"
 #include "ptx.cuh"
@@ -37,9 +40,21 @@
 namespace attn::ch04 {
 namespace {
 
-constexpr int kThreads = 128;  // 4 warps
-constexpr int Bc = 64;  // keys per thread block (16 per warp)
-constexpr int Br = 64;  // queries per step
+constexpr int kMainThreads = 256;  // fa2_bwd_main: 8 warps
+constexpr int kBcMain = 128;       // keys per fa2_bwd_main thread block (16 per warp)
+constexpr int kThreads = 128;      // fa2_bwd_dq: 4 warps
+constexpr int Bc = 64;             // keys per K/V step of fa2_bwd_dq
+constexpr int Br = 64;             // queries per step (both kernels)
+
+/// dst[0..1] += (a, b): one 8-byte atomic on sm_90, two 4-byte ones before it.
+__device__ __forceinline__ void atomic_add2(float* dst, float a, float b) {
+#if __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(a, b));
+#else
+  atomicAdd(dst, a);
+  atomicAdd(dst + 1, b);
+#endif
+}
 
 /// D_i = dO_i . O_i, one warp per row; also zeroes that row of the dQ accumulator.
 template <class T>
@@ -69,8 +84,8 @@ __device__ __forceinline__ float lse_log2(const float* lse, int r, int nq) {
 }
 
 template <class T, int D>
-__global__ void __launch_bounds__(kThreads) fa2_bwd_main(const BwdParams p, bool atomic_dq) {
-  constexpr int KC = D / 8, DT = D / 8;
+__global__ void __launch_bounds__(kMainThreads) fa2_bwd_main(const BwdParams p, bool atomic_dq) {
+  constexpr int KC = D / 8, DT = D / 8, Bc = kBcMain, kThreads = kMainThreads;
   extern __shared__ __align__(128) unsigned char smem[];
   T* sK = reinterpret_cast<T*>(smem);  // [Bc][D]
   T* sV = sK + Bc * D;                 // [Bc][D]
@@ -109,13 +124,14 @@ __global__ void __launch_bounds__(kThreads) fa2_bwd_main(const BwdParams p, bool
   auto stats_of_step = [&](int s) {  // thread x < 64 fetches LSE of row x, x >= 64 D of row x - 64
     const std::size_t head = head_of(s);
     const int r = (i_first + s % steps_per_head) * Br + threadIdx.x % Br;
-    return threadIdx.x < Br ? lse_log2(p.lse + head * p.nq, r, p.nq)
-                            : (r < p.nq ? p.delta[head * p.nq + r] : 0.f);
+    return threadIdx.x < Br       ? lse_log2(p.lse + head * p.nq, r, p.nq)
+           : threadIdx.x < 2 * Br ? (r < p.nq ? p.delta[head * p.nq + r] : 0.f)
+                                  : 0.f;
   };
   if (n_steps > 0) {
     issue_step(0);
     const float st = stats_of_step(0);
-    (threadIdx.x < Br ? sL : sD)[threadIdx.x % Br] = st;
+    if (threadIdx.x < 2 * Br) (threadIdx.x < Br ? sL : sD)[threadIdx.x % Br] = st;
   }
   cp_async_commit();
 
@@ -127,10 +143,18 @@ __global__ void __launch_bounds__(kThreads) fa2_bwd_main(const BwdParams p, bool
   const SwizzledLane<KC> rowA(base, kw + lane % 16, lane / 16);
   const SwizzledLane<KC> colB(base, (lane / 16) * 8 + lane % 8, (lane / 8) % 2);
   const SwizzledLane<KC> transB(base, lane % 8 + ((lane / 8) % 2) * 8, lane / 16);
+  // dQ_i split over the 8 warps: query group qg (16 rows) x column half dh (D/2 dims).
   // A = dS (queries x keys) read transposed from dS^T: keys kk*16 + (lane/16)*8 + lane%8,
-  // query chunk 2*warp + (lane/8)%2 (this warp's 16 queries); one address per lane.
+  // query chunk 2*qg + (lane/8)%2; B = K_j transposed, dims dh*D/2 + 16dp: one address
+  // per lane and per dp (kk moves by whole 16-row steps, which keep the swizzle).
+  const int qg = warp % 4, dh = warp / 4;
   const uint32_t ds_at = smem_u32(sdS) + uint32_t(((lane / 16) * 8 + lane % 8) * 8 +
-                                                   ((2 * warp + (lane / 8) % 2) ^ (lane & 7))) * 16u;
+                                                   ((2 * qg + (lane / 8) % 2) ^ (lane & 7))) * 16u;
+  uint32_t kq_at[DT / 4];
+#pragma unroll
+  for (int dp = 0; dp < DT / 4; ++dp)
+    kq_at[dp] = base + oK + uint32_t((lane % 8 + ((lane / 8) % 2) * 8) * KC +
+                                     ((dh * (KC / 2) + 2 * dp + lane / 16) ^ (lane & 7))) * 16u;
 
   float dk[DT][4], dv[DT][4];
 #pragma unroll
@@ -234,18 +258,18 @@ __global__ void __launch_bounds__(kThreads) fa2_bwd_main(const BwdParams p, bool
     cp_async_commit();
 
     if (atomic_dq) {
-      // dQ_i (64 queries x D) += tau dS K_j: warp w takes queries 16w..16w+15, k over the 64 keys.
-      float dq[DT][4];
+      // dQ_i += tau dS K_j for this warp's 16 queries x D/2 dims, k over the 128 keys.
+      float dq[DT / 2][4];
 #pragma unroll
-      for (int dt = 0; dt < DT; ++dt) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.f;
+      for (int dt = 0; dt < DT / 2; ++dt) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.f;
 #pragma unroll
       for (int kk = 0; kk < Bc / 16; ++kk) {
         uint32_t a[4];
         ldmatrix_x4_trans(a, ds_at + uint32_t(kk * 16 * 8) * 16u);
 #pragma unroll
-        for (int dp = 0; dp < DT / 2; ++dp) {
+        for (int dp = 0; dp < DT / 4; ++dp) {
           uint32_t bk[4];
-          ldmatrix_x4_trans(bk, transB.at(kk * 16, 2 * dp) + oK);
+          ldmatrix_x4_trans(bk, kq_at[dp] + uint32_t(kk * 16 * KC) * 16u);
           mma_16816<T>(dq[2 * dp], a, bk[0], bk[1]);
           mma_16816<T>(dq[2 * dp + 1], a, bk[2], bk[3]);
         }
@@ -253,17 +277,16 @@ __global__ void __launch_bounds__(kThreads) fa2_bwd_main(const BwdParams p, bool
       float* dqa = p.dq_accum + head_of(s) * p.nq * D;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int row = row0 + warp * 16 + g + 8 * r;
+        const int row = row0 + qg * 16 + g + 8 * r;
         if (row < p.nq)
 #pragma unroll
-          for (int dt = 0; dt < DT; ++dt) {
-            atomicAdd(dqa + std::size_t(row) * D + dt * 8 + 2 * t, p.scale * dq[dt][2 * r]);
-            atomicAdd(dqa + std::size_t(row) * D + dt * 8 + 2 * t + 1, p.scale * dq[dt][2 * r + 1]);
-          }
+          for (int dt = 0; dt < DT / 2; ++dt)
+            atomic_add2(dqa + std::size_t(row) * D + dh * (D / 2) + dt * 8 + 2 * t, p.scale * dq[dt][2 * r],
+                        p.scale * dq[dt][2 * r + 1]);
       }
     }
     // Nobody reads LSE_i, D_i after the barrier above; the next barrier publishes these.
-    if (more) (threadIdx.x < Br ? sL : sD)[threadIdx.x % Br] = next_stat;
+    if (more && threadIdx.x < 2 * Br) (threadIdx.x < Br ? sL : sD)[threadIdx.x % Br] = next_stat;
   }
   cp_async_wait<0>();
 
@@ -401,10 +424,11 @@ template <class T, int D>
 void launch_all(const BwdParams& p, bool deterministic, cudaStream_t s) {
   const std::size_t rows = std::size_t(p.batch) * p.heads * p.nq;
   fa2_bwd_preprocess<T><<<unsigned((rows + 7) / 8), 256, 0, s>>>(p, !deterministic);
-  constexpr int main_smem = (2 * Bc + 2 * Br) * D * 2 + Bc * Br * 2 + 2 * Br * 4;
+  constexpr int main_smem = (2 * kBcMain + 2 * Br) * D * 2 + kBcMain * Br * 2 + 2 * Br * 4;
   auto main_kernel = fa2_bwd_main<T, D>;
   cudaFuncSetAttribute(main_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, main_smem);
-  main_kernel<<<dim3((p.nk + Bc - 1) / Bc, p.batch * p.kv_heads), kThreads, main_smem, s>>>(p, !deterministic);
+  main_kernel<<<dim3((p.nk + kBcMain - 1) / kBcMain, p.batch * p.kv_heads), kMainThreads, main_smem, s>>>(
+      p, !deterministic);
   if (deterministic) {
     constexpr int dq_smem = (2 * Br + 2 * Bc) * D * 2;
     auto dq_kernel = fa2_bwd_dq<T, D>;
