@@ -1,1 +1,189 @@
+// Chapter 02's CPU models: every algorithm against the fp64 reference at awkward shapes,
+// and the traffic each one counts (the kernels' own count, softmax_traffic()).
 #include <doctest/doctest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "common/errors.hpp"
+#include "scores.hpp"
+#include "softmax_model.hpp"
+
+using namespace attn;
+using namespace attn::ch02;
+
+namespace {
+
+constexpr std::size_t kSram = 96 * 1024;
+
+Problem shape(int b, int hq, int hkv, int nq, int nk, int dv, bool causal) {
+  Problem p;
+  p.batch = b;
+  p.heads = hq;
+  p.kv_heads = hkv;
+  p.nq = nq;
+  p.nk = nk;
+  p.d = p.dv = dv;
+  p.causal = causal;
+  p.scale = 1.0;
+  p.dtype = DType::f32;
+  return p;
+}
+
+CheckResult judge(const SoftmaxOracle& oracle, Variant v, const SoftmaxRun& r) {
+  return v == Variant::fused ? oracle.judge_fused(r.o, r.lse) : oracle.judge_softmax(r.p, r.lse);
+}
+
+/// Every variant in `which` against the reference on every row of `p`.
+void check_variants(const Problem& p, Dist dist, const std::vector<Variant>& which, double shift = kDefaultShift) {
+  CAPTURE(p.describe());
+  CAPTURE(dist_name(dist));
+  const SoftmaxInputs in = make_softmax_inputs(p, dist, 42, shift);
+  const SoftmaxOracle oracle(p, in, CheckPlan::full(p));
+  for (Variant v : which) {
+    CAPTURE(variant_name(v));
+    const SoftmaxRun r = softmax_model(p, in, v, kSram);
+    const CheckResult c = judge(oracle, v, r);
+    CHECK_MESSAGE(c.pass(), c.failures());
+  }
+}
+
+/// The awkward shapes every chapter tests.
+std::vector<Problem> awkward_shapes() {
+  return {
+      shape(1, 1, 1, 1, 1, 32, false),       // one score
+      shape(1, 1, 1, 1, 1, 32, true),
+      shape(1, 2, 2, 100, 100, 64, true),    // causal, square
+      shape(2, 4, 2, 130, 67, 32, true),     // Nq > Nk: the first 63 rows of each head are empty; GQA
+      shape(1, 2, 1, 67, 300, 128, true),    // Nq < Nk, bottom-right; MQA
+      shape(1, 1, 1, 3, 4099, 64, false),    // just over one wave of 4096, not a multiple of 4
+      shape(1, 1, 1, 2, 8195, 32, true),     // two waves and a bit
+      shape(2, 3, 3, 5, 100, 64, false),     // several batches and heads, below one wave
+      shape(1, 1, 1, 17, 65, 64, false),     // Nq not a multiple of Br, Nk one past a tile of Bc
+  };
+}
+
+}  // namespace
+
+TEST_CASE("every variant matches the fp64 reference at awkward shapes") {
+  for (const Problem& p : awkward_shapes()) check_variants(p, Dist::normal, all_variants());
+}
+
+TEST_CASE("outliers and integer scores") {
+  check_variants(shape(1, 1, 1, 50, 5000, 64, false), Dist::outliers, all_variants());
+  check_variants(shape(1, 2, 2, 20, 33, 32, true), Dist::integers, all_variants());
+}
+
+TEST_CASE("mean-shifted scores (+100): the safe and online variants cannot tell, the naive one overflows") {
+  const std::vector<Variant> safe = {Variant::safe3, Variant::online2, Variant::online_on_chip, Variant::fused};
+  check_variants(shape(1, 2, 2, 40, 1000, 64, true), Dist::mean_shifted, safe);
+  check_variants(shape(1, 1, 1, 9, 37, 32, false), Dist::mean_shifted, safe, 500.0);
+  const Problem p = shape(1, 1, 1, 4, 100, 32, false);
+  const SoftmaxInputs in = make_softmax_inputs(p, Dist::mean_shifted, 1);
+  const SoftmaxOracle oracle(p, in, CheckPlan::full(p));
+  CHECK(oracle.max_lse() > kLogFltMax);
+  const SoftmaxRun naive = softmax_model(p, in, Variant::naive, kSram);
+  CHECK_FALSE(judge(oracle, Variant::naive, naive).pass());
+}
+
+TEST_CASE("a tau other than 1 scales every score") {
+  Problem p = shape(1, 2, 2, 30, 500, 64, true);
+  p.scale = 0.3;
+  check_variants(p, Dist::normal, all_variants());
+}
+
+TEST_CASE("exercise ch02.2: the fused 1-pass (m, l, O) matches P V of the whole row") {
+  for (const Problem& p : {shape(1, 1, 1, 9, 200, 64, false), shape(2, 2, 1, 70, 40, 32, true),
+                           shape(1, 2, 2, 33, 1000, 128, true)})
+    check_variants(p, Dist::normal, {Variant::fused});
+  check_variants(shape(1, 1, 1, 16, 300, 64, false), Dist::mean_shifted, {Variant::fused});
+}
+
+TEST_CASE("exercise ch02.3: a fully masked row gives P = 0 and LSE = -inf, never NaN") {
+  // Causal with Nq > Nk, bottom-right aligned: query i sees keys j <= i - 30, so rows 0-29 are empty.
+  const Problem p = shape(1, 2, 2, 50, 20, 32, true);
+  const SoftmaxInputs in = make_softmax_inputs(p, Dist::normal, 5);
+  const SoftmaxOracle oracle(p, in, CheckPlan::full(p));
+  const SoftmaxRun r = softmax_model(p, in, Variant::safe3, kSram);
+  for (int h = 0; h < 2; ++h)
+    for (int i = 0; i < 30; ++i) {
+      const std::size_t row = std::size_t(h) * p.nq + i;
+      CHECK(r.lse[row] == -INFINITY);
+      for (int j = 0; j < p.nk; ++j) CHECK(r.p[row * p.nk + j] == 0.f);
+    }
+  const CheckResult c = oracle.judge_softmax(r.p, r.lse);
+  CHECK_MESSAGE(c.pass(), c.failures());
+}
+
+TEST_CASE("exercise ch02.5: the traffic formula equals the models' counted bytes") {
+  for (const Problem& p : {shape(1, 1, 1, 64, 64, 64, false), shape(2, 2, 1, 100, 130, 32, true),
+                           shape(1, 3, 3, 1, 4100, 128, false), shape(1, 1, 1, 17, 65, 64, false),
+                           shape(1, 1, 1, 2, kRowInRegisters + 1, 32, false)}) {
+    CAPTURE(p.describe());
+    const SoftmaxInputs in = make_softmax_inputs(p, Dist::normal, 1);
+    for (Variant v : all_variants()) {
+      CAPTURE(variant_name(v));
+      const SoftmaxRun r = softmax_model(p, in, v, kSram);
+      const SoftmaxTraffic f = softmax_traffic(p, v);
+      CHECK(r.traffic.bytes_read == f.read);
+      CHECK(r.traffic.bytes_written == f.write);
+      CHECK(f.hbm_sweeps >= 1);
+      CHECK(r.on_chip == f.on_chip);
+      CHECK(r.traffic.extra_peak == 0);  // no scratch: P (or O) is the output
+    }
+  }
+}
+
+TEST_CASE("passes: three sweeps read S three times, online twice, on chip and fused once") {
+  const Problem p = shape(1, 2, 2, 40, 1000, 64, false);
+  const double s = 4.0 * double(p.s_elems()), lse = 4.0 * double(p.lse_elems());
+  CHECK(softmax_traffic(p, Variant::naive).read == 2 * s);
+  CHECK(softmax_traffic(p, Variant::safe3).read == 3 * s);
+  CHECK(softmax_traffic(p, Variant::online2).read == 2 * s);
+  CHECK(softmax_traffic(p, Variant::online_on_chip).read == s);
+  for (Variant v : {Variant::naive, Variant::safe3, Variant::online2, Variant::online_on_chip})
+    CHECK(softmax_traffic(p, v).write == s + lse);
+  // Fused: S once, V_j once per block of Br rows, O (dv per row) and the LSE written; P never.
+  const SoftmaxTraffic f = softmax_traffic(p, Variant::fused);
+  const double blocks = 2.0 * ((40 + kBr - 1) / kBr);
+  CHECK(f.read == s + blocks * 4.0 * p.nk * p.dv);
+  CHECK(f.write == 4.0 * double(p.o_elems()) + lse);
+  CHECK(f.write < s);
+  CHECK(variant_sweeps(Variant::safe3) == 3);
+  CHECK(variant_sweeps(Variant::online2) == 2);
+  CHECK(variant_sweeps(Variant::fused) == 1);
+}
+
+TEST_CASE("rows longer than the registers hold stream: two sweeps over HBM again") {
+  const Problem fits = shape(1, 1, 1, 2, kRowInRegisters, 32, false);
+  const Problem too_long = shape(1, 1, 1, 2, kRowInRegisters + 1, 32, false);
+  CHECK(softmax_traffic(fits, Variant::online_on_chip).on_chip);
+  CHECK(softmax_traffic(fits, Variant::online_on_chip).hbm_sweeps == 1);
+  CHECK_FALSE(softmax_traffic(too_long, Variant::online_on_chip).on_chip);
+  CHECK(softmax_traffic(too_long, Variant::online_on_chip).hbm_sweeps == 2);
+  check_variants(too_long, Dist::normal, {Variant::online_on_chip});
+}
+
+TEST_CASE("tiles that do not fit the on-chip budget are an error, not a silent overflow") {
+  const Problem p = shape(1, 1, 1, 4, 100, 128, false);
+  const SoftmaxInputs in = make_softmax_inputs(p, Dist::normal, 1);
+  CHECK_THROWS_AS(softmax_model(p, in, Variant::fused, 16 * 1024), SramOverflow);  // V_j alone is 32 KB
+  CHECK_THROWS_AS(softmax_model(p, in, Variant::safe3, 8 * 1024), SramOverflow);   // a wave is 16 KB
+  const SoftmaxRun r = softmax_model(p, in, Variant::fused, 48 * 1024);
+  CHECK(r.sram_peak <= 48 * 1024);
+  CHECK(r.sram_peak >= std::size_t(kBc) * p.dv * 4);
+}
+
+TEST_CASE("inputs: each row has its own stream, so a row does not depend on how many there are") {
+  const Problem small = shape(1, 1, 1, 4, 37, 32, false), large = shape(1, 1, 1, 300, 37, 32, false);
+  for (Dist d : {Dist::normal, Dist::mean_shifted, Dist::outliers, Dist::integers}) {
+    const SoftmaxInputs a = make_softmax_inputs(small, d, 9), b = make_softmax_inputs(large, d, 9);
+    for (std::size_t k = 0; k < a.s.size(); ++k) CHECK(a.s[k] == b.s[k]);
+    CHECK(make_softmax_inputs(small, d, 10).s != a.s);
+  }
+  const SoftmaxInputs shifted = make_softmax_inputs(small, Dist::mean_shifted, 9, 100.0);
+  double mean = 0;
+  for (float x : shifted.s) mean += x / double(shifted.s.size());
+  CHECK(mean > 99.0);
+  CHECK(mean < 101.0);
+}

@@ -159,16 +159,19 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
-/// (m, l) of every lane merged with (+): lane i merges with lane i ^ offset. Because
-/// (+) is commutative bit for bit (max and IEEE + and * are), both lanes of a pair
-/// compute the same state, and all 32 lanes end with identical (m, l).
+/// (m, l) of every lane merged with (+): lane i merges with lane i ^ offset. (+) is
+/// commutative, but a (+) b and b (+) a may round differently in the last place once the
+/// compiler fuses l_a w_a + l_b w_b into one multiply-add; so both lanes of a pair compute
+/// (lower lane) (+) (upper lane), and all 32 lanes end with bit-identical (m, l).
 __device__ __forceinline__ SoftmaxState<float> warp_merge(SoftmaxState<float> s) {
+  const int lane = threadIdx.x % 32;
   // EXERCISE ch02.4: merge the (m, l) of the 32 lanes with a butterfly of __shfl_xor_sync
-  //| // TODO: your code here (s must end as the (+) of all 32 lanes' states, in every lane)
+  //| (void)lane;  // TODO: your code here (s must end as the (+) of all 32 lanes' states, in every lane)
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) {
     const SoftmaxState<float> other{__shfl_xor_sync(kFullMask, s.m, offset), __shfl_xor_sync(kFullMask, s.l, offset)};
-    s = merge(s, other);
+    const bool upper = lane & offset;
+    s = merge(upper ? other : s, upper ? s : other);
   }
   // END EXERCISE
   return s;
