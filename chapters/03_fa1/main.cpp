@@ -115,7 +115,7 @@ ResultRow gpu_backward_row(const Problem& p, const AttnInputs& in, const Options
 }
 
 ResultRow gpu_forward_row(const Problem& p, const AttnInputs& in, const ForwardOracle& oracle, const std::string& label,
-                          int warmup, GpuForward* out = nullptr) {
+                          int warmup) {
   ResultRow row;
   row.impl = label;
   row.device = "cuda";
@@ -125,10 +125,9 @@ ResultRow gpu_forward_row(const Problem& p, const AttnInputs& in, const ForwardO
   row.hbm_write_bytes = t.write();
   row.extra_bytes = t.extra;
   row.bound = Bound::compute;
-  GpuForward g = fa1_forward_gpu(p, in, /*time=*/true, warmup);
+  const GpuForward g = fa1_forward_gpu(p, in, /*time=*/true, warmup);
   row.set_check(oracle.judge(g.o, &g.lse));
   row.set_time(g.time_ms);
-  if (out) *out = std::move(g);
   return row;
 }
 

@@ -90,6 +90,17 @@ TEST_CASE("backward kernel: every head dim, causal and not") {
     for (bool causal : {false, true}) check_backward(shape(1, 2, 2, 200, 200, d, causal, DType::bf16));
 }
 
+TEST_CASE("sanitizer set: small awkward shapes, every head dim, both kernels") {
+  // Small enough for compute-sanitizer's racecheck, which follows every shared-memory
+  // access: partial blocks on both sides, empty rows, GQA, causal and not.
+  for (int d : {32, 64, 128}) {
+    check_forward(shape(1, 4, 2, 70, 50, d, true, DType::bf16));
+    check_forward(shape(1, 1, 1, 40, 90, d, false, DType::f16));
+    check_backward(shape(1, 4, 2, 70, 50, d, true, DType::bf16));
+    check_backward(shape(1, 1, 1, 40, 90, d, false, DType::f16));
+  }
+}
+
 TEST_CASE("the kernels refuse what they were not built for") {
   const Problem f32 = shape(1, 1, 1, 16, 16, 64, false, DType::f32);
   const AttnInputs in = make_inputs(f32, Dist::normal, 1, true);
