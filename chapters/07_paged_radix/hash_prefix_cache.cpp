@@ -98,8 +98,31 @@ int HashPrefixCache::evictable_pages() const {
 }
 
 int HashPrefixCache::unreachable_pages() const {
+  // A block is reachable when every block up its chain is cached; memoised walk up.
+  std::unordered_map<uint64_t, bool> reachable;
+  std::vector<uint64_t> path;
   int n = 0;
-  for (const auto& [h, b] : blocks_) n += b.parent != kRootHash && blocks_.count(b.parent) == 0;
+  for (const auto& [h0, b0] : blocks_) {
+    uint64_t h = h0;
+    bool ok = true;
+    path.clear();
+    for (;;) {
+      if (h == kRootHash) break;
+      if (auto r = reachable.find(h); r != reachable.end()) {
+        ok = r->second;
+        break;
+      }
+      const auto it = blocks_.find(h);
+      if (it == blocks_.end()) {
+        ok = false;
+        break;
+      }
+      path.push_back(h);
+      h = it->second.parent;
+    }
+    for (uint64_t x : path) reachable[x] = ok;
+    n += !ok;
+  }
   return n;
 }
 

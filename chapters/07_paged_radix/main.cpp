@@ -118,7 +118,7 @@ std::string paged_demo() {
   return s.str();
 }
 
-int run_paged(int argc, char** argv, bool tour) {
+int run_paged(int argc, char** argv, bool tour, bool dry = false) {
   PagedOptions po;
   if (tour) po.seqs = 500;
   Cli cli(std::string(kChapter) + " paged",
@@ -128,6 +128,7 @@ int run_paged(int argc, char** argv, bool tour) {
   cli.add_int("--seqs", &po.seqs, "sequences in the length sample", 1, 1000000);
   cli.add_int("--max-len", &po.max_len, "the model's maximum length (the contiguous reservation)", 2, 1 << 20);
   return run_chapter(argc, argv, cli, [&](const Options& opt) {
+    if (dry) return 0;
     const std::vector<int> lens = sample_lengths(po.seqs, po.max_len, opt.seed);
     std::vector<int> sizes = {1, 8, 16, 32, 64};
     if (std::find(sizes.begin(), sizes.end(), po.page_size) == sizes.end()) sizes.push_back(po.page_size);
@@ -291,7 +292,7 @@ int run_sweep(const Options& opt, const DecodeOptions& dopt, const DeviceInfo& d
 }
 #endif
 
-int run_decode(int argc, char** argv) {
+int run_decode(int argc, char** argv, bool dry = false) {
   DecodeOptions dopt;
   Problem defaults;
   defaults.batch = 4;
@@ -318,6 +319,10 @@ int run_decode(int argc, char** argv) {
     const Problem& p0 = opt.problem;
     if (p0.nq != 1) throw UsageError("decode has one query token per sequence: --n must be 1");
     if (p0.causal) throw UsageError("--causal means nothing for decode: the new token sees every cached key");
+    if ((dopt.page_size & (dopt.page_size - 1)) != 0)
+      throw UsageError("--page-size must be a power of two (the kernels find a slot with a shift), got " +
+                       std::to_string(dopt.page_size));
+    if (dry) return 0;
     Report rep;
     rep.chapter = kChapter;
     rep.title = "decode over a paged KV cache: v1 and split-K v2";
@@ -331,6 +336,9 @@ int run_decode(int argc, char** argv) {
 #endif
     }
     if (p0.batch > 65535) throw UsageError("--batch must be at most 65535 sequences");
+    if (opt.sram_bytes < decode_smem_bytes(p0.d))
+      throw UsageError("--sram-bytes " + std::to_string(opt.sram_bytes) + " is less than the decode kernels' shared memory (" +
+                       std::to_string(decode_smem_bytes(p0.d)) + " bytes at d = " + std::to_string(p0.d) + ")");
     require_host_memory(8.0 * double(p0.batch) * p0.nk * p0.kv_heads * p0.d * 1.2, "the block tables and checks");
     const DecodeBatch b = make_batch(opt, dopt);
     rep.problem = as_problem(b);
@@ -345,7 +353,7 @@ int run_decode(int argc, char** argv) {
 
     // CPU model rows (counted traffic), while the step is small enough to simulate.
     const double step_flops = 4.0 * double(b.total_tokens()) * b.heads * b.d;
-    const bool run_model = step_flops <= kModelFlopBudget || opt.device == DeviceChoice::cpu;
+    const bool run_model = step_flops <= kModelFlopBudget;
     KvPools pools;
     if (run_model) {
       require_host_memory(8.0 * double(b.pool_elems()), "the CPU model's K/V pools");
@@ -492,7 +500,7 @@ std::string radix_demo() {
   return s.str();
 }
 
-int run_radix(int argc, char** argv, bool tour) {
+int run_radix(int argc, char** argv, bool tour, bool dry = false) {
   RadixOptions ro;
   if (tour) ro.requests = 80;
   Cli cli(std::string(kChapter) + " radix",
@@ -506,6 +514,7 @@ int run_radix(int argc, char** argv, bool tour) {
   cli.add_choice("--policy", &ro.policy, {"lru", "lfu"}, "radix eviction order");
   cli.add_flag("--draw", &ro.draw, "only draw the radix tree of a tiny trace");
   return run_chapter(argc, argv, cli, [&](const Options& opt) {
+    if (dry) return 0;
     if (ro.draw) {
       if (opt.json) throw UsageError("--draw prints a picture: it has no JSON form");
       std::cout << radix_demo();
@@ -586,13 +595,23 @@ int run_radix(int argc, char** argv, bool tour) {
 // ============================================================================= tour
 
 int run_tour(int argc, char** argv) {
-  for (int a = 1; a < argc; ++a)
+  for (int a = 1; a < argc; ++a) {
+    if (std::strcmp(argv[a], "--help") == 0 || std::strcmp(argv[a], "-h") == 0) {
+      std::cout << "usage: " << kChapter << " [paged | decode | radix] [options]\n"
+                << "PagedAttention and RadixAttention. Without a subcommand: a short tour of all three at small\n"
+                << "sizes, taking the common options (--device, --seed, ...). Each subcommand takes --help.\n";
+      return 0;
+    }
     if (std::strcmp(argv[a], "--json") == 0) {
       std::cerr << kChapter << ": error: --json needs a subcommand: paged, decode or radix\n";
       return kExitUsage;
     }
+  }
+  // Every part must accept the options before any of them prints anything.
+  if (const int rc = run_paged(argc, argv, true, true)) return rc;
+  if (const int rc = run_decode(argc, argv, true)) return rc;
+  if (const int rc = run_radix(argc, argv, true, true)) return rc;
   std::cout << "ch07_paged_radix: a tour at small sizes. Subcommands: paged, decode, radix (each takes --help).\n\n";
-  // The common options (--device, --seed, ...) go to every part; the chapter's own flags need a subcommand.
   int rc = run_paged(argc, argv, true);
   if (rc != 0) return rc;
   std::cout << "\n";

@@ -2,7 +2,6 @@
 #include "paged_kv_cache.hpp"
 
 #include <algorithm>
-#include <set>
 #include <stdexcept>
 
 namespace attn::ch07 {
@@ -155,17 +154,18 @@ void PagedKvCache::count_references(std::vector<int>& refs) const {
 
 std::string PagedKvCache::validate() const {
   const int P = pool_.page_size();
+  std::vector<int> seen_in(pool_.num_pages(), -1);  // the last sequence that mapped each page
   for (const auto& [id, s] : seqs_) {
     const std::string who = "sequence " + std::to_string(id);
     if (s.len < 0) return who + " has a negative length";
     if (int(s.pages.size()) != (s.len + P - 1) / P)
       return who + " has " + std::to_string(s.pages.size()) + " pages for " + std::to_string(s.len) +
              " tokens (page size " + std::to_string(P) + ")";
-    std::set<int> seen;
     for (int p : s.pages) {
       if (p < 0 || p >= pool_.num_pages()) return who + " maps to page " + std::to_string(p) + ", outside the pool";
       if (pool_.refcount(p) == 0) return who + " maps to free page " + std::to_string(p);
-      if (!seen.insert(p).second) return who + " maps two logical pages to page " + std::to_string(p);
+      if (seen_in[p] == id) return who + " maps two logical pages to page " + std::to_string(p);
+      seen_in[p] = id;
     }
   }
   return pool_.validate();

@@ -114,10 +114,9 @@ Trace order_sessions(Workload kind, std::vector<Step> steps, int limit) {
 Trace chat_trace(int n, Rng& rng) {
   const std::vector<int32_t> system = tokens(rng, 512);  // one system prompt for every conversation
   std::vector<Step> steps;
-  const int conversations = std::max(1, n / 3);
-  for (int c = 0; c < conversations; ++c) {
+  for (int c = 0; int(steps.size()) < n; ++c) {
     const int turns = rng.range(1, 6);
-    double t = rng.uniform() * conversations;
+    double t = 1.5 * c + 4.0 * rng.uniform();  // conversations start one after another, overlapping
     std::vector<int32_t> history = system;
     for (int k = 0; k < turns; ++k) {
       TraceRequest r;
@@ -157,10 +156,9 @@ Trace few_shot_trace(int n, Rng& rng) {
 Trace agent_trace(int n, Rng& rng) {
   const std::vector<int32_t> manual = tokens(rng, 1500);  // system prompt and tool descriptions, shared
   std::vector<Step> steps;
-  const int agents = std::max(1, n / 12);
-  for (int a = 0; a < agents; ++a) {
+  for (int a = 0; int(steps.size()) < n; ++a) {
     const int loop = rng.range(8, 16);
-    double t = rng.uniform() * agents;
+    double t = 6.0 * a + 6.0 * rng.uniform();  // a few agents at work at any time
     std::vector<int32_t> history = concat(manual, tokens(rng, lognormal(rng, 200, 0.5, 20, 800)));  // the task
     for (int k = 0; k < loop; ++k) {
       TraceRequest r;

@@ -1,0 +1,85 @@
+// The ch07_paged_radix binary as a learner runs it.
+#include <doctest/doctest.h>
+
+#include "support/json_check.hpp"
+#include "support/run_binary.hpp"
+
+using testing_support::run_binary;
+
+TEST_CASE("ch07_paged_radix with no argument tours paged, decode and radix") {
+  const auto r = run_binary(CH07_BINARY, "--device cpu");
+  CHECK(r.exit_code == 0);
+  CHECK(r.out.find("copy-on-write") != std::string::npos);
+  CHECK(r.out.find("model v2") != std::string::npos);
+  CHECK(r.out.find("pass") != std::string::npos);
+  CHECK(r.out.find("hit rate") != std::string::npos);
+  CHECK(r.out.find("root") != std::string::npos);
+}
+
+TEST_CASE("decode --json prints one valid JSON object and passes its check") {
+  const auto r = run_binary(CH07_BINARY, "decode --device cpu --batch 5 --nk 300 --page-size 8 --json");
+  CHECK(r.exit_code == 0);
+  CHECK(testing_support::is_valid_json(r.out));
+  CHECK(r.out.find("\"chapter\": \"ch07_paged_radix\"") != std::string::npos);
+  CHECK(r.out.find("\"pass\": false") == std::string::npos);
+  CHECK(r.out.find("\"pass\": true") != std::string::npos);
+}
+
+TEST_CASE("decode text report: both models, the heuristic, shared prefix and GQA") {
+  const auto r = run_binary(CH07_BINARY,
+                            "decode --device cpu --batch 3 --nk 700 --lengths equal --shared-prefix 256 --heads 8 "
+                            "--kv-heads 1 --d 64 --splits 3 --inputs mean-shifted");
+  CHECK(r.exit_code == 0);
+  CHECK(r.out.find("model v1") != std::string::npos);
+  CHECK(r.out.find("model v2, S=3") != std::string::npos);
+  CHECK(r.out.find("heuristic") != std::string::npos);
+  CHECK(r.out.find("FAIL") == std::string::npos);
+}
+
+TEST_CASE("paged and radix print their tables, and their JSON is valid") {
+  auto r = run_binary(CH07_BINARY, "paged --seqs 200");
+  CHECK(r.exit_code == 0);
+  CHECK(r.out.find("contiguous, max length") != std::string::npos);
+  CHECK(r.out.find("paged, P = 16") != std::string::npos);
+  r = run_binary(CH07_BINARY, "paged --seqs 200 --json");
+  CHECK(r.exit_code == 0);
+  CHECK(testing_support::is_valid_json(r.out));
+  r = run_binary(CH07_BINARY, "radix --requests 40 --workload chat");
+  CHECK(r.exit_code == 0);
+  CHECK(r.out.find("radix") != std::string::npos);
+  CHECK(r.out.find("FAIL") == std::string::npos);
+  r = run_binary(CH07_BINARY, "radix --requests 30 --json --policy lfu");
+  CHECK(r.exit_code == 0);
+  CHECK(testing_support::is_valid_json(r.out));
+  CHECK(r.out.find("\"valid\": false") == std::string::npos);
+  r = run_binary(CH07_BINARY, "radix --draw");
+  CHECK(r.exit_code == 0);
+  CHECK(r.out.find("every invariant holds") != std::string::npos);
+}
+
+TEST_CASE("bad input: one line on stderr and exit code 2") {
+  for (const char* args :
+       {"bogus", "--json", "--bogus", "decode --n 2", "decode --page-size 12", "decode --page-size 0", "decode --d 96",
+        "decode --dtype fp16", "decode --heads 6 --kv-heads 4", "decode --batch 0", "decode --causal",
+        "decode --splits -1", "decode --lengths wobbly", "decode --device cpu --sweep",
+        "decode --device cpu --sram-bytes 65536", "--page-size 12", "paged --seqs 0", "paged --max-len 1",
+        "radix --workload nope", "radix --requests 5 --pool-pages 4", "radix --draw --json", "radix --page-size 0"}) {
+    const std::string a = args;
+    CAPTURE(a);
+    const auto r = run_binary(CH07_BINARY, a);
+    CHECK(r.exit_code == 2);
+    CHECK(r.err_lines() == 1);
+    CHECK(r.out.empty());
+  }
+}
+
+TEST_CASE("--help of every subcommand exits 0") {
+  for (const char* args : {"paged --help", "decode --help", "radix --help", "--help"}) {
+    const std::string a = args;
+    CAPTURE(a);
+    const auto r = run_binary(CH07_BINARY, a);
+    CHECK(r.exit_code == 0);
+    CHECK(r.out.find("usage") != std::string::npos);
+  }
+  CHECK(run_binary(CH07_BINARY, "decode --help").out.find("--page-size") != std::string::npos);
+}

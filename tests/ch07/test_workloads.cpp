@@ -1,0 +1,116 @@
+// Serving traces, the simulator over both prefix caches, and the fragmentation study.
+#include <doctest/doctest.h>
+
+#include "common/errors.hpp"
+#include "workloads.hpp"
+
+using namespace attn;
+using namespace attn::ch07;
+
+TEST_CASE("traces are seeded: the same seed gives the same trace") {
+  for (Workload w : all_workloads()) {
+    CAPTURE(workload_name(w));
+    const Trace a = make_trace(w, 60, 3), b = make_trace(w, 60, 3), c = make_trace(w, 60, 4);
+    REQUIRE(a.requests.size() == 60);
+    bool same = true, differs = false;
+    for (std::size_t i = 0; i < a.requests.size(); ++i) {
+      same = same && a.requests[i].prompt == b.requests[i].prompt && a.requests[i].output == b.requests[i].output;
+      differs = differs || a.requests[i].prompt != c.requests[i].prompt;
+    }
+    CHECK(same);
+    CHECK(differs);
+  }
+}
+
+TEST_CASE("a chat turn extends the turn before it") {
+  const Trace t = make_trace(Workload::chat, 120, 1);
+  int followups = 0;
+  for (std::size_t i = 0; i < t.requests.size(); ++i) {
+    const TraceRequest& r = t.requests[i];
+    if (r.after < 0) continue;
+    REQUIRE(r.after < int(i));  // a turn comes after the turn it follows
+    const TraceRequest& prev = t.requests[r.after];
+    std::vector<int32_t> history = prev.prompt;
+    history.insert(history.end(), prev.output.begin(), prev.output.end());
+    REQUIRE(r.prompt.size() > history.size());
+    CHECK(std::equal(history.begin(), history.end(), r.prompt.begin()));
+    ++followups;
+  }
+  CHECK(followups > 20);
+}
+
+TEST_CASE("every simulation leaves a sound pool and leaks no page") {
+  SimConfig cfg;
+  cfg.page_size = 16;
+  cfg.pool_pages = 900;  // small enough to evict and preempt
+  cfg.max_running = 6;
+  cfg.validate_every_step = true;
+  for (Workload w : all_workloads())
+    for (CacheKind c : {CacheKind::radix, CacheKind::hash, CacheKind::none}) {
+      CAPTURE(workload_name(w));
+      CAPTURE(cache_name(c));
+      const Trace t = make_trace(w, 40, 2);
+      const SimStats s = simulate(t, c, cfg);
+      CHECK(s.final_validation == "");
+      CHECK(s.generated_tokens >= t.output_tokens());
+      CHECK(s.prompt_tokens >= t.prompt_tokens());
+      CHECK(s.cached_tokens + s.computed_tokens == s.prompt_tokens);
+      CHECK(s.peak_pages <= cfg.pool_pages);
+      if (c == CacheKind::none) CHECK(s.cached_tokens == 0);
+    }
+}
+
+TEST_CASE("with room to spare, radix and hash caches save the same prefill") {
+  SimConfig cfg;
+  cfg.pool_pages = 20000;
+  for (Workload w : {Workload::chat, Workload::few_shot, Workload::agent}) {
+    CAPTURE(workload_name(w));
+    const Trace t = make_trace(w, 80, 5);
+    const SimStats r = simulate(t, CacheKind::radix, cfg), h = simulate(t, CacheKind::hash, cfg),
+                   n = simulate(t, CacheKind::none, cfg);
+    CHECK(r.evicted_pages == 0);
+    CHECK(r.cached_tokens == h.cached_tokens);
+    CHECK(r.hit_rate() > 0.5);
+    CHECK(n.hit_rate() == 0.0);
+    // Shared prefix pages are held once by all the requests running on them.
+    CHECK(r.peak_running_pages < n.peak_running_pages);
+  }
+}
+
+TEST_CASE("independent questions share nothing") {
+  const Trace t = make_trace(Workload::independent, 80, 5);
+  SimConfig cfg;
+  const SimStats r = simulate(t, CacheKind::radix, cfg);
+  CHECK(r.hit_rate() < 0.01);
+}
+
+TEST_CASE("a pool that cannot hold one request is a usage error") {
+  const Trace t = make_trace(Workload::agent, 10, 1);
+  SimConfig cfg;
+  cfg.pool_pages = 8;
+  CHECK_THROWS_AS(simulate(t, CacheKind::radix, cfg), UsageError);
+}
+
+TEST_CASE("fragmentation: the block manager's pages match the prediction, waste < one page per sequence") {
+  const std::vector<int> lens = sample_lengths(400, 4096, 9);
+  for (int len : lens) REQUIRE((len >= 2 && len <= 4096));
+  const std::vector<FragmentationRow> rows = fragmentation_study(lens, 4096, {1, 8, 16, 32, 64});
+  REQUIRE(rows.size() == 7);
+  CHECK(rows[0].slots == 400L * 4096);
+  CHECK(rows[0].waste() > 0.5);  // reserving the maximum length wastes most of the memory
+  for (std::size_t i = 2; i < rows.size(); ++i) {
+    const FragmentationRow& r = rows[i];
+    CAPTURE(r.scheme);
+    CHECK(r.slots == predicted_paged_slots(lens, r.page_size));
+    CHECK(r.pages * r.page_size == r.slots);
+    CHECK(r.slots - r.tokens < long(lens.size()) * r.page_size);
+    if (i > 2) CHECK(r.waste() >= rows[i - 1].waste());  // bigger pages, more waste
+  }
+  CHECK(rows[2].waste() == 0.0);  // P = 1 wastes nothing
+}
+
+TEST_CASE("bar_chart scales bars to the maximum") {
+  const std::string c = bar_chart("t", {{"g", "a", "50%", 0.5}, {"g", "b", "100%", 1.0}}, 1.0, 10);
+  CHECK(c.find("|#####     | 50%") != std::string::npos);
+  CHECK(c.find("|##########| 100%") != std::string::npos);
+}
