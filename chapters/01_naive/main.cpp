@@ -55,10 +55,13 @@ int main(int argc, char** argv) {
     rep.problem = p;
     rep.inputs = std::string(dist_name(opt.dist)) + ", seed " + std::to_string(opt.seed);
     const auto dev = select_device(opt.device, &rep.mode);
+#if TUTORIAL_HAVE_CUDA
     if (dev) {
       rep.device = dev->name;
-      require_device_memory(*dev, naive_device_bytes(p, ch01::Pipeline::handwritten), "the naive pipeline (S and P)");
+      require_device_memory(*dev, ch01::naive_device_bytes(p, ch01::Pipeline::handwritten),
+                            "the naive pipeline (S and P)");
     }
+#endif
     const bool run_model = flops_forward(p) <= kModelFlopBudget || opt.device == DeviceChoice::cpu;
     // Host memory: inputs, outputs, and the model's S and P when it runs.
     const double host_bytes = 4.0 * double(p.q_elems() + p.k_elems() + p.v_elems() + 2 * p.o_elems()) +

@@ -56,7 +56,9 @@ int main(int argc, char** argv) {
     rep.problem = p;
     rep.inputs = std::string(dist_name(opt.dist)) + ", seed " + std::to_string(opt.seed);
     const auto dev = select_device(opt.device, &rep.mode);
+#if TUTORIAL_HAVE_CUDA
     if (dev) require_device_memory(*dev, ch04::fa2_device_bytes(p, !no_backward), "this problem");
+#endif
     const bool with_backward = !no_backward;
     const bool run_model = !forward_only_model && (flops_forward(p) <= kModelFlopBudget || opt.device == DeviceChoice::cpu);
     require_host_memory(4.0 * double(2 * p.q_elems() + 2 * p.k_elems() + 2 * p.v_elems() + 3 * p.o_elems()),
