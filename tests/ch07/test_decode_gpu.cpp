@@ -1,0 +1,132 @@
+// Chapter 07's decode kernels against the fp64 reference (skipped without a device):
+// ragged lengths at every page size, v1 and v2, paged and contiguous, GQA / MHA /
+// MQA, shared prefix pages, awkward inputs, and K/V stored by the block manager.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "common/check.hpp"
+#include "decode.hpp"
+#include "decode_gpu.hpp"
+#include "paged_kv_cache.hpp"
+
+using namespace attn;
+using namespace attn::ch07;
+
+namespace {
+
+/// Runs every kernel on the batch and checks each against the reference.
+void check_kernels(const DecodeBatch& b, const std::vector<int>& splits, Dist dist = Dist::normal,
+                   uint64_t seed = 7, bool contiguous = true) {
+  CAPTURE(b.describe());
+  const std::vector<float> q = make_queries(b, seed, dist);
+  const KvContents kv{seed, dist, nullptr};
+  const DecodeOracle oracle(b, q, kv, true);
+  GpuDecoder gpu(b, q, kv);
+  for (KvLayout layout : {KvLayout::paged, KvLayout::contiguous}) {
+    if (layout == KvLayout::contiguous && !contiguous) continue;
+    for (int s : splits) {
+      CAPTURE(layout_name(layout));
+      CAPTURE(s);
+      const GpuDecodeOutput out = gpu.run(s, layout);
+      const CheckResult c = oracle.judge(out.o, out.lse);
+      CHECK_MESSAGE(c.pass(), c.failures());
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("decode kernels: ragged lengths (1, P-1, P, P+1, long) at every page size") {
+  for (int P : {1, 8, 16, 32, 64}) {
+    const std::vector<int> lens = ragged_lengths(9, 3000, P, 2);
+    check_kernels(build_batch(8, 2, 128, P, lens, 0, 11), {1, 2, 7});
+  }
+}
+
+TEST_CASE("decode kernels: head dim 64") {
+  check_kernels(build_batch(8, 2, 64, 16, ragged_lengths(6, 1500, 16, 3), 0, 12), {1, 3});
+}
+
+TEST_CASE("decode kernels: GQA 32/8, MHA, MQA, a full 16-head group and groups above 16") {
+  const std::vector<int> lens = {1200, 1, 63, 65, 640};
+  check_kernels(build_batch(32, 8, 128, 16, lens, 0, 1), {1, 4});   // G = 4
+  check_kernels(build_batch(8, 8, 128, 16, lens, 0, 2), {1, 4});    // MHA
+  check_kernels(build_batch(8, 1, 128, 16, lens, 0, 3), {1, 4});    // MQA, G = 8
+  check_kernels(build_batch(32, 2, 128, 16, lens, 0, 4), {1, 4});   // G = 16: all MMA rows used
+  check_kernels(build_batch(40, 2, 128, 16, lens, 0, 5), {1, 4});   // G = 20: two blocks per KV head
+}
+
+TEST_CASE("decode kernels: sequences sharing prefix pages") {
+  check_kernels(build_batch(16, 4, 128, 16, {2000, 700, 513, 512, 1500}, 512, 6), {1, 5});
+}
+
+TEST_CASE("decode kernels: mean-shifted, outlier and integer inputs") {
+  const DecodeBatch b = build_batch(16, 4, 128, 16, {900, 31, 1, 257}, 0, 7);
+  check_kernels(b, {1, 3}, Dist::mean_shifted);
+  check_kernels(b, {1, 3}, Dist::outliers);
+  check_kernels(b, {2}, Dist::integers);
+}
+
+TEST_CASE("decode kernels: more splits than tiles leave empty splits, which merge as the identity") {
+  check_kernels(build_batch(8, 2, 128, 16, {100, 1, 64, 65}, 0, 8), {16, 64});
+}
+
+TEST_CASE("decode kernels: one long sequence with the heuristic's split count") {
+  DecodeBatch b = build_batch(32, 8, 128, 16, {40000}, 0, 9);
+  const std::vector<float> q = make_queries(b, 9, Dist::normal);
+  GpuDecoder gpu(b, q, KvContents{9, Dist::normal, nullptr});
+  const SplitPlan plan = choose_splits(b, gpu.sms());
+  CHECK(plan.splits > 1);  // one sequence never fills a GPU on its own
+  check_kernels(b, {1, plan.splits}, Dist::normal, 9, false);
+}
+
+TEST_CASE("decode kernels read exactly what the block manager stored") {
+  const int P = 16, Hkv = 2, D = 128, Hq = 8;
+  PagePool pool(96, P, Hkv, D, DType::bf16);
+  pool.shuffle_free_list(5);
+  PagedKvCache cache(pool);
+  Rng rng(8);
+  std::vector<float> k(Hkv * D), v(Hkv * D);
+  auto append = [&](PagedKvCache::SeqId s, int n) {
+    for (int t = 0; t < n; ++t) {
+      for (auto& x : k) x = float(rng.normal());
+      for (auto& x : v) x = float(rng.normal());
+      REQUIRE(cache.append(s, k.data(), v.data()) == Status::ok);
+    }
+  };
+  const auto a = cache.create();
+  append(a, 301);
+  PagedKvCache::SeqId b, c;
+  REQUIRE(cache.fork(a, &b) == Status::ok);
+  REQUIRE(cache.fork(a, &c) == Status::ok);
+  append(b, 250);  // copy-on-write of a's last page
+  append(c, 1);
+  REQUIRE(cache.validate().empty());
+  const DecodeBatch batch = batch_from_cache(cache, {a, b, c}, Hq);
+  const KvPools pools{pool.k_data(), pool.v_data()};
+  const std::vector<float> q = make_queries(batch, 3, Dist::normal);
+  const KvContents kv{0, Dist::normal, &pools};
+  const DecodeOracle oracle(batch, q, kv, true);
+  GpuDecoder gpu(batch, q, kv);
+  for (int s : {1, 3}) {
+    const GpuDecodeOutput out = gpu.run(s, KvLayout::paged);
+    const CheckResult r = oracle.judge(out.o, out.lse);
+    CHECK_MESSAGE(r.pass(), r.failures());
+  }
+}
+
+TEST_CASE("exercise ch07.5: the kernel finds K and V through the block table") {
+  // Pages scattered over the pool by the shuffled free list: a kernel that takes the
+  // logical page for the physical one reads someone else's keys.
+  const DecodeBatch b = build_batch(8, 2, 128, 16, {777, 300, 17}, 0, 21);
+  check_kernels(b, {1, 3}, Dist::normal, 21, false);
+}
+
+TEST_CASE("timing gives a positive median") {
+  const DecodeBatch b = build_batch(8, 2, 128, 16, {4096, 4096}, 0, 1);
+  const std::vector<float> q = make_queries(b, 1, Dist::normal);
+  GpuDecoder gpu(b, q, KvContents{1, Dist::normal, nullptr});
+  CHECK(gpu.time_ms(1, KvLayout::paged) > 0);
+  CHECK(gpu.time_ms(4, KvLayout::contiguous) > 0);
+}
