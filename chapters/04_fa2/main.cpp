@@ -8,6 +8,9 @@
 #include "common/cli.hpp"
 #include "common/device.hpp"
 #include "common/report.hpp"
+#include "fa1_blocks.hpp"
+#include "fa1_gpu.hpp"
+#include "fa1_model.hpp"
 #include "fa2_gpu.hpp"
 #include "fa2_model.hpp"
 
@@ -43,10 +46,11 @@ int main(int argc, char** argv) {
   // One v6 thread block: 64 KB of shared-memory tiles plus ~128 KB of registers at d = 128.
   cli.sram_default(224 * 1024);
   int step = 0;
-  bool no_backward = false, forward_only_model = false;
+  bool no_backward = false, forward_only_model = false, with_fa1 = false;
   cli.add_int("--step", &step, "run only this forward step (1-6; 0 = all)", 0, ch04::kSteps);
   cli.add_flag("--no-backward", &no_backward, "skip the backward rows");
   cli.add_flag("--no-model", &forward_only_model, "skip the CPU model rows");
+  cli.add_flag("--fa1", &with_fa1, "also time chapter 03's FA1 kernels (slow: one block per head)");
 
   return run_chapter(argc, argv, cli, [&](const Options& opt) {
     const Problem& p = opt.problem;
@@ -123,6 +127,21 @@ int main(int argc, char** argv) {
         row.set_time(g.time_ms);
         rep.rows.push_back(row);
       }
+      if (with_fa1 && ch03::kernel_unsupported(p).empty()) {
+        ResultRow row;
+        row.impl = "FA1 kernel (chapter 03)";
+        row.device = "cuda";
+        row.flops = flops_forward(p);
+        row.bound = Bound::compute;
+        const ch03::Fa1Traffic t = ch03::fa1_forward_traffic(p, ch03::kernel_forward_blocks(p.d));
+        row.hbm_read_bytes = t.read();
+        row.hbm_write_bytes = t.write();
+        row.extra_bytes = t.extra;
+        const ch03::GpuForward g = ch03::fa1_forward_gpu(p, in, /*time=*/true);
+        row.set_check(oracle.judge(g.o, &g.lse));
+        row.set_time(g.time_ms);
+        rep.rows.insert(rep.rows.begin() + (run_model ? (with_backward ? 2 : 1) : 0), row);
+      }
       if (with_backward && ch04::backward_unsupported(p).empty()) {
         for (bool det : {false, true}) {
           ResultRow row;
@@ -146,9 +165,14 @@ int main(int argc, char** argv) {
     }
 #endif
     if (boracle) rep.check_plan += "; backward: " + boracle->plan().describe(p);
-    rep.previous =
-        "chapter 03's FA1 walks K/V outside and Q inside, re-reading Q_i and (m, l, O) on every step; "
-        "here each Q block is read once and its statistics never leave the chip (see the model note)";
+    {
+      // Chapter 03's FA1 at the same on-chip budget, from its traffic formula.
+      const ch03::Fa1Traffic fa1 = ch03::fa1_forward_traffic(p, ch03::forward_blocks(p, opt.sram_bytes));
+      const double fa2 = ch04::fa2_forward_bytes(p);
+      rep.previous = "FA1 (chapter 03) moves " + format_bytes(fa1.total()) + " at this M (Q and (m, l, O) " +
+                     "re-read on every K/V step), FA2 " + format_bytes(fa2) + ": " + fmt("%.1f", fa1.total() / fa2) +
+                     "x less, and no statistics in HBM";
+    }
     return rep.emit(std::cout, opt.json);
   });
 }
