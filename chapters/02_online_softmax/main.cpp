@@ -176,6 +176,7 @@ int main(int argc, char** argv) {
                           "A re-read served by L1/L2 still counts, so v1 and v2 can show more than 100%.");
     }
 #endif
+    if (opt.bench && !dev) rep.notes.push_back("--bench measures the GPU kernels: skipped (" + rep.mode + ")");
     rep.notes.push_back("rows: " + std::to_string(row_count(p)) + " of Nk = " + std::to_string(p.nk) +
                         " fp32 scores (S = " + format_bytes(s_bytes) + "); sweeps over S: naive 2, safe 3, online 2, "
                         "online on chip 2 of which 1 reads HBM, fused 1 (and P is never written)");

@@ -45,6 +45,36 @@ constexpr int kRowInRegisters = kMaxThreads * kVecsPerThread * 4;  // 32768 scor
 constexpr int kBr = 8;
 constexpr int kBc = 64;
 
+/// How the kernels split a row of n fp32 scores for 16-byte accesses. A row starts at
+/// row * n floats, so it is 16-byte aligned only when n is a multiple of 4:
+///
+///     row:  | head (0-3 floats) | body: nvec float4, 16-byte aligned | tail (0-3) |
+///
+/// Thread t of T owns body float4 t, t + T, t + 2T, ...; threads 0..head-1 own one head
+/// float each and threads 0..tail-1 one tail float.
+struct RowSplit {
+  int head;  ///< floats before the first 16-byte boundary (0-3)
+  int nvec;  ///< float4 in the aligned body
+  int tail;  ///< floats after it (0-3)
+  ATTN_HD int tail_start() const { return head + 4 * nvec; }
+};
+
+/// The split of n floats starting at byte address `address` (a multiple of 4).
+ATTN_HD RowSplit split_row(unsigned long long address, int n) {
+  const int misaligned = int((address >> 2) & 3);  // floats past the last 16-byte boundary
+  const int to_boundary = (4 - misaligned) & 3;
+  const int head = to_boundary < n ? to_boundary : n;
+  const int nvec = (n - head) >> 2;
+  return {head, nvec, n - head - 4 * nvec};
+}
+
+/// v3's block for rows of n scores: the fewest whole warps whose kVecsPerThread float4
+/// each cover the body (at most n / 4 float4); more than kMaxThreads when n does not fit.
+inline int registers_threads(int n) {
+  const int per_warp = 32 * kVecsPerThread, warps = (n / 4 + per_warp - 1) / per_warp;
+  return 32 * (warps > 0 ? warps : 1);
+}
+
 // ----------------------------------------------------------------------------- variants
 
 enum class Variant {

@@ -2,6 +2,7 @@
 // and the traffic each one counts (the kernels' own count, softmax_traffic()).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -186,4 +187,52 @@ TEST_CASE("inputs: each row has its own stream, so a row does not depend on how 
   for (float x : shifted.s) mean += x / double(shifted.s.size());
   CHECK(mean > 99.0);
   CHECK(mean < 101.0);
+}
+
+TEST_CASE("every score of a row has exactly one owner thread, at every alignment") {
+  // The kernels' loops (steps/row_ops.cuh sweep(), v3_online_registers.cu), replayed on the CPU.
+  std::vector<int> lengths;
+  for (int n = 1; n <= 260; ++n) lengths.push_back(n);
+  for (int n = 4090; n <= 4101; ++n) lengths.push_back(n);
+  for (int n = kRowInRegisters - 5; n <= kRowInRegisters; ++n) lengths.push_back(n);
+  for (int misaligned = 0; misaligned < 4; ++misaligned)
+    for (int n : lengths) {
+      CAPTURE(misaligned);
+      CAPTURE(n);
+      const unsigned long long address = 4096 + 4 * misaligned;
+      const RowSplit g = split_row(address, n);
+      REQUIRE(g.head + 4 * g.nvec + g.tail == n);
+      CHECK(g.head <= 3);
+      CHECK(g.tail <= 3);
+      if (g.nvec > 0) CHECK((address + 4 * g.head) % 16 == 0);  // the body is 16-byte aligned
+      auto own_scalars = [&](int threads, std::vector<int>& owners) {
+        for (int t = 0; t < threads; ++t) {
+          if (t < g.head) ++owners[t];
+          if (t < g.tail) ++owners[g.tail_start() + t];
+        }
+      };
+      // v1, v2: 256 threads, kUnroll float4 per step of the sweep
+      std::vector<int> owners(n, 0);
+      for (int t = 0; t < kThreads; ++t)
+        for (int v0 = t; v0 < g.nvec; v0 += kUnroll * kThreads)
+          for (int u = 0; u < kUnroll; ++u)
+            if (v0 + u * kThreads < g.nvec)
+              for (int c = 0; c < 4; ++c) ++owners[g.head + 4 * (v0 + u * kThreads) + c];
+      own_scalars(kThreads, owners);
+      CHECK(std::count(owners.begin(), owners.end(), 1) == n);
+      // v3: registers_threads(n) threads, kVecsPerThread float4 each
+      const int T = registers_threads(n);
+      CHECK(T % 32 == 0);
+      CHECK(T <= kMaxThreads);
+      std::vector<int> held(n, 0);
+      for (int t = 0; t < T; ++t)
+        for (int k = 0; k < kVecsPerThread; ++k)
+          if (t + k * T < g.nvec)
+            for (int c = 0; c < 4; ++c) ++held[g.head + 4 * (t + k * T) + c];
+      own_scalars(T, held);
+      CHECK(std::count(held.begin(), held.end(), 1) == n);
+    }
+  CHECK(registers_threads(4096) == 128);
+  CHECK(registers_threads(kRowInRegisters) == kMaxThreads);
+  CHECK(registers_threads(kRowInRegisters + 4) > kMaxThreads);  // does not fit: v2 runs instead
 }

@@ -3,14 +3,8 @@
 /// \brief What the chapter-02 kernels share: the arguments, how a block walks a row of
 ///        S with 16-byte loads, and the warp and block reductions of m, l and (m, l).
 ///
-/// A row of N fp32 scores starts wherever row * N puts it, so it is 16-byte aligned only
-/// when N is a multiple of 4. Each row is split once into an unaligned head, a body of
-/// float4 and a tail:
-///
-///     row:  | head (0-3 floats) | body: nvec float4, 16-byte aligned  | tail (0-3) |
-///                                 thread t owns float4 t, t+T, t+2T, ...
-///           threads 0..head-1 own one head float each, threads 0..tail-1 one tail float
-///
+/// A row splits into an unaligned head, a body of float4 and a tail (RowSplit in
+/// softmax_model.hpp, where the CPU tests check that every score has exactly one owner).
 /// P has the same layout as S and both come from cudaMalloc (256-byte aligned), so a
 /// row of P splits exactly as its row of S.
 
@@ -50,18 +44,9 @@ __device__ __forceinline__ int row_last_visible(const RowArgs& a, long long row)
   return a.causal ? min(a.nk - 1, i + (a.nk - a.nq)) : a.nk - 1;
 }
 
-struct RowSplit {
-  int head;  ///< floats before the first 16-byte boundary (0-3)
-  int nvec;  ///< float4 in the aligned body
-  int tail;  ///< floats after it (0-3)
-  __device__ __forceinline__ int tail_start() const { return head + 4 * nvec; }
-};
-
+/// The split of one row (RowSplit, softmax_model.hpp) at its address in memory.
 __device__ __forceinline__ RowSplit split_row(const float* row, int n) {
-  const int misaligned = int((reinterpret_cast<uintptr_t>(row) >> 2) & 3);  // floats past a boundary
-  const int head = min(n, (4 - misaligned) & 3);
-  const int nvec = (n - head) >> 2;
-  return {head, nvec, n - head - 4 * nvec};
+  return split_row(reinterpret_cast<unsigned long long>(row), n);
 }
 
 __device__ __forceinline__ float4 neg_inf4() {
@@ -90,9 +75,28 @@ __device__ __forceinline__ float4 load_score1(const float* row, int j, int last,
 
 __device__ __forceinline__ float max4(float4 x) { return fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w)); }
 __device__ __forceinline__ float sum4(float4 x) { return (x.x + x.y) + (x.z + x.w); }
-/// e^(x - shift) lane by lane (masked lanes give e^-inf = 0).
+/// \f$2^y\f$ by the hardware's approximation (`MUFU.EX2`, about 2 ulp), with results below
+/// \f$2^{-126}\f$ flushed to 0: one instruction, where `exp2f` adds a guard for subnormals.
+/// A softmax weight that small next to the row's maximum (which weighs 1) changes nothing.
+__device__ __forceinline__ float exp2_approx(float y) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(y));
+  return r;
+}
+
+/// \f$e^{x - \mathrm{shift}}\f$ for one score: \f$2^y\f$ of \f$y = (x - \mathrm{shift}) \log_2 e\f$,
+/// three instructions where `expf` takes nine. The subtraction comes first, in natural
+/// units, so the rounding of y is relative to \f$|x - \mathrm{shift}|\f$, small for every
+/// weight that matters; folding \f$\log_2 e\f$ into the scores instead rounds each one by
+/// \f$|x| u\f$ (the test "the exp2 form ... matches the exp form" measures both). A masked
+/// score, \f$-\infty\f$, gives 0.
+__device__ __forceinline__ float exp_score(float x, float shift) {
+  return exp2_approx((x - shift) * float(kLog2e));
+}
+
+/// exp_score lane by lane (masked lanes give e^-inf = 0).
 __device__ __forceinline__ float4 exp4(float4 x, float shift) {
-  return make_float4(expf(x.x - shift), expf(x.y - shift), expf(x.z - shift), expf(x.w - shift));
+  return make_float4(exp_score(x.x, shift), exp_score(x.y, shift), exp_score(x.z, shift), exp_score(x.w, shift));
 }
 __device__ __forceinline__ float4 scale4(float4 x, float c) { return make_float4(x.x * c, x.y * c, x.z * c, x.w * c); }
 

@@ -19,8 +19,9 @@
 //   sweep 1  (m_i, l_i) = (+) over the row      reads the row
 //   sweep 2  P_ij = exp(x_ij - m_i) / l_i       reads it again, writes P
 //
-// Own count per row of N scores: 2 x 4N bytes read, 4N + 4 written. The exponentials
-// stay about the same (1 + 1/2 per score in sweep 1 instead of 1 in v1's sweep 2).
+// Own count per row of N scores: 2 x 4N bytes read, 4N + 4 written. The price of not
+// knowing m_i in advance is in the exponentials: sweep 1 evaluates 1.5 per score (4 for
+// the float4, 2 for the merge), where v1's sweep 2 evaluated 1.
 //
 //   one block of 256 threads per row, the same waves as v1:
 //

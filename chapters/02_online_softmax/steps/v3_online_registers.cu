@@ -10,8 +10,8 @@
 // 32 x T scores: rows of up to kRowInRegisters = 32768 scores with T <= 1024. Longer
 // rows do not fit, and the launcher says so (the caller then runs v2).
 //
-//   sweep 1  (m_t, l_t) of the thread's 32 scores, then (+) across the block   registers
-//   sweep 2  P_ij = exp(x_ij - m_t) * exp(m_t - m_i) / l_i                     registers, writes P
+//   sweep 1  (m_t, l_t) of the thread's scores, then (m_i, l_i) = (+) over the block    registers
+//   sweep 2  P_ij = exp(x_ij - m_t) * w_t / l_i,  w_t = exp(m_t - m_i)                  registers, writes P
 //
 // Own count per row of N scores: 4N bytes read, 4N + 4 written: the least a softmax
 // that stores P can move. The loads and stores carry evict-first hints (__ldcs,
@@ -25,13 +25,12 @@
 //     row  | t0 t1 ... tT-1 | t0 t1 ... tT-1 | ... 8 times ... | t0 t1 ... tT-1 |
 //            x[0]             x[1]                               x[7]      (float4 registers)
 //
-// The thread's own (m_t, l_t) needs no running rescale: its scores are all in registers,
-// so it takes their max first and then one exponential per score, kept in place of the
-// score. Sweep 2 then needs no exponential at all: each thread multiplies its p by its
-// own merge weight exp(m_t - m_i) / l_i, the weight (+) gave its state. One exponential
-// and about 15 instructions per score, where v2 spends 2.5 exponentials and about 30.
-#include <algorithm>
-
+// With its scores in registers, a thread needs no running rescale: it takes their max
+// m_t first, then one exponential per score, p = exp(x - m_t), kept where x was. The
+// block then merges the thread states in the n-ary form of (+): one block max, one weight
+// w_t = exp(m_t - m_i) per thread, one block sum. That hands every thread the weight (+)
+// gives its state, so sweep 2 is a multiply by w_t / l_i: one exponential per score in
+// all, where v2 evaluates two and a half (and its pairwise butterfly ten per thread).
 #include "row_ops.cuh"
 
 namespace attn::ch02 {
@@ -62,24 +61,27 @@ __global__ void __launch_bounds__(kMaxThreads) softmax_online_registers(RowArgs 
   const float x_head = t < g.head ? load_score1(s, t, last, a.tau).x : neg_inf<float>();
   const float x_tail = t < g.tail ? load_score1(s, g.tail_start() + t, last, a.tau).x : neg_inf<float>();
 
-  // sweep 1, in registers: the thread's (m_t, l_t), keeping p = exp(x - m_t) where x was;
-  // then (m_i, l_i) = (+) over the block
+  // sweep 1, in registers: the thread's (m_t, l_t), keeping p = exp(x - m_t) where x was
   float m_t = fmaxf(x_head, x_tail);
 #pragma unroll
   for (int k = 0; k < kVecsPerThread; ++k) m_t = fmaxf(m_t, max4(x[k]));
   const float shift_t = finite_max(m_t);
-  const float p_head = expf(x_head - shift_t), p_tail = expf(x_tail - shift_t);
+  const float p_head = exp_score(x_head, shift_t), p_tail = exp_score(x_tail, shift_t);
   float l_t = p_head + p_tail;
 #pragma unroll
   for (int k = 0; k < kVecsPerThread; ++k) {
     x[k] = exp4(x[k], shift_t);  // x[k] now holds p = exp(x - m_t)
     l_t += sum4(x[k]);
   }
-  const SoftmaxState<float> st = block_merge({m_t, l_t});
+  // (m_i, l_i) = (+) of the block's thread states, in the n-ary form of (+):
+  //   m_i = max_t m_t,   w_t = exp(m_t - m_i),   l_i = sum_t l_t w_t
+  const float m_i = block_max(m_t);
+  const float w_t = merge_weights(m_t, m_i).wa;  // this thread's weight in the merge (0 if it saw no key)
+  const float l_i = block_sum(l_t * w_t);
+  const SoftmaxState<float> st{m_i, l_i};
 
-  // sweep 2, in registers: P_ij = exp(x_ij - m_t) * exp(m_t - m_i) / l_i. The factor is the
-  // thread's merge weight over l_i, one per thread, so it is worth computing in fp64.
-  const float c_t = st.l > 0.f ? float(exp(double(m_t) - double(st.m)) / double(st.l)) : 0.f;
+  // sweep 2, in registers: P_ij = exp(x_ij - m_t) * w_t / l_i, one multiply per score
+  const float c_t = l_i > 0.f ? w_t / l_i : 0.f;
   float4* p4 = reinterpret_cast<float4*>(p + g.head);
 #pragma unroll
   for (int k = 0; k < kVecsPerThread; ++k)
@@ -93,10 +95,7 @@ __global__ void __launch_bounds__(kMaxThreads) softmax_online_registers(RowArgs 
 
 bool launch_online_registers(const RowArgs& a) {
   if (!row_fits_in_registers(a.nk)) return false;
-  // The fewest whole warps whose 8 float4 each cover the body (at most nk / 4 float4).
-  const int vecs = a.nk / 4, per_warp = 32 * kVecsPerThread;
-  const int warps = std::max(1, (vecs + per_warp - 1) / per_warp);
-  softmax_online_registers<<<unsigned(a.rows), 32 * warps>>>(a);
+  softmax_online_registers<<<unsigned(a.rows), registers_threads(a.nk)>>>(a);
   return true;
 }
 

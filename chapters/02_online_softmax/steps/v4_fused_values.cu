@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(kBr * 32) softmax_fused_values(RowArgs a) {
     float l_ij = 0.f;
 #pragma unroll
     for (int u = 0; u < kKeys; ++u) {
-      const float p = expf(x[u] - shift);
+      const float p = exp_score(x[u], shift);
       P_ij[warp][lane + 32 * u] = p;
       l_ij += p;
     }
