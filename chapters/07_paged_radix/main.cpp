@@ -24,6 +24,7 @@
 #include "hash_prefix_cache.hpp"
 #include "paged_kv_cache.hpp"
 #include "radix_cache.hpp"
+#include "sweep.hpp"
 #include "workloads.hpp"
 
 #if TUTORIAL_HAVE_CUDA
@@ -213,82 +214,52 @@ void set_traffic(ResultRow& row, const DecodeTraffic& t) {
 }
 
 #if TUTORIAL_HAVE_CUDA
-struct SweepConfig {
-  int batch, len, heads, kv_heads, page_size;
-};
-
-/// The README's bandwidth table: every kernel on each configuration, checked, timed.
+/// The README's bandwidth table: every kernel on each shape, checked against the
+/// fp64 reference (sampled at these sizes), then timed.
 int run_sweep(const Options& opt, const DecodeOptions& dopt, const DeviceInfo& dev) {
-  const double read_gbps = measure_read_gbps();
-  std::vector<SweepConfig> configs = {{1, 32768, 32, 8, 16},  {1, 65536, 32, 8, 16},  {1, 65536, 32, 32, 16},
-                                      {8, 32768, 32, 8, 16},  {8, 32768, 32, 32, 16}, {8, 131072, 32, 8, 16},
-                                      {64, 4096, 32, 8, 16}};
-  for (int P : {1, 8, 32, 64}) configs.push_back({1, 65536, 32, 8, P});
-  std::ostringstream js, txt;
-  js << "{\"chapter\": \"" << kChapter << "\", \"subcommand\": \"decode-sweep\", \"device_name\": \""
-     << json_escape(dev.name) << "\", \"date\": \"" << today() << "\", \"read_gbps\": " << jnum(read_gbps)
-     << ", \"d\": " << opt.problem.d << ", \"configs\": [";
-  txt << "== " << kChapter << " decode --sweep: KV bytes read per second ==\n"
-      << "device  : " << dev.describe() << ", " << today() << "\n"
-      << "ceiling : read " << fmt("%.0f", read_gbps) << " GB/s (measured in this run)\n\n";
-  char line[512];
-  std::snprintf(line, sizeof line, "%-3s %-7s %-6s %-3s  %-22s %9s %10s %8s %6s\n", "B", "L", "Hq/Hkv", "P", "kernel",
-                "ms", "KV GB/s", "ceiling", "check");
-  txt << line;
-  bool all_pass = true;
-  for (std::size_t ci = 0; ci < configs.size(); ++ci) {
-    const SweepConfig& c = configs[ci];
-    const std::vector<int> lens(c.batch, c.len);
-    DecodeBatch b = build_batch(c.heads, c.kv_heads, opt.problem.d, c.page_size, lens, 0, opt.seed);
+  SweepReport rep;
+  rep.device = dev.describe();
+  rep.date = today();
+  rep.read_gbps = measure_read_gbps();
+  rep.d = opt.problem.d;
+  for (const SweepShape& c : sweep_shapes()) {
+    SweepResult res;
+    res.shape = c;
+    res.d = opt.problem.d;
+    const DecodeBatch b = build_batch(c.heads, c.kv_heads, res.d, c.page_size, std::vector<int>(c.batch, c.len), 0,
+                                      opt.seed);
     const SplitPlan plan = choose_splits(b, dev.sms);
     const int v2_splits = std::max(2, dopt.splits > 0 ? dopt.splits : plan.splits);
-    require_device_memory(dev, GpuDecoder::device_bytes(b, v2_splits, true), "the decode sweep");
+    res.kv_bytes = b.kv_bytes();
+    res.plan_splits = plan.splits;
+    res.plan_why = plan.why;
+    require_device_memory(dev, GpuDecoder::device_bytes(b, v2_splits, c.page_size == 16), "the decode sweep");
     const std::vector<float> q = make_queries(b, opt.seed, opt.dist);
     const KvContents kv{opt.seed, opt.dist, nullptr};
     const DecodeOracle oracle(b, q, kv, opt.check_all);
+    res.check_plan = oracle.describe();
     GpuDecoder gpu(b, q, kv);
-    struct Run {
-      const char* name;
-      int splits;
-      KvLayout layout;
-    };
-    std::vector<Run> runs = {{"v1", 1, KvLayout::paged}, {"v2", v2_splits, KvLayout::paged}};
-    if (c.page_size == 16) {
-      runs.push_back({"v1", 1, KvLayout::contiguous});
-      runs.push_back({"v2", v2_splits, KvLayout::contiguous});
-    }
-    js << (ci ? ", " : "") << "{\"batch\": " << c.batch << ", \"len\": " << c.len << ", \"heads\": " << c.heads
-       << ", \"kv_heads\": " << c.kv_heads << ", \"d\": " << b.d << ", \"page_size\": " << c.page_size
-       << ", \"kv_bytes\": " << jnum(b.kv_bytes()) << ", \"plan_splits\": " << plan.splits << ", \"plan_why\": \""
-       << json_escape(plan.why) << "\", \"results\": [";
-    for (std::size_t ri = 0; ri < runs.size(); ++ri) {
-      const Run& r = runs[ri];
-      const GpuDecodeOutput out = gpu.run(r.splits, r.layout);
+    std::vector<std::pair<int, KvLayout>> runs = {{1, KvLayout::paged}, {v2_splits, KvLayout::paged}};
+    if (c.page_size == 16) runs.insert(runs.end(), {{1, KvLayout::contiguous}, {v2_splits, KvLayout::contiguous}});
+    for (const auto& [splits, layout] : runs) {
+      SweepRun x;
+      x.kernel = splits > 1 ? "v2" : "v1";
+      x.layout = layout_name(layout);
+      x.splits = splits;
+      x.chosen = (splits > 1) == (plan.splits > 1);
+      const GpuDecodeOutput out = gpu.run(splits, layout);
       const CheckResult check = oracle.judge(out.o, out.lse);
-      all_pass = all_pass && check.pass();
-      const double ms = gpu.time_ms(r.splits, r.layout);
-      const double gbps = b.kv_bytes() / (ms * 1e-3) / 1e9;
-      const bool chosen = (r.splits > 1) == (plan.splits > 1);
-      const std::string kernel = std::string(r.name) + (r.splits > 1 ? " S=" + std::to_string(r.splits) : "") + " " +
-                                 layout_name(r.layout) + (chosen ? " *" : "");
-      std::snprintf(line, sizeof line, "%-3d %-7d %2d/%-3d %-3d  %-22s %9.4f %10.0f %7.0f%% %6s\n", c.batch, c.len,
-                    c.heads, c.kv_heads, c.page_size, kernel.c_str(), ms, gbps, 100.0 * gbps / read_gbps,
-                    check.pass() ? "pass" : "FAIL");
-      txt << line;
-      if (!check.pass()) txt << "    " << check.failures();
-      js << (ri ? ", " : "") << "{\"kernel\": \"" << r.name << "\", \"layout\": \"" << layout_name(r.layout)
-         << "\", \"splits\": " << r.splits << ", \"chosen\": " << (chosen ? "true" : "false")
-         << ", \"time_ms\": " << jnum(ms) << ", \"kv_gbps\": " << jnum(gbps)
-         << ", \"ceiling_share\": " << jnum(gbps / read_gbps) << ", \"max_abs_err\": " << jnum(check.max_abs())
-         << ", \"pass\": " << (check.pass() ? "true" : "false") << "}";
+      x.pass = check.pass();
+      x.max_abs_err = check.max_abs();
+      x.failures = check.failures();
+      x.time_ms = gpu.time_ms(splits, layout);
+      x.kv_gbps = b.kv_bytes() / (x.time_ms * 1e-3) / 1e9;
+      res.runs.push_back(x);
     }
-    js << "], \"check_plan\": \"" << json_escape(oracle.describe()) << "\"}";
+    rep.results.push_back(res);
   }
-  js << "]}\n";
-  txt << "\n* = the kernel choose_splits() picks for this shape. KV GB/s = K and V bytes of every cached token\n"
-         "/ time; the ceiling is a read-only streaming kernel measured in this run.\n";
-  std::cout << (opt.json ? js.str() : txt.str());
-  return all_pass ? 0 : kExitCheckFailed;
+  std::cout << (opt.json ? rep.json() : rep.text());
+  return rep.all_pass() ? 0 : kExitCheckFailed;
 }
 #endif
 

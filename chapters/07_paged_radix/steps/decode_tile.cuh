@@ -141,9 +141,32 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 /// index is XORed with the row's low three bits, so the 8 rows an ldmatrix reads at
 /// the same logical chunk fall in 8 different bank groups (no conflicts).
 template <int D>
-__device__ __forceinline__ uint32_t swizzle(int row, int ch) {
+__host__ __device__ __forceinline__ uint32_t swizzle(int row, int ch) {
   return uint32_t((row * (D / 8) + (ch ^ (row & 7))) * 16);
 }
+
+/// Which element of the m16n8k16 fragments a lane holds (PTX ISA, "Matrix fragments
+/// for mma.m16n8k16"), and which row address it gives ldmatrix.
+///
+///   C, S, O (16 x 8, fp32): element j of lane l is (row l/4 + 8 (j/2), col 2 (l%4) + j%2)
+///   A, Q, P (16 x 16, bf16 pairs): register i of lane l is (row l/4 + 8 (i%2), cols 2 (l%4) + 8 (i/2) + {0,1})
+///
+///   ldmatrix.x4 of K_j (rows = keys, 8-dim chunks):   lanes  0-7  keys 0-7, chunk 2ks    -> b0 of keys 0-7
+///                                                     lanes  8-15 keys 0-7, chunk 2ks+1  -> b1 of keys 0-7
+///                                                     lanes 16-23 keys 8-15, chunk 2ks   -> b0 of keys 8-15
+///                                                     lanes 24-31 keys 8-15, chunk 2ks+1 -> b1 of keys 8-15
+///   ldmatrix.x4.trans of V_j:                         lanes  0-15 keys 0-15, chunk 2n    -> b0, b1 of dims 16n..16n+7
+///                                                     lanes 16-31 keys 0-15, chunk 2n+1  -> b0, b1 of dims 16n+8..16n+15
+struct Frag {
+  static __host__ __device__ __forceinline__ int c_row(int lane, int j) { return lane / 4 + 8 * (j / 2); }
+  static __host__ __device__ __forceinline__ int c_col(int lane, int j) { return 2 * (lane % 4) + j % 2; }
+  static __host__ __device__ __forceinline__ int a_row(int lane, int i) { return lane / 4 + 8 * (i % 2); }
+  static __host__ __device__ __forceinline__ int a_col(int lane, int i) { return 2 * (lane % 4) + 8 * (i / 2); }
+  static __host__ __device__ __forceinline__ int k_key(int lane) { return (lane & 7) + ((lane >> 4) << 3); }
+  static __host__ __device__ __forceinline__ int k_chunk(int lane, int ks) { return 2 * ks + ((lane >> 3) & 1); }
+  static __host__ __device__ __forceinline__ int v_key(int lane) { return lane & 15; }
+  static __host__ __device__ __forceinline__ int v_chunk(int lane, int n) { return 2 * n + (lane >> 4); }
+};
 
 template <int D>
 constexpr uint32_t kTileBytes = uint32_t(Geo::kBc) * D * 2;  ///< one K_j or V_j tile
@@ -186,17 +209,14 @@ struct WarpDecode {
 
   /// Q rows of heads h0 .. h0 + rows - 1 (rows <= 16); the others are zero.
   __device__ __forceinline__ void init(const bf16* q, int rows) {
-    const int lane = threadIdx.x % 32, r = lane / 4, c = 2 * (lane % 4);
-    auto pair = [&](int row, int col) -> uint32_t {
-      return row < rows ? *reinterpret_cast<const uint32_t*>(q + std::size_t(row) * D + col) : 0u;
-    };
+    const int lane = threadIdx.x % 32;
 #pragma unroll
-    for (int ks = 0; ks < KS; ++ks) {
-      qa[ks][0] = pair(r, 16 * ks + c);
-      qa[ks][1] = pair(r + 8, 16 * ks + c);
-      qa[ks][2] = pair(r, 16 * ks + 8 + c);
-      qa[ks][3] = pair(r + 8, 16 * ks + 8 + c);
-    }
+    for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int row = Frag::a_row(lane, i), col = 16 * ks + Frag::a_col(lane, i);
+        qa[ks][i] = row < rows ? *reinterpret_cast<const uint32_t*>(q + std::size_t(row) * D + col) : 0u;
+      }
 #pragma unroll
     for (int n = 0; n < ND; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     m[0] = m[1] = neg_inf<float>();
@@ -212,7 +232,7 @@ struct WarpDecode {
 #pragma unroll
     for (int ks = 0; ks < KS; ++ks) {
       uint32_t b0, b1, b2, b3;
-      ldmatrix_x4(sk + swizzle<D>(k0 + (lane & 7) + ((lane >> 4) << 3), 2 * ks + ((lane >> 3) & 1)), b0, b1, b2, b3);
+      ldmatrix_x4(sk + swizzle<D>(k0 + Frag::k_key(lane), Frag::k_chunk(lane, ks)), b0, b1, b2, b3);
       mma_16816(s[0], qa[ks], b0, b1);
       mma_16816(s[1], qa[ks], b2, b3);
     }
@@ -222,7 +242,7 @@ struct WarpDecode {
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const int key = 8 * nt + 2 * (lane % 4) + (j & 1);
+        const int key = 8 * nt + Frag::c_col(lane, j);
         s[nt][j] = key < valid ? s[nt][j] * tau : neg_inf<float>();
         mx[j >> 1] = fmaxf(mx[j >> 1], s[nt][j]);
       }
@@ -259,8 +279,7 @@ struct WarpDecode {
 #pragma unroll
     for (int n = 0; n < ND / 2; ++n) {
       uint32_t b0, b1, b2, b3;
-      ldmatrix_x4_trans(sv + swizzle<D>(k0 + (lane & 7) + (((lane >> 3) & 1) << 3), 2 * n + (lane >> 4)), b0, b1, b2,
-                        b3);
+      ldmatrix_x4_trans(sv + swizzle<D>(k0 + Frag::v_key(lane), Frag::v_chunk(lane, n)), b0, b1, b2, b3);
       mma_16816(o[2 * n], pa, b0, b1);
       mma_16816(o[2 * n + 1], pa, b2, b3);
     }
@@ -269,7 +288,7 @@ struct WarpDecode {
   /// Completes each row's sum over the 4 lanes that share it, and writes the warp's
   /// (m, l, O) to shared memory: ms, ls [4 warps][16], os [4 warps][16][D].
   __device__ __forceinline__ void store(float* ms, float* ls, float* os) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 4, c = 2 * (lane % 4);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = Frag::c_row(lane, 0), c = Frag::c_col(lane, 0);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);

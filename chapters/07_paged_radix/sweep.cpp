@@ -1,0 +1,90 @@
+// The decode sweep's shapes and report (see sweep.hpp).
+#include "sweep.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "common/report.hpp"
+
+namespace attn::ch07 {
+
+namespace {
+std::string num(double x) {
+  if (!std::isfinite(x)) return "null";
+  char b[40];
+  std::snprintf(b, sizeof b, "%.9g", x);
+  return b;
+}
+}  // namespace
+
+std::vector<SweepShape> sweep_shapes() {
+  std::vector<SweepShape> s = {{1, 32768, 32, 8, 16},  {1, 65536, 32, 8, 16},  {1, 65536, 32, 32, 16},
+                               {8, 32768, 32, 8, 16},  {8, 32768, 32, 32, 16}, {8, 131072, 32, 8, 16},
+                               {64, 4096, 32, 8, 16}};
+  for (int P : {1, 8, 32, 64}) s.push_back({1, 65536, 32, 8, P});
+  return s;
+}
+
+bool SweepReport::all_pass() const {
+  for (const auto& r : results)
+    for (const auto& x : r.runs)
+      if (!x.pass) return false;
+  return true;
+}
+
+std::string SweepReport::json() const {
+  std::ostringstream j;
+  j << "{\"chapter\": \"ch07_paged_radix\", \"subcommand\": \"decode-sweep\", \"device_name\": \""
+    << json_escape(device) << "\", \"date\": \"" << json_escape(date) << "\", \"read_gbps\": " << num(read_gbps)
+    << ", \"d\": " << d << ", \"configs\": [";
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    const SweepResult& r = results[i];
+    j << (i ? ", " : "") << "{\"batch\": " << r.shape.batch << ", \"len\": " << r.shape.len
+      << ", \"heads\": " << r.shape.heads << ", \"kv_heads\": " << r.shape.kv_heads << ", \"d\": " << r.d
+      << ", \"page_size\": " << r.shape.page_size << ", \"kv_bytes\": " << num(r.kv_bytes)
+      << ", \"plan_splits\": " << r.plan_splits << ", \"plan_why\": \"" << json_escape(r.plan_why)
+      << "\", \"check_plan\": \"" << json_escape(r.check_plan) << "\", \"results\": [";
+    for (std::size_t k = 0; k < r.runs.size(); ++k) {
+      const SweepRun& x = r.runs[k];
+      j << (k ? ", " : "") << "{\"kernel\": \"" << json_escape(x.kernel) << "\", \"layout\": \""
+        << json_escape(x.layout) << "\", \"splits\": " << x.splits << ", \"chosen\": " << (x.chosen ? "true" : "false")
+        << ", \"time_ms\": " << num(x.time_ms) << ", \"kv_gbps\": " << num(x.kv_gbps)
+        << ", \"ceiling_share\": " << num(read_gbps > 0 ? x.kv_gbps / read_gbps : NAN)
+        << ", \"max_abs_err\": " << num(x.max_abs_err) << ", \"pass\": " << (x.pass ? "true" : "false") << "}";
+    }
+    j << "]}";
+  }
+  j << "]}\n";
+  return j.str();
+}
+
+std::string SweepReport::text() const {
+  std::ostringstream t;
+  char line[512];
+  t << "== ch07_paged_radix decode --sweep: KV bytes read per second (d = " << d << ", bf16) ==\n"
+    << "device  : " << device << ", " << date << "\n"
+    << "ceiling : read " << num(std::round(read_gbps)) << " GB/s (measured in this run)\n\n";
+  std::snprintf(line, sizeof line, "%-3s %-7s %-6s %-3s  %-24s %9s %10s %8s %6s\n", "B", "L", "Hq/Hkv", "P", "kernel",
+                "ms", "KV GB/s", "ceiling", "check");
+  t << line;
+  for (const SweepResult& r : results)
+    for (const SweepRun& x : r.runs) {
+      const std::string k = x.kernel + (x.splits > 1 ? " S=" + std::to_string(x.splits) : "") + " " + x.layout +
+                            (x.chosen ? " *" : "");
+      std::snprintf(line, sizeof line, "%-3d %-7d %2d/%-3d %-3d  %-24s %9.4f %10.0f %7.0f%% %6s\n", r.shape.batch,
+                    r.shape.len, r.shape.heads, r.shape.kv_heads, r.shape.page_size, k.c_str(), x.time_ms, x.kv_gbps,
+                    read_gbps > 0 ? 100.0 * x.kv_gbps / read_gbps : 0.0, x.pass ? "pass" : "FAIL");
+      t << line;
+      if (!x.pass) t << "    " << x.failures;
+    }
+  t << "\n* = the kernel choose_splits() picks for the shape. KV GB/s = bytes of every cached K and V row / time;\n"
+       "the ceiling is a read-only streaming kernel measured in the same run.\n";
+  for (const SweepResult& r : results)
+    if (r.shape.page_size == 16)
+      t << "B=" << r.shape.batch << " L=" << r.shape.len << " " << r.shape.heads << "/" << r.shape.kv_heads << ": "
+        << r.plan_why << "\n";
+  return t.str();
+}
+
+}  // namespace attn::ch07

@@ -1,0 +1,58 @@
+#pragma once
+/// \file sweep.hpp
+/// \brief The decode bandwidth sweep behind the README's table: its configurations,
+///        and its report as text and as the JSON that bench/ch07_decode.py reads.
+///
+/// The measuring happens in main.cpp (it needs the GPU); the formatting lives here
+/// so that a CPU test can pin the JSON's fields.
+
+#include <string>
+#include <vector>
+
+namespace attn::ch07 {
+
+/// One shape of the sweep.
+struct SweepShape {
+  int batch, len, heads, kv_heads, page_size;
+};
+/// The README's shapes: long contexts at batch 1 and 8, GQA 32/8 and MHA, a short
+/// high-batch case, and the page sizes 1 to 64 on one long sequence.
+std::vector<SweepShape> sweep_shapes();
+
+/// One kernel on one shape.
+struct SweepRun {
+  std::string kernel;  ///< "v1" or "v2"
+  std::string layout;  ///< "paged" or "contiguous"
+  int splits = 1;
+  bool chosen = false;  ///< the kernel choose_splits() picks for the shape
+  double time_ms = 0, kv_gbps = 0, max_abs_err = 0;
+  bool pass = false;
+  std::string failures;
+};
+
+struct SweepResult {
+  SweepShape shape{};
+  int d = 128;
+  double kv_bytes = 0;
+  int plan_splits = 1;
+  std::string plan_why, check_plan;
+  std::vector<SweepRun> runs;
+};
+
+struct SweepReport {
+  std::string device, date;
+  double read_gbps = 0;
+  int d = 128;
+  std::vector<SweepResult> results;
+
+  bool all_pass() const;
+  /// {"chapter", "subcommand": "decode-sweep", "device_name", "date", "read_gbps", "d",
+  ///  "configs": [{"batch", "len", "heads", "kv_heads", "d", "page_size", "kv_bytes",
+  ///               "plan_splits", "plan_why", "check_plan",
+  ///               "results": [{"kernel", "layout", "splits", "chosen", "time_ms",
+  ///                            "kv_gbps", "ceiling_share", "max_abs_err", "pass"}]}]}
+  std::string json() const;
+  std::string text() const;
+};
+
+}  // namespace attn::ch07
