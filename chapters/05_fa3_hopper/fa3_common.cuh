@@ -22,6 +22,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -235,6 +236,27 @@ template <class T, int NS>
 __device__ __forceinline__ void convert_p(const float (&s)[NS], uint32_t (&p)[NS / 2]) {
 #pragma unroll
   for (int j = 0; j < NS / 2; ++j) p[j] = pack2<T>(s[2 * j], s[2 * j + 1]);
+}
+
+/// P (fp32, accumulator layout) as E4M3, four per register, in the order of the fp8
+/// A fragment: register 4q + r of slice q holds this thread's P at k-positions
+/// {4t..4t+3} (r = 0: row r0, 1: row r1) and {16+4t..} (r = 2, 3), which are the keys
+/// {2t, 2t+1, 8+2t, 9+2t} (+16) that the accumulator gives it.
+template <int NS>
+__device__ __forceinline__ void convert_p_fp8(const float (&s)[NS], uint32_t (&p)[NS / 4]) {
+  auto pack4 = [](float a, float b, float c, float d) {
+    const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+    const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
+    return lo | (hi << 16);
+  };
+#pragma unroll
+  for (int q = 0; q < NS / 16; ++q) {
+    const float* x = &s[16 * q];
+    p[4 * q + 0] = pack4(x[0], x[1], x[4], x[5]);
+    p[4 * q + 1] = pack4(x[2], x[3], x[6], x[7]);
+    p[4 * q + 2] = pack4(x[8], x[9], x[12], x[13]);
+    p[4 * q + 3] = pack4(x[10], x[11], x[14], x[15]);
+  }
 }
 
 /// Writes this thread's part of O (normalised by inv_l) and, from lane 0 of each quad,

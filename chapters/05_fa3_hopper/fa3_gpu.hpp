@@ -13,6 +13,7 @@
 ///     v6  causal block skipping and a persistent, longest-first tile scheduler
 ///     v7  FP8 (E4M3): per-block scales, Hadamard rotation of Q and K, V transposed
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,15 @@ GpuForward fa3_forward_gpu(const Problem& p, const AttnInputs& in, Step s, bool 
 
 /// Device bytes the run allocates (inputs, outputs, fp8 copies).
 double fa3_device_bytes(const Problem& p, Step s);
+
+/// Step 7's preparation pass alone, downloaded: the E4M3 bits of Q, K and V^T (keys
+/// permuted) and the scales, to compare with quantize_fp8() on the CPU.
+struct Fp8Prepared {
+  std::vector<uint8_t> q8, k8, vt8;
+  std::vector<float> q_scale, k_scale, v_scale;
+  int nk_pad = 0;
+};
+Fp8Prepared fp8_prepare_gpu(const Problem& p, const AttnInputs& in);
 
 /// TFLOP/s of a cuBLASLt E4M3 x E4M3 -> bf16 GEMM of 8192^3 (the fp8 ceiling; cached).
 double measure_fp8_gemm_tflops();

@@ -40,6 +40,8 @@ ATTN_HD KvRange kv_blocks(int m_block, int Br, int Bc, int nq, int nk, bool caus
   const int tc = ceil_div(nk, Bc);
   if (!causal) return {tc, nk / Bc};
   if (!skip) return {tc, 0};
+  // EXERCISE ch05.4: the blocks a causal tile must visit, and those it sees whole
+  //| return {tc, 0};  // TODO: skip the blocks no row of the tile can see
   const int row_lo = m_block * Br;
   const int row_hi = min_of(nq, row_lo + Br) - 1;
   const int last_key = row_hi + nk - nq;  // the last key any row of the tile sees
@@ -47,6 +49,7 @@ ATTN_HD KvRange kv_blocks(int m_block, int Br, int Bc, int nq, int nk, bool caus
   const int keys_all_rows_see = row_lo + nk - nq + 1;  // keys [0, this) are visible to every row
   const int n_full = keys_all_rows_see <= 0 ? 0 : min_of(keys_all_rows_see, nk) / Bc;
   return {n_max, min_of(n_full, n_max)};
+  // END EXERCISE
 }
 
 /// One past the last key row i may see (bottom-right causal), clipped to [0, nk].

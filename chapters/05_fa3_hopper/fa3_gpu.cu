@@ -1,0 +1,209 @@
+// Chapter 05's host side: uploads a problem, prepares the step's kernel, runs it once
+// for the check (outputs poisoned first) and times it.
+#include <cublasLt.h>
+
+#include <algorithm>
+#include <memory>
+
+#include "common/cuda/buffer.cuh"
+#include "common/cuda/check.cuh"
+#include "common/cuda/timing.cuh"
+#include "common/cuda/types.cuh"
+#include "common/device.hpp"
+#include "common/errors.hpp"
+#include "fa3_gpu.hpp"
+#include "fp8_prepare.cuh"
+#include "steps/step_launch.cuh"
+
+namespace attn::ch05 {
+
+bool hopper_ready(std::string* why) {
+  std::string reason;
+  const auto dev = query_device(&reason);
+  if (!dev) {
+    if (why) *why = reason;
+    return false;
+  }
+  if (dev->cc_major != 9 || dev->cc_minor != 0) {
+    if (why)
+      *why = "chapter 05 needs an sm_90 GPU (Hopper: wgmma, TMA, setmaxnreg); this is " + dev->name + " (sm_" +
+             std::to_string(dev->cc_major) + std::to_string(dev->cc_minor) + "): GPU rows waived";
+    return false;
+  }
+  return true;
+}
+
+namespace {
+
+StepArgs make_args(const Problem& p, const void* q, const void* k, const void* v, void* o, float* lse) {
+  StepArgs a;
+  a.problem = p;
+  a.q = q;
+  a.k = k;
+  a.v = v;
+  a.params.o = o;
+  a.params.lse = lse;
+  a.params.batch = p.batch;
+  a.params.heads = p.heads;
+  a.params.kv_heads = p.kv_heads;
+  a.params.nq = p.nq;
+  a.params.nk = p.nk;
+  a.params.scale_log2 = float(p.softmax_scale() * kLog2e);
+  a.params.causal = p.causal ? 1 : 0;
+  a.params.n_qtiles = ceil_div(p.nq, kBr);
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&a.sms, cudaDevAttrMultiProcessorCount, dev));
+  return a;
+}
+
+PreparedStep prepare_step(Step s, const StepArgs& a) {
+  switch (s) {
+    case Step::v1_tma: return prepare_v1(a);
+    case Step::v2_wgmma: return prepare_v2(a);
+    case Step::v3_warp_specialized: return prepare_v3(a);
+    case Step::v4_pingpong: return prepare_v4(a);
+    case Step::v5_intra_overlap: return prepare_v5(a);
+    case Step::v6_persistent: return prepare_v6(a);
+    case Step::v7_fp8: return prepare_v7(a);
+  }
+  throw UsageError("unknown step");
+}
+
+}  // namespace
+
+GpuForward fa3_forward_gpu(const Problem& p, const AttnInputs& in, Step s, bool time) {
+  std::string why;
+  if (!step_supports(s, p, &why)) throw UsageError(why);
+  GpuForward r;
+  const DeviceTensor q = DeviceTensor::from_host(in.q, p.dtype), k = DeviceTensor::from_host(in.k, p.dtype),
+                     v = DeviceTensor::from_host(in.v, p.dtype);
+  DeviceTensor o(p.dtype, p.o_elems());
+  DeviceBuffer<float> lse(p.lse_elems());
+
+  PreparedStep step;
+  std::unique_ptr<Fp8Device> fp8;
+  if (s == Step::v7_fp8) {
+    fp8 = std::make_unique<Fp8Device>(p);
+    fp8_prepare(p, q.data(), k.data(), v.data(), *fp8);
+    StepArgs a = make_args(p, fp8->q8.get(), fp8->k8.get(), fp8->vt8.get(), o.data(), lse.get());
+    a.nk_pad = fp8->nk_pad;
+    a.params.q_scale = fp8->q_scale.get();
+    a.params.k_scale = fp8->k_scale.get();
+    a.params.v_scale = fp8->v_scale.get();
+    step = prepare_step(s, a);
+  } else {
+    step = prepare_step(s, make_args(p, q.data(), k.data(), v.data(), o.data(), lse.get()));
+  }
+  r.grid = step.grid;
+  r.smem_bytes = step.smem_bytes;
+
+  // The checked run: every output poisoned first, so an unwritten element is NaN.
+  o.poison();
+  lse.poison();
+  step.launch();
+  CUDA_CHECK(cudaDeviceSynchronize());
+  r.o = o.to_host();
+  r.lse = lse.download();
+
+  if (time) {
+    r.time_ms = time_gpu(step.launch).median_ms;
+    if (fp8) r.prep_ms = time_gpu([&] { fp8_prepare(p, q.data(), k.data(), v.data(), *fp8); }).median_ms;
+  }
+  return r;
+}
+
+Fp8Prepared fp8_prepare_gpu(const Problem& p, const AttnInputs& in) {
+  const DeviceTensor q = DeviceTensor::from_host(in.q, p.dtype), k = DeviceTensor::from_host(in.k, p.dtype),
+                     v = DeviceTensor::from_host(in.v, p.dtype);
+  Fp8Device f(p);
+  f.q8.poison();
+  f.k8.poison();
+  f.vt8.poison();
+  fp8_prepare(p, q.data(), k.data(), v.data(), f);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  Fp8Prepared r;
+  r.q8 = f.q8.download();
+  r.k8 = f.k8.download();
+  r.vt8 = f.vt8.download();
+  r.q_scale = f.q_scale.download();
+  r.k_scale = f.k_scale.download();
+  r.v_scale = f.v_scale.download();
+  r.nk_pad = f.nk_pad;
+  return r;
+}
+
+double fa3_device_bytes(const Problem& p, Step s) {
+  const double e = dtype_bytes(p.dtype);
+  double bytes = e * double(p.q_elems() + p.k_elems() + p.v_elems() + p.o_elems()) + 4.0 * double(p.lse_elems());
+  if (s == Step::v7_fp8) bytes += double(p.q_elems() + 2 * p.k_elems()) + 32.0 * p.batch * p.kv_heads * p.d;
+  return bytes;
+}
+
+// ----------------------------------------------------------------------------- fp8 ceiling
+
+namespace {
+void lt_check(cublasStatus_t st, const char* what) {
+  if (st != CUBLAS_STATUS_SUCCESS) throw CudaError(std::string(what) + " failed: cuBLAS status " + std::to_string(int(st)));
+}
+__global__ void fill_e4m3(uint8_t* x, std::size_t n, unsigned seed) {
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
+    unsigned h = unsigned(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    x[i] = uint8_t(0x30 + (h % 0x18)) | uint8_t((h >> 8) & 0x80);  // values of magnitude ~0.5-2, both signs
+  }
+}
+}  // namespace
+
+double measure_fp8_gemm_tflops() {
+  static double cached = 0;
+  if (cached > 0) return cached;
+  const int n = 8192;
+  const std::size_t elems = std::size_t(n) * n;
+  DeviceBuffer<uint8_t> a(elems), b(elems);
+  DeviceBuffer<__nv_bfloat16> c(elems);
+  fill_e4m3<<<1024, 256>>>(a.get(), elems, 1u);
+  fill_e4m3<<<1024, 256>>>(b.get(), elems, 2u);
+  CUDA_CHECK_LAUNCH("fill_e4m3");
+  cublasLtHandle_t lt;
+  lt_check(cublasLtCreate(&lt), "cublasLtCreate");
+  cublasLtMatmulDesc_t op;
+  lt_check(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  // FP8 GEMMs in cuBLASLt take A transposed ("TN"): C (m x n) = A^T (m x k) B (k x n).
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  lt_check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "TRANSA");
+  lt_check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "TRANSB");
+  cublasLtMatrixLayout_t la, lb, lc;
+  lt_check(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, n, n, n), "layout A");
+  lt_check(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, n, n, n), "layout B");
+  lt_check(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, n, n, n), "layout C");
+  cublasLtMatmulPreference_t pref;
+  lt_check(cublasLtMatmulPreferenceCreate(&pref), "preference");
+  const std::size_t ws_bytes = 64u << 20;
+  DeviceBuffer<unsigned char> ws(ws_bytes);
+  lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                                sizeof ws_bytes),
+           "workspace");
+  cublasLtMatmulHeuristicResult_t heur{};
+  int found = 0;
+  lt_check(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 1, &heur, &found), "heuristic");
+  if (!found) throw CudaError("cuBLASLt has no E4M3 GEMM for 8192^3 here");
+  const float alpha = 1.f, beta = 0.f;
+  const Timing t = time_gpu([&] {
+    lt_check(cublasLtMatmul(lt, op, &alpha, a.get(), la, b.get(), lb, &beta, c.get(), lc, c.get(), lc, &heur.algo,
+                            ws.get(), ws_bytes, 0),
+             "cublasLtMatmul");
+  });
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatrixLayoutDestroy(lb);
+  cublasLtMatrixLayoutDestroy(lc);
+  cublasLtMatmulDescDestroy(op);
+  cublasLtDestroy(lt);
+  cached = 2.0 * n * double(n) * n / (t.median_ms * 1e-3) / 1e12;
+  return cached;
+}
+
+}  // namespace attn::ch05

@@ -1,0 +1,179 @@
+// ch05_fa3_hopper: FlashAttention-3 on Hopper. The CPU model of the producer/consumer
+// schedule (counted traffic), the FP8 accuracy table, and on an sm_90 GPU the seven
+// steps checked against the fp64 reference and timed.
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include "common/check.hpp"
+#include "common/cli.hpp"
+#include "common/device.hpp"
+#include "common/report.hpp"
+#include "fa3_gpu.hpp"
+#include "fa3_model.hpp"
+#include "fp8_model.hpp"
+
+#if TUTORIAL_HAVE_CUDA
+#include "common/cuda/ceilings.cuh"
+#endif
+
+using namespace attn;
+using namespace attn::ch05;
+
+namespace {
+
+/// The CPU model does the full N^2 d work on one core; above this many FLOPs the report
+/// takes the model's bytes from the formula instead of running it.
+constexpr double kModelFlopBudget = 4e9;
+/// fp64 work of the FP8 accuracy table (it runs four computations on sampled rows).
+constexpr double kTableBudget = 3e8;
+
+std::string fmt(const char* f, double x) {
+  char b[64];
+  std::snprintf(b, sizeof b, f, x);
+  return b;
+}
+
+void add_accuracy_table(Report& rep, const Problem& p, const AttnInputs& in, const std::string& label) {
+  if (p.d != p.dv || (p.d & (p.d - 1)) != 0) return;
+  const CheckPlan plan = CheckPlan::sampled(p, kTableBudget);
+  rep.notes.push_back("FP8 accuracy, O against fp64 (" + label + ", " + plan.describe(p) + "):");
+  for (const Fp8AccuracyRow& r : fp8_accuracy_table(p, in, plan))
+    rep.notes.push_back("  " + r.method + std::string(34 - std::min<std::size_t>(34, r.method.size()), ' ') +
+                        "rel L2 " + fmt("%.2e", r.rel_l2) + "   max abs " + fmt("%.2e", r.max_abs));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Problem defaults;
+  defaults.batch = 1;
+  defaults.heads = defaults.kv_heads = 4;
+  defaults.nq = defaults.nk = 1024;
+  defaults.d = defaults.dv = 128;
+  defaults.dtype = DType::bf16;
+  Cli cli("ch05_fa3_hopper",
+          "FlashAttention-3 on Hopper: TMA, wgmma, warp specialisation, pingpong, overlap, persistent tiles, FP8.");
+  cli.defaults(defaults).head_dims({64, 128, 256}).dtypes({DType::bf16, DType::f16});
+  std::string step_text = "all";
+  cli.add_choice("--step", &step_text, {"all", "1", "2", "3", "4", "5", "6", "7"},
+                 "run one step's kernel (1-7) or all that support the problem");
+  bool no_table = false;
+  cli.add_flag("--no-fp8-table", &no_table, "skip the CPU FP8 accuracy table");
+
+  return run_chapter(argc, argv, cli, [&](const Options& opt) {
+    const Problem& p = opt.problem;
+    Report rep;
+    rep.chapter = "ch05_fa3_hopper";
+    rep.title = "FlashAttention-3 on Hopper (warp-specialised TMA + wgmma, FP8)";
+    rep.problem = p;
+    rep.inputs = std::string(dist_name(opt.dist)) + ", seed " + std::to_string(opt.seed);
+    const auto dev = select_device(opt.device, &rep.mode);
+    std::vector<Step> steps;
+    for (Step s : kAllSteps)
+      if (step_text == "all" || int(s) == step_text[0] - '0') steps.push_back(s);
+
+    const ScheduleConfig cfg = schedule_for(Step::v6_persistent, p.d);
+    const bool run_model = flops_forward(p) <= kModelFlopBudget || opt.device == DeviceChoice::cpu;
+    require_host_memory(4.0 * double(p.q_elems() + p.k_elems() + p.v_elems() + 3 * p.o_elems()), "this problem");
+
+    const AttnInputs in = make_inputs(p, opt.dist, opt.seed);
+    const ForwardOracle oracle(p, in, opt.check_all ? CheckPlan::full(p) : CheckPlan::sampled(p));
+    rep.check_plan = oracle.plan().describe(p);
+    const Fa3TrafficFormula formula = fa3_forward_traffic(p, cfg);
+
+    // Row 1: the schedule model (producer + two consumers, pingpong, overlap, persistent).
+    {
+      ResultRow row;
+      row.impl = "FA3 schedule model (v6)";
+      row.device = "cpu";
+      row.flops = flops_forward(p);
+      if (run_model) {
+        const Fa3ModelResult m = fa3_forward_model(p, in, cfg, opt.sram_bytes);
+        row.set_traffic(m.traffic);
+        row.set_check(oracle.judge(m.o, &m.lse));
+        if (m.traffic.bytes_read != formula.read() || m.traffic.bytes_written != formula.write())
+          row.note = "counted traffic differs from fa3_forward_traffic()";
+        else if (m.stats.hazards)
+          row.note = std::to_string(m.stats.hazards) + " stage reads found the wrong block";
+        else
+          row.note = std::to_string(m.stats.ops) + " schedule operations, no hazard; on-chip " +
+                     format_bytes(double(m.sram_peak)) + " (Q tile + K/V ring of " + std::to_string(cfg.stages) +
+                     ")";
+      } else {
+        row.hbm_read_bytes = formula.read();
+        row.hbm_write_bytes = formula.write();
+        row.extra_bytes = 0.0;
+        row.note = "model not run at this size (" + fmt("%.3g", flops_forward(p)) +
+                   " FLOPs on one core); bytes from fa3_forward_traffic()";
+      }
+      rep.rows.push_back(row);
+    }
+
+#if TUTORIAL_HAVE_CUDA
+    std::string why;
+    if (dev && !hopper_ready(&why)) {
+      rep.notes.push_back(why);
+    } else if (dev) {
+      rep.device = dev->name;
+      require_device_memory(*dev, fa3_device_bytes(p, Step::v7_fp8), "the chapter's tensors");
+      std::optional<double> fp8_ceiling;
+      if (opt.bench) {
+        rep.ceilings = measure_ceilings(p.dtype);
+        fp8_ceiling = measure_fp8_gemm_tflops();
+        rep.notes.push_back("fp8 ceiling: cuBLASLt E4M3 GEMM 8192^3 " + fmt("%.4g", *fp8_ceiling) +
+                            " TFLOP/s (measured in this run)");
+      }
+      std::unique_ptr<Fp8Oracle> fp8_oracle;
+      for (Step s : steps) {
+        std::string no;
+        if (!step_supports(s, p, &no)) {
+          rep.notes.push_back("  " + no + ": not run");
+          continue;
+        }
+        ResultRow row;
+        row.impl = step_name(s);
+        row.device = "cuda";
+        row.flops = flops_forward(p);
+        const Fa3TrafficFormula f = fa3_forward_traffic(p, schedule_for(s, p.d));
+        row.hbm_read_bytes = f.read();
+        row.hbm_write_bytes = f.write();
+        row.extra_bytes = 0.0;
+        const GpuForward g = fa3_forward_gpu(p, in, s, /*time=*/true);
+        if (s == Step::v7_fp8) {
+          if (!fp8_oracle) fp8_oracle = std::make_unique<Fp8Oracle>(p, in, oracle.plan());
+          row.set_check(fp8_oracle->judge(g.o, &g.lse));
+          row.note = "judged against the plain FP8 computation (fp8_model.hpp); inputs quantised by a separate "
+                     "pass of " + fmt("%.3f", g.prep_ms) + " ms (Hadamard, scales, V^T), not in the time";
+          row.bound = Bound::none;
+          row.set_time(g.time_ms);
+          if (fp8_ceiling && row.tflops) row.ceiling_share = *row.tflops / *fp8_ceiling;
+        } else {
+          row.set_check(oracle.judge(g.o, &g.lse));
+          row.bound = Bound::compute;
+          row.set_time(g.time_ms);
+        }
+        if (row.note.empty())
+          row.note = std::to_string(g.grid) + " blocks, " + std::to_string(g.smem_bytes / 1024) + " KB smem each";
+        rep.rows.push_back(row);
+      }
+      rep.apply_ceilings();
+    }
+#else
+    (void)dev;
+#endif
+    if (!no_table) {
+      add_accuracy_table(rep, p, in, std::string(dist_name(opt.dist)) + " inputs");
+      add_accuracy_table(rep, p, channel_outlier_inputs(p, opt.seed), "outliers x20 in two channels of Q and K");
+    }
+    rep.notes.push_back("FA3 moves " + format_bytes(formula.read() + formula.write()) + " here: Q once per tile, K and V " +
+                        "once per visited block of each 128-row tile (" +
+                        fmt("%.2f", (formula.read() + formula.write()) / p.ideal_fwd_bytes()) +
+                        "x the ideal " + format_bytes(p.ideal_fwd_bytes()) + ")");
+    rep.previous = "chapter 04's FA2 uses mma.sync and cp.async in 4 identical warps; here TMA, wgmma, a producer "
+                   "warpgroup and two pingponged consumers do the same math (README: the 04 -> 05 diff)";
+    return rep.emit(std::cout, opt.json);
+  });
+}

@@ -1,0 +1,35 @@
+# cmake -DPTX_DIR=<dir> -P check_ptx.cmake: fails unless each step's PTX uses the
+# instructions its step is about.
+function(require file what)
+  if(NOT EXISTS ${PTX_DIR}/${file})
+    message(FATAL_ERROR "${PTX_DIR}/${file} is missing: build the ch05_ptx target")
+  endif()
+  file(READ ${PTX_DIR}/${file} text)
+  foreach(needle IN LISTS what)
+    string(FIND "${text}" "${needle}" at)
+    if(at EQUAL -1)
+      message(FATAL_ERROR "${file} does not contain '${needle}'")
+    endif()
+  endforeach()
+  message(STATUS "${file}: ${what}")
+endfunction()
+
+function(forbid file what)
+  file(READ ${PTX_DIR}/${file} text)
+  string(FIND "${text}" "${what}" at)
+  if(NOT at EQUAL -1)
+    message(FATAL_ERROR "${file} unexpectedly contains '${what}'")
+  endif()
+endfunction()
+
+# v1: TMA and mbarriers, but still mma.sync.
+require(v1_tma.ptx "cp.async.bulk.tensor.3d;mbarrier.try_wait.parity;mbarrier.arrive.expect_tx;mma.sync.aligned.m16n8k16")
+forbid(v1_tma.ptx "wgmma.mma_async")
+# v3: warp specialisation re-divides registers.
+require(v3_warp_specialized.ptx "wgmma.mma_async.sync.aligned.m64n128k16;cp.async.bulk.tensor.3d;mbarrier.try_wait.parity;setmaxnreg.inc.sync.aligned.u32 240;setmaxnreg.dec.sync.aligned.u32 24")
+# v5: pingpong named barriers and the wgmma group waits of the overlap.
+require(v5_intra_overlap.ptx "wgmma.mma_async;wgmma.wait_group.sync.aligned 1;bar.sync;bar.arrive;setmaxnreg")
+# v6: every head dim.
+require(v6_persistent.ptx "wgmma.mma_async.sync.aligned.m64n256k16;wgmma.mma_async.sync.aligned.m64n64k16;cp.async.bulk.tensor;mbarrier;setmaxnreg")
+# v7: fp8 tensor cores.
+require(v7_fp8.ptx "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3;cp.async.bulk.tensor;mbarrier;setmaxnreg;cvt.rn.satfinite.e4m3x2.f32")

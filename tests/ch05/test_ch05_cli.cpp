@@ -1,0 +1,42 @@
+// The ch05_fa3_hopper binary as a learner runs it.
+#include <doctest/doctest.h>
+
+#include "support/json_check.hpp"
+#include "support/run_binary.hpp"
+
+using testing_support::run_binary;
+
+TEST_CASE("ch05_fa3_hopper --json prints one valid JSON object and passes its check") {
+  const auto r = run_binary(CH05_BINARY, "--device cpu --n 200 --heads 2 --d 64 --json");
+  CHECK(r.exit_code == 0);
+  CHECK(testing_support::is_valid_json(r.out));
+  CHECK(r.out.find("\"chapter\": \"ch05_fa3_hopper\"") != std::string::npos);
+  CHECK(r.out.find("\"pass\": true") != std::string::npos);
+}
+
+TEST_CASE("ch05_fa3_hopper text report: the model row and the FP8 accuracy table") {
+  const auto r = run_binary(CH05_BINARY, "--device cpu --n 150 --nk 260 --causal --d 64 --kv-heads 2");
+  CHECK(r.exit_code == 0);
+  CHECK(r.out.find("FA3 schedule model") != std::string::npos);
+  CHECK(r.out.find("pass") != std::string::npos);
+  CHECK(r.out.find("per-block + Hadamard") != std::string::npos);
+  CHECK(r.out.find("vs previous chapter") != std::string::npos);
+}
+
+TEST_CASE("bad input: one line on stderr and exit code 2") {
+  for (const char* args : {"--n 0", "--d 96", "--d 32", "--dtype fp32", "--step 9", "--step v", "--batch 0",
+                           "--heads 3 --kv-heads 2", "--bogus", "--device quantum", "--n 2000000000 --device cpu"}) {
+    CAPTURE(args);
+    const auto r = run_binary(CH05_BINARY, args);
+    CHECK(r.exit_code == 2);
+    CHECK(r.err_lines() == 1);
+    CHECK(r.out.empty());
+  }
+}
+
+TEST_CASE("--help exits 0 and lists the chapter's flags") {
+  const auto r = run_binary(CH05_BINARY, "--help");
+  CHECK(r.exit_code == 0);
+  CHECK(r.out.find("--step") != std::string::npos);
+  CHECK(r.out.find("--no-fp8-table") != std::string::npos);
+}

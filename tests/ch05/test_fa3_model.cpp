@@ -1,0 +1,190 @@
+// Chapter 05's schedule model: correct at awkward shapes under any interleaving, its
+// barriers never let a stage be overwritten early, its traffic counted right.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <set>
+#include <stdexcept>
+
+#include "common/check.hpp"
+#include "fa3_model.hpp"
+#include "fa3_tiles.hpp"
+
+using namespace attn;
+using namespace attn::ch05;
+
+namespace {
+
+Problem shape(int b, int hq, int hkv, int nq, int nk, int d, bool causal, DType t = DType::bf16) {
+  Problem p;
+  p.batch = b;
+  p.heads = hq;
+  p.kv_heads = hkv;
+  p.nq = nq;
+  p.nk = nk;
+  p.d = p.dv = d;
+  p.causal = causal;
+  p.dtype = t;
+  return p;
+}
+
+void check_model(const Problem& p, Step s, Dist dist = Dist::normal, uint64_t seed = 0) {
+  CAPTURE(p.describe());
+  CAPTURE(step_name(s));
+  const AttnInputs in = make_inputs(p, dist, 11);
+  const ForwardOracle oracle(p, in, CheckPlan::full(p));
+  const Fa3ModelResult r = fa3_forward_model(p, in, schedule_for(s, p.d), 0, seed);
+  const CheckResult c = oracle.judge(r.o, &r.lse);
+  CHECK_MESSAGE(c.pass(), c.failures());
+  CHECK(r.stats.hazards == 0);
+}
+
+const Problem kAwkward[] = {
+    shape(1, 1, 1, 1, 1, 64, false),        // N = 1
+    shape(1, 2, 2, 100, 100, 64, true),     // N below one tile
+    shape(1, 1, 1, 200, 330, 64, true),     // Nq < Nk, causal bottom-right
+    shape(2, 2, 1, 300, 70, 64, true),      // Nq > Nk: the first rows are empty; GQA
+    shape(1, 4, 2, 257, 257, 64, false),    // N not a multiple of any tile, GQA
+};
+
+}  // namespace
+
+TEST_CASE("every schedule matches the reference at awkward shapes") {
+  for (Step s : {Step::v3_warp_specialized, Step::v4_pingpong, Step::v5_intra_overlap, Step::v6_persistent})
+    for (const Problem& p : kAwkward) check_model(p, s);
+  check_model(shape(1, 2, 2, 150, 150, 64, false, DType::f16), Step::v6_persistent, Dist::mean_shifted);
+  check_model(shape(1, 1, 1, 140, 140, 64, true), Step::v6_persistent, Dist::outliers);
+}
+
+TEST_CASE("head dims 128 and 256 with their own key blocks") {
+  check_model(shape(1, 2, 1, 130, 200, 128, true), Step::v6_persistent);
+  check_model(shape(1, 1, 1, 129, 129, 256, false), Step::v6_persistent);
+  check_model(shape(1, 1, 1, 129, 100, 128, true), Step::v1_tma);
+}
+
+TEST_CASE("any interleaving of producer and consumers gives the same bits and no hazard") {
+  const Problem p = shape(2, 2, 1, 333, 290, 64, true);
+  const AttnInputs in = make_inputs(p, Dist::normal, 5);
+  for (Step s : {Step::v3_warp_specialized, Step::v5_intra_overlap, Step::v6_persistent}) {
+    CAPTURE(step_name(s));
+    const Fa3ModelResult base = fa3_forward_model(p, in, schedule_for(s, p.d), 0, 0);
+    for (uint64_t seed : {1u, 2u, 3u, 99u}) {
+      const Fa3ModelResult r = fa3_forward_model(p, in, schedule_for(s, p.d), 0, seed);
+      CHECK(r.stats.hazards == 0);
+      CHECK(std::equal(r.o.begin(), r.o.end(), base.o.begin(),
+                       [](float a, float b) { return a == b || (a != a && b != b); }));
+    }
+  }
+}
+
+TEST_CASE("the counted traffic equals the formula, and causal skipping halves it") {
+  for (const Problem& p : {shape(1, 2, 1, 300, 300, 64, true), shape(2, 1, 1, 129, 257, 128, false),
+                           shape(1, 1, 1, 200, 60, 64, true)}) {
+    CAPTURE(p.describe());
+    const AttnInputs in = make_inputs(p, Dist::normal, 2);
+    for (Step s : {Step::v3_warp_specialized, Step::v6_persistent}) {
+      const ScheduleConfig cfg = schedule_for(s, p.d);
+      const Fa3ModelResult r = fa3_forward_model(p, in, cfg, 0);
+      const Fa3TrafficFormula f = fa3_forward_traffic(p, cfg);
+      CHECK(r.traffic.bytes_read == f.read());
+      CHECK(r.traffic.bytes_written == f.write());
+      CHECK(r.traffic.extra_peak == 0);
+    }
+  }
+  const Problem big = shape(1, 1, 1, 4096, 4096, 128, true);
+  const double all = fa3_forward_traffic(big, schedule_for(Step::v5_intra_overlap, 128)).kv_read;
+  const double skipped = fa3_forward_traffic(big, schedule_for(Step::v6_persistent, 128)).kv_read;
+  CHECK(skipped / all > 0.5);
+  CHECK(skipped / all < 0.54);  // (Tc + 1) / (2 Tc) with Tc = 32
+}
+
+TEST_CASE("pingpong alternates the two consumers' GEMM windows") {
+  const Problem p = shape(1, 1, 1, 128, 640, 64, false);
+  const AttnInputs in = make_inputs(p, Dist::normal, 3);
+  for (Step s : {Step::v4_pingpong, Step::v5_intra_overlap}) {
+    for (uint64_t seed : {0u, 7u}) {
+      const Fa3ModelResult r = fa3_forward_model(p, in, schedule_for(s, p.d), 0, seed);
+      std::vector<int> windows;  // consecutive issues of one consumer form one window
+      for (int c : r.stats.window_order)
+        if (windows.empty() || windows.back() != c) windows.push_back(c);
+      REQUIRE(windows.size() >= 6);
+      for (std::size_t k = 0; k < windows.size(); ++k) CHECK(windows[k] == int(k % 2));
+    }
+  }
+}
+
+TEST_CASE("the persistent snake gives every tile to exactly one block and balances causal work") {
+  const int n_qtiles = 64, bh = 32, ctas = 132, n_tiles = n_qtiles * bh;
+  std::vector<int> owner(n_tiles, -1);
+  std::vector<long> work(ctas, 0);
+  for (int c = 0; c < ctas; ++c)
+    for (int round = 0;; ++round) {
+      const int t = snake_tile(c, round, ctas);
+      if (t >= n_tiles) break;
+      CHECK(owner[t] == -1);
+      owner[t] = c;
+      int m, h;
+      tile_coords(t, n_qtiles, bh, true, &m, &h);
+      work[c] += kv_blocks(m, kBr, 128, 8192, 8192, true).n_max;
+    }
+  CHECK(std::count(owner.begin(), owner.end(), -1) == 0);
+  const long most = *std::max_element(work.begin(), work.end());
+  long total = 0;
+  for (long w : work) total += w;
+  CHECK(double(most) / (double(total) / ctas) < 1.05);
+}
+
+TEST_CASE("kv_blocks: visible blocks and the ones that need a mask") {
+  // Square causal, Br = 128, Bc = 128: tile m sees blocks 0..m and masks only block m.
+  for (int m = 0; m < 8; ++m) {
+    const KvRange kv = kv_blocks(m, 128, 128, 1024, 1024, true);
+    CHECK(kv.n_max == m + 1);
+    CHECK(kv.n_full == m);
+  }
+  // Nq > Nk: the first Nq - Nk rows see nothing; a tile of only such rows visits nothing.
+  CHECK(kv_blocks(0, 128, 128, 1000, 100, true).n_max == 0);
+  // Non-causal with a tail: every block visited, the last one masked.
+  const KvRange tail = kv_blocks(0, 128, 128, 300, 300, false);
+  CHECK(tail.n_max == 3);
+  CHECK(tail.n_full == 2);
+  for (int p = 0; p < 32; ++p) CHECK(fp8_position_of(fp8_key_at(p)) == p);
+}
+
+TEST_CASE("exercise ch05.1: the producer waits for the right phase of empty[s]") {
+  const Problem p = shape(1, 1, 1, 128, 700, 64, false);
+  const AttnInputs in = make_inputs(p, Dist::normal, 4);
+  const ForwardOracle oracle(p, in, CheckPlan::full(p));
+  for (Step s : {Step::v3_warp_specialized, Step::v6_persistent}) {
+    Fa3ModelResult r;
+    CHECK_NOTHROW(r = fa3_forward_model(p, in, schedule_for(s, p.d), 0, 5));
+    CHECK(r.stats.hazards == 0);
+    const CheckResult c = oracle.judge(r.o, &r.lse);
+    CHECK_MESSAGE(c.pass(), c.failures());
+  }
+}
+
+TEST_CASE("exercise ch05.3: the consumer waits for S_j, and only S_j, before its softmax") {
+  for (const Problem& p : {shape(1, 1, 1, 130, 520, 64, false), shape(1, 2, 1, 200, 333, 64, true)}) {
+    CAPTURE(p.describe());
+    const AttnInputs in = make_inputs(p, Dist::normal, 8);
+    const ForwardOracle oracle(p, in, CheckPlan::full(p));
+    const Fa3ModelResult r = fa3_forward_model(p, in, schedule_for(Step::v5_intra_overlap, p.d), 0, 0);
+    const CheckResult c = oracle.judge(r.o, &r.lse);
+    CHECK_MESSAGE(c.pass(), c.failures());
+  }
+}
+
+TEST_CASE("exercise ch05.4: causal tiles visit only the key blocks some row can see") {
+  // Tile 1 of a 512 x 512 causal problem (rows 128-255) sees keys 0-255: blocks 0 and 1
+  // of Bc = 128, and only block 1 holds masked pairs.
+  const KvRange kv = kv_blocks(1, 128, 128, 512, 512, true);
+  CHECK(kv.n_max == 2);
+  CHECK(kv.n_full == 1);
+  // Bottom-right alignment: with Nk = Nq + 256 the same rows see two more blocks.
+  CHECK(kv_blocks(1, 128, 128, 512, 768, true).n_max == 4);
+  const Problem p = shape(1, 1, 1, 512, 512, 64, true);
+  const AttnInputs in = make_inputs(p, Dist::normal, 9);
+  const Fa3ModelResult r = fa3_forward_model(p, in, schedule_for(Step::v6_persistent, 64), 0);
+  CHECK(r.traffic.bytes_read == fa3_forward_traffic(p, schedule_for(Step::v6_persistent, 64)).read());
+  CHECK(r.traffic.bytes_read < 0.7 * fa3_forward_traffic(p, schedule_for(Step::v5_intra_overlap, 64)).read());
+}
