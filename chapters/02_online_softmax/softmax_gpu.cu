@@ -13,7 +13,7 @@ const char* kernel_name(Kernel k) {
   switch (k) {
     case Kernel::three_pass: return "v1 safe, 3 sweeps over HBM";
     case Kernel::online: return "v2 online, 2 sweeps over HBM";
-    case Kernel::online_registers: return "v3 online, row in registers";
+    case Kernel::online_registers: return "v3 online, row in registers, 1 sweep over HBM";
     case Kernel::fused: return "v4 fused with V, 1 sweep";
   }
   return "?";
