@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Chapter 05 next to its peers, in one run on one GPU.
+
+    python3 bench/ch05_fa3.py --bin build/bin/ch05_fa3_hopper [--n 8192] [--shapes all|quick]
+
+For each of the FlashAttention-3 paper's forward shapes (16K tokens per batch at
+N = 8K: batch 2; hidden 2048, so heads = 2048 / d) it runs
+
+  * PyTorch SDPA with the cuDNN backend and with the flash backend (FlashAttention-2),
+  * every step of ch05_fa3_hopper (its own --bench --json report: checked, then timed),
+
+and prints TFLOP/s with FlashAttention's FLOP convention (4 B H N^2 d, halved when
+causal), the share of the cuBLAS GEMM ceiling that the chapter binary measured in the
+same run, and the best step relative to cuDNN. Timing: CUDA events, 3 warm-ups, the
+median of 20, a 256 MB buffer written between repeats to flush the L2 (the chapter
+binary times the same way). Prints a Markdown table last; --json writes the raw numbers.
+"""
+import argparse
+import json
+import subprocess
+import sys
+
+
+def flops(b, h, n, d, causal):
+    f = 4.0 * b * h * n * n * d
+    return f / 2 if causal else f
+
+
+def time_torch(fn, torch, repeats=20):
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for r in range(repeats):
+        flush.fill_(r & 0xFF)
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def peers(b, h, n, d, causal):
+    """TFLOP/s of SDPA's cuDNN and flash backends (None when a backend refuses the shape)."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    out = {}
+    for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+        try:
+            with sdpa_kernel(backend):
+                fn = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                o = fn()
+                if not torch.isfinite(o).all():
+                    raise RuntimeError("non-finite output")
+                ms = time_torch(fn, torch)
+            out[name] = flops(b, h, n, d, causal) / (ms * 1e-3) / 1e12
+        except Exception as e:  # a backend that does not take the shape is reported, not fatal
+            print(f"  {name}: {e}", file=sys.stderr)
+            out[name] = None
+    return out
+
+
+def ours(binary, b, h, n, d, causal, timeout):
+    args = [binary, "--n", str(n), "--batch", str(b), "--heads", str(h), "--kv-heads", str(h), "--d", str(d),
+            "--bench", "--no-fp8-table", "--json"] + (["--causal"] if causal else [])
+    r = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    if r.returncode not in (0, 1):
+        raise RuntimeError(f"{' '.join(args)} exited {r.returncode}: {r.stderr.strip()}")
+    return json.loads(r.stdout)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", required=True, help="path to ch05_fa3_hopper")
+    ap.add_argument("--n", type=int, default=8192)
+    ap.add_argument("--shapes", choices=["all", "quick"], default="all")
+    ap.add_argument("--json", help="write the raw numbers here")
+    ap.add_argument("--timeout", type=int, default=300)
+    a = ap.parse_args()
+    shapes = [(128, False), (128, True), (64, False), (64, True), (256, False), (256, True)]
+    if a.shapes == "quick":
+        shapes = [(128, False), (128, True)]
+    b = max(1, 16384 // a.n)
+    rows, raw = [], []
+    for d, causal in shapes:
+        h = 2048 // d
+        label = f"d={d} N={a.n} B={b} H={h}{' causal' if causal else ''}"
+        print(f"== {label}", file=sys.stderr)
+        p = peers(b, h, a.n, d, causal)
+        rep = ours(a.bin, b, h, a.n, d, causal, a.timeout)
+        gemm = rep["ceilings"]["gemm_tflops"]
+        steps = {}
+        for r in rep["results"]:
+            if r["device"] == "cuda":
+                steps[r["impl"].split()[0]] = (r["tflops"], r["pass"], r.get("ceiling_share"))
+        raw.append({"shape": label, "peers": p, "steps": steps, "gemm_tflops": gemm, "device": rep["device_name"]})
+        bf16 = [v[0] for k, v in steps.items() if k != "v7" and v[0] and v[1]]
+        best = max(bf16) if bf16 else None
+        ratio = f"{best / p['cudnn']:.2f}x" if best and p.get("cudnn") else "-"
+        cells = [label, f"{gemm:.0f}" if gemm else "-", *(f"{p[k]:.0f}" if p.get(k) else "-" for k in ("cudnn", "flash"))]
+        for s in ("v1", "v2", "v3", "v4", "v5", "v6", "v7"):
+            t = steps.get(s)
+            cells.append("-" if not t or t[0] is None else (f"{t[0]:.0f}" + ("" if t[1] else " FAIL")))
+        cells.append(ratio)
+        rows.append(cells)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(raw, f, indent=1)
+    head = ["shape", "cuBLAS GEMM", "cuDNN", "FA2 (flash)", "v1", "v2", "v3", "v4", "v5", "v6", "v7 fp8", "best bf16 / cuDNN"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for r in rows:
+        print("| " + " | ".join(r) + " |")
+
+
+if __name__ == "__main__":
+    main()
