@@ -4,17 +4,14 @@
 #include <sstream>
 
 namespace attn {
-namespace {
-
-TensorCheck judge_tensor(const char* name, const std::vector<float>& out, std::size_t expected_elems,
-                         const CheckedRows<double>& ref, const ErrorStats& naive, DType stored,
-                         bool allow_neg_inf) {
+TensorCheck judge_tensor(const std::string& name, const std::vector<float>& out, std::size_t expected_elems,
+                         const CheckedRows<double>& ref, const ErrorStats& naive, DType stored, bool allow_neg_inf) {
   TensorCheck t;
   t.name = name;
   t.naive = naive;
   if (out.size() != expected_elems) {
     t.verdict.pass = false;
-    t.verdict.reason = std::string(name) + " has " + std::to_string(out.size()) + " elements, expected " +
+    t.verdict.reason = name + " has " + std::to_string(out.size()) + " elements, expected " +
                        std::to_string(expected_elems);
     return t;
   }
@@ -25,14 +22,11 @@ TensorCheck judge_tensor(const char* name, const std::vector<float>& out, std::s
   return t;
 }
 
-/// Error of the yardstick, whose values are stored compactly (one row per checked row).
-ErrorStats compact_error(const CheckedRows<float>& mine, const CheckedRows<double>& ref) {
+ErrorStats compact_error(const std::vector<float>& values, const CheckedRows<double>& ref) {
   CheckedRows<double> dense = ref;
   for (std::size_t k = 0; k < dense.rows.size(); ++k) dense.rows[k] = k;
-  return compare_rows(mine.values.data(), dense);
+  return compare_rows(values.data(), dense);
 }
-
-}  // namespace
 
 bool CheckResult::pass() const {
   return !tensors.empty() &&

@@ -5,6 +5,7 @@
 ///        number of implementations against them with the rule in compare.hpp.
 
 #include <optional>
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,18 @@ struct CheckResult {
   /// One line per failing tensor.
   std::string failures() const;
 };
+
+/// The verdict on one whole output tensor: size, NaN/poison over every element, and
+/// the acceptance rule on the rows `ref` covers, against the yardstick's error `naive`.
+TensorCheck judge_tensor(const std::string& name, const std::vector<float>& out, std::size_t expected_elems,
+                         const CheckedRows<double>& ref, const ErrorStats& naive, DType stored, bool allow_neg_inf);
+
+/// The error of values stored compactly, one row after another in the order `ref`
+/// lists its rows (how the yardstick stores what it computes).
+ErrorStats compact_error(const std::vector<float>& values, const CheckedRows<double>& ref);
+inline ErrorStats compact_error(const CheckedRows<float>& mine, const CheckedRows<double>& ref) {
+  return compact_error(mine.values, ref);
+}
 
 class ForwardOracle {
  public:

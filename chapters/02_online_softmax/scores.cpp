@@ -23,31 +23,6 @@ std::vector<std::size_t> plan_rows(const Problem& p, const CheckPlan& plan) {
   return rows;
 }
 
-/// The verdict on one output tensor (check.cpp keeps its own copy private).
-TensorCheck judge_tensor(const char* name, const std::vector<float>& out, std::size_t expected,
-                         const CheckedRows<double>& ref, const ErrorStats& naive, bool allow_neg_inf) {
-  TensorCheck t;
-  t.name = name;
-  t.naive = naive;
-  if (out.size() != expected) {
-    t.verdict.pass = false;
-    t.verdict.reason = std::string(name) + " has " + std::to_string(out.size()) + " elements, expected " +
-                       std::to_string(expected);
-    return t;
-  }
-  t.err = compare_rows(out.data(), ref);
-  t.verdict = accept(t.err, naive, DType::f32, count_unwritten(out.data(), out.size(), allow_neg_inf));
-  if (!t.verdict.pass) t.mismatches = describe_mismatches(out.data(), ref, t.verdict.tolerance);
-  return t;
-}
-
-/// The yardstick's error: its rows are stored one after another, in the plan's order.
-ErrorStats compact_error(const std::vector<float>& mine, const CheckedRows<double>& ref) {
-  CheckedRows<double> dense = ref;
-  for (std::size_t k = 0; k < dense.rows.size(); ++k) dense.rows[k] = k;
-  return compare_rows(mine.data(), dense);
-}
-
 }  // namespace
 
 SoftmaxInputs make_softmax_inputs(const Problem& p, Dist dist, uint64_t seed, double shift) {
@@ -128,15 +103,15 @@ SoftmaxOracle::SoftmaxOracle(const Problem& p, const SoftmaxInputs& in, CheckPla
 
 CheckResult SoftmaxOracle::judge_softmax(const std::vector<float>& prob, const std::vector<float>& lse) const {
   CheckResult r;
-  r.tensors.push_back(judge_tensor("P", prob, p_.s_elems(), ref_p_, naive_p_, false));
-  r.tensors.push_back(judge_tensor("LSE", lse, p_.lse_elems(), ref_lse_, naive_lse_, true));
+  r.tensors.push_back(judge_tensor("P", prob, p_.s_elems(), ref_p_, naive_p_, DType::f32, false));
+  r.tensors.push_back(judge_tensor("LSE", lse, p_.lse_elems(), ref_lse_, naive_lse_, DType::f32, true));
   return r;
 }
 
 CheckResult SoftmaxOracle::judge_fused(const std::vector<float>& o, const std::vector<float>& lse) const {
   CheckResult r;
-  r.tensors.push_back(judge_tensor("O", o, p_.o_elems(), ref_o_, naive_o_, false));
-  r.tensors.push_back(judge_tensor("LSE", lse, p_.lse_elems(), ref_lse_, naive_lse_, true));
+  r.tensors.push_back(judge_tensor("O", o, p_.o_elems(), ref_o_, naive_o_, DType::f32, false));
+  r.tensors.push_back(judge_tensor("LSE", lse, p_.lse_elems(), ref_lse_, naive_lse_, DType::f32, true));
   return r;
 }
 
