@@ -464,10 +464,10 @@ std::string radix_demo() {
     s << "]";
   }
   s << "  (least recently used unlocked leaves first)\n" << tree.draw(name);
-  tree.unlock(m.node);
   const std::string why = tree.validate();
   s << "validate(): " << (why.empty() ? "every invariant holds" : why) << "; evictable " << tree.evictable_pages()
     << " + protected " << tree.protected_pages() << " = total " << tree.total_pages() << " pages\n";
+  tree.unlock(m.node);
   return s.str();
 }
 
@@ -538,16 +538,18 @@ int run_radix(int argc, char** argv, bool tour, bool dry = false) {
               << "traces: " << ro.requests << " requests each, seed " << opt.seed << "; pool " << cfg.pool_pages
               << " pages of " << cfg.page_size << " tokens; " << cfg.max_running
               << " requests at once; radix eviction " << ro.policy << "\n\n";
-    std::printf("%-12s %-6s %10s %9s %14s %11s %14s %9s %8s %s\n", "workload", "cache", "prompt tok", "hit rate",
-                "prefill saved", "peak pages", "peak running", "evicted", "preempt", "check");
+    std::printf("%-12s %-6s %10s %9s %14s %11s %13s %9s %9s %8s %s\n", "workload", "cache", "prompt tok", "hit rate",
+                "prefill saved", "peak pages", "peak running", "evicted", "stranded", "preempt", "check");
     for (const auto& r : results) {
-      std::printf("%-12s %-6s %10ld %8.1f%% %14ld %11d %14d %9ld %8d %s\n", workload_name(r.w), cache_name(r.c),
+      const std::string check = r.s.final_validation.empty() ? "ok" : "FAIL: " + r.s.final_validation;
+      std::printf("%-12s %-6s %10ld %8.1f%% %14ld %11d %13d %9ld %9d %8d %s\n", workload_name(r.w), cache_name(r.c),
                   r.s.prompt_tokens, 100.0 * r.s.hit_rate(), r.s.cached_tokens, r.s.peak_pages,
-                  r.s.peak_running_pages, r.s.evicted_pages, r.s.preemptions,
-                  r.s.final_validation.empty() ? "ok" : ("FAIL: " + r.s.final_validation).c_str());
+                  r.s.peak_running_pages, r.s.evicted_pages, r.s.unreachable_pages_at_end, r.s.preemptions,
+                  check.c_str());
     }
     std::cout << "\n(hit rate = prompt tokens served from the cache; peak running = distinct pages referenced by\n"
-                 " running requests, so shared prefix pages count once; peak pages adds what the cache keeps.)\n\n";
+                 " running requests, so shared prefix pages count once; peak pages adds what the cache keeps;\n"
+                 " stranded = cached blocks no lookup can reach any more, at the end of the trace.)\n\n";
     std::vector<Bar> hit, running;
     int max_running_pages = 1;
     for (const auto& r : results) max_running_pages = std::max(max_running_pages, r.s.peak_running_pages);

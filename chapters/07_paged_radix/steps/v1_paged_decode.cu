@@ -4,9 +4,11 @@
 //   steps/v1_paged_decode.cu  <- this file: v1, one thread block per (sequence, KV head group)
 //   steps/v2_split_k.cu       v2: split-K over the sequence, then a merge kernel (flash-decoding)
 //
-// v1 is the layout of vLLM's first PagedAttention kernel: a thread block owns one
-// (sequence, KV head) and walks the sequence from its first page to its last,
-// reading K and V through the block table. The grid has B * Hkv blocks.
+// v1 is the shape of vLLM's first PagedAttention kernel: a thread block owns one
+// sequence and walks it from its first page to its last, reading K and V through
+// the block table. vLLM's V1 launches one block per (query head, sequence); this
+// one takes all G query heads that share a KV head (as the rows of its MMA), so
+// every K and V row is read from HBM once per KV head. The grid has B * Hkv blocks.
 //
 //   grid.y = sequence b, grid.x = KV head hk (x head chunk when G > 16)
 //
