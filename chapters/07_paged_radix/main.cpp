@@ -310,7 +310,10 @@ int run_decode(int argc, char** argv, bool dry = false) {
     if (opt.sram_bytes < decode_smem_bytes(p0.d))
       throw UsageError("--sram-bytes " + std::to_string(opt.sram_bytes) + " is less than the decode kernels' shared memory (" +
                        std::to_string(decode_smem_bytes(p0.d)) + " bytes at d = " + std::to_string(p0.d) + ")");
-    require_host_memory(8.0 * double(p0.batch) * p0.nk * p0.kv_heads * p0.d * 1.2, "the block tables and checks");
+    // Host memory: the block manager's tables (pages of every sequence) and the fp64
+    // check, which gathers at most three sequences' K and V for two KV heads.
+    require_host_memory(16.0 * double(p0.batch) * (double(p0.nk) / dopt.page_size + 2) + 100.0 * double(p0.nk) * p0.d,
+                        "the block tables and the fp64 check");
     const DecodeBatch b = make_batch(opt, dopt);
     rep.problem = as_problem(b);
     rep.inputs = std::string(dist_name(opt.dist)) + ", seed " + std::to_string(opt.seed) + "; " + b.describe();
