@@ -22,7 +22,7 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BIN = os.path.join(HERE, "..", "build", "bin", "ch04_fa2")
+BIN = os.environ.get("BIN_CH04", os.path.join(HERE, "..", "build", "bin", "ch04_fa2"))
 
 
 def ours(n, b, h, d, causal, backward, step=6, bench=False):
