@@ -6,7 +6,7 @@
 //                                keys of a tile: S = Q K^T, online softmax, O += P V on
 //                                tensor cores; then the merge of the four warps.
 //   steps/v1_paged_decode.cu  v1: one thread block per (sequence, KV head group) walks
-//                                the whole sequence (vLLM's PagedAttention V1 layout).
+//                                the whole sequence (the shape of vLLM's PagedAttention V1).
 //   steps/v2_split_k.cu       v2: the sequence is cut into splits, one block each, and a
 //                                second kernel merges the splits' (m, l, O) with the
 //                                chapter 02 operator (flash-decoding; PagedAttention V2).
@@ -23,7 +23,7 @@
 //        | warp 0 | warp 1 | warp 2 | warp 3 |   warp w owns keys 16w .. 16w+15 of every tile,
 //        | 16 keys| 16 keys| 16 keys| 16 keys|   and its own (m, l, O) for the 16 rows
 //        +--------+--------+--------+--------+
-//   stages: [ tile j | tile j+1 | tile j+2 ]   three tiles in flight, 32 KB each at d = 128
+//   stages: [ tile j | tile j+1 | tile j+2 ]   tile j computed while j+1 and j+2 load, 32 KB each at d = 128
 //
 // At the end the four warps' states are merged through shared memory with the
 // shared merge() of common/online_softmax.hpp: the same operator that v2 uses
@@ -198,7 +198,7 @@ __device__ __forceinline__ void load_tile(uint32_t sk, uint32_t sv, const Kv& kv
 ///   lane l holds rows r = l/4 and r + 8 of every MMA fragment:
 ///     S (16 x 16 keys) : s[nt][0..1] row r, keys 8nt + 2(l%4) + {0,1};  s[nt][2..3] row r + 8
 ///     O (16 x D)       : o[n][0..1]  row r, dims 8n  + 2(l%4) + {0,1};  o[n][2..3]  row r + 8
-///   m, l per row (l is this lane's part of the row sum until finish())
+///   m, l per row (l is this lane's part of the row sum until store() adds up the four lanes)
 template <int D>
 struct WarpDecode {
   static constexpr int KS = D / 16;  ///< k-steps of Q K^T
