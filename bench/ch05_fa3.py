@@ -99,7 +99,8 @@ def main():
         for r in rep["results"]:
             if r["device"] == "cuda":
                 steps[r["impl"].split()[0]] = (r["tflops"], r["pass"], r.get("ceiling_share"))
-        raw.append({"shape": label, "peers": p, "steps": steps, "gemm_tflops": gemm, "device": rep["device_name"]})
+        raw.append({"shape": label, "peers": p, "steps": steps, "gemm_tflops": gemm, "device": rep["device_name"],
+                    "results": rep["results"], "notes": rep["notes"]})
         bf16 = [v[0] for k, v in steps.items() if k != "v7" and v[0] and v[1]]
         best = max(bf16) if bf16 else None
         ratio = f"{best / p['cudnn']:.2f}x" if best and p.get("cudnn") else "-"

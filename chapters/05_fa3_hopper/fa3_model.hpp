@@ -49,7 +49,7 @@ struct ScheduleConfig {
 
 /// The schedule of a step's kernel at head dim d (steps 1 and 2 issue the same copies
 /// from one thread and are modelled as step 3's schedule with their tiles).
-ScheduleConfig schedule_for(Step s, int d);
+ScheduleConfig schedule_for(Step s, int d, bool causal = false);
 
 struct ScheduleStats {
   long ops = 0;                     ///< operations executed

@@ -198,33 +198,6 @@ NaiveForward naive_fp8_forward(const Problem& p, const Fp8Inputs& f, const Check
   return r;
 }
 
-namespace {
-
-/// Error of a compactly stored set of rows (one per checked row) against the reference.
-ErrorStats compact_error(const CheckedRows<float>& mine, const CheckedRows<double>& ref) {
-  CheckedRows<double> dense = ref;
-  for (std::size_t k = 0; k < dense.rows.size(); ++k) dense.rows[k] = k;
-  return compare_rows(mine.values.data(), dense);
-}
-
-TensorCheck judge_tensor(const char* name, const std::vector<float>& out, std::size_t expected,
-                         const CheckedRows<double>& ref, const ErrorStats& naive, DType stored, bool allow_neg_inf) {
-  TensorCheck t;
-  t.name = name;
-  t.naive = naive;
-  if (out.size() != expected) {
-    t.verdict.reason = std::string(name) + " has " + std::to_string(out.size()) + " elements, expected " +
-                       std::to_string(expected);
-    return t;
-  }
-  t.err = compare_rows(out.data(), ref);
-  t.verdict = accept(t.err, naive, stored, count_unwritten(out.data(), out.size(), allow_neg_inf));
-  if (!t.verdict.pass) t.mismatches = describe_mismatches(out.data(), ref, t.verdict.tolerance);
-  return t;
-}
-
-}  // namespace
-
 Fp8Oracle::Fp8Oracle(const Problem& p, const AttnInputs& in, CheckPlan plan, Fp8Options opt)
     : p_(p), plan_(std::move(plan)) {
   fp8_ = quantize_fp8(p_, in, opt);

@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
     for (Step s : kAllSteps)
       if (step_text == "all" || int(s) == step_text[0] - '0') steps.push_back(s);
 
-    const ScheduleConfig cfg = schedule_for(Step::v6_persistent, p.d);
+    const ScheduleConfig cfg = schedule_for(Step::v6_persistent, p.d, p.causal);
     const bool run_model = flops_forward(p) <= kModelFlopBudget || opt.device == DeviceChoice::cpu;
     require_host_memory(4.0 * double(p.q_elems() + p.k_elems() + p.v_elems() + 3 * p.o_elems()), "this problem");
 
@@ -137,21 +137,25 @@ int main(int argc, char** argv) {
         row.impl = step_name(s);
         row.device = "cuda";
         row.flops = flops_forward(p);
-        const Fa3TrafficFormula f = fa3_forward_traffic(p, schedule_for(s, p.d));
+        const Fa3TrafficFormula f = fa3_forward_traffic(p, schedule_for(s, p.d, p.causal));
         row.hbm_read_bytes = f.read();
         row.hbm_write_bytes = f.write();
         row.extra_bytes = 0.0;
         const GpuForward g = fa3_forward_gpu(p, in, s, /*time=*/true);
         if (s == Step::v7_fp8) {
           if (!fp8_oracle) fp8_oracle = std::make_unique<Fp8Oracle>(p, in, oracle.plan());
-          row.set_check(fp8_oracle->judge(g.o, &g.lse));
-          row.note = "judged against the plain FP8 computation (fp8_model.hpp); inputs quantised by a separate "
+          const CheckResult c = fp8_oracle->judge(g.o, &g.lse);
+          row.set_check(c);
+          if (!c.pass()) row.note = c.failures();
+          if (row.note.empty()) row.note = "judged against the plain FP8 computation (fp8_model.hpp); inputs quantised by a separate "
                      "pass of " + fmt("%.3f", g.prep_ms) + " ms (Hadamard, scales, V^T), not in the time";
           row.bound = Bound::none;
           row.set_time(g.time_ms);
           if (fp8_ceiling && row.tflops) row.ceiling_share = *row.tflops / *fp8_ceiling;
         } else {
-          row.set_check(oracle.judge(g.o, &g.lse));
+          const CheckResult c = oracle.judge(g.o, &g.lse);
+          row.set_check(c);
+          if (!c.pass()) row.note = c.failures();
           row.bound = Bound::compute;
           row.set_time(g.time_ms);
         }

@@ -40,10 +40,14 @@ namespace {
 
 using namespace attn::hopper;
 
-template <int D> struct Config;
-template <> struct Config<64> { static constexpr int Bc = 128, kStages = 4; };
-template <> struct Config<128> { static constexpr int Bc = 128, kStages = 2; };
-template <> struct Config<256> { static constexpr int Bc = 64, kStages = 2; };
+// Key block and ring depth per head dim. Without the causal mask d = 128 takes FA3's
+// Bc = 176: more MMA work per softmax and per barrier round trip (S = 88, P = 44 and
+// O = 64 registers still fit). Causal tiles keep 128, so less work is masked away.
+template <int D, bool kCausal> struct Config;
+template <bool kCausal> struct Config<64, kCausal> { static constexpr int Bc = 128, kStages = 4; };
+template <> struct Config<128, false> { static constexpr int Bc = 176, kStages = 2; };
+template <> struct Config<128, true> { static constexpr int Bc = 128, kStages = 2; };
+template <bool kCausal> struct Config<256, kCausal> { static constexpr int Bc = 64, kStages = 2; };
 
 constexpr int kThreads = 384; // producer + two consumer warpgroups
 constexpr int kConsumerWarps = 8;
@@ -74,7 +78,7 @@ __device__ __forceinline__ TileWalk tile_walk(const Fa3Params& p) {
 template <class T, int D, bool kCausal>
 __device__ __forceinline__ void producer(const CUtensorMap& tm_q, const CUtensorMap& tm_k, const CUtensorMap& tm_v,
                                          const Fa3Params& p, unsigned char* smem) {
-  constexpr int Bc = Config<D>::Bc, kStages = Config<D>::kStages;
+  constexpr int Bc = Config<D, kCausal>::Bc, kStages = Config<D, kCausal>::kStages;
   using Plan = SmemPlan<T, D, Bc, kStages>;
   const Barriers<kStages> bar(smem + Plan::kBars);
   if (fresh_thread_index() != 0) return;
@@ -111,7 +115,7 @@ __device__ __forceinline__ void producer(const CUtensorMap& tm_q, const CUtensor
 // ---------------------------------------------------------------- consumer warpgroups (warps 4-11)
 template <class T, int D, bool kCausal>
 __device__ __forceinline__ void consumer(const Fa3Params& p, unsigned char* smem) {
-  constexpr int Bc = Config<D>::Bc, kStages = Config<D>::kStages;
+  constexpr int Bc = Config<D, kCausal>::Bc, kStages = Config<D, kCausal>::kStages;
   using Plan = SmemPlan<T, D, Bc, kStages>;
   const Barriers<kStages> bar(smem + Plan::kBars);
   // wg: 0 or 1 for warpgroups 1 and 2 (rows 0-63, 64-127); warp: 0-7 counted from warpgroup 1.
@@ -248,8 +252,8 @@ template <class T, int D, bool kCausal>
 __global__ void __launch_bounds__(kThreads, 1)
     fa3_v6_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                   const __grid_constant__ CUtensorMap tm_v, const Fa3Params p) {
-  constexpr int kStages = Config<D>::kStages;
-  using Plan = SmemPlan<T, D, Config<D>::Bc, kStages>;
+  constexpr int kStages = Config<D, kCausal>::kStages;
+  using Plan = SmemPlan<T, D, Config<D, kCausal>::Bc, kStages>;
   extern __shared__ unsigned char smem_raw[];
   if (threadIdx.x == 0) {
     const Barriers<kStages> bar(align_1024(smem_raw) + Plan::kBars);
@@ -276,8 +280,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 template <class T, int D, bool kCausal>
 PreparedStep prepare(const StepArgs& a) {
-  constexpr int Bc = Config<D>::Bc;
-  using Plan = SmemPlan<T, D, Bc, Config<D>::kStages>;
+  constexpr int Bc = Config<D, kCausal>::Bc;
+  using Plan = SmemPlan<T, D, Bc, Config<D, kCausal>::kStages>;
   const Problem& pr = a.problem;
   const CUtensorMapDataType ty = tma_type<T>();
   const uint64_t bhq = uint64_t(pr.batch) * pr.heads, bhk = uint64_t(pr.batch) * pr.kv_heads;
