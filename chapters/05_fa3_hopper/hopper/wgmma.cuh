@@ -153,6 +153,6 @@ template <class T, int N> struct WgmmaSS;
 /// (transposed); fp8 B is K-major (fp8 wgmma has no transpose).
 template <class T, int N> struct WgmmaRS;
 
-#include "hopper/wgmma_ops.cuh"
+#include "wgmma_ops.cuh"  // the generated wrappers, next to this file
 
 }  // namespace attn::hopper
