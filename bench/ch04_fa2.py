@@ -90,9 +90,12 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", help="write all numbers here")
     ap.add_argument("--no-backward", action="store_true")
+    ap.add_argument("--ns", help="comma-separated sequence lengths (default: 512 ... 16384)")
     args = ap.parse_args()
     peers, peer_note = torch_peers()
     ns = [2048, 8192] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
+    if args.ns:
+        ns = [int(x) for x in args.ns.split(",")]
     rows, first = [], True
     gemm = None
     for d in (64, 128):

@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
           rep.rows.push_back(row);
           continue;
         }
-        const ch04::Fa2Tiles tiles{s == 1 || s == 6 ? 128 : 64, s == 1 ? 32 : 64};
+        const ch04::Fa2Tiles tiles{s == 1 || s == 6 ? 128 : 64, s == 1 ? 32 : (s == 6 && p.d == 64) ? 128 : 64};
         row.hbm_read_bytes = ch04::fa2_forward_bytes(p, tiles, s >= 5) - double(p.o_elems()) * dtype_bytes(p.dtype) -
                              4.0 * double(p.lse_elems());
         row.hbm_write_bytes = double(p.o_elems()) * dtype_bytes(p.dtype) + 4.0 * double(p.lse_elems());

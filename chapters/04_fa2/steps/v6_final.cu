@@ -14,8 +14,6 @@
 // (half the ldmatrix traffic per FLOP); the row sums l_i stay per-thread partial
 // sums until the end (one quad reduction per row instead of one per K/V block);
 // and O leaves through shared memory in 16-byte rows rather than 4-byte pieces.
-#include <cstdlib>
-
 #include "common/online_softmax.hpp"
 #include "fa2_kernels.cuh"
 #include "ptx.cuh"
@@ -239,11 +237,8 @@ void launch(const FwdParams& p, cudaStream_t s) {
 
 template <class T>
 bool launch_dtype(const FwdParams& p, cudaStream_t s) {
-  static const bool alt = std::getenv("ATTN_CH04_ALT_TILES") != nullptr;  // tuning experiment
-  if (alt && p.d == 64) return launch<T, Cfg<64, 4, 2, 128>>(p, s), true;
-  if (alt && p.d == 128) return launch<T, Cfg<128, 4, 2, 32>>(p, s), true;
   switch (p.d) {
-    case 64: launch<T, Cfg<64, 4, 2, 64>>(p, s); return true;     // Br 128, Bc 64, 32 KB smem
+    case 64: launch<T, Cfg<64, 4, 2, 128>>(p, s); return true;    // Br 128, Bc 128, 48 KB smem (NOTES.md)
     case 128: launch<T, Cfg<128, 4, 2, 64>>(p, s); return true;   // Br 128, Bc 64, 64 KB smem
     case 256: launch<T, Cfg<256, 8, 1, 64>>(p, s); return true;   // Br 128, Bc 64, 128 KB smem
     default: return false;
