@@ -112,6 +112,12 @@ std::string json_escape(const std::string& s) {
   return o;
 }
 
+std::string fmt(const char* printf_format, double x) {
+  char b[64];
+  std::snprintf(b, sizeof b, printf_format, x);
+  return b;
+}
+
 std::string today() {
   std::time_t t = std::time(nullptr);
   char b[16];

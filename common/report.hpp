@@ -74,6 +74,9 @@ struct Report {
   int emit(std::ostream& os, bool json) const;
 };
 
+/// One number through a printf format, for report lines: fmt("%.2f", x).
+std::string fmt(const char* printf_format, double x);
+
 /// Today's date, YYYY-MM-DD (for measured tables).
 std::string today();
 

@@ -24,16 +24,12 @@ namespace {
 /// report takes the model's bytes from the formula instead of running it.
 constexpr double kModelFlopBudget = 2e10;
 
-std::string fmt(const char* f, double x) {
-  char b[64];
-  std::snprintf(b, sizeof b, f, x);
-  return b;
-}
-
+#if TUTORIAL_HAVE_CUDA
 /// Largest N at which one fp32 score matrix for all (batch, head) still fits in `bytes`.
 long largest_n_for_s(const Problem& p, double bytes) {
   return long(std::floor(std::sqrt(bytes / (4.0 * p.batch * p.heads))));
 }
+#endif
 
 }  // namespace
 

@@ -32,12 +32,6 @@ constexpr int kSweep[] = {4096, 8192, 16384, 32768};
 constexpr long kSweepScores = 1L << 28;
 constexpr int kSweepHeads = 16;
 
-std::string fmt(const char* f, double x) {
-  char b[64];
-  std::snprintf(b, sizeof b, f, x);
-  return b;
-}
-
 void add_note(ResultRow& row, const std::string& note) {
   row.note = row.note.empty() ? note : row.note + "; " + note;
 }

@@ -39,12 +39,6 @@ constexpr double kBackwardCheckBudget = 2e10;
 constexpr int kSweepBatch = 8, kSweepHeads = 16;
 constexpr int kSweepN[] = {1024, 4096, 16384};
 
-std::string fmt(const char* f, double x) {
-  char b[64];
-  std::snprintf(b, sizeof b, f, x);
-  return b;
-}
-
 std::string blocks_text(Blocks b) { return std::to_string(b.Br) + " x " + std::to_string(b.Bc); }
 
 /// The problem on which the backward's values are checked in fp64: the problem itself

@@ -25,12 +25,6 @@ namespace {
 /// The CPU models do all the work on one core; above this many FLOPs they are skipped.
 constexpr double kModelFlopBudget = 3e9;
 
-std::string fmt(const char* f, double x) {
-  char b[64];
-  std::snprintf(b, sizeof b, f, x);
-  return b;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {

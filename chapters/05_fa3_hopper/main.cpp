@@ -30,12 +30,6 @@ constexpr double kModelFlopBudget = 4e9;
 /// fp64 work of the FP8 accuracy table (it runs four computations on sampled rows).
 constexpr double kTableBudget = 3e8;
 
-std::string fmt(const char* f, double x) {
-  char b[64];
-  std::snprintf(b, sizeof b, f, x);
-  return b;
-}
-
 void add_accuracy_table(Report& rep, const Problem& p, const AttnInputs& in, const std::string& label) {
   if (p.d != p.dv || (p.d & (p.d - 1)) != 0) return;
   const CheckPlan plan = CheckPlan::sampled(p, kTableBudget);

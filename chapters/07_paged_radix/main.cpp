@@ -43,12 +43,6 @@ constexpr int kDefaultSms = 132;
 /// takes the bytes from decode_traffic() alone.
 constexpr double kModelFlopBudget = 4e9;
 
-std::string fmt(const char* f, double x) {
-  char b[64];
-  std::snprintf(b, sizeof b, f, x);
-  return b;
-}
-
 std::string pct(double x) { return fmt("%.1f%%", 100.0 * x); }
 
 /// JSON number (null when not finite).

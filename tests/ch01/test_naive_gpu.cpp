@@ -5,24 +5,14 @@
 
 #include "common/check.hpp"
 #include "naive_gpu.hpp"
+#include "support/shapes.hpp"
 
 using namespace attn;
 using namespace attn::ch01;
 
 namespace {
 
-Problem shape(int b, int hq, int hkv, int nq, int nk, int d, bool causal, DType t) {
-  Problem p;
-  p.batch = b;
-  p.heads = hq;
-  p.kv_heads = hkv;
-  p.nq = nq;
-  p.nk = nk;
-  p.d = p.dv = d;
-  p.causal = causal;
-  p.dtype = t;
-  return p;
-}
+using testing_support::shape;
 
 void check_both(const Problem& p, Dist dist = Dist::normal) {
   const AttnInputs in = make_inputs(p, dist, 17);

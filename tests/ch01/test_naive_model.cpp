@@ -6,6 +6,7 @@
 #include "common/check.hpp"
 #include "common/errors.hpp"
 #include "naive_model.hpp"
+#include "support/shapes.hpp"
 
 using namespace attn;
 using namespace attn::ch01;
@@ -14,18 +15,7 @@ namespace {
 
 constexpr std::size_t kSram = 96 * 1024;
 
-Problem shape(int b, int hq, int hkv, int nq, int nk, int d, bool causal, DType t = DType::bf16) {
-  Problem p;
-  p.batch = b;
-  p.heads = hq;
-  p.kv_heads = hkv;
-  p.nq = nq;
-  p.nk = nk;
-  p.d = p.dv = d;
-  p.causal = causal;
-  p.dtype = t;
-  return p;
-}
+using testing_support::shape;
 
 void check_forward(const Problem& p, Dist dist = Dist::normal) {
   CAPTURE(p.describe());

@@ -10,24 +10,14 @@
 #include "fa1_model.hpp"
 #include "support/json_check.hpp"
 #include "support/run_binary.hpp"
+#include "support/shapes.hpp"
 
 using namespace attn;
 using namespace attn::ch03;
 
 namespace {
 
-Problem shape(int b, int hq, int hkv, int nq, int nk, int d, bool causal, DType t) {
-  Problem p;
-  p.batch = b;
-  p.heads = hq;
-  p.kv_heads = hkv;
-  p.nq = nq;
-  p.nk = nk;
-  p.d = p.dv = d;
-  p.causal = causal;
-  p.dtype = t;
-  return p;
-}
+using testing_support::shape;
 
 void check_forward(const Problem& p, Dist dist = Dist::normal) {
   CAPTURE(p.describe());

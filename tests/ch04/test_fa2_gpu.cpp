@@ -4,24 +4,14 @@
 
 #include "common/check.hpp"
 #include "fa2_gpu.hpp"
+#include "support/shapes.hpp"
 
 using namespace attn;
 using namespace attn::ch04;
 
 namespace {
 
-Problem shape(int b, int hq, int hkv, int nq, int nk, int d, bool causal, DType t = DType::bf16) {
-  Problem p;
-  p.batch = b;
-  p.heads = hq;
-  p.kv_heads = hkv;
-  p.nq = nq;
-  p.nk = nk;
-  p.d = p.dv = d;
-  p.causal = causal;
-  p.dtype = t;
-  return p;
-}
+using testing_support::shape;
 
 const Problem kShapes[] = {
     shape(1, 1, 1, 1, 1, 64, false),      shape(1, 1, 1, 1, 1, 128, true),

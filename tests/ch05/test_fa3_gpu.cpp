@@ -9,6 +9,7 @@
 #include "fa3_gpu.hpp"
 #include "fa3_tiles.hpp"
 #include "fp8_model.hpp"
+#include "support/shapes.hpp"
 
 using namespace attn;
 using namespace attn::ch05;
@@ -22,18 +23,7 @@ bool hopper() {
   return false;
 }
 
-Problem shape(int b, int hq, int hkv, int nq, int nk, int d, bool causal, DType t) {
-  Problem p;
-  p.batch = b;
-  p.heads = hq;
-  p.kv_heads = hkv;
-  p.nq = nq;
-  p.nk = nk;
-  p.d = p.dv = d;
-  p.causal = causal;
-  p.dtype = t;
-  return p;
-}
+using testing_support::shape;
 
 void check_step(Step s, const Problem& p, Dist dist = Dist::normal) {
   CAPTURE(step_name(s));

@@ -9,24 +9,14 @@
 #include "common/check.hpp"
 #include "fa3_model.hpp"
 #include "fa3_tiles.hpp"
+#include "support/shapes.hpp"
 
 using namespace attn;
 using namespace attn::ch05;
 
 namespace {
 
-Problem shape(int b, int hq, int hkv, int nq, int nk, int d, bool causal, DType t = DType::bf16) {
-  Problem p;
-  p.batch = b;
-  p.heads = hq;
-  p.kv_heads = hkv;
-  p.nq = nq;
-  p.nk = nk;
-  p.d = p.dv = d;
-  p.causal = causal;
-  p.dtype = t;
-  return p;
-}
+using testing_support::shape;
 
 void check_model(const Problem& p, Step s, Dist dist = Dist::normal, uint64_t seed = 0) {
   CAPTURE(p.describe());

@@ -6,24 +6,14 @@
 #include <vector>
 
 #include "fp8_model.hpp"
+#include "support/shapes.hpp"
 
 using namespace attn;
 using namespace attn::ch05;
 
 namespace {
 
-Problem shape(int b, int hq, int hkv, int nq, int nk, int d, bool causal, DType t = DType::bf16) {
-  Problem p;
-  p.batch = b;
-  p.heads = hq;
-  p.kv_heads = hkv;
-  p.nq = nq;
-  p.nk = nk;
-  p.d = p.dv = d;
-  p.causal = causal;
-  p.dtype = t;
-  return p;
-}
+using testing_support::shape;
 
 }  // namespace
 
