@@ -87,6 +87,27 @@ void append_rows(std::vector<std::size_t>& out, std::size_t head_base, const std
   for (int i : rows) out.push_back(head_base + std::size_t(i));
 }
 
+/// The rows a backward plan covers: dQ rows of every query head of each KV group,
+/// dK and dV rows of its KV head; values zeroed.
+template <class T>
+void backward_rows(const Problem& p, const BackwardPlan& plan, CheckedRows<T>& dq, CheckedRows<T>& dk,
+                   CheckedRows<T>& dv) {
+  init_rows(dq, p.d);
+  init_rows(dk, p.d);
+  init_rows(dv, p.dv);
+  const int g = p.group();
+  const std::vector<int> all_q = iota_rows(p.nq), all_k = iota_rows(p.nk);
+  for (auto [b, hk] : plan.kv_groups) {
+    for (int h = hk * g; h < (hk + 1) * g; ++h)
+      append_rows(dq.rows, (std::size_t(b) * p.heads + h) * p.nq, all_q);
+    append_rows(dk.rows, (std::size_t(b) * p.kv_heads + hk) * p.nk, all_k);
+  }
+  dv.rows = dk.rows;
+  dq.values.assign(dq.rows.size() * p.d, T(0));
+  dk.values.assign(dk.rows.size() * p.d, T(0));
+  dv.values.assign(dv.rows.size() * p.dv, T(0));
+}
+
 std::vector<int> chunk(const std::vector<int>& rows, std::size_t begin) {
   const std::size_t end = std::min(rows.size(), begin + kRowChunk);
   return std::vector<int>(rows.begin() + begin, rows.begin() + end);
@@ -213,21 +234,10 @@ RefForward reference_forward(const Problem& p, const AttnInputs& in, const Check
 RefBackward reference_backward(const Problem& p, const AttnInputs& in, const BackwardPlan& plan,
                                const ScoreMod* mod) {
   RefBackward r;
-  init_rows(r.dq, p.d);
-  init_rows(r.dk, p.d);
-  init_rows(r.dv, p.dv);
+  backward_rows(p, plan, r.dq, r.dk, r.dv);
   const std::size_t ng = plan.kv_groups.size();
   const int g = p.group();
-  const std::vector<int> all_q = iota_rows(p.nq), all_k = iota_rows(p.nk);
-  for (auto [b, hk] : plan.kv_groups) {
-    for (int h = hk * g; h < (hk + 1) * g; ++h)
-      append_rows(r.dq.rows, (std::size_t(b) * p.heads + h) * p.nq, all_q);
-    append_rows(r.dk.rows, (std::size_t(b) * p.kv_heads + hk) * p.nk, all_k);
-  }
-  r.dv.rows = r.dk.rows;
-  r.dq.values.assign(r.dq.rows.size() * p.d, 0.0);
-  r.dk.values.assign(r.dk.rows.size() * p.d, 0.0);
-  r.dv.values.assign(r.dv.rows.size() * p.dv, 0.0);
+  const std::vector<int> all_q = iota_rows(p.nq);
   const double tau = p.softmax_scale();
 
   parallel_for(long(ng), [&](long gi) {
@@ -343,20 +353,8 @@ NaiveForward naive_forward_same_precision(const Problem& p, const AttnInputs& in
 NaiveBackward naive_backward_same_precision(const Problem& p, const AttnInputs& in,
                                             const BackwardPlan& plan, const ScoreMod* mod) {
   NaiveBackward r;
-  init_rows(r.dq, p.d);
-  init_rows(r.dk, p.d);
-  init_rows(r.dv, p.dv);
+  backward_rows(p, plan, r.dq, r.dk, r.dv);
   const int g = p.group();
-  const std::vector<int> all_q = iota_rows(p.nq), all_k = iota_rows(p.nk);
-  for (auto [b, hk] : plan.kv_groups) {
-    for (int h = hk * g; h < (hk + 1) * g; ++h)
-      append_rows(r.dq.rows, (std::size_t(b) * p.heads + h) * p.nq, all_q);
-    append_rows(r.dk.rows, (std::size_t(b) * p.kv_heads + hk) * p.nk, all_k);
-  }
-  r.dv.rows = r.dk.rows;
-  r.dq.values.assign(r.dq.rows.size() * p.d, 0.f);
-  r.dk.values.assign(r.dk.rows.size() * p.d, 0.f);
-  r.dv.values.assign(r.dv.rows.size() * p.dv, 0.f);
   const float tau = float(p.softmax_scale());
 
   parallel_for(long(plan.kv_groups.size()), [&](long gi) {
