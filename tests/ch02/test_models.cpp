@@ -9,6 +9,7 @@
 #include "common/errors.hpp"
 #include "scores.hpp"
 #include "softmax_model.hpp"
+#include "support/shapes.hpp"
 
 using namespace attn;
 using namespace attn::ch02;
@@ -17,17 +18,10 @@ namespace {
 
 constexpr std::size_t kSram = 96 * 1024;
 
+/// Rows of fp32 scores with tau = 1 (testing_support::shape otherwise).
 Problem shape(int b, int hq, int hkv, int nq, int nk, int dv, bool causal) {
-  Problem p;
-  p.batch = b;
-  p.heads = hq;
-  p.kv_heads = hkv;
-  p.nq = nq;
-  p.nk = nk;
-  p.d = p.dv = dv;
-  p.causal = causal;
+  Problem p = testing_support::shape(b, hq, hkv, nq, nk, dv, causal, DType::f32);
   p.scale = 1.0;
-  p.dtype = DType::f32;
   return p;
 }
 
