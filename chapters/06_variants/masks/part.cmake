@@ -1,0 +1,2 @@
+# Chapter 06, part "masks": sources (see ../CMakeLists.txt for the three lists).
+list(APPEND CH06_SOURCES ${CMAKE_CURRENT_LIST_DIR}/masks_main.cpp)
