@@ -30,18 +30,18 @@ void check_both(const Problem& p, Dist dist = Dist::normal) {
 
 TEST_CASE("both pipelines match the reference at awkward shapes") {
   for (DType t : {DType::f32, DType::f16, DType::bf16}) {
-    check_both(shape(1, 1, 1, 1, 1, 16, false, t));
-    check_both(shape(1, 2, 2, 100, 100, 64, true, t));
-    check_both(shape(2, 4, 2, 130, 67, 32, true, t));   // Nq > Nk: empty rows
-    check_both(shape(1, 2, 1, 67, 300, 128, true, t));  // Nq < Nk
+    check_both(shape().n(1).d(16).dtype(t));
+    check_both(shape().heads(2).n(100).d(64).causal().dtype(t));
+    check_both(shape().batch(2).heads(4, 2).n(130, 67).d(32).causal().dtype(t));  // Nq > Nk: empty rows
+    check_both(shape().heads(2, 1).n(67, 300).d(128).causal().dtype(t));          // Nq < Nk
   }
-  check_both(shape(2, 3, 3, 257, 257, 64, false, DType::bf16), Dist::mean_shifted);
-  check_both(shape(1, 2, 2, 512, 512, 128, true, DType::bf16), Dist::outliers);
-  check_both(shape(1, 1, 1, 200, 200, 16, false, DType::f32), Dist::integers);
+  check_both(shape().batch(2).heads(3).n(257).d(64).dtype(DType::bf16), Dist::mean_shifted);
+  check_both(shape().heads(2).n(512).d(128).causal().dtype(DType::bf16), Dist::outliers);
+  check_both(shape().n(200).d(16).dtype(DType::f32), Dist::integers);
 }
 
 TEST_CASE("exercise ch01.4: the softmax kernel's warp-shuffle max") {
-  Problem p = shape(1, 1, 1, 3, 300, 16, true, DType::f32);
+  Problem p = shape().n(3, 300).d(16).causal().dtype(DType::f32);
   p.nq = 3;
   // Row 2 has its maximum in the last lane of the last warp; row 0's in lane 5.
   std::vector<float> s(3 * 300);

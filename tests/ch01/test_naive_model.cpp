@@ -29,27 +29,27 @@ void check_forward(const Problem& p, Dist dist = Dist::normal) {
 }  // namespace
 
 TEST_CASE("forward matches the fp64 reference at awkward shapes") {
-  check_forward(shape(1, 1, 1, 1, 1, 16, false));           // N = 1
-  check_forward(shape(1, 1, 1, 1, 1, 16, true));
-  check_forward(shape(1, 2, 2, 100, 100, 64, false));       // N not a multiple of any tile
-  check_forward(shape(1, 2, 2, 100, 100, 64, true));
-  check_forward(shape(1, 1, 1, 37, 129, 32, true));         // Nq < Nk, causal bottom-right
-  check_forward(shape(1, 1, 1, 129, 37, 32, true));         // Nq > Nk: the first rows are empty
-  check_forward(shape(2, 3, 3, 65, 70, 16, false));         // several batches and heads
-  check_forward(shape(2, 4, 2, 50, 50, 128, true));         // GQA
-  check_forward(shape(1, 4, 1, 33, 48, 64, false));         // MQA
-  check_forward(shape(1, 1, 1, 80, 80, 64, false), Dist::mean_shifted);
-  check_forward(shape(1, 1, 1, 80, 80, 64, true), Dist::outliers);
-  check_forward(shape(1, 2, 1, 70, 90, 32, true, DType::f32));
-  check_forward(shape(1, 2, 2, 70, 90, 32, false, DType::f16));
+  check_forward(shape().n(1).d(16));                                  // N = 1
+  check_forward(shape().n(1).d(16).causal());
+  check_forward(shape().heads(2).n(100).d(64));                       // N not a multiple of any tile
+  check_forward(shape().heads(2).n(100).d(64).causal());
+  check_forward(shape().n(37, 129).d(32).causal());                   // Nq < Nk, causal bottom-right
+  check_forward(shape().n(129, 37).d(32).causal());                   // Nq > Nk: the first rows are empty
+  check_forward(shape().batch(2).heads(3).n(65, 70).d(16));           // several batches and heads
+  check_forward(shape().batch(2).heads(4, 2).n(50).d(128).causal());  // GQA
+  check_forward(shape().heads(4, 1).n(33, 48).d(64));                 // MQA
+  check_forward(shape().n(80).d(64), Dist::mean_shifted);
+  check_forward(shape().n(80).d(64).causal(), Dist::outliers);
+  check_forward(shape().heads(2, 1).n(70, 90).d(32).causal().dtype(DType::f32));
+  check_forward(shape().heads(2).n(70, 90).d(32).dtype(DType::f16));
 }
 
 TEST_CASE("every head dim the chapter supports") {
-  for (int d : {16, 32, 64, 128}) check_forward(shape(1, 1, 1, 67, 67, d, d % 32 == 0));
+  for (int d : {16, 32, 64, 128}) check_forward(shape().n(67).d(d).causal(d % 32 == 0));
 }
 
 TEST_CASE("integer inputs: the model matches the reference to fp32 rounding") {
-  Problem p = shape(1, 1, 1, 20, 24, 16, false, DType::f32);
+  Problem p = shape().n(20, 24).d(16).dtype(DType::f32);
   p.scale = 0.25;  // exact products: scores are exact multiples of 1/4
   const AttnInputs in = make_inputs(p, Dist::integers, 8);
   const RefForward ref = reference_forward(p, in, CheckPlan::full(p));
@@ -59,27 +59,28 @@ TEST_CASE("integer inputs: the model matches the reference to fp32 rounding") {
 
 TEST_CASE("exercise ch01.1: the softmax kernel's normalise pass") {
   // An awkward causal shape with empty rows exercises every branch of pass 3.
-  check_forward(shape(1, 2, 2, 70, 40, 32, true));
-  check_forward(shape(1, 1, 1, 300, 300, 16, false), Dist::mean_shifted);
+  check_forward(shape().heads(2).n(70, 40).d(32).causal());
+  check_forward(shape().n(300).d(16), Dist::mean_shifted);
 }
 
 TEST_CASE("exercise ch01.2: the traffic formula equals the model's counted bytes") {
-  for (const Problem& p : {shape(1, 1, 1, 64, 64, 64, false), shape(2, 2, 1, 100, 130, 32, true),
-                           shape(1, 3, 3, 1, 200, 16, false, DType::f32)}) {
-    CAPTURE(p.describe());
-    const AttnInputs in = make_inputs(p, Dist::normal, 1);
-    const NaiveForwardResult r = naive_forward_model(p, in, kSram);
-    const NaiveTrafficFormula f = naive_forward_traffic(p);
-    CHECK(r.traffic.bytes_read == f.read());
-    CHECK(r.traffic.bytes_written == f.write());
-    CHECK(r.traffic.extra_peak == f.extra());
-    CHECK(f.qk_write == f.s_bytes);
-    CHECK(f.softmax_read == 3 * f.s_bytes);
-  }
+  for (const Problem p : {shape().n(64).d(64),
+                          shape().batch(2).heads(2, 1).n(100, 130).d(32).causal(),
+                          shape().heads(3).n(1, 200).d(16).dtype(DType::f32)}) {
+   CAPTURE(p.describe());
+   const AttnInputs in = make_inputs(p, Dist::normal, 1);
+   const NaiveForwardResult r = naive_forward_model(p, in, kSram);
+   const NaiveTrafficFormula f = naive_forward_traffic(p);
+   CHECK(r.traffic.bytes_read == f.read());
+   CHECK(r.traffic.bytes_written == f.write());
+   CHECK(r.traffic.extra_peak == f.extra());
+   CHECK(f.qk_write == f.s_bytes);
+   CHECK(f.softmax_read == 3 * f.s_bytes);
+ }
 }
 
 TEST_CASE("traffic grows as N^2 at fixed d, and S and P are O(N^2) extra memory") {
-  const Problem a = shape(1, 1, 1, 512, 512, 64, false), b = shape(1, 1, 1, 1024, 1024, 64, false);
+  const Problem a = shape().n(512).d(64), b = shape().n(1024).d(64);
   const NaiveTrafficFormula fa = naive_forward_traffic(a), fb = naive_forward_traffic(b);
   const double ratio = (fb.read() + fb.write()) / (fa.read() + fa.write());
   CHECK(ratio > 3.8);
@@ -90,7 +91,7 @@ TEST_CASE("traffic grows as N^2 at fixed d, and S and P are O(N^2) extra memory"
 }
 
 TEST_CASE("tiles that do not fit the on-chip budget are an error, not a silent overflow") {
-  const Problem p = shape(1, 1, 1, 64, 64, 64, false);
+  const Problem p = shape().n(64).d(64);
   const AttnInputs in = make_inputs(p, Dist::normal, 1);
   CHECK_THROWS_AS(naive_forward_model(p, in, 8 * 1024), SramOverflow);
   const NaiveForwardResult r = naive_forward_model(p, in, 32 * 1024);
@@ -98,19 +99,21 @@ TEST_CASE("tiles that do not fit the on-chip budget are an error, not a silent o
 }
 
 TEST_CASE("exercise ch01.3: the materialising backward matches the fp64 reference") {
-  for (const Problem& p : {shape(1, 1, 1, 40, 40, 16, false, DType::f32), shape(1, 2, 1, 33, 47, 32, true),
-                           shape(2, 2, 2, 65, 65, 64, true, DType::f16), shape(1, 1, 1, 50, 20, 16, true)}) {
-    CAPTURE(p.describe());
-    const AttnInputs in = make_inputs(p, Dist::normal, 3, /*with_dout=*/true);
-    const BackwardOracle oracle(p, in, BackwardPlan::full(p));
-    const NaiveBackwardResult r = naive_backward_model(p, in, kSram);
-    const CheckResult c = oracle.judge(r.dq, r.dk, r.dv);
-    CHECK_MESSAGE(c.pass(), c.failures());
-  }
+  for (const Problem p : {shape().n(40).d(16).dtype(DType::f32),
+                          shape().heads(2, 1).n(33, 47).d(32).causal(),
+                          shape().batch(2).heads(2).n(65).d(64).causal().dtype(DType::f16),
+                          shape().n(50, 20).d(16).causal()}) {
+   CAPTURE(p.describe());
+   const AttnInputs in = make_inputs(p, Dist::normal, 3, /*with_dout=*/true);
+   const BackwardOracle oracle(p, in, BackwardPlan::full(p));
+   const NaiveBackwardResult r = naive_backward_model(p, in, kSram);
+   const CheckResult c = oracle.judge(r.dq, r.dk, r.dv);
+   CHECK_MESSAGE(c.pass(), c.failures());
+ }
 }
 
 TEST_CASE("the backward's traffic is dominated by its four N^2 matrices") {
-  const Problem p = shape(1, 1, 1, 256, 256, 64, false, DType::bf16);
+  const Problem p = shape().n(256).d(64).dtype(DType::bf16);
   const AttnInputs in = make_inputs(p, Dist::normal, 3, true);
   const NaiveBackwardResult r = naive_backward_model(p, in, kSram);
   const double nn4 = 4.0 * 256 * 256;

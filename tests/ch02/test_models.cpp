@@ -18,12 +18,8 @@ namespace {
 
 constexpr std::size_t kSram = 96 * 1024;
 
-/// Rows of fp32 scores with tau = 1 (testing_support::shape otherwise).
-Problem shape(int b, int hq, int hkv, int nq, int nk, int dv, bool causal) {
-  Problem p = testing_support::shape(b, hq, hkv, nq, nk, dv, causal, DType::f32);
-  p.scale = 1.0;
-  return p;
-}
+/// Rows of fp32 scores with tau = 1: a test shape (support/shapes.hpp) in chapter 02's dtype and scale.
+testing_support::Shape rows() { return testing_support::shape().dtype(DType::f32).scale(1.0); }
 
 CheckResult judge(const SoftmaxOracle& oracle, Variant v, const SoftmaxRun& r) {
   return v == Variant::fused ? oracle.judge_fused(r.o, r.lse) : oracle.judge_softmax(r.p, r.lse);
@@ -46,15 +42,15 @@ void check_variants(const Problem& p, Dist dist, const std::vector<Variant>& whi
 /// The awkward shapes every chapter tests.
 std::vector<Problem> awkward_shapes() {
   return {
-      shape(1, 1, 1, 1, 1, 32, false),       // one score
-      shape(1, 1, 1, 1, 1, 32, true),
-      shape(1, 2, 2, 100, 100, 64, true),    // causal, square
-      shape(2, 4, 2, 130, 67, 32, true),     // Nq > Nk: the first 63 rows of each head are empty; GQA
-      shape(1, 2, 1, 67, 300, 128, true),    // Nq < Nk, bottom-right; MQA
-      shape(1, 1, 1, 3, 4099, 64, false),    // just over one wave of 4096, not a multiple of 4
-      shape(1, 1, 1, 2, 8195, 32, true),     // two waves and a bit
-      shape(2, 3, 3, 5, 100, 64, false),     // several batches and heads, below one wave
-      shape(1, 1, 1, 17, 65, 64, false),     // Nq not a multiple of Br, Nk one past a tile of Bc
+      rows().n(1).d(32),                                      // one score
+      rows().n(1).d(32).causal(),
+      rows().heads(2).n(100).d(64).causal(),                  // causal, square
+      rows().batch(2).heads(4, 2).n(130, 67).d(32).causal(),  // Nq > Nk: the first 63 rows of each head are empty; GQA
+      rows().heads(2, 1).n(67, 300).d(128).causal(),          // Nq < Nk, bottom-right; MQA
+      rows().n(3, 4099).d(64),                                // just over one wave of 4096, not a multiple of 4
+      rows().n(2, 8195).d(32).causal(),                       // two waves and a bit
+      rows().batch(2).heads(3).n(5, 100).d(64),               // several batches and heads, below one wave
+      rows().n(17, 65).d(64),                                 // Nq not a multiple of Br, Nk one past a tile of Bc
   };
 }
 
@@ -65,15 +61,15 @@ TEST_CASE("every variant matches the fp64 reference at awkward shapes") {
 }
 
 TEST_CASE("outliers and integer scores") {
-  check_variants(shape(1, 1, 1, 50, 5000, 64, false), Dist::outliers, all_variants());
-  check_variants(shape(1, 2, 2, 20, 33, 32, true), Dist::integers, all_variants());
+  check_variants(rows().n(50, 5000).d(64), Dist::outliers, all_variants());
+  check_variants(rows().heads(2).n(20, 33).d(32).causal(), Dist::integers, all_variants());
 }
 
 TEST_CASE("mean-shifted scores (+100): the safe and online variants cannot tell, the naive one overflows") {
   const std::vector<Variant> safe = {Variant::safe3, Variant::online2, Variant::online_on_chip, Variant::fused};
-  check_variants(shape(1, 2, 2, 40, 1000, 64, true), Dist::mean_shifted, safe);
-  check_variants(shape(1, 1, 1, 9, 37, 32, false), Dist::mean_shifted, safe, 500.0);
-  const Problem p = shape(1, 1, 1, 4, 100, 32, false);
+  check_variants(rows().heads(2).n(40, 1000).d(64).causal(), Dist::mean_shifted, safe);
+  check_variants(rows().n(9, 37).d(32), Dist::mean_shifted, safe, 500.0);
+  const Problem p = rows().n(4, 100).d(32);
   const SoftmaxInputs in = make_softmax_inputs(p, Dist::mean_shifted, 1);
   const SoftmaxOracle oracle(p, in, CheckPlan::full(p));
   CHECK(oracle.max_lse() > kLogFltMax);
@@ -82,21 +78,22 @@ TEST_CASE("mean-shifted scores (+100): the safe and online variants cannot tell,
 }
 
 TEST_CASE("a tau other than 1 scales every score") {
-  Problem p = shape(1, 2, 2, 30, 500, 64, true);
+  Problem p = rows().heads(2).n(30, 500).d(64).causal();
   p.scale = 0.3;
   check_variants(p, Dist::normal, all_variants());
 }
 
 TEST_CASE("exercise ch02.2: the fused 1-pass (m, l, O) matches P V of the whole row") {
-  for (const Problem& p : {shape(1, 1, 1, 9, 200, 64, false), shape(2, 2, 1, 70, 40, 32, true),
-                           shape(1, 2, 2, 33, 1000, 128, true)})
+  for (const Problem p : {rows().n(9, 200).d(64),
+                          rows().batch(2).heads(2, 1).n(70, 40).d(32).causal(),
+                          rows().heads(2).n(33, 1000).d(128).causal()})
     check_variants(p, Dist::normal, {Variant::fused});
-  check_variants(shape(1, 1, 1, 16, 300, 64, false), Dist::mean_shifted, {Variant::fused});
+  check_variants(rows().n(16, 300).d(64), Dist::mean_shifted, {Variant::fused});
 }
 
 TEST_CASE("exercise ch02.3: a fully masked row gives P = 0 and LSE = -inf, never NaN") {
   // Causal with Nq > Nk, bottom-right aligned: query i sees keys j <= i - 30, so rows 0-29 are empty.
-  const Problem p = shape(1, 2, 2, 50, 20, 32, true);
+  const Problem p = rows().heads(2).n(50, 20).d(32).causal();
   const SoftmaxInputs in = make_softmax_inputs(p, Dist::normal, 5);
   const SoftmaxOracle oracle(p, in, CheckPlan::full(p));
   const SoftmaxRun r = softmax_model(p, in, Variant::safe3, kSram);
@@ -111,26 +108,28 @@ TEST_CASE("exercise ch02.3: a fully masked row gives P = 0 and LSE = -inf, never
 }
 
 TEST_CASE("exercise ch02.5: the traffic formula equals the models' counted bytes") {
-  for (const Problem& p : {shape(1, 1, 1, 64, 64, 64, false), shape(2, 2, 1, 100, 130, 32, true),
-                           shape(1, 3, 3, 1, 4100, 128, false), shape(1, 1, 1, 17, 65, 64, false),
-                           shape(1, 1, 1, 2, kRowInRegisters + 1, 32, false)}) {
-    CAPTURE(p.describe());
-    const SoftmaxInputs in = make_softmax_inputs(p, Dist::normal, 1);
-    for (Variant v : all_variants()) {
-      CAPTURE(variant_name(v));
-      const SoftmaxRun r = softmax_model(p, in, v, kSram);
-      const SoftmaxTraffic f = softmax_traffic(p, v);
-      CHECK(r.traffic.bytes_read == f.read);
-      CHECK(r.traffic.bytes_written == f.write);
-      CHECK(f.hbm_sweeps >= 1);
-      CHECK(r.on_chip == f.on_chip);
-      CHECK(r.traffic.extra_peak == 0);  // no scratch: P (or O) is the output
-    }
-  }
+  for (const Problem p : {rows().n(64).d(64),
+                          rows().batch(2).heads(2, 1).n(100, 130).d(32).causal(),
+                          rows().heads(3).n(1, 4100).d(128),
+                          rows().n(17, 65).d(64),
+                          rows().n(2, kRowInRegisters + 1).d(32)}) {
+   CAPTURE(p.describe());
+   const SoftmaxInputs in = make_softmax_inputs(p, Dist::normal, 1);
+   for (Variant v : all_variants()) {
+     CAPTURE(variant_name(v));
+     const SoftmaxRun r = softmax_model(p, in, v, kSram);
+     const SoftmaxTraffic f = softmax_traffic(p, v);
+     CHECK(r.traffic.bytes_read == f.read);
+     CHECK(r.traffic.bytes_written == f.write);
+     CHECK(f.hbm_sweeps >= 1);
+     CHECK(r.on_chip == f.on_chip);
+     CHECK(r.traffic.extra_peak == 0);  // no scratch: P (or O) is the output
+   }
+ }
 }
 
 TEST_CASE("passes: three sweeps read S three times, online twice, on chip and fused once") {
-  const Problem p = shape(1, 2, 2, 40, 1000, 64, false);
+  const Problem p = rows().heads(2).n(40, 1000).d(64);
   const double s = 4.0 * double(p.s_elems()), lse = 4.0 * double(p.lse_elems());
   CHECK(softmax_traffic(p, Variant::naive).read == 2 * s);
   CHECK(softmax_traffic(p, Variant::safe3).read == 3 * s);
@@ -150,8 +149,8 @@ TEST_CASE("passes: three sweeps read S three times, online twice, on chip and fu
 }
 
 TEST_CASE("rows longer than the registers hold stream: two sweeps over HBM again") {
-  const Problem fits = shape(1, 1, 1, 2, kRowInRegisters, 32, false);
-  const Problem too_long = shape(1, 1, 1, 2, kRowInRegisters + 1, 32, false);
+  const Problem fits = rows().n(2, kRowInRegisters).d(32);
+  const Problem too_long = rows().n(2, kRowInRegisters + 1).d(32);
   CHECK(softmax_traffic(fits, Variant::online_on_chip).on_chip);
   CHECK(softmax_traffic(fits, Variant::online_on_chip).hbm_sweeps == 1);
   CHECK_FALSE(softmax_traffic(too_long, Variant::online_on_chip).on_chip);
@@ -160,7 +159,7 @@ TEST_CASE("rows longer than the registers hold stream: two sweeps over HBM again
 }
 
 TEST_CASE("tiles that do not fit the on-chip budget are an error, not a silent overflow") {
-  const Problem p = shape(1, 1, 1, 4, 100, 128, false);
+  const Problem p = rows().n(4, 100).d(128);
   const SoftmaxInputs in = make_softmax_inputs(p, Dist::normal, 1);
   CHECK_THROWS_AS(softmax_model(p, in, Variant::fused, 16 * 1024), SramOverflow);  // V_j alone is 32 KB
   CHECK_THROWS_AS(softmax_model(p, in, Variant::safe3, 8 * 1024), SramOverflow);   // a wave is 16 KB
@@ -170,7 +169,7 @@ TEST_CASE("tiles that do not fit the on-chip budget are an error, not a silent o
 }
 
 TEST_CASE("inputs: each row has its own stream, so a row does not depend on how many there are") {
-  const Problem small = shape(1, 1, 1, 4, 37, 32, false), large = shape(1, 1, 1, 300, 37, 32, false);
+  const Problem small = rows().n(4, 37).d(32), large = rows().n(300, 37).d(32);
   for (Dist d : {Dist::normal, Dist::mean_shifted, Dist::outliers, Dist::integers}) {
     const SoftmaxInputs a = make_softmax_inputs(small, d, 9), b = make_softmax_inputs(large, d, 9);
     for (std::size_t k = 0; k < a.s.size(); ++k) CHECK(a.s[k] == b.s[k]);

@@ -47,37 +47,37 @@ void check_backward(const Problem& p, Dist dist = Dist::normal, std::size_t sram
 }  // namespace
 
 TEST_CASE("backward matches the fp64 reference backward at awkward shapes") {
-  check_backward(shape(1, 1, 1, 1, 1, 32, false));
-  check_backward(shape(1, 1, 1, 1, 1, 32, true));
-  check_backward(shape(1, 2, 2, 100, 100, 64, false));     // N not a multiple of B_r or B_c
-  check_backward(shape(1, 2, 2, 100, 100, 64, true));
-  check_backward(shape(1, 1, 1, 37, 129, 32, true));       // Nq < Nk, causal bottom-right
-  check_backward(shape(1, 1, 1, 129, 37, 32, true));       // Nq > Nk: empty rows, dQ = 0
-  check_backward(shape(2, 3, 3, 65, 70, 32, false));       // several batches and heads
-  check_backward(shape(2, 4, 2, 50, 50, 128, true));       // GQA: the group adds into dK, dV on chip
-  check_backward(shape(1, 4, 1, 33, 48, 64, false));       // MQA
-  check_backward(shape(1, 1, 1, 80, 80, 64, false), Dist::mean_shifted);
-  check_backward(shape(1, 1, 1, 80, 80, 64, true), Dist::outliers);
-  check_backward(shape(1, 2, 1, 70, 90, 32, true, DType::f32));
-  check_backward(shape(1, 2, 2, 70, 90, 32, false, DType::f16));
+  check_backward(shape().n(1).d(32));
+  check_backward(shape().n(1).d(32).causal());
+  check_backward(shape().heads(2).n(100).d(64));                       // N not a multiple of B_r or B_c
+  check_backward(shape().heads(2).n(100).d(64).causal());
+  check_backward(shape().n(37, 129).d(32).causal());                   // Nq < Nk, causal bottom-right
+  check_backward(shape().n(129, 37).d(32).causal());                   // Nq > Nk: empty rows, dQ = 0
+  check_backward(shape().batch(2).heads(3).n(65, 70).d(32));           // several batches and heads
+  check_backward(shape().batch(2).heads(4, 2).n(50).d(128).causal());  // GQA: the group adds into dK, dV on chip
+  check_backward(shape().heads(4, 1).n(33, 48).d(64));                 // MQA
+  check_backward(shape().n(80).d(64), Dist::mean_shifted);
+  check_backward(shape().n(80).d(64).causal(), Dist::outliers);
+  check_backward(shape().heads(2, 1).n(70, 90).d(32).causal().dtype(DType::f32));
+  check_backward(shape().heads(2).n(70, 90).d(32).dtype(DType::f16));
 }
 
 TEST_CASE("exercise ch03.3: the backward recomputes P from the stored LSE") {
-  check_backward(shape(1, 2, 2, 120, 120, 32, true), Dist::mean_shifted, 16 * 1024);
-  check_backward(shape(1, 2, 1, 140, 90, 64, true), Dist::normal, 8 * 1024);  // many blocks, empty rows
-  check_backward(shape(1, 1, 1, 97, 101, 32, false), Dist::outliers, kSram, {7, 13});
+  check_backward(shape().heads(2).n(120).d(32).causal(), Dist::mean_shifted, 16 * 1024);
+  check_backward(shape().heads(2, 1).n(140, 90).d(64).causal(), Dist::normal, 8 * 1024);  // many blocks, empty rows
+  check_backward(shape().n(97, 101).d(32), Dist::outliers, kSram, {7, 13});
 }
 
 TEST_CASE("backward: every head dim the kernels support, and the kernels' blocks") {
   for (int d : {32, 64, 128}) {
-    const Problem p = shape(1, 1, 1, 75, 75, d, d != 32);
+    const Problem p = shape().n(75).d(d).causal(d != 32);
     check_backward(p, Dist::normal, 1 << 20, kernel_backward_blocks(d));
   }
 }
 
 TEST_CASE("backward FLOPs are 2.5x the forward's: five matmuls to two") {
   for (bool causal : {false, true}) {
-    const Problem p = shape(1, 2, 1, 256, 256, 64, causal);
+    const Problem p = shape().heads(2, 1).n(256).d(64).causal(causal);
     const AttnInputs in = make_inputs(p, Dist::normal, 1, true);
     const Blocks b{32, 32};  // the same visited blocks in both passes
     const Fa1ForwardResult f = fa1_forward_model(p, in, kSram, b);
@@ -89,24 +89,26 @@ TEST_CASE("backward FLOPs are 2.5x the forward's: five matmuls to two") {
 }
 
 TEST_CASE("the backward traffic formula equals the counted bytes") {
-  for (const Problem& p : {shape(1, 1, 1, 64, 64, 64, false), shape(2, 4, 2, 100, 130, 32, true),
-                           shape(1, 1, 1, 129, 37, 32, true), shape(1, 3, 3, 1, 200, 32, false, DType::f32)}) {
-    for (std::size_t sram : {8 * 1024, 96 * 1024}) {
-      CAPTURE(p.describe());
-      CAPTURE(sram);
-      const AttnInputs in = make_inputs(p, Dist::normal, 1, true);
-      const Run r = run(p, in, sram);
-      const Fa1Traffic t = fa1_backward_traffic(p, r.bwd.blocks);
-      CHECK(r.bwd.traffic.bytes_read == t.read());
-      CHECK(r.bwd.traffic.bytes_written == t.write());
-      CHECK(r.bwd.traffic.extra_peak == t.extra);
-    }
-  }
+  for (const Problem p : {shape().n(64).d(64),
+                          shape().batch(2).heads(4, 2).n(100, 130).d(32).causal(),
+                          shape().n(129, 37).d(32).causal(),
+                          shape().heads(3).n(1, 200).d(32).dtype(DType::f32)}) {
+   for (std::size_t sram : {8 * 1024, 96 * 1024}) {
+     CAPTURE(p.describe());
+     CAPTURE(sram);
+     const AttnInputs in = make_inputs(p, Dist::normal, 1, true);
+     const Run r = run(p, in, sram);
+     const Fa1Traffic t = fa1_backward_traffic(p, r.bwd.blocks);
+     CHECK(r.bwd.traffic.bytes_read == t.read());
+     CHECK(r.bwd.traffic.bytes_written == t.write());
+     CHECK(r.bwd.traffic.extra_peak == t.extra);
+   }
+ }
 }
 
 TEST_CASE("backward: Theta(N^2 d^2 / M) traffic and O(N) extra memory") {
   auto counted = [](int n, std::size_t sram) {
-    const Problem p = shape(1, 1, 1, n, n, 32, false);
+    const Problem p = shape().n(n).d(32);
     const AttnInputs in = make_inputs(p, Dist::normal, 1, true);
     return run(p, in, sram).bwd.traffic;
   };
@@ -122,7 +124,7 @@ TEST_CASE("backward: Theta(N^2 d^2 / M) traffic and O(N) extra memory") {
 }
 
 TEST_CASE("next to chapter 01's materialising backward: no N^2 matrix, fewer bytes at d = 64") {
-  const Problem p = shape(1, 2, 2, 512, 512, 64, false);
+  const Problem p = shape().heads(2).n(512).d(64);
   const AttnInputs in = make_inputs(p, Dist::normal, 1, true);
   const Run r = run(p, in, kSram);
   const ch01::NaiveBackwardResult naive = ch01::naive_backward_model(p, in, kSram);
@@ -142,7 +144,7 @@ TEST_CASE("the stored O's rounding dominates the backward's error at outlier inp
   // inherits it. The yardstick recomputes its own O, rounded differently, so at some
   // seeds it is the luckier one: this is such a seed, where dK lands just beyond
   // 2x the yardstick. Given O in fp32 instead, the same backward is far inside.
-  const Problem p = shape(1, 1, 1, 80, 80, 64, true);
+  const Problem p = shape().n(80).d(64).causal();
   const AttnInputs in = make_inputs(p, Dist::outliers, 5, true);
   const BackwardOracle oracle(p, in, BackwardPlan::full(p));
   const Fa1ForwardResult f = fa1_forward_model(p, in, kSram);

@@ -43,60 +43,61 @@ void check_backward(const Problem& p, Dist dist = Dist::normal) {
 
 TEST_CASE("forward kernel matches the reference at awkward shapes") {
   for (DType t : {DType::f16, DType::bf16}) {
-    check_forward(shape(1, 1, 1, 1, 1, 64, false, t));         // N = 1: below one block
-    check_forward(shape(1, 1, 1, 1, 1, 32, true, t));
-    check_forward(shape(1, 2, 2, 100, 100, 64, true, t));      // N not a multiple of B_r or B_c
-    check_forward(shape(2, 4, 2, 130, 67, 32, true, t));       // Nq > Nk: empty rows; GQA
-    check_forward(shape(1, 2, 1, 67, 300, 128, true, t));      // Nq < Nk; MQA
-    check_forward(shape(1, 1, 1, 300, 37, 64, true, t));       // whole Q blocks with no visible key
-    check_forward(shape(2, 3, 3, 257, 257, 64, false, t));     // several batches and heads
+    check_forward(shape().n(1).d(64).dtype(t));                                      // N = 1: below one block
+    check_forward(shape().n(1).d(32).causal().dtype(t));
+    check_forward(shape().heads(2).n(100).d(64).causal().dtype(t));                  // N not a multiple of B_r or B_c
+    check_forward(shape().batch(2).heads(4, 2).n(130, 67).d(32).causal().dtype(t));  // Nq > Nk: empty rows; GQA
+    check_forward(shape().heads(2, 1).n(67, 300).d(128).causal().dtype(t));          // Nq < Nk; MQA
+    check_forward(shape().n(300, 37).d(64).causal().dtype(t));                       // whole Q blocks with no visible key
+    check_forward(shape().batch(2).heads(3).n(257).d(64).dtype(t));                  // several batches and heads
   }
-  check_forward(shape(1, 2, 2, 700, 700, 128, false, DType::bf16), Dist::mean_shifted);  // 11 K/V blocks
-  check_forward(shape(1, 2, 2, 600, 650, 64, true, DType::bf16), Dist::outliers);
-  check_forward(shape(1, 1, 1, 1000, 1000, 32, true, DType::f16), Dist::mean_shifted);   // B_c = 256
+  check_forward(shape().heads(2).n(700).d(128).dtype(DType::bf16), Dist::mean_shifted);  // 11 K/V blocks
+  check_forward(shape().heads(2).n(600, 650).d(64).causal().dtype(DType::bf16), Dist::outliers);
+  check_forward(shape().n(1000).d(32).causal().dtype(DType::f16), Dist::mean_shifted);   // B_c = 256
 }
 
 TEST_CASE("forward kernel: every head dim, causal and not") {
   for (int d : {32, 64, 128})
-    for (bool causal : {false, true}) check_forward(shape(1, 2, 2, 333, 333, d, causal, DType::bf16));
+    for (bool causal : {false, true})
+      check_forward(shape().heads(2).n(333).d(d).causal(causal).dtype(DType::bf16));
 }
 
 TEST_CASE("backward kernel matches the fp64 reference backward at awkward shapes") {
   for (DType t : {DType::f16, DType::bf16}) {
-    check_backward(shape(1, 1, 1, 1, 1, 64, false, t));
-    check_backward(shape(1, 1, 1, 1, 1, 32, true, t));
-    check_backward(shape(1, 2, 2, 100, 100, 64, true, t));
-    check_backward(shape(2, 4, 2, 130, 67, 32, true, t));     // empty rows; GQA adds the group on chip
-    check_backward(shape(1, 2, 1, 67, 300, 128, true, t));    // Nq < Nk; MQA
-    check_backward(shape(1, 1, 1, 300, 37, 64, true, t));     // whole Q blocks with dQ = 0
-    check_backward(shape(2, 3, 3, 257, 257, 64, false, t));
+    check_backward(shape().n(1).d(64).dtype(t));
+    check_backward(shape().n(1).d(32).causal().dtype(t));
+    check_backward(shape().heads(2).n(100).d(64).causal().dtype(t));
+    check_backward(shape().batch(2).heads(4, 2).n(130, 67).d(32).causal().dtype(t));  // empty rows; GQA adds the group on chip
+    check_backward(shape().heads(2, 1).n(67, 300).d(128).causal().dtype(t));          // Nq < Nk; MQA
+    check_backward(shape().n(300, 37).d(64).causal().dtype(t));                       // whole Q blocks with dQ = 0
+    check_backward(shape().batch(2).heads(3).n(257).d(64).dtype(t));
   }
-  check_backward(shape(1, 2, 2, 300, 300, 128, false, DType::bf16), Dist::mean_shifted);  // 10 K/V blocks
-  check_backward(shape(1, 2, 1, 250, 260, 32, true, DType::f16), Dist::mean_shifted);
+  check_backward(shape().heads(2).n(300).d(128).dtype(DType::bf16), Dist::mean_shifted);  // 10 K/V blocks
+  check_backward(shape().heads(2, 1).n(250, 260).d(32).causal().dtype(DType::f16), Dist::mean_shifted);
 }
 
 TEST_CASE("backward kernel: every head dim, causal and not") {
   for (int d : {32, 64, 128})
-    for (bool causal : {false, true}) check_backward(shape(1, 2, 2, 200, 200, d, causal, DType::bf16));
+    for (bool causal : {false, true})
+      check_backward(shape().heads(2).n(200).d(d).causal(causal).dtype(DType::bf16));
 }
 
 TEST_CASE("sanitizer set: small awkward shapes, every head dim, both kernels") {
   // Small enough for compute-sanitizer's racecheck, which follows every shared-memory
   // access: partial blocks on both sides, empty rows, GQA, causal and not.
   for (int d : {32, 64, 128}) {
-    check_forward(shape(1, 4, 2, 70, 50, d, true, DType::bf16));
-    check_forward(shape(1, 1, 1, 40, 90, d, false, DType::f16));
-    check_backward(shape(1, 4, 2, 70, 50, d, true, DType::bf16));
-    check_backward(shape(1, 1, 1, 40, 90, d, false, DType::f16));
+    check_forward(shape().heads(4, 2).n(70, 50).d(d).causal().dtype(DType::bf16));
+    check_forward(shape().n(40, 90).d(d).dtype(DType::f16));
+    check_backward(shape().heads(4, 2).n(70, 50).d(d).causal().dtype(DType::bf16));
+    check_backward(shape().n(40, 90).d(d).dtype(DType::f16));
   }
 }
 
 TEST_CASE("the kernels refuse what they were not built for") {
-  const Problem f32 = shape(1, 1, 1, 16, 16, 64, false, DType::f32);
+  const Problem f32 = shape().n(16).d(64).dtype(DType::f32);
   const AttnInputs in = make_inputs(f32, Dist::normal, 1, true);
   CHECK_THROWS_AS(fa1_forward_gpu(f32, in, false), UsageError);
-  Problem dv = shape(1, 1, 1, 16, 16, 64, false, DType::bf16);
-  dv.dv = 32;
+  const Problem dv = shape().n(16).d(64).dv(32).dtype(DType::bf16);
   CHECK(!kernel_unsupported(dv).empty());
 }
 

@@ -41,39 +41,39 @@ double counted_bytes(const Problem& p, std::size_t sram) {
 }  // namespace
 
 TEST_CASE("forward matches the fp64 reference at awkward shapes") {
-  check_forward(shape(1, 1, 1, 1, 1, 32, false));           // N = 1
-  check_forward(shape(1, 1, 1, 1, 1, 32, true));
-  check_forward(shape(1, 2, 2, 100, 100, 64, false));       // N not a multiple of B_r or B_c
-  check_forward(shape(1, 2, 2, 100, 100, 64, true));
-  check_forward(shape(1, 1, 1, 37, 129, 32, true));         // Nq < Nk, causal bottom-right
-  check_forward(shape(1, 1, 1, 129, 37, 32, true));         // Nq > Nk: the first rows are empty
-  check_forward(shape(2, 3, 3, 65, 70, 32, false));         // several batches and heads
-  check_forward(shape(2, 4, 2, 50, 50, 128, true));         // GQA
-  check_forward(shape(1, 4, 1, 33, 48, 64, false));         // MQA
-  check_forward(shape(1, 1, 1, 80, 80, 64, false), Dist::mean_shifted);
-  check_forward(shape(1, 1, 1, 80, 80, 64, true), Dist::outliers);
-  check_forward(shape(1, 2, 1, 70, 90, 32, true, DType::f32));
-  check_forward(shape(1, 2, 2, 70, 90, 32, false, DType::f16));
+  check_forward(shape().n(1).d(32));                                  // N = 1
+  check_forward(shape().n(1).d(32).causal());
+  check_forward(shape().heads(2).n(100).d(64));                       // N not a multiple of B_r or B_c
+  check_forward(shape().heads(2).n(100).d(64).causal());
+  check_forward(shape().n(37, 129).d(32).causal());                   // Nq < Nk, causal bottom-right
+  check_forward(shape().n(129, 37).d(32).causal());                   // Nq > Nk: the first rows are empty
+  check_forward(shape().batch(2).heads(3).n(65, 70).d(32));           // several batches and heads
+  check_forward(shape().batch(2).heads(4, 2).n(50).d(128).causal());  // GQA
+  check_forward(shape().heads(4, 1).n(33, 48).d(64));                 // MQA
+  check_forward(shape().n(80).d(64), Dist::mean_shifted);
+  check_forward(shape().n(80).d(64).causal(), Dist::outliers);
+  check_forward(shape().heads(2, 1).n(70, 90).d(32).causal().dtype(DType::f32));
+  check_forward(shape().heads(2).n(70, 90).d(32).dtype(DType::f16));
 }
 
 TEST_CASE("forward with many small blocks: N below one block and many steps per row") {
   // 8 KB: d = 64 gives B_c = 8, B_r = 7, so a row of 300 keys takes 38 online steps.
-  check_forward(shape(1, 1, 1, 300, 300, 64, true), Dist::mean_shifted, 8 * 1024);
-  check_forward(shape(1, 2, 1, 200, 77, 32, true), Dist::normal, 8 * 1024);
+  check_forward(shape().n(300).d(64).causal(), Dist::mean_shifted, 8 * 1024);
+  check_forward(shape().heads(2, 1).n(200, 77).d(32).causal(), Dist::normal, 8 * 1024);
   // A budget far above the problem: one block holds everything (T_r = T_c = 1).
-  check_forward(shape(1, 1, 1, 20, 30, 32, false), Dist::normal, 4 << 20);
+  check_forward(shape().n(20, 30).d(32), Dist::normal, 4 << 20);
   // Explicit blocks, including B_r > B_c and sizes that divide nothing.
-  check_forward(shape(1, 1, 1, 97, 101, 32, true), Dist::mean_shifted, kSram, {17, 5});
-  check_forward(shape(1, 1, 1, 97, 101, 32, false), Dist::outliers, kSram, {3, 33});
+  check_forward(shape().n(97, 101).d(32).causal(), Dist::mean_shifted, kSram, {17, 5});
+  check_forward(shape().n(97, 101).d(32), Dist::outliers, kSram, {3, 33});
 }
 
 TEST_CASE("every head dim the kernels support") {
-  for (int d : {32, 64, 128}) check_forward(shape(1, 1, 1, 67, 67, d, d != 64));
+  for (int d : {32, 64, 128}) check_forward(shape().n(67).d(d).causal(d != 64));
 }
 
 TEST_CASE("block sizes follow the paper's rule B_c = ceil(M/4d), B_r = min(B_c, d), capped to fit") {
   // 1 MiB = 262144 fp32 elements: B_c = 262144 / 256 = 1024 and B_r = min(1024, 64) = 64 fits.
-  const Problem big = shape(1, 1, 1, 4096, 4096, 64, false);
+  const Problem big = shape().n(4096).d(64);
   CHECK(forward_blocks(big, 1 << 20) == Blocks{64, 1024});
   // 96 KB = 24576 elements: B_c = 96; K_j and V_j take 12288, and 54 rows of
   // Q_i, O_i, S_ij, m_i, l_i (226 elements each) fill the rest: B_r is capped at 54.
@@ -83,7 +83,7 @@ TEST_CASE("block sizes follow the paper's rule B_c = ceil(M/4d), B_r = min(B_c, 
   CHECK(forward_footprint(big, b) * 4 <= kSram);
   CHECK(forward_footprint(big, {b.Br + 1, b.Bc}) * 4 > kSram);
   // Never larger than the problem.
-  CHECK(forward_blocks(shape(1, 1, 1, 10, 20, 64, false), 1 << 20) == Blocks{10, 20});
+  CHECK(forward_blocks(shape().n(10, 20).d(64), 1 << 20) == Blocks{10, 20});
   // The backward's four B_c x d tiles: B_c = ceil(M/8d).
   const Blocks bb = backward_blocks(big, kSram);
   CHECK(bb.Bc == 48);
@@ -95,7 +95,7 @@ TEST_CASE("block sizes follow the paper's rule B_c = ceil(M/4d), B_r = min(B_c, 
 }
 
 TEST_CASE("tiles that do not fit the on-chip budget are an error, not a silent overflow") {
-  const Problem p = shape(1, 1, 1, 64, 64, 64, false);
+  const Problem p = shape().n(64).d(64);
   const AttnInputs in = make_inputs(p, Dist::normal, 1, true);
   CHECK_THROWS_AS(fa1_forward_model(p, in, 512), SramOverflow);  // K_j and V_j (B_c = 1) fill all 512 B
   CHECK_THROWS_AS(fa1_forward_model(p, in, kSram, {64, 128}), SramOverflow);  // explicit blocks: 131 KB
@@ -106,8 +106,8 @@ TEST_CASE("tiles that do not fit the on-chip budget are an error, not a silent o
 
 TEST_CASE("exercise ch03.1: the rescale of Algorithm 1 line 12") {
   // Mean-shifted scores and many K/V blocks per row: the running max changes often.
-  check_forward(shape(1, 2, 2, 150, 150, 32, false), Dist::mean_shifted, 16 * 1024);
-  check_forward(shape(1, 1, 1, 90, 200, 64, true), Dist::outliers, 16 * 1024);
+  check_forward(shape().heads(2).n(150).d(32), Dist::mean_shifted, 16 * 1024);
+  check_forward(shape().n(90, 200).d(64).causal(), Dist::outliers, 16 * 1024);
 }
 
 TEST_CASE("exercise ch03.4: the traffic formula predicts the counted bytes for any B_r and B_c") {
@@ -116,13 +116,13 @@ TEST_CASE("exercise ch03.4: the traffic formula predicts the counted bytes for a
     std::size_t sram;
     Blocks blocks;
   };
-  for (const Case& c : {Case{shape(1, 1, 1, 64, 64, 64, false), kSram, {}},
-                        Case{shape(2, 2, 1, 100, 130, 32, true), kSram, {}},
-                        Case{shape(1, 3, 3, 1, 200, 32, false, DType::f32), kSram, {}},
-                        Case{shape(1, 1, 1, 129, 37, 32, true), 8 * 1024, {}},  // empty Q blocks
-                        Case{shape(1, 1, 1, 200, 200, 64, false), kSram, {16, 16}},
-                        Case{shape(1, 1, 1, 200, 200, 64, false), kSram, {64, 16}},  // B_r changes nothing
-                        Case{shape(1, 1, 1, 200, 200, 64, true), kSram, {8, 32}}}) {
+  for (const Case& c : {Case{shape().n(64).d(64), kSram, {}},
+                        Case{shape().batch(2).heads(2, 1).n(100, 130).d(32).causal(), kSram, {}},
+                        Case{shape().heads(3).n(1, 200).d(32).dtype(DType::f32), kSram, {}},
+                        Case{shape().n(129, 37).d(32).causal(), 8 * 1024, {}},       // empty Q blocks
+                        Case{shape().n(200).d(64), kSram, {16, 16}},
+                        Case{shape().n(200).d(64), kSram, {64, 16}},                 // B_r changes nothing
+                        Case{shape().n(200).d(64).causal(), kSram, {8, 32}}}) {
     CAPTURE(c.p.describe());
     const AttnInputs in = make_inputs(c.p, Dist::normal, 1);
     const Fa1ForwardResult r = fa1_forward_model(c.p, in, c.sram, c.blocks);
@@ -134,7 +134,7 @@ TEST_CASE("exercise ch03.4: the traffic formula predicts the counted bytes for a
     CHECK(f.visits > 0);
   }
   // B_r does not change the traffic; halving B_c doubles the streamed part.
-  const Problem p = shape(1, 1, 1, 512, 512, 64, false);
+  const Problem p = shape().n(512).d(64);
   CHECK(fa1_forward_traffic(p, {16, 32}).total() == fa1_forward_traffic(p, {64, 32}).total());
   const double half = fa1_forward_traffic(p, {32, 16}).total() / fa1_forward_traffic(p, {32, 32}).total();
   CHECK(half > 1.95);
@@ -143,11 +143,11 @@ TEST_CASE("exercise ch03.4: the traffic formula predicts the counted bytes for a
 
 TEST_CASE("exercise ch03.2: causal block skipping visits only the blocks below the diagonal") {
   // Correct with skipping (including Q blocks that are entirely empty) ...
-  check_forward(shape(1, 1, 1, 129, 37, 32, true), Dist::normal, 8 * 1024);
-  check_forward(shape(1, 2, 2, 100, 300, 32, true), Dist::mean_shifted, 8 * 1024);
+  check_forward(shape().n(129, 37).d(32).causal(), Dist::normal, 8 * 1024);
+  check_forward(shape().heads(2).n(100, 300).d(32).causal(), Dist::mean_shifted, 8 * 1024);
   // ... and the skipped blocks are not paid for: for a square causal problem the
   // visited pairs are about half (T_c (T_c + 1) / 2 of T_c^2), and so are the FLOPs.
-  const Problem causal = shape(1, 1, 1, 512, 512, 32, true);
+  const Problem causal = shape().n(512).d(32).causal();
   Problem full = causal;
   full.causal = false;
   const AttnInputs in = make_inputs(causal, Dist::normal, 1);
@@ -159,7 +159,7 @@ TEST_CASE("exercise ch03.2: causal block skipping visits only the blocks below t
   CHECK(rc.traffic.flops < 1.1 * flops_forward(causal));
   CHECK(rc.traffic.bytes() < 0.6 * rf.traffic.bytes());
   // Nq > Nk: the first 92 rows see no key; with B_r = 32 the first two Q blocks are skipped entirely.
-  const Problem tall = shape(1, 1, 1, 129, 37, 32, true);
+  const Problem tall = shape().n(129, 37).d(32).causal();
   CHECK(last_visit(tall, {32, 16}, 0) == -1);
   CHECK(last_visit(tall, {32, 16}, 1) == -1);
   CHECK(last_visit(tall, {32, 16}, 2) == 0);   // rows 64..95: row 95 sees keys 0..3
@@ -179,7 +179,7 @@ TEST_CASE("Theorem 2: counted HBM traffic is Theta(N^2 d^2 / M)") {
   for (int d : {32, 64})
     for (int n : {256, 1024})
       for (std::size_t sram : {16 * 1024, 32 * 1024, 64 * 1024}) {
-        const Problem p = shape(1, 1, 1, n, n, d, false);
+        const Problem p = shape().n(n).d(d);
         const double c = counted_bytes(p, sram) / theorem2_scale(p, sram);
         CAPTURE(p.describe());
         CAPTURE(sram);
@@ -194,7 +194,7 @@ TEST_CASE("Theorem 2: counted HBM traffic is Theta(N^2 d^2 / M)") {
 TEST_CASE("Theorem 2: doubling M roughly halves the traffic at fixed N and d") {
   // B_c doubles with M, so T_c halves; only the K/V read (a few percent here) stays.
   for (int d : {32, 64}) {
-    const Problem p = shape(1, 2, 2, 768, 768, d, true);
+    const Problem p = shape().heads(2).n(768).d(d).causal();
     for (std::size_t sram : {16 * 1024, 32 * 1024}) {
       const double ratio = counted_bytes(p, sram) / counted_bytes(p, 2 * sram);
       CAPTURE(d);
@@ -209,7 +209,7 @@ TEST_CASE("Theorem 2: the extra global memory is O(N), not O(N^2)") {
   // FA1's scratch is the statistics m, l and the fp32 O accumulator: (8 + 4 dv) bytes
   // per query row, however long the rows are. Chapter 01 keeps S and P: 8 Nk bytes per row.
   auto extra = [](int n) {
-    const Problem p = shape(1, 2, 2, n, n, 32, false);
+    const Problem p = shape().heads(2).n(n).d(32);
     const AttnInputs in = make_inputs(p, Dist::normal, 1);
     return fa1_forward_model(p, in, kSram).traffic.extra_peak;
   };
@@ -217,13 +217,13 @@ TEST_CASE("Theorem 2: the extra global memory is O(N), not O(N^2)") {
   CHECK(e512 == 2 * e256);
   CHECK(e1024 == 2 * e512);
   CHECK(e1024 == 2 * 1024 * (8 + 4 * 32));
-  const Problem p = shape(1, 2, 2, 1024, 1024, 32, false);
+  const Problem p = shape().heads(2).n(1024).d(32);
   CHECK(ch01::naive_forward_traffic(p).extra() > 50 * e1024);
 }
 
 TEST_CASE("the ratio to chapter 01's traffic grows with M as Theorem 2 says") {
   // Chapter 01 moves Theta(N^2) bytes whatever M is; FA1 moves Theta(N^2 d^2 / M).
-  const Problem p = shape(1, 1, 1, 1024, 1024, 64, false);
+  const Problem p = shape().n(1024).d(64);
   const ch01::NaiveTrafficFormula n = ch01::naive_forward_traffic(p);
   const double naive = n.read() + n.write();
   const double r96 = naive / counted_bytes(p, kSram), r192 = naive / counted_bytes(p, 2 * kSram);
@@ -231,7 +231,7 @@ TEST_CASE("the ratio to chapter 01's traffic grows with M as Theorem 2 says") {
   CHECK(r192 / r96 > 1.85);
   CHECK(r192 / r96 < 2.1);
   // And at d = 128 the same budget buys much less: d^2 / M is four times larger.
-  const Problem p128 = shape(1, 1, 1, 1024, 1024, 128, false);
+  const Problem p128 = shape().n(1024).d(128);
   const ch01::NaiveTrafficFormula n128 = ch01::naive_forward_traffic(p128);
   CHECK((n128.read() + n128.write()) / counted_bytes(p128, kSram) < 0.5 * r96);
 }

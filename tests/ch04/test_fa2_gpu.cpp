@@ -14,10 +14,14 @@ namespace {
 using testing_support::shape;
 
 const Problem kShapes[] = {
-    shape(1, 1, 1, 1, 1, 64, false),      shape(1, 1, 1, 1, 1, 128, true),
-    shape(1, 2, 2, 200, 200, 64, true),   shape(2, 4, 2, 333, 333, 128, false),
-    shape(1, 2, 1, 100, 700, 128, true),  shape(1, 1, 1, 700, 100, 64, true),
-    shape(1, 3, 3, 1024, 1024, 128, true), shape(1, 1, 1, 513, 1031, 64, false),
+    shape().n(1).d(64),
+    shape().n(1).d(128).causal(),
+    shape().heads(2).n(200).d(64).causal(),
+    shape().batch(2).heads(4, 2).n(333).d(128),
+    shape().heads(2, 1).n(100, 700).d(128).causal(),
+    shape().n(700, 100).d(64).causal(),
+    shape().heads(3).n(1024).d(128).causal(),
+    shape().n(513, 1031).d(64),
 };
 
 void check_step(int step, const Problem& p, Dist dist = Dist::normal) {
@@ -57,7 +61,7 @@ TEST_CASE("forward step 4 (cp.async)") {
 }
 TEST_CASE("forward step 5 (exp2 and causal skipping)") {
   for (const Problem& p : kShapes) check_step(5, p);
-  check_step(5, shape(1, 1, 1, 256, 256, 64, true), Dist::mean_shifted);
+  check_step(5, shape().n(256).d(64).causal(), Dist::mean_shifted);
 }
 TEST_CASE("forward step 6 (final): bf16 and fp16, d 64/128/256, mean-shifted and outliers") {
   for (const Problem& p : kShapes) {
@@ -66,25 +70,28 @@ TEST_CASE("forward step 6 (final): bf16 and fp16, d 64/128/256, mean-shifted and
     h.dtype = DType::f16;
     check_step(6, h);
   }
-  check_step(6, shape(1, 2, 2, 300, 300, 256, true));
-  check_step(6, shape(2, 2, 1, 129, 257, 256, false, DType::f16));
-  check_step(6, shape(1, 4, 4, 512, 512, 128, true), Dist::mean_shifted);
-  check_step(6, shape(1, 4, 4, 512, 512, 64, false), Dist::outliers);
+  check_step(6, shape().heads(2).n(300).d(256).causal());
+  check_step(6, shape().batch(2).heads(2, 1).n(129, 257).d(256).dtype(DType::f16));
+  check_step(6, shape().heads(4).n(512).d(128).causal(), Dist::mean_shifted);
+  check_step(6, shape().heads(4).n(512).d(64), Dist::outliers);
 }
 
 TEST_CASE("exercise ch04.3: backward with dQ atomics") {
-  for (const Problem& p : {shape(1, 1, 1, 1, 1, 64, false), shape(1, 2, 2, 200, 200, 64, true),
-                           shape(2, 4, 2, 129, 300, 128, true), shape(1, 1, 1, 300, 129, 128, true),
-                           shape(1, 2, 2, 256, 256, 64, false, DType::f16)})
+  for (const Problem p : {shape().n(1).d(64),
+                          shape().heads(2).n(200).d(64).causal(),
+                          shape().batch(2).heads(4, 2).n(129, 300).d(128).causal(),
+                          shape().n(300, 129).d(128).causal(),
+                          shape().heads(2).n(256).d(64).dtype(DType::f16)})
     check_backward(p, false);
-  check_backward(shape(1, 2, 2, 256, 256, 128, true), false, Dist::mean_shifted);
+  check_backward(shape().heads(2).n(256).d(128).causal(), false, Dist::mean_shifted);
 }
 
 TEST_CASE("backward, deterministic dQ: correct and bitwise repeatable") {
-  for (const Problem& p : {shape(1, 2, 2, 200, 200, 64, true), shape(2, 4, 2, 129, 300, 128, true),
-                           shape(1, 1, 1, 300, 129, 64, true)})
+  for (const Problem p : {shape().heads(2).n(200).d(64).causal(),
+                          shape().batch(2).heads(4, 2).n(129, 300).d(128).causal(),
+                          shape().n(300, 129).d(64).causal()})
     check_backward(p, true);
-  const Problem p = shape(1, 4, 4, 512, 512, 128, false);
+  const Problem p = shape().heads(4).n(512).d(128);
   const AttnInputs in = make_inputs(p, Dist::normal, 5, true);
   const GpuBackward a = fa2_backward_gpu(p, in, true, false), b = fa2_backward_gpu(p, in, true, false);
   CHECK(a.dq == b.dq);

@@ -37,23 +37,23 @@ void check_backward(const Problem& p, Dist dist = Dist::normal) {
 }  // namespace
 
 TEST_CASE("forward model matches the fp64 reference at awkward shapes") {
-  check_forward(shape(1, 1, 1, 1, 1, 64, false));
-  check_forward(shape(1, 1, 1, 1, 1, 64, true));
-  check_forward(shape(1, 2, 2, 200, 200, 64, true));         // N not a multiple of Br or Bc
-  check_forward(shape(1, 1, 1, 100, 300, 64, true));         // Nq < Nk, bottom-right
-  check_forward(shape(1, 1, 1, 300, 100, 64, true));         // Nq > Nk: empty rows
-  check_forward(shape(2, 4, 2, 130, 130, 128, false));       // GQA, batches
-  check_forward(shape(1, 2, 2, 140, 140, 64, true, DType::f16), Dist::mean_shifted);
-  check_forward(shape(1, 1, 1, 129, 129, 128, false), Dist::outliers);
+  check_forward(shape().n(1).d(64));
+  check_forward(shape().n(1).d(64).causal());
+  check_forward(shape().heads(2).n(200).d(64).causal());      // N not a multiple of Br or Bc
+  check_forward(shape().n(100, 300).d(64).causal());          // Nq < Nk, bottom-right
+  check_forward(shape().n(300, 100).d(64).causal());          // Nq > Nk: empty rows
+  check_forward(shape().batch(2).heads(4, 2).n(130).d(128));  // GQA, batches
+  check_forward(shape().heads(2).n(140).d(64).causal().dtype(DType::f16), Dist::mean_shifted);
+  check_forward(shape().n(129).d(128), Dist::outliers);
 }
 
 TEST_CASE("exercise ch04.1: the running output is rescaled when the maximum grows") {
   // Mean-shifted rows grow their maximum block after block; without the rescale O_i is wrong.
-  check_forward(shape(1, 1, 1, 150, 400, 64, false), Dist::mean_shifted);
+  check_forward(shape().n(150, 400).d(64), Dist::mean_shifted);
 }
 
 TEST_CASE("the loop swap: Q read once, K and V once per query block, no statistics in HBM") {
-  const Problem p = shape(1, 2, 2, 512, 512, 64, false);
+  const Problem p = shape().heads(2).n(512).d(64);
   const AttnInputs in = make_inputs(p, Dist::normal, 1);
   const Fa2ForwardResult r = fa2_forward_model(p, in, kSram);
   const double e = dtype_bytes(p.dtype);
@@ -66,24 +66,25 @@ TEST_CASE("the loop swap: Q read once, K and V once per query block, no statisti
 }
 
 TEST_CASE("exercise ch04.2: causal blocks past the diagonal are never loaded") {
-  for (const Problem& p : {shape(1, 1, 1, 1024, 1024, 64, true), shape(1, 2, 1, 300, 700, 64, true),
-                           shape(1, 1, 1, 700, 300, 64, true)}) {
-    CAPTURE(p.describe());
-    const AttnInputs in = make_inputs(p, Dist::normal, 1);
-    const Fa2ForwardResult r = fa2_forward_model(p, in, kSram);
-    CHECK(r.traffic.bytes() == fa2_forward_bytes(p, {}, true));
-    CHECK(r.traffic.bytes() < fa2_forward_bytes(p, {}, false));
-  }
+  for (const Problem p : {shape().n(1024).d(64).causal(),
+                          shape().heads(2, 1).n(300, 700).d(64).causal(),
+                          shape().n(700, 300).d(64).causal()}) {
+   CAPTURE(p.describe());
+   const AttnInputs in = make_inputs(p, Dist::normal, 1);
+   const Fa2ForwardResult r = fa2_forward_model(p, in, kSram);
+   CHECK(r.traffic.bytes() == fa2_forward_bytes(p, {}, true));
+   CHECK(r.traffic.bytes() < fa2_forward_bytes(p, {}, false));
+ }
   // Square causal: the K/V traffic is about half (whole 64-key tiles round it up a little).
-  const Problem p = shape(1, 1, 1, 1024, 1024, 64, true);
-  const Problem q = shape(1, 1, 1, 1024, 1024, 64, false);
+  const Problem p = shape().n(1024).d(64).causal();
+  const Problem q = shape().n(1024).d(64);
   const double ratio = fa2_forward_bytes(p) / fa2_forward_bytes(q);
   CHECK(ratio > 0.5);
   CHECK(ratio < 0.62);
 }
 
 TEST_CASE("the tiles must fit the on-chip budget") {
-  const Problem p = shape(1, 1, 1, 64, 64, 128, false);
+  const Problem p = shape().n(64).d(128);
   const AttnInputs in = make_inputs(p, Dist::normal, 1);
   CHECK_THROWS_AS(fa2_forward_model(p, in, 96 * 1024), SramOverflow);
   CHECK(fa2_onchip_bytes(p) <= kSram);
@@ -91,19 +92,19 @@ TEST_CASE("the tiles must fit the on-chip budget") {
 }
 
 TEST_CASE("backward model matches the fp64 reference at awkward shapes") {
-  check_backward(shape(1, 1, 1, 1, 1, 64, false, DType::f16));
-  check_backward(shape(1, 2, 2, 100, 100, 64, false));
-  check_backward(shape(1, 1, 1, 70, 150, 64, true));
-  check_backward(shape(1, 1, 1, 150, 70, 64, true));          // empty rows
-  check_backward(shape(2, 4, 2, 65, 65, 64, true));           // GQA: dK, dV summed over the group
+  check_backward(shape().n(1).d(64).dtype(DType::f16));
+  check_backward(shape().heads(2).n(100).d(64));
+  check_backward(shape().n(70, 150).d(64).causal());
+  check_backward(shape().n(150, 70).d(64).causal());                  // empty rows
+  check_backward(shape().batch(2).heads(4, 2).n(65).d(64).causal());  // GQA: dK, dV summed over the group
 }
 
 TEST_CASE("exercise ch04.4: dQ accumulates across K/V blocks") {
-  check_backward(shape(1, 1, 1, 64, 200, 64, false));          // four K/V blocks add into each dQ_i
+  check_backward(shape().n(64, 200).d(64));                    // four K/V blocks add into each dQ_i
 }
 
 TEST_CASE("backward model: FLOPs are 2.5x the forward and dQ's atomics are counted") {
-  const Problem p = shape(1, 1, 1, 128, 128, 64, false);
+  const Problem p = shape().n(128).d(64);
   const AttnInputs in = make_inputs(p, Dist::normal, 1, true);
   const Fa2BackwardResult r = fa2_backward_model(p, in, kSram);
   CHECK(r.traffic.flops == doctest::Approx(flops_backward(p)));

@@ -44,12 +44,12 @@ void check_step(Step s, const Problem& p, Dist dist = Dist::normal) {
 
 /// The awkward shapes every step must pass, at head dim d.
 void awkward_shapes(Step s, int d, DType t) {
-  check_step(s, shape(1, 1, 1, 1, 1, d, false, t));            // N = 1
-  check_step(s, shape(1, 2, 2, 100, 100, d, true, t));         // N below one tile
-  check_step(s, shape(2, 4, 2, 130, 67, d, true, t));          // Nq > Nk: empty rows; GQA; batches
-  check_step(s, shape(1, 2, 1, 67, 300, d, true, t));          // Nq < Nk, causal bottom-right
-  check_step(s, shape(1, 3, 3, 257, 257, d, false, t), Dist::mean_shifted);
-  check_step(s, shape(1, 4, 1, 300, 520, d, false, t));        // MQA, N not a multiple of any tile
+  check_step(s, shape().n(1).d(d).dtype(t));                                      // N = 1
+  check_step(s, shape().heads(2).n(100).d(d).causal().dtype(t));                  // N below one tile
+  check_step(s, shape().batch(2).heads(4, 2).n(130, 67).d(d).causal().dtype(t));  // Nq > Nk: empty rows; GQA; batches
+  check_step(s, shape().heads(2, 1).n(67, 300).d(d).causal().dtype(t));           // Nq < Nk, causal bottom-right
+  check_step(s, shape().heads(3).n(257).d(d).dtype(t), Dist::mean_shifted);
+  check_step(s, shape().heads(4, 1).n(300, 520).d(d).dtype(t));                   // MQA, N not a multiple of any tile
 }
 
 }  // namespace
@@ -68,8 +68,8 @@ TEST_CASE("steps 1-5 (d = 128) at awkward shapes, bf16 and fp16") {
   if (!hopper()) return;
   for (Step s : {Step::v1_tma, Step::v2_wgmma, Step::v3_warp_specialized, Step::v4_pingpong, Step::v5_intra_overlap}) {
     awkward_shapes(s, 128, DType::bf16);
-    check_step(s, shape(1, 2, 2, 200, 333, 128, true, DType::f16));
-    check_step(s, shape(1, 1, 1, 256, 256, 128, false, DType::f16), Dist::outliers);
+    check_step(s, shape().heads(2).n(200, 333).d(128).causal().dtype(DType::f16));
+    check_step(s, shape().n(256).d(128).dtype(DType::f16), Dist::outliers);
   }
 }
 
@@ -81,8 +81,8 @@ TEST_CASE("step 6 at every head dim, causal and not, and with more tiles than SM
       awkward_shapes(Step::v6_persistent, d, t);
     }
   // 17 query tiles x 16 heads = 272 tiles: every block walks several of them.
-  check_step(Step::v6_persistent, shape(2, 8, 4, 2100, 2100, 128, true, DType::bf16));
-  check_step(Step::v6_persistent, shape(2, 8, 8, 2100, 1900, 64, false, DType::bf16));
+  check_step(Step::v6_persistent, shape().batch(2).heads(8, 4).n(2100).d(128).causal().dtype(DType::bf16));
+  check_step(Step::v6_persistent, shape().batch(2).heads(8).n(2100, 1900).d(64).dtype(DType::bf16));
 }
 
 TEST_CASE("step 7 (fp8) at every head dim against the plain FP8 computation") {
@@ -90,45 +90,46 @@ TEST_CASE("step 7 (fp8) at every head dim against the plain FP8 computation") {
   for (int d : {64, 128, 256}) {
     CAPTURE(d);
     awkward_shapes(Step::v7_fp8, d, DType::bf16);
-    check_step(Step::v7_fp8, shape(1, 2, 2, 300, 300, d, true, DType::f16), Dist::outliers);
+    check_step(Step::v7_fp8, shape().heads(2).n(300).d(d).causal().dtype(DType::f16), Dist::outliers);
   }
-  check_step(Step::v7_fp8, shape(2, 8, 2, 1100, 1300, 128, true, DType::bf16));
+  check_step(Step::v7_fp8, shape().batch(2).heads(8, 2).n(1100, 1300).d(128).causal().dtype(DType::bf16));
 }
 
 TEST_CASE("the fp8 preparation pass equals the CPU quantisation bit for bit") {
   if (!hopper()) return;
-  for (const Problem& p : {shape(1, 2, 1, 130, 77, 64, false, DType::bf16), shape(2, 1, 1, 64, 200, 128, true, DType::f16),
-                           shape(1, 1, 1, 90, 33, 256, false, DType::bf16)}) {
-    CAPTURE(p.describe());
-    const AttnInputs in = make_inputs(p, Dist::outliers, 5);
-    const Fp8Inputs cpu = quantize_fp8(p, in);
-    const Fp8Prepared gpu = fp8_prepare_gpu(p, in);
-    REQUIRE(gpu.q8.size() == cpu.q8.size());
-    std::size_t bad = 0;
-    for (std::size_t i = 0; i < cpu.q8.size(); ++i) bad += gpu.q8[i] != e4m3_bits(cpu.q8[i]);
-    for (std::size_t i = 0; i < cpu.k8.size(); ++i) bad += gpu.k8[i] != e4m3_bits(cpu.k8[i]);
-    CHECK(bad == 0);
-    CHECK(gpu.q_scale == cpu.q_scale);
-    CHECK(gpu.k_scale == cpu.k_scale);
-    CHECK(gpu.v_scale == cpu.v_scale);
-    // V^T: channel c, position 32 s + p holds key 32 s + fp8_key_at(p) (0 past Nk).
-    std::size_t bad_v = 0;
-    for (int bh = 0; bh < p.batch * p.kv_heads; ++bh)
-      for (int c = 0; c < p.d; ++c)
-        for (int pos = 0; pos < gpu.nk_pad; ++pos) {
-          const int key = 32 * (pos / 32) + fp8_key_at(pos % 32);
-          const uint8_t want = key < p.nk ? e4m3_bits(cpu.v8[(std::size_t(bh) * p.nk + key) * p.d + c]) : 0;
-          bad_v += gpu.vt8[(std::size_t(bh) * p.d + c) * gpu.nk_pad + pos] != want;
-        }
-    CHECK(bad_v == 0);
-  }
+  for (const Problem p : {shape().heads(2, 1).n(130, 77).d(64).dtype(DType::bf16),
+                          shape().batch(2).n(64, 200).d(128).causal().dtype(DType::f16),
+                          shape().n(90, 33).d(256).dtype(DType::bf16)}) {
+   CAPTURE(p.describe());
+   const AttnInputs in = make_inputs(p, Dist::outliers, 5);
+   const Fp8Inputs cpu = quantize_fp8(p, in);
+   const Fp8Prepared gpu = fp8_prepare_gpu(p, in);
+   REQUIRE(gpu.q8.size() == cpu.q8.size());
+   std::size_t bad = 0;
+   for (std::size_t i = 0; i < cpu.q8.size(); ++i) bad += gpu.q8[i] != e4m3_bits(cpu.q8[i]);
+   for (std::size_t i = 0; i < cpu.k8.size(); ++i) bad += gpu.k8[i] != e4m3_bits(cpu.k8[i]);
+   CHECK(bad == 0);
+   CHECK(gpu.q_scale == cpu.q_scale);
+   CHECK(gpu.k_scale == cpu.k_scale);
+   CHECK(gpu.v_scale == cpu.v_scale);
+   // V^T: channel c, position 32 s + p holds key 32 s + fp8_key_at(p) (0 past Nk).
+   std::size_t bad_v = 0;
+   for (int bh = 0; bh < p.batch * p.kv_heads; ++bh)
+     for (int c = 0; c < p.d; ++c)
+       for (int pos = 0; pos < gpu.nk_pad; ++pos) {
+         const int key = 32 * (pos / 32) + fp8_key_at(pos % 32);
+         const uint8_t want = key < p.nk ? e4m3_bits(cpu.v8[(std::size_t(bh) * p.nk + key) * p.d + c]) : 0;
+         bad_v += gpu.vt8[(std::size_t(bh) * p.d + c) * gpu.nk_pad + pos] != want;
+       }
+   CHECK(bad_v == 0);
+ }
 }
 
 TEST_CASE("every step at the benchmark's causal shape (sampled rows)") {
   // B = 2, H = 16, N = 8192, d = 128: the shape of the README's causal row, where the
   // measured run of 2026-11-29 found step 1 failing its check (see the README).
   if (!hopper()) return;
-  const Problem p = shape(2, 16, 16, 8192, 8192, 128, true, DType::bf16);
+  const Problem p = shape().batch(2).heads(16).n(8192).d(128).causal().dtype(DType::bf16);
   const AttnInputs in = make_inputs(p, Dist::normal, 1);
   const ForwardOracle oracle(p, in, CheckPlan::sampled(p, 2e9));
   for (Step s : {Step::v1_tma, Step::v2_wgmma, Step::v5_intra_overlap, Step::v6_persistent}) {
@@ -141,7 +142,7 @@ TEST_CASE("every step at the benchmark's causal shape (sampled rows)") {
 
 TEST_CASE("repeated runs give identical bits (no race between producer and consumers)") {
   if (!hopper()) return;
-  const Problem p = shape(2, 4, 2, 1000, 1100, 128, true, DType::bf16);
+  const Problem p = shape().batch(2).heads(4, 2).n(1000, 1100).d(128).causal().dtype(DType::bf16);
   const AttnInputs in = make_inputs(p, Dist::normal, 3);
   for (Step s : {Step::v3_warp_specialized, Step::v5_intra_overlap, Step::v6_persistent, Step::v7_fp8}) {
     CAPTURE(step_name(s));

@@ -30,11 +30,11 @@ void check_model(const Problem& p, Step s, Dist dist = Dist::normal, uint64_t se
 }
 
 const Problem kAwkward[] = {
-    shape(1, 1, 1, 1, 1, 64, false),        // N = 1
-    shape(1, 2, 2, 100, 100, 64, true),     // N below one tile
-    shape(1, 1, 1, 200, 330, 64, true),     // Nq < Nk, causal bottom-right
-    shape(2, 2, 1, 300, 70, 64, true),      // Nq > Nk: the first rows are empty; GQA
-    shape(1, 4, 2, 257, 257, 64, false),    // N not a multiple of any tile, GQA
+    shape().n(1).d(64),                                      // N = 1
+    shape().heads(2).n(100).d(64).causal(),                  // N below one tile
+    shape().n(200, 330).d(64).causal(),                      // Nq < Nk, causal bottom-right
+    shape().batch(2).heads(2, 1).n(300, 70).d(64).causal(),  // Nq > Nk: the first rows are empty; GQA
+    shape().heads(4, 2).n(257).d(64),                        // N not a multiple of any tile, GQA
 };
 
 }  // namespace
@@ -42,18 +42,18 @@ const Problem kAwkward[] = {
 TEST_CASE("every schedule matches the reference at awkward shapes") {
   for (Step s : {Step::v3_warp_specialized, Step::v4_pingpong, Step::v5_intra_overlap, Step::v6_persistent})
     for (const Problem& p : kAwkward) check_model(p, s);
-  check_model(shape(1, 2, 2, 150, 150, 64, false, DType::f16), Step::v6_persistent, Dist::mean_shifted);
-  check_model(shape(1, 1, 1, 140, 140, 64, true), Step::v6_persistent, Dist::outliers);
+  check_model(shape().heads(2).n(150).d(64).dtype(DType::f16), Step::v6_persistent, Dist::mean_shifted);
+  check_model(shape().n(140).d(64).causal(), Step::v6_persistent, Dist::outliers);
 }
 
 TEST_CASE("head dims 128 and 256 with their own key blocks") {
-  check_model(shape(1, 2, 1, 130, 200, 128, true), Step::v6_persistent);
-  check_model(shape(1, 1, 1, 129, 129, 256, false), Step::v6_persistent);
-  check_model(shape(1, 1, 1, 129, 100, 128, true), Step::v1_tma);
+  check_model(shape().heads(2, 1).n(130, 200).d(128).causal(), Step::v6_persistent);
+  check_model(shape().n(129).d(256), Step::v6_persistent);
+  check_model(shape().n(129, 100).d(128).causal(), Step::v1_tma);
 }
 
 TEST_CASE("any interleaving of producer and consumers gives the same bits and no hazard") {
-  const Problem p = shape(2, 2, 1, 333, 290, 64, true);
+  const Problem p = shape().batch(2).heads(2, 1).n(333, 290).d(64).causal();
   const AttnInputs in = make_inputs(p, Dist::normal, 5);
   for (Step s : {Step::v3_warp_specialized, Step::v5_intra_overlap, Step::v6_persistent}) {
     CAPTURE(step_name(s));
@@ -68,20 +68,21 @@ TEST_CASE("any interleaving of producer and consumers gives the same bits and no
 }
 
 TEST_CASE("the counted traffic equals the formula, and causal skipping halves it") {
-  for (const Problem& p : {shape(1, 2, 1, 300, 300, 64, true), shape(2, 1, 1, 129, 257, 128, false),
-                           shape(1, 1, 1, 200, 60, 64, true)}) {
-    CAPTURE(p.describe());
-    const AttnInputs in = make_inputs(p, Dist::normal, 2);
-    for (Step s : {Step::v3_warp_specialized, Step::v6_persistent}) {
-      const ScheduleConfig cfg = schedule_for(s, p.d);
-      const Fa3ModelResult r = fa3_forward_model(p, in, cfg, 0);
-      const Fa3TrafficFormula f = fa3_forward_traffic(p, cfg);
-      CHECK(r.traffic.bytes_read == f.read());
-      CHECK(r.traffic.bytes_written == f.write());
-      CHECK(r.traffic.extra_peak == 0);
-    }
-  }
-  const Problem big = shape(1, 1, 1, 4096, 4096, 128, true);
+  for (const Problem p : {shape().heads(2, 1).n(300).d(64).causal(),
+                          shape().batch(2).n(129, 257).d(128),
+                          shape().n(200, 60).d(64).causal()}) {
+   CAPTURE(p.describe());
+   const AttnInputs in = make_inputs(p, Dist::normal, 2);
+   for (Step s : {Step::v3_warp_specialized, Step::v6_persistent}) {
+     const ScheduleConfig cfg = schedule_for(s, p.d);
+     const Fa3ModelResult r = fa3_forward_model(p, in, cfg, 0);
+     const Fa3TrafficFormula f = fa3_forward_traffic(p, cfg);
+     CHECK(r.traffic.bytes_read == f.read());
+     CHECK(r.traffic.bytes_written == f.write());
+     CHECK(r.traffic.extra_peak == 0);
+   }
+ }
+  const Problem big = shape().n(4096).d(128).causal();
   const double all = fa3_forward_traffic(big, schedule_for(Step::v5_intra_overlap, 128)).kv_read;
   const double skipped = fa3_forward_traffic(big, schedule_for(Step::v6_persistent, 128)).kv_read;
   CHECK(skipped / all > 0.5);
@@ -89,7 +90,7 @@ TEST_CASE("the counted traffic equals the formula, and causal skipping halves it
 }
 
 TEST_CASE("pingpong alternates the two consumers' GEMM windows") {
-  const Problem p = shape(1, 1, 1, 128, 640, 64, false);
+  const Problem p = shape().n(128, 640).d(64);
   const AttnInputs in = make_inputs(p, Dist::normal, 3);
   for (Step s : {Step::v4_pingpong, Step::v5_intra_overlap}) {
     for (uint64_t seed : {0u, 7u}) {
@@ -141,7 +142,7 @@ TEST_CASE("kv_blocks: visible blocks and the ones that need a mask") {
 }
 
 TEST_CASE("exercise ch05.1: the producer waits for the right phase of empty[s]") {
-  const Problem p = shape(1, 1, 1, 128, 700, 64, false);
+  const Problem p = shape().n(128, 700).d(64);
   const AttnInputs in = make_inputs(p, Dist::normal, 4);
   const ForwardOracle oracle(p, in, CheckPlan::full(p));
   for (Step s : {Step::v3_warp_specialized, Step::v6_persistent}) {
@@ -154,14 +155,14 @@ TEST_CASE("exercise ch05.1: the producer waits for the right phase of empty[s]")
 }
 
 TEST_CASE("exercise ch05.3: the consumer waits for S_j, and only S_j, before its softmax") {
-  for (const Problem& p : {shape(1, 1, 1, 130, 520, 64, false), shape(1, 2, 1, 200, 333, 64, true)}) {
-    CAPTURE(p.describe());
-    const AttnInputs in = make_inputs(p, Dist::normal, 8);
-    const ForwardOracle oracle(p, in, CheckPlan::full(p));
-    const Fa3ModelResult r = fa3_forward_model(p, in, schedule_for(Step::v5_intra_overlap, p.d), 0, 0);
-    const CheckResult c = oracle.judge(r.o, &r.lse);
-    CHECK_MESSAGE(c.pass(), c.failures());
-  }
+  for (const Problem p : {shape().n(130, 520).d(64), shape().heads(2, 1).n(200, 333).d(64).causal()}) {
+   CAPTURE(p.describe());
+   const AttnInputs in = make_inputs(p, Dist::normal, 8);
+   const ForwardOracle oracle(p, in, CheckPlan::full(p));
+   const Fa3ModelResult r = fa3_forward_model(p, in, schedule_for(Step::v5_intra_overlap, p.d), 0, 0);
+   const CheckResult c = oracle.judge(r.o, &r.lse);
+   CHECK_MESSAGE(c.pass(), c.failures());
+ }
 }
 
 TEST_CASE("exercise ch05.4: causal tiles visit only the key blocks some row can see") {
@@ -172,7 +173,7 @@ TEST_CASE("exercise ch05.4: causal tiles visit only the key blocks some row can 
   CHECK(kv.n_full == 1);
   // Bottom-right alignment: with Nk = Nq + 256 the same rows see two more blocks.
   CHECK(kv_blocks(1, 128, 128, 512, 768, true).n_max == 4);
-  const Problem p = shape(1, 1, 1, 512, 512, 64, true);
+  const Problem p = shape().n(512).d(64).causal();
   const AttnInputs in = make_inputs(p, Dist::normal, 9);
   const Fa3ModelResult r = fa3_forward_model(p, in, schedule_for(Step::v6_persistent, 64), 0);
   CHECK(r.traffic.bytes_read == fa3_forward_traffic(p, schedule_for(Step::v6_persistent, 64)).read());

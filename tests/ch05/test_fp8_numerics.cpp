@@ -69,7 +69,7 @@ TEST_CASE("exercise ch05.2: the Hadamard rotation is orthogonal and keeps q . k"
 }
 
 TEST_CASE("quantize_fp8: scales put each block's largest entry at 448") {
-  const Problem p = shape(1, 2, 1, 130, 100, 64, false);
+  const Problem p = shape().heads(2, 1).n(130, 100).d(64);
   const AttnInputs in = make_inputs(p, Dist::normal, 3);
   const Fp8Inputs f = quantize_fp8(p, in, {Fp8Scaling::per_block, false});
   REQUIRE(f.q_blocks == 3);
@@ -93,27 +93,28 @@ TEST_CASE("quantize_fp8: scales put each block's largest entry at 448") {
 }
 
 TEST_CASE("the plain FP8 computation passes its own oracle at awkward shapes") {
-  for (const Problem& p : {shape(1, 2, 1, 100, 160, 64, true), shape(2, 1, 1, 70, 70, 128, false),
-                           shape(1, 1, 1, 200, 90, 256, true, DType::f16)}) {
-    CAPTURE(p.describe());
-    const AttnInputs in = make_inputs(p, Dist::normal, 4);
-    const Fp8Oracle oracle(p, in, CheckPlan::full(p));
-    const NaiveForward n = naive_fp8_forward(p, oracle.inputs(), oracle.plan());
-    // Spread the compact rows into full tensors (poisoned elsewhere) and judge them.
-    std::vector<float> o(p.o_elems(), 0.f), lse(p.lse_elems(), 0.f);
-    for (std::size_t k = 0; k < n.o.rows.size(); ++k) {
-      for (int c = 0; c < p.dv; ++c) o[n.o.rows[k] * p.dv + c] = n.o.row(k)[c];
-      lse[n.lse.rows[k]] = n.lse.values[k];
-    }
-    const CheckResult c = oracle.judge(o, &lse);
-    CHECK_MESSAGE(c.pass(), c.failures());
-    CHECK(oracle.naive_o().rel_l2 > 1e-3);  // FP8 is visibly coarser than bf16...
-    CHECK(oracle.naive_o().rel_l2 < 0.1);   // ...but still attention
-  }
+  for (const Problem p : {shape().heads(2, 1).n(100, 160).d(64).causal(),
+                          shape().batch(2).n(70).d(128),
+                          shape().n(200, 90).d(256).causal().dtype(DType::f16)}) {
+   CAPTURE(p.describe());
+   const AttnInputs in = make_inputs(p, Dist::normal, 4);
+   const Fp8Oracle oracle(p, in, CheckPlan::full(p));
+   const NaiveForward n = naive_fp8_forward(p, oracle.inputs(), oracle.plan());
+   // Spread the compact rows into full tensors (poisoned elsewhere) and judge them.
+   std::vector<float> o(p.o_elems(), 0.f), lse(p.lse_elems(), 0.f);
+   for (std::size_t k = 0; k < n.o.rows.size(); ++k) {
+     for (int c = 0; c < p.dv; ++c) o[n.o.rows[k] * p.dv + c] = n.o.row(k)[c];
+     lse[n.lse.rows[k]] = n.lse.values[k];
+   }
+   const CheckResult c = oracle.judge(o, &lse);
+   CHECK_MESSAGE(c.pass(), c.failures());
+   CHECK(oracle.naive_o().rel_l2 > 1e-3);  // FP8 is visibly coarser than bf16...
+   CHECK(oracle.naive_o().rel_l2 < 0.1);   // ...but still attention
+ }
 }
 
 TEST_CASE("FP8 accuracy: per-block scales and the Hadamard rotation help on channel outliers") {
-  const Problem p = shape(1, 2, 2, 256, 256, 128, false);
+  const Problem p = shape().heads(2).n(256).d(128);
   const CheckPlan plan = CheckPlan::full(p);
   const std::vector<Fp8AccuracyRow> t = fp8_accuracy_table(p, channel_outlier_inputs(p, 21), plan);
   REQUIRE(t.size() == 4);
