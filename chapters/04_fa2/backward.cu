@@ -35,10 +35,15 @@
 // against 64; on sm_90 each atomic adds two floats at once.
 #include "common/online_softmax.hpp"
 #include "fa2_kernels.cuh"
-#include "ptx.cuh"
+#include "common/cuda/cp_async.cuh"
+#include "common/cuda/fast_math.cuh"
+#include "common/cuda/ldmatrix.cuh"
+#include "common/cuda/mma_sync.cuh"
+#include "common/cuda/smem_tiles.cuh"
 
 namespace attn::ch04 {
 namespace {
+using namespace attn::cuda;
 
 constexpr int kMainThreads = 256;  // fa2_bwd_main: 8 warps
 constexpr int kBcMain = 128;       // keys per fa2_bwd_main thread block (16 per warp)
@@ -135,7 +140,7 @@ __global__ void __launch_bounds__(kMainThreads) fa2_bwd_main(const BwdParams p, 
   }
   cp_async_commit();
 
-  // ldmatrix lanes (ptx.cuh), three patterns shared by every tile (tile offsets are
+  // ldmatrix lanes (common/cuda/smem_tiles.cuh), three patterns shared by every tile (tile offsets are
   // compile-time constants added to the address):
   //   rowA   A operand from rows kw + lane%16 (this warp's keys of K_j or V_j)
   //   colB   B operand whose columns are tile rows (Q_i^T, dO_i^T)
@@ -184,10 +189,10 @@ __global__ void __launch_bounds__(kMainThreads) fa2_bwd_main(const BwdParams p, 
         uint32_t bq[4], bo[4];
         ldmatrix_x4(bq, colB.at(np * 16, 2 * kk) + oQ);
         ldmatrix_x4(bo, colB.at(np * 16, 2 * kk) + odO);
-        mma_16816<T>(st[2 * np], ak, bq[0], bq[1]);
-        mma_16816<T>(st[2 * np + 1], ak, bq[2], bq[3]);
-        mma_16816<T>(dpt[2 * np], av, bo[0], bo[1]);
-        mma_16816<T>(dpt[2 * np + 1], av, bo[2], bo[3]);
+        mma_m16n8k16<T>(st[2 * np], ak, bq[0], bq[1]);
+        mma_m16n8k16<T>(st[2 * np + 1], ak, bq[2], bq[3]);
+        mma_m16n8k16<T>(dpt[2 * np], av, bo[0], bo[1]);
+        mma_m16n8k16<T>(dpt[2 * np + 1], av, bo[2], bo[3]);
       }
     }
 
@@ -239,10 +244,10 @@ __global__ void __launch_bounds__(kMainThreads) fa2_bwd_main(const BwdParams p, 
         uint32_t bo[4], bq[4];
         ldmatrix_x4_trans(bo, transB.at(kq * 16, 2 * dp) + odO);
         ldmatrix_x4_trans(bq, transB.at(kq * 16, 2 * dp) + oQ);
-        mma_16816<T>(dv[2 * dp], ap, bo[0], bo[1]);
-        mma_16816<T>(dv[2 * dp + 1], ap, bo[2], bo[3]);
-        mma_16816<T>(dk[2 * dp], as, bq[0], bq[1]);
-        mma_16816<T>(dk[2 * dp + 1], as, bq[2], bq[3]);
+        mma_m16n8k16<T>(dv[2 * dp], ap, bo[0], bo[1]);
+        mma_m16n8k16<T>(dv[2 * dp + 1], ap, bo[2], bo[3]);
+        mma_m16n8k16<T>(dk[2 * dp], as, bq[0], bq[1]);
+        mma_m16n8k16<T>(dk[2 * dp + 1], as, bq[2], bq[3]);
       }
     }
     __syncthreads();  // dS^T is complete in shared memory; Q_i, dO_i, LSE_i, D_i are no longer read
@@ -270,8 +275,8 @@ __global__ void __launch_bounds__(kMainThreads) fa2_bwd_main(const BwdParams p, 
         for (int dp = 0; dp < DT / 4; ++dp) {
           uint32_t bk[4];
           ldmatrix_x4_trans(bk, kq_at[dp] + uint32_t(kk * 16 * KC) * 16u);
-          mma_16816<T>(dq[2 * dp], a, bk[0], bk[1]);
-          mma_16816<T>(dq[2 * dp + 1], a, bk[2], bk[3]);
+          mma_m16n8k16<T>(dq[2 * dp], a, bk[0], bk[1]);
+          mma_m16n8k16<T>(dq[2 * dp + 1], a, bk[2], bk[3]);
         }
       }
       float* dqa = p.dq_accum + head_of(s) * p.nq * D;
@@ -365,10 +370,10 @@ __global__ void __launch_bounds__(kThreads) fa2_bwd_dq(const BwdParams p) {
         uint32_t bk[4], bv[4];
         ldmatrix_x4(bk, colB.at(np * 16, 2 * kk) + oK);
         ldmatrix_x4(bv, colB.at(np * 16, 2 * kk) + oV);
-        mma_16816<T>(s[2 * np], aq, bk[0], bk[1]);
-        mma_16816<T>(s[2 * np + 1], aq, bk[2], bk[3]);
-        mma_16816<T>(dp[2 * np], ao, bv[0], bv[1]);
-        mma_16816<T>(dp[2 * np + 1], ao, bv[2], bv[3]);
+        mma_m16n8k16<T>(s[2 * np], aq, bk[0], bk[1]);
+        mma_m16n8k16<T>(s[2 * np + 1], aq, bk[2], bk[3]);
+        mma_m16n8k16<T>(dp[2 * np], ao, bv[0], bv[1]);
+        mma_m16n8k16<T>(dp[2 * np + 1], ao, bv[2], bv[3]);
       }
     }
     const int col0 = j * Bc;
@@ -395,8 +400,8 @@ __global__ void __launch_bounds__(kThreads) fa2_bwd_dq(const BwdParams p) {
       for (int dp2 = 0; dp2 < DT / 2; ++dp2) {
         uint32_t bk[4];
         ldmatrix_x4_trans(bk, transB.at(kk * 16, 2 * dp2) + oK);
-        mma_16816<T>(dq[2 * dp2], a, bk[0], bk[1]);
-        mma_16816<T>(dq[2 * dp2 + 1], a, bk[2], bk[3]);
+        mma_m16n8k16<T>(dq[2 * dp2], a, bk[0], bk[1]);
+        mma_m16n8k16<T>(dq[2 * dp2 + 1], a, bk[2], bk[3]);
       }
     }
   }

@@ -10,7 +10,7 @@
 //                            O stores through shared memory; bf16 and fp16, d in {64, 128, 256}
 //
 // This step: both products run on tensor cores (mma.sync m16n8k16, bf16 in, fp32
-// accumulate; fragment layouts in ptx.cuh). Q_i is split across the 4 warps, 16
+// accumulate; fragment layouts in common/cuda/mma_sync.cuh). Q_i is split across the 4 warps, 16
 // rows each, and every warp sees all of K_j and V_j (FlashAttention-2 section 3.3;
 // FlashAttention-1 split K/V across warps instead and had to combine partial
 // outputs through shared memory). S's accumulators are reused in place as P, the
@@ -31,10 +31,15 @@
 // transposed. Step 3 removes both.
 #include "common/online_softmax.hpp"
 #include "fa2_kernels.cuh"
-#include "ptx.cuh"
+#include "common/cuda/cp_async.cuh"
+#include "common/cuda/fast_math.cuh"
+#include "common/cuda/ldmatrix.cuh"
+#include "common/cuda/mma_sync.cuh"
+#include "common/cuda/smem_tiles.cuh"
 
 namespace attn::ch04 {
 namespace {
+using namespace attn::cuda;
 
 /// Tile shapes of one configuration.
 ///   Br = kWarps * 16 * MT query rows per thread block (warp w owns rows [w*16*MT, (w+1)*16*MT))
@@ -58,7 +63,7 @@ __global__ void __launch_bounds__(C::kThreads) fa2_fwd_v2(const FwdParams p) {
   T* sV = sK + Bc * D;                 // [Bc][D]  V_j
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int g = lane / 4, t = lane % 4;  // mma fragment coordinates (ptx.cuh)
+  const int g = lane / 4, t = lane % 4;  // mma fragment coordinates (common/cuda/mma_sync.cuh)
   const int i_blk = blockIdx.x;
   const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
   const int hk = h / (p.heads / p.kv_heads);
@@ -120,8 +125,8 @@ __global__ void __launch_bounds__(C::kThreads) fa2_fwd_v2(const FwdParams p) {
         bk[3] = lds32(k + 8 * D + 8);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          mma_16816<T>(s[mt][2 * np], a[mt], bk[0], bk[1]);
-          mma_16816<T>(s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
+          mma_m16n8k16<T>(s[mt][2 * np], a[mt], bk[0], bk[1]);
+          mma_m16n8k16<T>(s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
         }
       }
     }
@@ -202,8 +207,8 @@ __global__ void __launch_bounds__(C::kThreads) fa2_fwd_v2(const FwdParams p) {
         bv[3] = gather(v + 8 * D + 8);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          mma_16816<T>(o[mt][2 * dp], a[mt], bv[0], bv[1]);
-          mma_16816<T>(o[mt][2 * dp + 1], a[mt], bv[2], bv[3]);
+          mma_m16n8k16<T>(o[mt][2 * dp], a[mt], bv[0], bv[1]);
+          mma_m16n8k16<T>(o[mt][2 * dp + 1], a[mt], bv[2], bv[3]);
         }
       }
     }

@@ -12,15 +12,20 @@
 // This step: fragments come from shared memory by ldmatrix, one instruction per
 // four 8x8 matrices instead of one 32-bit load per register, and ldmatrix.trans
 // hands over V already transposed. The tiles are stored with an XOR swizzle (chunk
-// c of row r lives at c ^ (r % 8), ptx.cuh), so the eight rows one ldmatrix phase
+// c of row r lives at c ^ (r % 8), common/cuda/smem_tiles.cuh), so the eight rows one ldmatrix phase
 // reads sit in eight different bank groups: the 8-way conflicts of v2's row-major
 // tiles are gone without padding a byte.
 #include "common/online_softmax.hpp"
 #include "fa2_kernels.cuh"
-#include "ptx.cuh"
+#include "common/cuda/cp_async.cuh"
+#include "common/cuda/fast_math.cuh"
+#include "common/cuda/ldmatrix.cuh"
+#include "common/cuda/mma_sync.cuh"
+#include "common/cuda/smem_tiles.cuh"
 
 namespace attn::ch04 {
 namespace {
+using namespace attn::cuda;
 
 /// Tile shapes of one configuration.
 ///   Br = kWarps * 16 * MT query rows per thread block (warp w owns rows [w*16*MT, (w+1)*16*MT))
@@ -45,7 +50,7 @@ __global__ void __launch_bounds__(C::kThreads) fa2_fwd_v3(const FwdParams p) {
   T* sV = sK + Bc * D;                 // [Bc][D]  V_j
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int g = lane / 4, t = lane % 4;  // mma fragment coordinates (ptx.cuh)
+  const int g = lane / 4, t = lane % 4;  // mma fragment coordinates (common/cuda/mma_sync.cuh)
   const int i_blk = blockIdx.x;
   const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
   const int hk = h / (p.heads / p.kv_heads);
@@ -62,7 +67,7 @@ __global__ void __launch_bounds__(C::kThreads) fa2_fwd_v3(const FwdParams p) {
 
   const uint32_t aQ = smem_u32(sQ), aK = smem_u32(sK), aV = smem_u32(sV);
   copy_tile<Br, D, C::kThreads, true>(sQ, Q, row0, p.nq);
-  // ldmatrix addresses (ptx.cuh): A = Q rows wrow + lane%16 at chunks 2kk + lane/16;
+  // ldmatrix addresses (common/cuda/smem_tiles.cuh): A = Q rows wrow + lane%16 at chunks 2kk + lane/16;
   // B = K rows (lane/16)*8 + lane%8 at chunks 2kk + (lane/8)%2; B = V rows lane%8 +
   // ((lane/8)%2)*8 at chunks 2dp + lane/16, transposed on load.
   const SwizzledLane<KC> q_frag(aQ, wrow + lane % 16, lane / 16);
@@ -102,8 +107,8 @@ __global__ void __launch_bounds__(C::kThreads) fa2_fwd_v3(const FwdParams p) {
         ldmatrix_x4(bk, k_frag.at(np * 16, 2 * kk));
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          mma_16816<T>(s[mt][2 * np], a[mt], bk[0], bk[1]);
-          mma_16816<T>(s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
+          mma_m16n8k16<T>(s[mt][2 * np], a[mt], bk[0], bk[1]);
+          mma_m16n8k16<T>(s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
         }
       }
     }
@@ -175,8 +180,8 @@ __global__ void __launch_bounds__(C::kThreads) fa2_fwd_v3(const FwdParams p) {
         ldmatrix_x4_trans(bv, v_frag.at(kk * 16, 2 * dp));
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          mma_16816<T>(o[mt][2 * dp], a[mt], bv[0], bv[1]);
-          mma_16816<T>(o[mt][2 * dp + 1], a[mt], bv[2], bv[3]);
+          mma_m16n8k16<T>(o[mt][2 * dp], a[mt], bv[0], bv[1]);
+          mma_m16n8k16<T>(o[mt][2 * dp + 1], a[mt], bv[2], bv[3]);
         }
       }
     }

@@ -18,10 +18,15 @@
 // fill the tail of the grid instead of idling SMs behind one long block.
 #include "common/online_softmax.hpp"
 #include "fa2_kernels.cuh"
-#include "ptx.cuh"
+#include "common/cuda/cp_async.cuh"
+#include "common/cuda/fast_math.cuh"
+#include "common/cuda/ldmatrix.cuh"
+#include "common/cuda/mma_sync.cuh"
+#include "common/cuda/smem_tiles.cuh"
 
 namespace attn::ch04 {
 namespace {
+using namespace attn::cuda;
 
 /// Tile shapes of one configuration.
 ///   Br = kWarps * 16 * MT query rows per thread block (warp w owns rows [w*16*MT, (w+1)*16*MT))
@@ -46,7 +51,7 @@ __global__ void __launch_bounds__(C::kThreads) fa2_fwd_v5(const FwdParams p) {
   T* sV = sK + Bc * D;                 // [Bc][D]  V_j
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int g = lane / 4, t = lane % 4;  // mma fragment coordinates (ptx.cuh)
+  const int g = lane / 4, t = lane % 4;  // mma fragment coordinates (common/cuda/mma_sync.cuh)
   // Causal: the last query blocks see the most keys; start them first.
   const int i_blk = p.causal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
   const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
@@ -74,7 +79,7 @@ __global__ void __launch_bounds__(C::kThreads) fa2_fwd_v5(const FwdParams p) {
   load_tile<Br, D, C::kThreads>(aQ, Q, row0, p.nq);
   if (n_blocks > 0) load_tile<Bc, D, C::kThreads>(aK, K, 0, p.nk);
   cp_async_commit();
-  // ldmatrix addresses (ptx.cuh): A = Q rows wrow + lane%16 at chunks 2kk + lane/16;
+  // ldmatrix addresses (common/cuda/smem_tiles.cuh): A = Q rows wrow + lane%16 at chunks 2kk + lane/16;
   // B = K rows (lane/16)*8 + lane%8 at chunks 2kk + (lane/8)%2; B = V rows lane%8 +
   // ((lane/8)%2)*8 at chunks 2dp + lane/16, transposed on load.
   const SwizzledLane<KC> q_frag(aQ, wrow + lane % 16, lane / 16);
@@ -114,8 +119,8 @@ __global__ void __launch_bounds__(C::kThreads) fa2_fwd_v5(const FwdParams p) {
         ldmatrix_x4(bk, k_frag.at(np * 16, 2 * kk));
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          mma_16816<T>(s[mt][2 * np], a[mt], bk[0], bk[1]);
-          mma_16816<T>(s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
+          mma_m16n8k16<T>(s[mt][2 * np], a[mt], bk[0], bk[1]);
+          mma_m16n8k16<T>(s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
         }
       }
     }
@@ -193,8 +198,8 @@ __global__ void __launch_bounds__(C::kThreads) fa2_fwd_v5(const FwdParams p) {
         ldmatrix_x4_trans(bv, v_frag.at(kk * 16, 2 * dp));
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          mma_16816<T>(o[mt][2 * dp], a[mt], bv[0], bv[1]);
-          mma_16816<T>(o[mt][2 * dp + 1], a[mt], bv[2], bv[3]);
+          mma_m16n8k16<T>(o[mt][2 * dp], a[mt], bv[0], bv[1]);
+          mma_m16n8k16<T>(o[mt][2 * dp + 1], a[mt], bv[2], bv[3]);
         }
       }
     }
