@@ -18,11 +18,13 @@
 /// the first nq - nk rows of a causal problem with nq > nk are empty), and query head
 /// h reads KV head h / (heads / kv_heads) of V. The scale \f$\tau\f$ is 1 unless `--scale`.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
 #include "common/check.hpp"
+#include "common/index.hpp"
 #include "common/inputs.hpp"
 #include "common/problem.hpp"
 
@@ -54,7 +56,7 @@ inline std::size_t row_count(const Problem& p) { return p.lse_elems(); }
 /// The last key that query row i (0 <= i < nq) sees: nk - 1, or i + nk - nq under the
 /// bottom-right causal mask. Negative for an empty row.
 inline int last_visible(const Problem& p, int i) {
-  return p.causal ? (i + (p.nk - p.nq) < p.nk - 1 ? i + (p.nk - p.nq) : p.nk - 1) : p.nk - 1;
+  return p.causal ? std::min(i + causal_diag(p.nq, p.nk), p.nk - 1) : p.nk - 1;
 }
 
 /// The fp64 reference and the same-precision yardstick for the rows of a CheckPlan,

@@ -5,7 +5,7 @@
 #include "common/cuda/check.cuh"
 #include "common/cuda/timing.cuh"
 #include "common/errors.hpp"
-#include "steps/row_ops.cuh"
+#include "row_ops.cuh"
 
 namespace attn::ch02 {
 
@@ -63,12 +63,13 @@ GpuResult GpuSoftmax::run(Kernel k, bool time) {
   r.streamed = k == Kernel::online_registers && !row_fits_in_registers(m.p.nk);
   auto launch = [&] {
     switch (k) {
-      case Kernel::three_pass: launch_three_pass(m.args); break;
-      case Kernel::online: launch_online(m.args); break;
+      case Kernel::three_pass: v1::launch(m.args); break;
+      case Kernel::online: v2::launch(m.args); break;
       case Kernel::online_registers:
-        if (!launch_online_registers(m.args)) launch_online(m.args);  // too long for registers: v2
+        if (r.streamed) v2::launch(m.args);  // too long for registers: v2
+        else v3::launch(m.args);
         break;
-      case Kernel::fused: launch_fused_values(m.args); break;
+      case Kernel::fused: v4::launch(m.args); break;
     }
     CUDA_CHECK_LAUNCH(kernel_name(k));
   };

@@ -34,8 +34,6 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-int ceil_div(int a, int b) { return (a + b - 1) / b; }
-
 /// Row r of S: where it starts and the last key it sees.
 struct RowAt {
   std::size_t off;

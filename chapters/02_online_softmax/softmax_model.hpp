@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "common/index.hpp"
 #include "common/online_softmax.hpp"
 #include "common/problem.hpp"
 #include "common/traffic.hpp"
@@ -71,7 +72,7 @@ ATTN_HD RowSplit split_row(unsigned long long address, int n) {
 /// v3's block for rows of n scores: the fewest whole warps whose kVecsPerThread float4
 /// each cover the body (at most n / 4 float4); more than kMaxThreads when n does not fit.
 inline int registers_threads(int n) {
-  const int per_warp = 32 * kVecsPerThread, warps = (n / 4 + per_warp - 1) / per_warp;
+  const int warps = ceil_div(n / 4, 32 * kVecsPerThread);
   return 32 * (warps > 0 ? warps : 1);
 }
 

@@ -313,7 +313,7 @@ TEST_CASE("tree reduction equals the sequential scan") {
 }
 
 TEST_CASE("the 32-lane butterfly of the kernels gives every lane the same state, equal to the scan") {
-  // What warp_merge (steps/row_ops.cuh) computes, lane by lane: at each step lane i merges
+  // What warp_merge (row_ops.cuh) computes, lane by lane: at each step lane i merges
   // with lane i ^ offset, the lower lane's state first.
   for (uint64_t seed = 0; seed < 100; ++seed) {
     Rng rng(5000 + seed);

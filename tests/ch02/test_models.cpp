@@ -183,7 +183,7 @@ TEST_CASE("inputs: each row has its own stream, so a row does not depend on how 
 }
 
 TEST_CASE("every score of a row has exactly one owner thread, at every alignment") {
-  // The kernels' loops (steps/row_ops.cuh sweep(), v3_online_registers.cu), replayed on the CPU.
+  // The kernels' loops (row_ops.cuh sweep(), v3_online_registers.cu), replayed on the CPU.
   std::vector<int> lengths;
   for (int n = 1; n <= 260; ++n) lengths.push_back(n);
   for (int n = 4090; n <= 4101; ++n) lengths.push_back(n);

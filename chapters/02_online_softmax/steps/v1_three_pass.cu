@@ -1,9 +1,11 @@
 // Chapter 02, step 1 of 4: the safe softmax in three sweeps over HBM.
 //
-//   v1_three_pass.cu        m_i, then l_i, then P: three sweeps over each row   <- this file
-//   v2_online.cu            (m_i, l_i) together, online: two sweeps
-//   v3_online_registers.cu  the row stays in registers: HBM is read once
-//   v4_fused_values.cu      (m_i, l_i, O_i) with V: one sweep, P never stored
+// The series: v3 and v4 are two branches from v2, not one line.
+//
+//   v1_three_pass.cu               m_i, then l_i, then P: three sweeps over each row   <- this file
+//    '- v2_online.cu               (m_i, l_i) together, online: two sweeps
+//        |- v3_online_registers.cu  from v2: the row stays in registers, HBM is read once
+//        '- v4_fused_values.cu      from v2: (m_i, l_i, O_i) with V, one sweep, P never stored
 //
 // This is chapter 01's softmax_rows (01_naive/naive.cu) with 16-byte loads and stores
 // and kUnroll loads in flight per thread; the algorithm is unchanged:
@@ -21,12 +23,17 @@
 //
 //     row  | t0 t1 ... t255 | t0 t1 ... t255 | t0 ... t255 | t0 ... t255 | t0 ...
 //          '---------------- one wave: 4 x 256 float4 = 4096 scores -----'
+//
+// Every change from chapter 01's softmax_rows: the row is read with sweep() and
+// written with sweep_write() (row_ops.cuh: 16-byte loads and stores, kUnroll in flight,
+// the unaligned head and tail floats apart), and exp is exp_score() (ex2.approx with
+// log2 e applied after the subtraction) where chapter 01 calls __expf.
 #include "row_ops.cuh"
 
-namespace attn::ch02 {
+namespace attn::ch02::v1 {
 namespace {
 
-__global__ void __launch_bounds__(kThreads) softmax_three_pass(RowArgs a) {
+__global__ void __launch_bounds__(kThreads) softmax_rows(RowArgs a) {
   const long long row = blockIdx.x;
   const float* s = a.S + row * a.nk;  // S_i: this block's row
   float* p = a.P + row * a.nk;
@@ -52,8 +59,8 @@ __global__ void __launch_bounds__(kThreads) softmax_three_pass(RowArgs a) {
 
 }  // namespace
 
-void launch_three_pass(const RowArgs& a) {
-  softmax_three_pass<<<unsigned(a.rows), kThreads>>>(a);
+void launch(const RowArgs& a) {
+  softmax_rows<<<unsigned(a.rows), kThreads>>>(a);
 }
 
-}  // namespace attn::ch02
+}  // namespace attn::ch02::v1

@@ -1,9 +1,11 @@
 // Chapter 02, step 2 of 4: the online softmax in two sweeps over HBM.
 //
-//   v1_three_pass.cu        m_i, then l_i, then P: three sweeps over each row
-//   v2_online.cu            (m_i, l_i) together, online: two sweeps              <- this file
-//   v3_online_registers.cu  the row stays in registers: HBM is read once
-//   v4_fused_values.cu      (m_i, l_i, O_i) with V: one sweep, P never stored
+// The series: v3 and v4 are two branches from v2, not one line.
+//
+//   v1_three_pass.cu               m_i, then l_i, then P: three sweeps over each row
+//    '- v2_online.cu               (m_i, l_i) together, online: two sweeps   <- this file
+//        |- v3_online_registers.cu  from v2: the row stays in registers, HBM is read once
+//        '- v4_fused_values.cu      from v2: (m_i, l_i, O_i) with V, one sweep, P never stored
 //
 // What changes from v1: sweeps 1 and 2 become one. Each thread keeps a running
 // (m, l) and folds in every float4 it loads as a state of its own,
@@ -27,9 +29,13 @@
 //
 //     row  | t0 t1 ... t255 | t0 t1 ... t255 | t0 ... t255 | t0 ... t255 | t0 ...
 //          '---------------- one wave: 4 x 256 float4 = 4096 scores -----'
+//
+// Every change from v1: state_of() (the (m, l) of one float4) is new; sweeps 1 and 2
+// become the one (m, l) sweep, merged across the block by block_merge() where v1 called
+// block_max() and block_sum(); the LSE comes from the merged state (st.lse()).
 #include "row_ops.cuh"
 
-namespace attn::ch02 {
+namespace attn::ch02::v2 {
 namespace {
 
 /// The (m, l) of four scores: their max, and the sum of exp(x - max).
@@ -38,7 +44,7 @@ __device__ __forceinline__ SoftmaxState<float> state_of(float4 x) {
   return {m, sum4(exp4(x, finite_max(m)))};
 }
 
-__global__ void __launch_bounds__(kThreads) softmax_online(RowArgs a) {
+__global__ void __launch_bounds__(kThreads) softmax_rows(RowArgs a) {
   const long long row = blockIdx.x;
   const float* s = a.S + row * a.nk;  // S_i: this block's row
   float* p = a.P + row * a.nk;
@@ -60,8 +66,8 @@ __global__ void __launch_bounds__(kThreads) softmax_online(RowArgs a) {
 
 }  // namespace
 
-void launch_online(const RowArgs& a) {
-  softmax_online<<<unsigned(a.rows), kThreads>>>(a);
+void launch(const RowArgs& a) {
+  softmax_rows<<<unsigned(a.rows), kThreads>>>(a);
 }
 
-}  // namespace attn::ch02
+}  // namespace attn::ch02::v2

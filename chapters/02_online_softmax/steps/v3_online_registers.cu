@@ -1,9 +1,11 @@
 // Chapter 02, step 3 of 4: the online softmax with the row kept in registers.
 //
-//   v1_three_pass.cu        m_i, then l_i, then P: three sweeps over each row
-//   v2_online.cu            (m_i, l_i) together, online: two sweeps
-//   v3_online_registers.cu  the row stays in registers: HBM is read once         <- this file
-//   v4_fused_values.cu      (m_i, l_i, O_i) with V: one sweep, P never stored
+// The series: v3 and v4 are two branches from v2, not one line.
+//
+//   v1_three_pass.cu               m_i, then l_i, then P: three sweeps over each row
+//    '- v2_online.cu               (m_i, l_i) together, online: two sweeps
+//        |- v3_online_registers.cu  from v2: the row stays in registers, HBM is read once   <- this file
+//        '- v4_fused_values.cu      from v2: (m_i, l_i, O_i) with V, one sweep, P never stored
 //
 // What changes from v2: the row is loaded once, into registers, and both sweeps run
 // there. A block of T threads, each holding kVecsPerThread = 8 float4, keeps up to
@@ -31,9 +33,15 @@
 // w_t = exp(m_t - m_i) per thread, one block sum. That hands every thread the weight (+)
 // gives its state, so sweep 2 is a multiply by w_t / l_i: one exponential per score in
 // all, where v2 evaluates two and a half (and its pairwise butterfly ten per thread).
+//
+// Every change from v2: load_scores4_once() replaces v2's state_of() (the __ldcs load);
+// the block is up to kMaxThreads threads (__launch_bounds__ and registers_threads(N) in
+// the launcher); the kernel body loads the row into x[] and runs both sweeps there,
+// merging in the n-ary form (block_max, block_sum) and storing P with __stcs; and the
+// launcher refuses a row longer than kRowInRegisters (UsageError) instead of launching.
 #include "row_ops.cuh"
 
-namespace attn::ch02 {
+namespace attn::ch02::v3 {
 namespace {
 
 /// The four scores of body float4 `v`, streamed: read once, evict first.
@@ -44,7 +52,7 @@ __device__ __forceinline__ float4 load_scores4_once(const float* row, RowSplit g
                      score(s.w, j + 3, last, tau));
 }
 
-__global__ void __launch_bounds__(kMaxThreads) softmax_online_registers(RowArgs a) {
+__global__ void __launch_bounds__(kMaxThreads) softmax_rows(RowArgs a) {
   const long long row = blockIdx.x;
   const float* s = a.S + row * a.nk;  // S_i: this block's row
   float* p = a.P + row * a.nk;
@@ -93,10 +101,9 @@ __global__ void __launch_bounds__(kMaxThreads) softmax_online_registers(RowArgs 
 
 }  // namespace
 
-bool launch_online_registers(const RowArgs& a) {
-  if (!row_fits_in_registers(a.nk)) return false;
-  softmax_online_registers<<<unsigned(a.rows), registers_threads(a.nk)>>>(a);
-  return true;
+void launch(const RowArgs& a) {
+  if (!row_fits_in_registers(a.nk)) throw UsageError("v3 keeps a row in registers: rows of at most 32768 scores");
+  softmax_rows<<<unsigned(a.rows), registers_threads(a.nk)>>>(a);
 }
 
-}  // namespace attn::ch02
+}  // namespace attn::ch02::v3

@@ -1,9 +1,11 @@
 // Chapter 02, step 4 of 4: one sweep with values, carrying (m_i, l_i, O_i).
 //
-//   v1_three_pass.cu        m_i, then l_i, then P: three sweeps over each row
-//   v2_online.cu            (m_i, l_i) together, online: two sweeps
-//   v3_online_registers.cu  the row stays in registers: HBM is read once
-//   v4_fused_values.cu      (m_i, l_i, O_i) with V: one sweep, P never stored   <- this file
+// The series: v3 and v4 are two branches from v2, not one line.
+//
+//   v1_three_pass.cu               m_i, then l_i, then P: three sweeps over each row
+//    '- v2_online.cu               (m_i, l_i) together, online: two sweeps
+//        |- v3_online_registers.cu  from v2: the row stays in registers, HBM is read once
+//        '- v4_fused_values.cu      from v2: (m_i, l_i, O_i) with V, one sweep, P never stored   <- this file
 //
 // What changes from v2: the second sweep existed only to write P. When what is wanted
 // is O_i = sum_j P_ij V_j, the weighted sum can ride along with (m, l) and be rescaled by
@@ -31,9 +33,16 @@
 // costs dv multiply-adds with V_j read from shared memory: with dv = 64 this kernel is
 // bound by those reads and FMAs, not by HBM. Sharing each read of V_j across several
 // rows in registers is a matrix multiply, which the tensor-core chapters take up.
+//
+// Every change from v2: load_dims() (a lane's R dims of a row of V_j) replaces
+// state_of(); the kernel becomes a template on D = dv with one warp per row and kBr rows
+// per block (the grid is batch x heads x ceil(nq / kBr) blocks, launched per dv); its
+// body is the tiled loop above, which stages V_j, forms P_ij in shared memory, adds
+// P_ij V_j and merges with merge_into(); it writes O and the LSE instead of P; and the
+// launcher refuses a dv other than 32, 64 or 128 (UsageError).
 #include "row_ops.cuh"
 
-namespace attn::ch02 {
+namespace attn::ch02::v4 {
 namespace {
 
 /// This lane's R dims of one row of V_j, in one shared-memory load (R = 1, 2 or 4).
@@ -51,19 +60,19 @@ __device__ __forceinline__ void load_dims(const float* src, float (&dst)[R]) {
 }
 
 template <int D>
-__global__ void __launch_bounds__(kBr * 32) softmax_fused_values(RowArgs a) {
+__global__ void __launch_bounds__(kBr * 32) softmax_rows(RowArgs a) {
   constexpr int R = D / 32;        // O_i dims per lane
   constexpr int kKeys = kBc / 32;  // scores per lane per tile
   __shared__ __align__(16) float V_j[kBc][D];
   __shared__ __align__(16) float P_ij[kBr][kBc];
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int blocks_per_head = (a.nq + kBr - 1) / kBr;
+  const int blocks_per_head = cuda::ceil_div(a.nq, kBr);
   const long long bh = blockIdx.x / blocks_per_head;  // b * heads + h
   const int i = int(blockIdx.x % blocks_per_head) * kBr + warp;
   const bool active = i < a.nq;  // the last block of a head may have idle warps
   const int b = int(bh / a.heads), h = int(bh % a.heads);
-  const int hk = h / (a.heads / a.kv_heads);
+  const int hk = cuda::kv_head_of(h, a.heads, a.kv_heads);
   const long long row = bh * a.nq + i;
   const float* s = a.S + (active ? row : 0) * a.nk;  // S_i
   const float* v = a.V + ((long long)b * a.kv_heads + hk) * a.nk * D;
@@ -130,14 +139,14 @@ __global__ void __launch_bounds__(kBr * 32) softmax_fused_values(RowArgs a) {
 
 }  // namespace
 
-void launch_fused_values(const RowArgs& a) {
-  const long long blocks = (long long)(a.rows / a.nq) * ((a.nq + kBr - 1) / kBr);
+void launch(const RowArgs& a) {
+  const long long blocks = (long long)(a.rows / a.nq) * cuda::ceil_div(a.nq, kBr);
   switch (a.dv) {
-    case 32: softmax_fused_values<32><<<unsigned(blocks), kBr * 32>>>(a); break;
-    case 64: softmax_fused_values<64><<<unsigned(blocks), kBr * 32>>>(a); break;
-    case 128: softmax_fused_values<128><<<unsigned(blocks), kBr * 32>>>(a); break;
-    default: break;  // the caller accepts only these (softmax_gpu.cu)
+    case 32: softmax_rows<32><<<unsigned(blocks), kBr * 32>>>(a); break;
+    case 64: softmax_rows<64><<<unsigned(blocks), kBr * 32>>>(a); break;
+    case 128: softmax_rows<128><<<unsigned(blocks), kBr * 32>>>(a); break;
+    default: throw UsageError("the fused kernel supports dv = 32, 64 or 128");
   }
 }
 
-}  // namespace attn::ch02
+}  // namespace attn::ch02::v4

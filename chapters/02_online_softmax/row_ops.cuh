@@ -1,6 +1,6 @@
 #pragma once
 /// \file row_ops.cuh
-/// \brief What the chapter-02 kernels share: the arguments, how a block walks a row of
+/// \brief What the chapter-02 kernels (steps/v1..v4) share: the arguments, how a block walks a row of
 ///        S with 16-byte loads, and the warp and block reductions of m, l and (m, l).
 ///
 /// A row splits into an unaligned head, a body of float4 and a tail (RowSplit in
@@ -10,6 +10,9 @@
 
 #include <cstdint>
 
+#include "common/cuda/fast_math.cuh"
+#include "common/cuda/index.cuh"
+#include "common/errors.hpp"
 #include "common/online_softmax.hpp"
 #include "softmax_model.hpp"
 
@@ -29,19 +32,29 @@ struct RowArgs {
   float tau;  ///< softmax scale: x_ij = tau * S_ij
 };
 
-/// One launcher per step, each in its own file (steps/v1..v4). launch_online_registers
-/// returns false, launching nothing, when a row is too long to keep in registers.
-void launch_three_pass(const RowArgs& a);
-void launch_online(const RowArgs& a);
-bool launch_online_registers(const RowArgs& a);
-void launch_fused_values(const RowArgs& a);
+/// Each step lives in its own file (steps/vN_*.cu) and namespace, with one launcher of
+/// the same name in each: `vN::launch(args)` runs step N on every row, on the default
+/// stream. v3 keeps a row in registers and accepts only rows that fit
+/// (row_fits_in_registers()); the caller runs v2 for longer ones.
+namespace v1 {
+void launch(const RowArgs& a);
+}
+namespace v2 {
+void launch(const RowArgs& a);
+}
+namespace v3 {
+void launch(const RowArgs& a);
+}
+namespace v4 {
+void launch(const RowArgs& a);
+}
 
 constexpr unsigned kFullMask = 0xffffffffu;
 
 /// The last key row `row` sees (bottom-right causal mask); negative for an empty row.
 __device__ __forceinline__ int row_last_visible(const RowArgs& a, long long row) {
   const int i = int(row % a.nq);
-  return a.causal ? min(a.nk - 1, i + (a.nk - a.nq)) : a.nk - 1;
+  return a.causal ? min(a.nk - 1, i + cuda::causal_diag(a.nq, a.nk)) : a.nk - 1;
 }
 
 /// The split of one row (RowSplit, softmax_model.hpp) at its address in memory.
@@ -75,23 +88,17 @@ __device__ __forceinline__ float4 load_score1(const float* row, int j, int last,
 
 __device__ __forceinline__ float max4(float4 x) { return fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w)); }
 __device__ __forceinline__ float sum4(float4 x) { return (x.x + x.y) + (x.z + x.w); }
-/// \f$2^y\f$ by the hardware's approximation (`MUFU.EX2`, about 2 ulp), with results below
-/// \f$2^{-126}\f$ flushed to 0: one instruction, where `exp2f` adds a guard for subnormals.
-/// A softmax weight that small next to the row's maximum (which weighs 1) changes nothing.
-__device__ __forceinline__ float exp2_approx(float y) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(y));
-  return r;
-}
-
-/// \f$e^{x - \mathrm{shift}}\f$ for one score: \f$2^y\f$ of \f$y = (x - \mathrm{shift}) \log_2 e\f$,
-/// three instructions where `expf` takes nine. The subtraction comes first, in natural
+/// \f$e^{x - \mathrm{shift}}\f$ for one score: \f$2^y\f$ of \f$y = (x - \mathrm{shift}) \log_2 e\f$
+/// by the hardware's approximation (`ex2.approx.ftz`, one `MUFU.EX2`, about 2 ulp; results
+/// below \f$2^{-126}\f$ flush to 0, which changes nothing next to the row's maximum, of
+/// weight 1): `cuda::exp2_approx` of common/cuda/fast_math.cuh. Three instructions where
+/// `expf` takes nine. The subtraction comes first, in natural
 /// units, so the rounding of y is relative to \f$|x - \mathrm{shift}|\f$, small for every
 /// weight that matters; folding \f$\log_2 e\f$ into the scores instead rounds each one by
 /// \f$|x| u\f$ (the test "the exp2 form ... matches the exp form" measures both). A masked
 /// score, \f$-\infty\f$, gives 0.
 __device__ __forceinline__ float exp_score(float x, float shift) {
-  return exp2_approx((x - shift) * float(kLog2e));
+  return cuda::exp2_approx((x - shift) * float(kLog2e));
 }
 
 /// exp_score lane by lane (masked lanes give e^-inf = 0).
