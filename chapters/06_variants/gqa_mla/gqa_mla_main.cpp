@@ -1,14 +1,366 @@
-// ch06_variants gqa / mla: placeholders until part 2 is written.
+// ch06_variants gqa / mla: the cache arithmetic of real models, GQA/MQA with packed
+// query groups, and DeepSeek's MLA in its decompressed (prefill) and absorbed (decode)
+// forms. CPU models with counted traffic everywhere; the kernels where a GPU is present.
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+#include <sstream>
+
+#include "common/check.hpp"
 #include "common/cli.hpp"
+#include "common/device.hpp"
+#include "common/report.hpp"
+#include "gqa_mla/cache_table.hpp"
+#include "gqa_mla/gqa_mla_gpu.hpp"
+#include "gqa_mla/grouped_model.hpp"
+#include "gqa_mla/mla_model.hpp"
 #include "parts.hpp"
 
+#if TUTORIAL_HAVE_CUDA
+#include "common/cuda/ceilings.cuh"
+#endif
+
 namespace attn::ch06 {
+namespace {
+
+/// Above this many FLOPs the CPU models are not run (one core's worth of seconds).
+constexpr double kModelFlopBudget = 3e9;
+
+void push_lines(Report& rep, const std::string& text) {
+  std::istringstream s(text);
+  for (std::string line; std::getline(s, line);) rep.notes.push_back(line);
+}
+
+#if TUTORIAL_HAVE_CUDA
+std::string shape_of(const Problem& p) {
+  return "Hq=" + std::to_string(p.heads) + " Hkv=" + std::to_string(p.kv_heads) + " G=" + std::to_string(p.group()) +
+         " Nq=" + std::to_string(p.nq) + " Nk=" + std::to_string(p.nk);
+}
+
+/// The packed-vs-unpacked sweep of the README (GPU): G in {1, 2, 4, 8} over 8 KV heads and
+/// MQA (32 query heads, 1 KV head), Nq in {1, 4, 16, 64, 128, 4096}, Nk = 8192, d = 128.
+void gqa_sweep(Report& rep, uint64_t seed) {
+  rep.notes.push_back("sweep (B=1, Nk=8192, d=128, bf16, not causal; times are medians of 20, L2 flushed):");
+  rep.notes.push_back("  shape                              packed ms  unpacked ms  speed-up   K/V bytes packed / unpacked");
+  struct Hs { int hq, hkv; };
+  const Hs heads[] = {{8, 8}, {16, 8}, {32, 8}, {64, 8}, {32, 1}};
+  for (const Hs& h : heads)
+    for (int nq : {1, 4, 16, 64, 128, 4096}) {
+      Problem p;
+      p.batch = 1, p.heads = h.hq, p.kv_heads = h.hkv, p.nq = nq, p.nk = 8192, p.d = p.dv = 128;
+      const AttnInputs in = make_inputs(p, Dist::normal, seed);
+      const GpuResult a = packed_forward_gpu(p, in, true, true), b = packed_forward_gpu(p, in, false, true);
+      GroupedOptions po, uo;
+      uo.pack = false;
+      const double kp = grouped_kv_bytes(p, po), ku = grouped_kv_bytes(p, uo);
+      char line[256];
+      std::snprintf(line, sizeof line, "  sweep %-28s  %9.4f  %11.4f  %8.2fx   %s / %s", shape_of(p).c_str(), a.time_ms,
+                    b.time_ms, b.time_ms / a.time_ms, format_bytes(kp).c_str(), format_bytes(ku).c_str());
+      rep.notes.push_back(line);
+    }
+}
+#endif
+
+int run_gqa(const Options& opt, bool sweep, bool no_table) {
+  const Problem& p = opt.problem;
+  Report rep;
+  rep.chapter = "ch06_variants gqa";
+  rep.title = "GQA/MQA: the G query heads of a KV head packed on the M dimension of one tile";
+  rep.problem = p;
+  rep.inputs = std::string(dist_name(opt.dist)) + ", seed " + std::to_string(opt.seed);
+  const auto dev = select_device(opt.device, &rep.mode);
+  require_host_memory(4.0 * double(p.q_elems() + p.k_elems() + p.v_elems() + 3 * p.o_elems()), "this problem");
+  const AttnInputs in = make_inputs(p, opt.dist, opt.seed);
+  const ForwardOracle oracle(p, in, opt.check_all ? CheckPlan::full(p) : CheckPlan::sampled(p));
+  rep.check_plan = oracle.plan().describe(p);
+
+  const bool run_model = flops_forward(p) * std::min(p.group(), 8) <= kModelFlopBudget || opt.device == DeviceChoice::cpu;
+  for (bool pack : {false, true}) {
+    ResultRow row;
+    GroupedOptions go;
+    go.pack = pack;
+    go.sram_bytes = opt.sram_bytes;
+    row.impl = pack ? "model packed (Mt=128)" : "model unpacked (Mt=128)";
+    row.device = "cpu";
+    row.flops = flops_forward(p);
+    if (run_model) {
+      const GroupedResult m = grouped_forward_model(p, in, go);
+      row.set_traffic(m.traffic);
+      row.set_check(oracle.judge(m.o, &m.lse));
+      row.note = std::to_string(m.tiles) + " tiles; K/V read " + format_bytes(m.kv_bytes) + " (" +
+                 fmt("%.2f", m.kv_bytes / (double(p.k_elems() + p.v_elems()) * dtype_bytes(p.dtype))) +
+                 "x each K/V element once)";
+    } else {
+      row.note = "model not run at this size; K/V bytes by formula: " + format_bytes(grouped_kv_bytes(p, go));
+    }
+    rep.rows.push_back(row);
+  }
+  {
+    GroupedOptions po, uo;
+    uo.pack = false;
+    const double kp = grouped_kv_bytes(p, po), ku = grouped_kv_bytes(p, uo);
+    rep.notes.push_back("K/V bytes per forward: unpacked " + format_bytes(ku) + ", packed " + format_bytes(kp) + " (" +
+                        fmt("%.2f", ku / kp) + "x fewer; at most G = " + std::to_string(p.group()) +
+                        ", reached when G Nq <= 128)");
+  }
+
+#if TUTORIAL_HAVE_CUDA
+  std::string why;
+  if (dev && !hopper_ready(&why)) {
+    rep.notes.push_back(why);
+  } else if (dev && !packed_fwd_supports(p, &why)) {
+    rep.notes.push_back("GPU rows not run: " + why);
+  } else if (dev) {
+    rep.device = dev->name;
+    require_device_memory(*dev, 2.0 * double(p.q_elems() + p.k_elems() + p.v_elems() + p.o_elems()) +
+                                    4.0 * p.lse_elems(), "the problem's tensors");
+    if (opt.bench) rep.ceilings = measure_ceilings(p.dtype);
+    for (bool pack : {true, false}) {
+      ResultRow row;
+      row.impl = pack ? "packed (sm_90a)" : "unpacked (sm_90a)";
+      row.device = "cuda";
+      row.flops = flops_forward(p);
+      GroupedOptions go;
+      go.pack = pack;
+      row.hbm_read_bytes = grouped_kv_bytes(p, go) + double(p.q_elems()) * dtype_bytes(p.dtype);
+      row.hbm_write_bytes = double(p.o_elems()) * dtype_bytes(p.dtype) + 4.0 * p.lse_elems();
+      const GpuResult g = packed_forward_gpu(p, in, pack, true);
+      const CheckResult c = oracle.judge(g.o, &g.lse);
+      row.set_check(c);
+      row.note = c.pass() ? std::to_string(g.grid) + " blocks, " + std::to_string(g.smem_bytes / 1024) + " KB smem each"
+                          : c.failures();
+      row.bound = p.nq * p.group() <= 128 ? Bound::memory : Bound::compute;
+      row.set_time(g.time_ms);
+      rep.rows.push_back(row);
+    }
+    rep.apply_ceilings();
+    if (sweep) gqa_sweep(rep, opt.seed);
+  }
+#else
+  (void)dev;
+  (void)sweep;
+#endif
+  if (!no_table) push_lines(rep, cache_table_text());
+  rep.previous = "chapter 05's v6 maps each query head to its KV head but streams K/V once per query head; "
+                 "packed_fwd.cu is that file with the group on the tile's rows (diff it)";
+  return rep.emit(std::cout, opt.json);
+}
+
+// ----------------------------------------------------------------------------- mla
+
+#if TUTORIAL_HAVE_CUDA
+/// The two regimes of the README, on the GPU (absorbed decode kernel, Nq = 1).
+void mla_sweep(Report& rep, uint64_t seed, const Ceilings& ceil) {
+  rep.notes.push_back("sweep: absorbed decode, Nq = 1 (time of decode + combine; cache GB/s = latent bytes read / time)");
+  rep.notes.push_back("  H    B     Nk     splits  attn ms   total ms   cache GB/s  of read ceil   TFLOP/s  of GEMM ceil");
+  struct Case { int h, b, nk; };
+  const Case cases[] = {{16, 1, 4096},  {16, 8, 4096},   {16, 64, 4096}, {16, 1, 65536}, {16, 8, 65536},
+                        {16, 64, 16384}, {128, 1, 4096}, {128, 8, 4096},  {128, 32, 4096}, {128, 8, 16384}};
+  for (const Case& c : cases) {
+    MlaShape s;
+    s.batch = c.b, s.heads = c.h, s.nq = 1, s.nk = c.nk;
+    const MlaInputs in = make_mla_inputs(s, Dist::normal, seed);
+    const MlaGpuResult g = mla_absorb_gpu(s, in, 0, true);
+    const MlaCost cost = mla_cost_absorb(s, g.head_tile);
+    const double gbps = cost.cache_bytes / (g.attn_ms * 1e-3) / 1e9;
+    const double attn_flops = 2.0 * s.batch * s.heads * s.nq * double(s.nk) * (kDLatentKey + kDC);
+    const double tf = attn_flops / (g.attn_ms * 1e-3) / 1e12;
+    char line[256];
+    std::snprintf(line, sizeof line, "  sweep %3d %4d %6d  %6d  %8.4f  %9.4f  %10.1f  %11.1f%%  %8.1f  %11.1f%%", c.h,
+                  c.b, c.nk, g.splits, g.attn_ms, g.total_ms, gbps, 100 * gbps / ceil.read_gbps.value_or(1), tf,
+                  100 * tf / ceil.gemm_tflops.value_or(1));
+    rep.notes.push_back(line);
+  }
+}
+#endif
+
+int run_mla(const Options& opt, const std::string& form, long pos0, int splits, bool sweep) {
+  const Problem& cp = opt.problem;
+  if (cp.d != kDQK || cp.dv != kDV)
+    throw UsageError("mla uses DeepSeek-V3's head dims (d_qk = 192, d_v = 128, d_c = 512, d_rope = 64); --d/--dv "
+                     "cannot change them");
+  if (cp.kv_heads != cp.heads)
+    throw UsageError("mla has one latent KV head shared by all query heads; --kv-heads does not apply");
+  MlaShape s;
+  s.batch = cp.batch, s.heads = cp.heads, s.nq = cp.nq, s.nk = cp.nk, s.pos0 = pos0, s.causal = true;
+  validate(s);
+  const bool do_abs = form != "decompress", do_dec = form != "absorb";
+  Report rep;
+  rep.chapter = "ch06_variants mla";
+  rep.title = "MLA (DeepSeek-V3 dims): decompressed prefill form and absorbed decode form";
+  rep.problem = s.output();
+  rep.inputs = std::string(dist_name(opt.dist)) + ", seed " + std::to_string(opt.seed) + ", key 0 at position " +
+               std::to_string(pos0) + " (RoPE)";
+  const auto dev = select_device(opt.device, &rep.mode);
+  require_host_memory(4.0 * (double(s.batch) * s.nk * (kDLatentKey + kDC) * (do_dec ? 1 + s.heads * 0.6 : 1) +
+                             double(s.batch) * s.heads * s.nq * 2048),
+                      "this problem");
+  const MlaInputs in = make_mla_inputs(s, opt.dist, opt.seed);
+  const Problem out = s.output();
+  const CheckPlan plan = opt.check_all ? CheckPlan::full(out) : CheckPlan::sampled(out, 1e9);
+  rep.check_plan = plan.describe(out) + "; reference: fp64 MLA";
+  const CheckedRows<double> ref = mla_reference(s, in, plan);
+  const ErrorStats naive = mla_naive_error(s, in, plan, ref);
+  auto judge = [&](const std::vector<float>& o) {
+    CheckResult c;
+    c.tensors.push_back(judge_tensor("O", o, out.o_elems(), ref, naive, DType::bf16, false));
+    return c;
+  };
+  const MlaCost ca = mla_cost_absorb(s, 64), cd = mla_cost_decompress(s);
+  const double model_cost = 2.0 * s.batch * s.heads * s.nk * kDC * 256 + ca.flops;
+  const bool run_model = model_cost <= kModelFlopBudget || opt.device == DeviceChoice::cpu;
+
+  if (do_dec) {
+    ResultRow row;
+    row.impl = "model decompress";
+    row.device = "cpu";
+    row.flops = cd.flops;
+    row.hbm_read_bytes = cd.bytes;  // both kernels; written bytes folded in (see note)
+    if (run_model) {
+      const Problem pd = s.decompressed();
+      const AttnInputs dec = decompress(s, in);
+      GroupedOptions go;
+      go.pack = false;
+      go.sram_bytes = std::max<std::size_t>(opt.sram_bytes, 227 * 1024);
+      const GroupedResult m = grouped_forward_model(pd, dec, go);
+      row.set_check(judge(m.o));
+      row.note = "K = [c W_UK ; k_rope] (192 per head) and V = c W_UV materialised: " +
+                 format_bytes(double(pd.k_elems() + pd.v_elems()) * 2) + " written, then attention reads " +
+                 format_bytes(m.kv_bytes) + " of them";
+    } else {
+      row.note = "model not run at this size";
+    }
+    rep.rows.push_back(row);
+  }
+  if (do_abs) {
+    ResultRow row;
+    row.impl = "model absorb";
+    row.device = "cpu";
+    row.flops = ca.flops;
+    row.hbm_read_bytes = ca.bytes;
+    if (run_model) {
+      const Problem pa = s.absorbed();
+      const AttnInputs ab = absorb(s, in);
+      GroupedOptions go;
+      go.pack = true;  // the H heads share the one latent head: an MQA, packed
+      go.m_tile = 64;
+      go.n_tile = 64;
+      go.splits = splits > 0 ? splits : std::min(4, (s.nk + 63) / 64);
+      go.v_in_k = true;
+      go.sram_bytes = std::max<std::size_t>(opt.sram_bytes, 227 * 1024);
+      const GroupedResult m = grouped_forward_model(pa, ab, go);
+      row.set_check(judge(project_out(s, m.o, in)));
+      row.note = "q_c = q_nope W_UK^T; " + std::to_string(go.splits) + " key splits merged with ⊕; latent read " +
+                 format_bytes(m.kv_bytes) + " (" + fmt("%.2f", m.kv_bytes / (double(s.batch) * s.nk * 1152)) +
+                 "x the cache once); o = o_c W_UV";
+    } else {
+      row.note = "model not run at this size";
+    }
+    rep.rows.push_back(row);
+  }
+
+#if TUTORIAL_HAVE_CUDA
+  if (dev) {
+    rep.device = dev->name;
+    require_device_memory(*dev, mla_device_bytes(s, do_dec), "the MLA tensors");
+    if (opt.bench || sweep) rep.ceilings = measure_ceilings(DType::bf16);
+    if (do_abs) {
+      const MlaGpuResult g = mla_absorb_gpu(s, in, splits, true);
+      ResultRow row;
+      row.impl = "absorb decode (mma.sync)";
+      row.device = "cuda";
+      const MlaCost c = mla_cost_absorb(s, g.head_tile);
+      row.flops = c.flops;
+      row.hbm_read_bytes = c.bytes;
+      row.hbm_write_bytes = 0.0;
+      const CheckResult chk = judge(g.o);
+      row.set_check(chk);
+      row.bound = Bound::memory;
+      row.set_time(g.total_ms);
+      row.note = chk.pass() ? g.what + "; attention kernels " + fmt("%.4f", g.attn_ms) + " ms = " +
+                                  fmt("%.0f", c.cache_bytes / (g.attn_ms * 1e-3) / 1e9) + " GB/s of latent cache"
+                            : chk.failures();
+      rep.rows.push_back(row);
+    }
+    std::string why;
+    if (do_dec && !hopper_ready(&why)) {
+      rep.notes.push_back("decompress on the GPU: " + why);
+    } else if (do_dec) {
+      const MlaGpuResult g = mla_decompress_gpu(s, in, true);
+      ResultRow row;
+      row.impl = "decompress + packed_fwd d=192";
+      row.device = "cuda";
+      row.flops = cd.flops;
+      row.hbm_read_bytes = cd.bytes;
+      row.hbm_write_bytes = 0.0;
+      const CheckResult chk = judge(g.o);
+      row.set_check(chk);
+      row.bound = Bound::compute;
+      row.set_time(g.total_ms);
+      row.note = chk.pass() ? g.what + "; attention alone " + fmt("%.4f", g.attn_ms) + " ms" : chk.failures();
+      rep.rows.push_back(row);
+    }
+    rep.apply_ceilings();
+    if (sweep) mla_sweep(rep, opt.seed, rep.ceilings);
+  }
+#else
+  (void)dev;
+  (void)sweep;
+#endif
+  rep.notes.push_back("cache per token and layer: latent [c ; k_rope] = 576 x 2 B = 1152 B, shared by all " +
+                      std::to_string(s.heads) + " heads; decompressed K + V = " + std::to_string(s.heads) +
+                      " x 320 x 2 B = " + format_bytes(s.heads * 640.0) + " (" + fmt("%.1f", s.heads * 640.0 / 1152) +
+                      "x more)");
+  rep.notes.push_back("one step, counted: absorb " + fmt("%.3g", ca.flops) + " FLOPs / " + format_bytes(ca.bytes) +
+                      " (" + fmt("%.1f", ca.flops / ca.bytes) + " FLOP/B); decompress " + fmt("%.3g", cd.flops) +
+                      " FLOPs / " + format_bytes(cd.bytes) + " (" + fmt("%.1f", cd.flops / cd.bytes) + " FLOP/B)");
+  rep.notes.push_back("naive bf16 yardstick (decompressed, plain): max abs err " + fmt("%.3g", naive.max_abs));
+  rep.previous = "the absorbed form is chapter 06's packed GQA with G = H and one KV head (d = 576, dv = 512, V "
+                 "inside K); the decompressed form is packed_fwd.cu with d = 192, dv = 128";
+  return rep.emit(std::cout, opt.json);
+}
+
+}  // namespace
+
 int gqa_main(int argc, char** argv) {
-  Cli cli(argv[0], "GQA/MQA with packed query groups (not written yet)");
-  return run_chapter(argc, argv, cli, [](const Options&) { return 0; });
+  Problem d;
+  d.batch = 1;
+  d.heads = 8;
+  d.kv_heads = 2;
+  d.nq = 4;
+  d.nk = 1000;
+  d.d = d.dv = 128;
+  d.dtype = DType::bf16;
+  Cli cli(argv[0], "GQA/MQA with packed query groups: K/V loaded once per group of query heads, not once per head.");
+  cli.defaults(d).dtypes({DType::bf16, DType::f16}).sram_default(227 * 1024);
+  bool sweep = false, no_table = false;
+  cli.add_flag("--sweep", &sweep, "GPU: packed vs unpacked over G and Nq (the README's table)");
+  cli.add_flag("--no-table", &no_table, "leave out the cache table of real models");
+  return run_chapter(argc, argv, cli, [&](const Options& o) { return run_gqa(o, sweep, no_table); });
 }
+
 int mla_main(int argc, char** argv) {
-  Cli cli(argv[0], "MLA (not written yet)");
-  return run_chapter(argc, argv, cli, [](const Options&) { return 0; });
+  Problem d;
+  d.batch = 2;
+  d.heads = d.kv_heads = 16;
+  d.nq = 1;
+  d.nk = 300;
+  d.d = kDQK;
+  d.dv = kDV;
+  d.causal = true;
+  d.dtype = DType::bf16;
+  Cli cli(argv[0],
+          "MLA with DeepSeek-V3's dims: the latent cache, decompressed prefill and absorbed decode, against fp64.\n"
+          "--n is the number of new tokens per sequence (1 = decode); causal (bottom-right) always.");
+  cli.defaults(d).dtypes({DType::bf16}).sram_default(227 * 1024);
+  std::string form = "both";
+  int pos0 = 1000, splits = 0;
+  bool sweep = false;
+  cli.add_choice("--form", &form, {"absorb", "decompress", "both"}, "which form(s) to run");
+  cli.add_int("--pos0", &pos0, "RoPE position of key 0 [1000]", 0, 1 << 30);
+  cli.add_int("--splits", &splits, "key splits of the absorbed decode (0: from the SM count) [0]", 0, 1024);
+  cli.add_flag("--sweep", &sweep, "GPU: the memory-bound and compute-bound decode tables of the README");
+  return run_chapter(argc, argv, cli, [&](const Options& o) { return run_mla(o, form, pos0, splits, sweep); });
 }
+
 }  // namespace attn::ch06

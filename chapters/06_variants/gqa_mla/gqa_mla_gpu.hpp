@@ -1,0 +1,57 @@
+#pragma once
+/// \file gqa_mla_gpu.hpp
+/// \brief This part's kernels behind a plain C++ interface (no CUDA types), so the
+///        binary and the tests compile with or without the CUDA toolkit.
+///
+///     packed_fwd.cu   (sm_90a) chapter 05's last bf16 step with the query heads of a KV
+///                     head packed on the tile's M dimension, and d != dv (d = 192 for MLA)
+///     mla_decode.cu   (sm_80+) MLA's absorbed decode: the (head, query) rows of one
+///                     sequence on the M dimension of mma.sync tiles, the latent cache
+///                     streamed once per tile, split-K, one ⊕ combine
+///     gqa_mla_gpu.cu  host side: uploads, the cuBLAS GEMMs of absorb / decompress, timing
+
+#include <string>
+#include <vector>
+
+#include "common/inputs.hpp"
+#include "common/problem.hpp"
+#include "gqa_mla/mla_model.hpp"
+
+namespace attn::ch06 {
+
+/// True when the binary carries this part's sm_90a kernels and the GPU is sm_90.
+bool hopper_ready(std::string* why);
+
+/// Whether the packed Hopper forward has a kernel for `p` (bf16; (d, dv) = (128, 128) or
+/// (192, 128)); the reason when not.
+bool packed_fwd_supports(const Problem& p, std::string* why = nullptr);
+
+struct GpuResult {
+  std::vector<float> o, lse;  ///< downloaded, poisoned before the checked run
+  double time_ms = 0;         ///< median of >= 20 repeats, L2 flushed (0 when not timed)
+  int grid = 0, smem_bytes = 0;
+};
+
+/// The packed forward (pack = true) or the same kernel with one query head per tile
+/// (pack = false: chapter 05's GQA). Throws UsageError when unsupported.
+GpuResult packed_forward_gpu(const Problem& p, const AttnInputs& in, bool pack, bool time);
+
+/// One MLA step on the GPU, either form. o is the final [B][H][Nq][128].
+struct MlaGpuResult {
+  std::vector<float> o;
+  double attn_ms = 0;   ///< the attention kernels alone (absorb: decode + combine)
+  double total_ms = 0;  ///< every kernel of the form (absorb: + q_c GEMM + W_UV GEMM; decompress: + K/V GEMMs)
+  int splits = 1;       ///< key ranges per sequence (absorb)
+  int head_tile = 0;    ///< packed rows per thread block (absorb)
+  std::string what;     ///< which kernels ran
+};
+
+/// Absorbed decode. `splits` = 0 picks the split count from the SM count. Timed when `time`.
+MlaGpuResult mla_absorb_gpu(const MlaShape& s, const MlaInputs& in, int splits, bool time);
+/// Decompressed form: K/V GEMMs (cuBLAS) and the packed Hopper forward with d = 192, dv = 128.
+MlaGpuResult mla_decompress_gpu(const MlaShape& s, const MlaInputs& in, bool time);
+
+/// Device bytes either form allocates.
+double mla_device_bytes(const MlaShape& s, bool decompress);
+
+}  // namespace attn::ch06
