@@ -94,6 +94,11 @@ struct SoftmaxState {
 
   /// The identity of the merge: (-inf, 0), the summary of an empty set of scores.
   static ATTN_HD SoftmaxState identity() { return {neg_inf<T>(), T(0)}; }
+  /// A row with a learnable sink logit x (gpt-oss, FA4's learnable_sink): one more term
+  /// e^x in the denominator and none in the output. The row simply starts from the state
+  /// of that single score, (x, 1) instead of (-inf, 0); every push and merge is unchanged,
+  /// and an all-masked row ends with output 0 and LSE = x. (x in Base's units.)
+  static ATTN_HD SoftmaxState with_sink(T x) { return {x, T(1)}; }
 
   /// Adds one score x (a masked score is -inf and leaves the state unchanged).
   ATTN_HD void push(T x) {
@@ -127,6 +132,12 @@ struct AttnState {
     AttnState r;
     r.s = SoftmaxState<T, Base>::identity();
     for (int k = 0; k < D; ++k) r.o[k] = T(0);
+    return r;
+  }
+  /// The state of a row with a learnable sink logit x: (x, 1, O = 0) (see SoftmaxState::with_sink).
+  static ATTN_HD AttnState with_sink(T x) {
+    AttnState r = identity();
+    r.s = SoftmaxState<T, Base>::with_sink(x);
     return r;
   }
 

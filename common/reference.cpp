@@ -55,16 +55,17 @@ void scores(const Problem& p, const ScoreMod* mod, int b, int h, const std::vect
 }
 
 /// Row softmax in place; returns the LSE of each row (-inf for an empty row, whose P is 0).
-Eigen::VectorXd softmax_rows(Mat& x) {
+/// A finite `sink` adds e^sink to every row's denominator (ScoreMod::sink).
+Eigen::VectorXd softmax_rows(Mat& x, double sink = kNegInf) {
   Eigen::VectorXd lse(x.rows());
   for (Eigen::Index r = 0; r < x.rows(); ++r) {
-    const double m = x.row(r).maxCoeff();
+    const double m = std::max(x.row(r).maxCoeff(), sink);
     if (m == kNegInf) {
       x.row(r).setZero();
       lse(r) = kNegInf;
       continue;
     }
-    double l = 0;
+    double l = sink == kNegInf ? 0.0 : std::exp(sink - m);
     for (Eigen::Index j = 0; j < x.cols(); ++j) {
       x(r, j) = std::exp(x(r, j) - m);
       l += x(r, j);
@@ -217,7 +218,7 @@ RefForward reference_forward(const Problem& p, const AttnInputs& in, const Check
       const Mat q = load_rows(in.q, p.q_off(b, h), rows, p.d);
       Mat x;
       scores(p, mod, b, h, rows, q, k, x, nullptr);
-      const Eigen::VectorXd lse = softmax_rows(x);
+      const Eigen::VectorXd lse = softmax_rows(x, mod ? mod->sink(p, b, h) : kNegInf);
       const Mat o = x * v;
       for (std::size_t rr = 0; rr < rows.size(); ++rr) {
         const std::size_t at = hi * nr + c0 + rr;
@@ -253,7 +254,7 @@ RefBackward reference_backward(const Problem& p, const AttnInputs& in, const Bac
         const Mat dout = load_rows(in.dout, p.o_off(b, h), rows, p.dv);
         Mat x, s_raw;
         scores(p, mod, b, h, rows, q, k, x, &s_raw);
-        softmax_rows(x);                          // x is now P
+        softmax_rows(x, mod ? mod->sink(p, b, h) : kNegInf);  // x is now P
         const Mat o = x * v;                      // O for these rows
         const Eigen::VectorXd D = (dout.cwiseProduct(o)).rowwise().sum();
         dv.noalias() += x.transpose() * dout;     // dV = P^T dO
@@ -303,12 +304,14 @@ void scores_f32(const Problem& p, const ScoreMod* mod, int b, int h, int i, cons
 }
 
 /// Safe softmax of one row in fp32; P rounded to the dtype. Returns the LSE.
-float softmax_f32(const Problem& p, std::vector<float>& s, std::vector<float>& prob) {
-  float m = -std::numeric_limits<float>::infinity();
+/// A finite `sink` adds e^sink to the denominator (ScoreMod::sink).
+float softmax_f32(const Problem& p, std::vector<float>& s, std::vector<float>& prob,
+                  float sink = -std::numeric_limits<float>::infinity()) {
+  float m = sink;
   for (float x : s) m = std::max(m, x);
   prob.assign(s.size(), 0.f);
   if (m == -std::numeric_limits<float>::infinity()) return m;
-  float l = 0;
+  float l = sink == -std::numeric_limits<float>::infinity() ? 0.f : std::exp(sink - m);
   for (std::size_t j = 0; j < s.size(); ++j) {
     prob[j] = std::exp(s[j] - m);
     l += prob[j];
@@ -339,7 +342,7 @@ NaiveForward naive_forward_same_precision(const Problem& p, const AttnInputs& in
       const int i = plan.rows[rr];
       scores_f32(p, mod, b, h, i, in.q.data() + p.q_off(b, h) + std::size_t(i) * p.d, k, s);
       const std::size_t at = hi * nr + rr;
-      r.lse.values[at] = softmax_f32(p, s, prob);
+      r.lse.values[at] = softmax_f32(p, s, prob, mod ? float(mod->sink(p, b, h)) : -INFINITY);
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int j = 0; j < p.nk; ++j)
         if (prob[j] != 0.f)
@@ -369,7 +372,7 @@ NaiveBackward naive_backward_same_precision(const Problem& p, const AttnInputs& 
         const float* q = in.q.data() + p.q_off(b, h) + std::size_t(i) * p.d;
         const float* dout = in.dout.data() + p.o_off(b, h) + std::size_t(i) * p.dv;
         scores_f32(p, mod, b, h, i, q, k, s, &s_raw);
-        softmax_f32(p, s, prob);
+        softmax_f32(p, s, prob, mod ? float(mod->sink(p, b, h)) : -INFINITY);
         // O in the dtype, as the forward would have stored it; D = dO . O
         std::fill(o.begin(), o.end(), 0.f);
         for (int j = 0; j < p.nk; ++j)

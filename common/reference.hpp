@@ -18,6 +18,7 @@
 /// is still checked for NaN (the poison test), checked rows or not.
 
 #include <cstddef>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,6 +44,10 @@ struct ScoreMod {
   virtual double grad(const Problem&, int /*b*/, int /*h*/, int /*i*/, int /*j*/, double /*s*/) const {
     return 1.0;
   }
+  /// A learnable sink logit of head (b, h): one more term e^sink in every row's softmax
+  /// denominator, with no value row (gpt-oss, FA4's learnable_sink). The LSE includes it;
+  /// P and O do not. -inf (the default) means no sink.
+  virtual double sink(const Problem&, int /*b*/, int /*h*/) const { return -std::numeric_limits<double>::infinity(); }
 };
 
 /// Rows of a [rows][width] tensor that a check covers, with their values.

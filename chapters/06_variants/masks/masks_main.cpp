@@ -1,10 +1,284 @@
-// ch06_variants mask: placeholder until part 1 (masks) is written.
+// ch06_variants mask: every mask and score modifier through one policy interface.
+//
+//   ch06_variants mask                        every variant at a small size (CPU model; GPU when present)
+//   ch06_variants mask --mask window --window 256,0 --n 4096 --map
+//   ch06_variants mask --mask document --doc-lens 100,900,24 --n 1024 --causal
+//
+// Each variant runs its CPU model (forward and backward) and, with a GPU, the sm_80
+// forward, the sm_90a forward (Hopper) and the backward kernels; every result is
+// judged against the fp64 reference of the same mask.
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/check.hpp"
 #include "common/cli.hpp"
+#include "common/device.hpp"
+#include "common/report.hpp"
+#include "mask_gpu.hpp"
+#include "mask_model.hpp"
+#include "mask_spec.hpp"
 #include "parts.hpp"
 
+#if TUTORIAL_HAVE_CUDA
+#include "common/cuda/ceilings.cuh"
+#endif
+
 namespace attn::ch06 {
-int mask_main(int argc, char** argv) {
-  Cli cli(argv[0], "masks and score modifiers (not written yet)");
-  return run_chapter(argc, argv, cli, [](const Options&) { return 0; });
+namespace {
+
+/// The mask options that take text (the shared Cli parses numbers and choices only).
+struct TextOptions {
+  std::string window, doc_lens, softcap, svg;
+  bool window_set = false, doc_lens_set = false, softcap_set = false;
+  std::string error;  // reported as a UsageError once the Cli has parsed the rest
+};
+
+/// Takes --window, --doc-lens, --softcap and --svg (with their values) out of argv.
+std::vector<char*> take_text_options(int argc, char** argv, TextOptions* t) {
+  std::vector<char*> rest;
+  for (int a = 0; a < argc; ++a) {
+    std::string arg = argv[a], value;
+    bool inline_value = false;
+    if (const auto eq = arg.find('='); a > 0 && arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = arg.substr(eq + 1), arg = arg.substr(0, eq), inline_value = true;
+    }
+    std::string* target = arg == "--window" ? &t->window : arg == "--doc-lens" ? &t->doc_lens
+                        : arg == "--softcap" ? &t->softcap : arg == "--svg" ? &t->svg : nullptr;
+    if (a == 0 || !target) {
+      rest.push_back(argv[a]);
+      continue;
+    }
+    if (!inline_value) {
+      if (a + 1 >= argc) {
+        t->error = arg + " needs a value";
+        continue;
+      }
+      value = argv[++a];
+    }
+    *target = value;
+    if (arg == "--window") t->window_set = true;
+    if (arg == "--doc-lens") t->doc_lens_set = true;
+    if (arg == "--softcap") t->softcap_set = true;
+  }
+  return rest;
 }
+
+std::vector<int> parse_int_list(const std::string& flag, const std::string& text) {
+  std::vector<int> v;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) v.push_back(int(parse_integer(flag, item, -(1LL << 30), 1LL << 30)));
+  if (v.empty() || text.back() == ',') throw UsageError(flag + " expects a comma-separated list, got '" + text + "'");
+  return v;
+}
+
+/// The user's mask options, before the problem is known.
+struct MaskArgs {
+  std::string mask;  // empty: every variant
+  int chunk = -1, prefix = -1, docs = -1, sinks = -1;
+  bool map = false;
+  TextOptions text;
+};
+
+/// Builds the spec of `kind` from the arguments; rejects options the mask does not take.
+MaskSpec make_spec(MaskKind kind, const MaskArgs& a, const Options& opt, bool explicit_mask) {
+  MaskSpec s;
+  s.kind = kind;
+  s.causal = opt.problem.causal;
+  auto only = [&](bool given, const char* flag, std::initializer_list<MaskKind> ok) {
+    if (!given || !explicit_mask) return;
+    for (MaskKind k : ok)
+      if (k == kind) return;
+    throw UsageError(std::string(flag) + " does not apply to --mask " + mask_name(kind));
+  };
+  only(a.text.window_set, "--window", {MaskKind::window, MaskKind::sink});
+  only(a.chunk >= 0, "--chunk", {MaskKind::chunked});
+  only(a.prefix >= 0, "--prefix", {MaskKind::prefix});
+  only(a.text.doc_lens_set || a.docs >= 0, a.docs >= 0 ? "--docs" : "--doc-lens", {MaskKind::document});
+  only(a.sinks >= 0, "--sinks", {MaskKind::sink});
+  only(a.text.softcap_set, "--softcap", {MaskKind::softcap});
+  if (explicit_mask && opt.problem.causal && kind == MaskKind::window)
+    throw UsageError("--causal does not apply to --mask window (a causal window is --window L,0)");
+  if (a.text.window_set && explicit_mask) {
+    const std::vector<int> w = parse_int_list("--window", a.text.window);
+    if (w.size() > 2 || (kind == MaskKind::sink && w.size() != 1))
+      throw UsageError(kind == MaskKind::sink ? "--window takes one value L with --mask sink"
+                                              : "--window takes L or L,R");
+    s.left = w[0];
+    s.right = w.size() == 2 ? w[1] : 0;
+  }
+  if (explicit_mask) {
+    if (a.chunk >= 0) s.chunk = a.chunk;
+    if (a.prefix >= 0) s.prefix = a.prefix;
+    if (a.sinks >= 0) s.sinks = a.sinks;
+    if (a.text.softcap_set) s.softcap = parse_number("--softcap", a.text.softcap);
+    if (a.text.doc_lens_set && a.docs >= 0) throw UsageError("give --doc-lens or --docs, not both");
+    if (a.text.doc_lens_set) s.doc_lens = parse_int_list("--doc-lens", a.text.doc_lens);
+    if (a.docs >= 0) {
+      if (a.docs > opt.problem.nq) throw UsageError("--docs must be <= N");
+      s.doc_lens = random_doc_lens(opt.problem.nq, a.docs, unsigned(opt.seed));
+    }
+  }
+  if (kind == MaskKind::sink && !(a.text.window_set && explicit_mask)) s.left = 64;
+  finalize_spec(s, opt.problem);
+  return s;
+}
+
+constexpr double kModelFlopBudget = 2e9;  // the CPU model's limit (one core)
+
+/// One variant: the model's rows (and the kernels'), judged against the reference.
+void run_variant(const MaskSpec& spec, const Options& opt, const MaskArgs& a, const std::optional<DeviceInfo>& dev,
+                 bool explicit_mask, Report& rep) {
+  const Problem user = opt.problem;
+  const Problem p = masked_problem(user);
+  const std::string name = mask_name(spec.kind);
+  const Layout layout = layout_for(spec, p);
+  const BlockMap map = build_block_map(spec, p, kModelBr, kModelBc);
+  if (a.map) {
+    std::ostream& os = opt.json ? std::cerr : std::cout;
+    os << name << ": " << spec.describe() << "\n" << map.text(0, 0);
+    const std::string path = !a.text.svg.empty() && explicit_mask ? a.text.svg : "block_map_" + name + ".svg";
+    std::ofstream f(path);
+    if (!f) throw UsageError("cannot write " + path);
+    f << map.svg(0, 0, name + ": " + spec.describe() + ", " + p.describe());
+    os << "  (picture written to " << path << ")\n";
+  }
+  const AttnInputs in = make_inputs(p, opt.dist, opt.seed, /*with_dout=*/true);
+  AttnInputs lin;  // the inputs in the layout the mask runs in (packed for documents)
+  lin.q = to_layout(in.q, p.heads, p.nq, p.d, layout.packed);
+  lin.k = to_layout(in.k, p.kv_heads, p.nk, p.d, layout.packed);
+  lin.v = to_layout(in.v, p.kv_heads, p.nk, p.dv, layout.packed);
+  lin.dout = to_layout(in.dout, p.heads, p.nq, p.dv, layout.packed);
+  const std::unique_ptr<ScoreMod> mod = reference_mod(spec, p);
+  const ForwardOracle oracle(p, in, opt.check_all ? CheckPlan::full(p) : CheckPlan::sampled(p), mod.get());
+  const BackwardOracle boracle(p, in, opt.check_all ? BackwardPlan::full(p) : BackwardPlan::sampled(p), mod.get());
+  if (rep.check_plan.empty())
+    rep.check_plan = oracle.plan().describe(p) + "; backward: " + boracle.plan().describe(p);
+  const double fwd_flops = mask_flops_forward(spec, p, map);
+  rep.notes.push_back(name + ": " + spec.describe() + "; " + fmt("%.0f", map.kept_tiles()) + " of " +
+                      fmt("%.0f", map.total_tiles()) + " tiles kept (" + fmt("%.0f", map.count(TileKind::partial)) +
+                      " partial) at " + std::to_string(map.Br) + " x " + std::to_string(map.Bc) + ", " +
+                      fmt("%.1f", 100.0 * map.kept_pairs / (double(p.batch) * p.heads * p.nq * p.nk)) +
+                      "% of pairs kept");
+
+  const bool run_model = flops_forward(p) <= kModelFlopBudget || opt.device == DeviceChoice::cpu;
+  if (run_model) {
+    const MaskForwardResult f = mask_forward_model(p, spec, layout, lin, map, opt.sram_bytes);
+    ResultRow row;
+    row.impl = name + ": model forward";
+    row.device = "cpu";
+    row.flops = fwd_flops;
+    row.set_traffic(f.traffic);
+    const std::vector<float> o = from_layout(f.o, p.heads, p.nq, p.dv, layout.packed);
+    row.set_check(oracle.judge(o, &f.lse));
+    rep.rows.push_back(row);
+    const MaskBackwardResult g = mask_backward_model(p, spec, layout, lin, f.o, f.lse, map, opt.sram_bytes);
+    ResultRow brow;
+    brow.impl = name + ": model backward";
+    brow.device = "cpu";
+    brow.flops = 2.5 * fwd_flops;
+    brow.set_traffic(g.traffic);
+    brow.set_check(boracle.judge(from_layout(g.dq, p.heads, p.nq, p.d, layout.packed),
+                                 from_layout(g.dk, p.kv_heads, p.nk, p.d, layout.packed),
+                                 from_layout(g.dv, p.kv_heads, p.nk, p.dv, layout.packed)));
+    rep.rows.push_back(brow);
+  }
+#if TUTORIAL_HAVE_CUDA
+  if (dev) {
+    for (const GpuPath path : {GpuPath::sm80, GpuPath::sm90a, GpuPath::backward}) {
+      ResultRow row;
+      row.impl = name + ": " + gpu_path_name(path);
+      row.device = "cuda";
+      row.flops = path == GpuPath::backward ? 2.5 * fwd_flops : fwd_flops;
+      row.bound = Bound::compute;
+      const std::string why = mask_gpu_unsupported(p, path, *dev);
+      if (!why.empty()) {
+        row.note = why;
+        rep.rows.push_back(row);
+        continue;
+      }
+      if (path == GpuPath::backward) {
+        const GpuMaskForward f = mask_forward_gpu(p, spec, layout, lin, GpuPath::sm80, /*time=*/false);
+        const GpuMaskBackward g = mask_backward_gpu(p, spec, layout, lin, f.o, f.lse, /*time=*/true);
+        row.set_check(boracle.judge(from_layout(g.dq, p.heads, p.nq, p.d, layout.packed),
+                                    from_layout(g.dk, p.kv_heads, p.nk, p.d, layout.packed),
+                                    from_layout(g.dv, p.kv_heads, p.nk, p.dv, layout.packed)));
+        row.set_time(g.time_ms);
+      } else {
+        const GpuMaskForward f = mask_forward_gpu(p, spec, layout, lin, path, /*time=*/true);
+        row.set_check(oracle.judge(from_layout(f.o, p.heads, p.nq, p.dv, layout.packed), &f.lse));
+        row.set_time(f.time_ms);
+        row.note = fmt("%.0f", f.tiles) + " tiles visited";
+      }
+      rep.rows.push_back(row);
+    }
+  }
+#else
+  (void)dev;
+#endif
+  (void)explicit_mask;
+}
+
+}  // namespace
+
+int mask_main(int argc, char** argv) {
+  MaskArgs a;
+  std::vector<char*> args = take_text_options(argc, argv, &a.text);
+  Problem defaults;
+  defaults.batch = 1;
+  defaults.heads = 4;
+  defaults.kv_heads = 2;       // GQA
+  defaults.nq = defaults.nk = 333;  // not a multiple of any tile
+  defaults.d = defaults.dv = 128;
+  defaults.dtype = DType::bf16;
+  std::vector<std::string> names;
+  for (MaskKind k : all_mask_kinds()) names.push_back(mask_name(k));
+  Cli cli(argv[0],
+          "masks and score modifiers through one policy interface (keep / score / classify) and a block map.\n"
+          "Text-valued mask options: --window L[,R] (window; L for sink), --doc-lens a,b,c (document),\n"
+          "--softcap C (softcap), --svg PATH (with --map). With no --mask: every variant at a small size.");
+  cli.defaults(defaults).head_dims({32, 64, 128}).dtypes({DType::bf16, DType::f16});
+  cli.sram_default(224 * 1024);
+  cli.add_choice("--mask", &a.mask, names, "the variant (default: every one)");
+  cli.add_int("--chunk", &a.chunk, "chunked: chunk length C", 1);
+  cli.add_int("--prefix", &a.prefix, "prefix: bidirectional prefix length P", 0);
+  cli.add_int("--docs", &a.docs, "document: K documents of random lengths", 1);
+  cli.add_int("--sinks", &a.sinks, "sink: S sink tokens (with --window L)", 0);
+  cli.add_flag("--map", &a.map, "print the block map (keep / skip / partial per tile) and write it as SVG");
+  return run_chapter(int(args.size()), args.data(), cli, [&](const Options& opt) {
+    if (!a.text.error.empty()) throw UsageError(a.text.error);
+    const bool explicit_mask = !a.mask.empty();
+    std::vector<MaskSpec> specs;
+    if (explicit_mask) {
+      MaskKind k;
+      parse_mask(a.mask, &k);
+      specs.push_back(make_spec(k, a, opt, true));
+    } else {
+      if (a.chunk >= 0 || a.prefix >= 0 || a.docs >= 0 || a.sinks >= 0 || a.text.window_set ||
+          a.text.doc_lens_set || a.text.softcap_set)
+        throw UsageError("mask options need --mask (the variant they belong to)");
+      for (MaskKind k : all_mask_kinds()) specs.push_back(make_spec(k, a, opt, false));
+    }
+    Report rep;
+    rep.chapter = "ch06_variants mask";
+    rep.title = explicit_mask ? "masks and score modifiers: " + specs[0].describe()
+                              : "masks and score modifiers: every variant";
+    rep.problem = masked_problem(opt.problem);
+    rep.inputs = std::string(dist_name(opt.dist)) + ", seed " + std::to_string(opt.seed);
+    const auto dev = select_device(opt.device, &rep.mode);
+#if TUTORIAL_HAVE_CUDA
+    if (dev && opt.bench) rep.ceilings = measure_ceilings(opt.problem.dtype);
+#endif
+    for (const MaskSpec& s : specs) run_variant(s, opt, a, dev, explicit_mask, rep);
+    rep.apply_ceilings();
+    return rep.emit(std::cout, opt.json);
+  });
+}
+
 }  // namespace attn::ch06

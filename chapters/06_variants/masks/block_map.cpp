@@ -1,0 +1,65 @@
+#include "block_map.hpp"
+
+#include <sstream>
+
+namespace attn::ch06 {
+
+double BlockMap::count(TileKind k) const {
+  double n = 0;
+  for (int b = 0; b < batch; ++b)
+    for (int h = 0; h < heads; ++h) {
+      const std::size_t f = std::size_t(map_of(b, h)) * tq;
+      for (int qb = 0; qb < tq; ++qb)
+        n += k == TileKind::full ? n_full[f + qb] : k == TileKind::partial ? n_part[f + qb]
+                                                   : tk - n_full[f + qb] - n_part[f + qb];
+    }
+  return n;
+}
+
+std::string BlockMap::text(int b, int h, int max_cols) const {
+  std::ostringstream s;
+  const int cols = std::min(tk, max_cols);
+  s << "block map of (batch " << b << ", head " << h << "): " << tq << " query blocks of " << Br << " x " << tk
+    << " key blocks of " << Bc << "   (# full, + partial, . skip)\n";
+  for (int qb = 0; qb < tq; ++qb) {
+    s << "  q" << qb << (qb < 10 ? "   " : qb < 100 ? "  " : " ");
+    for (int kb = 0; kb < cols; ++kb) {
+      const TileKind k = kind(b, h, qb, kb);
+      s << (k == TileKind::full ? '#' : k == TileKind::partial ? '+' : '.');
+    }
+    if (cols < tk) s << " ...";
+    s << "\n";
+  }
+  return s.str();
+}
+
+std::string BlockMap::svg(int b, int h, const std::string& title) const {
+  const int cell = std::max(4, std::min(24, 640 / std::max(tq, tk)));
+  const int left = 40, top = 40, w = left + tk * cell + 20, hgt = top + tq * cell + 60;
+  std::ostringstream s;
+  s << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << w << "\" height=\"" << hgt
+    << "\" font-family=\"sans-serif\" font-size=\"12\">\n";
+  s << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  s << "<text x=\"" << left << "\" y=\"18\">" << title << "</text>\n";
+  s << "<text x=\"" << left << "\" y=\"34\" fill=\"#555\">keys: " << tk << " blocks of " << Bc
+    << " -&gt;   queries: " << tq << " blocks of " << Br << "</text>\n";
+  for (int qb = 0; qb < tq; ++qb)
+    for (int kb = 0; kb < tk; ++kb) {
+      const TileKind k = kind(b, h, qb, kb);
+      const char* fill = k == TileKind::full ? "#2b6cb0" : k == TileKind::partial ? "#f6ad55" : "#f2f2f2";
+      s << "<rect x=\"" << left + kb * cell << "\" y=\"" << top + qb * cell << "\" width=\"" << cell - 1
+        << "\" height=\"" << cell - 1 << "\" fill=\"" << fill << "\"/>\n";
+    }
+  const int ly = top + tq * cell + 20;
+  const char* names[3] = {"full: no mask arithmetic", "partial: keep() per element", "skip: never loaded"};
+  const char* fills[3] = {"#2b6cb0", "#f6ad55", "#f2f2f2"};
+  for (int k = 0; k < 3; ++k) {
+    s << "<rect x=\"" << left + k * 190 << "\" y=\"" << ly << "\" width=\"12\" height=\"12\" fill=\"" << fills[k]
+      << "\" stroke=\"#999\"/>\n";
+    s << "<text x=\"" << left + k * 190 + 18 << "\" y=\"" << ly + 11 << "\">" << names[k] << "</text>\n";
+  }
+  s << "</svg>\n";
+  return s.str();
+}
+
+}  // namespace attn::ch06

@@ -1,0 +1,45 @@
+#pragma once
+/// \file mask_gpu.hpp
+/// \brief The masked kernels from the host: upload, block map, launch, download.
+///        Declared without CUDA headers (the binary's CPU-only build includes it).
+///
+///     steps/ampere_mask.cu    sm_80+: chapter 04's final forward step + the policy
+///     steps/hopper_mask.cu    sm_90a: chapter 05's final bf16 step + the policy
+///     steps/backward_mask.cu  chapter 04's backward + the policy (score' included)
+///
+/// Every kernel is instantiated for d = 128 and bf16 only, once per policy.
+
+#include <string>
+#include <vector>
+
+#include "common/device.hpp"
+#include "common/inputs.hpp"
+#include "common/problem.hpp"
+#include "mask_spec.hpp"
+
+namespace attn::ch06 {
+
+enum class GpuPath { sm80, sm90a, backward };
+const char* gpu_path_name(GpuPath p);  ///< "sm80 forward", "sm90a forward", "backward"
+
+/// Empty when `path` runs this problem on `dev`; otherwise why not (d, dtype, GPU).
+std::string mask_gpu_unsupported(const Problem& p, GpuPath path, const DeviceInfo& dev);
+
+struct GpuMaskForward {
+  std::vector<float> o, lse;  ///< o in the layout's order, lse [B][H][N]
+  double time_ms = 0;         ///< median with the L2 flushed; 0 when not timed
+  double tiles = 0;           ///< K/V tiles the kernel visited (from the block map)
+};
+struct GpuMaskBackward {
+  std::vector<float> dq, dk, dv;
+  double time_ms = 0;
+};
+
+/// Forward on the GPU (`path` sm80 or sm90a). Inputs in the layout's order.
+GpuMaskForward mask_forward_gpu(const Problem& p, const MaskSpec& s, const Layout& layout, const AttnInputs& in,
+                                GpuPath path, bool time);
+/// Backward on the GPU from the forward's O and LSE.
+GpuMaskBackward mask_backward_gpu(const Problem& p, const MaskSpec& s, const Layout& layout, const AttnInputs& in,
+                                  const std::vector<float>& o, const std::vector<float>& lse, bool time);
+
+}  // namespace attn::ch06

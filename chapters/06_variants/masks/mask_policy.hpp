@@ -1,0 +1,265 @@
+#pragma once
+/// \file mask_policy.hpp
+/// \brief One interface for every mask and score modifier, and the variants written
+///        against it (`__host__ __device__`: the CPU model and the kernels share them).
+///
+/// A *policy* is a small struct, passed by value as a template parameter of the
+/// kernel, with four members (FlexAttention's `mask_mod` / `score_mod`, and
+/// FlashAttention-4's `mask_mod` / `score_mod` / block sparsity, in one type):
+///
+///     bool     keep(b, h, i, j)             may query row i of head (b, h) see key j?
+///     T        score(s, b, h, i, j)         the modified score of a kept pair (s = tau q.k)
+///     T        dscore(s, b, h, i, j)        d score / d s, for the backward
+///     TileKind classify(b, h, TileRange)    skip / full / partial for a whole tile
+///
+/// plus three compile-time facts the kernel branches on (so an unused feature costs
+/// nothing): `kScore` (score() is not the identity), `kSink` (a learnable sink logit
+/// sits in the softmax denominator, `sink(h)`), and `kPerBatch` / `kPerHead` (the
+/// block map differs between batches / heads).
+///
+/// classify() must be *conservative*: `full` only when keep() is true for every pair
+/// of the tile, `skip` only when it is false for every pair. `partial` is always
+/// allowed (the kernel then applies keep() to each element). The block map
+/// (block_map.hpp) asks classify() once per tile on the host, and the kernel visits
+/// only the tiles it lists.
+///
+///     keys ->        a causal tile map (Br = Bc), bottom-right aligned
+///     q   [P . . .]   P = partial: the diagonal crosses it, keep() per element
+///     |   [F P . .]   F = full: every pair kept, no mask arithmetic at all
+///     v   [F F P .]   . = skip: never loaded
+///         [F F F P]
+///
+/// Positions. With Nq != Nk the masks are aligned bottom-right, as FlashAttention
+/// does: query row i sits at key position `q = i + diag`, `diag = Nk - Nq`.
+
+#include <cmath>
+
+#include "common/online_softmax.hpp"  // ATTN_HD
+
+namespace attn::ch06 {
+
+/// What the kernel does with one tile of the score matrix.
+enum class TileKind : unsigned char { skip = 0, full = 1, partial = 2 };
+
+/// A tile of the score matrix: query rows [i0, i1) and keys [j0, j1), already
+/// clipped to the problem (i1 <= Nq, j1 <= Nk, never empty).
+struct TileRange {
+  int i0, i1, j0, j1;
+};
+
+namespace mask_math {
+ATTN_HD float tanh_(float x) { return ::tanhf(x); }
+ATTN_HD double tanh_(double x) { return ::tanh(x); }
+ATTN_HD int floor_div(int a, int c) { return a >= 0 ? a / c : -((-a + c - 1) / c); }
+ATTN_HD int abs_(int x) { return x < 0 ? -x : x; }
+/// A 32-bit integer hash (for the random block-sparse example): same on host and device.
+ATTN_HD unsigned hash3(unsigned a, unsigned b, unsigned c) {
+  unsigned x = a * 0x9E3779B1u ^ (b + 0x7F4A7C15u) * 0x85EBCA77u ^ (c + 0x165667B1u) * 0xC2B2AE3Du;
+  x ^= x >> 15;
+  x *= 0x2C1B3C6Du;
+  x ^= x >> 12;
+  return x;
+}
+}  // namespace mask_math
+
+/// The defaults every policy inherits: no score modifier, no sink, one block map for
+/// every batch and head. A variant overrides only what it changes.
+struct PolicyBase {
+  static constexpr bool kScore = false;
+  static constexpr bool kSink = false;
+  static constexpr bool kPerBatch = false;
+  static constexpr bool kPerHead = false;
+  template <class T> ATTN_HD T score(T s, int, int, int, int) const { return s; }
+  template <class T> ATTN_HD T dscore(T, int, int, int, int) const { return T(1); }
+  ATTN_HD float sink(int) const { return 0.f; }
+};
+
+/// classify() by asking keep() for every pair of the tile: correct for any mask, and
+/// what a new variant gets before it writes an analytic classify(). O(Br * Bc) per
+/// tile on the host, so the block map of a large problem takes a while.
+template <class P>
+TileKind classify_by_elements(const P& pol, int b, int h, const TileRange& t) {
+  bool any = false, all = true;
+  for (int i = t.i0; i < t.i1; ++i)
+    for (int j = t.j0; j < t.j1; ++j) {
+      const bool k = pol.keep(b, h, i, j);
+      any |= k;
+      all &= k;
+    }
+  return !any ? TileKind::skip : all ? TileKind::full : TileKind::partial;
+}
+
+/// A row sees keys j <= i + diag (with `causal`), or every key.
+ATTN_HD TileKind classify_causal(bool causal, int diag, const TileRange& t) {
+  if (!causal || t.j1 - 1 <= t.i0 + diag) return TileKind::full;
+  if (t.j0 > t.i1 - 1 + diag) return TileKind::skip;
+  return TileKind::partial;
+}
+
+// ============================================================================ the variants
+
+/// No mask at all (the score modifiers below build on it).
+struct Dense : PolicyBase {
+  ATTN_HD bool keep(int, int, int, int) const { return true; }
+  ATTN_HD TileKind classify(int, int, const TileRange&) const { return TileKind::full; }
+};
+
+/// Causal, bottom-right aligned: row i sees keys j <= i + diag.
+struct Causal : PolicyBase {
+  int diag;
+  ATTN_HD bool keep(int, int, int i, int j) const { return j <= i + diag; }
+  ATTN_HD TileKind classify(int, int, const TileRange& t) const { return classify_causal(true, diag, t); }
+};
+
+/// Sliding window (left, right) around the aligned diagonal: q - left <= j <= q + right.
+/// (left, 0) is the causal sliding window of Mistral / Gemma; window 0 sees only j = q.
+struct Window : PolicyBase {
+  int diag, left, right;
+  ATTN_HD bool keep(int, int, int i, int j) const {
+    const int q = i + diag;
+    return j >= q - left && j <= q + right;
+  }
+  ATTN_HD TileKind classify(int, int, const TileRange& t) const {
+    // EXERCISE ch06.1: classify a window tile: skip, full or partial from the four corners
+    //| return TileKind::partial;  // TODO: your code here (partial is correct, but skips nothing)
+    const int q0 = t.i0 + diag, q1 = t.i1 - 1 + diag;          // first and last row's position
+    if (t.j0 > q1 + right || t.j1 - 1 < q0 - left) return TileKind::skip;  // wholly right / left of the band
+    if (t.j0 >= q1 - left && t.j1 - 1 <= q0 + right) return TileKind::full;  // inside every row's band
+    return TileKind::partial;
+    // END EXERCISE
+  }
+};
+
+/// Chunked local attention (Llama 4): causal inside fixed chunks of C positions.
+struct Chunked : PolicyBase {
+  int diag, chunk;
+  ATTN_HD bool keep(int, int, int i, int j) const {
+    const int q = i + diag;
+    return j <= q && q / chunk == j / chunk;  // j >= 0, so j <= q implies q >= 0
+  }
+  ATTN_HD TileKind classify(int, int, const TileRange& t) const {
+    const int q0 = t.i0 + diag, q1 = t.i1 - 1 + diag;
+    if (q1 < 0 || t.j0 > q1) return TileKind::skip;
+    const int c0 = mask_math::floor_div(q0, chunk), c1 = q1 / chunk;  // chunks of the rows
+    if ((t.j1 - 1) / chunk < c0 || t.j0 / chunk > c1) return TileKind::skip;
+    if (q0 >= 0 && c0 == c1 && t.j0 / chunk == c0 && (t.j1 - 1) / chunk == c0 && t.j1 - 1 <= q0)
+      return TileKind::full;
+    return TileKind::partial;
+  }
+};
+
+/// Prefix-LM: the first P keys are visible to every row (bidirectional prefix), causal after.
+struct PrefixLM : PolicyBase {
+  int diag, prefix;
+  ATTN_HD bool keep(int, int, int i, int j) const { return j < prefix || j <= i + diag; }
+  ATTN_HD TileKind classify(int, int, const TileRange& t) const {
+    if (t.j1 - 1 < prefix) return TileKind::full;
+    const TileKind c = classify_causal(true, diag, t);
+    return c == TileKind::skip && t.j0 < prefix ? TileKind::partial : c;
+  }
+};
+
+/// Document masking over packed sequences: a token sees only tokens of its own
+/// document (and, with `causal`, not later ones). `doc[t]` is the document of token
+/// t, from cu_seqlens; the documents lie back to back, so doc[] is non-decreasing.
+struct Document : PolicyBase {
+  static constexpr bool kPerBatch = true;  // each packed batch has its own documents
+  const int* doc;                          // [batch][n]
+  int n;
+  bool causal;
+  ATTN_HD bool keep(int b, int, int i, int j) const {
+    return doc[b * n + i] == doc[b * n + j] && (!causal || j <= i);
+  }
+  ATTN_HD TileKind classify(int b, int, const TileRange& t) const {
+    const int* d = doc + b * n;
+    if (d[t.j1 - 1] < d[t.i0] || d[t.j0] > d[t.i1 - 1]) return TileKind::skip;  // no shared document
+    const TileKind c = classify_causal(causal, 0, t);
+    if (c == TileKind::skip) return c;
+    const bool one_doc = d[t.i0] == d[t.i1 - 1] && d[t.j0] == d[t.i0] && d[t.j1 - 1] == d[t.i0];
+    return one_doc && c == TileKind::full ? TileKind::full : TileKind::partial;
+  }
+};
+
+/// StreamingLLM: the first `sinks` keys (attention sinks) plus a causal window of
+/// `window` keys to the left: j <= q and (j < sinks or q - j <= window).
+struct SinkWindow : PolicyBase {
+  int diag, sinks, window;
+  ATTN_HD bool keep(int, int, int i, int j) const {
+    const int q = i + diag;
+    return j <= q && (j < sinks || q - j <= window);
+  }
+  ATTN_HD TileKind classify(int, int, const TileRange& t) const {
+    const int q0 = t.i0 + diag, q1 = t.i1 - 1 + diag;
+    if (t.j0 > q1) return TileKind::skip;                                   // above the diagonal
+    if (t.j0 >= sinks && q0 - (t.j1 - 1) > window) return TileKind::skip;   // left of every window
+    const bool in_window = q1 - t.j0 <= window || t.j1 - 1 < sinks;
+    return t.j1 - 1 <= q0 && in_window ? TileKind::full : TileKind::partial;
+  }
+};
+
+/// A learnable per-head sink logit (gpt-oss, FA4's learnable_sink): one extra term
+/// e^{sink_h} in every row's softmax denominator, with no value row. It changes only
+/// the state the row starts from (online_softmax.hpp, SoftmaxState::with_sink):
+/// (m, l) = (sink, 1) instead of (-inf, 0). The mask is causal or none.
+struct LearnedSink : PolicyBase {
+  static constexpr bool kSink = true;
+  const float* sinks;  // [heads], natural-log units
+  int diag;
+  bool causal;
+  ATTN_HD bool keep(int, int, int i, int j) const { return !causal || j <= i + diag; }
+  ATTN_HD TileKind classify(int, int, const TileRange& t) const { return classify_causal(causal, diag, t); }
+  ATTN_HD float sink(int h) const { return sinks[h]; }
+};
+
+/// ALiBi (Press et al.): a linear distance penalty, slope_h = 2^(-8 (h + 1) / H):
+/// score = s - slope_h |q - j|. Its derivative is 1.
+struct Alibi : PolicyBase {
+  static constexpr bool kScore = true;
+  int diag, heads;
+  bool causal;
+  ATTN_HD float slope(int h) const { return ::exp2f(-8.f * float(h + 1) / float(heads)); }
+  ATTN_HD bool keep(int, int, int i, int j) const { return !causal || j <= i + diag; }
+  template <class T> ATTN_HD T score(T s, int, int h, int i, int j) const {
+    return s - T(slope(h)) * T(mask_math::abs_(i + diag - j));
+  }
+  template <class T> ATTN_HD T dscore(T, int, int, int, int) const { return T(1); }
+  ATTN_HD TileKind classify(int, int, const TileRange& t) const { return classify_causal(causal, diag, t); }
+};
+
+/// Softcap (Gemma 2, Grok): score = cap tanh(s / cap), derivative 1 - tanh^2(s / cap).
+struct Softcap : PolicyBase {
+  static constexpr bool kScore = true;
+  float cap;
+  int diag;
+  bool causal;
+  ATTN_HD bool keep(int, int, int i, int j) const { return !causal || j <= i + diag; }
+  template <class T> ATTN_HD T score(T s, int, int, int, int) const { return T(cap) * mask_math::tanh_(s / T(cap)); }
+  template <class T> ATTN_HD T dscore(T s, int, int, int, int) const {
+    const T th = mask_math::tanh_(s / T(cap));
+    return T(1) - th * th;
+  }
+  ATTN_HD TileKind classify(int, int, const TileRange& t) const { return classify_causal(causal, diag, t); }
+};
+
+// EXERCISE ch06.3: a custom mask: causal, and a random quarter of the 128 x 128 blocks
+//| struct BlockSparse : PolicyBase {  // TODO: keep() that keeps the diagonal block, block 0, and hash % 4 == 0
+//|   int diag, seed;
+//|   ATTN_HD bool keep(int, int, int i, int j) const { return j <= i + diag; }
+//|   TileKind classify(int b, int h, const TileRange& t) const { return classify_by_elements(*this, b, h, t); }
+//| };
+/// The custom example, a new variant in a dozen lines: random block sparsity (in the
+/// spirit of BigBird). Causal; every query block keeps its own diagonal block and
+/// key block 0 (a global block), and a random quarter of the others. classify() is
+/// left to keep() itself (classify_by_elements): the host builds the block map.
+struct BlockSparse : PolicyBase {
+  int diag, seed;
+  ATTN_HD bool keep(int, int, int i, int j) const {
+    const int q = i + diag, bq = q / 128, bk = j / 128;
+    if (j > q) return false;                                    // causal
+    return bq == bk || bk == 0 || mask_math::hash3(unsigned(seed), unsigned(bq), unsigned(bk)) % 4 == 0;
+  }
+  TileKind classify(int b, int h, const TileRange& t) const { return classify_by_elements(*this, b, h, t); }
+};
+// END EXERCISE
+
+}  // namespace attn::ch06

@@ -1,0 +1,111 @@
+// ch06_variants mask from the command line: the default tour runs and passes, every
+// bad mask option exits 2 with one line on stderr, --map prints and writes the map.
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "parts.hpp"
+
+namespace {
+
+struct Run {
+  int code;
+  std::string out, err;
+  int err_lines() const {
+    int n = 0;
+    std::istringstream s(err);
+    for (std::string line; std::getline(s, line);) n += !line.empty();
+    return n;
+  }
+};
+
+/// mask_main with `args`, stdout and stderr captured.
+Run run_mask(const std::vector<std::string>& args) {
+  std::vector<std::string> store = {"ch06_variants mask"};
+  store.insert(store.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& s : store) argv.push_back(s.data());
+  std::ostringstream out, err;
+  auto* old_out = std::cout.rdbuf(out.rdbuf());
+  auto* old_err = std::cerr.rdbuf(err.rdbuf());
+  const int code = attn::ch06::mask_main(int(argv.size()), argv.data());
+  std::cout.rdbuf(old_out);
+  std::cerr.rdbuf(old_err);
+  return {code, out.str(), err.str()};
+}
+
+}  // namespace
+
+TEST_CASE("mask CLI: bad mask options exit 2 with one line") {
+  const std::vector<std::vector<std::string>> bad = {
+      {"--mask", "window", "--window", "-1"},
+      {"--mask", "window", "--window", "4,-2"},
+      {"--mask", "window", "--window", "1,2,3"},
+      {"--mask", "window", "--window", "abc"},
+      {"--mask", "window", "--window"},
+      {"--mask", "document", "--doc-lens", "100,100"},          // N = 333
+      {"--mask", "document", "--doc-lens", "333,0"},
+      {"--mask", "document", "--n", "10", "--docs", "11"},
+      {"--mask", "document", "--nk", "400"},
+      {"--mask", "softcap", "--softcap", "0"},
+      {"--mask", "softcap", "--softcap", "-3"},
+      {"--mask", "softcap", "--softcap", "x"},
+      {"--mask", "chunked", "--chunk", "0"},
+      {"--mask", "sink", "--sinks", "-1"},
+      {"--mask", "prefix", "--prefix", "-5"},
+      {"--mask", "window", "--chunk", "64"},                    // an option of another variant
+      {"--mask", "window", "--causal"},
+      {"--mask", "sink", "--window", "5,5"},
+      {"--mask", "nosuchmask"},
+      {"--window", "16"},                                       // mask options without --mask
+      {"--mask", "causal", "--d", "96"},
+  };
+  for (const auto& args : bad) {
+    std::string line;
+    for (const auto& a : args) line += a + " ";
+    CAPTURE(line);
+    const Run r = run_mask(args);
+    CHECK(r.code == 2);
+    CHECK(r.err_lines() == 1);
+    CHECK(r.err.find("error") != std::string::npos);
+  }
+}
+
+TEST_CASE("mask CLI: the default run checks every variant on the CPU model and passes") {
+  const Run r = run_mask({"--device", "cpu"});
+  CHECK(r.code == 0);
+  for (const char* name : {"causal", "window", "chunked", "prefix", "document", "sink", "learned-sink", "alibi",
+                           "softcap", "custom"}) {
+    CAPTURE(name);
+    CHECK(r.out.find(std::string(name) + ": model forward") != std::string::npos);
+    CHECK(r.out.find(std::string(name) + ": model backward") != std::string::npos);
+  }
+}
+
+TEST_CASE("mask CLI: --map prints keep / skip / partial per tile and writes an SVG") {
+  const std::string path = "/tmp/attn_ch06_mask_test.svg";
+  std::remove(path.c_str());
+  const Run r = run_mask({"--device", "cpu", "--mask", "window", "--window", "200,0", "--n", "1024", "--heads", "1",
+                          "--map", "--svg", path});
+  CHECK(r.code == 0);
+  CHECK(r.out.find("block map") != std::string::npos);
+  CHECK(r.out.find('#') != std::string::npos);  // full tiles
+  CHECK(r.out.find('+') != std::string::npos);  // partial tiles
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  CHECK(s.str().find("<svg") != std::string::npos);
+  CHECK(s.str().find("</svg>") != std::string::npos);
+}
+
+TEST_CASE("mask CLI: --json prints one object with a row per kernel") {
+  const Run r = run_mask({"--device", "cpu", "--mask", "softcap", "--softcap", "5", "--causal", "--json"});
+  CHECK(r.code == 0);
+  CHECK(r.out.find("\"results\"") != std::string::npos);
+  CHECK(r.out.find("softcap: model forward") != std::string::npos);
+  CHECK(r.out.find("\"pass\": false") == std::string::npos);
+}

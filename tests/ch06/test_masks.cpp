@@ -1,0 +1,391 @@
+// Chapter 06, masks: every variant's policy agrees with its fp64 definition, classify()
+// is conservative, the block map is consistent, and the CPU model (forward and
+// backward) passes the acceptance rule at awkward shapes, for every variant.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+
+#include "common/check.hpp"
+#include "masks/mask_model.hpp"
+#include "masks/mask_spec.hpp"
+#include "support/shapes.hpp"
+
+using namespace attn;
+using namespace attn::ch06;
+using testing_support::shape;
+
+namespace {
+
+constexpr std::size_t kSram = 224 * 1024;
+
+MaskSpec spec_of(MaskKind k, const Problem& p, bool causal = false) {
+  MaskSpec s;
+  s.kind = k;
+  s.causal = causal;
+  s.left = 40, s.right = 7;  // a window that is neither 0 nor the whole row
+  s.chunk = 48;
+  s.prefix = 37;
+  s.sinks = 3;
+  s.softcap = 1.5;  // small, so tanh bends the scores and its derivative matters
+  if (k == MaskKind::sink) s.left = 30, s.right = 0;
+  if (k == MaskKind::document && p.nq == p.nk) s.doc_lens = random_doc_lens(p.nq, std::min(5, p.nq), 3);
+  finalize_spec(s, p);
+  return s;
+}
+
+struct Outcome {
+  CheckResult fwd, bwd;
+  MaskForwardResult f;
+  MaskBackwardResult g;
+};
+
+/// The model's forward and backward for `s`, judged against the fp64 reference on every row.
+Outcome run_model(const MaskSpec& s, const Problem& user, Dist dist = Dist::normal, int Br = kModelBr,
+                  int Bc = kModelBc) {
+  const Problem p = masked_problem(user);
+  const Layout L = layout_for(s, p);
+  const AttnInputs in = make_inputs(p, dist, 11, true);
+  AttnInputs lin;
+  lin.q = to_layout(in.q, p.heads, p.nq, p.d, L.packed);
+  lin.k = to_layout(in.k, p.kv_heads, p.nk, p.d, L.packed);
+  lin.v = to_layout(in.v, p.kv_heads, p.nk, p.dv, L.packed);
+  lin.dout = to_layout(in.dout, p.heads, p.nq, p.dv, L.packed);
+  const BlockMap map = build_block_map(s, p, Br, Bc);
+  const auto mod = reference_mod(s, p);
+  const ForwardOracle fo(p, in, CheckPlan::full(p), mod.get());
+  const BackwardOracle bo(p, in, BackwardPlan::full(p), mod.get());
+  Outcome r;
+  r.f = mask_forward_model(p, s, L, lin, map, kSram);
+  r.fwd = fo.judge(from_layout(r.f.o, p.heads, p.nq, p.dv, L.packed), &r.f.lse);
+  r.g = mask_backward_model(p, s, L, lin, r.f.o, r.f.lse, map, kSram);
+  r.bwd = bo.judge(from_layout(r.g.dq, p.heads, p.nq, p.d, L.packed),
+                   from_layout(r.g.dk, p.kv_heads, p.nk, p.d, L.packed),
+                   from_layout(r.g.dv, p.kv_heads, p.nk, p.dv, L.packed));
+  return r;
+}
+
+void check_model(const MaskSpec& s, const Problem& p, Dist dist = Dist::normal, int Br = kModelBr,
+                 int Bc = kModelBc) {
+  CAPTURE(s.describe());
+  CAPTURE(p.describe());
+  CAPTURE(dist_name(dist));
+  const Outcome r = run_model(s, p, dist, Br, Bc);
+  CHECK_MESSAGE(r.fwd.pass(), r.fwd.failures());
+  CHECK_MESSAGE(r.bwd.pass(), r.bwd.failures());
+}
+
+bool causal_family(MaskKind k) { return k != MaskKind::document; }
+
+}  // namespace
+
+TEST_CASE("every policy's keep() and score() agree with the fp64 definition") {
+  for (const Problem p : {Problem(shape().heads(3).n(97).d(32)), Problem(shape().heads(2).n(40, 150).d(32)),
+                          Problem(shape().heads(2).n(150, 40).d(32))}) {
+    for (MaskKind k : all_mask_kinds()) {
+      if (k == MaskKind::document && p.nq != p.nk) continue;
+      for (bool causal : {false, true}) {
+        const MaskSpec s = spec_of(k, p, causal);
+        CAPTURE(s.describe());
+        CAPTURE(p.describe());
+        const auto ref = reference_mod(s, p);
+        const std::vector<int> doc = k == MaskKind::document ? doc_of_tokens(s.doc_lens) : std::vector<int>{};
+        visit_policy(s, p, PolicyData{doc.data(), s.sink_logits.data()}, [&](const auto& pol) {
+          int wrong_keep = 0, wrong_score = 0, wrong_grad = 0;
+          for (int h = 0; h < p.heads; ++h) {
+            CHECK(double(pol.sink(h)) == (k == MaskKind::learned_sink ? ref->sink(p, 0, h) : 0.0));
+            for (int i = 0; i < p.nq; ++i)
+              for (int j = 0; j < p.nk; ++j) {
+                wrong_keep += pol.keep(0, h, i, j) != ref->keep(p, 0, h, i, j);
+                const double x = 0.37 * ((i * 7 + j * 3) % 11 - 5);
+                wrong_score += std::abs(double(pol.score(x, 0, h, i, j)) - ref->apply(p, 0, h, i, j, x)) > 1e-5;
+                wrong_grad += std::abs(double(pol.dscore(x, 0, h, i, j)) - ref->grad(p, 0, h, i, j, x)) > 1e-5;
+              }
+          }
+          CHECK(wrong_keep == 0);
+          CHECK(wrong_score == 0);
+          CHECK(wrong_grad == 0);
+          return 0;
+        });
+      }
+    }
+  }
+}
+
+TEST_CASE("classify() is conservative for every variant and tile shape: full keeps all, skip keeps none") {
+  for (const Problem p : {Problem(shape().heads(2).n(300).d(32)), Problem(shape().heads(2).n(100, 333).d(32)),
+                          Problem(shape().heads(2).n(333, 100).d(32))}) {
+    for (MaskKind k : all_mask_kinds()) {
+      if (k == MaskKind::document && p.nq != p.nk) continue;
+      const MaskSpec s = spec_of(k, p, true);
+      const std::vector<int> doc = k == MaskKind::document ? doc_of_tokens(s.doc_lens) : std::vector<int>{};
+      for (auto [Br, Bc] : {std::pair{16, 16}, std::pair{128, 64}, std::pair{64, 176}, std::pair{32, 8}}) {
+        CAPTURE(s.describe());
+        CAPTURE(p.describe());
+        CAPTURE(Br);
+        CAPTURE(Bc);
+        const BlockMap m = build_block_map(s, p, Br, Bc);
+        int wrong = 0, partial_without_need = 0;
+        visit_policy(s, p, PolicyData{doc.data(), s.sink_logits.data()}, [&](const auto& pol) {
+          for (int h = 0; h < p.heads; ++h)
+            for (int qb = 0; qb < m.tq; ++qb)
+              for (int kb = 0; kb < m.tk; ++kb) {
+                const TileKind truth = classify_by_elements(pol, 0, h, tile_range(qb, kb, Br, Bc, p.nq, p.nk));
+                const TileKind got = m.kind(0, h, qb, kb);
+                if (got == TileKind::full && truth != TileKind::full) ++wrong;
+                if (got == TileKind::skip && truth != TileKind::skip) ++wrong;
+                if (got == TileKind::partial && truth == TileKind::skip) ++partial_without_need;
+              }
+          return 0;
+        });
+        CHECK(wrong == 0);
+        // An analytic classify() never sends an all-masked tile to the kernel.
+        if (k != MaskKind::document) CHECK(partial_without_need == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("the block map's forward and backward lists describe the same tiles") {
+  const Problem p = masked_problem(shape().batch(1).heads(3).n(700, 900).d(32));
+  for (MaskKind k : all_mask_kinds()) {
+    if (k == MaskKind::document) continue;
+    const MaskSpec s = spec_of(k, p, true);
+    CAPTURE(s.describe());
+    const BlockMap m = build_block_map(s, p, 128, 64);
+    double fwd = 0, bwd = 0;
+    for (int mi = 0; mi < m.maps(); ++mi) {
+      for (int qb = 0; qb < m.tq; ++qb) {
+        const int f = mi * m.tq + qb;
+        fwd += m.n_full[f] + m.n_part[f];
+        for (int n = 1; n < m.n_full[f]; ++n) CHECK(m.full[f * m.tk + n - 1] < m.full[f * m.tk + n]);
+        for (int n = 0; n < m.n_part[f]; ++n) CHECK(m.kinds[f * m.tk + m.part[f * m.tk + n]] == TileKind::partial);
+      }
+      for (int kb = 0; kb < m.tk; ++kb) bwd += m.q_n_full[mi * m.tk + kb] + m.q_n_part[mi * m.tk + kb];
+    }
+    CHECK(fwd == bwd);
+    CHECK(m.kept_tiles() == doctest::Approx(fwd * (double(p.batch) * p.heads / m.maps())));
+    // The scheduler's order: every (b, h, q block) once, heaviest first.
+    CHECK(int(m.order.size()) == p.batch * p.heads * m.tq);
+    for (std::size_t t = 1; t < m.order.size(); ++t) {
+      auto work = [&](int it) {
+        const int f = m.map_of(it / m.tq / p.heads, (it / m.tq) % p.heads) * m.tq + it % m.tq;
+        return m.n_full[f] + m.n_part[f];
+      };
+      CHECK(work(m.order[t - 1]) >= work(m.order[t]));
+    }
+  }
+}
+
+TEST_CASE("a sliding window of 1K at N = 16K keeps 8.2x fewer pairs than causal, and its tiles follow") {
+  const Problem p = masked_problem(shape().n(16384).d(128));
+  MaskSpec c, w;
+  c.kind = MaskKind::causal;
+  w.kind = MaskKind::window;
+  w.left = 1024, w.right = 0;
+  finalize_spec(c, p);
+  finalize_spec(w, p);
+  const BlockMap mc = build_block_map(c, p, 128, 128), mw = build_block_map(w, p, 128, 128);
+  const double pair_ratio = mc.kept_pairs / mw.kept_pairs, tile_ratio = mc.kept_tiles() / mw.kept_tiles();
+  CHECK(mc.kept_pairs == doctest::Approx(16384.0 * 16385 / 2));
+  CHECK(pair_ratio == doctest::Approx(8.25).epsilon(0.01));
+  CHECK(tile_ratio > 7.0);  // 8256 tiles against 1144: the block map keeps the saving
+  CHECK(mw.count(TileKind::partial) <= 2 * mw.tq);  // two band edges per query block at most
+}
+
+TEST_CASE("every variant's model passes the fp64 reference, forward and backward, at awkward shapes") {
+  for (MaskKind k : all_mask_kinds()) {
+    const Problem many = shape().batch(k == MaskKind::document ? 1 : 2).heads(4, 2).n(200).d(32);  // batches, GQA
+    check_model(spec_of(k, many), many);
+    check_model(spec_of(k, shape().heads(2).n(50).d(64)), shape().heads(2).n(50).d(64));  // N below one tile
+    check_model(spec_of(k, shape().heads(2).n(140).d(32), true), shape().heads(2).n(140).d(32), Dist::mean_shifted);
+    check_model(spec_of(k, shape().n(129).d(64)), shape().n(129).d(64).dtype(DType::f16), Dist::outliers);
+  }
+}
+
+TEST_CASE("the causal family with Nq != Nk (bottom-right), GQA, and other tile shapes") {
+  for (MaskKind k : all_mask_kinds()) {
+    if (!causal_family(k)) continue;
+    for (const Problem p : {Problem(shape().heads(4, 1).n(70, 260).d(32)), Problem(shape().heads(4, 2).n(260, 70).d(32))}) {
+      check_model(spec_of(k, p, true), p);
+      check_model(spec_of(k, p, true), p, Dist::normal, 32, 16);
+    }
+  }
+}
+
+TEST_CASE("fully masked rows: O = 0, LSE = -inf, dQ = 0") {
+  // Nq > Nk with a causal mask: the first Nq - Nk rows see no key.
+  const Problem p = masked_problem(shape().heads(2).n(300, 100).d(32));
+  for (MaskKind k : {MaskKind::causal, MaskKind::window, MaskKind::chunked, MaskKind::sink, MaskKind::alibi}) {
+    MaskSpec s = spec_of(k, p, true);
+    s.right = 0;  // a window reaching right of the diagonal would give the first rows keys
+    CAPTURE(s.describe());
+    const Outcome r = run_model(s, p);
+    CHECK(r.fwd.pass());
+    CHECK(r.bwd.pass());
+    int bad = 0;
+    for (int h = 0; h < p.heads; ++h)
+      for (int i = 0; i < p.nq - p.nk; ++i) {
+        bad += !(std::isinf(r.f.lse[p.lse_off(0, h) + i]) && r.f.lse[p.lse_off(0, h) + i] < 0);
+        for (int c = 0; c < p.dv; ++c) bad += r.f.o[p.o_off(0, h) + std::size_t(i) * p.dv + c] != 0.f;
+        for (int c = 0; c < p.d; ++c) bad += r.g.dq[p.q_off(0, h) + std::size_t(i) * p.d + c] != 0.f;
+      }
+    CHECK(bad == 0);
+  }
+}
+
+TEST_CASE("window edge cases: window 0 sees only the diagonal, a window wider than the sequence sees everything") {
+  const Problem p = masked_problem(shape().heads(2).n(150, 190).d(32));
+  MaskSpec w0;
+  w0.kind = MaskKind::window;
+  w0.left = 0, w0.right = 0;
+  finalize_spec(w0, p);
+  const BlockMap m0 = build_block_map(w0, p, kModelBr, kModelBc);
+  CHECK(m0.kept_pairs == doctest::Approx(2.0 * 150));
+  check_model(w0, p);
+  MaskSpec wide = w0;
+  wide.left = wide.right = 100000;
+  const BlockMap mw = build_block_map(wide, p, kModelBr, kModelBc);
+  CHECK(mw.kept_pairs == doctest::Approx(2.0 * 150 * 190));
+  CHECK(mw.count(TileKind::skip) == 0);
+  check_model(wide, p);
+  MaskSpec big_chunk;
+  big_chunk.kind = MaskKind::chunked;
+  big_chunk.chunk = 100000;  // one chunk: causal
+  finalize_spec(big_chunk, p);
+  check_model(big_chunk, p);
+}
+
+TEST_CASE("document masking: documents of length 1, and 1000 documents in one packed batch") {
+  {
+    const Problem p = masked_problem(shape().heads(2).n(40).d(32));
+    MaskSpec s;
+    s.kind = MaskKind::document;
+    s.doc_lens = {1, 1, 5, 1, 30, 1, 1};
+    finalize_spec(s, p);
+    check_model(s, p);
+    s.causal = true;
+    check_model(s, p);
+  }
+  {
+    const Problem p = masked_problem(shape().heads(2, 1).n(1500).d(32));
+    MaskSpec s;
+    s.kind = MaskKind::document;
+    s.causal = true;
+    s.doc_lens = random_doc_lens(1500, 1000, 5);
+    REQUIRE(s.doc_lens.size() == 1000);
+    finalize_spec(s, p);
+    const BlockMap m = build_block_map(s, p, kModelBr, kModelBc);
+    // Kept pairs: the sum over documents of l (l + 1) / 2, not of the padded batch.
+    double pairs = 0;
+    for (int l : s.doc_lens) pairs += 0.5 * l * (l + 1);
+    CHECK(m.kept_pairs == doctest::Approx(pairs * p.heads));
+    // Only tiles on the diagonal: a query block of 128 meets at most 3 key blocks of 64.
+    CHECK(m.kept_tiles() <= double(m.tq) * p.heads * (kModelBr / kModelBc + 1));
+    check_model(s, p);
+  }
+}
+
+TEST_CASE("document masking reads the packed varlen layout [tokens][heads][d] (no padding)") {
+  const Problem p = masked_problem(shape().heads(3).n(64).d(32));
+  const Layout L = Layout::varlen(p);
+  CHECK(L.packed);
+  CHECK(L.q.row == 3 * 32);
+  CHECK(L.q.head == 32);
+  std::vector<float> x(std::size_t(3) * 64 * 32);
+  for (std::size_t t = 0; t < x.size(); ++t) x[t] = float(t);
+  const std::vector<float> packed = to_layout(x, 3, 64, 32, true);
+  CHECK(packed[L.q.at(0, 2, 5) + 7] == x[(2 * 64 + 5) * 32 + 7]);  // head 2, token 5, dim 7
+  CHECK(from_layout(packed, 3, 64, 32, true) == x);
+  CHECK(cu_seqlens({3, 1, 4}) == std::vector<int>{0, 3, 4, 8});
+  CHECK(doc_of_tokens({2, 1}) == std::vector<int>{0, 0, 1});
+}
+
+TEST_CASE("the learnable sink's gradient matches a finite difference of the fp64 reference") {
+  const Problem p = masked_problem(shape().heads(2).n(90).d(32).causal());
+  MaskSpec s = spec_of(MaskKind::learned_sink, p, true);
+  const Outcome r = run_model(s, p);
+  REQUIRE(r.g.dsink.size() == 2);
+  const AttnInputs in = make_inputs(p, Dist::normal, 11, true);
+  for (int h = 0; h < 2; ++h) {
+    // Loss = sum dO . O; d Loss / d sink_h by central differences in fp64.
+    auto loss = [&](double delta) {
+      MaskSpec t = s;
+      t.sink_logits[h] += float(delta);
+      const auto mod = reference_mod(t, p);
+      const RefForward f = reference_forward(p, in, CheckPlan::full(p), mod.get());
+      double l = 0;
+      for (std::size_t k = 0; k < f.o.rows.size(); ++k)
+        for (int c = 0; c < p.dv; ++c) l += in.dout[f.o.rows[k] * p.dv + c] * f.o.row(k)[c];
+      return l;
+    };
+    const double eps = 1.0 / 64;  // exactly representable in the fp32 logits
+    const double fd = (loss(eps) - loss(-eps)) / (2 * eps);
+    CAPTURE(h);
+    CHECK(r.g.dsink[h] == doctest::Approx(fd).epsilon(0.02));
+    CHECK(std::abs(fd) > 1e-3);
+  }
+}
+
+TEST_CASE("the model visits only listed tiles and masks only the partial ones") {
+  const Problem p = masked_problem(shape().heads(2).n(1000).d(32));
+  MaskSpec s = spec_of(MaskKind::window, p);
+  s.left = 200, s.right = 0;
+  const Outcome r = run_model(s, p);
+  const BlockMap m = build_block_map(s, p, kModelBr, kModelBc);
+  CHECK(r.f.tiles_visited == m.kept_tiles());
+  CHECK(r.f.tiles_masked == m.count(TileKind::partial));
+  CHECK(r.g.tiles_visited == m.kept_tiles());
+  // Bytes: Q, O, LSE once; K and V once per visited tile.
+  const double e = dtype_bytes(p.dtype);
+  const double expect_read = e * (p.q_elems() + m.kept_tiles() * kModelBc * (p.d + p.dv));
+  CHECK(r.f.traffic.bytes_read <= expect_read);
+  CHECK(r.f.traffic.bytes_read > 0.9 * expect_read);
+}
+
+// ------------------------------------------------------------------ exercises
+
+TEST_CASE("exercise ch06.1: the window's classify() skips and keeps whole tiles") {
+  Window w;
+  w.diag = 0, w.left = 256, w.right = 0;
+  CHECK(w.classify(0, 0, {512, 640, 0, 64}) == TileKind::skip);       // far left of the band
+  CHECK(w.classify(0, 0, {512, 640, 704, 768}) == TileKind::skip);    // right of the diagonal
+  CHECK(w.classify(0, 0, {512, 640, 384, 448}) == TileKind::full);    // inside every row's band
+  CHECK(w.classify(0, 0, {512, 640, 576, 640}) == TileKind::partial); // the diagonal crosses it
+  CHECK(w.classify(0, 0, {512, 640, 256, 320}) == TileKind::partial); // the left edge crosses it
+  const Problem p = masked_problem(shape().heads(2).n(300).d(32));
+  MaskSpec s;
+  s.kind = MaskKind::window;
+  s.left = 60, s.right = 5;
+  finalize_spec(s, p);
+  check_model(s, p, Dist::normal, 32, 16);
+}
+
+TEST_CASE("exercise ch06.2: the learnable sink sits in every row's denominator") {
+  for (const Problem p : {Problem(shape().heads(3).n(150).d(32)), Problem(shape().heads(2).n(200, 80).d(32))}) {
+    check_model(spec_of(MaskKind::learned_sink, p, false), p);
+    check_model(spec_of(MaskKind::learned_sink, p, true), p);  // rows that see no key: O = 0, LSE = sink
+  }
+}
+
+TEST_CASE("exercise ch06.3: the custom block-sparse mask keeps a random quarter of the off-diagonal blocks") {
+  BlockSparse m;
+  m.diag = 0, m.seed = 7;
+  int off = 0, kept = 0;
+  for (int bq = 2; bq < 40; ++bq)
+    for (int bk = 1; bk < bq; ++bk) {
+      ++off;
+      kept += m.keep(0, 0, bq * 128 + 5, bk * 128 + 3);
+      CHECK(m.keep(0, 0, bq * 128 + 5, bk * 128 + 3) == m.keep(0, 0, bq * 128 + 100, bk * 128 + 77));  // per block
+    }
+  CHECK(m.keep(0, 0, 900, 3));             // block 0 is global
+  CHECK(m.keep(0, 0, 900, 899));           // its own block
+  CHECK(!m.keep(0, 0, 900, 901));          // causal
+  CHECK(double(kept) / off > 0.15);
+  CHECK(double(kept) / off < 0.35);
+  const Problem p = masked_problem(shape().heads(2).n(600).d(32));
+  MaskSpec s;
+  s.kind = MaskKind::custom;
+  finalize_spec(s, p);
+  check_model(s, p);
+}
