@@ -16,7 +16,9 @@
 #include "gqa_mla/mla_model.hpp"
 #include "parts.hpp"
 
-#if TUTORIAL_HAVE_CUDA
+// The kernels of this part (gqa_mla_gpu.hpp) are linked in CUDA builds once they exist.
+#define CH06_GQA_MLA_KERNELS 0
+#if TUTORIAL_HAVE_CUDA && CH06_GQA_MLA_KERNELS
 #include "common/cuda/ceilings.cuh"
 #endif
 
@@ -31,7 +33,7 @@ void push_lines(Report& rep, const std::string& text) {
   for (std::string line; std::getline(s, line);) rep.notes.push_back(line);
 }
 
-#if TUTORIAL_HAVE_CUDA
+#if TUTORIAL_HAVE_CUDA && CH06_GQA_MLA_KERNELS
 std::string shape_of(const Problem& p) {
   return "Hq=" + std::to_string(p.heads) + " Hkv=" + std::to_string(p.kv_heads) + " G=" + std::to_string(p.group()) +
          " Nq=" + std::to_string(p.nq) + " Nk=" + std::to_string(p.nk);
@@ -104,7 +106,7 @@ int run_gqa(const Options& opt, bool sweep, bool no_table) {
                         ", reached when G Nq <= 128)");
   }
 
-#if TUTORIAL_HAVE_CUDA
+#if TUTORIAL_HAVE_CUDA && CH06_GQA_MLA_KERNELS
   std::string why;
   if (dev && !hopper_ready(&why)) {
     rep.notes.push_back(why);
@@ -148,7 +150,7 @@ int run_gqa(const Options& opt, bool sweep, bool no_table) {
 
 // ----------------------------------------------------------------------------- mla
 
-#if TUTORIAL_HAVE_CUDA
+#if TUTORIAL_HAVE_CUDA && CH06_GQA_MLA_KERNELS
 /// The two regimes of the README, on the GPU (absorbed decode kernel, Nq = 1).
 void mla_sweep(Report& rep, uint64_t seed, const Ceilings& ceil) {
   rep.notes.push_back("sweep: absorbed decode, Nq = 1 (time of decode + combine; cache GB/s = latent bytes read / time)");
@@ -259,7 +261,7 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
     rep.rows.push_back(row);
   }
 
-#if TUTORIAL_HAVE_CUDA
+#if TUTORIAL_HAVE_CUDA && CH06_GQA_MLA_KERNELS
   if (dev) {
     rep.device = dev->name;
     require_device_memory(*dev, mla_device_bytes(s, do_dec), "the MLA tensors");
