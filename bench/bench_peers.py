@@ -1,0 +1,226 @@
+"""The peers, timed in the same process and the same way as the chapter binaries time ours.
+
+Each peer is a callable on a shape; `Peers.run()` checks its output against an fp32
+computation of one (batch, head) slice first, then times it: 3 warm-ups, an L2 flush
+(a buffer twice the L2 written) before every repeat, CUDA events, the median.
+
+A peer that cannot be imported, has no kernel for a shape or does not compile is a
+row with status "unsupported" and the reason; it never stops the run.
+"""
+import statistics
+import time
+
+from bench_common import PEER_LABEL, attention_flops
+
+
+def _first_line(e):
+    s = ("%s: %s" % (e.__class__.__name__, e)).strip()
+    return (s.splitlines() or ["?"])[0][:160]
+
+
+class Peers:
+    def __init__(self, repeats=20):
+        self.repeats = repeats
+        self.avail, self.versions = {}, {}
+        self.torch = None
+        self.compile_s = {}
+        try:
+            import torch
+        except Exception as e:  # no PyTorch: every peer is a column that says so
+            for p in PEER_LABEL:
+                self.avail[p] = "PyTorch not importable (%s)" % e.__class__.__name__
+            return
+        if not torch.cuda.is_available():
+            for p in PEER_LABEL:
+                self.avail[p] = "PyTorch sees no CUDA device"
+            return
+        self.torch = torch
+        self.versions["torch"] = torch.__version__
+        self.versions["cudnn"] = str(torch.backends.cudnn.version())
+        l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20) or (64 << 20)
+        self.flush = torch.empty(max(2 * l2, 128 << 20), dtype=torch.uint8, device="cuda")
+        for p in ("sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "torch_softmax"):
+            self.avail[p] = None
+        try:
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+            self._flex = torch.compile(flex_attention, dynamic=False)
+            self._block_mask = create_block_mask
+            self.avail["flex"] = None
+        except Exception as e:
+            self.avail["flex"] = "FlexAttention not importable: " + _first_line(e)
+        try:
+            from flash_attn.cute import flash_attn_func
+            self._fa4 = flash_attn_func
+            self.avail["fa4"] = None
+            try:
+                import importlib.metadata as md
+                self.versions["fa4"] = md.version("flash-attn-4")
+            except Exception:
+                self.versions["fa4"] = "flash_attn.cute"
+        except Exception as e:
+            self.avail["fa4"] = "flash-attn-4 not importable (" + _first_line(e) + ")"
+
+    # ------------------------------------------------------------------ timing
+    def _time(self, fn):
+        torch = self.torch
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        ms = []
+        for r in range(self.repeats):
+            self.flush.fill_(r & 0xFF)
+            start.record()
+            fn()
+            stop.record()
+            stop.synchronize()
+            ms.append(start.elapsed_time(stop))
+        return statistics.median(ms)
+
+    def done(self):
+        if self.torch is not None:
+            self.torch.cuda.empty_cache()
+
+    # ------------------------------------------------------------------ attention
+    def _call(self, peer, q, k, v, causal, gqa=False):
+        """The peer's forward on q [B, H, N, d] (SDPA, Flex) or [B, N, H, d] (FA4)."""
+        torch = self.torch
+        F = torch.nn.functional
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        if peer.startswith("sdpa_"):
+            be = {"sdpa_cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa_flash": SDPBackend.FLASH_ATTENTION,
+                  "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}[peer]
+            kw = {"enable_gqa": True} if gqa else {}
+
+            def f():
+                with sdpa_kernel([be]):
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, **kw)
+            return f
+        if peer == "flex":
+            n, nk = q.shape[2], k.shape[2]
+            bm = None
+            if causal:
+                off = nk - n
+                bm = self._block_mask(lambda b, h, qi, ki: qi + off >= ki, None, None, n, nk, device="cuda")
+            kw = {"enable_gqa": True} if gqa else {}
+            return lambda: self._flex(q, k, v, block_mask=bm, **kw)
+        if peer == "fa4":
+            def f():
+                o = self._fa4(q, k, v, causal=causal)
+                return o[0] if isinstance(o, tuple) else o
+            return f
+        raise KeyError(peer)
+
+    def _reference_slice(self, q, k, v, causal, layout_bnhd):
+        """fp32 attention of batch 0, head 0 (and its KV head), as [N, d]."""
+        torch = self.torch
+        if layout_bnhd:
+            q0, k0, v0 = q[0, :, 0].float(), k[0, :, 0].float(), v[0, :, 0].float()
+        else:
+            q0, k0, v0 = q[0, 0].float(), k[0, 0].float(), v[0, 0].float()
+        s = (q0 @ k0.T) * (q0.shape[-1] ** -0.5)
+        if causal:
+            n, nk = s.shape
+            i = torch.arange(n, device=s.device)[:, None]
+            j = torch.arange(nk, device=s.device)[None, :]
+            s = s.masked_fill(j > i + (nk - n), float("-inf"))
+        return torch.softmax(s, -1) @ v0
+
+    def attention(self, peer, b, h, hkv, n, nk, d, causal, backward=False):
+        """One peer on one shape: a row fragment {status, time_ms, tflops, max_abs_err, note}."""
+        why = self.avail.get(peer, "unknown peer")
+        if why:
+            return {"status": "unsupported", "note": why}
+        torch = self.torch
+        bnhd = peer == "fa4"
+        g = torch.Generator(device="cuda").manual_seed(0)
+
+        def t(heads, length):
+            shape = (b, length, heads, d) if bnhd else (b, heads, length, d)
+            return torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_(backward)
+        out = {}
+        try:
+            q, k, v = t(h, n), t(hkv, nk), t(hkv, nk)
+            fwd = self._call(peer, q, k, v, causal, gqa=hkv != h)
+            t0 = time.time()
+            o = fwd()
+            torch.cuda.synchronize()
+            if peer in ("flex", "fa4"):
+                self.compile_s[peer] = self.compile_s.get(peer, 0.0) + time.time() - t0
+            if not torch.isfinite(o).all():
+                return {"status": "failed", "note": "non-finite output"}
+            o0 = o[0, :, 0] if bnhd else o[0, 0]
+            ref = self._reference_slice(q.detach(), k.detach(), v.detach(), causal, bnhd)
+            err = (o0.float() - ref).abs().max().item()
+            tol = 2e-2 * max(1.0, ref.abs().max().item())
+            out["max_abs_err"] = err
+            if not err <= tol:
+                return {"status": "failed", "max_abs_err": err,
+                        "note": "batch 0, head 0 differs from fp32 by %.3g (> %.3g)" % (err, tol)}
+            if backward:
+                do = torch.randn_like(o)
+                # the backward alone, as the chapters time theirs: the graph of one forward, kept
+                ms = self._time(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
+                out["note"] = "forward output of batch 0, head 0 checked against fp32; backward timed alone"
+            else:
+                ms = self._time(fwd)
+                out["note"] = "batch 0, head 0 checked against fp32"
+        except Exception as e:  # no kernel for this shape, compile failure, out of memory
+            return {"status": "unsupported", "note": _first_line(e)}
+        finally:
+            q = k = v = o = None
+            self.done()
+        fl = attention_flops(b, h, n, nk, d, causal, backward)
+        out.update({"status": "ok", "time_ms": ms, "tflops": fl / (ms * 1e-3) / 1e12, "flops": fl})
+        return out
+
+    # ------------------------------------------------------------------ decode
+    def decode(self, peer, b, hq, hkv, length, d, kv_bytes):
+        why = self.avail.get(peer, "unknown peer")
+        if why:
+            return {"status": "unsupported", "note": why}
+        torch = self.torch
+        bnhd = peer == "fa4"
+        try:
+            if bnhd:
+                q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
+                k = torch.randn(b, length, hkv, d, device="cuda", dtype=torch.bfloat16)
+            else:
+                q = torch.randn(b, hq, 1, d, device="cuda", dtype=torch.bfloat16)
+                k = torch.randn(b, hkv, length, d, device="cuda", dtype=torch.bfloat16)
+            v = torch.randn_like(k)
+            fwd = self._call(peer, q, k, v, False, gqa=hq != hkv)
+            o = fwd()
+            torch.cuda.synchronize()
+            if not torch.isfinite(o).all():
+                return {"status": "failed", "note": "non-finite output"}
+            ms = self._time(fwd)
+        except Exception as e:
+            return {"status": "unsupported", "note": _first_line(e)}
+        finally:
+            q = k = v = o = None
+            self.done()
+        return {"status": "ok", "time_ms": ms, "gbps": kv_bytes / (ms * 1e-3) / 1e9,
+                "note": "K/V contiguous bf16, values from randn"}
+
+    # ------------------------------------------------------------------ softmax
+    def softmax(self, rows, n, bytes_moved):
+        why = self.avail.get("torch_softmax")
+        if why:
+            return {"status": "unsupported", "note": why}
+        torch = self.torch
+        try:
+            s = torch.randn(rows, n, device="cuda", dtype=torch.float32)
+            fn = lambda: torch.softmax(s, -1)  # noqa: E731
+            p = fn()
+            err = (p.double().sum(-1) - 1).abs().max().item()
+            if not err < 1e-4:
+                return {"status": "failed", "note": "rows do not sum to 1 (%.3g)" % err}
+            ms = self._time(fn)
+        except Exception as e:
+            return {"status": "unsupported", "note": _first_line(e)}
+        finally:
+            s = p = None
+            self.done()
+        return {"status": "ok", "time_ms": ms, "gbps": bytes_moved / (ms * 1e-3) / 1e9,
+                "note": "fp32 S read once, P written once"}

@@ -1,0 +1,351 @@
+#!/usr/bin/env python3
+"""PNG plots of a results.json (matplotlib; Debian's python3-matplotlib).
+
+    /usr/bin/python3 bench/bench_plots.py RESULTS_JSON OUT_DIR     prints the paths it wrote
+
+* tflops_chNN_fwd.png / _bwd.png: TFLOP/s against N, a panel per head dim and mask, one
+  line per step of the chapter and one per peer (log scale: the steps span two decades);
+* tflops_lineage_fwd.png: the best kernel of every chapter at each shape, and the peers;
+* roofline.png: every kernel placed by its counted bytes and FLOPs under the same-run roofs;
+* decode_gbps.png: chapter 07's decode bandwidth against context length and page size;
+* lineage.png: the lineage at a glance, best kernel of each chapter against the best peer.
+
+Only rows that passed their check are drawn; a failed kernel has no point.
+"""
+import json
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_report  # noqa: E402
+from bench_common import DECODE_PEERS, PEER_LABEL, PEERS, shape_key, speed  # noqa: E402
+
+PEER_STYLE = {
+    "fa4": dict(color="black", ls="-", lw=2.2, marker="*"),
+    "sdpa_cudnn": dict(color="#555555", ls="--", lw=1.8, marker="D"),
+    "sdpa_flash": dict(color="#555555", ls=":", lw=1.8, marker="s"),
+    "sdpa_efficient": dict(color="#999999", ls="-.", lw=1.2, marker="v"),
+    "flex": dict(color="#8c564b", ls="--", lw=1.4, marker="P"),
+    "torch_softmax": dict(color="#555555", ls="--", lw=1.8, marker="D"),
+}
+CHAPTER_CMAP = {"01": "Reds", "02": "Oranges", "03": "Purples", "04": "Blues", "05": "Greens", "06": "YlOrBr",
+                "07": "RdPu"}
+CHAPTER_COLOR = {"01": "#d62728", "02": "#ff7f0e", "03": "#9467bd", "04": "#1f77b4", "05": "#2ca02c",
+                 "06": "#bcbd22", "07": "#e377c2"}
+
+
+def footer(fig, res):
+    fig.text(0.01, 0.005, bench_report.run_line(res).replace("`", ""), fontsize=6.5, color="#444444",
+             ha="left", va="bottom")
+
+
+def kernel_colors(kernels, chapter):
+    cmap = plt.get_cmap(CHAPTER_CMAP.get(chapter, "viridis"))
+    n = max(1, len(kernels))
+    return {k: cmap(0.35 + 0.65 * (i + 1) / n) for i, k in enumerate(kernels)}
+
+
+def points(rows, kernel, keyfilter):
+    """(N, speed) of one kernel's rows that passed: the only points any plot draws."""
+    return sorted((r["N"], speed(r)) for r in rows if r["kernel"] == kernel and keyfilter(r) and speed(r))
+
+
+def line_panel(ax, rows, keyfilter, kernels, colors, res, peers=PEERS):
+    """TFLOP/s against N for the rows that match keyfilter(row)."""
+    drawn = False
+    for k in kernels:
+        pts = points(rows, k, keyfilter)
+        if pts:
+            ax.plot(*zip(*pts), marker="o", ms=3.5, lw=1.5, color=colors[k], label=k[5:] if k[:2] == "ch" else k)
+            drawn = True
+    for p in peers:
+        pts = points(rows, p, keyfilter)
+        if pts:
+            st = dict(PEER_STYLE[p])
+            ax.plot(*zip(*pts), ms=5, label=PEER_LABEL[p], **st)
+            drawn = True
+    ax.set_xscale("log", base=2)
+    ax.grid(True, which="both", alpha=0.25)
+    return drawn
+
+
+def fig_chapter(res, rows, chapter, pss, out_dir):
+    kernels = bench_report.chapter_kernels(rows, chapter, pss)
+    kernels = [k for k in kernels if any(speed(r) for r in rows if r["kernel"] == k)]
+    if not kernels:
+        return None
+    dims = sorted({r["d"] for r in rows if r["kernel"] in kernels})
+    fig, axes = plt.subplots(len(dims), 2, figsize=(11, 3.3 * len(dims) + 0.8), squeeze=False, sharex=True)
+    colors = kernel_colors(kernels, chapter)
+    gemm = res.get("ceilings", {}).get("bf16_gemm_tflops")
+    for i, d in enumerate(dims):
+        for j, causal in enumerate((False, True)):
+            ax = axes[i][j]
+            drawn = line_panel(ax, rows, lambda r: r.get("pass") == pss and r.get("d") == d and
+                               bool(r.get("causal")) == causal, kernels, colors, res)
+            if gemm:
+                ax.axhline(gemm, color="#bbbbbb", lw=1, ls="-")
+                ax.text(ax.get_xlim()[0] if drawn else 1, gemm, " bf16 GEMM %.0f" % gemm, fontsize=7,
+                        va="bottom", color="#888888")
+            ax.set_yscale("log")
+            ax.set_title("d = %d, %s" % (d, "causal" if causal else "not causal"), fontsize=10)
+            ax.set_ylabel("TFLOP/s")
+            if not drawn:
+                ax.text(0.5, 0.5, "nothing measured", transform=ax.transAxes, ha="center", color="#888888")
+            if i == len(dims) - 1:
+                ax.set_xlabel("N (B·N = 16K tokens, H·d = 2048)")
+    handles, labels = [], []
+    for ax in axes.flat:
+        for h, l in zip(*ax.get_legend_handles_labels()):
+            if l not in labels:
+                handles.append(h)
+                labels.append(l)
+    fig.legend(handles, labels, loc="upper center", ncol=min(6, len(labels)), fontsize=8, frameon=False)
+    title = {"fwd": "forward", "bwd": "backward"}[pss]
+    fig.suptitle("Chapter %s, %s: every step and every peer, one run" % (chapter, title), y=0.995, fontsize=11)
+    fig.tight_layout(rect=(0, 0.02, 1, 0.93 if len(labels) <= 6 else 0.89))
+    footer(fig, res)
+    path = os.path.join(out_dir, "tflops_ch%s_%s.png" % (chapter, pss))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def fig_lineage_lines(res, rows, out_dir):
+    """The best kernel of each chapter at every shape (forward), with the peers."""
+    chapters = sorted({r["chapter"] for r in rows if r.get("kind") == "ours" and r.get("pass") == "fwd"})
+    best = {}
+    for r in rows:
+        if r.get("kind") == "ours" and r.get("pass") == "fwd" and speed(r) and r.get("dtype") != "fp8":
+            k = (r["chapter"], shape_key(r))
+            if k not in best or speed(r) > speed(best[k]):
+                best[k] = r
+    if not best:
+        return None
+    brows = []
+    for (c, _), r in best.items():
+        x = dict(r)
+        x["kernel"] = "ch%s best" % c
+        brows.append(x)
+    dims = sorted({r["d"] for r in brows})
+    fig, axes = plt.subplots(len(dims), 2, figsize=(11, 3.3 * len(dims) + 0.8), squeeze=False, sharex=True)
+    kernels = ["ch%s best" % c for c in chapters]
+    colors = {"ch%s best" % c: CHAPTER_COLOR.get(c, "C0") for c in chapters}
+    allrows = brows + [r for r in rows if r.get("kind") == "peer"]
+    for i, d in enumerate(dims):
+        for j, causal in enumerate((False, True)):
+            ax = axes[i][j]
+            line_panel(ax, allrows, lambda r: r.get("pass") == "fwd" and r.get("d") == d and
+                       bool(r.get("causal")) == causal, kernels, colors, res)
+            ax.set_yscale("log")
+            ax.set_title("d = %d, %s" % (d, "causal" if causal else "not causal"), fontsize=10)
+            ax.set_ylabel("TFLOP/s")
+            if i == len(dims) - 1:
+                ax.set_xlabel("N")
+    handles, labels = [], []
+    for ax in axes.flat:
+        for h, l in zip(*ax.get_legend_handles_labels()):
+            if l not in labels:
+                handles.append(h)
+                labels.append(l)
+    labels = [("chapter %s (best step)" % l[2:4]) if l.endswith(" best") else l for l in labels]
+    fig.legend(handles, labels, loc="upper center", ncol=6, fontsize=8, frameon=False)
+    fig.suptitle("The lineage, forward: the best kernel of each chapter and the peers", y=0.995, fontsize=11)
+    fig.tight_layout(rect=(0, 0.02, 1, 0.91))
+    footer(fig, res)
+    path = os.path.join(out_dir, "tflops_lineage_fwd.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def fig_roofline(res, rows, out_dir):
+    ce = res.get("ceilings", {})
+    bw, gemm, fp8 = ce.get("read_gbps"), ce.get("bf16_gemm_tflops"), ce.get("fp8_gemm_tflops")
+    pts = []
+    for r in rows:
+        if r.get("kind") != "ours" or not speed(r) or not r.get("bytes"):
+            continue
+        fl = r.get("flops")
+        if not fl and r.get("pass") == "decode":
+            fl = 4.0 * r["B"] * r["H"] * r["nk"] * r["d"]
+        if not fl or not r.get("time_ms"):
+            continue
+        pts.append((r, fl / r["bytes"], fl / (r["time_ms"] * 1e-3) / 1e12))
+    if not pts:
+        return None
+    fig, ax = plt.subplots(figsize=(9.5, 6.2))
+    lo = min(p[1] for p in pts) / 2
+    hi = max(p[1] for p in pts) * 2
+    if bw and gemm:
+        xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
+        ax.plot(xs, [min(gemm, bw * x / 1e3) for x in xs], color="black", lw=1.5,
+                label="roof: %.0f GB/s read, %.0f TFLOP/s bf16 GEMM" % (bw, gemm))
+        if fp8:
+            ax.plot(xs, [min(fp8, bw * x / 1e3) for x in xs], color="black", lw=1, ls="--",
+                    label="FP8 GEMM roof %.0f TFLOP/s" % fp8)
+        ax.axvline(gemm * 1e3 / bw, color="#cccccc", lw=0.8)
+    markers = {"fwd": "o", "bwd": "^", "decode": "s"}
+    seen = set()
+    for r, x, y in pts:
+        c = r["chapter"]
+        lab = "chapter %s %s" % (c, {"fwd": "forward", "bwd": "backward", "decode": "decode"}[r["pass"]])
+        ax.scatter([x], [y], s=22, marker=markers.get(r["pass"], "o"), color=CHAPTER_COLOR.get(c, "C0"),
+                   alpha=0.75, edgecolors="none", label=None if lab in seen else lab)
+        seen.add(lab)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity: FLOPs / counted HBM bytes (FLOP/byte)")
+    ax.set_ylabel("TFLOP/s (FlashAttention's count)")
+    ax.set_title("Roofline: every kernel that passed, placed by its own count of bytes and FLOPs")
+    ax.grid(True, which="both", alpha=0.25)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    footer(fig, res)
+    path = os.path.join(out_dir, "roofline.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def fig_decode(res, rows, out_dir):
+    dec = [r for r in rows if r.get("pass") == "decode"]
+    ours = [r for r in dec if r.get("kind") == "ours"]
+    if not ours:
+        return None
+    bw = res.get("ceilings", {}).get("read_gbps")
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 5.2), gridspec_kw={"width_ratios": [2.2, 1]})
+    cfgs = sorted({shape_key(r) for r in dec if r.get("page_size") == 16}, key=lambda k: (k[3], k[4], k[5] / k[6]))
+    labels = ["L=%dK\nB=%d %d/%d" % (k[3] // 1024, k[4], k[5], k[6]) for k in cfgs]
+    kernels = bench_report.chapter_kernels(rows, "07", "decode")
+    colors = kernel_colors(kernels, "07")
+    by = {(shape_key(r), r["kernel"]): r for r in dec}
+    for k in kernels:
+        xs, ys = [], []
+        for i, c in enumerate(cfgs):
+            r = by.get((c, k))
+            if r is not None and speed(r):
+                xs.append(i)
+                ys.append(speed(r))
+        if xs:
+            ax.plot(xs, ys, marker="o", lw=1.4, color=colors[k], label=k[5:])
+    for p in DECODE_PEERS:
+        xs, ys = [], []
+        for i, c in enumerate(cfgs):
+            r = by.get((c, p))
+            if r is not None and speed(r):
+                xs.append(i)
+                ys.append(speed(r))
+        if xs:
+            ax.plot(xs, ys, ms=6, label=PEER_LABEL[p], **PEER_STYLE[p])
+    if bw:
+        ax.axhline(bw, color="#bbbbbb", lw=1)
+        ax.text(-0.3, bw, " read ceiling %.0f GB/s" % bw, fontsize=7, va="bottom", color="#888888")
+    ax.set_xticks(range(len(cfgs)))
+    ax.set_xticklabels(labels, fontsize=7.5)
+    ax.set_ylabel("KV GB/s (cached K and V bytes / time)")
+    ax.set_xlabel("context length L, batch B, query/KV heads (page size 16), sorted by L")
+    ax.set_title("Decode: one query token per sequence, d = 128", fontsize=10)
+    ax.grid(True, alpha=0.25)
+    ax.legend(fontsize=7.5, ncol=2)
+    # page size at one long sequence
+    pg = sorted({r.get("page_size") for r in ours if r.get("page_size")})
+    one = [r for r in ours if r["B"] == 1 and r["nk"] == max(x["nk"] for x in ours if x["B"] == 1) and
+           r["Hkv"] != r["H"]] if any(x["B"] == 1 for x in ours) else []
+    for k in kernels:
+        pts = sorted((r["page_size"], speed(r)) for r in one if r["kernel"] == k and speed(r))
+        if pts:
+            ax2.plot(*zip(*pts), marker="o", color=colors[k], label=k[5:])
+    ax2.set_xscale("log", base=2)
+    ax2.set_xticks(pg or [16])
+    ax2.set_xticklabels([str(p) for p in (pg or [16])])
+    if one:
+        ax2.set_title("page size, B=1 L=%dK %d/%d" % (one[0]["nk"] // 1024, one[0]["H"], one[0]["Hkv"]), fontsize=10)
+    ax2.set_xlabel("tokens per page")
+    ax2.grid(True, alpha=0.25)
+    if bw:
+        ax2.axhline(bw, color="#bbbbbb", lw=1)
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    footer(fig, res)
+    path = os.path.join(out_dir, "decode_gbps.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def fig_lineage(res, rows, out_dir):
+    ents = bench_report.lineage_entries(res, rows)
+    if not ents:
+        return None
+    ce = res.get("ceilings", {})
+    comp = [e for e in ents if e["shape"].get("unit") == "TFLOP/s"]
+    mem = [e for e in ents if e["shape"].get("unit") == "GB/s"]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5), gridspec_kw={"width_ratios": [max(1, len(comp)),
+                                                                                  max(1, len(mem))]})
+    for ax, group, ceil, unit in ((axes[0], comp, ce.get("bf16_gemm_tflops"), "TFLOP/s"),
+                                  (axes[1], mem, ce.get("read_gbps"), "GB/s")):
+        for i, e in enumerate(group):
+            b, p = e["best"], e["peer"]
+            c = e["chapter"]
+            if b:
+                ax.bar(i - 0.18, speed(b), 0.36, color=CHAPTER_COLOR.get(c, "C0"))
+                ax.text(i - 0.18, speed(b), "%.0f" % speed(b), ha="center", va="bottom", fontsize=8)
+            else:
+                ax.text(i - 0.18, 0, "failed", ha="center", va="bottom", fontsize=8, color="red")
+            if p:
+                ax.bar(i + 0.18, speed(p), 0.36, color="#777777")
+                ax.text(i + 0.18, speed(p), "%s\n%.0f" % (PEER_LABEL.get(p["kernel"], p["kernel"]), speed(p)),
+                        ha="center", va="bottom", fontsize=7)
+            else:
+                ax.text(i + 0.18, 0, "peer\nabsent", ha="center", va="bottom", fontsize=7, color="#777777")
+        names = []
+        for e in group:
+            s = e["shape"]
+            what = b["kernel"][5:] if (b := e["best"]) else "-"
+            if s.get("pass") == "decode":
+                names.append("ch%s %s\nB=%d L=%dK" % (e["chapter"], what, s["B"], s["nk"] // 1024))
+            elif s.get("pass") == "softmax":
+                names.append("ch%s %s\nrows of %d" % (e["chapter"], what, s["N"]))
+            else:
+                names.append("ch%s %s\nd=%d N=%d" % (e["chapter"], what, s["d"], s["N"]))
+        ax.set_xticks(range(len(group)))
+        ax.set_xticklabels(names, fontsize=7.5)
+        if ceil:
+            ax.axhline(ceil, color="black", lw=1, ls="--")
+            ax.text(-0.45, ceil, "ceiling %.0f %s" % (ceil, unit), fontsize=7.5, va="bottom")
+        ax.set_ylabel(unit)
+        ax.grid(True, axis="y", alpha=0.25)
+    axes[0].set_title("compute-bound chapters: best kernel (colour) and best peer (grey)", fontsize=10)
+    axes[1].set_title("memory-bound chapters", fontsize=10)
+    fig.suptitle("The lineage at a glance: one run, each chapter's best against the best peer", fontsize=11)
+    fig.tight_layout(rect=(0, 0.03, 1, 0.96))
+    footer(fig, res)
+    path = os.path.join(out_dir, "lineage.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def draw_all(res, out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    rows = bench_report.enrich(res)
+    paths = []
+    chapters = sorted({r["chapter"] for r in rows if r.get("kind") == "ours"})
+    for c in chapters:
+        for pss in ("fwd", "bwd"):
+            paths.append(fig_chapter(res, rows, c, pss, out_dir))
+    paths += [fig_lineage_lines(res, rows, out_dir), fig_roofline(res, rows, out_dir),
+              fig_decode(res, rows, out_dir), fig_lineage(res, rows, out_dir)]
+    return [p for p in paths if p]
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit("usage: bench_plots.py RESULTS_JSON OUT_DIR")
+    for p in draw_all(json.load(open(sys.argv[1])), sys.argv[2]):
+        print(p)

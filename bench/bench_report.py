@@ -1,0 +1,345 @@
+"""results.json -> results.csv and results.md (the tables the READMEs quote).
+
+Everything here is a pure function of the results file, so that CI can regenerate the
+tables from the recorded run in the repository and compare. Rules the tables keep:
+
+* a row whose status is not "ok" shows its status (FAIL, not run, n/a), never a speed;
+* a peer that was absent from the run is a column that says "absent";
+* every ratio is ours / peer from the same run; nothing is rounded in our favour.
+"""
+import csv
+import io
+import json
+import os
+
+from bench_common import DECODE_PEERS, PEER_LABEL, PEERS, SOFTMAX_PEERS, clean_row, shape_key, speed
+
+CEILING_KEY = {"bf16_gemm": "bf16_gemm_tflops", "fp8_gemm": "fp8_gemm_tflops", "read": "read_gbps"}
+STATUS_TEXT = {"failed": "FAIL", "unsupported": "n/a", "not run": "not run", "error": "error",
+               "unchecked": "unchecked"}
+
+
+# ============================================================================ derived fields
+
+def enrich(res):
+    """Cleans every row (no speed unless it passed), then adds the share of the same-run
+    ceiling and the ratio to every peer on the same shape. Returns the rows."""
+    rows = [clean_row(dict(r)) for r in res.get("rows", [])]
+    ce = res.get("ceilings", {})
+    peers_at = {}
+    for r in rows:
+        if r.get("kind") == "peer" and speed(r):
+            peers_at.setdefault(shape_key(r), {})[r["kernel"]] = speed(r)
+    for r in rows:
+        v = speed(r)
+        if v is None:
+            continue
+        c = ce.get(CEILING_KEY.get(r.get("ceiling"), ""), None)
+        r["share"] = v / c if c else None
+        if r.get("kind") == "ours":
+            r["vs"] = {p: v / x for p, x in peers_at.get(shape_key(r), {}).items()}
+    return rows
+
+
+def peer_present(res, peer):
+    """True when the peer was importable in this run (it may still lack a kernel for a shape)."""
+    return res.get("peers", {}).get(peer) == "available"
+
+
+def run_line(res):
+    r = res.get("run", {})
+    clocks = r.get("clocks") or {}
+    s = "%s, driver %s, SM clock %s MHz (max %s), memory %s MHz, %s, `%s`" % (
+        r.get("gpu"), r.get("driver"), clocks.get("sm_mhz"), clocks.get("max_sm_mhz"), clocks.get("mem_mhz"),
+        r.get("date"), r.get("command"))
+    if r.get("commit"):
+        s += ", commit %s" % r["commit"]
+    return s
+
+
+def fmt_speed(r, with_share=True):
+    if r is None:
+        return "-"
+    v = speed(r)
+    if v is None:
+        return STATUS_TEXT.get(r.get("status"), r.get("status") or "-")
+    s = "%.0f" % v if v >= 10 else "%.1f" % v
+    if with_share and r.get("share"):
+        s += " (%.0f%%)" % (100 * r["share"])
+    return s
+
+
+def fmt_ratio(x):
+    return "%.2fx" % x
+
+
+# ============================================================================ csv
+
+CSV_FIELDS = ["chapter", "kernel", "kind", "pass", "d", "N", "nk", "B", "H", "Hkv", "causal", "page_size", "dtype",
+              "status", "unit", "value", "time_ms", "tflops", "gbps", "ceiling", "ceiling_value", "share"] + \
+             ["vs_" + p for p in PEERS + SOFTMAX_PEERS] + \
+             ["max_abs_err", "flops", "bytes", "note", "gpu", "driver", "sm_clock_mhz", "mem_clock_mhz", "date",
+              "command", "commit"]
+
+
+def csv_text(res):
+    rows = enrich(res)
+    run = res.get("run", {})
+    ce = res.get("ceilings", {})
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        out = {k: r.get(k) for k in CSV_FIELDS}
+        out["value"] = speed(r)
+        out["ceiling_value"] = ce.get(CEILING_KEY.get(r.get("ceiling"), ""))
+        for p, x in (r.get("vs") or {}).items():
+            out["vs_" + p] = "%.4f" % x
+        for k in ("share", "time_ms", "tflops", "gbps", "value", "max_abs_err"):
+            if isinstance(out.get(k), float):
+                out[k] = "%.6g" % out[k]
+        clocks = run.get("clocks") or {}
+        out.update(gpu=run.get("gpu"), driver=run.get("driver"), sm_clock_mhz=clocks.get("sm_mhz"),
+                   mem_clock_mhz=clocks.get("mem_mhz"), date=run.get("date"), command=run.get("command"),
+                   commit=run.get("commit"))
+        w.writerow(out)
+    return buf.getvalue()
+
+
+# ============================================================================ markdown
+
+def md_table(head, body):
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in body]
+    return "\n".join(out)
+
+
+def section(name, title, text, intro=""):
+    """A named block of results.md: the README generator copies it by name."""
+    parts = ["<!-- table:%s -->" % name, "### " + title, ""]
+    if intro:
+        parts += [intro, ""]
+    parts += [text, "<!-- /table:%s -->" % name, ""]
+    return "\n".join(parts)
+
+
+def peer_cell(res, by, key, peer, with_share=False):
+    if not peer_present(res, peer):
+        return "absent"
+    return fmt_speed(by.get((key, peer)), with_share)
+
+
+def chapter_kernels(rows, chapter, pss):
+    seen = []
+    for r in rows:
+        if r.get("chapter") == chapter and r.get("pass") == pss and r["kernel"] not in seen and r.get("kind") == "ours":
+            seen.append(r["kernel"])
+    return seen
+
+
+def attention_table(res, rows, chapters, pss):
+    """One row per shape; a column per kernel of the chapters, then the peers, then the
+    best kernel over each peer."""
+    kernels = [k for c in chapters for k in chapter_kernels(rows, c, pss)]
+    if not kernels:
+        return None
+    by = {(shape_key(r), r["kernel"]): r for r in rows}
+    shapes = sorted({shape_key(r) for r in rows if r["kernel"] in kernels},
+                    key=lambda k: (k[1], k[7], k[2]))
+    peers = PEERS
+    head = ["d", "N", "causal"] + [k[5:] if k.startswith("ch") else k for k in kernels] + \
+           [PEER_LABEL[p] for p in peers] + ["best / " + PEER_LABEL[p] for p in ("fa4", "sdpa_cudnn", "sdpa_flash")]
+    body = []
+    for key in shapes:
+        cells = [key[1], key[2], "yes" if key[7] else "no"]
+        ours = [by.get((key, k)) for k in kernels]
+        cells += [fmt_speed(r) for r in ours]
+        cells += [peer_cell(res, by, key, p) for p in peers]
+        best = max([speed(r) for r in ours if r is not None and speed(r)] or [0]) or None
+        for p in ("fa4", "sdpa_cudnn", "sdpa_flash"):
+            pr = by.get((key, p))
+            if not peer_present(res, p):
+                cells.append("absent")
+            elif best is None or pr is None or not speed(pr):
+                cells.append("-")
+            else:
+                cells.append(fmt_ratio(best / speed(pr)))
+        body.append(cells)
+    return md_table(head, body)
+
+
+def lineage_entries(res, rows):
+    """The lineage at a glance: each chapter's best kernel at its reference shape, next to
+    the best peer measured on that shape. Reference: forward, d = 128, not causal, the
+    largest N the chapter ran (chapter 02: the longest rows; chapter 07: the largest cache)."""
+    out = []
+    chapters = sorted({r["chapter"] for r in rows if r.get("kind") == "ours"})
+    for c in chapters:
+        mine = [r for r in rows if r.get("chapter") == c and r.get("kind") == "ours"]
+        if c == "02":
+            cand = [r for r in mine if r.get("pass") == "softmax"]
+            pick = lambda r: r.get("N") or 0  # noqa: E731
+            peer_names = SOFTMAX_PEERS
+        elif c == "07":
+            cand = [r for r in mine if r.get("pass") == "decode" and r.get("page_size") == 16]
+            pick = lambda r: r.get("bytes") or 0  # noqa: E731
+            peer_names = DECODE_PEERS
+        else:
+            cand = [r for r in mine if r.get("pass") == "fwd" and r.get("d") == 128 and not r.get("causal")
+                    and r.get("dtype") != "fp8"]
+            pick = lambda r: r.get("N") or 0  # noqa: E731
+            peer_names = PEERS
+        if not cand:
+            continue
+        top = max(pick(r) for r in cand)
+        at = [r for r in cand if pick(r) == top]
+        key = shape_key(at[0])
+        ok = [r for r in at if speed(r)]
+        best = max(ok, key=speed) if ok else None
+        failed = [r["kernel"] for r in at if r.get("status") == "failed"]
+        peers = [r for r in rows if r.get("kind") == "peer" and shape_key(r) == key and r["kernel"] in peer_names]
+        okp = [r for r in peers if speed(r)]
+        bestp = max(okp, key=speed) if okp else None
+        absent = [p for p in peer_names if not peer_present(res, p)]
+        out.append({"chapter": c, "shape": at[0], "best": best, "failed": failed, "peer": bestp, "absent": absent})
+    return out
+
+
+def lineage_table(res, rows):
+    body = []
+    for e in lineage_entries(res, rows):
+        s = e["shape"]
+        if s.get("pass") == "decode":
+            shape = "decode B=%s, L=%s, %s/%s heads" % (s["B"], s["nk"], s["H"], s["Hkv"])
+        elif s.get("pass") == "softmax":
+            shape = "softmax rows of %s" % s["N"]
+        else:
+            shape = "d=%s, N=%s" % (s["d"], s["N"])
+        b = e["best"]
+        ours = ("%s: %s %s" % (b["kernel"][5:], fmt_speed(b, False), b["unit"])) if b else "no kernel passed"
+        share = "%.0f%%" % (100 * b["share"]) if b and b.get("share") else "-"
+        p = e["peer"]
+        peer = "%s %s" % (PEER_LABEL.get(p["kernel"], p["kernel"]), fmt_speed(p, False)) if p else \
+            ("absent" if e["absent"] else "-")
+        ratio = fmt_ratio(speed(b) / speed(p)) if b and p else "-"
+        failed = ", ".join(k[5:] for k in e["failed"]) or "none"
+        body.append(["%s" % e["chapter"], shape, ours, share, peer, ratio, failed])
+    if not body:
+        return None
+    return md_table(["chapter", "shape", "best kernel", "share of ceiling", "best peer (same run)",
+                     "best / best peer", "failed its check"], body)
+
+
+def decode_table(res, rows):
+    cfgs = []
+    for r in rows:
+        if r.get("pass") == "decode" and r.get("kind") == "ours" and shape_key(r) not in cfgs:
+            cfgs.append(shape_key(r))
+    if not cfgs:
+        return None
+    by = {(shape_key(r), r["kernel"]): r for r in rows}
+    kernels = chapter_kernels(rows, "07", "decode")
+    head = ["B", "L", "Hq/Hkv", "page"] + [k[5:] for k in kernels] + [PEER_LABEL[p] for p in DECODE_PEERS] + \
+           ["chosen / cuDNN"]
+    body = []
+    for key in cfgs:
+        ours = [by.get((key, k)) for k in kernels]
+        cells = [key[4], key[3], "%s/%s" % (key[5], key[6]), key[8]] + [fmt_speed(r) for r in ours]
+        for p in DECODE_PEERS:
+            cells.append(peer_cell(res, by, key, p, True) if key[8] == 16 else "-")
+        chosen = [r for r in ours if r and r.get("chosen") and "paged" in r["kernel"]]
+        cud = by.get((key, "sdpa_cudnn"))
+        if not peer_present(res, "sdpa_cudnn"):
+            cells.append("absent")
+        elif chosen and speed(chosen[0]) and cud is not None and speed(cud):
+            cells.append(fmt_ratio(speed(chosen[0]) / speed(cud)))
+        else:
+            cells.append("-")
+        body.append(cells)
+    return md_table(head, body)
+
+
+def softmax_table(res, rows):
+    kernels = chapter_kernels(rows, "02", "softmax")
+    if not kernels:
+        return None
+    by = {(shape_key(r), r["kernel"]): r for r in rows}
+    shapes = sorted({shape_key(r) for r in rows if r["kernel"] in kernels}, key=lambda k: k[2])
+    head = ["N (row length)"] + [k[5:] for k in kernels] + [PEER_LABEL[p] for p in SOFTMAX_PEERS]
+    body = [[key[2]] + [fmt_speed(by.get((key, k))) for k in kernels] +
+            [peer_cell(res, by, key, p, True) for p in SOFTMAX_PEERS] for key in shapes]
+    return md_table(head, body)
+
+
+def markdown(res):
+    rows = enrich(res)
+    run = res.get("run", {})
+    ce = res.get("ceilings", {})
+    out = ["# Benchmark results", "", "Run: " + run_line(res) + ".", ""]
+    if not run.get("complete", True):
+        out += ["**This run did not finish**: the tables hold what it measured before it stopped.", ""]
+
+    def num(x, f="%.0f"):
+        return f % x if isinstance(x, (int, float)) else "not measured"
+    out += ["Ceilings, measured in the same run (%s): read %s GB/s; bf16 GEMM %s TFLOP/s; FP8 GEMM %s TFLOP/s." % (
+        ce.get("source", "?"), num(ce.get("read_gbps")), num(ce.get("bf16_gemm_tflops")),
+        num(ce.get("fp8_gemm_tflops"))), ""]
+    pv = run.get("peer_versions") or {}
+    pl = []
+    for p in PEERS + SOFTMAX_PEERS:
+        st = res.get("peers", {}).get(p, "not run")
+        pl.append("%s: %s" % (PEER_LABEL[p], "present" if st == "available" else "absent (%s)" % st))
+    out += ["Peers (%s): %s." % (", ".join("%s %s" % kv for kv in sorted(pv.items())) or "none", "; ".join(pl)), ""]
+    out += ["TFLOP/s by FlashAttention's count (forward 4·B·H·N²·d, halved for causal; backward 2.5x); "
+            "(%) is the share of the same-run ceiling (bf16 GEMM; FP8 GEMM for fp8 kernels; read bandwidth for "
+            "GB/s). B·N = 16K tokens, H·d = 2048. FAIL: the kernel failed its fp64 check and has no speed; "
+            "n/a: no kernel for the shape; absent: the peer was not importable in this run.", ""]
+    t = lineage_table(res, rows)
+    if t:
+        out.append(section("lineage", "The lineage at a glance", t,
+                           "Each chapter's best kernel at its reference shape (forward, d = 128, not causal, the "
+                           "largest N it ran), next to the best peer on the same shape in the same run."))
+    for c, title in (("01", "Chapter 01: naive attention"), ("03", "Chapter 03: FlashAttention-1"),
+                     ("04", "Chapter 04: FlashAttention-2"), ("05", "Chapter 05: FlashAttention-3 on Hopper"),
+                     ("06", "Chapter 06: variants")):
+        for pss, what in (("fwd", "forward"), ("bwd", "backward")):
+            t = attention_table(res, rows, [c], pss)
+            if t:
+                out.append(section("ch%s-%s" % (c, pss), "%s, %s (TFLOP/s)" % (title, what), t))
+    t = softmax_table(res, rows)
+    if t:
+        out.append(section("ch02-softmax", "Chapter 02: online softmax (GB/s)", t,
+                           "2^28 fp32 scores in rows of N; GB/s by each kernel's own count of bytes."))
+    t = decode_table(res, rows)
+    if t:
+        out.append(section("ch07-decode", "Chapter 07: paged decode (KV GB/s)", t,
+                           "Bytes of every cached key and value (bf16) over the median time; d = 128. Peers read "
+                           "contiguous K/V (page 16 rows only)."))
+    notes = res.get("notes") or []
+    if notes:
+        out += ["### Notes", ""] + ["- " + n for n in notes] + [""]
+    return "\n".join(out)
+
+
+def write_all(res, out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    paths = []
+    p = os.path.join(out_dir, "results.json")
+    if not os.path.exists(p) or json.load(open(p)) != res:
+        with open(p, "w") as f:
+            json.dump(res, f, indent=1)
+    paths.append(p)
+    for name, text in (("results.csv", csv_text(res)), ("results.md", markdown(res))):
+        p = os.path.join(out_dir, name)
+        with open(p, "w") as f:
+            f.write(text)
+        paths.append(p)
+    return paths
+
+
+def extract_section(md, name):
+    """The text of one named block of results.md (between its markers), or None."""
+    b, e = "<!-- table:%s -->" % name, "<!-- /table:%s -->" % name
+    if b not in md or e not in md:
+        return None
+    return md.split(b, 1)[1].split(e, 1)[0].strip("\n")

@@ -1,0 +1,601 @@
+#!/usr/bin/env python3
+"""./tutorial bench: every chapter's kernels next to the peers and the GPU's own ceilings, in one run.
+
+    ./tutorial bench                       the full sweep (under 10 minutes on an H200)
+    ./tutorial bench --quick               fewer shapes (under 3 minutes)
+    ./tutorial bench --chapters 04,05      only these chapters (and the peers on their shapes)
+    ./tutorial bench --cpu                 no GPU needed: the CPU models' counted HBM traffic and
+                                           extra memory against N and the on-chip budget M
+    ./tutorial bench --report FILE.json    tables and plots again from a recorded results.json
+
+With a GPU it builds the chapter binaries if needed, then runs, in this order:
+the ceilings (read bandwidth; bf16 and FP8 GEMM through cuBLAS/cuBLASLt, measured by the
+chapter binaries' --bench), and for each shape every chapter's kernels and steps (each binary
+checks every kernel against the fp64 reference before timing it: a kernel that fails is
+reported as failed, with no speed), then the peers on the same shape: PyTorch SDPA's flash,
+cuDNN and efficient backends, FlexAttention and FlashAttention-4 where importable.
+
+Shapes: the FlashAttention papers' B*N = 16K tokens and H*d = 2048, N from 512 to 16K,
+d in {64, 128, 256} where a chapter supports it, causal and not, forward and (where the
+chapter has one) backward; chapter 02's softmax at 2^28 scores; chapter 07's decode sweep.
+
+Outputs in BUILD_DIR/bench/: results.json, results.csv, results.md and PNG plots.
+"""
+import argparse
+import datetime
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+import bench_report  # noqa: E402
+from bench_common import (DECODE_PEERS, PEERS, attention_flops, clean_row, paper_shape,  # noqa: E402
+                          speed)
+
+QUICK_N = [2048, 8192]
+FULL_N = [512, 1024, 2048, 4096, 8192, 16384]
+HEAD_DIMS = [64, 128, 256]
+SOFTMAX_SCORES = 1 << 28
+SOFTMAX_HEADS = 16
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+# ============================================================================ chapters and build
+
+def discover_chapters():
+    """{"04": "ch04_fa2", ...} from chapters/NN_name/CMakeLists.txt."""
+    out = {}
+    for cm in sorted(glob.glob(os.path.join(ROOT, "chapters", "[0-9][0-9]_*", "CMakeLists.txt"))):
+        m = re.search(r"tutorial_chapter_binary\(\s*(\w+)", open(cm).read())
+        if m:
+            out[os.path.basename(os.path.dirname(cm))[:2]] = m.group(1)
+    return out
+
+
+def build(build_dir, targets, cuda):
+    if not shutil.which("cmake"):
+        log("bench: cmake not found: using the binaries already in %s/bin" % build_dir)
+        return
+    if not os.path.exists(os.path.join(build_dir, "CMakeCache.txt")):
+        gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+        extra = []
+        if os.environ.get("CMAKE_CUDA_ARCHITECTURES"):
+            extra.append("-DCMAKE_CUDA_ARCHITECTURES=" + os.environ["CMAKE_CUDA_ARCHITECTURES"])
+        subprocess.run(["cmake", "-S", ROOT, "-B", build_dir, *gen, "-DCMAKE_BUILD_TYPE=Release",
+                        "-DTUTORIAL_CUDA=" + cuda, *extra], check=True, stdout=subprocess.DEVNULL)
+    jobs = os.environ.get("JOBS", str(os.cpu_count() or 2))
+    cmd = ["cmake", "--build", build_dir, "-j", jobs, "--target", *targets]
+    if os.path.exists(os.path.join(build_dir, "build.ninja")):
+        cmd += ["--", "-k", "0"]  # a chapter that does not compile is reported, the others still run
+    log("bench: building " + " ".join(targets))
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if r.returncode:
+        log("bench: the build failed for some targets (their chapters are reported as not built):")
+        log("\n".join(r.stdout.splitlines()[-15:]))
+
+
+def cuda_option():
+    if os.environ.get("TUTORIAL_CUDA"):
+        return os.environ["TUTORIAL_CUDA"]
+    return "ON" if shutil.which("nvcc") else "OFF"
+
+
+def has_gpu():
+    if not shutil.which("nvidia-smi"):
+        return False
+    r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    return r.returncode == 0 and r.stdout.startswith("GPU")
+
+
+def gpu_info():
+    q = "name,driver_version,clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem,power.limit,memory.total"
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=" + q, "--format=csv,noheader,nounits", "-i", "0"],
+                           capture_output=True, text=True)
+        f = [x.strip() for x in r.stdout.strip().split(",")] if r.returncode == 0 else []
+    except OSError:
+        f = []
+    if len(f) < 8:
+        return {"gpu": "unknown", "driver": None, "clocks": {}}
+    return {"gpu": f[0], "driver": f[1],
+            "clocks": {"sm_mhz": f[2], "mem_mhz": f[3], "max_sm_mhz": f[4], "max_mem_mhz": f[5]},
+            "power_limit_w": f[6], "memory_mib": f[7]}
+
+
+# ============================================================================ running a binary
+
+class Binary:
+    def __init__(self, build_dir, name):
+        self.name = name
+        self.path = os.path.join(build_dir, "bin", name)
+
+    def exists(self):
+        return os.access(self.path, os.X_OK)
+
+    def run(self, args, timeout=300):
+        """(status, report or None, message). status: ok (exit 0 or 1: the JSON says which rows
+        failed), unsupported (exit 2: the binary refused the problem, with its one-line reason),
+        error (anything else)."""
+        cmd = [self.path] + args
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return "error", None, "timed out after %d s" % timeout
+        if r.returncode == 2:
+            return "unsupported", None, (r.stderr.strip().splitlines() or ["exit 2"])[-1][:200]
+        if r.returncode not in (0, 1):
+            return "error", None, "exit %d: %s" % (r.returncode, (r.stderr.strip().splitlines() or [""])[-1][:200])
+        try:
+            return "ok", json.loads(r.stdout), ""
+        except ValueError:
+            return "error", None, "no JSON on stdout (%d bytes)" % len(r.stdout)
+
+
+def report_rows(rep, chapter, shape):
+    """Rows of a chapter's --json report: its GPU rows, each with its check verdict."""
+    p = rep.get("problem", {})
+    out = []
+    for r in rep.get("results", []):
+        if r.get("device") != "cuda":
+            continue
+        impl = r.get("impl", "?")
+        if chapter != "01" and impl.startswith("ch01"):
+            continue  # chapter 03 re-times chapter 01's pipelines: chapter 01's own run reports them
+        backward = "backward" in impl
+        fp8 = "fp8" in impl.lower()
+        row = {"chapter": chapter, "kernel": "ch%s %s" % (chapter, impl), "kind": "ours",
+               "pass": "bwd" if backward else "fwd", "d": p.get("d", shape.get("d")), "N": p.get("nq"),
+               "nk": p.get("nk"), "B": p.get("batch"), "H": p.get("heads"), "Hkv": p.get("kv_heads"),
+               "causal": bool(p.get("causal")), "dtype": "fp8" if fp8 else p.get("dtype"),
+               "unit": "TFLOP/s", "ceiling": "fp8_gemm" if fp8 else "bf16_gemm",
+               "flops": r.get("flops"), "max_abs_err": r.get("max_abs_err"), "note": r.get("note", "")}
+        rd, wr = r.get("hbm_read_bytes"), r.get("hbm_write_bytes")
+        if rd is not None and wr is not None:
+            row["bytes"] = rd + wr
+        if r.get("pass") is True and r.get("tflops"):
+            row.update(status="ok", time_ms=r.get("time_ms"), tflops=r.get("tflops"), gbps=r.get("gbps"))
+        elif r.get("pass") is False:
+            row["status"] = "failed"
+        else:
+            row["status"] = "unsupported" if r.get("tflops") is None else "unchecked"
+        out.append(clean_row(row))
+    return out
+
+
+# ============================================================================ the plan
+
+class Task:
+    def __init__(self, kind, label, est, fn):
+        self.kind, self.label, self.est, self.fn = kind, label, est, fn
+
+
+class Bench:
+    def __init__(self, args):
+        self.a = args
+        self.build_dir = args.build_dir
+        self.out_dir = args.out or os.path.join(self.build_dir, "bench")
+        self.chapters = discover_chapters()
+        if args.chapters:
+            want = [c.strip().zfill(2) for c in args.chapters.split(",") if c.strip()]
+            bad = [c for c in want if c not in self.chapters]
+            if bad:
+                sys.exit("bench: no chapter %s (chapters here: %s)" % (",".join(bad), ",".join(self.chapters)))
+            self.chapters = {c: self.chapters[c] for c in want}
+        self.bins = {c: Binary(self.build_dir, n) for c, n in self.chapters.items()}
+        self.rows, self.notes = [], []
+        self.ceilings = {}
+        self.peers = None
+        self.t0 = time.time()
+        self.ours_at = {}  # (chapter, d, causal, N) -> {kernel: tflops}: the step-pruning rule
+
+    # ----------------------------------------------------------------- ceilings
+    def ceilings_task(self):
+        src = None
+        for c, args in (("05", ["--n", "256", "--batch", "1", "--heads", "1", "--d", "128", "--no-fp8-table"]),
+                        ("04", ["--n", "256", "--batch", "1", "--heads", "1", "--d", "128", "--no-model",
+                                "--no-backward"]),
+                        ("01", ["--n", "256", "--batch", "1", "--heads", "1", "--d", "128"])):
+            b = self.bins.get(c) or Binary(self.build_dir, discover_chapters().get(c, "-"))
+            if not b.exists():
+                continue
+            st, rep, msg = b.run(args + ["--bench", "--device", "cuda", "--json"], timeout=120)
+            if st != "ok":
+                self.notes.append("ceilings from %s: %s %s" % (b.name, st, msg))
+                continue
+            ce = rep.get("ceilings", {})
+            self.ceilings["read_gbps"] = ce.get("read_gbps")
+            self.ceilings["bf16_gemm_tflops"] = ce.get("gemm_tflops")
+            self.ceilings["bf16_gemm_what"] = ce.get("gemm_what")
+            for n in rep.get("notes", []):
+                m = re.search(r"fp8 ceiling: (.*?) ([0-9.]+) TFLOP/s", n)
+                if m:
+                    self.ceilings["fp8_gemm_tflops"] = float(m.group(2))
+                    self.ceilings["fp8_gemm_what"] = m.group(1)
+            src = b.name
+            break
+        self.ceilings["source"] = (src + " --bench (measure_ceilings: a streaming read kernel, cuBLAS GEMM; "
+                                   "cuBLASLt E4M3 GEMM)") if src else "not measured"
+        if "fp8_gemm_tflops" not in self.ceilings:
+            self.ceilings["fp8_gemm_tflops"] = None
+            self.ceilings["fp8_gemm_what"] = "not measured (needs chapter 05 on an sm_90 GPU)"
+
+    # ----------------------------------------------------------------- attention shapes
+    def supports(self, chapter, d):
+        return {"01": d in (64, 128, 256), "03": d in (64, 128), "04": True, "05": True}.get(chapter, False)
+
+    def previous_run(self, chapter, d, causal, n):
+        """{kernel: TFLOP/s or None} of this chapter's all-steps run at the largest smaller N."""
+        prev = [k[3] for k in self.ours_at if k[:3] == (chapter, d, causal) and k[3] < n]
+        return (max(prev), self.ours_at[(chapter, d, causal, max(prev))]) if prev else (None, None)
+
+    def ours_task(self, chapter, d, n, causal, backward):
+        b, h = paper_shape(n, d)
+        args = ["--n", str(n), "--batch", str(b), "--heads", str(h), "--kv-heads", str(h), "--d", str(d),
+                "--device", "cuda", "--json"]
+        if causal:
+            args.append("--causal")
+        if chapter == "04":
+            args.append("--no-model")
+        if chapter == "05":
+            args.append("--no-fp8-table")
+        shape = {"d": d, "N": n, "causal": causal}
+        runs = [args + (["--no-backward"] if chapter == "04" and not backward else [])]
+        # Step pruning: from N = prune_from on, a step more than 4x slower than the chapter's best
+        # at the previous N is not timed again (its line in the plots stops there). The binaries
+        # take --step K, one step per run; without a step number in every name, all steps run.
+        n_prev, speeds = self.previous_run(chapter, d, causal, n)
+        pruned = False
+        if n >= self.prune_from and speeds and chapter in ("04", "05"):
+            nums = {k: re.match(r"ch\d\d v(\d+)\b", k) for k in speeds}
+            best = max([v for v in speeds.values() if v] or [0])
+            slow = [k for k, v in speeds.items() if v is not None and v < best / 4]
+            if slow and all(nums.values()):
+                pruned = True
+                kept = [int(nums[k].group(1)) for k in speeds if k not in slow]
+                runs = [args + ["--step", str(k)] + (["--no-backward"] if chapter == "04" and
+                                                      (k != kept[-1] or not backward) else [])
+                        for k in kept]
+                for k in slow:
+                    self.rows.append(self.base_row(chapter, k, "fwd", d, n, causal, status="not run",
+                                                   note="more than 4x slower than the chapter's best step at "
+                                                        "N = %d: timed up to there" % n_prev))
+        got = []
+        for a in runs:
+            st, rep, msg = self.bins[chapter].run(a, timeout=self.a.timeout)
+            if st != "ok":
+                self.rows.append(self.base_row(chapter, "ch%s (%s)" % (chapter, self.bins[chapter].name),
+                                               "fwd", d, n, causal, status=st, note=msg))
+                continue
+            got += report_rows(rep, chapter, shape)
+        self.rows += got
+        if not pruned:
+            self.ours_at[(chapter, d, causal, n)] = {
+                r["kernel"]: r.get("tflops") for r in got
+                if r["pass"] == "fwd" and r.get("status") in ("ok", "failed", "unchecked")}
+
+    def base_row(self, chapter, kernel, pss, d, n, causal, **kw):
+        b, h = paper_shape(n, d)
+        row = {"chapter": chapter, "kernel": kernel, "kind": "ours", "pass": pss, "d": d, "N": n, "nk": n,
+               "B": b, "H": h, "Hkv": h, "causal": causal, "dtype": "bf16", "unit": "TFLOP/s",
+               "ceiling": "bf16_gemm"}
+        row.update(kw)
+        return clean_row(row)
+
+    def peer_task(self, peer, d, n, causal, backward):
+        b, h = paper_shape(n, d)
+        r = self.get_peers().attention(peer, b, h, h, n, n, d, causal, backward)
+        row = {"chapter": "peer", "kernel": peer, "kind": "peer", "pass": "bwd" if backward else "fwd", "d": d,
+               "N": n, "nk": n, "B": b, "H": h, "Hkv": h, "causal": causal, "dtype": "bf16", "unit": "TFLOP/s",
+               "ceiling": "bf16_gemm", "flops": attention_flops(b, h, n, n, d, causal, backward)}
+        row.update(r)
+        self.rows.append(clean_row(row))
+
+    def get_peers(self):
+        if self.peers is None:
+            from bench_peers import Peers
+            self.peers = Peers(repeats=self.a.repeats)
+        return self.peers
+
+    # ----------------------------------------------------------------- chapter 02: softmax
+    def softmax_task(self, n):
+        c = "02"
+        rows_total = SOFTMAX_SCORES // n
+        nq = rows_total // SOFTMAX_HEADS
+        args = ["--n", str(nq), "--nk", str(n), "--batch", "1", "--heads", str(SOFTMAX_HEADS), "--d", "64",
+                "--device", "cuda", "--json"]
+        st, rep, msg = self.bins[c].run(args, timeout=self.a.timeout)
+        base = {"chapter": c, "kind": "ours", "pass": "softmax", "d": 64, "N": n, "nk": n, "nq": nq, "B": 1,
+                "H": SOFTMAX_HEADS, "Hkv": SOFTMAX_HEADS, "causal": False, "dtype": "fp32", "unit": "GB/s",
+                "ceiling": "read"}
+        if st != "ok":
+            self.rows.append(clean_row(dict(base, kernel="ch02 (%s)" % self.bins[c].name, status=st, note=msg)))
+        else:
+            for r in rep.get("results", []):
+                if r.get("device") != "cuda":
+                    continue
+                row = dict(base, kernel="ch02 " + r["impl"], max_abs_err=r.get("max_abs_err"),
+                           note=r.get("note", ""))
+                rd, wr = r.get("hbm_read_bytes"), r.get("hbm_write_bytes")
+                if rd is not None and wr is not None:
+                    row["bytes"] = rd + wr
+                if r.get("pass") is True and r.get("gbps"):
+                    row.update(status="ok", time_ms=r["time_ms"], gbps=r["gbps"])
+                else:
+                    row["status"] = "failed" if r.get("pass") is False else "unchecked"
+                self.rows.append(clean_row(row))
+        # torch.softmax on the same scores: reads S and writes P (fp32)
+        pr = self.get_peers().softmax(rows_total, n, 8.0 * rows_total * n)
+        self.rows.append(clean_row(dict(base, chapter="peer", kind="peer", kernel="torch_softmax",
+                                        bytes=8.0 * rows_total * n, **pr)))
+
+    # ----------------------------------------------------------------- chapter 07: decode
+    def decode_task(self):
+        c = "07"
+        st, rep, msg = self.bins[c].run(["decode", "--sweep", "--device", "cuda", "--json"], timeout=self.a.timeout)
+        if st != "ok":
+            self.rows.append({"chapter": c, "kernel": "ch07 decode sweep", "kind": "ours", "pass": "decode",
+                              "status": st, "note": msg, "unit": "GB/s", "ceiling": "read"})
+            return
+        peers = self.get_peers()
+        for cfg in rep.get("configs", []):
+            base = {"chapter": c, "kind": "ours", "pass": "decode", "d": cfg["d"], "N": 1, "nk": cfg["len"],
+                    "B": cfg["batch"], "H": cfg["heads"], "Hkv": cfg["kv_heads"], "causal": False,
+                    "page_size": cfg["page_size"], "dtype": "bf16", "unit": "GB/s", "ceiling": "read",
+                    "bytes": cfg["kv_bytes"]}
+            for r in cfg["results"]:
+                name = "ch07 %s %s%s" % (r["kernel"], r["layout"], " (split %d)" % r["splits"] if r["splits"] > 1
+                                        else "")
+                row = dict(base, kernel=name, max_abs_err=r.get("max_abs_err"), chosen=r.get("chosen"),
+                           note="the kernel the split heuristic picks" if r.get("chosen") else "")
+                if r.get("pass"):
+                    row.update(status="ok", time_ms=r["time_ms"], gbps=r["kv_gbps"])
+                else:
+                    row["status"] = "failed"
+                self.rows.append(clean_row(row))
+            if cfg["page_size"] == 16:  # the peers read contiguous K/V: page size does not apply
+                for p in DECODE_PEERS:
+                    pr = peers.decode(p, cfg["batch"], cfg["heads"], cfg["kv_heads"], cfg["len"], cfg["d"],
+                                      cfg["kv_bytes"])
+                    self.rows.append(clean_row(dict(base, chapter="peer", kind="peer", kernel=p, **pr)))
+
+    # ----------------------------------------------------------------- chapter 06 (when written)
+    def ch06_task(self, sub, d, n, causal):
+        c = "06"
+        b, h = paper_shape(n, d)
+        kv = h // 4 if sub == "gqa" else h
+        args = [sub, "--n", str(n), "--batch", str(b), "--heads", str(h), "--kv-heads", str(kv), "--d", str(d),
+                "--device", "cuda", "--json"] + (["--causal"] if causal else [])
+        st, rep, msg = self.bins[c].run(args, timeout=self.a.timeout)
+        if st == "unsupported":  # the part has its own options: its default problem then
+            st, rep, msg = self.bins[c].run([sub, "--device", "cuda", "--json"], timeout=self.a.timeout)
+        if st != "ok" or not isinstance(rep, dict) or not rep.get("results"):
+            self.notes.append("chapter 06 %s: %s" % (sub, msg or "not written yet (no JSON report)"))
+            return
+        for r in report_rows(rep, c, {"d": d, "N": n, "causal": causal}):
+            r["kernel"] = "ch06 %s %s" % (sub, r["kernel"][5:])
+            self.rows.append(r)
+
+    # ----------------------------------------------------------------- plan
+    def plan(self):
+        q = self.a.quick
+        ns = QUICK_N if q else FULL_N
+        self.prune_from = 8192 if q else 4096
+        dims = [64, 128] if q else HEAD_DIMS
+        tasks = [Task("ceilings", "ceilings: read bandwidth, bf16 and FP8 GEMM", 8, self.ceilings_task)]
+        shapes = [(d, n, c) for n in ns for d in (128, 64, 256) if d in dims for c in (False, True)]
+        chapters = self.chapters
+        with_bwd = {"03", "04"}
+        for i, (d, n, causal) in enumerate(shapes):
+            for c in ("01", "03", "04", "05"):
+                if c not in chapters or not self.supports(c, d):
+                    continue
+                if c == "03" and n > (2048 if q else 4096):
+                    continue  # FA1's fp32 FMA kernels: minutes at 16K; the chapter's own --bench goes further
+                if c == "01" and q and causal:
+                    continue
+                bwd = c in with_bwd
+                fl = attention_flops(*paper_shape(n, d), n, n, d, causal)
+                est = 1.5 + 24 * fl / {"01": 50e12, "03": 12e12, "04": 60e12, "05": 300e12}[c] * (3.5 if bwd else 1)
+                tasks.append(Task("ours", "ch%s d=%d N=%d%s" % (c, d, n, " causal" if causal else ""), est,
+                                  lambda c=c, d=d, n=n, causal=causal, bwd=bwd: self.ours_task(c, d, n, causal, bwd)))
+            if any(x in chapters for x in ("01", "03", "04", "05")):
+                for p in PEERS:
+                    for bwd in (False, True):
+                        if bwd and not (("04" in chapters) or ("03" in chapters and n <= 2048)):
+                            continue
+                        est = 0.6 + (6 if p in ("flex", "fa4") and i < 2 else 0)
+                        tasks.append(Task("peer", "%s %s d=%d N=%d%s" % (p, "bwd" if bwd else "fwd", d, n,
+                                                                         " causal" if causal else ""), est,
+                                          lambda p=p, d=d, n=n, causal=causal, bwd=bwd:
+                                          self.peer_task(p, d, n, causal, bwd)))
+            if i == 1:
+                if "02" in chapters:
+                    for sn in ([4096, 32768] if q else [4096, 8192, 16384, 32768]):
+                        tasks.append(Task("ours", "ch02 softmax rows of %d" % sn, 3,
+                                          lambda sn=sn: self.softmax_task(sn)))
+                if "07" in chapters:
+                    tasks.append(Task("ours", "ch07 decode sweep + peers", 25, self.decode_task))
+                if "06" in chapters:
+                    for sub in ("mask", "gqa", "mla", "ring"):
+                        tasks.append(Task("ours", "ch06 %s" % sub, 3,
+                                          lambda sub=sub: self.ch06_task(sub, 128, 8192, True)))
+        return tasks
+
+    # ----------------------------------------------------------------- run
+    def meta(self, complete):
+        if complete or not hasattr(self, "_info"):
+            self._info = gpu_info()  # clocks at the start, then as the run ends
+        info = self._info
+        git = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        cmd = "./tutorial bench" + "".join(" " + x for x in self.a.user_args)
+        if self.a.build_dir_given:
+            cmd = "BUILD_DIR=%s %s" % (os.path.relpath(self.build_dir, ROOT), cmd)
+        m = {"gpu": info["gpu"], "driver": info["driver"], "clocks": info["clocks"],
+             "power_limit_w": info.get("power_limit_w"), "memory_mib": info.get("memory_mib"),
+             "date": datetime.datetime.utcnow().strftime("%Y-%m-%dT%H:%MZ"), "command": cmd,
+             "commit": git.stdout.strip() or None, "quick": self.a.quick, "chapters": sorted(self.chapters),
+             "python": sys.version.split()[0], "duration_s": round(time.time() - self.t0, 1), "complete": complete}
+        if self.peers is not None:
+            m["peer_versions"] = self.peers.versions
+            m["peer_compile_s"] = {k: round(v, 1) for k, v in self.peers.compile_s.items()}
+        return m
+
+    def peer_status(self):
+        if self.peers is None:
+            return {p: "not run" for p in PEERS}
+        return {p: (self.peers.avail.get(p) or "available") for p in PEERS + ["torch_softmax"]}
+
+    def save(self, complete):
+        os.makedirs(self.out_dir, exist_ok=True)
+        res = {"schema": 1, "run": self.meta(complete), "ceilings": self.ceilings, "peers": self.peer_status(),
+               "notes": self.notes, "rows": self.rows}
+        path = os.path.join(self.out_dir, "results.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(res, f, indent=1)
+        os.replace(path + ".tmp", path)
+        return res
+
+    def run(self):
+        missing = [b.name for b in self.bins.values() if not b.exists()]
+        for m in missing:
+            self.notes.append("%s: not built" % m)
+        self.bins = {c: b for c, b in self.bins.items() if b.exists()}
+        self.chapters = {c: n for c, n in self.chapters.items() if c in self.bins}
+        tasks = self.plan()
+        total = sum(t.est for t in tasks)
+        done_est = 0.0
+        bar = Progress(len(tasks), sys.stderr.isatty())
+        for i, t in enumerate(tasks):
+            elapsed = time.time() - self.t0
+            rate = elapsed / done_est if done_est > 0 else 1.0
+            left = (total - done_est) * rate
+            if self.a.budget and elapsed + t.est * rate > self.a.budget:
+                self.notes.append("not run (--budget %d s): %s" % (self.a.budget, t.label))
+                bar.show(i, t.label + "  [skipped: budget]", left)
+                done_est += t.est
+                continue
+            bar.show(i, t.label, left)
+            t0 = time.time()
+            try:
+                t.fn()
+            except Exception as e:  # one shape's trouble is a note, never the end of the run
+                self.notes.append("%s: %s: %s" % (t.label, e.__class__.__name__, e))
+            if self.a.verbose:
+                log("    %.1f s (estimated %.1f)" % (time.time() - t0, t.est))
+            done_est += t.est
+            self.save(False)
+        bar.finish(time.time() - self.t0)
+        return self.save(True)
+
+
+class Progress:
+    def __init__(self, n, tty):
+        self.n, self.tty = n, tty
+
+    def show(self, i, label, left):
+        w = 24
+        full = int(w * i / max(1, self.n))
+        line = "[%s%s] %3d/%d  %d:%02d left  %s" % ("#" * full, "." * (w - full), i + 1, self.n, left // 60,
+                                                   left % 60, label)
+        if self.tty:
+            sys.stderr.write("\r\033[K" + line[:150])
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+    def finish(self, secs):
+        sys.stderr.write(("\r\033[K" if self.tty else "") + "bench: done in %d:%02d\n" % (secs // 60, secs % 60))
+
+
+# ============================================================================ outputs
+
+def write_outputs(res, out_dir, plots=True):
+    paths = bench_report.write_all(res, out_dir)
+    if plots:
+        paths += draw_plots(os.path.join(out_dir, "results.json"), out_dir)
+    return paths
+
+
+def draw_plots(results_json, out_dir):
+    """PNG plots with matplotlib: in this interpreter if it has it, else Debian's /usr/bin/python3."""
+    try:
+        import matplotlib  # noqa: F401
+        import bench_plots
+        return bench_plots.draw_all(json.load(open(results_json)), out_dir)
+    except ImportError:
+        pass
+    for py in ("/usr/bin/python3",):
+        if os.path.exists(py) and os.path.realpath(py) != os.path.realpath(sys.executable):
+            r = subprocess.run([py, os.path.join(HERE, "bench_plots.py"), results_json, out_dir],
+                               capture_output=True, text=True)
+            if r.returncode == 0:
+                return r.stdout.split()
+            log("bench: plots with %s failed: %s" % (py, r.stderr.strip()[-300:]))
+    log("bench: no plots: matplotlib is not importable (Debian: apt-get install python3-matplotlib)")
+    return []
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(prog="./tutorial bench", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("--quick", action="store_true", help="N in {2K, 8K}, d in {64, 128}: under 3 minutes")
+    ap.add_argument("--chapters", help="comma-separated chapter numbers, e.g. 04,05 (default: every chapter)")
+    ap.add_argument("--cpu", action="store_true", help="no GPU: the CPU models' counted traffic, plotted")
+    ap.add_argument("--report", metavar="RESULTS_JSON", help="write the tables and plots from this file, run nothing")
+    ap.add_argument("--out", help="output folder (default BUILD_DIR/bench)")
+    ap.add_argument("--build-dir", default=os.path.join(ROOT, "build"), help=argparse.SUPPRESS)
+    ap.add_argument("--no-build", action="store_true", help="use the binaries as they are")
+    ap.add_argument("--budget", type=float, help="seconds: tasks that would end later are listed as not run")
+    ap.add_argument("--repeats", type=int, default=20, help="timed repeats of each peer (median; default 20)")
+    ap.add_argument("--timeout", type=int, default=300, help="seconds one chapter binary may run")
+    ap.add_argument("--verbose", action="store_true", help="print each task's time")
+    ap.add_argument("--gpu", action="store_true", help=argparse.SUPPRESS)  # run the GPU plan even without one
+    a = ap.parse_args(argv)
+    a.build_dir_given = "--build-dir" in argv and os.path.realpath(a.build_dir) != os.path.realpath(
+        os.path.join(ROOT, "build"))
+    a.user_args = [x for i, x in enumerate(argv) if x != "--build-dir" and (i == 0 or argv[i - 1] != "--build-dir")]
+    a.build_dir = os.path.abspath(a.build_dir)
+    out = a.out or os.path.join(a.build_dir, "bench")
+
+    if a.report:
+        res = json.load(open(a.report))
+        for p in write_outputs(res, out):
+            print(p)
+        return 0
+    gpu = has_gpu() or a.gpu
+    if not a.cpu and not gpu:
+        log("bench: no NVIDIA GPU here: plotting the CPU models' traffic instead (./tutorial bench --cpu)")
+        a.cpu = True
+    chapters = discover_chapters()
+    if a.cpu:
+        import bench_cpu
+        if not a.no_build:
+            build(a.build_dir, list(chapters.values()), cuda_option())
+        return bench_cpu.main(a.build_dir, os.path.join(out, "cpu"), chapters, quick=a.quick)
+    if not a.no_build:
+        sel = chapters if not a.chapters else {c.zfill(2): chapters.get(c.zfill(2)) for c in a.chapters.split(",")}
+        build(a.build_dir, [n for n in sel.values() if n], cuda_option())
+    b = Bench(a)
+    res = b.run()
+    for p in write_outputs(res, b.out_dir):
+        print(p)
+    fails = [r for r in res["rows"] if r.get("status") == "failed"]
+    if fails:
+        log("bench: %d kernel(s) failed their check (see results.md)" % len(fails))
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

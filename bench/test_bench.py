@@ -1,0 +1,237 @@
+#!/usr/bin/env python3
+"""Tests of the report and plot generator on a small results file (bench/testdata).
+
+    /usr/bin/python3 bench/test_bench.py        (CI runs it; plots need python3-matplotlib)
+
+The fixture holds made-up numbers that exercise the rules: a kernel that failed its check
+but still carries a speed in the file, a kernel that was not checked, an absent peer, a peer
+with no kernel for a shape, and a kernel slower than its peer.
+"""
+import copy
+import csv
+import io
+import json
+import os
+import re
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import bench_common  # noqa: E402
+import bench_report  # noqa: E402
+import lineage  # noqa: E402
+
+FIXTURE = os.path.join(HERE, "testdata", "small_results.json")
+
+
+def load():
+    return json.load(open(FIXTURE))
+
+
+def table_rows(md, name):
+    body = bench_report.extract_section(md, name)
+    assert body is not None, "no section %s" % name
+    lines = [l for l in body.splitlines() if l.startswith("|")]
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    return head, [[c.strip() for c in l.strip("|").split("|")] for l in lines[2:]]
+
+
+class FailedKernels(unittest.TestCase):
+    def test_failed_kernel_has_no_speed_anywhere(self):
+        res = load()
+        md = bench_report.markdown(res)
+        self.assertNotIn("988", md)  # the failed v5's 987.6 TFLOP/s in the file
+        self.assertNotIn("9999", md)  # the failed decode kernel's GB/s
+        head, body = table_rows(md, "ch04-fwd")
+        col = head.index("v5 exp2 + causal skip")
+        row = [r for r in body if r[1] == "8192"][0]
+        self.assertEqual(row[col], "FAIL")
+        # the same kernel at N = 2048 passed and keeps its number
+        row2k = [r for r in body if r[1] == "2048"][0]
+        self.assertEqual(row2k[col], "280 (35%)")
+
+    def test_failed_kernel_is_not_the_best(self):
+        res = load()
+        md = bench_report.markdown(res)
+        head, body = table_rows(md, "lineage")
+        ch04 = [r for r in body if r[0] == "04"][0]
+        self.assertIn("v6 final: 320", ch04[head.index("best kernel")])
+        self.assertIn("v5 exp2 + causal skip", ch04[head.index("failed its check")])
+        # the best-over-peer ratio uses v6 (320 / 680), not the failed 987.6
+        row = [r for r in table_rows(md, "ch04-fwd")[1] if r[1] == "8192"][0]
+        self.assertEqual(row[-2], "%.2fx" % (320 / 680))
+
+    def test_unchecked_kernel_has_no_speed(self):
+        md = bench_report.markdown(load())
+        head, body = table_rows(md, "ch05-fwd")
+        self.assertEqual(body[0][head.index("v7 fp8 e4m3")], "unchecked")
+        self.assertNotIn("735", md)
+
+    def test_csv_has_no_speed_for_failed_rows(self):
+        rows = list(csv.DictReader(io.StringIO(bench_report.csv_text(load()))))
+        failed = [r for r in rows if r["status"] == "failed"]
+        self.assertEqual(len(failed), 2)
+        for r in failed:
+            self.assertEqual((r["value"], r["tflops"], r["gbps"], r["share"]), ("", "", "", ""))
+        v6 = [r for r in rows if r["kernel"] == "ch04 v6 final" and r["N"] == "8192"][0]
+        self.assertAlmostEqual(float(v6["share"]), 320 / 800, places=4)
+        self.assertAlmostEqual(float(v6["vs_sdpa_flash"]), 320 / 350, places=3)
+        self.assertEqual(v6["vs_fa4"], "")
+        self.assertEqual(v6["gpu"], "Fixture GPU (not a measurement)")
+        self.assertEqual(v6["command"], "./tutorial bench --quick")
+
+    def test_clean_row_drops_speed_of_any_status_but_ok(self):
+        for st in ("failed", "unsupported", "not run", "error", "unchecked", None):
+            r = bench_common.clean_row({"status": st, "tflops": 1.0, "gbps": 2.0, "time_ms": 3.0, "share": 0.5,
+                                        "vs": {"x": 1}})
+            self.assertFalse(set(r) & set(bench_common.SPEED_FIELDS), st)
+            self.assertIsNone(bench_common.speed(dict(r, unit="TFLOP/s")))
+
+
+class AbsentPeers(unittest.TestCase):
+    def test_absent_peer_is_a_column_that_says_so(self):
+        md = bench_report.markdown(load())
+        head, body = table_rows(md, "ch04-fwd")
+        for r in body:
+            self.assertEqual(r[head.index("FA4")], "absent")
+            self.assertEqual(r[head.index("best / FA4")], "absent")
+        self.assertRegex(md, r"FA4: absent \(flash-attn-4 not importable")
+
+    def test_peer_without_a_kernel_is_not_absent(self):
+        md = bench_report.markdown(load())
+        head, body = table_rows(md, "ch04-fwd")
+        row = [r for r in body if r[1] == "8192"][0]
+        self.assertEqual(row[head.index("FlexAttention")], "n/a")
+        row2k = [r for r in body if r[1] == "2048"][0]
+        self.assertEqual(row2k[head.index("cuDNN")], "-")  # cuDNN not measured at 2K in the fixture
+
+    def test_peer_that_disappears_turns_its_column_absent(self):
+        res = load()
+        res["peers"]["sdpa_cudnn"] = "PyTorch not importable (ModuleNotFoundError)"
+        md = bench_report.markdown(res)
+        head, body = table_rows(md, "ch04-fwd")
+        self.assertTrue(all(r[head.index("cuDNN")] == "absent" for r in body))
+        head, body = table_rows(md, "ch07-decode")
+        self.assertEqual(body[0][head.index("chosen / cuDNN")], "absent")
+
+
+class Ratios(unittest.TestCase):
+    def test_regression_stays_visible(self):
+        """A kernel slower than its peer shows a ratio below 1, as measured."""
+        md = bench_report.markdown(load())
+        head, body = table_rows(md, "ch04-bwd")
+        self.assertEqual(body[0][head.index("backward, dQ atomics")], "230 (29%)")
+        self.assertEqual(body[0][head.index("best / FA2 (SDPA flash)")], "%.2fx" % (230 / 290))
+        res = load()
+        worse = copy.deepcopy(res)
+        for r in worse["rows"]:
+            if r["kernel"] == "ch04 v6 final" and r["N"] == 8192:
+                r["tflops"] = 200.0
+        head, body = table_rows(bench_report.markdown(worse), "lineage")
+        self.assertIn("v6 final: 200", [r for r in body if r[0] == "04"][0][2])
+
+    def test_decode_table(self):
+        md = bench_report.markdown(load())
+        head, body = table_rows(md, "ch07-decode")
+        self.assertEqual(body[0][head.index("v1 paged")], "FAIL")
+        self.assertEqual(body[0][head.index("chosen / cuDNN")], "%.2fx" % (3500 / 3100))
+        self.assertEqual(body[0][head.index("FA4")], "absent")
+
+    def test_run_line_names_gpu_date_command(self):
+        md = bench_report.markdown(load())
+        self.assertIn("Fixture GPU (not a measurement)", md)
+        self.assertIn("2026-01-01T00:00Z", md)
+        self.assertIn("`./tutorial bench --quick`", md)
+
+
+class Plots(unittest.TestCase):
+    def setUp(self):
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            if os.environ.get("CI_REQUIRE_PLOTS"):
+                raise
+            self.skipTest("matplotlib is not importable")
+
+    def test_plots_are_written_and_failed_kernels_have_no_point(self):
+        import bench_plots
+        res = load()
+        rows = bench_report.enrich(res)
+        f = lambda r: r.get("pass") == "fwd"  # noqa: E731
+        self.assertEqual(bench_plots.points(rows, "ch04 v5 exp2 + causal skip", f), [(2048, 280.0)])
+        self.assertEqual(bench_plots.points(rows, "fa4", f), [])
+        with tempfile.TemporaryDirectory() as d:
+            paths = bench_plots.draw_all(res, d)
+            names = sorted(os.path.basename(p) for p in paths)
+            for want in ("lineage.png", "roofline.png", "decode_gbps.png", "tflops_ch04_fwd.png",
+                         "tflops_ch04_bwd.png", "tflops_lineage_fwd.png"):
+                self.assertIn(want, names)
+            for p in paths:
+                with open(p, "rb") as fh:
+                    self.assertEqual(fh.read(8), b"\x89PNG\r\n\x1a\n")
+                self.assertGreater(os.path.getsize(p), 10000)
+
+
+class Runner(unittest.TestCase):
+    def test_chapter_report_rows(self):
+        """A chapter's --json report becomes rows; failed and unsupported rows carry no speed."""
+        rep = {"problem": {"batch": 2, "heads": 16, "kv_heads": 16, "nq": 8192, "nk": 8192, "d": 128,
+                           "causal": True, "dtype": "bf16"},
+               "results": [
+                   {"impl": "FA2 model", "device": "cpu", "pass": True},
+                   {"impl": "v5 exp2", "device": "cuda", "pass": False, "tflops": 500.0, "time_ms": 1.0,
+                    "hbm_read_bytes": 1.0, "hbm_write_bytes": 2.0},
+                   {"impl": "v6 final", "device": "cuda", "pass": True, "tflops": 300.0, "time_ms": 2.0,
+                    "hbm_read_bytes": 1.0, "hbm_write_bytes": 2.0, "flops": 6e11},
+                   {"impl": "v1 loop swap", "device": "cuda", "pass": None, "tflops": None,
+                    "note": "not built for d=256"},
+                   {"impl": "backward, dQ atomics", "device": "cuda", "pass": True, "tflops": 200.0, "time_ms": 3.0},
+                   {"impl": "ch01 cuBLAS (fwd)", "device": "cuda", "pass": True, "tflops": 50.0, "time_ms": 9.0}]}
+        rows = lineage.report_rows(rep, "04", {"d": 128, "N": 8192, "causal": True})
+        by = {r["kernel"]: r for r in rows}
+        self.assertEqual(set(by), {"ch04 v5 exp2", "ch04 v6 final", "ch04 v1 loop swap", "ch04 backward, dQ atomics"})
+        self.assertEqual(by["ch04 v5 exp2"]["status"], "failed")
+        self.assertNotIn("tflops", by["ch04 v5 exp2"])
+        self.assertEqual(by["ch04 v6 final"]["status"], "ok")
+        self.assertEqual(by["ch04 v6 final"]["bytes"], 3.0)
+        self.assertEqual(by["ch04 v1 loop swap"]["status"], "unsupported")
+        self.assertEqual(by["ch04 backward, dQ atomics"]["pass"], "bwd")
+        self.assertTrue(all(r["causal"] and r["N"] == 8192 for r in rows))
+
+    def test_flops_convention(self):
+        self.assertEqual(bench_common.attention_flops(2, 16, 8192, 8192, 128, False), 4.0 * 2 * 16 * 8192 ** 2 * 128)
+        self.assertEqual(bench_common.attention_flops(2, 16, 8192, 8192, 128, True),
+                         2.0 * 2 * 16 * 8192 ** 2 * 128)
+        self.assertEqual(bench_common.attention_flops(1, 1, 4, 4, 1, False, backward=True), 2.5 * 64)
+        # bottom-right causal with Nq < Nk: query i sees i + (Nk - Nq) + 1 keys
+        self.assertEqual(bench_common.attention_flops(1, 1, 2, 4, 1, True), 4.0 * (3 + 4))
+        self.assertEqual(bench_common.paper_shape(8192, 128), (2, 16))
+
+    def test_report_mode_writes_everything(self):
+        with tempfile.TemporaryDirectory() as d:
+            rc = lineage.main(["--report", FIXTURE, "--out", d])
+            self.assertEqual(rc, 0)
+            for f in ("results.json", "results.csv", "results.md"):
+                self.assertTrue(os.path.exists(os.path.join(d, f)), f)
+            self.assertEqual(json.load(open(os.path.join(d, "results.json"))), load())
+
+
+class Recorded(unittest.TestCase):
+    def test_readme_sections_match_the_recorded_run(self):
+        import bench_readme
+        if not any(n.endswith(".json") for n in os.listdir(bench_readme.RECORDED)):
+            self.skipTest("no recorded run yet")
+        files = bench_readme.generate(bench_readme.newest_run())
+        for path, new in files.items():
+            self.assertEqual(open(path).read(), new, "%s differs from the recorded run: "
+                             "bench/bench_readme.py --write" % path)
+        readme = open(os.path.join(os.path.dirname(HERE), "README.md")).read()
+        m = re.search(r"<!-- bench:lineage begin -->\n(.*?)<!-- bench:lineage end -->", readme, re.S)
+        self.assertIsNotNone(m, "README.md has no generated lineage section")
+        self.assertIn("Measured on one", m.group(1))
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=1)
