@@ -1,0 +1,73 @@
+#pragma once
+/// \file ring_gpu.hpp
+/// \brief Ring attention on GPUs behind a plain C++ interface (no CUDA types): the
+///        streams backend (P virtual ranks on one GPU) and the NCCL backend (one GPU
+///        per rank), both with chapter 04's kernels as the per-step compute.
+#include <string>
+#include <vector>
+
+#include "common/inputs.hpp"
+#include "common/problem.hpp"
+#include "ring/ring_schedule.hpp"
+
+namespace attn::ch06::ring {
+
+enum class Backend { threads, streams, nccl };
+const char* backend_name(Backend b);
+bool parse_backend(const std::string& s, Backend* out);
+
+/// True when this binary was built with the NCCL backend (NCCL found at configure time).
+bool nccl_built();
+
+/// Empty when the GPU ring runs this problem, else why not (the per-step kernel's
+/// limits: chapter 04's final forward and its backward).
+std::string ring_gpu_unsupported(const Problem& p, bool backward);
+
+/// One interval on the timeline: rank, lane ("compute" or "copy"), step, what, and
+/// its start and end in ms from the start of the ring.
+struct TimelineEvent {
+  int rank = 0;
+  std::string lane;
+  int step = 0;
+  std::string what;  ///< "fwd", "bwd", "kv", "dkv"
+  double t0 = 0, t1 = 0;
+};
+
+struct GpuRingOptions {
+  Backend backend = Backend::streams;
+  Layout layout = Layout::zigzag;
+  int ranks = 1;
+  bool backward = true;
+  bool time = false;  ///< time the forward and backward (median of repeats) and record a timeline
+};
+
+struct GpuRingResult {
+  std::vector<float> o, lse, dq, dk, dv;  ///< global layout, checked by the caller
+  double fwd_ms = 0, bwd_ms = 0;          ///< median wall time of the whole ring, 0 when not timed
+  std::vector<TimelineEvent> timeline;    ///< one timed forward and backward
+  std::string device;                     ///< GPU name(s)
+  /// From the timeline: time each copy overlapped with some compute of its rank,
+  /// over the total copy time (forward K/V rotations only).
+  double copy_ms = 0, hidden_copy_ms = 0, compute_ms = 0;
+  std::vector<double> rank_compute_ms;  ///< forward compute per rank (timeline)
+};
+
+/// Runs the ring on the GPU(s). Throws UsageError for unsupported problems or when
+/// the backend is not built or there are too few GPUs.
+GpuRingResult ring_gpu(const Problem& p, const AttnInputs& in, const GpuRingOptions& opt);
+
+/// The timeline as an SVG: one lane per rank and stream, an interval per step.
+std::string timeline_svg(const std::vector<TimelineEvent>& events, int ranks, const std::string& title);
+
+/// Time of one launch of chapter 04's kernel on the whole problem on one GPU (the
+/// single-device baseline), forward and backward, median ms.
+struct SingleGpuTiming {
+  double fwd_ms = 0, bwd_ms = 0;
+};
+SingleGpuTiming single_gpu_timing(const Problem& p, bool backward);
+
+/// Median time of one device-to-device copy of `bytes` (the one-GPU "link"), and the
+/// bandwidth it implies (bytes / time).
+double d2d_copy_ms(double bytes);
+
+}  // namespace attn::ch06::ring
