@@ -101,11 +101,11 @@ def main():
                 steps[r["impl"].split()[0]] = (r["tflops"], r["pass"], r.get("ceiling_share"))
         raw.append({"shape": label, "peers": p, "steps": steps, "gemm_tflops": gemm, "device": rep["device_name"],
                     "results": rep["results"], "notes": rep["notes"]})
-        bf16 = [v[0] for k, v in steps.items() if k != "v7" and v[0] and v[1]]
+        bf16 = [v[0] for k, v in steps.items() if k != "v9" and v[0] and v[1]]
         best = max(bf16) if bf16 else None
         ratio = f"{best / p['cudnn']:.2f}x" if best and p.get("cudnn") else "-"
         cells = [label, f"{gemm:.0f}" if gemm else "-", *(f"{p[k]:.0f}" if p.get(k) else "-" for k in ("cudnn", "flash"))]
-        for s in ("v1", "v2", "v3", "v4", "v5", "v6", "v7"):
+        for s in ("v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9"):
             t = steps.get(s)
             cells.append("-" if not t or t[0] is None else (f"{t[0]:.0f}" + ("" if t[1] else " FAIL")))
         cells.append(ratio)
@@ -113,7 +113,8 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump(raw, f, indent=1)
-    head = ["shape", "cuBLAS GEMM", "cuDNN", "FA2 (flash)", "v1", "v2", "v3", "v4", "v5", "v6", "v7 fp8", "best bf16 / cuDNN"]
+    head = ["shape", "cuBLAS GEMM", "cuDNN", "FA2 (flash)", "v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9 fp8",
+            "best bf16 / cuDNN"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for r in rows:

@@ -1,8 +1,9 @@
 #pragma once
 /// \file fa3_common.cuh
 /// \brief What every step of chapter 05 shares and never changes: the kernel
-///        parameters, the shared-memory plan, and the per-thread online softmax on the
-///        MMA accumulator layout. The steps differ in how tiles arrive and who computes.
+///        parameters, the shared-memory plan, masking and conversions on the MMA
+///        accumulator layout (whose online softmax is common/cuda/frag_softmax.cuh).
+///        The steps differ in how tiles arrive and who computes.
 ///
 /// **Who owns what.** A thread block owns Br = 128 query rows. Eight MMA warps each
 /// own 16 of them (steps 2-7 group them as two warpgroups of 64):
@@ -26,6 +27,8 @@
 
 #include <cstdint>
 
+#include "common/cuda/frag_softmax.cuh"
+#include "common/cuda/hopper/roles.cuh"
 #include "common/online_softmax.hpp"
 #include "fa3_tiles.hpp"
 
@@ -37,7 +40,7 @@ struct Fa3Params {
   float* lse = nullptr;    ///< [B][Hq][Nq]
   int batch = 1, heads = 1, kv_heads = 1, nq = 0, nk = 0;
   float scale_log2 = 0;    ///< tau * log2(e): scores are turned into base-2 exponents
-  int causal = 0;
+  bool causal = false;     ///< bottom-right aligned: row i sees keys j <= i + (nk - nq)
   int n_qtiles = 0;        ///< ceil(nq / Br)
   // fp8 (step 7) only: per-block dequantisation scales.
   const float* q_scale = nullptr;  ///< [B][Hq][ceil(Nq / 64)]
@@ -99,45 +102,16 @@ struct Barriers {
 
 // ----------------------------------------------------------------------------- roles
 //
-// A warp-specialised kernel splits into a producer branch and a consumer branch that
-// re-divide the registers with setmaxnreg. Any value computed before the split and
-// used after it must survive the producer's 24-register budget, and ptxas then
-// squeezes the consumers' wgmma pipeline (it reports "wgmma ... serialized due to
-// insufficient register resources" and spills). So each role computes what it
-// needs from scratch: these read the special registers again instead of reusing a
-// value the compiler may have kept from before the split.
+// A warp-specialised kernel's roles compute what they need from scratch after the
+// split (common/cuda/hopper/roles.cuh says why): the shared-memory base too.
 
-__device__ __forceinline__ int fresh_thread_index() {
-  int v;
-  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(v));
-  return v;
-}
-__device__ __forceinline__ int fresh_block_index_x() {
-  int v;
-  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(v));
-  return v;
-}
-__device__ __forceinline__ int fresh_block_index_y() {
-  int v;
-  asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(v));
-  return v;
-}
-/// align_1024(raw), computed anew (the volatile zero keeps the compiler from reusing
-/// the address it computed before the split).
+/// align_1024(raw), computed anew (fresh_zero() keeps the compiler from reusing the
+/// address it computed before the split).
 __device__ __forceinline__ unsigned char* fresh_smem(unsigned char* raw) {
-  int zero;
-  asm volatile("mov.u32 %0, 0;" : "=r"(zero));
-  return align_1024(raw + zero);
+  return align_1024(raw + hopper::fresh_zero());
 }
 
 // ----------------------------------------------------------------------------- arithmetic
-
-/// 2^x in one instruction (`ex2.approx`, relative error about 2^-22; 2^-inf = 0).
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 
 /// Two floats as one register of two 16-bit values (low half = first), round to nearest.
 template <class T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
@@ -151,66 +125,11 @@ template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi
 }
 
 // ----------------------------------------------------------------------------- online softmax
-
-/// The running (m_i, l_i) of this thread's two rows, updated one block of scores at a time
-/// (FA2/FA3's rescaled accumulation, base 2):
-/// \f[ m^{new} = \max(m, \max_j s_j),\quad P_j = 2^{c\, s_j - c\, m^{new}},\quad
-///     \alpha = 2^{c\,(m - m^{new})},\quad \ell \leftarrow \alpha \ell + \textstyle\sum_j P_j,\quad
-///     O \leftarrow \alpha O + P V \f]
-/// with c = tau log2(e). m is kept in score units so that c s - c m is one FFMA.
-/// l holds only this thread's columns: it is summed over the quad once, at the end.
-/// An empty row keeps m = -inf; every shift goes through finite_max(), so it yields
-/// P = 0 and alpha = 0, never NaN.
-struct RowSoftmax {
-  float m[2];
-  float l[2];
-
-  __device__ __forceinline__ void init() {
-    m[0] = m[1] = neg_inf<float>();
-    l[0] = l[1] = 0.f;
-  }
-
-  /// s: this thread's scores of one block (NS floats, accumulator layout), replaced by
-  /// P. alpha: the factor each row's O must be multiplied by before adding P V.
-  template <int NS>
-  __device__ __forceinline__ void update(float (&s)[NS], float c, float (&alpha)[2]) {
-    float mx[2] = {m[0], m[1]};
-#pragma unroll
-    for (int i = 0; i < NS; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-    }
-    float shift[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      shift[r] = finite_max(mx[r]) * c;
-      alpha[r] = fast_exp2(m[r] * c - shift[r]);  // m = -inf: 2^-inf = 0
-      m[r] = mx[r];
-      l[r] *= alpha[r];
-    }
-#pragma unroll
-    for (int i = 0; i < NS; ++i) {
-      const int r = (i >> 1) & 1;
-      s[i] = fast_exp2(fmaf(s[i], c, -shift[r]));  // a masked score is -inf: P = 0
-      l[r] += s[i];
-    }
-  }
-
-  /// Finishes the rows: l summed over the quad, 1/l (0 for an empty row) in inv_l,
-  /// and the natural-log LSE = (c m + log2 l) ln 2 (-inf for an empty row).
-  __device__ __forceinline__ void finish(float c, float (&inv_l)[2], float (&lse)[2]) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float sum = l[r];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      inv_l[r] = sum > 0.f ? 1.f / sum : 0.f;
-      lse[r] = sum > 0.f ? (m[r] * c + __log2f(sum)) * float(kLn2) : neg_inf<float>();
-    }
-  }
-};
+//
+// The (m, l) update on the accumulator fragment is common/cuda/frag_softmax.cuh,
+// shared with the other chapters' tensor-core kernels.
+using attn::cuda::RowSoftmax;
+using attn::cuda::rescale;
 
 /// Sets to -inf every score of this thread whose key is at or past its row's limit.
 /// `col0`: the block's first key; `limit[r]`: one past the last key row r may see.
@@ -221,13 +140,6 @@ __device__ __forceinline__ void apply_mask(float (&s)[NS], int col0, int lane, c
     const int col = col0 + 8 * (i / 4) + 2 * (lane % 4) + (i & 1);
     if (col >= limit[(i >> 1) & 1]) s[i] = neg_inf<float>();
   }
-}
-
-/// O *= alpha, row by row.
-template <int NO>
-__device__ __forceinline__ void rescale(float (&o)[NO], const float (&alpha)[2]) {
-#pragma unroll
-  for (int i = 0; i < NO; ++i) o[i] *= alpha[(i >> 1) & 1];
 }
 
 /// P (fp32, accumulator layout) as 16-bit pairs: p[j] = (s[2j], s[2j+1]). The four

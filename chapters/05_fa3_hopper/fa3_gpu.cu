@@ -13,7 +13,7 @@
 #include "common/errors.hpp"
 #include "fa3_gpu.hpp"
 #include "fp8_prepare.cuh"
-#include "steps/step_launch.cuh"
+#include "step_launch.cuh"
 
 namespace attn::ch05 {
 
@@ -49,7 +49,7 @@ StepArgs make_args(const Problem& p, const void* q, const void* k, const void* v
   a.params.nq = p.nq;
   a.params.nk = p.nk;
   a.params.scale_log2 = float(p.softmax_scale() * kLog2e);
-  a.params.causal = p.causal ? 1 : 0;
+  a.params.causal = p.causal;
   a.params.n_qtiles = ceil_div(p.nq, kBr);
   int dev = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
@@ -59,13 +59,15 @@ StepArgs make_args(const Problem& p, const void* q, const void* k, const void* v
 
 PreparedStep prepare_step(Step s, const StepArgs& a) {
   switch (s) {
-    case Step::v1_tma: return prepare_v1(a);
-    case Step::v2_wgmma: return prepare_v2(a);
-    case Step::v3_warp_specialized: return prepare_v3(a);
-    case Step::v4_pingpong: return prepare_v4(a);
-    case Step::v5_intra_overlap: return prepare_v5(a);
-    case Step::v6_persistent: return prepare_v6(a);
-    case Step::v7_fp8: return prepare_v7(a);
+    case Step::v1_tma: return v1::prepare(a);
+    case Step::v2_wgmma: return v2::prepare(a);
+    case Step::v3_warp_specialized: return v3::prepare(a);
+    case Step::v4_pingpong: return v4::prepare(a);
+    case Step::v5_intra_overlap: return v5::prepare(a);
+    case Step::v6_causal_skip: return v6::prepare(a);
+    case Step::v7_persistent: return v7::prepare(a);
+    case Step::v8_head_dims: return v8::prepare(a);
+    case Step::v9_fp8: return v9::prepare(a);
   }
   throw UsageError("unknown step");
 }
@@ -83,7 +85,7 @@ GpuForward fa3_forward_gpu(const Problem& p, const AttnInputs& in, Step s, bool 
 
   PreparedStep step;
   std::unique_ptr<Fp8Device> fp8;
-  if (s == Step::v7_fp8) {
+  if (s == Step::v9_fp8) {
     fp8 = std::make_unique<Fp8Device>(p);
     fp8_prepare(p, q.data(), k.data(), v.data(), *fp8);
     StepArgs a = make_args(p, fp8->q8.get(), fp8->k8.get(), fp8->vt8.get(), o.data(), lse.get());
@@ -136,7 +138,7 @@ Fp8Prepared fp8_prepare_gpu(const Problem& p, const AttnInputs& in) {
 double fa3_device_bytes(const Problem& p, Step s) {
   const double e = dtype_bytes(p.dtype);
   double bytes = e * double(p.q_elems() + p.k_elems() + p.v_elems() + p.o_elems()) + 4.0 * double(p.lse_elems());
-  if (s == Step::v7_fp8) bytes += double(p.q_elems() + 2 * p.k_elems()) + 32.0 * p.batch * p.kv_heads * p.d;
+  if (s == Step::v9_fp8) bytes += double(p.q_elems() + 2 * p.k_elems()) + 32.0 * p.batch * p.kv_heads * p.d;
   return bytes;
 }
 
@@ -164,8 +166,11 @@ double measure_fp8_gemm_tflops() {
   const std::size_t elems = std::size_t(n) * n;
   DeviceBuffer<uint8_t> a(elems), b(elems);
   DeviceBuffer<__nv_bfloat16> c(elems);
-  fill_e4m3<<<1024, 256>>>(a.get(), elems, 1u);
-  fill_e4m3<<<1024, 256>>>(b.get(), elems, 2u);
+  // fill_e4m3 is a grid-stride loop: 256 threads a block, 64 elements a thread.
+  constexpr int kFillThreads = 256, kFillPerThread = 64;
+  const unsigned fill_blocks = unsigned(ceil_div(int(elems / kFillPerThread), kFillThreads));
+  fill_e4m3<<<fill_blocks, kFillThreads>>>(a.get(), elems, 1u);
+  fill_e4m3<<<fill_blocks, kFillThreads>>>(b.get(), elems, 2u);
   CUDA_CHECK_LAUNCH("fill_e4m3");
   cublasLtHandle_t lt;
   lt_check(cublasLtCreate(&lt), "cublasLtCreate");

@@ -3,15 +3,17 @@
 /// \brief Chapter 05 on the GPU, behind a plain C++ interface (no CUDA types), so
 ///        main.cpp and the tests compile with or without the CUDA toolkit.
 ///
-/// The seven steps, each a full kernel in steps/ (read them in order, `diff` them pairwise):
+/// The nine steps, each a full kernel in steps/ (read them in order, `diff` them pairwise):
 ///
 ///     v1  TMA loads completing on mbarriers, a 2-stage K/V ring; mma.sync compute
 ///     v2  wgmma: Q K^T from shared memory, P V with P from registers
 ///     v3  warp specialisation: a producer warpgroup, two consumer warpgroups, setmaxnreg
 ///     v4  pingpong: named barriers alternate the two consumers' GEMMs
 ///     v5  intra-warpgroup overlap: S_{j+1} = Q K_{j+1}^T issued before softmax(S_j) is done
-///     v6  causal block skipping and a persistent, longest-first tile scheduler
-///     v7  FP8 (E4M3): per-block scales, Hadamard rotation of Q and K, V transposed
+///     v6  causal block skipping: only the key blocks some row sees, the masked ones first
+///     v7  persistent blocks: one per SM, each walking a longest-first list of tiles
+///     v8  every head dim: d = 64, 128, 256, each with its key block and ring depth
+///     v9  FP8 (E4M3): per-block scales, Hadamard rotation of Q and K, V transposed
 
 #include <cstdint>
 #include <string>
@@ -22,19 +24,29 @@
 
 namespace attn::ch05 {
 
-enum class Step { v1_tma = 1, v2_wgmma, v3_warp_specialized, v4_pingpong, v5_intra_overlap, v6_persistent, v7_fp8 };
+enum class Step {
+  v1_tma = 1,
+  v2_wgmma,
+  v3_warp_specialized,
+  v4_pingpong,
+  v5_intra_overlap,
+  v6_causal_skip,
+  v7_persistent,
+  v8_head_dims,  ///< the last bf16/fp16 step (chapter 06 builds on it)
+  v9_fp8,
+};
 
-constexpr Step kAllSteps[] = {Step::v1_tma,           Step::v2_wgmma,         Step::v3_warp_specialized,
-                              Step::v4_pingpong,      Step::v5_intra_overlap, Step::v6_persistent,
-                              Step::v7_fp8};
+constexpr Step kAllSteps[] = {Step::v1_tma,         Step::v2_wgmma,       Step::v3_warp_specialized,
+                              Step::v4_pingpong,    Step::v5_intra_overlap, Step::v6_causal_skip,
+                              Step::v7_persistent,  Step::v8_head_dims,   Step::v9_fp8};
 
 /// "v3 warp-specialised" etc.
 const char* step_name(Step s);
-/// Parses "1".."7" or "v1".."v7"; false otherwise.
+/// Parses "1".."9" or "v1".."v9"; false otherwise.
 bool parse_step(const std::string& text, Step* out);
 
 /// Whether step `s` has a kernel for this problem (head dim, dtype, d == dv); the
-/// reason when not. Steps 1-5 are built for d = 128, steps 6-7 for d in {64, 128, 256}.
+/// reason when not. Steps 1-7 are built for d = 128, steps 8-9 for d in {64, 128, 256}.
 bool step_supports(Step s, const Problem& p, std::string* why = nullptr);
 
 /// True when this binary carries the sm_90a kernels and the current GPU is sm_90;

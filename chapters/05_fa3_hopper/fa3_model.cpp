@@ -17,12 +17,12 @@ ScheduleConfig schedule_for(Step s, int d, bool causal) {
   ScheduleConfig c;
   const int step = int(s);
   (void)causal;  // every step keys its tiles on d alone (a causal-specific Bc would go here)
-  c.Bc = step == 1 ? 64 : (step >= 6 && d == 256) ? 64 : 128;
-  c.stages = step >= 6 && d == 64 ? 4 : (step == 7 && d == 128) ? 4 : 2;
+  c.Bc = step == 1 ? 64 : (step >= 8 && d == 256) ? 64 : 128;
+  c.stages = step >= 8 && d == 64 ? 4 : (step == 9 && d == 128) ? 4 : 2;
   c.pingpong = step >= 4;
   c.intra_overlap = step >= 5;
   c.skip = step >= 6;
-  c.persistent = step >= 6;
+  c.persistent = step >= 7;
   return c;
 }
 

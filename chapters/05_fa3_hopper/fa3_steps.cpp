@@ -12,8 +12,10 @@ const char* step_name(Step s) {
     case Step::v3_warp_specialized: return "v3 warp-specialised";
     case Step::v4_pingpong: return "v4 pingpong";
     case Step::v5_intra_overlap: return "v5 intra-warpgroup overlap";
-    case Step::v6_persistent: return "v6 persistent + causal skip";
-    case Step::v7_fp8: return "v7 fp8 e4m3";
+    case Step::v6_causal_skip: return "v6 causal block skipping";
+    case Step::v7_persistent: return "v7 persistent blocks";
+    case Step::v8_head_dims: return "v8 every head dim";
+    case Step::v9_fp8: return "v9 fp8 e4m3";
   }
   return "?";
 }
@@ -21,7 +23,7 @@ const char* step_name(Step s) {
 bool parse_step(const std::string& text, Step* out) {
   std::string t = text;
   if (!t.empty() && (t[0] == 'v' || t[0] == 'V')) t = t.substr(1);
-  if (t.size() != 1 || t[0] < '1' || t[0] > '7') return false;
+  if (t.size() != 1 || t[0] < '1' || t[0] > '9') return false;
   *out = Step(t[0] - '0');
   return true;
 }
@@ -34,7 +36,7 @@ bool step_supports(Step s, const Problem& p, std::string* why) {
   if (p.dtype != DType::bf16 && p.dtype != DType::f16) return no("needs bf16 or fp16 inputs");
   if (p.d != p.dv) return no("needs d == dv");
   const int s_index = int(s);
-  if (s_index <= 5 && p.d != 128) return no("built for d = 128 only (steps 6 and 7 take d = 64, 128, 256)");
+  if (s_index <= 7 && p.d != 128) return no("built for d = 128 only (steps 8 and 9 take d = 64, 128, 256)");
   if (p.d != 64 && p.d != 128 && p.d != 256) return no("built for d = 64, 128 and 256");
   return true;
 }

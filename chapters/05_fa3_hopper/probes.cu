@@ -9,12 +9,12 @@
 
 #include "common/cuda/buffer.cuh"
 #include "common/cuda/check.cuh"
+#include "common/cuda/hopper/mbarrier.cuh"
+#include "common/cuda/hopper/tma.cuh"
+#include "common/cuda/hopper/wgmma.cuh"
 #include "fa3_common.cuh"
 #include "fa3_gpu.hpp"
 #include "fp8_model.hpp"
-#include "hopper/sync.cuh"
-#include "hopper/tma.cuh"
-#include "hopper/wgmma.cuh"
 
 namespace attn::ch05 {
 namespace {

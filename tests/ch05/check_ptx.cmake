@@ -29,7 +29,9 @@ forbid(v1_tma.ptx "wgmma.mma_async")
 require(v3_warp_specialized.ptx "wgmma.mma_async.sync.aligned.m64n128k16;cp.async.bulk.tensor.3d;mbarrier.try_wait.parity;setmaxnreg.inc.sync.aligned.u32 240;setmaxnreg.dec.sync.aligned.u32 24")
 # v5: pingpong named barriers and the wgmma group waits of the overlap.
 require(v5_intra_overlap.ptx "wgmma.mma_async;wgmma.wait_group.sync.aligned 1;bar.sync;bar.arrive;setmaxnreg")
-# v6: every head dim.
-require(v6_persistent.ptx "wgmma.mma_async.sync.aligned.m64n256k16;wgmma.mma_async.sync.aligned.m64n64k16;cp.async.bulk.tensor;mbarrier;setmaxnreg")
-# v7: fp8 tensor cores.
-require(v7_fp8.ptx "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3;cp.async.bulk.tensor;mbarrier;setmaxnreg;cvt.rn.satfinite.e4m3x2.f32")
+# v7: persistent blocks read the grid size to walk their tiles.
+require(v7_persistent.ptx "%nctaid.x;wgmma.mma_async.sync.aligned.m64n128k16;mbarrier.try_wait.parity;bar.sync")
+# v8: every head dim (d = 256 takes m64n256 for P V, d = 64 m64n64; Bc = 64 at d = 256 takes m64n64 for Q K^T).
+require(v8_head_dims.ptx "wgmma.mma_async.sync.aligned.m64n256k16;wgmma.mma_async.sync.aligned.m64n64k16;cp.async.bulk.tensor;mbarrier;setmaxnreg")
+# v9: fp8 tensor cores.
+require(v9_fp8.ptx "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3;cp.async.bulk.tensor;mbarrier;setmaxnreg;cvt.rn.satfinite.e4m3x2.f32")

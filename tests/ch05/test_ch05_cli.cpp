@@ -24,13 +24,23 @@ TEST_CASE("ch05_fa3_hopper text report: the model row and the FP8 accuracy table
 }
 
 TEST_CASE("bad input: one line on stderr and exit code 2") {
-  for (const char* args : {"--n 0", "--d 96", "--d 32", "--dtype fp32", "--step 9", "--step v", "--batch 0",
+  for (const char* args : {"--n 0", "--d 96", "--d 32", "--dtype fp32", "--step 10", "--step v", "--batch 0",
                            "--heads 3 --kv-heads 2", "--bogus", "--device quantum", "--n 2000000000 --device cpu"}) {
     CAPTURE(args);
     const auto r = run_binary(CH05_BINARY, args);
     CHECK(r.exit_code == 2);
     CHECK(r.err_lines() == 1);
     CHECK(r.out.empty());
+  }
+}
+
+TEST_CASE("every supported head dim runs on the CPU") {
+  for (const char* d : {"64", "128", "256"}) {
+    CAPTURE(d);
+    const auto r = run_binary(CH05_BINARY, std::string("--device cpu --n 130 --heads 2 --no-fp8-table --d ") + d);
+    CHECK(r.exit_code == 0);
+    CHECK(r.out.find("FA3 schedule model") != std::string::npos);
+    CHECK(r.out.find("FAIL") == std::string::npos);
   }
 }
 

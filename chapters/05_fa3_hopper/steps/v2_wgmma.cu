@@ -1,12 +1,14 @@
-// Chapter 05, step 2 of 7: wgmma.
+// Chapter 05, step 2 of 9: wgmma.
 //
 //     v1  TMA loads completing on mbarriers, a 2-stage K/V ring; mma.sync compute
 //   > v2  wgmma: S = Q K^T with both operands in shared memory, O += P V with P in registers
 //     v3  warp specialisation: a producer warpgroup, two consumer warpgroups, setmaxnreg
 //     v4  pingpong: named barriers alternate the two consumers' GEMMs
 //     v5  intra-warpgroup overlap: S_j = Q K_j^T issued before softmax(S_{j-1}) is done
-//     v6  causal block skipping and a persistent, longest-first tile scheduler
-//     v7  FP8 (E4M3): per-block scales, Hadamard rotation of Q and K, V transposed
+//     v6  causal block skipping: only the key blocks some row sees, the masked ones first
+//     v7  persistent blocks: one per SM, each walking a longest-first list of tiles
+//     v8  every head dim: d = 64, 128, 256, each with its key block and ring depth
+//     v9  FP8 (E4M3): per-block scales, Hadamard rotation of Q and K, V transposed
 //
 // What changes from v1. The eight MMA warps become two warpgroups of four, and each
 // warpgroup multiplies its 64 x 128 slice of the tile with one instruction stream:
@@ -26,13 +28,13 @@
 // Still as in v1: thread 0 issues every copy, and the ring is refilled after a
 // __syncthreads() that says both warpgroups are done with the stage.
 #include "common/cuda/check.cuh"
+#include "common/cuda/hopper/mbarrier.cuh"
+#include "common/cuda/hopper/tma.cuh"
+#include "common/cuda/hopper/wgmma.cuh"
 #include "fa3_common.cuh"
-#include "hopper/sync.cuh"
-#include "hopper/tma.cuh"
-#include "hopper/wgmma.cuh"
-#include "steps/step_launch.cuh"
+#include "step_launch.cuh"
 
-namespace attn::ch05 {
+namespace attn::ch05::v2 {
 namespace {
 
 using namespace attn::hopper;
@@ -44,8 +46,8 @@ constexpr int kThreads = 256; // two warpgroups
 
 template <class T>
 __global__ void __launch_bounds__(kThreads, 1)
-    fa3_v2_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
-                  const __grid_constant__ CUtensorMap tm_v, const Fa3Params p) {
+    kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+           const __grid_constant__ CUtensorMap tm_v, const Fa3Params p) {
   using Plan = SmemPlan<T, D, Bc, kStages>;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = align_1024(smem_raw);
@@ -56,7 +58,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tid = threadIdx.x, wg = tid / 128, warp = tid / 32, lane = tid % 32;
   const int m_block = blockIdx.x, bh = blockIdx.y;
   const int bhk = (bh / p.heads) * p.kv_heads + (bh % p.heads) / (p.heads / p.kv_heads);
-  const KvRange kv = kv_blocks(m_block, kBr, Bc, p.nq, p.nk, p.causal != 0, /*skip=*/false);
+  const KvRange kv = kv_blocks(m_block, kBr, Bc, p.nq, p.nk, p.causal, /*skip=*/false);
   const int Tc = kv.n_max;
 
   // K_j and V_j into ring stage `stage`: d / 64 boxes of Bc rows x 128 bytes each.
@@ -106,7 +108,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
 
   const int row[2] = {m_block * kBr + 16 * warp + lane / 4, m_block * kBr + 16 * warp + lane / 4 + 8};
-  const int limit[2] = {key_limit(row[0], p.nq, p.nk, p.causal != 0), key_limit(row[1], p.nq, p.nk, p.causal != 0)};
+  const int limit[2] = {key_limit(row[0], p.nq, p.nk, p.causal), key_limit(row[1], p.nq, p.nk, p.causal)};
 
   float o[D / 2];  // O_i: 64 x d per warpgroup, fp32
 #pragma unroll
@@ -168,23 +170,23 @@ PreparedStep prepare(const StepArgs& a) {
   const CUtensorMap tq = make_tensor_map_3d(a.q, ty, 2, D, pr.nq, bhq, Plan::kBoxCols, kBr);
   const CUtensorMap tk = make_tensor_map_3d(a.k, ty, 2, D, pr.nk, bhk, Plan::kBoxCols, Bc);
   const CUtensorMap tv = make_tensor_map_3d(a.v, ty, 2, D, pr.nk, bhk, Plan::kBoxCols, Bc);
-  CUDA_CHECK(cudaFuncSetAttribute(fa3_v2_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, Plan::kBytes));
+  CUDA_CHECK(cudaFuncSetAttribute(kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, Plan::kBytes));
   const dim3 grid(a.params.n_qtiles, unsigned(bhq));
   const Fa3Params params = a.params;
   PreparedStep s;
   s.grid = int(grid.x * grid.y);
   s.smem_bytes = Plan::kBytes;
   s.launch = [=] {
-    fa3_v2_kernel<T><<<grid, kThreads, Plan::kBytes>>>(tq, tk, tv, params);
-    CUDA_CHECK_LAUNCH("fa3_v2_kernel");
+    kernel<T><<<grid, kThreads, Plan::kBytes>>>(tq, tk, tv, params);
+    CUDA_CHECK_LAUNCH("kernel");
   };
   return s;
 }
 
 }  // namespace
 
-PreparedStep prepare_v2(const StepArgs& a) {
+PreparedStep prepare(const StepArgs& a) {
   return a.problem.dtype == DType::f16 ? prepare<__half>(a) : prepare<__nv_bfloat16>(a);
 }
 
-}  // namespace attn::ch05
+}  // namespace attn::ch05::v2

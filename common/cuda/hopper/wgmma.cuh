@@ -4,6 +4,11 @@
 ///        shared-memory matrix descriptor, the fence / commit / wait protocol, and
 ///        one call per operand form. No library exposes wgmma, so this is inline PTX.
 ///
+/// Wraps PTX ISA "Warpgroup Level Matrix Multiply-Accumulate Instructions":
+/// wgmma.mma_async (the wrappers generated into wgmma_ops.cuh by gen_wgmma_ops.py),
+/// wgmma.fence, wgmma.commit_group, wgmma.wait_group, and the "Matrix Descriptor
+/// Format" of its shared-memory operands. sm_90a.
+///
 /// **What one instruction does.** The four warps of a *warpgroup* (128 threads,
 /// warps 4k..4k+3) together compute
 /// \f[ D_{64\times N} \mathrel{+}= A_{64\times K}\, B_{K\times N} \f]
@@ -25,7 +30,7 @@
 /// kk are the accumulators `d[8kk .. 8kk+7]` taken in pairs, so P = softmax(S)
 /// goes from the S accumulator into the PV product without touching memory.
 /// (For fp8 each register holds four elements and the columns do not line up;
-/// chapter 05's v7 explains how V's layout absorbs the difference.)
+/// chapter 05's fp8 step explains how V's layout absorbs the difference.)
 ///
 /// **The protocol.** wgmma is asynchronous:
 ///
@@ -37,7 +42,7 @@
 ///
 /// Between issue and wait the accumulators and A registers belong to the tensor
 /// core: reading or writing them is a race (the compiler then serialises the MMAs
-/// and says so in a "wgmma ... serialized" advisory, which the chapter's build treats
+/// and says so in a "wgmma ... serialized" advisory, which chapter 05's build treats
 /// as a defect). fence_operand() keeps the compiler from moving register accesses
 /// across those points.
 
@@ -46,6 +51,8 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
+
+#include "common/cuda/smem_addr.cuh"
 
 namespace attn::hopper {
 
@@ -90,9 +97,7 @@ namespace attn::hopper {
 /// Swizzle mode of a tile whose rows are `row_bytes` long (64 or 128).
 __host__ __device__ constexpr uint64_t swizzle_mode(int row_bytes) { return row_bytes == 128 ? 1 : 2; }
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+using attn::cuda::smem_u32;  // common/cuda/smem_addr.cuh
 
 /// Descriptor of an operand in shared memory starting at `p`.
 __device__ __forceinline__ uint64_t make_desc(const void* p, uint32_t lbo_bytes, uint32_t sbo_bytes,

@@ -5,6 +5,11 @@
 ///        engine for a whole box with one instruction, and the bytes land in shared
 ///        memory (swizzled) while every thread does something else.
 ///
+/// Wraps `cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes`
+/// through CCCL's `cuda::ptx::cp_async_bulk_tensor`, PTX ISA "Data Movement and
+/// Conversion Instructions: cp.async.bulk.tensor" (the tensor map's fields: "Tensor
+/// Access Modes" and the CUDA driver API's cuTensorMapEncodeTiled). sm_90.
+///
 ///     host:    CUtensorMap map = make_tensor_map_3d(ptr, type, ...);   // 128 bytes
 ///              kernel<<<...>>>(map, ...);       // passed as `const __grid_constant__ CUtensorMap`
 ///     device:  mbarrier_arrive_expect_tx(bar, bytes);                  // "bytes are coming"
@@ -53,12 +58,7 @@ template <> constexpr CUtensorMapDataType tma_type<__nv_fp8_e4m3>() { return CU_
 __device__ __forceinline__ void tma_load_3d(void* smem_dst, const CUtensorMap* map, uint64_t* bar, int c_inner,
                                             int c_row, int c_outer) {
   const int32_t coords[3] = {c_inner, c_row, c_outer};
-  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem_dst, map, coords, bar);
-}
-
-/// Pulls the map's 128 bytes into the copy engine's cache before the first copy.
-__device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
-  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+  ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, smem_dst, map, coords, bar);
 }
 #endif
 

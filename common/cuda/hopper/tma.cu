@@ -4,7 +4,7 @@
 #include <string>
 
 #include "common/cuda/check.cuh"
-#include "hopper/tma.cuh"
+#include "common/cuda/hopper/tma.cuh"
 
 namespace attn::hopper {
 namespace {

@@ -1,7 +1,11 @@
 #pragma once
-/// \file sync.cuh
-/// \brief Synchronisation on Hopper: mbarriers (through CCCL's cuda::ptx), named
-///        barriers, and `setmaxnreg`, each wrapped once.
+/// \file mbarrier.cuh
+/// \brief Hopper's transaction mbarriers, through CCCL's `cuda::ptx` (one PTX
+///        instruction per call), and the phase bookkeeping of a ring of stages.
+///
+/// Wraps, PTX ISA "Parallel Synchronization and Communication Instructions: mbarrier"
+/// (mbarrier.init, mbarrier.arrive, mbarrier.arrive.expect_tx, mbarrier.try_wait.parity)
+/// and "Membar/Fence Instructions" (fence.mbarrier_init). sm_90.
 ///
 /// **mbarrier: phases and parity.** An mbarrier is a 64-bit word in shared memory
 /// with an expected arrival count, a pending transaction-byte count, and a *phase*.
@@ -25,8 +29,8 @@
 ///
 /// **Why cuda::ptx and not cuda::barrier.** cuda::barrier's arrive-then-wait-on-token
 /// model fits threads that both arrive and wait; a ring's consumers wait on a phase
-/// they never arrived on, which is the parity form above, so the chapter calls the
-/// `cuda::ptx::mbarrier_*` functions (one PTX instruction each) directly.
+/// they never arrived on, which is the parity form above, so these wrappers call the
+/// `::cuda::ptx::mbarrier_*` functions (one PTX instruction each) directly.
 
 #include <cuda/ptx>
 
@@ -36,17 +40,17 @@ namespace attn::hopper {
 
 /// Initialises an mbarrier for `count` arrivals per phase. One thread, before any use;
 /// follow with mbarrier_init_fence() and a __syncthreads().
-__device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t count) { cuda::ptx::mbarrier_init(bar, count); }
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t count) { ::cuda::ptx::mbarrier_init(bar, count); }
 
 /// Makes initialised barriers visible to the copy engine (the async proxy).
-__device__ __forceinline__ void mbarrier_init_fence() { cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster); }
+__device__ __forceinline__ void mbarrier_init_fence() { ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster); }
 
 /// One arrival (release semantics: this thread's earlier accesses happen before the phase completes).
-__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) { (void)cuda::ptx::mbarrier_arrive(bar); }
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) { (void)::cuda::ptx::mbarrier_arrive(bar); }
 
 /// One arrival that also announces `bytes` more bytes the copy engine will deliver.
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  (void)cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+  (void)::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta, ::cuda::ptx::space_shared,
                                              bar, bytes);
 }
 
@@ -56,7 +60,7 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_
 /// here forever; the tests run under a timeout. A hang detector with a timer and a
 /// trap in this loop costs the consumers' wgmma pipeline its registers, so there is none.)
 __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
-  while (!cuda::ptx::mbarrier_try_wait_parity(bar, parity)) {
+  while (!::cuda::ptx::mbarrier_try_wait_parity(bar, parity)) {
   }
 }
 
@@ -72,37 +76,5 @@ struct RingState {
     }
   }
 };
-
-// ----------------------------------------------------------------------------- named barriers
-//
-// Sixteen hardware barriers per thread block; id 0 is __syncthreads(). `bar.sync id, n`
-// counts this warp's 32 threads as arrived and waits until n threads have arrived;
-// `bar.arrive id, n` counts them and goes on. n is the same for every participant.
-
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
-// ----------------------------------------------------------------------------- setmaxnreg
-//
-// A warpgroup gives registers back (dec) or takes more (inc) while the kernel runs,
-// so a producer that needs ~24 registers does not cost the consumers the ~200 they
-// need. Executed by all 128 threads of a warpgroup; needs a register count fixed at
-// entry, i.e. __launch_bounds__(threads, 1) on the kernel (else ptxas ignores it
-// with warning C7508). The counts are multiples of 8 in [24, 256].
-
-template <int kRegs>
-__device__ __forceinline__ void setmaxnreg_dec() {
-  static_assert(kRegs % 8 == 0 && kRegs >= 24 && kRegs <= 256, "setmaxnreg takes a multiple of 8 in [24, 256]");
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
-}
-template <int kRegs>
-__device__ __forceinline__ void setmaxnreg_inc() {
-  static_assert(kRegs % 8 == 0 && kRegs >= 24 && kRegs <= 256, "setmaxnreg takes a multiple of 8 in [24, 256]");
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
-}
 
 }  // namespace attn::hopper

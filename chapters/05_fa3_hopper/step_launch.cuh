@@ -1,0 +1,50 @@
+#pragma once
+/// \file step_launch.cuh
+/// \brief The one launcher convention of chapter 05: how the host side (fa3_gpu.cu)
+///        hands a problem to one step's kernel. Device pointers and parameters in, a
+///        ready-to-call launch out.
+///
+/// Every step file steps/vN_idea.cu defines its kernel as `kernel` and its launcher as
+/// `attn::ch05::vN::prepare(const StepArgs&)`, the same names in every step, so that a
+/// diff between two steps shows the idea and not a rename. prepare() builds the step's
+/// tensor maps (their boxes are the step's tiles) and sets the kernel's attributes
+/// once, so that a timed launch is nothing but the kernel launch.
+
+#include <cuda_runtime.h>
+
+#include <functional>
+
+#include "common/problem.hpp"
+#include "fa3_common.cuh"
+
+namespace attn::ch05 {
+
+struct StepArgs {
+  Problem problem;
+  const void* q = nullptr;  ///< device Q, K, V in the problem's dtype (fp8 step: Q8, K8, V8^T)
+  const void* k = nullptr;
+  const void* v = nullptr;
+  Fa3Params params;         ///< o, lse and the sizes filled in; scale pointers for fp8
+  int sms = 132;            ///< multiprocessors, for the persistent grid
+  int nk_pad = 0;           ///< fp8: row pitch of V^T in keys (a multiple of 16)
+};
+
+struct PreparedStep {
+  std::function<void()> launch;  ///< enqueues the kernel on the default stream
+  int grid = 0;
+  int smem_bytes = 0;
+};
+
+// One launcher per step (steps/vN_*.cu). Each throws UsageError for a problem its
+// kernels were not built for (fa3_gpu.hpp: step_supports() says which).
+namespace v1 { PreparedStep prepare(const StepArgs& a); }
+namespace v2 { PreparedStep prepare(const StepArgs& a); }
+namespace v3 { PreparedStep prepare(const StepArgs& a); }
+namespace v4 { PreparedStep prepare(const StepArgs& a); }
+namespace v5 { PreparedStep prepare(const StepArgs& a); }
+namespace v6 { PreparedStep prepare(const StepArgs& a); }
+namespace v7 { PreparedStep prepare(const StepArgs& a); }
+namespace v8 { PreparedStep prepare(const StepArgs& a); }
+namespace v9 { PreparedStep prepare(const StepArgs& a); }
+
+}  // namespace attn::ch05

@@ -1,0 +1,96 @@
+#pragma once
+/// \file frag_softmax.cuh
+/// \brief The online softmax on tensor-core accumulator fragments: the running
+///        (m, ℓ) of a thread's two rows, updated one block of scores at a time, in base 2.
+///
+/// **The layout it works on.** `mma.sync.m16n8k16` (common/cuda/mma_sync.cuh) and
+/// `wgmma.mma_async` (common/cuda/hopper/wgmma.cuh) leave the fp32 accumulator of a
+/// warp's 16 rows in the same per-warp layout: lane l holds rows r0 = l / 4 and
+/// r1 = l / 4 + 8, and of every 8-column chunk c the columns 8c + 2 (l % 4) + {0, 1}:
+///
+///     s[4c + 0], s[4c + 1] = S(r0, 8c + 2 (l % 4) + {0, 1})
+///     s[4c + 2], s[4c + 3] = S(r1, 8c + 2 (l % 4) + {0, 1})     so  row of s[i] = (i >> 1) & 1
+///
+///                 chunk c:   cols 8c .. 8c+7
+///     row r0   lane 4g+0: c0 c1 | lane 4g+1: c0 c1 | lane 4g+2: c0 c1 | lane 4g+3: c0 c1
+///     row r1   lane 4g+0: c2 c3 | ...
+///
+/// So the four lanes of a *quad* (4g .. 4g+3) hold two whole rows: a row maximum is
+/// a local loop plus two `__shfl_xor_sync` (1 and 2), and a row sum needs the same
+/// two shuffles once, at the end. (m64nN wgmma is four warps of this, rows 16 w ..)
+///
+/// **The update** (FA2/FA3's rescaled accumulation; common/online_softmax.hpp is the
+/// scalar form and its ⊕ merge), with c = τ log2 e folded into one FFMA per score:
+/// \f[ m^{new} = \max(m, \max_j s_j),\quad P_j = 2^{c\, s_j - c\, m^{new}},\quad
+///     \alpha = 2^{c\,(m - m^{new})},\quad \ell \leftarrow \alpha \ell + \textstyle\sum_j P_j,\quad
+///     O \leftarrow \alpha O + P V \f]
+/// m is kept in score units, so c s - c m is one FFMA; ℓ holds only this thread's
+/// columns until finish(). A row that has seen only masked scores (-inf) keeps
+/// m = -inf; every shift goes through finite_max(), so it yields P = 0 and α = 0,
+/// never NaN, and finish() gives it 1/ℓ = 0 and LSE = -inf.
+
+#include "common/cuda/fast_math.cuh"
+#include "common/online_softmax.hpp"
+
+namespace attn::cuda {
+
+/// The running (m, ℓ) of the two rows a thread holds in an accumulator fragment.
+struct RowSoftmax {
+  float m[2];
+  float l[2];
+
+  __device__ __forceinline__ void init() {
+    m[0] = m[1] = neg_inf<float>();
+    l[0] = l[1] = 0.f;
+  }
+
+  /// s: this thread's scores of one block (NS floats, the layout above), replaced by
+  /// P. alpha: the factor each row's O must be multiplied by before adding P V.
+  template <int NS>
+  __device__ __forceinline__ void update(float (&s)[NS], float c, float (&alpha)[2]) {
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int i = 0; i < NS; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    }
+    float shift[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      shift[r] = finite_max(mx[r]) * c;
+      alpha[r] = exp2_approx(m[r] * c - shift[r]);  // m = -inf: 2^-inf = 0
+      m[r] = mx[r];
+      l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int i = 0; i < NS; ++i) {
+      const int r = (i >> 1) & 1;
+      s[i] = exp2_approx(fmaf(s[i], c, -shift[r]));  // a masked score is -inf: P = 0
+      l[r] += s[i];
+    }
+  }
+
+  /// Finishes the rows: ℓ summed over the quad, 1/ℓ (0 for an empty row) in inv_l,
+  /// and the natural-log LSE = (c m + log2 ℓ) ln 2 (-inf for an empty row).
+  __device__ __forceinline__ void finish(float c, float (&inv_l)[2], float (&lse)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float sum = l[r];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      inv_l[r] = sum > 0.f ? 1.f / sum : 0.f;
+      lse[r] = sum > 0.f ? (m[r] * c + __log2f(sum)) * float(kLn2) : neg_inf<float>();
+    }
+  }
+};
+
+/// O *= alpha, row by row (O in the same accumulator layout: row of o[i] = (i >> 1) & 1).
+template <int NO>
+__device__ __forceinline__ void rescale(float (&o)[NO], const float (&alpha)[2]) {
+#pragma unroll
+  for (int i = 0; i < NO; ++i) o[i] *= alpha[(i >> 1) & 1];
+}
+
+}  // namespace attn::cuda
