@@ -4,3 +4,10 @@ list(APPEND CH06_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/mask_spec.cpp
   ${CMAKE_CURRENT_LIST_DIR}/block_map.cpp
   ${CMAKE_CURRENT_LIST_DIR}/mask_model.cpp)
+# sm_80+: the host side, the forward from chapter 04's last step, the backward from chapter 04's.
+list(APPEND CH06_CUDA_SOURCES
+  ${CMAKE_CURRENT_LIST_DIR}/mask_gpu.cu
+  ${CMAKE_CURRENT_LIST_DIR}/steps/ampere_mask.cu
+  ${CMAKE_CURRENT_LIST_DIR}/steps/backward_mask.cu)
+# sm_90a: the forward from chapter 05's last bf16 step.
+list(APPEND CH06_HOPPER_SOURCES ${CMAKE_CURRENT_LIST_DIR}/steps/hopper_mask.cu)

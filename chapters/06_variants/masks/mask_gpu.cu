@@ -1,0 +1,152 @@
+// Host side of the masked kernels: upload the inputs, the block map and the policy's
+// data, poison the outputs, launch, download, time.
+#include "masks/mask_gpu.hpp"
+
+#include "common/cuda/buffer.cuh"
+#include "common/cuda/check.cuh"
+#include "common/cuda/timing.cuh"
+#include "common/online_softmax.hpp"
+#include "masks/block_map.hpp"
+#include "masks/mask_kernels.cuh"
+
+namespace attn::ch06 {
+
+const char* gpu_path_name(GpuPath p) {
+  switch (p) {
+    case GpuPath::sm80: return "sm80 forward";
+    case GpuPath::sm90a: return "sm90a forward";
+    case GpuPath::backward: return "backward";
+  }
+  return "?";
+}
+
+std::string mask_gpu_unsupported(const Problem& p, GpuPath path, const DeviceInfo& dev) {
+  if (p.d != 128 || p.dv != 128) return "not built for d = " + std::to_string(p.d) + " (the GPU kernels: d = 128)";
+  if (p.dtype != DType::bf16) return std::string("not built for ") + dtype_name(p.dtype) + " (bf16 only)";
+  if (dev.cc_major < 8) return "needs sm_80 or newer";
+  if (path == GpuPath::sm90a) {
+    if (!hopper_mask::available()) return "sm90a kernels not built";
+    if (dev.cc_major != 9) return "needs an sm_90 GPU (Hopper)";
+  }
+  return "";
+}
+
+namespace {
+
+DevStrides dev(const Strides& s) { return {s.batch, s.head, s.row}; }
+
+/// The block map in device memory (forward or backward lists).
+struct DeviceMap {
+  DeviceBuffer<int> n_part, part, n_full, full, order;
+  DevMap view(const BlockMap& m, bool backward) const {
+    return {n_part.get(), part.get(), n_full.get(), full.get(), order.get(), backward ? m.tk : m.tq,
+            backward ? m.tq : m.tk, m.map_batch, m.map_heads};
+  }
+};
+
+template <class T>
+DeviceBuffer<T> upload(const std::vector<T>& v) {
+  DeviceBuffer<T> b(std::max<std::size_t>(1, v.size()));
+  if (!v.empty()) b.upload(v);
+  return b;
+}
+
+DeviceMap upload_map(const BlockMap& m, bool backward) {
+  DeviceMap d;
+  d.n_part = upload(backward ? m.q_n_part : m.n_part);
+  d.part = upload(backward ? m.q_part : m.part);
+  d.n_full = upload(backward ? m.q_n_full : m.n_full);
+  d.full = upload(backward ? m.q_full : m.full);
+  d.order = upload(m.order);
+  return d;
+}
+
+/// The policy's data on the device: the document of every token, the sink logits.
+struct DevicePolicyData {
+  DeviceBuffer<int> doc;
+  DeviceBuffer<float> sinks;
+  PolicyData view() const { return {doc.get(), sinks.get()}; }
+};
+
+DevicePolicyData upload_policy_data(const MaskSpec& s) {
+  DevicePolicyData d;
+  d.doc = upload(s.kind == MaskKind::document ? doc_of_tokens(s.doc_lens) : std::vector<int>{});
+  d.sinks = upload(s.sink_logits);
+  return d;
+}
+
+}  // namespace
+
+GpuMaskForward mask_forward_gpu(const Problem& p, const MaskSpec& s, const Layout& layout, const AttnInputs& in,
+                                GpuPath path, bool time) {
+  const bool hopper = path == GpuPath::sm90a;
+  const BlockMap map = hopper ? build_block_map(s, p, hopper_mask::Br, hopper_mask::Bc)
+                              : build_block_map(s, p, ampere_mask::Br, ampere_mask::Bc);
+  const DeviceTensor q = DeviceTensor::from_host(in.q, p.dtype), k = DeviceTensor::from_host(in.k, p.dtype),
+                     v = DeviceTensor::from_host(in.v, p.dtype);
+  DeviceTensor o(p.dtype, p.o_elems());
+  DeviceBuffer<float> lse(p.lse_elems());
+  o.poison();
+  lse.poison();
+  const DeviceMap dmap = upload_map(map, false);
+  const DevicePolicyData pd = upload_policy_data(s);
+  FwdParams f{};
+  f.q = q.data(), f.k = k.data(), f.v = v.data(), f.o = o.data(), f.lse = lse.get();
+  f.batch = p.batch, f.heads = p.heads, f.kv_heads = p.kv_heads, f.nq = p.nq, f.nk = p.nk, f.d = p.d;
+  f.scale = float(p.softmax_scale());
+  f.scale_log2 = float(p.softmax_scale() * kLog2e);
+  f.sq = dev(layout.q), f.sk = dev(layout.k), f.sv = dev(layout.v), f.so = dev(layout.o);
+  f.map = dmap.view(map, false);
+  auto run = [&] {
+    const bool ok = hopper ? hopper_mask::launch(f, s, p, pd.view(), 0) : ampere_mask::launch(f, s, p, pd.view(), 0);
+    if (!ok) throw std::runtime_error("no masked kernel for this problem");
+  };
+  run();
+  CUDA_CHECK(cudaGetLastError());
+  CUDA_CHECK(cudaDeviceSynchronize());
+  GpuMaskForward r;
+  r.o = o.to_host();
+  r.lse = lse.download();
+  r.tiles = map.kept_tiles();
+  if (time) r.time_ms = time_gpu(run).median_ms;
+  return r;
+}
+
+GpuMaskBackward mask_backward_gpu(const Problem& p, const MaskSpec& s, const Layout& layout, const AttnInputs& in,
+                                  const std::vector<float>& o_host, const std::vector<float>& lse_host, bool time) {
+  const BlockMap map = build_block_map(s, p, backward_mask::Br, backward_mask::Bc);
+  const DeviceTensor q = DeviceTensor::from_host(in.q, p.dtype), k = DeviceTensor::from_host(in.k, p.dtype),
+                     v = DeviceTensor::from_host(in.v, p.dtype), dout = DeviceTensor::from_host(in.dout, p.dtype),
+                     o = DeviceTensor::from_host(o_host, p.dtype);
+  DeviceBuffer<float> lse(p.lse_elems()), delta(p.lse_elems()), dq_acc(p.q_elems());
+  lse.upload(lse_host);
+  DeviceTensor dq(p.dtype, p.q_elems()), dk(p.dtype, p.k_elems()), dv(p.dtype, p.v_elems());
+  dq.poison();
+  dk.poison();
+  dv.poison();
+  dq_acc.poison();  // the preprocess kernel must zero it
+  const DeviceMap dmap = upload_map(map, true);
+  const DevicePolicyData pd = upload_policy_data(s);
+  BwdParams b{};
+  b.q = q.data(), b.k = k.data(), b.v = v.data(), b.o = o.data(), b.dout = dout.data(), b.lse = lse.get();
+  b.dq = dq.data(), b.dk = dk.data(), b.dv = dv.data(), b.dq_accum = dq_acc.get(), b.delta = delta.get();
+  b.batch = p.batch, b.heads = p.heads, b.kv_heads = p.kv_heads, b.nq = p.nq, b.nk = p.nk, b.d = p.d;
+  b.scale = float(p.softmax_scale());
+  b.scale_log2 = float(p.softmax_scale() * kLog2e);
+  b.sq = dev(layout.q), b.sk = dev(layout.k), b.sv = dev(layout.v), b.so = dev(layout.o);
+  b.map = dmap.view(map, true);
+  auto run = [&] {
+    if (!backward_mask::launch(b, s, p, pd.view(), 0)) throw std::runtime_error("no masked backward for this problem");
+  };
+  run();
+  CUDA_CHECK(cudaGetLastError());
+  CUDA_CHECK(cudaDeviceSynchronize());
+  GpuMaskBackward r;
+  r.dq = dq.to_host();
+  r.dk = dk.to_host();
+  r.dv = dv.to_host();
+  if (time) r.time_ms = time_gpu(run).median_ms;
+  return r;
+}
+
+}  // namespace attn::ch06

@@ -1,0 +1,102 @@
+#pragma once
+/// \file mask_kernels.cuh
+/// \brief What the masked kernels receive: chapter 04's parameters plus the strides
+///        of each tensor (for the packed varlen layout) and the block map.
+///
+/// The field names are chapter 04's (`fa2_kernels.cuh`), so that a step's diff
+/// against its chapter 04 / 05 ancestor shows only what the mask adds.
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/cuda/cp_async.cuh"
+#include "masks/mask_spec.hpp"
+
+namespace attn::ch06 {
+
+/// Element strides of one tensor on the device: (b, h, i) starts at b*batch + h*head + i*row.
+struct DevStrides {
+  long long batch, head, row;
+  __host__ __device__ __forceinline__ long long at(int b, int h) const { return b * batch + h * head; }
+};
+
+/// The block map on the device: for each (map, outer block) the partial and the full
+/// inner blocks (forward: outer = query block, inner = key block; backward: the
+/// transposed lists). `order`: the forward's (b*H + h)*tq + q_block, heaviest first.
+struct DevMap {
+  const int *n_part, *part, *n_full, *full;
+  const int* order;
+  int outer, inner;          ///< blocks per list owner, and the list capacity
+  int map_batch, map_heads;  ///< 1 when shared by every batch / head
+  __device__ __forceinline__ int owner(int b, int h, int blk) const {
+    return ((map_batch > 1 ? b : 0) * map_heads + (map_heads > 1 ? h : 0)) * outer + blk;
+  }
+};
+
+struct FwdParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  float* lse;
+  int batch, heads, kv_heads;
+  int nq, nk, d;
+  float scale, scale_log2;
+  DevStrides sq, sk, sv, so;  ///< element strides (standard [B][H][N][d] or packed [N][H][d])
+  DevMap map;                 ///< key blocks of each query block
+};
+
+struct BwdParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  const void* o;
+  const void* dout;
+  const float* lse;
+  void* dq;
+  void* dk;
+  void* dv;
+  float* dq_accum;  ///< fp32, laid out as Q
+  float* delta;     ///< D_i = rowsum(dO o O), [B][Hq][Nq]
+  int batch, heads, kv_heads;
+  int nq, nk, d;
+  float scale, scale_log2;
+  DevStrides sq, sk, sv, so;
+  DevMap map;  ///< query blocks of each key block (the transposed lists)
+};
+
+/// Rows [r0, r0 + ROWS) of a tensor whose rows are `ld` elements apart (16-bit elements),
+/// into a swizzled [ROWS][D] shared tile by cp.async: common/cuda/smem_tiles.cuh's
+/// load_tile with a row stride, for the packed layout [tokens][heads][d] (ld = heads * d).
+template <int ROWS, int D, int kThreads, class T>
+__device__ __forceinline__ void load_tile_ld(uint32_t tile, const T* g, int r0, int n, long long ld) {
+  constexpr int KC = D / 8, RS = kThreads / KC;
+  static_assert(RS % 8 == 0 && ROWS % RS == 0, "whole passes; the swizzle repeats every 8 rows");
+  const int rb = threadIdx.x / KC, c = threadIdx.x % KC;
+  const uint32_t dst = tile + uint32_t(rb * KC + (c ^ (rb & 7))) * 16u;
+  const T* src = g + (r0 + rb) * ld + c * 8;
+#pragma unroll
+  for (int k = 0; k < ROWS / RS; ++k) {
+    const bool valid = r0 + rb + k * RS < n;
+    attn::cuda::cp_async_16(dst + uint32_t(k * RS * KC) * 16u, valid ? src + k * RS * ld : g, valid);
+  }
+}
+
+/// The launchers of each step: one instantiation per policy, d = 128, bf16.
+namespace ampere_mask {
+bool launch(const FwdParams& p, const MaskSpec& s, const Problem& prob, const PolicyData& d, cudaStream_t st);
+constexpr int Br = 128, Bc = 64;
+}  // namespace ampere_mask
+namespace hopper_mask {
+bool launch(const FwdParams& p, const MaskSpec& s, const Problem& prob, const PolicyData& d, cudaStream_t st);
+bool available();
+constexpr int Br = 128, Bc = 128;
+}  // namespace hopper_mask
+namespace backward_mask {
+bool launch(const BwdParams& p, const MaskSpec& s, const Problem& prob, const PolicyData& d, cudaStream_t st);
+constexpr int Br = 64, Bc = 128;
+}  // namespace backward_mask
+
+}  // namespace attn::ch06

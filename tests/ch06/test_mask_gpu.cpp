@@ -1,0 +1,165 @@
+// Chapter 06, masks on the GPU: the sm_80 forward, the sm_90a forward (Hopper only:
+// elsewhere these tests exit 77, a ctest skip) and the backward, for every variant,
+// against the fp64 reference at awkward shapes. Outputs are poisoned before each run.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <iostream>
+
+#include "common/check.hpp"
+#include "common/device.hpp"
+#include "masks/mask_gpu.hpp"
+#include "masks/mask_spec.hpp"
+#include "support/shapes.hpp"
+
+using namespace attn;
+using namespace attn::ch06;
+using testing_support::shape;
+
+namespace {
+
+MaskSpec spec_of(MaskKind k, const Problem& p, bool causal = false) {
+  MaskSpec s;
+  s.kind = k;
+  s.causal = causal;
+  s.left = 150, s.right = 20;
+  s.chunk = 96;
+  s.prefix = 70;
+  s.sinks = 5;
+  s.softcap = 2.0;
+  if (k == MaskKind::sink) s.left = 100, s.right = 0;
+  if (k == MaskKind::document && p.nq == p.nk) s.doc_lens = random_doc_lens(p.nq, std::min(6, p.nq), 3);
+  finalize_spec(s, p);
+  return s;
+}
+
+/// Exits 77 (a ctest skip) unless this GPU runs `path`.
+void require_path(GpuPath path) {
+  std::string why;
+  const auto dev = query_device(&why);
+  REQUIRE(dev);
+  const std::string no = mask_gpu_unsupported(shape().n(64).d(128), path, *dev);
+  if (!no.empty()) {
+    std::cout << "SKIPPED: " << gpu_path_name(path) << ": " << no << "\n";
+    std::exit(77);
+  }
+}
+
+struct Inputs {
+  Problem p;
+  Layout L;
+  AttnInputs in, lin;
+};
+
+Inputs inputs(const MaskSpec& s, const Problem& user, Dist dist) {
+  Inputs r;
+  r.p = masked_problem(user);
+  r.L = layout_for(s, r.p);
+  r.in = make_inputs(r.p, dist, 13, true);
+  r.lin.q = to_layout(r.in.q, r.p.heads, r.p.nq, r.p.d, r.L.packed);
+  r.lin.k = to_layout(r.in.k, r.p.kv_heads, r.p.nk, r.p.d, r.L.packed);
+  r.lin.v = to_layout(r.in.v, r.p.kv_heads, r.p.nk, r.p.dv, r.L.packed);
+  r.lin.dout = to_layout(r.in.dout, r.p.heads, r.p.nq, r.p.dv, r.L.packed);
+  return r;
+}
+
+void check_forward(GpuPath path, const MaskSpec& s, const Problem& user, Dist dist = Dist::normal) {
+  CAPTURE(s.describe());
+  CAPTURE(user.describe());
+  const Inputs x = inputs(s, user, dist);
+  const auto mod = reference_mod(s, x.p);
+  const ForwardOracle oracle(x.p, x.in, CheckPlan::full(x.p), mod.get());
+  const GpuMaskForward f = mask_forward_gpu(x.p, s, x.L, x.lin, path, false);
+  const CheckResult c = oracle.judge(from_layout(f.o, x.p.heads, x.p.nq, x.p.dv, x.L.packed), &f.lse);
+  CHECK_MESSAGE(c.pass(), c.failures());
+}
+
+void check_backward(const MaskSpec& s, const Problem& user, Dist dist = Dist::normal) {
+  CAPTURE(s.describe());
+  CAPTURE(user.describe());
+  const Inputs x = inputs(s, user, dist);
+  const auto mod = reference_mod(s, x.p);
+  const BackwardOracle oracle(x.p, x.in, BackwardPlan::full(x.p), mod.get());
+  const GpuMaskForward f = mask_forward_gpu(x.p, s, x.L, x.lin, GpuPath::sm80, false);
+  const GpuMaskBackward g = mask_backward_gpu(x.p, s, x.L, x.lin, f.o, f.lse, false);
+  const CheckResult c = oracle.judge(from_layout(g.dq, x.p.heads, x.p.nq, x.p.d, x.L.packed),
+                                     from_layout(g.dk, x.p.kv_heads, x.p.nk, x.p.d, x.L.packed),
+                                     from_layout(g.dv, x.p.kv_heads, x.p.nk, x.p.dv, x.L.packed));
+  CHECK_MESSAGE(c.pass(), c.failures());
+}
+
+/// Every variant at the awkward shapes: batches and GQA, N not a multiple of any tile,
+/// N below one tile, Nq != Nk (causal family), mean-shifted and outlier inputs.
+template <class Check>
+void every_variant(Check&& check) {
+  for (MaskKind k : all_mask_kinds()) {
+    const bool doc = k == MaskKind::document;
+    const Problem many = shape().batch(doc ? 1 : 2).heads(4, 2).n(333).d(128);
+    check(spec_of(k, many), many, Dist::normal);
+    const Problem tiny = shape().heads(2).n(50).d(128);
+    check(spec_of(k, tiny), tiny, Dist::normal);
+    const Problem shifted = shape().heads(2).n(300).d(128);
+    check(spec_of(k, shifted, true), shifted, Dist::mean_shifted);
+    check(spec_of(k, shifted, true), shifted, Dist::outliers);
+    if (doc) continue;
+    for (const Problem p : {Problem(shape().heads(4, 1).n(200, 530).d(128)), Problem(shape().heads(2).n(530, 200).d(128))})
+      check(spec_of(k, p, true), p, Dist::normal);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("sm80 forward: every variant passes the fp64 reference at awkward shapes") {
+  require_path(GpuPath::sm80);
+  every_variant([](const MaskSpec& s, const Problem& p, Dist d) { check_forward(GpuPath::sm80, s, p, d); });
+}
+
+TEST_CASE("sm90a forward: every variant passes the fp64 reference at awkward shapes") {
+  require_path(GpuPath::sm90a);
+  every_variant([](const MaskSpec& s, const Problem& p, Dist d) { check_forward(GpuPath::sm90a, s, p, d); });
+}
+
+TEST_CASE("backward: every variant passes the fp64 reference at awkward shapes") {
+  require_path(GpuPath::backward);
+  every_variant([](const MaskSpec& s, const Problem& p, Dist d) { check_backward(s, p, d); });
+}
+
+TEST_CASE("GPU edge cases: window 0, a window wider than the sequence, 1000 documents, empty rows") {
+  require_path(GpuPath::sm80);
+  std::string why;
+  const bool hopper = mask_gpu_unsupported(shape().n(64).d(128), GpuPath::sm90a, *query_device(&why)).empty();
+  const Problem p = shape().heads(2).n(260, 300).d(128);
+  MaskSpec w0 = spec_of(MaskKind::window, p);
+  w0.left = w0.right = 0;
+  MaskSpec wide = w0;
+  wide.left = wide.right = 1 << 20;
+  const Problem packed = shape().heads(2, 1).n(1500).d(128);
+  MaskSpec docs;
+  docs.kind = MaskKind::document;
+  docs.causal = true;
+  docs.doc_lens = random_doc_lens(1500, 1000, 5);
+  finalize_spec(docs, packed);
+  for (const auto& [s, prob] : {std::pair{w0, p}, std::pair{wide, p}, std::pair{docs, packed}}) {
+    check_forward(GpuPath::sm80, s, prob);
+    if (hopper) check_forward(GpuPath::sm90a, s, prob);
+    check_backward(s, prob);
+  }
+  // Empty rows (Nq > Nk, causal): O = 0, LSE = -inf, dQ = 0 exactly.
+  const Problem e = masked_problem(shape().heads(2).n(400, 130).d(128));
+  const MaskSpec c = spec_of(MaskKind::causal, e);
+  const Inputs x = inputs(c, e, Dist::normal);
+  const GpuMaskForward f = mask_forward_gpu(x.p, c, x.L, x.lin, GpuPath::sm80, false);
+  const GpuMaskBackward g = mask_backward_gpu(x.p, c, x.L, x.lin, f.o, f.lse, false);
+  int bad = 0;
+  for (int h = 0; h < e.heads; ++h)
+    for (int i = 0; i < e.nq - e.nk; ++i) {
+      const float l = f.lse[e.lse_off(0, h) + i];
+      bad += !(std::isinf(l) && l < 0);
+      for (int k = 0; k < e.d; ++k) {
+        bad += f.o[e.o_off(0, h) + std::size_t(i) * e.dv + k] != 0.f;
+        bad += g.dq[e.q_off(0, h) + std::size_t(i) * e.d + k] != 0.f;
+      }
+    }
+  CHECK(bad == 0);
+}
