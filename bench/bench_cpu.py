@@ -100,6 +100,23 @@ def decode_points(bins, lens, log):
 
 # ============================================================================ plots
 
+def nice(ax, xs, bytes_y=True, kb=False):
+    from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
+    ax.xaxis.set_major_locator(FixedLocator(sorted(xs)))
+    ax.xaxis.set_major_formatter(FuncFormatter(
+        lambda v, _: ("%g KB" % v) if kb else ("%dK" % (v // 1024) if v >= 1024 else "%d" % v)))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    if bytes_y:
+        def b(v, _):
+            for unit, f in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+                if v >= f:
+                    return "%g %s" % (v / f, unit)
+            return "%g B" % v
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(b))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+
+
 COLORS = {"01": "#d62728", "02": "#ff7f0e", "03": "#9467bd", "04": "#1f77b4", "05": "#2ca02c", "07": "#e377c2"}
 
 
@@ -151,6 +168,7 @@ def plot(data, out_dir):
                 if pss == "fwd":
                     ax.plot(xs, [ideal(x) for x in xs], color="black", lw=1, label="ideal 4Nd (Q, K, V, O once)")
                 ax.set_xscale("log", base=2)
+                nice(ax, xs)
                 ax.set_xlabel("N (B = %d, H = %d, d = %d, M = %d KB)" % (B, H, D, m_fixed // 1024))
             else:
                 xs = sorted({p["M"] / 1024 for p in pts if p["sweep"] == "M"})
@@ -161,10 +179,14 @@ def plot(data, out_dir):
                 if pss == "fwd":
                     ax.axhline(ideal(n_fixed), color="black", lw=1, label="ideal 4Nd")
                 ax.set_xscale("log", base=2)
-                ax.set_xlabel("on-chip budget M (KB), N = %d, d = %d" % (n_fixed, D))
+                nice(ax, xs, kb=True)
+                ax.set_xlabel("on-chip budget M, N = %d, d = %d" % (n_fixed, D))
             ax.set_yscale("log")
+            nice(ax, xs, kb=sweep == "M")
             ax.set_ylabel("HBM bytes moved (counted)")
-            ax.set_title("%s, against %s" % ("forward" if pss == "fwd" else "backward", sweep), fontsize=10)
+            ax.set_title("%s, against %s%s" % ("forward" if pss == "fwd" else "backward", sweep,
+                                               " (chapters 04, 05: the kernels' fixed tiles, which M must hold)"
+                                               if sweep == "M" else ""), fontsize=9.5)
             ax.grid(True, which="both", alpha=0.25)
             ax.legend(fontsize=6.5, loc="upper left")
     fig.suptitle("Counted HBM traffic of every chapter's CPU model, with the papers' formulas", fontsize=12)
@@ -194,6 +216,7 @@ def plot(data, out_dir):
                     ha="right", va="bottom", fontsize=7.5, bbox=dict(fc="white", ec="#cccccc"))
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        nice(ax, xs)
         ax.set_xlabel("N (d = %d)" % D)
         ax.set_ylabel("extra HBM bytes (beyond inputs and outputs)")
         ax.set_title("extra memory, %s" % ("forward" if pss == "fwd" else "backward"), fontsize=10)
@@ -281,7 +304,7 @@ def main(build_dir, out_dir, chapters, quick=False):
         return 2
     os.makedirs(out_dir, exist_ok=True)
     ns = [256, 512, 1024, 2048] + ([] if quick else [4096])
-    ms = [24 << 10, 32 << 10, 64 << 10, 128 << 10, 192 << 10, 256 << 10]
+    ms = [32 << 10, 48 << 10, 64 << 10, 96 << 10, 128 << 10, 192 << 10, 256 << 10]
     n_fixed, m_fixed = 1024, 128 << 10
     log("bench --cpu: the CPU models over N and M (%s)" % ", ".join("ch" + c for c in sorted(bins)))
     att, notes = attention_points(bins, ns, ms, n_fixed, m_fixed, log)

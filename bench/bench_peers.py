@@ -126,6 +126,27 @@ class Peers:
             s = s.masked_fill(j > i + (nk - n), float("-inf"))
         return torch.softmax(s, -1) @ v0
 
+    def _check_backward(self, q, k, v, o, do, causal, bnhd):
+        """dQ, dK, dV of batch 0, head 0 against fp32 autograd; None when they agree."""
+        torch = self.torch
+        dq, dk, dv = torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+        sl = (lambda t: t[0, :, 0]) if bnhd else (lambda t: t[0, 0])
+        q0, k0, v0 = (sl(t).detach().float().requires_grad_(True) for t in (q, k, v))
+        s = (q0 @ k0.T) * (q0.shape[-1] ** -0.5)
+        if causal:
+            n, nk = s.shape
+            i = torch.arange(n, device=s.device)[:, None]
+            j = torch.arange(nk, device=s.device)[None, :]
+            s = s.masked_fill(j > i + (nk - n), float("-inf"))
+        o0 = torch.softmax(s, -1) @ v0
+        rq, rk, rv = torch.autograd.grad(o0, (q0, k0, v0), sl(do).float())
+        for name, got, ref in (("dQ", dq, rq), ("dK", dk, rk), ("dV", dv, rv)):
+            err = (sl(got).float() - ref).abs().max().item()
+            tol = 5e-2 * max(1.0, ref.abs().max().item())
+            if not err <= tol:
+                return "%s of batch 0, head 0 differs from fp32 by %.3g (> %.3g)" % (name, err, tol)
+        return None
+
     def attention(self, peer, b, h, hkv, n, nk, d, causal, backward=False):
         """One peer on one shape: a row fragment {status, time_ms, tflops, max_abs_err, note}."""
         why = self.avail.get(peer, "unknown peer")
@@ -159,9 +180,12 @@ class Peers:
                         "note": "batch 0, head 0 differs from fp32 by %.3g (> %.3g)" % (err, tol)}
             if backward:
                 do = torch.randn_like(o)
+                bad = self._check_backward(q, k, v, o, do, causal, bnhd)
+                if bad:
+                    return {"status": "failed", "max_abs_err": err, "note": bad}
                 # the backward alone, as the chapters time theirs: the graph of one forward, kept
                 ms = self._time(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
-                out["note"] = "forward output of batch 0, head 0 checked against fp32; backward timed alone"
+                out["note"] = "batch 0, head 0 of O, dQ, dK, dV checked against fp32; backward timed alone"
             else:
                 ms = self._time(fwd)
                 out["note"] = "batch 0, head 0 checked against fp32"

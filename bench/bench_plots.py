@@ -39,6 +39,32 @@ CHAPTER_COLOR = {"01": "#d62728", "02": "#ff7f0e", "03": "#9467bd", "04": "#1f77
                  "06": "#bcbd22", "07": "#e377c2"}
 
 
+def n_label(n):
+    return "%dK" % (n // 1024) if n >= 1024 and n % 1024 == 0 else str(n)
+
+
+def nice_axes(ax, xs=None, logy=True):
+    """Plain numbers on log axes: N as 512, 1K, ... and TFLOP/s as 20, 50, 100, ..."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
+    if xs:
+        ax.xaxis.set_major_locator(FixedLocator(sorted(xs)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: n_label(int(round(v)))))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    if logy:
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: "%g" % v))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def frame(fig, legend_labels, ncol=6, title_lines=1):
+    """Room at the top for the title and the legend, at the bottom for the footer (in inches)."""
+    h = fig.get_size_inches()[1]
+    rows = -(-len(legend_labels) // ncol) if legend_labels else 0
+    top = 1 - (0.25 + 0.25 * title_lines + 0.24 * rows + 0.1) / h
+    fig.tight_layout(rect=(0, 0.28 / h, 1, top))
+    return 1 - (0.25 + 0.25 * title_lines) / h
+
+
 def footer(fig, res):
     fig.text(0.01, 0.005, bench_report.run_line(res).replace("`", ""), fontsize=6.5, color="#444444",
              ha="left", va="bottom")
@@ -70,6 +96,8 @@ def line_panel(ax, rows, keyfilter, kernels, colors, res, peers=PEERS):
             ax.plot(*zip(*pts), ms=5, label=PEER_LABEL[p], **st)
             drawn = True
     ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    nice_axes(ax, sorted({r["N"] for r in rows if keyfilter(r) and r.get("N")}))
     ax.grid(True, which="both", alpha=0.25)
     return drawn
 
@@ -80,7 +108,7 @@ def fig_chapter(res, rows, chapter, pss, out_dir):
     if not kernels:
         return None
     dims = sorted({r["d"] for r in rows if r["kernel"] in kernels})
-    fig, axes = plt.subplots(len(dims), 2, figsize=(11, 3.3 * len(dims) + 0.8), squeeze=False, sharex=True)
+    fig, axes = plt.subplots(len(dims), 2, figsize=(11, 3.3 * len(dims) + 1.6), squeeze=False)
     colors = kernel_colors(kernels, chapter)
     gemm = res.get("ceilings", {}).get("bf16_gemm_tflops")
     for i, d in enumerate(dims):
@@ -90,9 +118,8 @@ def fig_chapter(res, rows, chapter, pss, out_dir):
                                bool(r.get("causal")) == causal, kernels, colors, res)
             if gemm:
                 ax.axhline(gemm, color="#bbbbbb", lw=1, ls="-")
-                ax.text(ax.get_xlim()[0] if drawn else 1, gemm, " bf16 GEMM %.0f" % gemm, fontsize=7,
-                        va="bottom", color="#888888")
-            ax.set_yscale("log")
+                ax.text(0.01, gemm, " bf16 GEMM %.0f (same run)" % gemm, fontsize=7, va="bottom", color="#888888",
+                        transform=ax.get_yaxis_transform())
             ax.set_title("d = %d, %s" % (d, "causal" if causal else "not causal"), fontsize=10)
             ax.set_ylabel("TFLOP/s")
             if not drawn:
@@ -105,10 +132,12 @@ def fig_chapter(res, rows, chapter, pss, out_dir):
             if l not in labels:
                 handles.append(h)
                 labels.append(l)
-    fig.legend(handles, labels, loc="upper center", ncol=min(6, len(labels)), fontsize=8, frameon=False)
     title = {"fwd": "forward", "bwd": "backward"}[pss]
-    fig.suptitle("Chapter %s, %s: every step and every peer, one run" % (chapter, title), y=0.995, fontsize=11)
-    fig.tight_layout(rect=(0, 0.02, 1, 0.93 if len(labels) <= 6 else 0.89))
+    fig.suptitle("Chapter %s, %s: every step and every peer, one run" % (chapter, title), y=1 - 0.12 / fig.get_size_inches()[1],
+                 va="top", fontsize=11)
+    y = frame(fig, labels, ncol=min(6, len(labels)))
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, y), ncol=min(6, len(labels)), fontsize=8,
+               frameon=False)
     footer(fig, res)
     path = os.path.join(out_dir, "tflops_ch%s_%s.png" % (chapter, pss))
     fig.savefig(path, dpi=110)
@@ -133,7 +162,7 @@ def fig_lineage_lines(res, rows, out_dir):
         x["kernel"] = "ch%s best" % c
         brows.append(x)
     dims = sorted({r["d"] for r in brows})
-    fig, axes = plt.subplots(len(dims), 2, figsize=(11, 3.3 * len(dims) + 0.8), squeeze=False, sharex=True)
+    fig, axes = plt.subplots(len(dims), 2, figsize=(11, 3.3 * len(dims) + 1.6), squeeze=False)
     kernels = ["ch%s best" % c for c in chapters]
     colors = {"ch%s best" % c: CHAPTER_COLOR.get(c, "C0") for c in chapters}
     allrows = brows + [r for r in rows if r.get("kind") == "peer"]
@@ -154,9 +183,10 @@ def fig_lineage_lines(res, rows, out_dir):
                 handles.append(h)
                 labels.append(l)
     labels = [("chapter %s (best step)" % l[2:4]) if l.endswith(" best") else l for l in labels]
-    fig.legend(handles, labels, loc="upper center", ncol=6, fontsize=8, frameon=False)
-    fig.suptitle("The lineage, forward: the best kernel of each chapter and the peers", y=0.995, fontsize=11)
-    fig.tight_layout(rect=(0, 0.02, 1, 0.91))
+    fig.suptitle("The lineage, forward: the best kernel of each chapter and the peers",
+                 y=1 - 0.12 / fig.get_size_inches()[1], va="top", fontsize=11)
+    y = frame(fig, labels)
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, y), ncol=6, fontsize=8, frameon=False)
     footer(fig, res)
     path = os.path.join(out_dir, "tflops_lineage_fwd.png")
     fig.savefig(path, dpi=110)
@@ -205,7 +235,7 @@ def fig_roofline(res, rows, out_dir):
     ax.set_title("Roofline: every kernel that passed, placed by its own count of bytes and FLOPs")
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     footer(fig, res)
     path = os.path.join(out_dir, "roofline.png")
     fig.savefig(path, dpi=110)
@@ -270,7 +300,7 @@ def fig_decode(res, rows, out_dir):
     ax2.grid(True, alpha=0.25)
     if bw:
         ax2.axhline(bw, color="#bbbbbb", lw=1)
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     footer(fig, res)
     path = os.path.join(out_dir, "decode_gbps.png")
     fig.savefig(path, dpi=110)
@@ -323,7 +353,7 @@ def fig_lineage(res, rows, out_dir):
     axes[0].set_title("compute-bound chapters: best kernel (colour) and best peer (grey)", fontsize=10)
     axes[1].set_title("memory-bound chapters", fontsize=10)
     fig.suptitle("The lineage at a glance: one run, each chapter's best against the best peer", fontsize=11)
-    fig.tight_layout(rect=(0, 0.03, 1, 0.96))
+    fig.tight_layout(rect=(0, 0.05, 1, 0.95))
     footer(fig, res)
     path = os.path.join(out_dir, "lineage.png")
     fig.savefig(path, dpi=110)

@@ -155,7 +155,8 @@ def attention_table(res, rows, chapters, pss):
         ours = [by.get((key, k)) for k in kernels]
         cells += [fmt_speed(r) for r in ours]
         cells += [peer_cell(res, by, key, p) for p in peers]
-        best = max([speed(r) for r in ours if r is not None and speed(r)] or [0]) or None
+        # best: the fastest kernel in the peers' precision (bf16): an FP8 kernel is not compared with them
+        best = max([speed(r) for r in ours if r is not None and speed(r) and r.get("dtype") != "fp8"] or [0]) or None
         for p in ("fa4", "sdpa_cudnn", "sdpa_flash"):
             pr = by.get((key, p))
             if not peer_present(res, p):
@@ -305,7 +306,8 @@ def markdown(res):
         for pss, what in (("fwd", "forward"), ("bwd", "backward")):
             t = attention_table(res, rows, [c], pss)
             if t:
-                out.append(section("ch%s-%s" % (c, pss), "%s, %s (TFLOP/s)" % (title, what), t))
+                out.append(section("ch%s-%s" % (c, pss), "%s, %s (TFLOP/s)" % (title, what), t,
+                                   "best / peer: the fastest bf16 kernel of the row over the peer."))
     t = softmax_table(res, rows)
     if t:
         out.append(section("ch02-softmax", "Chapter 02: online softmax (GB/s)", t,
