@@ -43,37 +43,52 @@ ATTN_HD constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
 /// group are consecutive: h = 0..g-1 read KV head 0, and so on (heads % kv_heads == 0).
 ATTN_HD constexpr int kv_head_of(int h, int heads, int kv_heads) { return h / (heads / kv_heads); }
 
-/// The offset of the causal diagonal: query i sees keys j <= i + causal_diag(nq, nk).
-ATTN_HD constexpr int causal_diag(int nq, int nk) { return nk - nq; }
-
-/// The causal rule itself: key j is visible from query i (bottom-right aligned).
-ATTN_HD constexpr bool causal_visible(int i, int j, int nq, int nk) { return j <= i + causal_diag(nq, nk); }
-
-/// One past the last key any query of rows [r0, r1) sees, clamped to [0, nk]:
-/// a causal kernel walks keys [0, causal_key_end) for that row block. 0 when every
-/// row of the block is empty. Without a mask the answer is nk.
-ATTN_HD constexpr int causal_key_end(int r1, int nq, int nk) {
-  const int e = r1 + causal_diag(nq, nk);  // last row r1 - 1 sees keys <= r1 - 1 + diag
-  return e < 0 ? 0 : (e < nk ? e : nk);
-}
-
-/// The first query that sees key j, clamped to [0, nq]: a key block [c0, c1) is
-/// needed by rows [causal_first_query(c0), nq). (A K/V-parallel backward starts there.)
-ATTN_HD constexpr int causal_first_query(int j, int nq, int nk) {
-  const int i = j - causal_diag(nq, nk);
-  return i < 0 ? 0 : (i < nq ? i : nq);
-}
-
 /// How a (query block, key block) tile meets the causal mask (see the file comment).
 enum class TileMask { skip, full, partial };
 
-/// Rows [r0, r1) against keys [c0, c1), r0 < r1 and c0 < c1, causal bottom-right.
-/// Ragged ends (keys at or past nk) are not the causal rule's business: a kernel
-/// that pads its last key block masks those separately.
+/// The causal rule of one problem (nq queries, nk keys), bottom-right aligned: the
+/// one implementation every free function below and every kernel uses. A kernel
+/// builds it once (`const CausalMask mask(p.nq, p.nk);`), so the diagonal's offset
+/// is computed once and held in a register, as a hand-written `diag` would be.
+struct CausalMask {
+  int nq, nk;
+  int diag;  ///< query i sees keys j <= i + diag; diag = nk - nq
+
+  ATTN_HD constexpr CausalMask(int nq_, int nk_) : nq(nq_), nk(nk_), diag(nk_ - nq_) {}
+
+  /// Key j is visible from query i.
+  ATTN_HD constexpr bool visible(int i, int j) const { return j <= i + diag; }
+
+  /// One past the last key any query of rows [r0, r1) sees, clamped to [0, nk]: a
+  /// causal kernel walks keys [0, key_end(r1)) for that row block; 0 when every row
+  /// of the block is empty.
+  ATTN_HD constexpr int key_end(int r1) const {
+    const int e = r1 + diag;  // the last row, r1 - 1, sees keys <= r1 - 1 + diag
+    return e < 0 ? 0 : (e < nk ? e : nk);
+  }
+
+  /// The first query that sees key j, clamped to [0, nq]: key block [c0, c1) is
+  /// needed by rows [first_query(c0), nq) (where a K/V-parallel backward starts).
+  ATTN_HD constexpr int first_query(int j) const {
+    const int i = j - diag;
+    return i < 0 ? 0 : (i < nq ? i : nq);
+  }
+
+  /// Rows [r0, r1) against keys [c0, c1), r0 < r1 and c0 < c1. Ragged ends (keys at
+  /// or past nk) are not the causal rule's business: a kernel that pads its last key
+  /// block masks those separately.
+  ATTN_HD constexpr TileMask tile(int r0, int r1, int c0, int c1) const {
+    return c0 > r1 - 1 + diag ? TileMask::skip : c1 - 1 <= r0 + diag ? TileMask::full : TileMask::partial;
+  }
+};
+
+/// The same rule as free functions, for one-off use (CPU models, references).
+ATTN_HD constexpr int causal_diag(int nq, int nk) { return CausalMask(nq, nk).diag; }
+ATTN_HD constexpr bool causal_visible(int i, int j, int nq, int nk) { return CausalMask(nq, nk).visible(i, j); }
+ATTN_HD constexpr int causal_key_end(int r1, int nq, int nk) { return CausalMask(nq, nk).key_end(r1); }
+ATTN_HD constexpr int causal_first_query(int j, int nq, int nk) { return CausalMask(nq, nk).first_query(j); }
 ATTN_HD constexpr TileMask causal_tile(int r0, int r1, int c0, int c1, int nq, int nk) {
-  return c0 > r1 - 1 + causal_diag(nq, nk)   ? TileMask::skip
-         : c1 - 1 <= r0 + causal_diag(nq, nk) ? TileMask::full
-                                              : TileMask::partial;
+  return CausalMask(nq, nk).tile(r0, r1, c0, c1);
 }
 
 }  // namespace attn

@@ -33,13 +33,15 @@
 // and the 8 warps split dQ_i (64 x d) into 4 row groups x 2 column halves.
 // A K/V block of 128 keys halves the dQ atomics (and the reloads of Q_i, dO_i)
 // against 64; on sm_90 each atomic adds two floats at once.
-#include "common/online_softmax.hpp"
-#include "fa2_kernels.cuh"
+#include "common/cuda/check.cuh"
 #include "common/cuda/cp_async.cuh"
 #include "common/cuda/fast_math.cuh"
+#include "common/cuda/index.cuh"
 #include "common/cuda/ldmatrix.cuh"
 #include "common/cuda/mma_sync.cuh"
 #include "common/cuda/smem_tiles.cuh"
+#include "common/online_softmax.hpp"
+#include "fa2_kernels.cuh"
 
 namespace attn::ch04 {
 namespace {
@@ -50,6 +52,9 @@ constexpr int kBcMain = 128;       // keys per fa2_bwd_main thread block (16 per
 constexpr int kThreads = 128;      // fa2_bwd_dq: 4 warps
 constexpr int Bc = 64;             // keys per K/V step of fa2_bwd_dq
 constexpr int Br = 64;             // queries per step (both kernels)
+constexpr int kPrepThreads = 256;  // fa2_bwd_preprocess: one warp per row, 8 rows per block
+constexpr int kConvertThreads = 256, kConvertBlocks = 1024;  // fa2_bwd_convert: a grid-stride loop,
+                                                              // ~8 blocks per SM of an H100/H200
 
 /// dst[0..1] += (a, b): one 8-byte atomic on sm_90, two 4-byte ones before it.
 __device__ __forceinline__ void atomic_add2(float* dst, float a, float b) {
@@ -105,13 +110,13 @@ __global__ void __launch_bounds__(kMainThreads) fa2_bwd_main(const BwdParams p, 
   const int group = p.heads / p.kv_heads;
   const int col0 = j * Bc;        // first key of K_j
   const int kw = warp * 16;       // this warp's keys within K_j
-  const int diag = p.nk - p.nq;   // query r sees keys c <= r + diag
+  const CausalMask mask(p.nq, p.nk);  // query r sees keys c <= r + (nk - nq)
   const T* K = static_cast<const T*>(p.k) + (std::size_t(b) * p.kv_heads + hk) * p.nk * D;
   const T* V = static_cast<const T*>(p.v) + (std::size_t(b) * p.kv_heads + hk) * p.nk * D;
 
-  // Causal: query rows before col0 - diag see none of K_j.
-  const int i_first = p.causal ? max(0, (col0 - diag) / Br) : 0;
-  const int n_qblocks = (p.nq + Br - 1) / Br;
+  // Causal: query rows before mask.first_query(col0) see none of K_j.
+  const int i_first = p.causal ? mask.first_query(col0) / Br : 0;
+  const int n_qblocks = ceil_div(p.nq, Br);
   const int steps_per_head = max(0, n_qblocks - i_first);
   const int n_steps = steps_per_head * group;
 
@@ -198,7 +203,7 @@ __global__ void __launch_bounds__(kMainThreads) fa2_bwd_main(const BwdParams p, 
 
     // P^T = 2^(S^T tau log2e - LSE_i log2e) and dS^T = P^T o (dP^T - D_i). Element e of tile
     // nt: key kw + g + 8(e/2), query 8nt + 2t + e%2 of Q_i.
-    const bool masked = col0 + Bc > p.nk || (p.causal && col0 + Bc - 1 > row0 + diag);
+    const bool masked = col0 + Bc > p.nk || (p.causal && mask.tile(row0, row0 + Br, col0, col0 + Bc) != TileMask::full);
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -207,7 +212,7 @@ __global__ void __launch_bounds__(kMainThreads) fa2_bwd_main(const BwdParams p, 
         float pv = exp2_approx(fmaf(st[nt][e], p.scale_log2, -sL[q]));
         if (masked) {
           const int key = col0 + kw + g + (e / 2) * 8, row = row0 + q;
-          if (key >= p.nk || (p.causal && key > row + diag)) pv = 0.f;
+          if (key >= p.nk || (p.causal && !mask.visible(row, key))) pv = 0.f;
         }
         st[nt][e] = pv;
         // EXERCISE ch04.3: the softmax backward on fragments: dS^T = P^T o (dP^T - D_i)
@@ -320,13 +325,13 @@ __global__ void __launch_bounds__(kThreads) fa2_bwd_dq(const BwdParams p) {
   extern __shared__ __align__(128) unsigned char smem[];  // Q_i, dO_i [Br][D]; K_j, V_j [Bc][D]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int i = blockIdx.x, bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
-  const int hk = h / (p.heads / p.kv_heads);
-  const int row0 = i * Br, diag = p.nk - p.nq;
+  const int hk = kv_head_of(h, p.heads, p.kv_heads);
+  const int row0 = i * Br;
+  const CausalMask mask(p.nq, p.nk);
   const T* K = static_cast<const T*>(p.k) + (std::size_t(b) * p.kv_heads + hk) * p.nk * D;
   const T* V = static_cast<const T*>(p.v) + (std::size_t(b) * p.kv_heads + hk) * p.nk * D;
-  int n_end = p.nk;
-  if (p.causal) n_end = min(p.nk, min(row0 + Br, p.nq) + diag);
-  const int n_blocks = n_end > 0 ? (n_end + Bc - 1) / Bc : 0;
+  const int n_end = p.causal ? mask.key_end(min(row0 + Br, p.nq)) : p.nk;
+  const int n_blocks = ceil_div(n_end, Bc);
 
   const uint32_t base = smem_u32(smem);
   constexpr uint32_t oQ = 0, odO = Br * D * 2, oK = 2 * Br * D * 2, oV = oK + Bc * D * 2;
@@ -377,7 +382,7 @@ __global__ void __launch_bounds__(kThreads) fa2_bwd_dq(const BwdParams p) {
       }
     }
     const int col0 = j * Bc;
-    const bool masked = col0 + Bc > p.nk || (p.causal && col0 + Bc - 1 > row0 + diag);
+    const bool masked = col0 + Bc > p.nk || (p.causal && mask.tile(row0, row0 + Br, col0, col0 + Bc) != TileMask::full);
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -385,7 +390,7 @@ __global__ void __launch_bounds__(kThreads) fa2_bwd_dq(const BwdParams p) {
         float pv = exp2_approx(fmaf(s[nt][e], p.scale_log2, -lse2[e / 2]));
         if (masked) {
           const int key = col0 + nt * 8 + 2 * t + (e % 2), row = row0 + warp * 16 + g + 8 * (e / 2);
-          if (key >= p.nk || (p.causal && key > row + diag)) pv = 0.f;
+          if (key >= p.nk || (p.causal && !mask.visible(row, key))) pv = 0.f;
         }
         s[nt][e] = pv * (dp[nt][e] - delta[e / 2]);  // dS
       }
@@ -428,19 +433,22 @@ __global__ void fa2_bwd_convert(const BwdParams p) {
 template <class T, int D>
 void launch_all(const BwdParams& p, bool deterministic, cudaStream_t s) {
   const std::size_t rows = std::size_t(p.batch) * p.heads * p.nq;
-  fa2_bwd_preprocess<T><<<unsigned((rows + 7) / 8), 256, 0, s>>>(p, !deterministic);
+  constexpr int kPrepRows = kPrepThreads / 32;  // rows per preprocess block
+  fa2_bwd_preprocess<T><<<unsigned((rows + kPrepRows - 1) / kPrepRows), kPrepThreads, 0, s>>>(p, !deterministic);
   constexpr int main_smem = (2 * kBcMain + 2 * Br) * D * 2 + kBcMain * Br * 2 + 2 * Br * 4;
-  auto main_kernel = fa2_bwd_main<T, D>;
-  cudaFuncSetAttribute(main_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, main_smem);
-  main_kernel<<<dim3((p.nk + kBcMain - 1) / kBcMain, p.batch * p.kv_heads), kMainThreads, main_smem, s>>>(
+  constexpr int dq_smem = (2 * Br + 2 * Bc) * D * 2;
+  static const bool configured = [] {  // once per instantiation
+    CUDA_CHECK(cudaFuncSetAttribute(fa2_bwd_main<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, main_smem));
+    CUDA_CHECK(cudaFuncSetAttribute(fa2_bwd_dq<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, dq_smem));
+    return true;
+  }();
+  (void)configured;
+  fa2_bwd_main<T, D><<<dim3(ceil_div(p.nk, kBcMain), p.batch * p.kv_heads), kMainThreads, main_smem, s>>>(
       p, !deterministic);
   if (deterministic) {
-    constexpr int dq_smem = (2 * Br + 2 * Bc) * D * 2;
-    auto dq_kernel = fa2_bwd_dq<T, D>;
-    cudaFuncSetAttribute(dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dq_smem);
-    dq_kernel<<<dim3((p.nq + Br - 1) / Br, p.batch * p.heads), kThreads, dq_smem, s>>>(p);
+    fa2_bwd_dq<T, D><<<dim3(ceil_div(p.nq, Br), p.batch * p.heads), kThreads, dq_smem, s>>>(p);
   } else {
-    fa2_bwd_convert<T><<<1024, 256, 0, s>>>(p);
+    fa2_bwd_convert<T><<<kConvertBlocks, kConvertThreads, 0, s>>>(p);
   }
 }
 

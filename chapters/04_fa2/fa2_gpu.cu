@@ -14,21 +14,24 @@ const char* step_name(int step) {
     case 2: return "v2 mma.sync";
     case 3: return "v3 ldmatrix + swizzle";
     case 4: return "v4 cp.async overlap";
-    case 5: return "v5 exp2 + causal skip";
-    case 6: return "v6 final";
+    case 5: return "v5 heaviest first";
+    case 6: return "v6 two tiles per warp";
+    case 7: return "v7 deferred row sums";
+    case 8: return "v8 O through smem";
+    case 9: return "v9 tiles per head dim";
   }
   return "?";
 }
 
 std::string step_unsupported(int step, const Problem& p) {
   if (p.d != p.dv) return "d != dv";
-  if (step == 6) {
+  if (step == kSteps) {
     if (p.dtype == DType::f32) return "fp32 inputs (tensor-core steps take bf16 or fp16)";
-    if (p.d != 64 && p.d != 128 && p.d != 256) return "head dim " + std::to_string(p.d) + " (v6: 64, 128, 256)";
+    if (p.d != 64 && p.d != 128 && p.d != 256) return "head dim " + std::to_string(p.d) + " (v9: 64, 128, 256)";
     return "";
   }
-  if (p.dtype != DType::bf16) return std::string(dtype_name(p.dtype)) + " (steps 1-5 are built for bf16)";
-  if (p.d != 64 && p.d != 128) return "head dim " + std::to_string(p.d) + " (steps 1-5: 64, 128)";
+  if (p.dtype != DType::bf16) return std::string(dtype_name(p.dtype)) + " (steps 1-8 are built for bf16)";
+  if (p.d != 64 && p.d != 128) return "head dim " + std::to_string(p.d) + " (steps 1-8: 64, 128)";
   return "";
 }
 
@@ -56,12 +59,15 @@ FwdParams make_params(const Problem& p, const DeviceTensor& q, const DeviceTenso
 
 bool launch_step(int step, const FwdParams& f, DType t) {
   switch (step) {
-    case 1: return launch_v1(f, t, 0);
-    case 2: return launch_v2(f, t, 0);
-    case 3: return launch_v3(f, t, 0);
-    case 4: return launch_v4(f, t, 0);
-    case 5: return launch_v5(f, t, 0);
-    case 6: return launch_v6(f, t, 0);
+    case 1: return v1::launch(f, t, 0);
+    case 2: return v2::launch(f, t, 0);
+    case 3: return v3::launch(f, t, 0);
+    case 4: return v4::launch(f, t, 0);
+    case 5: return v5::launch(f, t, 0);
+    case 6: return v6::launch(f, t, 0);
+    case 7: return v7::launch(f, t, 0);
+    case 8: return v8::launch(f, t, 0);
+    case 9: return v9::launch(f, t, 0);
   }
   return false;
 }
@@ -113,7 +119,7 @@ GpuBackward fa2_backward_gpu(const Problem& p, const AttnInputs& in, bool determ
   DeviceTensor o(p.dtype, p.o_elems());
   DeviceBuffer<float> lse(p.lse_elems());
   const FwdParams f = make_params(p, q, k, v, o, lse);
-  if (!launch_v6(f, p.dtype, 0)) throw CudaError("backward: no forward kernel for this problem");
+  if (!v9::launch(f, p.dtype, 0)) throw CudaError("backward: no forward kernel for this problem");
   CUDA_CHECK_LAUNCH("forward for the backward");
 
   DeviceTensor dq(p.dtype, p.q_elems()), dk(p.dtype, p.k_elems()), dv(p.dtype, p.v_elems());

@@ -10,8 +10,8 @@
 
 namespace attn::ch04 {
 
-/// The forward steps, 1..6 (steps/vN_*.cu).
-constexpr int kSteps = 6;
+/// The forward steps, 1..9 (steps/vN_*.cu); step kSteps is the final kernel.
+constexpr int kSteps = 9;
 const char* step_name(int step);
 /// Empty when the step runs this problem, else why not (dtype, head dim).
 std::string step_unsupported(int step, const Problem& p);

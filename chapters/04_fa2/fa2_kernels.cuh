@@ -24,14 +24,20 @@ struct FwdParams {
   bool causal;       ///< bottom-right aligned: row i sees keys j <= i + (nk - nq)
 };
 
-/// Each step's launcher: dispatches on dtype and head dim; returns false when the
-/// step has no kernel for them (the caller reports "not supported").
-bool launch_v1(const FwdParams& p, DType t, cudaStream_t s);
-bool launch_v2(const FwdParams& p, DType t, cudaStream_t s);
-bool launch_v3(const FwdParams& p, DType t, cudaStream_t s);
-bool launch_v4(const FwdParams& p, DType t, cudaStream_t s);
-bool launch_v5(const FwdParams& p, DType t, cudaStream_t s);
-bool launch_v6(const FwdParams& p, DType t, cudaStream_t s);
+/// The forward steps, steps/vN_*.cu: each in its own namespace vN, with the same
+/// names in every step (kernel `fwd_kernel`, this launcher), so that a step's diff
+/// against its predecessor shows only its idea. The launcher dispatches on dtype and
+/// head dim; it returns false when the step has no kernel for them (the caller
+/// reports "not supported"), and launches on stream `s` otherwise.
+namespace v1 { bool launch(const FwdParams& p, DType t, cudaStream_t s); }
+namespace v2 { bool launch(const FwdParams& p, DType t, cudaStream_t s); }
+namespace v3 { bool launch(const FwdParams& p, DType t, cudaStream_t s); }
+namespace v4 { bool launch(const FwdParams& p, DType t, cudaStream_t s); }
+namespace v5 { bool launch(const FwdParams& p, DType t, cudaStream_t s); }
+namespace v6 { bool launch(const FwdParams& p, DType t, cudaStream_t s); }
+namespace v7 { bool launch(const FwdParams& p, DType t, cudaStream_t s); }
+namespace v8 { bool launch(const FwdParams& p, DType t, cudaStream_t s); }
+namespace v9 { bool launch(const FwdParams& p, DType t, cudaStream_t s); }
 
 struct BwdParams {
   const void* q;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/index.hpp"
 #include "common/online_softmax.hpp"
 
 namespace attn::ch04 {
@@ -15,9 +16,9 @@ constexpr float kNegInf = -INFINITY;
 /// Keys [0, n_end) that rows [row0, row0 + rows) can see (causal skipping).
 int key_end(const Problem& p, int row0, int rows) {
   if (!p.causal) return p.nk;
-  // EXERCISE ch04.2: causal block skipping: the last row of the block sees keys j <= row + (Nk - Nq)
+  // EXERCISE ch04.2: causal block skipping: the keys the block's rows see (the rule: common/index.hpp)
   //| return p.nk;  // TODO: your code here
-  return std::clamp(row0 + rows + (p.nk - p.nq), 0, p.nk);
+  return CausalMask(p.nq, p.nk).key_end(row0 + rows);  // its last row sees the most
   // END EXERCISE
 }
 
@@ -73,11 +74,11 @@ Fa2ForwardResult fa2_forward_model(const Problem& p, const AttnInputs& in, std::
             float* s = S.data() + std::size_t(r2) * Bc;
             float mx = kNegInf;
             for (int c = 0; c < cols; ++c) {
-              const bool hidden = p.causal && col0 + c > row + (p.nk - p.nq);
+              const bool hidden = p.causal && !causal_visible(row, col0 + c, p.nq, p.nk);
               s[c] = hidden ? kNegInf : dot(Qi.data() + std::size_t(r2) * d, Kj.data() + std::size_t(c) * d, d);
               mx = std::max(mx, s[c]);
             }
-            // The base-2 online softmax of v5/v6: one FFMA and one exp2 per score.
+            // The base-2 online softmax of the tensor-core steps: one FFMA and one exp2 per score.
             const float m_new = std::max(m[r2], mx * scale_log2);
             const float shift = finite_max(m_new);
             const float alpha = std::exp2(m[r2] - shift);
@@ -120,11 +121,11 @@ Fa2ForwardResult fa2_forward_model(const Problem& p, const AttnInputs& in, std::
   return r;
 }
 
-double fa2_forward_bytes(const Problem& p, Fa2Tiles t, bool causal_skip) {
+double fa2_forward_bytes(const Problem& p, Fa2Tiles t) {
   const double e = dtype_bytes(p.dtype);
   double kv_rows = 0;  // K/V rows loaded by one (batch, head)'s thread blocks
   for (int row0 = 0; row0 < p.nq; row0 += t.Br) {
-    const int n_end = causal_skip ? key_end(p, row0, std::min(t.Br, p.nq - row0)) : p.nk;
+    const int n_end = key_end(p, row0, std::min(t.Br, p.nq - row0));
     kv_rows += std::min(p.nk, (n_end + t.Bc - 1) / t.Bc * t.Bc);  // whole tiles, clipped at Nk
   }
   const double bh = double(p.batch) * p.heads;
@@ -146,7 +147,7 @@ Fa2BackwardResult fa2_backward_model(const Problem& p, const AttnInputs& in, std
   GlobalTensor dV(tr, "dV", p.v_elems(), p.dtype, Role::output);
   const int e = dtype_bytes(p.dtype), Br = t.Br, Bc = t.Bc, d = p.d, dv = p.dv;
   const float tau = float(p.softmax_scale());
-  const int diag = p.nk - p.nq;
+  const CausalMask mask(p.nq, p.nk);
 
   // Preprocess: D_i = dO_i . O_i, and dQ's accumulator zeroed.
   {
@@ -181,7 +182,7 @@ Fa2BackwardResult fa2_backward_model(const Problem& p, const AttnInputs& in, std
         V.load_block(p.v_off(b, hk) + std::size_t(col0) * dv, cols, dv, dv, Vj.data());
         dKj.fill(0.f);
         dVj.fill(0.f);
-        const int i_first = p.causal ? std::max(0, (col0 - diag) / Br) * Br : 0;
+        const int i_first = p.causal ? mask.first_query(col0) / Br * Br : 0;
         for (int h = hk * p.group(); h < (hk + 1) * p.group(); ++h)
           for (int row0 = i_first; row0 < p.nq; row0 += Br) {
             const int rows = std::min(Br, p.nq - row0);
@@ -195,7 +196,7 @@ Fa2BackwardResult fa2_backward_model(const Problem& p, const AttnInputs& in, std
                 const int row = row0 + r2, key = col0 + c;
                 const float lse = stats[r2];
                 float pv = 0.f;
-                if (!(p.causal && key > row + diag) && lse != kNegInf)
+                if (!(p.causal && !mask.visible(row, key)) && lse != kNegInf)
                   pv = std::exp(tau * dot(Qi.data() + std::size_t(r2) * d, Kj.data() + std::size_t(c) * d, d) - lse);
                 const float dp = dot(dOi.data() + std::size_t(r2) * dv, Vj.data() + std::size_t(c) * dv, dv);
                 const float ds = round_to(p.dtype, pv * (dp - stats[Br + r2]));  // dS enters two products

@@ -25,11 +25,26 @@
 
 namespace attn::ch04 {
 
-/// The final kernel's tiles (steps/v6_final.cu): Br query rows per thread block,
-/// Bc keys per K/V tile.
+/// The final kernel's tiles (steps/v9_per_dim_tiles.cu at d = 128): Br query rows
+/// per thread block, Bc keys per K/V tile.
 struct Fa2Tiles {
   int Br = 128, Bc = 64;
 };
+
+/// The tiles forward step `step` (1..9) runs at head dim d: v1 has chapter 03's
+/// blocks, v2-v5 64 x 64, v6-v8 two 16-row tiles per warp (Br = 128), v9 its own
+/// per head dim (Bc = 128 at d = 64).
+constexpr Fa2Tiles step_tiles(int step, int d) {
+  if (step == 1) return d == 64 ? Fa2Tiles{64, 128} : Fa2Tiles{64, 64};
+  if (step <= 5) return {64, 64};
+  if (step == 9 && d == 64) return {128, 128};
+  return {128, 64};
+}
+
+/// One SM of an H100/H200: 228 KB of shared memory and a 256 KB register file. The
+/// CPU model's default on-chip budget; it holds the final kernel's tiles at every
+/// head dim the chapter accepts.
+constexpr std::size_t kSmOnChipBytes = (228 + 256) * 1024;
 
 /// On-chip budget the model's default tiles need at head dim d (shared-memory
 /// tiles Q_i, K_j, V_j in the input type; S/P, O_i, m_i, l_i in fp32 registers).
@@ -46,10 +61,9 @@ struct Fa2ForwardResult {
 Fa2ForwardResult fa2_forward_model(const Problem& p, const AttnInputs& in, std::size_t sram_bytes,
                                    Fa2Tiles t = {});
 
-/// Bytes of the forward from the tile sizes alone; equals the model's count. With
-/// `causal_skip` false every query block reads every K/V block (steps 1-4, which
-/// mask instead of skipping).
-double fa2_forward_bytes(const Problem& p, Fa2Tiles t = {}, bool causal_skip = true);
+/// Bytes of the forward from the tile sizes alone, with causal block skipping as
+/// every step does it; equals the model's count.
+double fa2_forward_bytes(const Problem& p, Fa2Tiles t = {});
 
 struct Fa2BackwardResult {
   std::vector<float> dq, dk, dv;

@@ -1,8 +1,9 @@
 #pragma once
 /// \file index.cuh
 /// \brief Device-side index arithmetic: `ceil_div`, the GQA head map
-///        `kv_head_of`, and the causal visibility rule (`causal_visible`,
-///        `causal_key_end`, `causal_first_query`, `causal_tile`).
+///        `kv_head_of`, and the causal visibility rule (`CausalMask`, and the
+///        free functions `causal_visible`, `causal_key_end`, `causal_first_query`,
+///        `causal_tile` built on it).
 ///
 /// They live in `common/index.hpp`, written once as `constexpr __host__
 /// __device__` functions so that host code and CPU models use the very same rule;
@@ -21,5 +22,6 @@ using ::attn::causal_key_end;
 using ::attn::causal_first_query;
 using ::attn::causal_tile;
 using ::attn::TileMask;
+using ::attn::CausalMask;
 
 }  // namespace attn::cuda

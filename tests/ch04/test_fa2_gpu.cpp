@@ -59,21 +59,34 @@ TEST_CASE("forward step 3 (ldmatrix and swizzle)") {
 TEST_CASE("forward step 4 (cp.async)") {
   for (const Problem& p : kShapes) check_step(4, p);
 }
-TEST_CASE("forward step 5 (exp2 and causal skipping)") {
+TEST_CASE("forward step 5 (heaviest first)") {
   for (const Problem& p : kShapes) check_step(5, p);
   check_step(5, shape().n(256).d(64).causal(), Dist::mean_shifted);
 }
-TEST_CASE("forward step 6 (final): bf16 and fp16, d 64/128/256, mean-shifted and outliers") {
+TEST_CASE("forward step 6 (two tiles per warp)") {
+  for (const Problem& p : kShapes) check_step(6, p);
+  check_step(6, shape().heads(2).n(127, 129).d(128).causal(), Dist::mean_shifted);  // one row short of Br
+}
+TEST_CASE("forward step 7 (deferred row sums)") {
+  for (const Problem& p : kShapes) check_step(7, p);
+  check_step(7, shape().heads(2).n(129).d(64).causal(), Dist::outliers);  // one row past Br
+}
+TEST_CASE("forward step 8 (O through shared memory)") {
+  for (const Problem& p : kShapes) check_step(8, p);
+  check_step(8, shape().batch(3).heads(2, 1).n(65, 400).d(128).causal());
+}
+TEST_CASE("forward step 9 (final): bf16 and fp16, d 64/128/256, mean-shifted and outliers") {
   for (const Problem& p : kShapes) {
-    check_step(6, p);
+    check_step(9, p);
     Problem h = p;
     h.dtype = DType::f16;
-    check_step(6, h);
+    check_step(9, h);
   }
-  check_step(6, shape().heads(2).n(300).d(256).causal());
-  check_step(6, shape().batch(2).heads(2, 1).n(129, 257).d(256).dtype(DType::f16));
-  check_step(6, shape().heads(4).n(512).d(128).causal(), Dist::mean_shifted);
-  check_step(6, shape().heads(4).n(512).d(64), Dist::outliers);
+  check_step(9, shape().heads(2).n(300).d(256).causal());
+  check_step(9, shape().batch(2).heads(2, 1).n(129, 257).d(256).dtype(DType::f16));
+  check_step(9, shape().n(700, 100).d(256).causal());  // empty rows at d = 256
+  check_step(9, shape().heads(4).n(512).d(128).causal(), Dist::mean_shifted);
+  check_step(9, shape().heads(4).n(512).d(64), Dist::outliers);
 }
 
 TEST_CASE("exercise ch04.3: backward with dQ atomics") {

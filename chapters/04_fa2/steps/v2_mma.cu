@@ -1,20 +1,39 @@
 // Chapter 04 - FlashAttention-2 forward, built in steps. Each file is a whole kernel;
-// `diff` two neighbours to see one move.
+// `diff` two neighbours to see one move (the first against chapter 03's fa1.cu).
 //
-//   v1_loop_swap.cu          Q outer, K/V inner, grid (Nq/Br, B*H); scalar FMA math
-// > v2_mma.cu                tensor cores: mma.sync m16n8k16, Q split over 4 warps, P in registers
-//   v3_ldmatrix_swizzle.cu   ldmatrix fragments from XOR-swizzled shared memory: no bank conflicts
-//   v4_cp_async.cu           cp.async: K_{j+1} and V_j stream in while the other product runs
-//   v5_exp2_causal.cu        exp2 with tau*log2(e) folded in, causal block skipping, heaviest-first order
-//   v6_final.cu              two 16-row tiles per warp (Br = 128), deferred row sums, coalesced
-//                            O stores through shared memory; bf16 and fp16, d in {64, 128, 256}
+//   ../../03_fa1/fa1.cu        chapter 03: K/V outer, Q inner, (m, l, O) through HBM
+//   v1_loop_swap.cu            Q outer, K/V inner, grid (Nq/Br, B*H): (m, l, O) stay on chip
+// > v2_mma.cu                  tensor cores: mma.sync m16n8k16, Q split over 4 warps, P in registers
+//   v3_ldmatrix_swizzle.cu     ldmatrix fragments from XOR-swizzled shared memory: no bank conflicts
+//   v4_cp_async.cu             cp.async: K_{j+1} and V_j stream in while the other product runs
+//   v5_heaviest_first.cu       causal: the query blocks with the most keys start first
+//   v6_two_tiles_per_warp.cu   each warp owns 2 x 16 query rows (Br = 128): a K/V fragment feeds 2 mmas
+//   v7_deferred_rowsum.cu      row sums stay per-thread partial sums until the epilogue
+//   v8_smem_o_store.cu         O leaves through shared memory in coalesced 16-byte rows
+//   v9_per_dim_tiles.cu        a tile shape per head dim (d = 64: Bc = 128; d = 256: 8 warps), fp16 too
 //
 // This step: both products run on tensor cores (mma.sync m16n8k16, bf16 in, fp32
-// accumulate; fragment layouts in common/cuda/mma_sync.cuh). Q_i is split across the 4 warps, 16
-// rows each, and every warp sees all of K_j and V_j (FlashAttention-2 section 3.3;
-// FlashAttention-1 split K/V across warps instead and had to combine partial
-// outputs through shared memory). S's accumulators are reused in place as P, the
-// A operand of P V_j: P never leaves registers.
+// accumulate; the wrapper and its fragment layouts are common/cuda/mma_sync.cuh).
+// Q_i is split across the 4 warps, 16 rows each, and every warp sees all of K_j and
+// V_j (FlashAttention-2 section 3.3; FlashAttention-1 split K/V across warps instead
+// and had to combine partial outputs through shared memory). S's accumulators are
+// reused in place as P, the A operand of P V_j: P never leaves registers. What
+// changes with it, all of it forced by the register-resident fragments:
+//
+//   - tiles stay in the input type (bf16) in shared memory, not fp32: the tensor
+//     cores read 16-bit operands (copy_tile, common/cuda/smem_tiles.cuh);
+//   - each thread keeps (m, l) of the two rows its fragments touch in registers, and
+//     the quad of 4 lanes that shares a row reduces with two shuffles;
+//   - O_i stays unnormalised (FlashAttention-2 section 3.1): it is rescaled by
+//     2^(m_old - m_new) only, and divided by l_i once, in the epilogue;
+//   - the exponent is one FFMA and one ex2.approx (common/cuda/fast_math.cuh): log2(e)
+//     and tau are folded into the FFMA, where v1 scaled S when it was written, then
+//     called exp2f;
+//   - causal skipping keeps v1's rule (no K/V block past the diagonal of the block's
+//     last row is visited) written with common/index.hpp, and the mask is applied
+//     to fragments, only on blocks that need it;
+//   - 128 threads and Br x Bc = 64 x 64 for both head dims (v1: chapter 03's 256
+//     threads and blocks).
 //
 //        Q_i (Br = 64 rows)         K_j^T / V_j (Bc = 64 keys, all warps)
 //        +---------------+
@@ -29,15 +48,15 @@
 // the 8 rows g = 0..7 a warp reads at once all start in the same bank: 8-way bank
 // conflicts, and V must be gathered 16 bits at a time because P V_j needs it
 // transposed. Step 3 removes both.
-#include "common/online_softmax.hpp"
-#include "fa2_kernels.cuh"
-#include "common/cuda/cp_async.cuh"
+#include "common/cuda/check.cuh"
 #include "common/cuda/fast_math.cuh"
-#include "common/cuda/ldmatrix.cuh"
+#include "common/cuda/index.cuh"
 #include "common/cuda/mma_sync.cuh"
 #include "common/cuda/smem_tiles.cuh"
+#include "common/online_softmax.hpp"
+#include "fa2_kernels.cuh"
 
-namespace attn::ch04 {
+namespace attn::ch04::v2 {
 namespace {
 using namespace attn::cuda;
 
@@ -55,7 +74,7 @@ struct Cfg {
 };
 
 template <class T, class C>
-__global__ void __launch_bounds__(C::kThreads) fa2_fwd_v2(const FwdParams p) {
+__global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
   constexpr int D = C::D, MT = C::MT, Bc = C::Bc, Br = C::Br, NT = C::NT, DT = C::DT;
   extern __shared__ __align__(128) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);  // [Br][D]  Q_i
@@ -66,7 +85,7 @@ __global__ void __launch_bounds__(C::kThreads) fa2_fwd_v2(const FwdParams p) {
   const int g = lane / 4, t = lane % 4;  // mma fragment coordinates (common/cuda/mma_sync.cuh)
   const int i_blk = blockIdx.x;
   const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
-  const int hk = h / (p.heads / p.kv_heads);
+  const int hk = kv_head_of(h, p.heads, p.kv_heads);
   const T* Q = static_cast<const T*>(p.q) + std::size_t(bh) * p.nq * D;
   const T* K = static_cast<const T*>(p.k) + (std::size_t(b) * p.kv_heads + hk) * p.nk * D;
   const T* V = static_cast<const T*>(p.v) + (std::size_t(b) * p.kv_heads + hk) * p.nk * D;
@@ -74,16 +93,24 @@ __global__ void __launch_bounds__(C::kThreads) fa2_fwd_v2(const FwdParams p) {
   float* LSE = p.lse + std::size_t(bh) * p.nq;
   const int row0 = i_blk * Br;          // first query row of Q_i
   const int wrow = warp * 16 * MT;      // first row of this warp within Q_i
-  const int diag = p.nk - p.nq;         // row i sees keys j <= i + diag
+  const CausalMask mask(p.nq, p.nk);    // row i sees keys j <= i + (nk - nq)
 
-  const int n_blocks = (p.nk + Bc - 1) / Bc;  // every K/V block, masked where causal hides it
+  // Causal (chapter 03's block skipping, in the common rule of common/index.hpp): K/V
+  // blocks past the diagonal of the block's last row are never visited; blocks the
+  // diagonal crosses are masked below, blocks left of it need no mask.
+  //
+  //          keys ->   j=0   j=1   j=2   j=3
+  //   Q_i rows     |  full  full  diag  skip |
+  //
+  const int n_end = p.causal ? mask.key_end(min(row0 + Br, p.nq)) : p.nk;
+  const int n_blocks = ceil_div(n_end, Bc);
 
   copy_tile<Br, D, C::kThreads, false>(sQ, Q, row0, p.nq);
   // Two 16-bit elements at p as one register (they must be adjacent in memory).
   auto lds32 = [](const T* p) { return *reinterpret_cast<const uint32_t*>(p); };
 
   float o[MT][DT][4];   // O_i, unnormalised: rows g and g+8 of each 16-row tile
-  float m[MT][2], l[MT][2];  // running max (raw scores) and row sum of each of this thread's rows
+  float m[MT][2], l[MT][2];  // running max (base-2 units) and row sum of each of this thread's rows
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -131,9 +158,10 @@ __global__ void __launch_bounds__(C::kThreads) fa2_fwd_v2(const FwdParams p) {
       }
     }
 
-    // Mask the ragged last block, and (causal) every block that reaches past the diagonal.
+    // Mask only where needed: the ragged last block, and blocks the diagonal crosses.
     const int col0 = j * Bc;
-    if (col0 + Bc > p.nk || (p.causal && col0 + Bc - 1 > row0 + diag)) {
+    const bool diagonal = p.causal && mask.tile(row0, row0 + Br, col0, col0 + Bc) != TileMask::full;
+    if (col0 + Bc > p.nk || diagonal) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -142,12 +170,12 @@ __global__ void __launch_bounds__(C::kThreads) fa2_fwd_v2(const FwdParams p) {
           for (int e = 0; e < 4; ++e) {
             const int row = row0 + wrow + mt * 16 + g + (e / 2) * 8;
             const int col = col0 + nt * 8 + 2 * t + (e % 2);
-            if (col >= p.nk || (p.causal && col > row + diag)) s[mt][nt][e] = neg_inf<float>();
+            if (col >= p.nk || (p.causal && !mask.visible(row, col))) s[mt][nt][e] = neg_inf<float>();
           }
     }
 
-    // Online softmax (common/online_softmax.hpp): m_new = max(m, rowmax(S)),
-    // P = exp(tau (S - m_new)), O and l rescaled by exp(tau (m - m_new)).
+    // Online softmax in base 2 (common/online_softmax.hpp): m_new = max(m, rowmax(S) * tau*log2e),
+    // P = 2^(S * tau*log2e - m_new) in one FFMA + one ex2, O and l rescaled by 2^(m - m_new).
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -157,16 +185,16 @@ __global__ void __launch_bounds__(C::kThreads) fa2_fwd_v2(const FwdParams p) {
         for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the 4 lanes of a quad share a row
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m[mt][r], mx);
+        const float m_new = fmaxf(m[mt][r], mx * p.scale_log2);
         const float shift = finite_max(m_new);  // an all-masked row shifts by 0, not -inf
-        const float alpha = __expf((m[mt][r] - shift) * p.scale);
+        const float alpha = exp2_approx(m[mt][r] - shift);
         m[mt][r] = m_new;
         float rowsum = 0.f;
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
-            const float pv = __expf((s[mt][nt][2 * r + c] - shift) * p.scale);
+            const float pv = exp2_approx(fmaf(s[mt][nt][2 * r + c], p.scale_log2, -shift));
             s[mt][nt][2 * r + c] = pv;
             rowsum += pv;
           }
@@ -215,7 +243,7 @@ __global__ void __launch_bounds__(C::kThreads) fa2_fwd_v2(const FwdParams p) {
   }
 
   // Epilogue: O_i / l_i straight from the accumulators (4 bytes per store) and
-  // LSE_i = tau m_i + log l_i.
+  // LSE_i = (m_i + log2 l_i) * ln 2.
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -227,32 +255,35 @@ __global__ void __launch_bounds__(C::kThreads) fa2_fwd_v2(const FwdParams p) {
       for (int dt = 0; dt < DT; ++dt)
         *reinterpret_cast<uint32_t*>(O + std::size_t(row) * D + dt * 8 + 2 * t) =
             pack2<T>(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
-      if (t == 0) LSE[row] = l[mt][r] > 0.f ? BaseE::lse(m[mt][r] * p.scale, l[mt][r]) : neg_inf<float>();
+      if (t == 0) LSE[row] = l[mt][r] > 0.f ? Base2::lse(m[mt][r], l[mt][r]) : neg_inf<float>();
     }
 }
 
 template <class T, class C>
-void launch(const FwdParams& p, cudaStream_t s) {
-  auto kernel = fa2_fwd_v2<T, C>;
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
-  const dim3 grid((p.nq + C::Br - 1) / C::Br, p.batch * p.heads);
-  kernel<<<grid, C::kThreads, C::kSmemBytes, s>>>(p);
+void launch_cfg(const FwdParams& p, cudaStream_t s) {
+  static const bool configured = [] {  // once per instantiation
+    CUDA_CHECK(cudaFuncSetAttribute(fwd_kernel<T, C>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
+    return true;
+  }();
+  (void)configured;
+  const dim3 grid(ceil_div(p.nq, C::Br), p.batch * p.heads);
+  fwd_kernel<T, C><<<grid, C::kThreads, C::kSmemBytes, s>>>(p);
 }
 
 template <class T>
 bool launch_dtype(const FwdParams& p, cudaStream_t s) {
   switch (p.d) {
-    case 64: launch<T, Cfg<64, 4, 1, 64>>(p, s); return true;     // Br 64, Bc 64, 24 KB smem
-    case 128: launch<T, Cfg<128, 4, 1, 64>>(p, s); return true;   // Br 64, Bc 64, 48 KB smem
+    case 64: launch_cfg<T, Cfg<64, 4, 1, 64>>(p, s); return true;     // Br 64, Bc 64, 24 KB smem
+    case 128: launch_cfg<T, Cfg<128, 4, 1, 64>>(p, s); return true;   // Br 64, Bc 64, 48 KB smem
     default: return false;
   }
 }
 
 }  // namespace
 
-bool launch_v2(const FwdParams& p, DType t, cudaStream_t s) {
+bool launch(const FwdParams& p, DType t, cudaStream_t s) {
   if (t == DType::bf16) return launch_dtype<__nv_bfloat16>(p, s);
   return false;
 }
 
-}  // namespace attn::ch04
+}  // namespace attn::ch04::v2

@@ -1,30 +1,35 @@
 // Chapter 04 - FlashAttention-2 forward, built in steps. Each file is a whole kernel;
-// `diff` two neighbours to see one move.
+// `diff` two neighbours to see one move (the first against chapter 03's fa1.cu).
 //
-//   v1_loop_swap.cu          Q outer, K/V inner, grid (Nq/Br, B*H); scalar FMA math
-//   v2_mma.cu                tensor cores: mma.sync m16n8k16, Q split over 4 warps, P in registers
-//   v3_ldmatrix_swizzle.cu   ldmatrix fragments from XOR-swizzled shared memory: no bank conflicts
-//   v4_cp_async.cu           cp.async: K_{j+1} and V_j stream in while the other product runs
-// > v5_exp2_causal.cu        exp2 with tau*log2(e) folded in, causal block skipping, heaviest-first order
-//   v6_final.cu              two 16-row tiles per warp (Br = 128), deferred row sums, coalesced
-//                            O stores through shared memory; bf16 and fp16, d in {64, 128, 256}
+//   ../../03_fa1/fa1.cu        chapter 03: K/V outer, Q inner, (m, l, O) through HBM
+//   v1_loop_swap.cu            Q outer, K/V inner, grid (Nq/Br, B*H): (m, l, O) stay on chip
+//   v2_mma.cu                  tensor cores: mma.sync m16n8k16, Q split over 4 warps, P in registers
+//   v3_ldmatrix_swizzle.cu     ldmatrix fragments from XOR-swizzled shared memory: no bank conflicts
+//   v4_cp_async.cu             cp.async: K_{j+1} and V_j stream in while the other product runs
+//   v5_heaviest_first.cu       causal: the query blocks with the most keys start first
+//   v6_two_tiles_per_warp.cu   each warp owns 2 x 16 query rows (Br = 128): a K/V fragment feeds 2 mmas
+// > v7_deferred_rowsum.cu      row sums stay per-thread partial sums until the epilogue
+//   v8_smem_o_store.cu         O leaves through shared memory in coalesced 16-byte rows
+//   v9_per_dim_tiles.cu        a tile shape per head dim (d = 64: Bc = 128; d = 256: 8 warps), fp16 too
 //
-// This step: (1) the softmax runs in base 2 with log2(e) folded into the scale, so
-// each probability costs one FFMA and one ex2 instead of a subtract, a multiply and
-// expf's own multiply; (2) causal work is classified per K/V block: blocks past the
-// diagonal of the block's last row are never loaded, blocks wholly left of the
-// first row's diagonal run without a mask, and only the diagonal blocks pay for
-// one; (3) the query blocks with the most keys start first, so the short ones
-// fill the tail of the grid instead of idling SMs behind one long block.
-#include "common/online_softmax.hpp"
-#include "fa2_kernels.cuh"
+// This step: the row sums l_i stay per-thread partial sums until the end. Each of
+// the 4 lanes of a quad holds a quarter of a row's columns; the rescale by
+// 2^(m_old - m_new) is the same for all four (m is already reduced across the quad,
+// because P needs the row maximum), so the four partial sums can each be rescaled
+// and accumulated on their own and added once, in the epilogue: one quad reduction
+// (two shuffles) per row instead of one per K/V block. The epilogue adds the
+// partials before it divides O_i by l_i and writes the LSE.
+#include "common/cuda/check.cuh"
 #include "common/cuda/cp_async.cuh"
 #include "common/cuda/fast_math.cuh"
+#include "common/cuda/index.cuh"
 #include "common/cuda/ldmatrix.cuh"
 #include "common/cuda/mma_sync.cuh"
 #include "common/cuda/smem_tiles.cuh"
+#include "common/online_softmax.hpp"
+#include "fa2_kernels.cuh"
 
-namespace attn::ch04 {
+namespace attn::ch04::v7 {
 namespace {
 using namespace attn::cuda;
 
@@ -43,7 +48,7 @@ struct Cfg {
 };
 
 template <class T, class C>
-__global__ void __launch_bounds__(C::kThreads) fa2_fwd_v5(const FwdParams p) {
+__global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
   constexpr int D = C::D, MT = C::MT, Bc = C::Bc, Br = C::Br, NT = C::NT, DT = C::DT, KC = C::kChunks;
   extern __shared__ __align__(128) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);  // [Br][D]  Q_i
@@ -55,7 +60,7 @@ __global__ void __launch_bounds__(C::kThreads) fa2_fwd_v5(const FwdParams p) {
   // Causal: the last query blocks see the most keys; start them first.
   const int i_blk = p.causal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
   const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
-  const int hk = h / (p.heads / p.kv_heads);
+  const int hk = kv_head_of(h, p.heads, p.kv_heads);
   const T* Q = static_cast<const T*>(p.q) + std::size_t(bh) * p.nq * D;
   const T* K = static_cast<const T*>(p.k) + (std::size_t(b) * p.kv_heads + hk) * p.nk * D;
   const T* V = static_cast<const T*>(p.v) + (std::size_t(b) * p.kv_heads + hk) * p.nk * D;
@@ -63,17 +68,17 @@ __global__ void __launch_bounds__(C::kThreads) fa2_fwd_v5(const FwdParams p) {
   float* LSE = p.lse + std::size_t(bh) * p.nq;
   const int row0 = i_blk * Br;          // first query row of Q_i
   const int wrow = warp * 16 * MT;      // first row of this warp within Q_i
-  const int diag = p.nk - p.nq;         // row i sees keys j <= i + diag
+  const CausalMask mask(p.nq, p.nk);    // row i sees keys j <= i + (nk - nq)
 
-  // Causal block classification: K/V blocks past the last row's diagonal are skipped
-  // entirely; blocks wholly left of the first row's diagonal need no mask.
+  // Causal (chapter 03's block skipping, in the common rule of common/index.hpp): K/V
+  // blocks past the diagonal of the block's last row are never visited; blocks the
+  // diagonal crosses are masked below, blocks left of it need no mask.
   //
   //          keys ->   j=0   j=1   j=2   j=3
-  //   Q_i rows     |  keep  keep  diag  skip |
+  //   Q_i rows     |  full  full  diag  skip |
   //
-  int n_end = p.nk;
-  if (p.causal) n_end = min(p.nk, min(row0 + Br, p.nq) + diag);
-  const int n_blocks = n_end > 0 ? (n_end + Bc - 1) / Bc : 0;
+  const int n_end = p.causal ? mask.key_end(min(row0 + Br, p.nq)) : p.nk;
+  const int n_blocks = ceil_div(n_end, Bc);
 
   const uint32_t aQ = smem_u32(sQ), aK = smem_u32(sK), aV = smem_u32(sV);
   load_tile<Br, D, C::kThreads>(aQ, Q, row0, p.nq);
@@ -87,7 +92,7 @@ __global__ void __launch_bounds__(C::kThreads) fa2_fwd_v5(const FwdParams p) {
   const SwizzledLane<KC> v_frag(aV, lane % 8 + ((lane / 8) % 2) * 8, lane / 16);
 
   float o[MT][DT][4];   // O_i, unnormalised: rows g and g+8 of each 16-row tile
-  float m[MT][2], l[MT][2];  // running max (base-2 units) and row sum of each of this thread's rows
+  float m[MT][2], l[MT][2];  // running max (base-2 units) and this thread's partial row sum
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -125,9 +130,10 @@ __global__ void __launch_bounds__(C::kThreads) fa2_fwd_v5(const FwdParams p) {
       }
     }
 
-    // Mask only where needed: the ragged last block, and blocks crossing the diagonal.
+    // Mask only where needed: the ragged last block, and blocks the diagonal crosses.
     const int col0 = j * Bc;
-    if (col0 + Bc > p.nk || (p.causal && col0 + Bc - 1 > row0 + diag)) {
+    const bool diagonal = p.causal && mask.tile(row0, row0 + Br, col0, col0 + Bc) != TileMask::full;
+    if (col0 + Bc > p.nk || diagonal) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -136,7 +142,7 @@ __global__ void __launch_bounds__(C::kThreads) fa2_fwd_v5(const FwdParams p) {
           for (int e = 0; e < 4; ++e) {
             const int row = row0 + wrow + mt * 16 + g + (e / 2) * 8;
             const int col = col0 + nt * 8 + 2 * t + (e % 2);
-            if (col >= p.nk || (p.causal && col > row + diag)) s[mt][nt][e] = neg_inf<float>();
+            if (col >= p.nk || (p.causal && !mask.visible(row, col))) s[mt][nt][e] = neg_inf<float>();
           }
     }
 
@@ -164,9 +170,7 @@ __global__ void __launch_bounds__(C::kThreads) fa2_fwd_v5(const FwdParams p) {
             s[mt][nt][2 * r + c] = pv;
             rowsum += pv;
           }
-        rowsum += __shfl_xor_sync(0xffffffffu, rowsum, 1);  // the full row sum, every block
-        rowsum += __shfl_xor_sync(0xffffffffu, rowsum, 2);
-        l[mt][r] = l[mt][r] * alpha + rowsum;
+        l[mt][r] = l[mt][r] * alpha + rowsum;  // partial over this thread's columns
 #pragma unroll
         for (int dt = 0; dt < DT; ++dt) {
           o[mt][dt][2 * r] *= alpha;
@@ -206,45 +210,51 @@ __global__ void __launch_bounds__(C::kThreads) fa2_fwd_v5(const FwdParams p) {
   }
   cp_async_wait<0>();
 
-  // Epilogue: O_i / l_i straight from the accumulators (4 bytes per store) and
-  // LSE_i = (m_i + log2 l_i) * ln 2.
+  // Epilogue: l_i = quad sum of the partial sums; O_i / l_i straight from the
+  // accumulators (4 bytes per store) and LSE_i = (m_i + log2 l_i) * ln 2.
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float inv = l[mt][r] > 0.f ? 1.f / l[mt][r] : 0.f;  // an empty row's output is 0
+      float lsum = l[mt][r];
+      lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
+      lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
+      const float inv = lsum > 0.f ? 1.f / lsum : 0.f;  // an empty row's output is 0
       const int row = row0 + wrow + mt * 16 + g + r * 8;
       if (row >= p.nq) continue;
 #pragma unroll
       for (int dt = 0; dt < DT; ++dt)
         *reinterpret_cast<uint32_t*>(O + std::size_t(row) * D + dt * 8 + 2 * t) =
             pack2<T>(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
-      if (t == 0) LSE[row] = l[mt][r] > 0.f ? Base2::lse(m[mt][r], l[mt][r]) : neg_inf<float>();
+      if (t == 0) LSE[row] = lsum > 0.f ? Base2::lse(m[mt][r], lsum) : neg_inf<float>();
     }
 }
 
 template <class T, class C>
-void launch(const FwdParams& p, cudaStream_t s) {
-  auto kernel = fa2_fwd_v5<T, C>;
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
-  const dim3 grid((p.nq + C::Br - 1) / C::Br, p.batch * p.heads);
-  kernel<<<grid, C::kThreads, C::kSmemBytes, s>>>(p);
+void launch_cfg(const FwdParams& p, cudaStream_t s) {
+  static const bool configured = [] {  // once per instantiation
+    CUDA_CHECK(cudaFuncSetAttribute(fwd_kernel<T, C>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
+    return true;
+  }();
+  (void)configured;
+  const dim3 grid(ceil_div(p.nq, C::Br), p.batch * p.heads);
+  fwd_kernel<T, C><<<grid, C::kThreads, C::kSmemBytes, s>>>(p);
 }
 
 template <class T>
 bool launch_dtype(const FwdParams& p, cudaStream_t s) {
   switch (p.d) {
-    case 64: launch<T, Cfg<64, 4, 1, 64>>(p, s); return true;     // Br 64, Bc 64, 24 KB smem
-    case 128: launch<T, Cfg<128, 4, 1, 64>>(p, s); return true;   // Br 64, Bc 64, 48 KB smem
+    case 64: launch_cfg<T, Cfg<64, 4, 2, 64>>(p, s); return true;     // Br 128, Bc 64, 32 KB smem
+    case 128: launch_cfg<T, Cfg<128, 4, 2, 64>>(p, s); return true;   // Br 128, Bc 64, 64 KB smem
     default: return false;
   }
 }
 
 }  // namespace
 
-bool launch_v5(const FwdParams& p, DType t, cudaStream_t s) {
+bool launch(const FwdParams& p, DType t, cudaStream_t s) {
   if (t == DType::bf16) return launch_dtype<__nv_bfloat16>(p, s);
   return false;
 }
 
-}  // namespace attn::ch04
+}  // namespace attn::ch04::v7
