@@ -89,6 +89,17 @@ TEST_CASE("forward step 9 (final): bf16 and fp16, d 64/128/256, mean-shifted and
   check_step(9, shape().heads(4).n(512).d(64), Dist::outliers);
 }
 
+// One small awkward shape through every kernel of the chapter: quick, and the set that
+// compute-sanitizer (memcheck, racecheck) runs: tests_ch04_gpu -tc="every kernel*".
+TEST_CASE("every kernel at one small awkward shape") {
+  for (int d : {64, 128, 256}) {
+    const Problem p = shape().heads(2, 1).n(130, 257).d(d).causal();
+    for (int s = 1; s <= kSteps; ++s) check_step(s, p);
+    if (backward_unsupported(p).empty())
+      for (bool det : {false, true}) check_backward(p, det);
+  }
+}
+
 TEST_CASE("exercise ch04.3: backward with dQ atomics") {
   for (const Problem p : {shape().n(1).d(64),
                           shape().heads(2).n(200).d(64).causal(),
