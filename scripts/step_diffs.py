@@ -7,12 +7,14 @@ diff against its predecessor is the lesson, so each README lists those diffs and
 their size:
 
     python3 scripts/step_diffs.py            # rewrite the tables in place
+    python3 scripts/step_diffs.py chapters/04_fa2/README.md   # only that README's table
     python3 scripts/step_diffs.py --check    # exit 1 if a table is stale or a step is missing
     python3 scripts/step_diffs.py --print    # print the tables, write nothing
 
 The chain is derived from the tree, not written down:
   * every `steps/` folder under chapters/ is one series, its steps `v<N>[suffix]_*.cu`
-    sorted by step number;
+    sorted by step number (a kernel file in steps/ without a step number is a series
+    of one, derived from what CROSS says);
   * a step derives from the step before it, unless its header says otherwise with
     "What changes from v<N>" (a branch: chapter 02's v3 and v4 both derive from v2);
   * a series' first step derives from another chapter's kernel, as the small table
@@ -77,9 +79,10 @@ CROSS: dict[str, Last | File | New] = {
     "chapters/03_fa1/fa1.cu": Last("chapters/02_online_softmax/steps"),
     "chapters/04_fa2/steps": File("chapters/03_fa1/fa1.cu"),
     "chapters/05_fa3_hopper/steps": Last("chapters/04_fa2/steps"),
-    "chapters/06_variants/masks/steps": Last("chapters/05_fa3_hopper/steps", skip="fp8", label="last bf16 step"),
-    "chapters/06_variants/gqa_mla/steps": Last("chapters/05_fa3_hopper/steps", skip="fp8", label="last bf16 step"),
-    "chapters/06_variants/ring/steps": Last("chapters/04_fa2/steps"),
+    # chapter 06's mask kernels: each is one earlier kernel with a mask policy put in
+    "chapters/06_variants/masks/steps/ampere_mask.cu": Last("chapters/04_fa2/steps"),
+    "chapters/06_variants/masks/steps/hopper_mask.cu": Last("chapters/05_fa3_hopper/steps", skip="fp8", label="last bf16 step"),
+    "chapters/06_variants/masks/steps/backward_mask.cu": File("chapters/04_fa2/backward.cu"),
     "chapters/07_paged_radix/steps": New("a decode (one query row per head), built on common/cuda/, not on an earlier loop"),
 }
 
@@ -215,7 +218,15 @@ def series_rows(key: str) -> list[Row]:
 
 
 def all_series() -> list[str]:
-    keys = {rel(p) for p in (ROOT / "chapters").glob("**/steps") if p.is_dir()}
+    """Every steps/ folder of numbered steps, every other kernel file in a steps/ folder
+    (a kernel of its own, derived as CROSS says), and every file CROSS names as a key."""
+    keys = set()
+    for folder in (ROOT / "chapters").glob("**/steps"):
+        if not folder.is_dir():
+            continue
+        if steps_of(folder):
+            keys.add(rel(folder))
+        keys |= {rel(p) for p in folder.glob("*.cu") if not STEP_RE.match(p.name)}
     keys |= {k for k in CROSS if (ROOT / k).is_file()}
     return sorted(keys)
 
@@ -300,7 +311,9 @@ def main() -> int:
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="exit 1 when a README's table is stale or a step is missing")
     mode.add_argument("--print", action="store_true", help="print the tables, write nothing")
+    ap.add_argument("readmes", nargs="*", help="write only these READMEs (default: every README with the markers)")
     args = ap.parse_args()
+    only = {(Path.cwd() / r).resolve() for r in args.readmes}
 
     tables, errors = build()
     stale = []
@@ -309,7 +322,7 @@ def main() -> int:
         new = splice(text, block)
         if args.print:
             print(f"## {rel(readme)}\n{block}\n")
-        elif new != text:
+        elif new != text and (not only or readme.resolve() in only):
             if args.check:
                 stale.append(rel(readme))
             else:

@@ -14,6 +14,7 @@
 
 #include "common/cuda/buffer.cuh"
 #include "common/cuda/check.cuh"
+#include "common/cuda/index.cuh"
 #include "common/cuda/timing.cuh"
 #include "common/cuda/types.cuh"
 #include "common/online_softmax.hpp"
@@ -251,7 +252,7 @@ GpuForward naive_forward_gpu(const Problem& p, const AttnInputs& in, Pipeline wh
     auto qk = [&] {
       if (which == Pipeline::handwritten) {
         const Batch bt{p.heads, p.group(), p.kv_heads, std::size_t(p.nq) * p.d, std::size_t(p.nk) * p.d, nn};
-        const dim3 grid((p.nk + BN - 1) / BN, (p.nq + BM - 1) / BM, bh);
+        const dim3 grid(cuda::ceil_div(p.nk, BN), cuda::ceil_div(p.nq, BM), bh);
         gemm_tiled<T, T, float, true><<<grid, block>>>(q.as<T>(), k.as<T>(), S.get(), p.nq, p.nk, p.d, tau, bt);
         CUDA_CHECK_LAUNCH("gemm_tiled (S = tau Q K^T)");
       } else {
@@ -265,18 +266,18 @@ GpuForward naive_forward_gpu(const Problem& p, const AttnInputs& in, Pipeline wh
       }
     };
     auto softmax = [&] {
+      const int diag = cuda::causal_diag(p.nq, p.nk);
       if (which == Pipeline::handwritten)
-        softmax_rows<float><<<unsigned(bh) * p.nq, kThreads>>>(S.get(), P.as<float>(), lse.get(), p.nq, p.nk,
-                                                               p.nk - p.nq, p.causal);
+        softmax_rows<float><<<unsigned(bh) * p.nq, kThreads>>>(S.get(), P.as<float>(), lse.get(), p.nq, p.nk, diag,
+                                                               p.causal);
       else
-        softmax_rows<T><<<unsigned(bh) * p.nq, kThreads>>>(S.get(), P.as<T>(), lse.get(), p.nq, p.nk, p.nk - p.nq,
-                                                           p.causal);
+        softmax_rows<T><<<unsigned(bh) * p.nq, kThreads>>>(S.get(), P.as<T>(), lse.get(), p.nq, p.nk, diag, p.causal);
       CUDA_CHECK_LAUNCH("softmax_rows");
     };
     auto pv = [&] {
       if (which == Pipeline::handwritten) {
         const Batch bt{p.heads, p.group(), p.kv_heads, nn, std::size_t(p.nk) * p.dv, std::size_t(p.nq) * p.dv};
-        const dim3 grid((p.dv + BN - 1) / BN, (p.nq + BM - 1) / BM, bh);
+        const dim3 grid(cuda::ceil_div(p.dv, BN), cuda::ceil_div(p.nq, BM), bh);
         gemm_tiled<float, T, T, false><<<grid, block>>>(P.as<float>(), v.as<T>(), o.as<T>(), p.nq, p.dv, p.nk, 1.f, bt);
         CUDA_CHECK_LAUNCH("gemm_tiled (O = P V)");
       } else {
@@ -321,7 +322,8 @@ void softmax_rows_gpu(const Problem& p, const std::vector<float>& s, std::vector
   S.upload(s);
   P.poison();
   L.poison();
-  softmax_rows<float><<<unsigned(rows), kThreads>>>(S.get(), P.get(), L.get(), p.nq, p.nk, p.nk - p.nq, p.causal);
+  const int diag = cuda::causal_diag(p.nq, p.nk);
+  softmax_rows<float><<<unsigned(rows), kThreads>>>(S.get(), P.get(), L.get(), p.nq, p.nk, diag, p.causal);
   CUDA_CHECK_LAUNCH("softmax_rows");
   CUDA_CHECK(cudaDeviceSynchronize());
   *prob = P.download();

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "common/index.hpp"
 #include "common/online_softmax.hpp"
 
 namespace attn::ch01 {
@@ -22,8 +23,6 @@ struct View {
     return trans ? off + std::size_t(c) * ld + r : off + std::size_t(r) * ld + c;
   }
 };
-
-int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 /// C (M x N) = alpha * A (M x K) * B (K x N) [+ C when accumulate], with the loop
 /// structure of gemm_tiled in naive.cu: one BM x BN tile of C per thread block,

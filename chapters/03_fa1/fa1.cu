@@ -40,6 +40,7 @@
 
 #include "common/cuda/buffer.cuh"
 #include "common/cuda/check.cuh"
+#include "common/cuda/index.cuh"
 #include "common/cuda/timing.cuh"
 #include "common/cuda/types.cuh"
 #include "common/errors.hpp"
@@ -88,7 +89,7 @@ __global__ void __launch_bounds__(kThreads, 1) fa1_forward(const ForwardArgs a) 
   ForwardSmem<D, Br, Bc>& sm = *reinterpret_cast<ForwardSmem<D, Br, Bc>*>(smem_raw);
 
   const int bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
-  const int hk = h / (a.heads / a.kv_heads);
+  const int hk = cuda::kv_head_of(h, a.heads, a.kv_heads);
   const std::size_t kv_head = std::size_t(b) * a.kv_heads + hk;
   const T* __restrict__ Q = static_cast<const T*>(a.q) + std::size_t(bh) * a.nq * D;
   const T* __restrict__ K = static_cast<const T*>(a.k) + kv_head * a.nk * D;
@@ -152,7 +153,7 @@ __global__ void __launch_bounds__(kThreads, 1) fa1_forward(const ForwardArgs a) 
 #pragma unroll
           for (int cb = 0; cb < CS; ++cb) {
             const int c = tx + 16 * cb, key = j0 + c;
-            const bool visible = c < kr && (!a.causal || key <= row + (a.nk - a.nq));
+            const bool visible = c < kr && (!a.causal || cuda::causal_visible(row, key, a.nq, a.nk));
             sm.S[r * sLd + c] = visible ? acc[ra][cb] * a.scale_log2 : neg_inf<float>();
           }
         }

@@ -40,6 +40,7 @@
 
 #include "common/cuda/buffer.cuh"
 #include "common/cuda/check.cuh"
+#include "common/cuda/index.cuh"
 #include "common/cuda/timing.cuh"
 #include "common/cuda/types.cuh"
 #include "common/errors.hpp"
@@ -187,7 +188,7 @@ __global__ void __launch_bounds__(kThreads, 1) fa1_backward(const BackwardArgs a
               const int c = tx + 16 * cb, key = j0 + c;
               // Padding rows and keys, and masked pairs, get P = 0 (so dS = 0): an empty
               // row, whose LSE is -inf, has no visible key and never reaches exp2f.
-              const bool visible = r < rows && c < kr && (!a.causal || key <= row + (a.nk - a.nq));
+              const bool visible = r < rows && c < kr && (!a.causal || cuda::causal_visible(row, key, a.nq, a.nk));
               const float prob = visible ? exp2f(fmaf(s[ra][cb], a.scale_log2, -sm.lse[r])) : 0.f;
               sm.P[r * sLd + c] = prob;
               sm.dS[r * sLd + c] = prob * (dp[ra][cb] - sm.Di[r]);

@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cstddef>
 
+#include "common/index.hpp"  // ceil_div, causal_diag
 #include "common/online_softmax.hpp"  // ATTN_HD
 #include "common/problem.hpp"
 
@@ -40,8 +41,6 @@ struct Blocks {
 
 /// Bytes of one on-chip element: every tile is fp32 on chip.
 constexpr int kOnChipElemBytes = 4;
-
-ATTN_HD constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 /// fp32 elements the forward model keeps on chip:
 /// K_j, V_j (Bc x d, Bc x dv) + Q_i (Br x d) + O_i (Br x dv) + S_ij (Br x Bc) + m_i, l_i.
@@ -116,7 +115,7 @@ ATTN_HD int last_visit(int nq, int nk, bool causal, Blocks b, int i) {
   //| return Tc - 1;  // TODO: every Q block visits every K/V block
   if (!causal) return Tc - 1;
   const int last_row = std::min((i + 1) * b.Br, nq) - 1;
-  const int last_key = last_row + (nk - nq);  // bottom-right alignment
+  const int last_key = last_row + causal_diag(nq, nk);  // bottom-right alignment
   if (last_key < 0) return -1;
   return std::min(Tc - 1, last_key / b.Bc);
   // END EXERCISE

@@ -13,8 +13,9 @@
 #include "common/report.hpp"
 #include "fa1_gpu.hpp"
 #include "fa1_model.hpp"
-#include "naive_gpu.hpp"
-#include "naive_model.hpp"
+// Chapter 01, by its path: this binary reports chapter 01's numbers next to FA1's.
+#include "chapters/01_naive/naive_gpu.hpp"
+#include "chapters/01_naive/naive_model.hpp"
 
 #if TUTORIAL_HAVE_CUDA
 #include "common/cuda/ceilings.cuh"

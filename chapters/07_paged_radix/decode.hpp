@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/check.hpp"
+#include "common/index.hpp"
 #include "common/inputs.hpp"
 #include "common/problem.hpp"
 #include "paged_kv_cache.hpp"
@@ -53,7 +54,7 @@ int decode_blocks_per_sm(int d);
 /// Head dims the decode kernels are built for.
 bool decode_head_dim_supported(int d);
 /// Query heads of one KV group are processed 16 at a time: blocks per (sequence, KV head).
-inline int head_chunks(int group) { return (group + DecodeGeometry::kRows - 1) / DecodeGeometry::kRows; }
+inline int head_chunks(int group) { return ceil_div(group, DecodeGeometry::kRows); }
 
 // ----------------------------------------------------------------------------- the batch
 

@@ -10,7 +10,7 @@
 #include "common/cuda/timing.cuh"
 #include "common/errors.hpp"
 #include "kv_values.hpp"
-#include "steps/launch.cuh"
+#include "decode_steps.cuh"
 
 namespace attn::ch07 {
 
@@ -113,8 +113,8 @@ struct GpuDecoder::Impl {
     dispatch_head_dim(b.d, [&](auto dc) {
       constexpr int D = decltype(dc)::value;
       auto go = [&](const auto& kv) {
-        if (splits > 1) gpu::launch_v2<D>(p, kv, b.batch(), b.kv_heads);
-        else gpu::launch_v1<D>(p, kv, b.batch(), b.kv_heads);
+        if (splits > 1) gpu::v2::launch<D>(p, kv, b.batch(), b.kv_heads);
+        else gpu::v1::launch<D>(p, kv, b.batch(), b.kv_heads);
       };
       if (layout == KvLayout::paged)
         go(gpu::PagedKv{k_pool.get(), v_pool.get(), table.get(), b.max_pages, b.kv_heads, log2_exact(b.page_size)});

@@ -10,7 +10,7 @@
 namespace attn::ch07 {
 
 using G = DecodeGeometry;
-using State = SoftmaxState<float, BaseE>;
+using State = SoftmaxState<float, Base2>;  // m in base-2 units, as the kernels keep it
 
 DecodeModelResult decode_model(const DecodeBatch& b, const std::vector<float>& q, const KvPools& kv, int splits,
                                std::size_t sram_bytes) {
@@ -18,7 +18,7 @@ DecodeModelResult decode_model(const DecodeBatch& b, const std::vector<float>& q
   DecodeModelResult r;
   Traffic& tr = r.traffic;
   const int D = b.d, group = b.group(), chunks = head_chunks(group), S = std::max(1, splits);
-  const float tau = float(b.softmax_scale());
+  const float scale2 = float(b.softmax_scale() * kLog2e);  // the softmax scale in base 2, as the kernels use it
   const GlobalTensor Q(tr, "Q", q, DType::bf16);
   const GlobalTensor K(tr, "K pool", kv.k, DType::bf16), V(tr, "V pool", kv.v, DType::bf16);
   GlobalTensor O(tr, "O", std::size_t(b.batch()) * b.heads * D, DType::bf16, Role::output);
@@ -74,13 +74,13 @@ DecodeModelResult decode_model(const DecodeBatch& b, const std::vector<float>& q
               for (int i = 0; i < rows; ++i) {
                 State& si = st[std::size_t(w) * rows + i];
                 float* oi = acc.data() + (std::size_t(w) * rows + i) * D;
-                // S_ij = tau q_i . k_j for the warp's keys; keys past the end are masked.
+                // S_ij = tau log2(e) q_i . k_j for the warp's keys (base 2); keys past the end are masked.
                 float x[G::kWarpKeys], mx = neg_inf<float>();
                 for (int j = 0; j < G::kWarpKeys; ++j) {
                   float dot = 0.f;
                   if (t0 + k0 + j < t_end) {
                     for (int e = 0; e < D; ++e) dot += q_rows[std::size_t(i) * D + e] * Ks[std::size_t(k0 + j) * D + e];
-                    x[j] = dot * tau;
+                    x[j] = dot * scale2;
                   } else {
                     x[j] = neg_inf<float>();
                   }
@@ -88,11 +88,11 @@ DecodeModelResult decode_model(const DecodeBatch& b, const std::vector<float>& q
                 }
                 // Online softmax over the warp's tile: one rescale per tile, as the kernel does.
                 const float m_new = std::max(si.m, mx), shift = finite_max(m_new);
-                const float alpha = std::exp(si.m - shift);
+                const float alpha = std::exp2(si.m - shift);
                 si.l *= alpha;
                 for (int e = 0; e < D; ++e) oi[e] *= alpha;
                 for (int j = 0; j < G::kWarpKeys; ++j) {
-                  const float p = std::exp(x[j] - shift);
+                  const float p = std::exp2(x[j] - shift);
                   si.l += p;
                   const float pb = round_to(DType::bf16, p);  // P enters the tensor-core product as bf16
                   if (pb != 0.f)

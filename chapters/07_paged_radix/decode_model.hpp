@@ -8,7 +8,7 @@
 ///       load Q rows of the group's heads
 ///       for each tile of 64 keys in the block's range:
 ///         read the block-table entries, load 64 K rows and 64 V rows through them
-///         warp w: S = tau Q K_w^T (16 keys), online softmax, O_w += P V_w
+///         warp w: S = tau Q K_w^T (16 keys), online softmax (base 2), O_w += P V_w
 ///       merge the 4 warps' (m, l, O) with the shared merge (common/online_softmax.hpp)
 ///       v1: write O / l and the LSE        v2: write the split's (m, l, O)
 ///     v2 only, a second kernel: merge the splits of every (b, h), write O and the LSE

@@ -3,8 +3,8 @@
 
 #include <cmath>
 
+#include "chapters/01_naive/naive_gpu.hpp"
 #include "common/check.hpp"
-#include "naive_gpu.hpp"
 #include "support/shapes.hpp"
 
 using namespace attn;

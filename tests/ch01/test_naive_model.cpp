@@ -3,9 +3,9 @@
 
 #include <cmath>
 
+#include "chapters/01_naive/naive_model.hpp"
 #include "common/check.hpp"
 #include "common/errors.hpp"
-#include "naive_model.hpp"
 #include "support/shapes.hpp"
 
 using namespace attn;

@@ -20,10 +20,10 @@
 #include <limits>
 #include <vector>
 
+#include "chapters/02_online_softmax/scores.hpp"
+#include "chapters/02_online_softmax/softmax_model.hpp"
 #include "common/inputs.hpp"
 #include "common/online_softmax.hpp"
-#include "scores.hpp"
-#include "softmax_model.hpp"
 
 using namespace attn;
 using namespace attn::ch02;

@@ -3,9 +3,9 @@
 // chapter 01's materialising backward.
 #include <doctest/doctest.h>
 
+#include "chapters/01_naive/naive_model.hpp"
+#include "chapters/03_fa1/fa1_model.hpp"
 #include "common/check.hpp"
-#include "fa1_model.hpp"
-#include "naive_model.hpp"
 #include "support/shapes.hpp"
 
 using namespace attn;

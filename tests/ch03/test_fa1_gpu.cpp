@@ -3,11 +3,11 @@
 
 #include <cmath>
 
+#include "chapters/03_fa1/fa1_blocks.hpp"
+#include "chapters/03_fa1/fa1_gpu.hpp"
+#include "chapters/03_fa1/fa1_model.hpp"
 #include "common/check.hpp"
 #include "common/errors.hpp"
-#include "fa1_blocks.hpp"
-#include "fa1_gpu.hpp"
-#include "fa1_model.hpp"
 #include "support/json_check.hpp"
 #include "support/run_binary.hpp"
 #include "support/shapes.hpp"

@@ -5,10 +5,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include "chapters/01_naive/naive_model.hpp"
+#include "chapters/03_fa1/fa1_model.hpp"
 #include "common/check.hpp"
 #include "common/errors.hpp"
-#include "fa1_model.hpp"
-#include "naive_model.hpp"
 #include "support/shapes.hpp"
 
 using namespace attn;

@@ -5,10 +5,10 @@
 
 #include <cmath>
 
+#include "chapters/07_paged_radix/decode.hpp"
+#include "chapters/07_paged_radix/decode_gpu.hpp"
+#include "chapters/07_paged_radix/paged_kv_cache.hpp"
 #include "common/check.hpp"
-#include "decode.hpp"
-#include "decode_gpu.hpp"
-#include "paged_kv_cache.hpp"
 
 using namespace attn;
 using namespace attn::ch07;

@@ -5,10 +5,10 @@
 
 #include <cmath>
 
+#include "chapters/07_paged_radix/decode.hpp"
+#include "chapters/07_paged_radix/decode_model.hpp"
+#include "chapters/07_paged_radix/kv_values.hpp"
 #include "common/errors.hpp"
-#include "decode.hpp"
-#include "decode_model.hpp"
-#include "kv_values.hpp"
 
 using namespace attn;
 using namespace attn::ch07;

@@ -1,9 +1,9 @@
 // The vLLM-style hash-of-block prefix cache, and its agreement with the radix tree.
 #include <doctest/doctest.h>
 
+#include "chapters/07_paged_radix/hash_prefix_cache.hpp"
+#include "chapters/07_paged_radix/radix_cache.hpp"
 #include "common/inputs.hpp"
-#include "hash_prefix_cache.hpp"
-#include "radix_cache.hpp"
 
 using namespace attn;
 using namespace attn::ch07;

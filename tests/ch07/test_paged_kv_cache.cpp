@@ -5,8 +5,8 @@
 #include <map>
 #include <stdexcept>
 
+#include "chapters/07_paged_radix/paged_kv_cache.hpp"
 #include "common/inputs.hpp"
-#include "paged_kv_cache.hpp"
 
 using namespace attn;
 using namespace attn::ch07;

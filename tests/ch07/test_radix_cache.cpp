@@ -8,8 +8,8 @@
 #include <set>
 #include <stdexcept>
 
+#include "chapters/07_paged_radix/radix_cache.hpp"
 #include "common/inputs.hpp"
-#include "radix_cache.hpp"
 
 using namespace attn;
 using namespace attn::ch07;

@@ -3,8 +3,8 @@
 
 #include <algorithm>
 
+#include "chapters/07_paged_radix/sweep.hpp"
 #include "support/json_check.hpp"
-#include "sweep.hpp"
 
 using namespace attn::ch07;
 

@@ -1,8 +1,8 @@
 // Serving traces, the simulator over both prefix caches, and the fragmentation study.
 #include <doctest/doctest.h>
 
+#include "chapters/07_paged_radix/workloads.hpp"
 #include "common/errors.hpp"
-#include "workloads.hpp"
 
 using namespace attn;
 using namespace attn::ch07;

@@ -1,6 +1,6 @@
 // Chapter 07 - decode over a paged KV cache. The series:
 //
-//   steps/decode_tile.cuh     what both kernels share (addressing, tile load, one warp's tile, warp merge)
+//   decode_tile.cuh           what both kernels share (addressing, tile load, one warp's tile, warp merge)
 //   steps/v1_paged_decode.cu  <- this file: v1, one thread block per (sequence, KV head group)
 //   steps/v2_split_k.cu       v2: split-K over the sequence, then a merge kernel (flash-decoding)
 //
@@ -22,13 +22,17 @@
 //
 // Bytes (decode_traffic() counts the same): every K and V row of the sequence once,
 // the group's Q rows, the table entries of each tile's pages, O and the LSE once.
+//
+// The instructions are chapter 04's, through the wrappers of common/cuda/ (cp.async,
+// ldmatrix, mma.sync, the swizzled tile), and the online softmax of a warp's rows is
+// common/cuda/frag_softmax.cuh's, in base 2: decode_tile.cuh says which is which.
 #include "common/cuda/check.cuh"
-#include "steps/launch.cuh"
+#include "decode_steps.cuh"
 
-namespace attn::ch07::gpu {
+namespace attn::ch07::gpu::v1 {
 
 template <int D, class Kv>
-__global__ void __launch_bounds__(Geo::kThreads) decode_v1(DecodeParams p, Kv kv) {
+__global__ void __launch_bounds__(Geo::kThreads) decode(DecodeParams p, Kv kv) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int b = blockIdx.y, hk = blockIdx.x / p.chunks, chunk = blockIdx.x % p.chunks;
   const int h0 = hk * p.group + chunk * Geo::kRows;  // the block's first query head
@@ -37,65 +41,66 @@ __global__ void __launch_bounds__(Geo::kThreads) decode_v1(DecodeParams p, Kv kv
   // The block's keys: the whole sequence.
   const int t_begin = 0, t_end = p.lens[b];
 
+  const float c = p.scale * float(kLog2e);  // the softmax scale in base 2
   WarpDecode<D> wd;
   wd.init(p.q + (std::size_t(b) * p.heads + h0) * D, rows);
-  const uint32_t s0 = smem_addr(smem);
+  const uint32_t s0 = cuda::smem_u32(smem);
   auto stage_k = [&](int st) { return s0 + uint32_t(2 * st) * kTileBytes<D>; };
   auto stage_v = [&](int st) { return s0 + uint32_t(2 * st + 1) * kTileBytes<D>; };
-  const int n_tiles = (t_end - t_begin + Geo::kBc - 1) / Geo::kBc;
+  const int n_tiles = cuda::ceil_div(t_end - t_begin, Geo::kBc);
 
   // Fill the pipeline: kStages - 1 tiles in flight before the first is used.
   for (int st = 0; st < Geo::kStages - 1; ++st) {
     if (st < n_tiles) load_tile<D>(stage_k(st), stage_v(st), kv, b, hk, t_begin + st * Geo::kBc, t_end);
-    cp_async_commit();
+    cuda::cp_async_commit();
   }
   for (int it = 0; it < n_tiles; ++it) {
-    cp_async_wait<Geo::kStages - 2>();  // tile `it` has landed for this thread...
+    cuda::cp_async_wait<Geo::kStages - 2>();  // tile `it` has landed for this thread...
     __syncthreads();                    // ...for all threads, and every warp is done with tile it - 1
     const int next = it + Geo::kStages - 1;  // refill the stage that tile it - 1 used
     if (next < n_tiles)
       load_tile<D>(stage_k(next % Geo::kStages), stage_v(next % Geo::kStages), kv, b, hk, t_begin + next * Geo::kBc,
                    t_end);
-    cp_async_commit();
+    cuda::cp_async_commit();
     const int t0 = t_begin + it * Geo::kBc;
     const int valid = min(Geo::kWarpKeys, t_end - t0 - warp * Geo::kWarpKeys);  // this warp's keys in the tile
     if (valid > 0)
-      wd.tile(stage_k(it % Geo::kStages), stage_v(it % Geo::kStages), warp * Geo::kWarpKeys, valid, p.scale);
+      wd.tile(stage_k(it % Geo::kStages), stage_v(it % Geo::kStages), warp * Geo::kWarpKeys, valid, c);
   }
-  cp_async_wait<0>();
+  cuda::cp_async_wait<0>();
   __syncthreads();  // every stage is drained: reuse the memory for the merge
 
   const MergeSmem sm(smem);
-  wd.store(sm.ms, sm.ls, sm.os);
+  wd.store(sm.ms, sm.ls, sm.os, c);
   __syncthreads();
   for (int task = threadIdx.x; task < rows * (D / 4); task += Geo::kThreads) {
     const int i = task / (D / 4), c4 = task % (D / 4) * 4;
-    const AttnState<4, float, BaseE> acc = merge_warps<D>(sm.ms, sm.ls, sm.os, i, c4);
+    const AttnState<4, float, Base2> acc = merge_warps<D>(sm.ms, sm.ls, sm.os, i, c4);
     // The block saw every key of the sequence: O_i = O / l, and LSE_i = m + log l.
     const std::size_t row = std::size_t(b) * p.heads + h0 + i;
     uint2 out;
-    out.x = pack_bf16(acc.out(0), acc.out(1));
-    out.y = pack_bf16(acc.out(2), acc.out(3));
+    out.x = cuda::pack2<bf16>(acc.out(0), acc.out(1));
+    out.y = cuda::pack2<bf16>(acc.out(2), acc.out(3));
     *reinterpret_cast<uint2*>(p.o + row * D + c4) = out;
     if (c4 == 0) p.lse[row] = acc.s.lse();
   }
 }
 
 template <int D, class Kv>
-void launch_v1(const DecodeParams& p, const Kv& kv, int batch, int kv_heads) {
+void launch(const DecodeParams& p, const Kv& kv, int batch, int kv_heads) {
   const int smem = int(decode_smem_bytes(D));
   static const bool configured = [&] {  // more than 48 KB of shared memory needs an opt-in
-    CUDA_CHECK(cudaFuncSetAttribute(decode_v1<D, Kv>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CUDA_CHECK(cudaFuncSetAttribute(decode<D, Kv>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     return true;
   }();
   (void)configured;
-  decode_v1<D, Kv><<<dim3(kv_heads * p.chunks, batch), Geo::kThreads, smem>>>(p, kv);
-  CUDA_CHECK_LAUNCH("decode_v1");
+  decode<D, Kv><<<dim3(kv_heads * p.chunks, batch), Geo::kThreads, smem>>>(p, kv);
+  CUDA_CHECK_LAUNCH("v1::decode");
 }
 
-template void launch_v1<64, PagedKv>(const DecodeParams&, const PagedKv&, int, int);
-template void launch_v1<128, PagedKv>(const DecodeParams&, const PagedKv&, int, int);
-template void launch_v1<64, ContiguousKv>(const DecodeParams&, const ContiguousKv&, int, int);
-template void launch_v1<128, ContiguousKv>(const DecodeParams&, const ContiguousKv&, int, int);
+template void launch<64, PagedKv>(const DecodeParams&, const PagedKv&, int, int);
+template void launch<128, PagedKv>(const DecodeParams&, const PagedKv&, int, int);
+template void launch<64, ContiguousKv>(const DecodeParams&, const ContiguousKv&, int, int);
+template void launch<128, ContiguousKv>(const DecodeParams&, const ContiguousKv&, int, int);
 
-}  // namespace attn::ch07::gpu
+}  // namespace attn::ch07::gpu::v1

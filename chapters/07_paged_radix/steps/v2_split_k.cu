@@ -1,6 +1,6 @@
 // Chapter 07 - decode over a paged KV cache. The series:
 //
-//   steps/decode_tile.cuh     what both kernels share (addressing, tile load, one warp's tile, warp merge)
+//   decode_tile.cuh           what both kernels share (addressing, tile load, one warp's tile, warp merge)
 //   steps/v1_paged_decode.cu  v1: one thread block per (sequence, KV head group)
 //   steps/v2_split_k.cu       <- this file: v2, split-K over the sequence, then a merge kernel (flash-decoding)
 //
@@ -22,13 +22,19 @@
 // Extra bytes against v1: S partial states of (d + 2) fp32 per query head, written
 // once and read once, which choose_splits() keeps small by never cutting a split
 // shorter than 512 keys.
+//
+// Every change from v1: the block's coordinates gain the split (grid.x); its keys are
+// split `split` of the sequence, whole tiles of it, instead of all of it; after the
+// warp merge it stores the unnormalised (m, l, O) of its split in part_m, part_l,
+// part_o instead of O and the LSE; merge_splits() is new; and the launcher runs both
+// kernels.
 #include "common/cuda/check.cuh"
-#include "steps/launch.cuh"
+#include "decode_steps.cuh"
 
-namespace attn::ch07::gpu {
+namespace attn::ch07::gpu::v2 {
 
 template <int D, class Kv>
-__global__ void __launch_bounds__(Geo::kThreads) decode_v2_split(DecodeParams p, Kv kv) {
+__global__ void __launch_bounds__(Geo::kThreads) decode(DecodeParams p, Kv kv) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int b = blockIdx.z, hk = blockIdx.y / p.chunks, chunk = blockIdx.y % p.chunks, split = blockIdx.x;
   const int h0 = hk * p.group + chunk * Geo::kRows;  // the block's first query head
@@ -36,43 +42,44 @@ __global__ void __launch_bounds__(Geo::kThreads) decode_v2_split(DecodeParams p,
   const int warp = threadIdx.x / 32;
   // The block's keys: split `split` of the sequence, a whole number of tiles (keys_per_split()).
   const int len = p.lens[b];
-  const int per = ((len + p.splits - 1) / p.splits + Geo::kBc - 1) / Geo::kBc * Geo::kBc;
+  const int per = cuda::ceil_div(cuda::ceil_div(len, p.splits), Geo::kBc) * Geo::kBc;
   const int t_begin = min(len, split * per), t_end = min(len, t_begin + per);
 
+  const float c = p.scale * float(kLog2e);  // the softmax scale in base 2
   WarpDecode<D> wd;
   wd.init(p.q + (std::size_t(b) * p.heads + h0) * D, rows);
-  const uint32_t s0 = smem_addr(smem);
+  const uint32_t s0 = cuda::smem_u32(smem);
   auto stage_k = [&](int st) { return s0 + uint32_t(2 * st) * kTileBytes<D>; };
   auto stage_v = [&](int st) { return s0 + uint32_t(2 * st + 1) * kTileBytes<D>; };
-  const int n_tiles = (t_end - t_begin + Geo::kBc - 1) / Geo::kBc;
+  const int n_tiles = cuda::ceil_div(t_end - t_begin, Geo::kBc);
 
   // Fill the pipeline: kStages - 1 tiles in flight before the first is used.
   for (int st = 0; st < Geo::kStages - 1; ++st) {
     if (st < n_tiles) load_tile<D>(stage_k(st), stage_v(st), kv, b, hk, t_begin + st * Geo::kBc, t_end);
-    cp_async_commit();
+    cuda::cp_async_commit();
   }
   for (int it = 0; it < n_tiles; ++it) {
-    cp_async_wait<Geo::kStages - 2>();  // tile `it` has landed for this thread...
+    cuda::cp_async_wait<Geo::kStages - 2>();  // tile `it` has landed for this thread...
     __syncthreads();                    // ...for all threads, and every warp is done with tile it - 1
     const int next = it + Geo::kStages - 1;  // refill the stage that tile it - 1 used
     if (next < n_tiles)
       load_tile<D>(stage_k(next % Geo::kStages), stage_v(next % Geo::kStages), kv, b, hk, t_begin + next * Geo::kBc,
                    t_end);
-    cp_async_commit();
+    cuda::cp_async_commit();
     const int t0 = t_begin + it * Geo::kBc;
     const int valid = min(Geo::kWarpKeys, t_end - t0 - warp * Geo::kWarpKeys);  // this warp's keys in the tile
     if (valid > 0)
-      wd.tile(stage_k(it % Geo::kStages), stage_v(it % Geo::kStages), warp * Geo::kWarpKeys, valid, p.scale);
+      wd.tile(stage_k(it % Geo::kStages), stage_v(it % Geo::kStages), warp * Geo::kWarpKeys, valid, c);
   }
-  cp_async_wait<0>();
+  cuda::cp_async_wait<0>();
   __syncthreads();  // every stage is drained: reuse the memory for the merge
 
   const MergeSmem sm(smem);
-  wd.store(sm.ms, sm.ls, sm.os);
+  wd.store(sm.ms, sm.ls, sm.os, c);
   __syncthreads();
   for (int task = threadIdx.x; task < rows * (D / 4); task += Geo::kThreads) {
     const int i = task / (D / 4), c4 = task % (D / 4) * 4;
-    const AttnState<4, float, BaseE> acc = merge_warps<D>(sm.ms, sm.ls, sm.os, i, c4);
+    const AttnState<4, float, Base2> acc = merge_warps<D>(sm.ms, sm.ls, sm.os, i, c4);
     // The block saw one split: store its unnormalised (m, l, O) for the merge kernel.
     const std::size_t at = (std::size_t(b) * p.heads + h0 + i) * p.splits + split;
     *reinterpret_cast<float4*>(p.part_o + at * D + c4) = make_float4(acc.o[0], acc.o[1], acc.o[2], acc.o[3]);
@@ -86,14 +93,14 @@ __global__ void __launch_bounds__(Geo::kThreads) decode_v2_split(DecodeParams p,
 /// The second kernel: one warp per (b, h) folds the S split states in order with
 /// merge(), then normalises. Lane l owns dims l * D/32 .. (l+1) * D/32 - 1.
 template <int D>
-__global__ void __launch_bounds__(32) decode_v2_merge(DecodeParams p) {
+__global__ void __launch_bounds__(32) merge_splits(DecodeParams p) {
   constexpr int W = D / 32;
   const std::size_t row = std::size_t(blockIdx.y) * p.heads + blockIdx.x;
   const int c = threadIdx.x * W;
-  auto acc = AttnState<W, float, BaseE>::identity();
+  auto acc = AttnState<W, float, Base2>::identity();
   for (int s = 0; s < p.splits; ++s) {
     const std::size_t at = row * p.splits + s;
-    AttnState<W, float, BaseE> part;
+    AttnState<W, float, Base2> part;
     part.s = {p.part_m[at], p.part_l[at]};
     if constexpr (W == 4) {
       const float4 v = *reinterpret_cast<const float4*>(p.part_o + at * D + c);
@@ -106,27 +113,27 @@ __global__ void __launch_bounds__(32) decode_v2_merge(DecodeParams p) {
   }
 #pragma unroll
   for (int k = 0; k < W; k += 2)
-    *reinterpret_cast<uint32_t*>(p.o + row * D + c + k) = pack_bf16(acc.out(k), acc.out(k + 1));
+    *reinterpret_cast<uint32_t*>(p.o + row * D + c + k) = cuda::pack2<bf16>(acc.out(k), acc.out(k + 1));
   if (threadIdx.x == 0) p.lse[row] = acc.s.lse();
 }
 
 template <int D, class Kv>
-void launch_v2(const DecodeParams& p, const Kv& kv, int batch, int kv_heads) {
+void launch(const DecodeParams& p, const Kv& kv, int batch, int kv_heads) {
   const int smem = int(decode_smem_bytes(D));
   static const bool configured = [&] {  // more than 48 KB of shared memory needs an opt-in
-    CUDA_CHECK(cudaFuncSetAttribute(decode_v2_split<D, Kv>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CUDA_CHECK(cudaFuncSetAttribute(decode<D, Kv>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     return true;
   }();
   (void)configured;
-  decode_v2_split<D, Kv><<<dim3(p.splits, kv_heads * p.chunks, batch), Geo::kThreads, smem>>>(p, kv);
-  CUDA_CHECK_LAUNCH("decode_v2_split");
-  decode_v2_merge<D><<<dim3(p.heads, batch), 32>>>(p);
-  CUDA_CHECK_LAUNCH("decode_v2_merge");
+  decode<D, Kv><<<dim3(p.splits, kv_heads * p.chunks, batch), Geo::kThreads, smem>>>(p, kv);
+  CUDA_CHECK_LAUNCH("v2::decode");
+  merge_splits<D><<<dim3(p.heads, batch), 32>>>(p);
+  CUDA_CHECK_LAUNCH("v2::merge_splits");
 }
 
-template void launch_v2<64, PagedKv>(const DecodeParams&, const PagedKv&, int, int);
-template void launch_v2<128, PagedKv>(const DecodeParams&, const PagedKv&, int, int);
-template void launch_v2<64, ContiguousKv>(const DecodeParams&, const ContiguousKv&, int, int);
-template void launch_v2<128, ContiguousKv>(const DecodeParams&, const ContiguousKv&, int, int);
+template void launch<64, PagedKv>(const DecodeParams&, const PagedKv&, int, int);
+template void launch<128, PagedKv>(const DecodeParams&, const PagedKv&, int, int);
+template void launch<64, ContiguousKv>(const DecodeParams&, const ContiguousKv&, int, int);
+template void launch<128, ContiguousKv>(const DecodeParams&, const ContiguousKv&, int, int);
 
-}  // namespace attn::ch07::gpu
+}  // namespace attn::ch07::gpu::v2

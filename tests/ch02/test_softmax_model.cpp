@@ -6,9 +6,9 @@
 #include <cmath>
 #include <vector>
 
+#include "chapters/02_online_softmax/scores.hpp"
+#include "chapters/02_online_softmax/softmax_model.hpp"
 #include "common/errors.hpp"
-#include "scores.hpp"
-#include "softmax_model.hpp"
 #include "support/shapes.hpp"
 
 using namespace attn;

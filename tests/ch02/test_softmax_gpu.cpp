@@ -4,10 +4,10 @@
 #include <cmath>
 #include <vector>
 
+#include "chapters/02_online_softmax/scores.hpp"
+#include "chapters/02_online_softmax/softmax_gpu.hpp"
+#include "chapters/02_online_softmax/softmax_model.hpp"
 #include "common/inputs.hpp"
-#include "scores.hpp"
-#include "softmax_gpu.hpp"
-#include "softmax_model.hpp"
 #include "support/shapes.hpp"
 
 using namespace attn;

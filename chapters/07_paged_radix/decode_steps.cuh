@@ -1,0 +1,24 @@
+/// \file decode_steps.cuh
+/// \brief Chapter 07: the launchers of the two decode steps, one name in each step's
+///        namespace: `gpu::v1::launch` (steps/v1_paged_decode.cu) and `gpu::v2::launch`
+///        (steps/v2_split_k.cu), each instantiated for d = 64 and 128 and for paged and
+///        contiguous K/V.
+#pragma once
+
+#include "decode_tile.cuh"
+
+namespace attn::ch07::gpu {
+
+namespace v1 {
+/// One block per (sequence, KV head group): grid (Hkv x head chunks, B).
+template <int D, class Kv>
+void launch(const DecodeParams& p, const Kv& kv, int batch, int kv_heads);
+}  // namespace v1
+
+namespace v2 {
+/// The split kernel, grid (S, Hkv x head chunks, B), then the merge kernel, grid (Hq, B).
+template <int D, class Kv>
+void launch(const DecodeParams& p, const Kv& kv, int batch, int kv_heads);
+}  // namespace v2
+
+}  // namespace attn::ch07::gpu

@@ -1,0 +1,291 @@
+/// \file decode_tile.cuh
+/// \brief Chapter 07: what both decode steps (steps/v1_paged_decode.cu and
+///        steps/v2_split_k.cu) share: the K/V row address (through the block table, or
+///        contiguous), the cp.async load of one 64-key tile, and one warp's work on its
+///        16 keys of a tile (S = Q K^T, the online softmax, O += P V on tensor cores);
+///        then the merge of the four warps.
+///
+/// A decode step is one query row per head. With GQA the G = Hq / Hkv query heads of
+/// a KV head read the same keys, so a block takes all of them (up to 16) as the 16
+/// rows of an m16n8k16 MMA: K and V are read from HBM once per KV head, and the
+/// tensor cores do the dot products (rows beyond G are zeros and are never stored).
+///
+///     block (b, hk): 4 warps, Q = the G heads of KV head hk (16 rows, zero-padded)
+///
+///            tile j = 64 keys, one cp.async stage in shared memory (K_j and V_j, swizzled)
+///          +--------+--------+--------+--------+
+///          | warp 0 | warp 1 | warp 2 | warp 3 |   warp w owns keys 16w .. 16w+15 of every tile,
+///          | 16 keys| 16 keys| 16 keys| 16 keys|   and its own (m, l, O) for the 16 rows
+///          +--------+--------+--------+--------+
+///     stages: [ tile j | tile j+1 | tile j+2 ]   tile j computed while j+1 and j+2 load, 32 KB each at d = 128
+///
+/// At the end the four warps' states are merged through shared memory with the
+/// shared merge() of common/online_softmax.hpp: the same operator that v2 uses
+/// across blocks.
+///
+/// The instructions are the project's wrappers, taught in chapter 04: `cp.async`
+/// (common/cuda/cp_async.cuh), `ldmatrix` (ldmatrix.cuh), `mma.sync.m16n8k16` and
+/// `pack2` (mma_sync.cuh), the XOR-swizzled tile (smem_tiles.cuh); the online softmax
+/// of a fragment's rows is `cuda::RowSoftmax` (frag_softmax.cuh), in base 2 as in
+/// chapters 04 and 05: the scale c = tau log2 e is one FFMA per score, and the states
+/// that leave a warp carry m in base-2 units (`Base2`).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "common/cuda/cp_async.cuh"
+#include "common/cuda/frag_softmax.cuh"
+#include "common/cuda/index.cuh"
+#include "common/cuda/ldmatrix.cuh"
+#include "common/cuda/mma_sync.cuh"
+#include "common/cuda/smem_addr.cuh"
+#include "common/cuda/smem_tiles.cuh"
+#include "common/online_softmax.hpp"
+#include "decode.hpp"
+
+namespace attn::ch07::gpu {
+
+using Geo = DecodeGeometry;
+using bf16 = __nv_bfloat16;
+
+/// Everything a decode kernel needs besides the K/V.
+struct DecodeParams {
+  const bf16* q;     ///< [B][Hq][D]
+  bf16* o;           ///< [B][Hq][D]
+  float* lse;        ///< [B][Hq]
+  const int* lens;   ///< [B] keys per sequence
+  int heads, group, chunks;  ///< Hq, G = Hq / Hkv, blocks per KV head (G / 16 rounded up)
+  float scale;       ///< tau
+  // v2 only: the splits' partial states
+  float* part_m;     ///< [B][Hq][S]
+  float* part_l;     ///< [B][Hq][S]
+  float* part_o;     ///< [B][Hq][S][D], unnormalised
+  int splits;        ///< S
+};
+
+// ----------------------------------------------------------------------------- K/V addressing
+
+/// K/V in pages: [page][kv_head][slot][D], token t of sequence b in page
+/// block_table[b][t / P], slot t % P. P is a power of two: P = 1 << page_shift.
+struct PagedKv {
+  const bf16* k;
+  const bf16* v;
+  const int* block_table;  ///< [B][max_pages]
+  int max_pages, kv_heads, page_shift;
+
+  /// Row index (in units of D elements) of token t of (sequence b, KV head hk).
+  __device__ __forceinline__ std::size_t row(int b, int hk, int t) const {
+    // EXERCISE ch07.5: find token t's row in the pool through the block table
+    //| return ((std::size_t(t >> page_shift) * kv_heads + hk) << page_shift) + (t & ((1 << page_shift) - 1));  // TODO: use the block table
+    const int page = __ldg(block_table + std::size_t(b) * max_pages + (t >> page_shift));
+    const int slot = t & ((1 << page_shift) - 1);
+    return ((std::size_t(page) * kv_heads + hk) << page_shift) + slot;
+    // END EXERCISE
+  }
+};
+
+/// The same K/V laid out contiguously, [B][kv_head][ld][D]: the baseline that
+/// measures what the indirection costs.
+struct ContiguousKv {
+  const bf16* k;
+  const bf16* v;
+  int kv_heads, ld;
+
+  __device__ __forceinline__ std::size_t row(int b, int hk, int t) const {
+    return (std::size_t(b) * kv_heads + hk) * ld + t;
+  }
+};
+
+// ----------------------------------------------------------------------------- one tile
+
+/// Byte offset of 16-byte chunk `ch` of row `row` in a [64][D] bf16 tile, XOR-swizzled
+/// (common/cuda/smem_tiles.cuh: the 8 rows an ldmatrix reads at the same logical chunk
+/// fall in 8 different bank groups, no conflicts).
+template <int D>
+__device__ __forceinline__ uint32_t tile_offset(int row, int ch) {
+  return uint32_t(cuda::swizzle<D / 8>(row, ch)) * 16u;
+}
+
+/// Which element of the m16n8k16 fragments a lane holds (PTX ISA, "Matrix fragments
+/// for mma.m16n8k16"), and which row address it gives ldmatrix.
+///
+///   C, S, O (16 x 8, fp32): element j of lane l is (row l/4 + 8 (j/2), col 2 (l%4) + j%2)
+///   A, Q, P (16 x 16, bf16 pairs): register i of lane l is (row l/4 + 8 (i%2), cols 2 (l%4) + 8 (i/2) + {0,1})
+///
+///   ldmatrix.x4 of K_j (rows = keys, 8-dim chunks):   lanes  0-7  keys 0-7, chunk 2ks    -> b0 of keys 0-7
+///                                                     lanes  8-15 keys 0-7, chunk 2ks+1  -> b1 of keys 0-7
+///                                                     lanes 16-23 keys 8-15, chunk 2ks   -> b0 of keys 8-15
+///                                                     lanes 24-31 keys 8-15, chunk 2ks+1 -> b1 of keys 8-15
+///   ldmatrix.x4.trans of V_j:                         lanes  0-15 keys 0-15, chunk 2n    -> b0, b1 of dims 16n..16n+7
+///                                                     lanes 16-31 keys 0-15, chunk 2n+1  -> b0, b1 of dims 16n+8..16n+15
+struct Frag {
+  static __host__ __device__ __forceinline__ int c_row(int lane, int j) { return lane / 4 + 8 * (j / 2); }
+  static __host__ __device__ __forceinline__ int c_col(int lane, int j) { return 2 * (lane % 4) + j % 2; }
+  static __host__ __device__ __forceinline__ int a_row(int lane, int i) { return lane / 4 + 8 * (i % 2); }
+  static __host__ __device__ __forceinline__ int a_col(int lane, int i) { return 2 * (lane % 4) + 8 * (i / 2); }
+  static __host__ __device__ __forceinline__ int k_key(int lane) { return (lane & 7) + ((lane >> 4) << 3); }
+  static __host__ __device__ __forceinline__ int k_chunk(int lane, int ks) { return 2 * ks + ((lane >> 3) & 1); }
+  static __host__ __device__ __forceinline__ int v_key(int lane) { return lane & 15; }
+  static __host__ __device__ __forceinline__ int v_chunk(int lane, int n) { return 2 * n + (lane >> 4); }
+};
+
+template <int D>
+constexpr uint32_t kTileBytes = uint32_t(Geo::kBc) * D * 2;  ///< one K_j or V_j tile
+
+/// Issues the cp.async loads of keys [t0, t0 + 64) of (b, hk) into one stage. Rows at
+/// or past t_end are zero-filled without touching HBM.
+///
+///   thread tid -> chunk tid % (D/8) of rows tid / (D/8) + pass * (128 / (D/8))
+///   (d = 128: 16 threads cover one 256-byte row, the block 8 rows per pass, 8 passes)
+template <int D, class Kv>
+__device__ __forceinline__ void load_tile(uint32_t sk, uint32_t sv, const Kv& kv, int b, int hk, int t0, int t_end) {
+  constexpr int CH = D / 8;                      // 16-byte chunks per row
+  constexpr int ROWS = Geo::kThreads / CH;       // rows per pass
+  const int ch = threadIdx.x % CH;
+#pragma unroll
+  for (int pass = 0; pass < Geo::kBc / ROWS; ++pass) {
+    const int row = pass * ROWS + threadIdx.x / CH;
+    const int t = t0 + row;
+    const bool in = t < t_end;
+    const std::size_t off = in ? kv.row(b, hk, t) * D + ch * 8 : 0;
+    const uint32_t dst = tile_offset<D>(row, ch);
+    cuda::cp_async_16(sk + dst, kv.k + off, in);
+    cuda::cp_async_16(sv + dst, kv.v + off, in);
+  }
+}
+
+/// Four consecutive floats of a flat fragment array as one 16x8 mma accumulator.
+template <int N>
+__device__ __forceinline__ float (&acc4(float (&a)[N], int t))[4] {
+  return *reinterpret_cast<float(*)[4]>(&a[4 * t]);
+}
+
+/// One warp's share of a block: the 16 query rows against its 16 keys of every tile.
+///
+///   lane l holds rows r = l/4 and r + 8 of every MMA fragment (common/cuda/mma_sync.cuh):
+///     S (16 x 16 keys) : s[4nt + 0..1] row r, keys 8nt + 2(l%4) + {0,1};  s[4nt + 2..3] row r + 8
+///     O (16 x D)       : o[4n  + 0..1] row r, dims 8n  + 2(l%4) + {0,1};  o[4n  + 2..3] row r + 8
+///   the (m, l) of both rows in `softmax` (l is this lane's part of the row sum until
+///   store() adds up the four lanes of the quad)
+template <int D>
+struct WarpDecode {
+  static constexpr int KS = D / 16;  ///< k-steps of Q K^T
+  static constexpr int ND = D / 8;   ///< 8-wide column tiles of O
+  uint32_t qa[KS][4];                ///< Q_i as A fragments, bf16 pairs
+  float o[4 * ND];
+  cuda::RowSoftmax softmax;          ///< m in score units, l in units of 2^(c (s - m))
+
+  /// Q rows of heads h0 .. h0 + rows - 1 (rows <= 16); the others are zero.
+  __device__ __forceinline__ void init(const bf16* q, int rows) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int row = Frag::a_row(lane, i), col = 16 * ks + Frag::a_col(lane, i);
+        qa[ks][i] = row < rows ? *reinterpret_cast<const uint32_t*>(q + std::size_t(row) * D + col) : 0u;
+      }
+#pragma unroll
+    for (int i = 0; i < 4 * ND; ++i) o[i] = 0.f;
+    softmax.init();
+  }
+
+  /// Keys k0 .. k0 + 15 of the tile in (sk, sv); only the first `valid` exist.
+  /// c = tau log2 e: the softmax scale in base 2.
+  __device__ __forceinline__ void tile(uint32_t sk, uint32_t sv, int k0, int valid, float c) {
+    const int lane = threadIdx.x % 32;
+    // S_ij = Q_i K_j^T: two 16 x 8 MMA tiles, D/16 k-steps. ldmatrix matrices:
+    // (keys 0-7, chunk 2ks) (keys 0-7, chunk 2ks+1) (keys 8-15, chunk 2ks) (keys 8-15, chunk 2ks+1).
+    float s[8] = {};
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) {
+      uint32_t b[4];
+      cuda::ldmatrix_x4(b, sk + tile_offset<D>(k0 + Frag::k_key(lane), Frag::k_chunk(lane, ks)));
+      cuda::mma_m16n8k16<bf16>(acc4(s, 0), qa[ks], b[0], b[1]);
+      cuda::mma_m16n8k16<bf16>(acc4(s, 1), qa[ks], b[2], b[3]);
+    }
+    // Mask the keys past the end: -inf, which the softmax turns into P = 0.
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      if (8 * (i / 4) + Frag::c_col(lane, i % 4) >= valid) s[i] = neg_inf<float>();
+    // Online softmax (common/cuda/frag_softmax.cuh): the rows' new max over the quad,
+    // P = 2^(c s - c m) in place of S, l and O rescaled by alpha = 2^(c (m_old - m)).
+    float alpha[2];
+    softmax.update(s, c, alpha);
+    cuda::rescale(o, alpha);
+    // P_ij rounded to bf16 as the A operand of P V (the C layout of two n8 tiles is
+    // exactly the A layout of one k16 step).
+    const uint32_t pa[4] = {cuda::pack2<bf16>(s[0], s[1]), cuda::pack2<bf16>(s[2], s[3]),
+                            cuda::pack2<bf16>(s[4], s[5]), cuda::pack2<bf16>(s[6], s[7])};
+    // O_i += P_ij V_j: D/8 MMA tiles of 8 dims. ldmatrix.trans matrices:
+    // (keys 0-7, chunk 2n) (keys 8-15, chunk 2n) (keys 0-7, chunk 2n+1) (keys 8-15, chunk 2n+1).
+#pragma unroll
+    for (int n = 0; n < ND / 2; ++n) {
+      uint32_t b[4];
+      cuda::ldmatrix_x4_trans(b, sv + tile_offset<D>(k0 + Frag::v_key(lane), Frag::v_chunk(lane, n)));
+      cuda::mma_m16n8k16<bf16>(acc4(o, 2 * n), pa, b[0], b[1]);
+      cuda::mma_m16n8k16<bf16>(acc4(o, 2 * n + 1), pa, b[2], b[3]);
+    }
+  }
+
+  /// Completes each row's sum over the 4 lanes that share it, and writes the warp's
+  /// (m, l, O) to shared memory: ms, ls [4 warps][16], os [4 warps][16][D]. m leaves
+  /// in base-2 units, c m, as the Base2 merge expects.
+  __device__ __forceinline__ void store(float* ms, float* ls, float* os, float c) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = Frag::c_row(lane, 0), cl = Frag::c_col(lane, 0);
+    float l[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      l[i] = softmax.l[i];
+      l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+      l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    }
+    if (lane % 4 == 0) {
+      ms[warp * 16 + r] = softmax.m[0] * c;  // -inf stays -inf (c > 0)
+      ms[warp * 16 + r + 8] = softmax.m[1] * c;
+      ls[warp * 16 + r] = l[0];
+      ls[warp * 16 + r + 8] = l[1];
+    }
+#pragma unroll
+    for (int n = 0; n < ND; ++n) {
+      float* top = os + std::size_t(warp * 16 + r) * D + 8 * n + cl;
+      float* bottom = os + std::size_t(warp * 16 + r + 8) * D + 8 * n + cl;
+      top[0] = o[4 * n];
+      top[1] = o[4 * n + 1];
+      bottom[0] = o[4 * n + 2];
+      bottom[1] = o[4 * n + 3];
+    }
+  }
+};
+
+/// Row `i`'s state over the whole block, dims c4 .. c4 + 3: the four warps' states
+/// merged with the shared operator (common/online_softmax.hpp), in base 2.
+template <int D>
+__device__ __forceinline__ AttnState<4, float, Base2> merge_warps(const float* ms, const float* ls, const float* os,
+                                                                  int i, int c4) {
+  auto acc = AttnState<4, float, Base2>::identity();
+#pragma unroll
+  for (int w = 0; w < Geo::kWarps; ++w) {
+    AttnState<4, float, Base2> part;
+    part.s = {ms[w * 16 + i], ls[w * 16 + i]};
+    const float4 v = *reinterpret_cast<const float4*>(os + std::size_t(w * 16 + i) * D + c4);
+    part.o[0] = v.x;
+    part.o[1] = v.y;
+    part.o[2] = v.z;
+    part.o[3] = v.w;
+    acc = merge(acc, part);
+  }
+  return acc;
+}
+
+/// Shared-memory layout of the merge, reusing the drained K/V stages:
+/// ms [4][16] | ls [4][16] | os [4][16][D] floats.
+struct MergeSmem {
+  float *ms, *ls, *os;
+  __device__ explicit MergeSmem(unsigned char* smem)
+      : ms(reinterpret_cast<float*>(smem)), ls(ms + Geo::kWarps * 16), os(ls + Geo::kWarps * 16) {}
+};
+
+}  // namespace attn::ch07::gpu
