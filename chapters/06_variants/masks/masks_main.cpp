@@ -83,6 +83,7 @@ struct MaskArgs {
   std::string mask;  // empty: every variant
   int chunk = -1, prefix = -1, docs = -1, sinks = -1;
   bool map = false;
+  bool no_model = false, no_backward = false, no_time = false;
   TextOptions text;
 };
 
@@ -157,9 +158,10 @@ void run_variant(const MaskSpec& spec, const Options& opt, const MaskArgs& a, co
   lin.dout = to_layout(in.dout, p.heads, p.nq, p.dv, layout.packed);
   const std::unique_ptr<ScoreMod> mod = reference_mod(spec, p);
   const ForwardOracle oracle(p, in, opt.check_all ? CheckPlan::full(p) : CheckPlan::sampled(p), mod.get());
-  const BackwardOracle boracle(p, in, opt.check_all ? BackwardPlan::full(p) : BackwardPlan::sampled(p), mod.get());
+  std::optional<BackwardOracle> boracle;
+  if (!a.no_backward) boracle.emplace(p, in, opt.check_all ? BackwardPlan::full(p) : BackwardPlan::sampled(p), mod.get());
   if (rep.check_plan.empty())
-    rep.check_plan = oracle.plan().describe(p) + "; backward: " + boracle.plan().describe(p);
+    rep.check_plan = oracle.plan().describe(p) + (boracle ? "; backward: " + boracle->plan().describe(p) : "");
   const double fwd_flops = mask_flops_forward(spec, p, map);
   rep.notes.push_back(name + ": " + spec.describe() + "; " + fmt("%.0f", map.kept_tiles()) + " of " +
                       fmt("%.0f", map.total_tiles()) + " tiles kept (" + fmt("%.0f", map.count(TileKind::partial)) +
@@ -167,7 +169,7 @@ void run_variant(const MaskSpec& spec, const Options& opt, const MaskArgs& a, co
                       fmt("%.1f", 100.0 * map.kept_pairs / (double(p.batch) * p.heads * p.nq * p.nk)) +
                       "% of pairs kept");
 
-  const bool run_model = flops_forward(p) <= kModelFlopBudget || opt.device == DeviceChoice::cpu;
+  const bool run_model = !a.no_model && (flops_forward(p) <= kModelFlopBudget || opt.device == DeviceChoice::cpu);
   if (run_model) {
     const MaskForwardResult f = mask_forward_model(p, spec, layout, lin, map, opt.sram_bytes);
     ResultRow row;
@@ -178,20 +180,23 @@ void run_variant(const MaskSpec& spec, const Options& opt, const MaskArgs& a, co
     const std::vector<float> o = from_layout(f.o, p.heads, p.nq, p.dv, layout.packed);
     row.set_check(oracle.judge(o, &f.lse));
     rep.rows.push_back(row);
+    if (!a.no_backward) {
     const MaskBackwardResult g = mask_backward_model(p, spec, layout, lin, f.o, f.lse, map, opt.sram_bytes);
     ResultRow brow;
     brow.impl = name + ": model backward";
     brow.device = "cpu";
     brow.flops = 2.5 * fwd_flops;
     brow.set_traffic(g.traffic);
-    brow.set_check(boracle.judge(from_layout(g.dq, p.heads, p.nq, p.d, layout.packed),
+    brow.set_check(boracle->judge(from_layout(g.dq, p.heads, p.nq, p.d, layout.packed),
                                  from_layout(g.dk, p.kv_heads, p.nk, p.d, layout.packed),
                                  from_layout(g.dv, p.kv_heads, p.nk, p.dv, layout.packed)));
     rep.rows.push_back(brow);
+    }
   }
 #if TUTORIAL_HAVE_CUDA
   if (dev) {
     for (const GpuPath path : {GpuPath::sm80, GpuPath::sm90a, GpuPath::backward}) {
+      if (path == GpuPath::backward && a.no_backward) continue;
       ResultRow row;
       row.impl = name + ": " + gpu_path_name(path);
       row.device = "cuda";
@@ -205,15 +210,15 @@ void run_variant(const MaskSpec& spec, const Options& opt, const MaskArgs& a, co
       }
       if (path == GpuPath::backward) {
         const GpuMaskForward f = mask_forward_gpu(p, spec, layout, lin, GpuPath::sm80, /*time=*/false);
-        const GpuMaskBackward g = mask_backward_gpu(p, spec, layout, lin, f.o, f.lse, /*time=*/true);
-        row.set_check(boracle.judge(from_layout(g.dq, p.heads, p.nq, p.d, layout.packed),
+        const GpuMaskBackward g = mask_backward_gpu(p, spec, layout, lin, f.o, f.lse, !a.no_time);
+        row.set_check(boracle->judge(from_layout(g.dq, p.heads, p.nq, p.d, layout.packed),
                                     from_layout(g.dk, p.kv_heads, p.nk, p.d, layout.packed),
                                     from_layout(g.dv, p.kv_heads, p.nk, p.dv, layout.packed)));
-        row.set_time(g.time_ms);
+        if (!a.no_time) row.set_time(g.time_ms);
       } else {
-        const GpuMaskForward f = mask_forward_gpu(p, spec, layout, lin, path, /*time=*/true);
+        const GpuMaskForward f = mask_forward_gpu(p, spec, layout, lin, path, !a.no_time);
         row.set_check(oracle.judge(from_layout(f.o, p.heads, p.nq, p.dv, layout.packed), &f.lse));
-        row.set_time(f.time_ms);
+        if (!a.no_time) row.set_time(f.time_ms);
         row.note = fmt("%.0f", f.tiles) + " tiles visited";
       }
       rep.rows.push_back(row);
@@ -251,6 +256,9 @@ int mask_main(int argc, char** argv) {
   cli.add_int("--docs", &a.docs, "document: K documents of random lengths", 1);
   cli.add_int("--sinks", &a.sinks, "sink: S sink tokens (with --window L)", 0);
   cli.add_flag("--map", &a.map, "print the block map (keep / skip / partial per tile) and write it as SVG");
+  cli.add_flag("--no-model", &a.no_model, "skip the CPU model rows");
+  cli.add_flag("--no-backward", &a.no_backward, "skip the backward rows");
+  cli.add_flag("--no-time", &a.no_time, "check the kernels without timing them (for compute-sanitizer)");
   return run_chapter(int(args.size()), args.data(), cli, [&](const Options& opt) {
     if (!a.text.error.empty()) throw UsageError(a.text.error);
     const bool explicit_mask = !a.mask.empty();
