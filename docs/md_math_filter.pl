@@ -1,25 +1,65 @@
 #!/usr/bin/perl
-# Doxygen input filter for the chapter READMEs: GitHub writes math as $...$ and
-# $$ ... $$, Doxygen as \f$...\f$ and \f[ ... \f]. Code blocks and `code spans`
-# are left alone, so shell variables in examples stay as they are.
+# Doxygen input filter for the Markdown pages (chapter READMEs and the generated
+# pages of the study site).
+#
+#   perl md_math_filter.pl [APPEND_DIR] FILE
+#
+# 1. Math: GitHub writes $...$ and $$ ... $$, Doxygen \f$...\f$ and \f[ ... \f].
+#    Code blocks, `code spans` and \htmlonly blocks are left alone, so shell
+#    variables in examples stay as they are.
+# 2. A chapter README (chapters/NN_name/README.md) gets the label chNN on its
+#    first heading, so that other pages can \ref it, and the generated section
+#    APPEND_DIR/chNN.md (its figures and step diffs) is inserted before its
+#    "## Exercises" heading (or at the end when it has none).
 use strict;
 use warnings;
 
+my $append_dir = @ARGV > 1 ? shift @ARGV : '';
+my $file = $ARGV[0] // '';
+my ($chapter) = $file =~ m{chapters/(\d\d)_[^/]+/README\.md$};
+my $append = '';
+if (defined $chapter && $append_dir ne '' && -f "$append_dir/ch$chapter.md") {
+  open(my $fh, '<', "$append_dir/ch$chapter.md") or die "$append_dir/ch$chapter.md: $!";
+  local $/;
+  $append = <$fh>;
+  close $fh;
+}
+
 my $in_fence = 0;
 my $in_display = 0;
+my $in_html = 0;
+my $labelled = 0;
+my @out;
+my $inserted = 0;
 while (my $line = <>) {
-  if ($line =~ /^\s*```/) {
-    $in_fence = !$in_fence;
-    print $line;
+  if (!$in_fence && !$in_display && $line =~ /^\\htmlonly\b/) { $in_html = 1; }
+  if ($in_html) {
+    push @out, $line;
+    $in_html = 0 if $line =~ /\\endhtmlonly/;
     next;
   }
-  if ($in_fence) { print $line; next; }
+  if ($line =~ /^\s*```/) {
+    $in_fence = !$in_fence;
+    push @out, $line;
+    next;
+  }
+  if ($in_fence) { push @out, $line; next; }
+  if (defined $chapter && !$labelled && $line =~ /^# /) {
+    chomp $line;
+    $line =~ s/\s*\{#[^}]*\}\s*$//;
+    $line .= " {#ch$chapter}\n";
+    $labelled = 1;
+  }
+  if ($append ne '' && !$inserted && $line =~ /^## Exercises\b/) {
+    push @out, $append, "\n";
+    $inserted = 1;
+  }
   if ($line =~ /^\s*\$\$\s*$/) {          # a display block opens or closes on its own line
-    print $in_display ? "\\f]\n" : "\\f[\n";
+    push @out, $in_display ? "\\f]\n" : "\\f[\n";
     $in_display = !$in_display;
     next;
   }
-  if ($in_display) { print $line; next; }
+  if ($in_display) { push @out, $line; next; }
   # Split on code spans; rewrite math only outside them.
   my @parts = split /(`[^`]*`)/, $line;
   for my $p (@parts) {
@@ -27,5 +67,7 @@ while (my $line = <>) {
     $p =~ s/\$\$(.+?)\$\$/\\f[$1\\f]/g;
     $p =~ s/(?<![\\\w])\$([^\$\n]+?)\$(?!\w)/\\f\$$1\\f\$/g;
   }
-  print join('', @parts);
+  push @out, join('', @parts);
 }
+push @out, "\n", $append if $append ne '' && !$inserted;
+print @out;
