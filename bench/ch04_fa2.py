@@ -23,9 +23,11 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.environ.get("BIN_CH04", os.path.join(HERE, "..", "build", "bin", "ch04_fa2"))
+# The chapter's final forward step (steps/v9_per_dim_tiles.cu); STEP_CH04 selects another.
+FINAL_STEP = int(os.environ.get("STEP_CH04", "9"))
 
 
-def ours(n, b, h, d, causal, backward, step=6, bench=False):
+def ours(n, b, h, d, causal, backward, step=FINAL_STEP, bench=False):
     args = [BIN, "--n", str(n), "--batch", str(b), "--heads", str(h), "--d", str(d), "--no-model", "--json",
             "--device", "cuda"]
     if causal:

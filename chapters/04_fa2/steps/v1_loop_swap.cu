@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(kThreads, 1) fwd_kernel(const FwdParams a) {
   ForwardSmem<D, Br, Bc>& sm = *reinterpret_cast<ForwardSmem<D, Br, Bc>*>(smem_raw);
 
   const int bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads;
-  const int hk = kv_head_of(h, a.heads, a.kv_heads);
+  const int hk = cuda::kv_head_of(h, a.heads, a.kv_heads);
   const std::size_t kv_head = std::size_t(b) * a.kv_heads + hk;
   const T* __restrict__ Q = static_cast<const T*>(a.q) + std::size_t(bh) * a.nq * D;
   const T* __restrict__ K = static_cast<const T*>(a.k) + kv_head * a.nk * D;
@@ -105,7 +105,6 @@ __global__ void __launch_bounds__(kThreads, 1) fwd_kernel(const FwdParams a) {
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16, warp = tid / 32, lane = tid % 32;
   const Blocks blocks{Br, Bc};
   const int Tr = ceil_div(a.nq, Br);
-  const CausalMask mask(a.nq, a.nk);  // row i sees keys j <= i + (nk - nq)
 
   for (int i = blockIdx.x; i < Tr; i += gridDim.x) {  // line 5, swapped: Q blocks outside, one per thread block
     const int last = last_visit(a.nq, a.nk, a.causal, blocks, i);
@@ -153,7 +152,7 @@ __global__ void __launch_bounds__(kThreads, 1) fwd_kernel(const FwdParams a) {
 #pragma unroll
           for (int cb = 0; cb < CS; ++cb) {
             const int c = tx + 16 * cb, key = j0 + c;
-            const bool visible = c < kr && (!a.causal || mask.visible(row, key));
+            const bool visible = c < kr && (!a.causal || cuda::causal_visible(row, key, a.nq, a.nk));
             sm.S[r * sLd + c] = visible ? acc[ra][cb] * a.scale_log2 : neg_inf<float>();
           }
         }
