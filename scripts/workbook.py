@@ -93,6 +93,9 @@ def regions(path):
     return out, lines
 
 
+_warned = set()
+
+
 def exercises(root):
     """{id: (relative path, task, line)} of the repository's solution code."""
     found = {}
@@ -101,7 +104,16 @@ def exercises(root):
         for ex_id, task, b, _e in regs:
             rel = os.path.relpath(path, root)
             if ex_id in found:
-                die(f'exercise {ex_id} is marked twice: {found[ex_id][0]} and {rel}')
+                # The same marker in two files (a later chapter copied the region): the exercise
+                # lives in its own chapter's folder; the copy is left as it is.
+                own = f'chapters/{ex_id[2:4]}_'
+                keep, other = (found[ex_id][0], rel) if not rel.startswith(own) else (rel, found[ex_id][0])
+                if (ex_id, other) not in _warned:
+                    _warned.add((ex_id, other))
+                    print(f'tutorial: warning: exercise {ex_id} is marked twice; it is the one in {keep}, '
+                          f'the marker in {other} should go', file=sys.stderr)
+                if keep == found[ex_id][0]:
+                    continue
             found[ex_id] = (rel, task, b + 1)
     return dict(sorted(found.items(), key=lambda kv: id_key(kv[0])))
 
@@ -135,12 +147,24 @@ def stub_region_lines(root, ex_id, task, marker_line, solution_body):
 
 def repo_stub(root, ex_id):
     """The stub lines of exercise ex_id, computed from the repository's solution."""
-    for path in source_files(root):
-        regs, lines = regions(path)
-        for rid, task, b, e in regs:
-            if rid == ex_id:
-                return os.path.relpath(path, root), stub_region_lines(root, rid, task, lines[b], lines[b + 1:e])
-    die(f'no exercise {ex_id} (see ./tutorial exercise list)')
+    exs = _exercises_cached(root)
+    if ex_id not in exs:
+        die(f'no exercise {ex_id} (see ./tutorial exercise list)')
+    rel = exs[ex_id][0]
+    regs, lines = regions(os.path.join(root, rel))
+    for rid, task, b, e in regs:
+        if rid == ex_id:
+            return rel, stub_region_lines(root, rid, task, lines[b], lines[b + 1:e])
+    die(f'no exercise {ex_id} in {rel}')
+
+
+_cache = {}
+
+
+def _exercises_cached(root):
+    if root not in _cache:
+        _cache[root] = exercises(root)
+    return _cache[root]
 
 
 def norm(lines):
