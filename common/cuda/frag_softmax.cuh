@@ -60,7 +60,12 @@ struct RowSoftmax {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       shift[r] = finite_max(mx[r]) * c;
-      alpha[r] = exp2_approx(m[r] * c - shift[r]);  // m = -inf: 2^-inf = 0
+      // The difference of the maxima first, then the scale: exactly 0 (alpha = 1) when
+      // the max did not change. m * c - shift would round m * c differently from the
+      // shift of the tile that set m (or be contracted into one FMA), so every tile
+      // would rescale l and O by a factor 1 + O(|m c| u) other than 1: a drift that
+      // grows with the number of tiles (a long decode's LSE). m = -inf: 2^-inf = 0.
+      alpha[r] = exp2_approx((m[r] - finite_max(mx[r])) * c);
       m[r] = mx[r];
       l[r] *= alpha[r];
     }
