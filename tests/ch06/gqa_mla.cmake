@@ -6,3 +6,6 @@ tutorial_tests(tests_ch06_gqa_mla LABEL ch06
   LINK attn_ch06)
 target_compile_definitions(tests_ch06_gqa_mla PRIVATE CH06_BINARY="$<TARGET_FILE:ch06_variants>")
 add_dependencies(tests_ch06_gqa_mla ch06_variants)
+tutorial_tests(tests_ch06_gqa_mla_gpu LABEL ch06 GPU
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_gqa_gpu.cpp ${CMAKE_CURRENT_LIST_DIR}/test_mla_gpu.cpp
+  LINK attn_ch06)

@@ -36,6 +36,10 @@ struct GpuResult {
 /// (pack = false: chapter 05's GQA). Throws UsageError when unsupported.
 GpuResult packed_forward_gpu(const Problem& p, const AttnInputs& in, bool pack, bool time);
 
+/// The same kernel timed on device-generated inputs (for the sweeps: no host tensors,
+/// no check; the tests and the checked rows cover correctness).
+GpuResult packed_forward_bench(const Problem& p, bool pack);
+
 /// One MLA step on the GPU, either form. o is the final [B][H][Nq][128].
 struct MlaGpuResult {
   std::vector<float> o;
@@ -48,6 +52,8 @@ struct MlaGpuResult {
 
 /// Absorbed decode. `splits` = 0 picks the split count from the SM count. Timed when `time`.
 MlaGpuResult mla_absorb_gpu(const MlaShape& s, const MlaInputs& in, int splits, bool time);
+/// Absorbed decode timed on device-generated inputs (the sweeps).
+MlaGpuResult mla_absorb_bench(const MlaShape& s, int splits);
 /// Decompressed form: K/V GEMMs (cuBLAS) and the packed Hopper forward with d = 192, dv = 128.
 MlaGpuResult mla_decompress_gpu(const MlaShape& s, const MlaInputs& in, bool time);
 

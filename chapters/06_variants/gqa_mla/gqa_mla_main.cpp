@@ -17,7 +17,7 @@
 #include "parts.hpp"
 
 // The kernels of this part (gqa_mla_gpu.hpp) are linked in CUDA builds once they exist.
-#define CH06_GQA_MLA_KERNELS 0
+#define CH06_GQA_MLA_KERNELS 1
 #if TUTORIAL_HAVE_CUDA && CH06_GQA_MLA_KERNELS
 #include "common/cuda/ceilings.cuh"
 #endif
@@ -41,8 +41,8 @@ std::string shape_of(const Problem& p) {
 
 /// The packed-vs-unpacked sweep of the README (GPU): G in {1, 2, 4, 8} over 8 KV heads and
 /// MQA (32 query heads, 1 KV head), Nq in {1, 4, 16, 64, 128, 4096}, Nk = 8192, d = 128.
-void gqa_sweep(Report& rep, uint64_t seed) {
-  rep.notes.push_back("sweep (B=1, Nk=8192, d=128, bf16, not causal; times are medians of 20, L2 flushed):");
+void gqa_sweep(Report& rep) {
+  rep.notes.push_back("sweep (B=1, Nk=8192, d=128, bf16, not causal, device-generated inputs; medians of 20, L2 flushed):");
   rep.notes.push_back("  shape                              packed ms  unpacked ms  speed-up   K/V bytes packed / unpacked");
   struct Hs { int hq, hkv; };
   const Hs heads[] = {{8, 8}, {16, 8}, {32, 8}, {64, 8}, {32, 1}};
@@ -50,8 +50,7 @@ void gqa_sweep(Report& rep, uint64_t seed) {
     for (int nq : {1, 4, 16, 64, 128, 4096}) {
       Problem p;
       p.batch = 1, p.heads = h.hq, p.kv_heads = h.hkv, p.nq = nq, p.nk = 8192, p.d = p.dv = 128;
-      const AttnInputs in = make_inputs(p, Dist::normal, seed);
-      const GpuResult a = packed_forward_gpu(p, in, true, true), b = packed_forward_gpu(p, in, false, true);
+      const GpuResult a = packed_forward_bench(p, true), b = packed_forward_bench(p, false);
       GroupedOptions po, uo;
       uo.pack = false;
       const double kp = grouped_kv_bytes(p, po), ku = grouped_kv_bytes(p, uo);
@@ -136,7 +135,7 @@ int run_gqa(const Options& opt, bool sweep, bool no_table) {
       rep.rows.push_back(row);
     }
     rep.apply_ceilings();
-    if (sweep) gqa_sweep(rep, opt.seed);
+    if (sweep) gqa_sweep(rep);
   }
 #else
   (void)dev;
@@ -152,7 +151,7 @@ int run_gqa(const Options& opt, bool sweep, bool no_table) {
 
 #if TUTORIAL_HAVE_CUDA && CH06_GQA_MLA_KERNELS
 /// The two regimes of the README, on the GPU (absorbed decode kernel, Nq = 1).
-void mla_sweep(Report& rep, uint64_t seed, const Ceilings& ceil) {
+void mla_sweep(Report& rep, const Ceilings& ceil) {
   rep.notes.push_back("sweep: absorbed decode, Nq = 1 (time of decode + combine; cache GB/s = latent bytes read / time)");
   rep.notes.push_back("  H    B     Nk     splits  attn ms   total ms   cache GB/s  of read ceil   TFLOP/s  of GEMM ceil");
   struct Case { int h, b, nk; };
@@ -161,8 +160,7 @@ void mla_sweep(Report& rep, uint64_t seed, const Ceilings& ceil) {
   for (const Case& c : cases) {
     MlaShape s;
     s.batch = c.b, s.heads = c.h, s.nq = 1, s.nk = c.nk;
-    const MlaInputs in = make_mla_inputs(s, Dist::normal, seed);
-    const MlaGpuResult g = mla_absorb_gpu(s, in, 0, true);
+    const MlaGpuResult g = mla_absorb_bench(s, 0);
     const MlaCost cost = mla_cost_absorb(s, g.head_tile);
     const double gbps = cost.cache_bytes / (g.attn_ms * 1e-3) / 1e9;
     const double attn_flops = 2.0 * s.batch * s.heads * s.nq * double(s.nk) * (kDLatentKey + kDC);
@@ -303,7 +301,7 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
       rep.rows.push_back(row);
     }
     rep.apply_ceilings();
-    if (sweep) mla_sweep(rep, opt.seed, rep.ceilings);
+    if (sweep) mla_sweep(rep, rep.ceilings);
   }
 #else
   (void)dev;

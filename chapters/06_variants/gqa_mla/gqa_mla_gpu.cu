@@ -1,0 +1,358 @@
+// Host side of this part's kernels: uploads, the packed GQA forward (packed_fwd.cu), the
+// absorbed MLA decode (mla_decode.cu) with its two small GEMM kernels, and the
+// decompressed MLA form (cuBLAS K/V GEMMs, then the packed forward with d = 192).
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/cuda/buffer.cuh"
+#include "common/cuda/check.cuh"
+#include "common/cuda/timing.cuh"
+#include "common/device.hpp"
+#include "common/errors.hpp"
+#include "common/index.hpp"
+#include "common/online_softmax.hpp"
+#include "gqa_mla/gqa_mla_gpu.hpp"
+#include "gqa_mla/mla_decode.cuh"
+#if CH06_HAVE_HOPPER
+#include "gqa_mla/packed_fwd.cuh"
+#endif
+
+namespace attn::ch06 {
+
+bool hopper_ready(std::string* why) {
+  std::string reason;
+  const auto dev = query_device(&reason);
+  if (!dev) {
+    if (why) *why = reason;
+    return false;
+  }
+  if (!CH06_HAVE_HOPPER || dev->cc_major != 9 || dev->cc_minor != 0) {
+    if (why)
+      *why = "the packed forward needs an sm_90 GPU (wgmma, TMA, setmaxnreg); this is " + dev->name + " (sm_" +
+             std::to_string(dev->cc_major) + std::to_string(dev->cc_minor) + "): its rows are waived";
+    return false;
+  }
+  return true;
+}
+
+bool packed_fwd_supports(const Problem& p, std::string* why) {
+  auto no = [&](const std::string& w) {
+    if (why) *why = "packed forward: " + w;
+    return false;
+  };
+  if (p.dtype != DType::bf16) return no("bf16 only");
+  if (!((p.d == 128 && p.dv == 128) || (p.d == 192 && p.dv == 128))) return no("(d, dv) = (128, 128) or (192, 128) only");
+  return true;
+}
+
+namespace {
+
+int sm_count() {
+  int dev = 0, sms = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return sms;
+}
+
+#if CH06_HAVE_HOPPER
+ch05::PreparedStep prepare_packed(const Problem& p, const void* q, const void* k, const void* v, void* o, float* lse,
+                                  bool pack) {
+  ch05::StepArgs a;
+  a.problem = p;
+  a.q = q;
+  a.k = k;
+  a.v = v;
+  a.params.o = o;
+  a.params.lse = lse;
+  a.params.batch = p.batch;
+  a.params.heads = p.heads;
+  a.params.kv_heads = p.kv_heads;
+  a.params.nq = p.nq;
+  a.params.nk = p.nk;
+  a.params.scale_log2 = float(p.softmax_scale() * kLog2e);
+  a.params.causal = p.causal;
+  a.params.n_qtiles = ceil_div(p.nq, ch05::kBr);
+  a.sms = sm_count();
+  return packed::prepare(a, pack);
+}
+#endif
+
+void cublas_check(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) throw CudaError(std::string(what) + ": cuBLAS status " + std::to_string(int(s)));
+}
+
+/// [q_nope ; q_rope] -> Q [B][H][Nq][192], and the cache's k_rope (columns 512..575 of
+/// [B][Nk][576]) into columns 128..191 of every head's K [B][H][Nk][192].
+__global__ void concat_kernel(const __nv_bfloat16* q_nope, const __nv_bfloat16* q_rope, const __nv_bfloat16* cache,
+                              __nv_bfloat16* q, __nv_bfloat16* k, int batch, int heads, int nq, int nk) {
+  const std::size_t q_rows = std::size_t(batch) * heads * nq, k_rows = std::size_t(batch) * heads * nk;
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (q_rows + k_rows) * 192;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    const std::size_t row = i / 192;
+    const int c = int(i % 192);
+    if (row < q_rows) {
+      q[i] = c < 128 ? q_nope[row * 128 + c] : q_rope[row * 64 + c - 128];
+    } else if (c >= 128) {
+      const std::size_t kr = row - q_rows;                           // (b, h, t)
+      const std::size_t b = kr / (std::size_t(heads) * nk), t = kr % nk;  // k_rope is shared by the heads
+      k[kr * 192 + c] = cache[(b * nk + t) * 576 + 512 + c - 128];
+    }
+  }
+}
+
+/// Values in [-1, 1) from a hash of the index: inputs for timing runs, made on the device.
+__global__ void fill_hash_kernel(__nv_bfloat16* x, std::size_t n, unsigned seed) {
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
+    unsigned h = unsigned(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    x[i] = __float2bfloat16_rn(float(h & 0xffff) / 32768.0f - 1.0f);
+  }
+}
+
+void fill_hash(DeviceTensor& t, unsigned seed) {
+  constexpr int kBlocks = 1024, kThreadsPerBlock = 256;
+  fill_hash_kernel<<<kBlocks, kThreadsPerBlock>>>(t.as<__nv_bfloat16>(), t.size(), seed);
+  CUDA_CHECK_LAUNCH("fill_hash_kernel");
+}
+
+}  // namespace
+
+GpuResult packed_forward_bench(const Problem& p, bool pack) {
+  std::string why;
+  if (!packed_fwd_supports(p, &why) || !hopper_ready(&why)) throw UsageError(why);
+#if CH06_HAVE_HOPPER
+  DeviceTensor q(p.dtype, p.q_elems()), k(p.dtype, p.k_elems()), v(p.dtype, p.v_elems()), o(p.dtype, p.o_elems());
+  DeviceBuffer<float> lse(p.lse_elems());
+  fill_hash(q, 1);
+  fill_hash(k, 2);
+  fill_hash(v, 3);
+  const ch05::PreparedStep step = prepare_packed(p, q.data(), k.data(), v.data(), o.data(), lse.get(), pack);
+  GpuResult r;
+  r.grid = step.grid;
+  r.smem_bytes = step.smem_bytes;
+  r.time_ms = time_gpu(step.launch).median_ms;
+  return r;
+#else
+  (void)pack;
+  throw UsageError("built without the sm_90a kernels");
+#endif
+}
+
+GpuResult packed_forward_gpu(const Problem& p, const AttnInputs& in, bool pack, bool time) {
+  std::string why;
+  if (!packed_fwd_supports(p, &why)) throw UsageError(why);
+  if (!hopper_ready(&why)) throw UsageError(why);
+#if CH06_HAVE_HOPPER
+  const DeviceTensor q = DeviceTensor::from_host(in.q, p.dtype), k = DeviceTensor::from_host(in.k, p.dtype),
+                     v = DeviceTensor::from_host(in.v, p.dtype);
+  DeviceTensor o(p.dtype, p.o_elems());
+  DeviceBuffer<float> lse(p.lse_elems());
+  const ch05::PreparedStep step = prepare_packed(p, q.data(), k.data(), v.data(), o.data(), lse.get(), pack);
+  GpuResult r;
+  r.grid = step.grid;
+  r.smem_bytes = step.smem_bytes;
+  o.poison();
+  lse.poison();
+  step.launch();
+  CUDA_CHECK(cudaDeviceSynchronize());
+  r.o = o.to_host();
+  r.lse = lse.download();
+  if (time) r.time_ms = time_gpu(step.launch).median_ms;
+  return r;
+#else
+  (void)in, (void)pack, (void)time;
+  throw UsageError("built without the sm_90a kernels");
+#endif
+}
+
+// ----------------------------------------------------------------------------- MLA
+
+namespace {
+
+/// The uploaded MLA inputs: the cache as stored ([c ; k_rope] per token), queries, weights.
+struct MlaDevice {
+  DeviceTensor kv, q_nope, q_rope, w_uk, w_uv;
+  MlaDevice(const MlaShape& s, const MlaInputs& in) {
+    std::vector<float> cache(std::size_t(s.batch) * s.nk * kDLatentKey);
+    for (std::size_t t = 0; t < std::size_t(s.batch) * s.nk; ++t) {
+      std::copy_n(&in.c[t * kDC], kDC, &cache[t * kDLatentKey]);
+      std::copy_n(&in.k_rope[t * kDRope], kDRope, &cache[t * kDLatentKey + kDC]);
+    }
+    kv = DeviceTensor::from_host(cache, DType::bf16);
+    q_nope = DeviceTensor::from_host(in.q_nope, DType::bf16);
+    q_rope = DeviceTensor::from_host(in.q_rope, DType::bf16);
+    w_uk = DeviceTensor::from_host(in.w_uk, DType::bf16);
+    w_uv = DeviceTensor::from_host(in.w_uv, DType::bf16);
+  }
+  /// Device-generated inputs of the right shapes (timing runs).
+  explicit MlaDevice(const MlaShape& s)
+      : kv(DType::bf16, std::size_t(s.batch) * s.nk * kDLatentKey),
+        q_nope(DType::bf16, std::size_t(s.batch) * s.heads * s.nq * kDNope),
+        q_rope(DType::bf16, std::size_t(s.batch) * s.heads * s.nq * kDRope),
+        w_uk(DType::bf16, std::size_t(s.heads) * kDC * kDNope),
+        w_uv(DType::bf16, std::size_t(s.heads) * kDC * kDV) {
+    fill_hash(kv, 1);
+    fill_hash(q_nope, 2);
+    fill_hash(q_rope, 3);
+    fill_hash(w_uk, 4);
+    fill_hash(w_uv, 5);
+  }
+};
+
+}  // namespace
+
+double mla_device_bytes(const MlaShape& s, bool decompress) {
+  const double B = s.batch, H = s.heads, nq = s.nq, nk = s.nk;
+  double bytes = 2 * (B * nk * kDLatentKey + B * H * nq * (kDNope + kDRope + kDLatentKey + kDC + kDV) +
+                      2 * H * kDC * kDNope);
+  bytes += 4 * B * H * nq * (kDC + 2) * 64;  // split partials, at most 64 ranges
+  if (decompress) bytes += 2 * B * H * (nk * (kDQK + kDV) + nq * kDQK) + 4 * B * H * nq;
+  return bytes;
+}
+
+namespace {
+
+/// The absorbed decode on uploaded tensors `d`: checked once (outputs poisoned), then
+/// timed when `time`.
+MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool time);
+
+}  // namespace
+
+MlaGpuResult mla_absorb_gpu(const MlaShape& s, const MlaInputs& in, int splits, bool time) {
+  validate(s);
+  return absorb_run(s, MlaDevice(s, in), splits, time);
+}
+
+MlaGpuResult mla_absorb_bench(const MlaShape& s, int splits) {
+  validate(s);
+  return absorb_run(s, MlaDevice(s), splits, true);
+}
+
+namespace {
+
+MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool time) {
+  const int rows = s.heads * s.nq;
+  const int per_tile = rows <= mla::kRowsSmall ? mla::kRowsSmall : mla::kRowsLarge;
+  const int tiles = ceil_div(rows, per_tile), nblocks = ceil_div(s.nk, mla::kKeysPerBlock);
+  // Split-K: enough (tile, range, sequence) blocks to give every SM one.
+  if (splits <= 0) splits = std::clamp(ceil_div(sm_count(), tiles * s.batch), 1, std::min(nblocks, 64));
+  const int bps = ceil_div(nblocks, std::min(splits, nblocks));
+  splits = ceil_div(nblocks, bps);  // no empty ranges
+  DeviceTensor q(DType::bf16, std::size_t(s.batch) * rows * kDLatentKey), o_c(DType::bf16, std::size_t(s.batch) * rows * kDC),
+      o(DType::bf16, std::size_t(s.batch) * rows * kDV);
+  DeviceBuffer<float> o_part(std::size_t(s.batch) * splits * rows * kDC), ml_part(std::size_t(s.batch) * splits * rows * 2);
+  mla::DecodeParams p;
+  p.q = q.as<__nv_bfloat16>();
+  p.kv = d.kv.as<__nv_bfloat16>();
+  p.o_part = o_part.get();
+  p.ml_part = ml_part.get();
+  p.batch = s.batch, p.rows = rows, p.nq = s.nq, p.nk = s.nk, p.splits = splits, p.blocks_per_split = bps;
+  p.scale_log2 = float(s.scale() * kLog2e);
+  auto absorb_q = [&] {
+    mla::launch_absorb_q(d.q_nope.as<__nv_bfloat16>(), d.q_rope.as<__nv_bfloat16>(), d.w_uk.as<__nv_bfloat16>(),
+                         q.as<__nv_bfloat16>(), s.batch, s.heads, s.nq);
+  };
+  auto attend = [&] {
+    mla::launch_decode(p, per_tile);
+    mla::launch_combine(p, o_c.as<__nv_bfloat16>());
+  };
+  auto project = [&] {
+    mla::launch_project(o_c.as<__nv_bfloat16>(), d.w_uv.as<__nv_bfloat16>(), o.as<__nv_bfloat16>(), s.batch, s.heads,
+                        s.nq);
+  };
+  q.poison();
+  o_c.poison();
+  o.poison();
+  o_part.poison();
+  ml_part.poison();
+  absorb_q();
+  attend();
+  project();
+  CUDA_CHECK(cudaDeviceSynchronize());
+  MlaGpuResult r;
+  r.o = o.to_host();
+  r.splits = splits;
+  r.head_tile = per_tile;
+  r.what = "q_c GEMM, decode (" + std::to_string(tiles) + " x " + std::to_string(splits) + " x " +
+           std::to_string(s.batch) + " blocks of " + std::to_string(per_tile) + " rows), combine, W_UV GEMM";
+  if (time) {
+    r.attn_ms = time_gpu(attend).median_ms;
+    r.total_ms = time_gpu([&] {
+                   absorb_q();
+                   attend();
+                   project();
+                 }).median_ms;
+  }
+  return r;
+}
+
+}  // namespace
+
+MlaGpuResult mla_decompress_gpu(const MlaShape& s, const MlaInputs& in, bool time) {
+  validate(s);
+  std::string why;
+  if (!hopper_ready(&why)) throw UsageError(why);
+#if CH06_HAVE_HOPPER
+  const MlaDevice d(s, in);
+  const Problem pd = s.decompressed();
+  DeviceTensor q(DType::bf16, pd.q_elems()), k(DType::bf16, pd.k_elems()), v(DType::bf16, pd.v_elems()),
+      o(DType::bf16, pd.o_elems());
+  DeviceBuffer<float> lse(pd.lse_elems());
+  // The latent c alone, [B][Nk][512]: the A operand of the K/V GEMMs (the cache keeps it
+  // interleaved with k_rope, so the GEMMs read it with a row pitch of 576).
+  cublasHandle_t h;
+  cublas_check(cublasCreate(&h), "cublasCreate");
+  const float one = 1.f, zero = 0.f;
+  auto gemms = [&] {
+    for (int b = 0; b < s.batch; ++b) {
+      // Column-major view: K_nope^T (128 x Nk) = W_UK[h]^T (128 x 512) C_b^T (512 x Nk), batched over heads.
+      const __nv_bfloat16* c = d.kv.as<__nv_bfloat16>() + std::size_t(b) * s.nk * kDLatentKey;
+      cublas_check(cublasGemmStridedBatchedEx(h, CUBLAS_OP_N, CUBLAS_OP_N, kDNope, s.nk, kDC, &one, d.w_uk.data(),
+                                              CUDA_R_16BF, kDNope, long(kDC) * kDNope, c, CUDA_R_16BF, kDLatentKey, 0,
+                                              &zero, k.as<__nv_bfloat16>() + std::size_t(b) * s.heads * s.nk * kDQK,
+                                              CUDA_R_16BF, kDQK, long(s.nk) * kDQK, s.heads, CUBLAS_COMPUTE_32F,
+                                              CUBLAS_GEMM_DEFAULT),
+                   "K GEMM");
+      cublas_check(cublasGemmStridedBatchedEx(h, CUBLAS_OP_N, CUBLAS_OP_N, kDV, s.nk, kDC, &one, d.w_uv.data(),
+                                              CUDA_R_16BF, kDV, long(kDC) * kDV, c, CUDA_R_16BF, kDLatentKey, 0, &zero,
+                                              v.as<__nv_bfloat16>() + std::size_t(b) * s.heads * s.nk * kDV,
+                                              CUDA_R_16BF, kDV, long(s.nk) * kDV, s.heads, CUBLAS_COMPUTE_32F,
+                                              CUBLAS_GEMM_DEFAULT),
+                   "V GEMM");
+    }
+    concat_kernel<<<1024, 256>>>(d.q_nope.as<__nv_bfloat16>(), d.q_rope.as<__nv_bfloat16>(),
+                                 d.kv.as<__nv_bfloat16>(), q.as<__nv_bfloat16>(), k.as<__nv_bfloat16>(), s.batch,
+                                 s.heads, s.nq, s.nk);
+    CUDA_CHECK_LAUNCH("concat_kernel");
+  };
+  const ch05::PreparedStep step = prepare_packed(pd, q.data(), k.data(), v.data(), o.data(), lse.get(), false);
+  q.poison();
+  k.poison();
+  v.poison();
+  o.poison();
+  gemms();
+  step.launch();
+  CUDA_CHECK(cudaDeviceSynchronize());
+  MlaGpuResult r;
+  r.o = o.to_host();
+  r.what = "cuBLAS K/V GEMMs (" + std::to_string(s.batch) + " x 2 batched over heads), concat, packed_fwd d=192 dv=128";
+  if (time) {
+    r.attn_ms = time_gpu(step.launch).median_ms;
+    r.total_ms = time_gpu([&] {
+                   gemms();
+                   step.launch();
+                 }).median_ms;
+  }
+  cublasDestroy(h);
+  return r;
+#else
+  (void)in, (void)time;
+  throw UsageError("built without the sm_90a kernels");
+#endif
+}
+
+}  // namespace attn::ch06

@@ -1,0 +1,369 @@
+// MLA's absorbed decode, in the style of FlashMLA, on mma.sync (sm_80+).
+//
+// After absorption every head of a sequence reads the same keys [c ; k_rope] (576) and
+// the same values c (512): one KV head, an MQA. So, as the packed GQA kernel does, the
+// (head, query) rows of one sequence go on the M dimension of a tile, and the latent
+// cache streams through shared memory once per tile of rows, not once per head:
+//
+//     thread block (tile t, key range s, sequence b): packed rows 16 RT t .. 16 RT t + 16 RT - 1
+//     Q tile  [16 RT][576]   loaded once                      (RT = 1: 16 rows, RT = 4: 64 rows)
+//     K tile  [64][576]      2 stages, cp.async, zero-filled past Nk
+//     for each block of 64 keys in range s:
+//       S phase:  warp w = (row tile w % RT, key group w / RT): S = Q K^T on its 16 rows x 64 RT / 8 keys
+//                 row maxima of the key groups meet in shared memory -> one m per row,
+//                 P = 2^(tau' s - m) to shared memory (bf16)
+//       PV phase: warp w = (row tile w % RT, column group w / RT): O[16 rows][512 RT / 8 cols] += P V,
+//                 V = the first 512 columns of the same K tile (the latent c): no bytes of its own
+//     write (m, l, O) of range s; combine_kernel merges the ranges of each row with the ⊕ of
+//     common/online_softmax.hpp (split-K, "flash-decoding")
+//
+// Every warp of a row tile computes the same m (the maxima of all key groups, in the same
+// order), so the O columns of different warps are scaled alike; l is summed over the key
+// groups at the end. Each warp keeps O for 16 rows x 512 RT / 8 columns: 32 (RT = 1) or 128
+// (RT = 4) fp32 registers per thread.
+#include <cuda_bf16.h>
+
+#include <cfloat>
+
+#include "common/cuda/check.cuh"
+#include "common/cuda/cp_async.cuh"
+#include "common/cuda/fast_math.cuh"
+#include "common/cuda/ldmatrix.cuh"
+#include "common/cuda/mma_sync.cuh"
+#include "common/cuda/smem_addr.cuh"
+#include "common/cuda/smem_tiles.cuh"
+#include "common/index.hpp"
+#include "common/online_softmax.hpp"
+#include "gqa_mla/mla_decode.cuh"
+
+namespace attn::ch06::mla {
+namespace {
+
+using namespace attn::cuda;
+using bf16 = __nv_bfloat16;
+
+constexpr int kDK = 576;          // latent key: c (512) ; k_rope (64)
+constexpr int kDVl = 512;         // latent value: c
+constexpr int kChunks = kDK / 8;  // 16-byte chunks per row (72)
+constexpr int kBc = kKeysPerBlock;
+constexpr int kWarps = 8, kThreads = 256;
+
+/// Shared memory of one block: | Q [16 RT][576] | K ring 2 x [64][576] | P [16 RT][64] | row sums |
+template <int RT>
+struct Smem {
+  static constexpr int kM = 16 * RT;
+  static constexpr int kQ = 0;
+  static constexpr int kKStage = kBc * kDK * 2;
+  static constexpr int kK = kQ + kM * kDK * 2;
+  static constexpr int kP = kK + 2 * kKStage;
+  static constexpr int kRed = kP + kM * kBc * 2;
+  static constexpr int kBytes = kRed + (kWarps / RT) * kM * 4;
+};
+
+/// Rows [r0, r0 + R) of a [n][576] bf16 tensor into a swizzled [R][576] tile by cp.async;
+/// rows at or past n are zero-filled (so P V never meets garbage past the end).
+template <int R>
+__device__ __forceinline__ void load_rows(uint32_t tile, const bf16* g, int r0, int n) {
+  for (int idx = threadIdx.x; idx < R * kChunks; idx += kThreads) {
+    const int r = idx / kChunks, c = idx % kChunks;
+    const bool valid = r0 + r < n;
+    cp_async_16(tile + uint32_t(swizzle<kChunks>(r, c)) * 16u, valid ? g + std::size_t(r0 + r) * kDK + c * 8 : g,
+                valid);
+  }
+}
+
+template <int RT>
+__global__ void __launch_bounds__(kThreads, 1) decode_kernel(const DecodeParams p) {
+  constexpr int kM = 16 * RT;
+  constexpr int KG = kWarps / RT, NKW = kBc / KG, NT = NKW / 8;     // S: key groups, keys and n8 tiles per warp
+  constexpr int NCW = kDVl / KG, NTO = NCW / 8;                     // PV: columns and n8 tiles per warp
+  using S = Smem<RT>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t sq = smem_u32(smem + S::kQ), sk = smem_u32(smem + S::kK), sp = smem_u32(smem + S::kP);
+  float* red = reinterpret_cast<float*>(smem + S::kRed);
+  const int tile = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, rt = warp % RT, kg = warp / RT;
+  const int m0 = tile * kM;
+  const int nblocks = ceil_div(p.nk, kBc);
+  const int blk_lo = split * p.blocks_per_split, blk_hi = min(nblocks, blk_lo + p.blocks_per_split);
+
+  // This lane's two rows (mma accumulator rows g and g + 8 of row tile rt), and the keys
+  // they may see: causal, bottom-right, by query position i = row % Nq.
+  int row[2], limit[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    row[r] = rt * 16 + lane / 4 + 8 * r;
+    limit[r] = causal_key_end((m0 + row[r]) % p.nq + 1, p.nq, p.nk);  // keys [0, limit) are visible
+  }
+
+  const bf16* qb = p.q + std::size_t(b) * p.rows * kDK;
+  const bf16* kb = p.kv + std::size_t(b) * p.nk * kDK;
+  load_rows<kM>(sq, qb, m0, p.rows);
+  if (blk_lo < blk_hi) load_rows<kBc>(sk, kb, blk_lo * kBc, p.nk);
+  cp_async_commit();
+
+  float o[NTO][4];
+#pragma unroll
+  for (int n = 0; n < NTO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+
+  for (int j = blk_lo; j < blk_hi; ++j) {
+    const int stage = (j - blk_lo) & 1;
+    cp_async_wait<0>();
+    __syncthreads();  // K_j has landed for everyone; block j-1's P V is done with the other stage
+    if (j + 1 < blk_hi) load_rows<kBc>(sk + uint32_t((stage ^ 1) * S::kKStage), kb, (j + 1) * kBc, p.nk);
+    cp_async_commit();
+    const uint32_t kt = sk + uint32_t(stage * S::kKStage);
+
+    // ---- S = Q K^T: 16 rows x NKW keys, 36 k-steps of 16
+    float s[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll 2
+    for (int ks2 = 0; ks2 < kDK / 32; ++ks2) {
+      uint32_t a0[4], a1[4];
+      ldmatrix_x4(a0, sq + uint32_t(swizzle<kChunks>(rt * 16 + lane % 16, 4 * ks2 + lane / 16)) * 16u);
+      ldmatrix_x4(a1, sq + uint32_t(swizzle<kChunks>(rt * 16 + lane % 16, 4 * ks2 + 2 + lane / 16)) * 16u);
+      if constexpr (NT == 1) {
+        // 8 keys: one x4 holds their B fragments for two k-steps
+        uint32_t bb[4];
+        ldmatrix_x4(bb, kt + uint32_t(swizzle<kChunks>(kg * NKW + lane % 8, 4 * ks2 + lane / 8)) * 16u);
+        mma_m16n8k16<bf16>(s[0], a0, bb[0], bb[1]);
+        mma_m16n8k16<bf16>(s[0], a1, bb[2], bb[3]);
+      } else {
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+          const int key = kg * NKW + np * 16 + (lane / 16) * 8 + lane % 8;
+          uint32_t b0[4], b1[4];
+          ldmatrix_x4(b0, kt + uint32_t(swizzle<kChunks>(key, 4 * ks2 + (lane / 8) % 2)) * 16u);
+          ldmatrix_x4(b1, kt + uint32_t(swizzle<kChunks>(key, 4 * ks2 + 2 + (lane / 8) % 2)) * 16u);
+          mma_m16n8k16<bf16>(s[2 * np], a0, b0[0], b0[1]);
+          mma_m16n8k16<bf16>(s[2 * np + 1], a0, b0[2], b0[3]);
+          mma_m16n8k16<bf16>(s[2 * np], a1, b1[0], b1[1]);
+          mma_m16n8k16<bf16>(s[2 * np + 1], a1, b1[2], b1[3]);
+        }
+      }
+    }
+
+    // ---- online softmax, base 2; one m per row across the KG key groups
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = j * kBc + kg * NKW + n * 8 + 2 * (lane % 4) + (e & 1);
+        const float x = key < limit[e >> 1] ? s[n][e] * p.scale_log2 : -INFINITY;
+        s[n][e] = x;
+        mx[e >> 1] = fmaxf(mx[e >> 1], x);
+      }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      if (lane % 4 == 0) red[kg * kM + row[r]] = mx[r];
+    }
+    __syncthreads();
+    float alpha[2], shift[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float m_new = m_run[r];
+#pragma unroll
+      for (int g = 0; g < KG; ++g) m_new = fmaxf(m_new, red[g * kM + row[r]]);
+      shift[r] = finite_max(m_new);
+      alpha[r] = exp2_approx(m_run[r] - shift[r]);  // m_run = -inf: 0
+      m_run[r] = m_new;
+      l_run[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[n][e] = exp2_approx(s[n][e] - shift[e >> 1]);  // masked: 2^-inf = 0
+        l_run[e >> 1] += s[n][e];
+      }
+      const int col = kg * NKW + n * 8 + 2 * (lane % 4);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        unsigned char* at = smem + S::kP + swizzle<kBc / 8>(row[r], col / 8) * 16 + (col % 8) * 2;
+        *reinterpret_cast<uint32_t*>(at) = pack2<bf16>(s[n][2 * r], s[n][2 * r + 1]);
+      }
+    }
+    __syncthreads();  // P is complete; every warp has read the row maxima
+
+    // ---- O = alpha O + P V, V = the latent c: columns kg * NCW .. of the K tile
+#pragma unroll
+    for (int n = 0; n < NTO; ++n) {
+      o[n][0] *= alpha[0];
+      o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1];
+      o[n][3] *= alpha[1];
+    }
+#pragma unroll
+    for (int kk = 0; kk < kBc / 16; ++kk) {
+      uint32_t a[4];
+      ldmatrix_x4(a, sp + uint32_t(swizzle<kBc / 8>(rt * 16 + lane % 16, 2 * kk + lane / 16)) * 16u);
+      const int key = kk * 16 + lane % 8 + ((lane / 8) % 2) * 8;
+#pragma unroll
+      for (int np = 0; np < NTO / 2; ++np) {
+        uint32_t bb[4];
+        ldmatrix_x4_trans(bb, kt + uint32_t(swizzle<kChunks>(key, kg * NCW / 8 + 2 * np + lane / 16)) * 16u);
+        mma_m16n8k16<bf16>(o[2 * np], a, bb[0], bb[1]);
+        mma_m16n8k16<bf16>(o[2 * np + 1], a, bb[2], bb[3]);
+      }
+    }
+  }
+
+  // ---- this key range's (m, l, O): l summed over the quad, then over the key groups
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+  }
+  __syncthreads();  // the last block's row maxima have been read by every warp
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+    if (lane % 4 == 0) red[kg * kM + row[r]] = l_run[r];
+  __syncthreads();
+  const std::size_t part = (std::size_t(b) * p.splits + split) * p.rows;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int grow = m0 + row[r];
+    if (grow >= p.rows) continue;
+    float* dst = p.o_part + (part + grow) * kDVl + kg * NCW + 2 * (lane % 4);
+#pragma unroll
+    for (int n = 0; n < NTO; ++n)
+      *reinterpret_cast<float2*>(dst + 8 * n) = make_float2(o[n][2 * r], o[n][2 * r + 1]);
+    if (kg == 0 && lane % 4 == 0) {
+      float l = 0.f;
+#pragma unroll
+      for (int g = 0; g < KG; ++g) l += red[g * kM + row[r]];
+      p.ml_part[(part + grow) * 2] = m_run[r];
+      p.ml_part[(part + grow) * 2 + 1] = l;
+    }
+  }
+}
+
+/// One warp per (sequence, row): the key ranges merged with ⊕, then O / l in bf16.
+__global__ void combine_kernel(const DecodeParams p, bf16* o_c) {
+  const int w = int((blockIdx.x * std::size_t(blockDim.x) + threadIdx.x) / 32), lane = threadIdx.x % 32;
+  if (w >= p.batch * p.rows) return;
+  const int b = w / p.rows, row = w % p.rows;
+  SoftmaxState<float, Base2> st = SoftmaxState<float, Base2>::identity();
+  float acc[16];
+#pragma unroll
+  for (int k = 0; k < 16; ++k) acc[k] = 0.f;
+  for (int s = 0; s < p.splits; ++s) {
+    const std::size_t at = (std::size_t(b) * p.splits + s) * p.rows + row;
+    const SoftmaxState<float, Base2> part{p.ml_part[at * 2], p.ml_part[at * 2 + 1]};
+    const MergeWeights<float> mw = merge_weights<Base2>(st.m, part.m);
+    st = {mw.m, st.l * mw.wa + part.l * mw.wb};
+    const float4* src = reinterpret_cast<const float4*>(p.o_part + at * kDVl);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float4 v = src[lane + 32 * k];
+      acc[4 * k + 0] = acc[4 * k + 0] * mw.wa + v.x * mw.wb;
+      acc[4 * k + 1] = acc[4 * k + 1] * mw.wa + v.y * mw.wb;
+      acc[4 * k + 2] = acc[4 * k + 2] * mw.wa + v.z * mw.wb;
+      acc[4 * k + 3] = acc[4 * k + 3] * mw.wa + v.w * mw.wb;
+    }
+  }
+  const float inv = st.l > 0.f ? 1.f / st.l : 0.f;
+  bf16* dst = o_c + (std::size_t(b) * p.rows + row) * kDVl;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int col = 4 * (lane + 32 * k);
+    *reinterpret_cast<uint2*>(dst + col) =
+        make_uint2(pack2<bf16>(acc[4 * k] * inv, acc[4 * k + 1] * inv), pack2<bf16>(acc[4 * k + 2] * inv, acc[4 * k + 3] * inv));
+  }
+}
+
+constexpr int kRowsPerGemmBlock = 8;
+
+/// q_c = q_nope W_UK^T for 8 (batch, query) rows of head blockIdx.x: thread r of 512
+/// computes latent dim r from row r of W_UK[h] (128 contiguous weights); threads < 64 copy q_rope.
+__global__ void absorb_q_kernel(const bf16* q_nope, const bf16* q_rope, const bf16* w_uk, bf16* q, int batch,
+                                int heads, int nq) {
+  __shared__ float qn[kRowsPerGemmBlock][128];
+  const int h = blockIdx.x, n0 = blockIdx.y * kRowsPerGemmBlock, r = threadIdx.x;
+  const int rows = min(kRowsPerGemmBlock, batch * nq - n0);
+  auto qrow = [&](int n) { return (std::size_t(n / nq) * heads + h) * nq + n % nq; };
+  for (int idx = threadIdx.x; idx < rows * 128; idx += blockDim.x)
+    qn[idx / 128][idx % 128] = __bfloat162float(q_nope[qrow(n0 + idx / 128) * 128 + idx % 128]);
+  __syncthreads();
+  float acc[kRowsPerGemmBlock] = {};
+  const uint4* w = reinterpret_cast<const uint4*>(w_uk + (std::size_t(h) * 512 + r) * 128);
+  for (int c = 0; c < 16; ++c) {
+    const uint4 v = w[c];
+    const bf16* e = reinterpret_cast<const bf16*>(&v);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const float x = __bfloat162float(e[k]);
+#pragma unroll
+      for (int n = 0; n < kRowsPerGemmBlock; ++n) acc[n] += qn[n][8 * c + k] * x;
+    }
+  }
+  for (int n = 0; n < rows; ++n) {
+    bf16* dst = q + qrow(n0 + n) * kDK;
+    dst[r] = __float2bfloat16_rn(acc[n]);
+    if (r < 64) dst[512 + r] = q_rope[qrow(n0 + n) * 64 + r];
+  }
+}
+
+/// o = o_c W_UV for 8 (batch, query) rows of head blockIdx.x: thread c of 128 sums over 512.
+__global__ void project_kernel(const bf16* o_c, const bf16* w_uv, bf16* o, int batch, int heads, int nq) {
+  __shared__ float oc[kRowsPerGemmBlock][512];
+  const int h = blockIdx.x, n0 = blockIdx.y * kRowsPerGemmBlock, c = threadIdx.x;
+  const int rows = min(kRowsPerGemmBlock, batch * nq - n0);
+  auto orow = [&](int n) { return (std::size_t(n / nq) * heads + h) * nq + n % nq; };
+  for (int idx = threadIdx.x; idx < rows * 512; idx += blockDim.x)
+    oc[idx / 512][idx % 512] = __bfloat162float(o_c[orow(n0 + idx / 512) * 512 + idx % 512]);
+  for (int idx = rows * 512 + threadIdx.x; idx < kRowsPerGemmBlock * 512; idx += blockDim.x) oc[idx / 512][idx % 512] = 0.f;
+  __syncthreads();
+  float acc[kRowsPerGemmBlock] = {};
+  const bf16* w = w_uv + std::size_t(h) * 512 * 128 + c;
+  for (int r = 0; r < 512; ++r) {
+    const float x = __bfloat162float(w[std::size_t(r) * 128]);
+#pragma unroll
+    for (int n = 0; n < kRowsPerGemmBlock; ++n) acc[n] += oc[n][r] * x;
+  }
+  for (int n = 0; n < rows; ++n) o[orow(n0 + n) * 128 + c] = __float2bfloat16_rn(acc[n]);
+}
+
+}  // namespace
+
+int launch_decode(const DecodeParams& p, int rows_per_tile) {
+  const int tiles = ceil_div(p.rows, rows_per_tile);
+  const dim3 grid(tiles, p.splits, p.batch);
+  if (rows_per_tile == kRowsSmall) {
+    constexpr int bytes = Smem<1>::kBytes;
+    CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    decode_kernel<1><<<grid, kThreads, bytes>>>(p);
+    CUDA_CHECK_LAUNCH("mla decode_kernel<1>");
+    return bytes;
+  }
+  constexpr int bytes = Smem<4>::kBytes;
+  CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  decode_kernel<4><<<grid, kThreads, bytes>>>(p);
+  CUDA_CHECK_LAUNCH("mla decode_kernel<4>");
+  return bytes;
+}
+
+void launch_combine(const DecodeParams& p, bf16* o_c) {
+  const int warps = p.batch * p.rows, per_block = 8;
+  combine_kernel<<<ceil_div(warps, per_block), 32 * per_block>>>(p, o_c);
+  CUDA_CHECK_LAUNCH("mla combine_kernel");
+}
+
+void launch_absorb_q(const bf16* q_nope, const bf16* q_rope, const bf16* w_uk, bf16* q, int batch, int heads, int nq) {
+  const dim3 grid(heads, ceil_div(batch * nq, kRowsPerGemmBlock));
+  absorb_q_kernel<<<grid, 512>>>(q_nope, q_rope, w_uk, q, batch, heads, nq);
+  CUDA_CHECK_LAUNCH("mla absorb_q_kernel");
+}
+
+void launch_project(const bf16* o_c, const bf16* w_uv, bf16* o, int batch, int heads, int nq) {
+  const dim3 grid(heads, ceil_div(batch * nq, kRowsPerGemmBlock));
+  project_kernel<<<grid, 128>>>(o_c, w_uv, o, batch, heads, nq);
+  CUDA_CHECK_LAUNCH("mla project_kernel");
+}
+
+}  // namespace attn::ch06::mla

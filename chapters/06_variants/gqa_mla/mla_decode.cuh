@@ -1,0 +1,38 @@
+#pragma once
+/// \file mla_decode.cuh
+/// \brief MLA's absorbed decode on the device (mla_decode.cu): the kernels and what
+///        the host side hands them.
+
+#include <cuda_bf16.h>
+
+namespace attn::ch06::mla {
+
+/// The latent decode: for each sequence b, the rows = H * Nq (head, query) pairs,
+/// packed head-major (row = h Nq + i), against the sequence's cache of Nk latent keys.
+struct DecodeParams {
+  const __nv_bfloat16* q = nullptr;   ///< [B][rows][576]: [q_c ; q_rope]
+  const __nv_bfloat16* kv = nullptr;  ///< [B][Nk][576]: [c ; k_rope], the cache as stored
+  float* o_part = nullptr;            ///< [B][splits][rows][512]: unnormalised O of each key range
+  float* ml_part = nullptr;           ///< [B][splits][rows][2]: its (m, l), base 2
+  int batch = 1, rows = 0, nq = 1, nk = 0;
+  int splits = 1, blocks_per_split = 1;  ///< key range s = blocks [s bps, (s + 1) bps) of 64 keys
+  float scale_log2 = 0;               ///< tau log2(e), tau = 1 / sqrt(192)
+};
+
+/// Packed rows per thread block: 16 (one mma row tile) or 64 (four).
+constexpr int kRowsSmall = 16, kRowsLarge = 64;
+constexpr int kKeysPerBlock = 64;
+
+/// Launches the decode kernel with tiles of `rows_per_tile` (16 or 64) packed rows;
+/// grid = (tiles, splits, batch). Returns the dynamic shared memory it uses.
+int launch_decode(const DecodeParams& p, int rows_per_tile);
+/// The ⊕ of every row's key ranges: o_c = merged O / l, bf16 [B][rows][512].
+void launch_combine(const DecodeParams& p, __nv_bfloat16* o_c);
+/// q = [q_nope W_UK^T ; q_rope] per head: [B][H][Nq][128] + [B][H][Nq][64] -> [B][H][Nq][576].
+void launch_absorb_q(const __nv_bfloat16* q_nope, const __nv_bfloat16* q_rope, const __nv_bfloat16* w_uk,
+                     __nv_bfloat16* q, int batch, int heads, int nq);
+/// o = o_c W_UV per head: [B][H][Nq][512] -> [B][H][Nq][128].
+void launch_project(const __nv_bfloat16* o_c, const __nv_bfloat16* w_uv, __nv_bfloat16* o, int batch, int heads,
+                    int nq);
+
+}  // namespace attn::ch06::mla
