@@ -150,12 +150,12 @@ void run_variant(const MaskSpec& spec, const Options& opt, const MaskArgs& a, co
     f << map.svg(0, 0, name + ": " + spec.describe() + ", " + p.describe());
     os << "  (picture written to " << path << ")\n";
   }
-  const AttnInputs in = make_inputs(p, opt.dist, opt.seed, /*with_dout=*/true);
+  const AttnInputs in = make_inputs(p, opt.dist, opt.seed, /*with_dout=*/!a.no_backward);
   AttnInputs lin;  // the inputs in the layout the mask runs in (packed for documents)
   lin.q = to_layout(in.q, p.heads, p.nq, p.d, layout.packed);
   lin.k = to_layout(in.k, p.kv_heads, p.nk, p.d, layout.packed);
   lin.v = to_layout(in.v, p.kv_heads, p.nk, p.dv, layout.packed);
-  lin.dout = to_layout(in.dout, p.heads, p.nq, p.dv, layout.packed);
+  if (!in.dout.empty()) lin.dout = to_layout(in.dout, p.heads, p.nq, p.dv, layout.packed);
   const std::unique_ptr<ScoreMod> mod = reference_mod(spec, p);
   const ForwardOracle oracle(p, in, opt.check_all ? CheckPlan::full(p) : CheckPlan::sampled(p), mod.get());
   std::optional<BackwardOracle> boracle;

@@ -85,7 +85,7 @@ struct Coords {
   int col, outer;
 };
 __device__ __forceinline__ Coords tensor_coords(const DevStrides& st, int b, int h, int heads, int d) {
-  return st.head == d ? Coords{h * d, 0} : Coords{0, b * heads + h};
+  return st.row != d ? Coords{h * d, 0} : Coords{0, b * heads + h};  // packed rows hold every head
 }
 
 /// fa3_common.cuh's store_o with strided rows (standard or packed layout): O normalised
@@ -354,7 +354,7 @@ void launch_policy(const FwdParams& p, const Policy& pol, cudaStream_t st) {
   using Plan = SmemPlan<T, D, Bc, kStages>;
   const CUtensorMapDataType ty = tma_type<T>();
   // Standard [B*H][N][d], or packed [N][H*d] (one row of every head per token).
-  const bool packed = p.sq.head == D;
+  const bool packed = p.sq.row != D;
   auto map = [&](const void* base, int n, int heads, int box_rows) {
     return packed ? make_tensor_map_3d(base, ty, 2, uint64_t(heads) * D, n, 1, Plan::kBoxCols, box_rows)
                   : make_tensor_map_3d(base, ty, 2, D, n, uint64_t(p.batch) * heads, Plan::kBoxCols, box_rows);
