@@ -14,6 +14,14 @@ causal), the share of the cuBLAS GEMM ceiling that the chapter binary measured i
 same run, and the best step relative to cuDNN. Timing: CUDA events, 3 warm-ups, the
 median of 20, a 256 MB buffer written between repeats to flush the L2 (the chapter
 binary times the same way). Prints a Markdown table last; --json writes the raw numbers.
+
+    python3 bench/ch05_fa3.py --bin NEW/ch05_fa3_hopper --before OLD/ch05_fa3_hopper [--rounds 2]
+
+compares two builds of the chapter instead (no peers): the same shapes, each binary
+run --rounds times in alternation, the best TFLOP/s of each step kept, and every step
+of NEW next to the step of OLD that computes the same kernel. OLD is the landed tree
+before the steps were split (seven steps: its v6 is NEW's v8, its v7 NEW's v9); NEW's
+v6 and v7 have no counterpart there.
 """
 import argparse
 import json
@@ -75,6 +83,44 @@ def ours(binary, b, h, n, d, causal, timeout):
     return json.loads(r.stdout)
 
 
+# The landed seven-step numbering -> this chapter's nine steps (the same kernels).
+BEFORE_TO_AFTER = {"v1": "v1", "v2": "v2", "v3": "v3", "v4": "v4", "v5": "v5", "v6": "v8", "v7": "v9"}
+
+
+def step_rates(rep):
+    """{"v3": (TFLOP/s, pass)} of the GPU rows of one --json report."""
+    return {r["impl"].split()[0]: (r["tflops"], r["pass"]) for r in rep["results"] if r["device"] == "cuda"}
+
+
+def before_after(a, shapes, b):
+    print("| shape | step | before (TFLOP/s) | after (TFLOP/s) | after / before |")
+    print("|---|---|---|---|---|")
+    raw = []
+    for d, causal in shapes:
+        h = 2048 // d
+        label = f"d={d} N={a.n} B={b} H={h}{' causal' if causal else ''}"
+        best = {"before": {}, "after": {}}
+        for rnd in range(a.rounds):
+            for which, binary in (("before", a.before), ("after", a.bin)):
+                rates = step_rates(ours(binary, b, h, a.n, d, causal, a.timeout))
+                for k, (t, ok) in rates.items():
+                    key = BEFORE_TO_AFTER.get(k, k) if which == "before" else k
+                    if not ok:
+                        print(f"  {which} {key} {label}: FAILED its check", file=sys.stderr)
+                    if t is not None:
+                        best[which].setdefault(key, []).append(t)
+        raw.append({"shape": label, "rounds": best})
+        for k in sorted(best["after"], key=lambda x: int(x[1:])):
+            after = max(best["after"][k])
+            before = max(best["before"][k]) if k in best["before"] else None
+            ratio = f"{after / before:.3f}" if before else "- (new step)"
+            print(f"| {label} | {k} | {before:.1f} | {after:.1f} | {ratio} |" if before else
+                  f"| {label} | {k} | - | {after:.1f} | {ratio} |", flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(raw, f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", required=True, help="path to ch05_fa3_hopper")
@@ -82,11 +128,16 @@ def main():
     ap.add_argument("--shapes", choices=["all", "quick"], default="all")
     ap.add_argument("--json", help="write the raw numbers here")
     ap.add_argument("--timeout", type=int, default=300)
+    ap.add_argument("--before", help="an older ch05_fa3_hopper: compare the two builds, no peers")
+    ap.add_argument("--rounds", type=int, default=1, help="with --before: runs of each binary, best kept")
     a = ap.parse_args()
     shapes = [(128, False), (128, True), (64, False), (64, True), (256, False), (256, True)]
     if a.shapes == "quick":
         shapes = [(128, False), (128, True)]
     b = max(1, 16384 // a.n)
+    if a.before:
+        before_after(a, shapes, b)
+        return
     rows, raw = [], []
     for d, causal in shapes:
         h = 2048 // d

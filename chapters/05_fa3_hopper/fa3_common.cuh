@@ -75,6 +75,29 @@ struct SmemPlan {
                 "every tile must keep the next one 1024-aligned");
 };
 
+/// A lane's ldmatrix addresses into a tile of ROWS rows that TMA wrote as boxes of
+/// 64 16-bit columns (128-byte rows, 128-byte swizzle), box b of the tile at byte
+/// b * ROWS * 128: chapter 04's SwizzledLane (common/cuda/smem_tiles.cuh) for TMA's
+/// layout, with the same interface, so that step 1 reads its fragments as chapter 04
+/// does. Chunk c (16 bytes) of row r sits in box c / 8 at chunk (c % 8) ^ (r % 8).
+///
+///     tile (d = 128):  [ box 0: ROWS rows x chunks 0-7 ][ box 1: ROWS rows x chunks 8-15 ]
+template <int ROWS>
+struct TmaLane {
+  uint32_t base[4];
+  /// `tile`: shared address of the tile; `row`: the row this lane points at when
+  /// row_off = 0; `hi`: the lane's chunk parity bit.
+  __device__ __forceinline__ TmaLane(uint32_t tile, int row, int hi) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) base[q] = tile + uint32_t(row * 8 + ((2 * q + hi) ^ (row & 7))) * 16u;
+  }
+  /// Address of row (row + row_off), chunk (c2 + hi); row_off a multiple of 8 and c2
+  /// even, both compile-time constants after unrolling.
+  __device__ __forceinline__ uint32_t at(int row_off, int c2) const {
+    return base[(c2 & 7) >> 1] + uint32_t((c2 >> 3) * ROWS * 8 + row_off * 8) * 16u;
+  }
+};
+
 /// The dynamic shared memory base rounded up to 1024 bytes (the 128B swizzle's atom).
 __device__ __forceinline__ unsigned char* align_1024(unsigned char* p) {
   return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(p) + 1023) & ~uintptr_t(1023));

@@ -64,7 +64,7 @@ PreparedStep prepare_step(Step s, const StepArgs& a) {
     case Step::v3_warp_specialized: return v3::prepare(a);
     case Step::v4_pingpong: return v4::prepare(a);
     case Step::v5_intra_overlap: return v5::prepare(a);
-    case Step::v6_causal_skip: return v6::prepare(a);
+    case Step::v6_masked_first: return v6::prepare(a);
     case Step::v7_persistent: return v7::prepare(a);
     case Step::v8_head_dims: return v8::prepare(a);
     case Step::v9_fp8: return v9::prepare(a);

@@ -10,7 +10,7 @@
 ///     v3  warp specialisation: a producer warpgroup, two consumer warpgroups, setmaxnreg
 ///     v4  pingpong: named barriers alternate the two consumers' GEMMs
 ///     v5  intra-warpgroup overlap: S_{j+1} = Q K_{j+1}^T issued before softmax(S_j) is done
-///     v6  causal block skipping: only the key blocks some row sees, the masked ones first
+///     v6  masked blocks first: only the key blocks the causal diagonal crosses take the mask
 ///     v7  persistent blocks: one per SM, each walking a longest-first list of tiles
 ///     v8  every head dim: d = 64, 128, 256, each with its key block and ring depth
 ///     v9  FP8 (E4M3): per-block scales, Hadamard rotation of Q and K, V transposed
@@ -30,14 +30,14 @@ enum class Step {
   v3_warp_specialized,
   v4_pingpong,
   v5_intra_overlap,
-  v6_causal_skip,
+  v6_masked_first,
   v7_persistent,
   v8_head_dims,  ///< the last bf16/fp16 step (chapter 06 builds on it)
   v9_fp8,
 };
 
 constexpr Step kAllSteps[] = {Step::v1_tma,         Step::v2_wgmma,       Step::v3_warp_specialized,
-                              Step::v4_pingpong,    Step::v5_intra_overlap, Step::v6_causal_skip,
+                              Step::v4_pingpong,    Step::v5_intra_overlap, Step::v6_masked_first,
                               Step::v7_persistent,  Step::v8_head_dims,   Step::v9_fp8};
 
 /// "v3 warp-specialised" etc.
@@ -46,7 +46,7 @@ const char* step_name(Step s);
 bool parse_step(const std::string& text, Step* out);
 
 /// Whether step `s` has a kernel for this problem (head dim, dtype, d == dv); the
-/// reason when not. Steps 1-7 are built for d = 128, steps 8-9 for d in {64, 128, 256}.
+/// reason when not. Steps 2-7 are built for d = 128, steps 1, 8 and 9 for d in {64, 128, 256}.
 bool step_supports(Step s, const Problem& p, std::string* why = nullptr);
 
 /// True when this binary carries the sm_90a kernels and the current GPU is sm_90;

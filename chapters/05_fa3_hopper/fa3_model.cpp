@@ -17,11 +17,12 @@ ScheduleConfig schedule_for(Step s, int d, bool causal) {
   ScheduleConfig c;
   const int step = int(s);
   (void)causal;  // every step keys its tiles on d alone (a causal-specific Bc would go here)
-  c.Bc = step == 1 ? 64 : (step >= 8 && d == 256) ? 64 : 128;
+  c.Bc = step == 1 ? (d == 64 ? 128 : 64) : (step >= 8 && d == 256) ? 64 : 128;
   c.stages = step >= 8 && d == 64 ? 4 : (step == 9 && d == 128) ? 4 : 2;
   c.pingpong = step >= 4;
   c.intra_overlap = step >= 5;
-  c.skip = step >= 6;
+  c.skip = true;  // every step visits only the key blocks some row of the tile sees (chapter 04 did)
+  c.masked_first = step >= 6;
   c.persistent = step >= 7;
   return c;
 }
@@ -87,10 +88,10 @@ struct Ring {
   }
 };
 
-/// The key blocks of a tile in visiting order: last first with skipping (v6), else in order.
-std::vector<int> block_order(const KvRange& kv, bool skip) {
+/// The key blocks of a tile in visiting order: last first from v6 on, else in order.
+std::vector<int> block_order(const KvRange& kv, bool last_first) {
   std::vector<int> js;
-  for (int i = 0; i < kv.n_max; ++i) js.push_back(skip ? kv.n_max - 1 - i : i);
+  for (int i = 0; i < kv.n_max; ++i) js.push_back(last_first ? kv.n_max - 1 - i : i);
   return js;
 }
 
@@ -107,7 +108,7 @@ std::vector<Op> make_producer(const std::vector<TileInfo>& tiles, const Schedule
     ops.push_back({OpKind::expect_tx, ids.full_q(), 0, q_bytes});
     ops.push_back({OpKind::tma_q, ids.full_q(), 0, 0, 0, t});
     ++loaded;
-    for (int j : block_order(tiles[t].kv, cfg.skip)) {
+    for (int j : block_order(tiles[t].kv, cfg.masked_first)) {
       // EXERCISE ch05.1: the parity the producer waits for before refilling a stage
       //| const uint32_t free_parity = 0;  // TODO: which phase of empty[s] says "stage s is free"?
       const uint32_t free_parity = ring.phase ^ 1u;
@@ -139,7 +140,7 @@ std::vector<Op> make_consumer(int c, const std::vector<TileInfo>& tiles, const S
   int loaded = 0;
   for (int t = 0; t < int(tiles.size()); ++t) {
     ops.push_back({OpKind::tile_begin, -1, 0, 0, 0, t});
-    const std::vector<int> js = block_order(tiles[t].kv, cfg.skip);
+    const std::vector<int> js = block_order(tiles[t].kv, cfg.masked_first);
     if (!js.empty()) {
       ops.push_back({OpKind::wait, ids.full_q(), uint32_t(loaded & 1)});
       ++loaded;

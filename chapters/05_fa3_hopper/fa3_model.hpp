@@ -36,14 +36,15 @@ namespace attn::ch05 {
 /// larger of this and --sram-bytes.
 constexpr std::size_t kHopperSmemBytes = 232448;
 
-/// The schedule the model runs: which of steps 3-6's mechanisms are on.
+/// The schedule the model runs: which of steps 3-7's mechanisms are on.
 struct ScheduleConfig {
   int Bc = 128;
   int stages = 2;
   bool pingpong = true;       ///< v4: named barriers alternate the consumers' GEMM windows
   bool intra_overlap = true;  ///< v5: S_j issued with P_{j-1} V_{j-1}, softmax overlaps it
-  bool skip = true;           ///< v6: causal tiles visit only visible blocks
-  bool persistent = true;     ///< v6: `ctas` blocks walk the snake tile order
+  bool skip = true;           ///< causal tiles visit only visible blocks (every step)
+  bool masked_first = true;   ///< v6: the blocks last first, so the diagonal's masked ones come first
+  bool persistent = true;     ///< v7: `ctas` blocks walk the snake tile order
   int ctas = 3;               ///< simulated SMs of the persistent schedule
 };
 

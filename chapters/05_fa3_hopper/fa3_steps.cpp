@@ -12,7 +12,7 @@ const char* step_name(Step s) {
     case Step::v3_warp_specialized: return "v3 warp-specialised";
     case Step::v4_pingpong: return "v4 pingpong";
     case Step::v5_intra_overlap: return "v5 intra-warpgroup overlap";
-    case Step::v6_causal_skip: return "v6 causal block skipping";
+    case Step::v6_masked_first: return "v6 masked blocks first";
     case Step::v7_persistent: return "v7 persistent blocks";
     case Step::v8_head_dims: return "v8 every head dim";
     case Step::v9_fp8: return "v9 fp8 e4m3";
@@ -36,7 +36,8 @@ bool step_supports(Step s, const Problem& p, std::string* why) {
   if (p.dtype != DType::bf16 && p.dtype != DType::f16) return no("needs bf16 or fp16 inputs");
   if (p.d != p.dv) return no("needs d == dv");
   const int s_index = int(s);
-  if (s_index <= 7 && p.d != 128) return no("built for d = 128 only (steps 8 and 9 take d = 64, 128, 256)");
+  if (s_index >= 2 && s_index <= 7 && p.d != 128)
+    return no("built for d = 128 only (steps 1, 8 and 9 take d = 64, 128, 256)");
   if (p.d != 64 && p.d != 128 && p.d != 256) return no("built for d = 64, 128 and 256");
   return true;
 }

@@ -16,6 +16,7 @@
 /// Without the causal mask every block is visited and only the last one, when
 /// Nk % Bc != 0, needs a mask (its keys beyond Nk).
 
+#include "common/index.hpp"           // ceil_div, kv_head_of
 #include "common/online_softmax.hpp"  // ATTN_HD
 
 namespace attn::ch05 {
@@ -23,7 +24,6 @@ namespace attn::ch05 {
 /// Query rows per thread block: two consumer warpgroups of 64 rows each.
 constexpr int kBr = 128;
 
-ATTN_HD int ceil_div(int a, int b) { return (a + b - 1) / b; }
 ATTN_HD int min_of(int a, int b) { return a < b ? a : b; }
 
 /// The key blocks a query tile visits: j in [0, n_max); those with j >= n_full hold
@@ -33,9 +33,9 @@ struct KvRange {
   int n_full = 0;
 };
 
-/// Key blocks of query tile `m_block` (rows m_block*Br ..). With `skip` false (steps
-/// 1-5) a causal tile visits every block and masks them all: the same answer, without
-/// block skipping, so step 6 can show what skipping buys.
+/// Key blocks of query tile `m_block` (rows m_block*Br ..), as every step's kernel and
+/// the CPU model visit them. With `skip` false a causal tile would visit every block and
+/// mask them all: the same answer, for the traffic test's comparison.
 ATTN_HD KvRange kv_blocks(int m_block, int Br, int Bc, int nq, int nk, bool causal, bool skip = true) {
   const int tc = ceil_div(nk, Bc);
   if (!causal) return {tc, nk / Bc};
@@ -61,7 +61,7 @@ ATTN_HD int key_limit(int row, int nq, int nk, bool causal) {
 
 // ----------------------------------------------------------------------------- persistent order
 //
-// Step 6 launches one thread block per SM and lets each walk a list of tiles. Tile t
+// Step 7 launches one thread block per SM and lets each walk a list of tiles. Tile t
 // of the list is (m_block, bh):
 //   causal:     longest first, so the work left at the end is short: the last query
 //               tiles (which see the most keys) of every head, then the tiles before them

@@ -2,8 +2,8 @@
 // points at one helper (tma.cuh, wgmma.cuh, the fp8 packing), not at a whole kernel.
 //
 //   probe_tma_swizzle   TMA box -> shared memory, read back through the swizzle formula
-//   probe_wgmma_bf16    S = A B^T (SS, K-major) and O = bf16(S) V (RS, V N-major), as in v2-v6
-//   probe_wgmma_fp8     S = Q8 K8^T (SS) and O = e4m3(S / 64) V8 (RS, V8^T key-permuted), as in v7
+//   probe_wgmma_bf16    S = A B^T (SS, K-major) and O = bf16(S) V (RS, V N-major), as in v2-v8
+//   probe_wgmma_fp8     S = Q8 K8^T (SS) and O = e4m3(S / 64) V8 (RS, V8^T key-permuted), as in v9
 #include <cmath>
 #include <vector>
 

@@ -72,7 +72,7 @@ TEST_CASE("hopper building blocks, one at a time") {
 TEST_CASE("steps 1-7 (d = 128) at awkward shapes, bf16 and fp16") {
   require_hopper();
   for (Step s : {Step::v1_tma, Step::v2_wgmma, Step::v3_warp_specialized, Step::v4_pingpong, Step::v5_intra_overlap,
-                 Step::v6_causal_skip, Step::v7_persistent}) {
+                 Step::v6_masked_first, Step::v7_persistent}) {
     awkward_shapes(s, 128, DType::bf16);
     check_step(s, shape().heads(2).n(200, 333).d(128).causal().dtype(DType::f16));
     check_step(s, shape().n(256).d(128).dtype(DType::f16), Dist::outliers);
@@ -145,7 +145,7 @@ TEST_CASE("every step at the benchmark's causal shape (sampled rows)") {
   const Problem p = shape().batch(2).heads(16).n(8192).d(128).causal().dtype(DType::bf16);
   const AttnInputs in = make_inputs(p, Dist::normal, 1);
   const ForwardOracle oracle(p, in, CheckPlan::sampled(p, 2e9));
-  for (Step s : {Step::v1_tma, Step::v2_wgmma, Step::v5_intra_overlap, Step::v6_causal_skip, Step::v7_persistent,
+  for (Step s : {Step::v1_tma, Step::v2_wgmma, Step::v5_intra_overlap, Step::v6_masked_first, Step::v7_persistent,
                  Step::v8_head_dims}) {
     CAPTURE(step_name(s));
     const GpuForward g = fa3_forward_gpu(p, in, s, false);
@@ -158,7 +158,7 @@ TEST_CASE("repeated runs give identical bits (no race between producer and consu
   require_hopper();
   const Problem p = shape().batch(2).heads(4, 2).n(1000, 1100).d(128).causal().dtype(DType::bf16);
   const AttnInputs in = make_inputs(p, Dist::normal, 3);
-  for (Step s : {Step::v3_warp_specialized, Step::v5_intra_overlap, Step::v6_causal_skip, Step::v7_persistent,
+  for (Step s : {Step::v3_warp_specialized, Step::v5_intra_overlap, Step::v6_masked_first, Step::v7_persistent,
                  Step::v8_head_dims, Step::v9_fp8}) {
     CAPTURE(step_name(s));
     const GpuForward a = fa3_forward_gpu(p, in, s, false), b = fa3_forward_gpu(p, in, s, false);

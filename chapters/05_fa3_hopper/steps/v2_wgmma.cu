@@ -1,16 +1,16 @@
 // Chapter 05, step 2 of 9: wgmma.
 //
-//     v1  TMA loads completing on mbarriers, a 2-stage K/V ring; mma.sync compute
+//     v1  TMA: chapter 04's last kernel with cp.async replaced by TMA copies and mbarriers
 //   > v2  wgmma: S = Q K^T with both operands in shared memory, O += P V with P in registers
 //     v3  warp specialisation: a producer warpgroup, two consumer warpgroups, setmaxnreg
 //     v4  pingpong: named barriers alternate the two consumers' GEMMs
 //     v5  intra-warpgroup overlap: S_j = Q K_j^T issued before softmax(S_{j-1}) is done
-//     v6  causal block skipping: only the key blocks some row sees, the masked ones first
+//     v6  masked blocks first: only the key blocks the causal diagonal crosses take the mask
 //     v7  persistent blocks: one per SM, each walking a longest-first list of tiles
 //     v8  every head dim: d = 64, 128, 256, each with its key block and ring depth
 //     v9  FP8 (E4M3): per-block scales, Hadamard rotation of Q and K, V transposed
 //
-// What changes from v1. The eight MMA warps become two warpgroups of four, and each
+// What changes from v1. The MMA warps become two warpgroups of four, and each
 // warpgroup multiplies its 64 x 128 slice of the tile with one instruction stream:
 //
 //     S (64 x Bc) = Q_wg (64 x d) K_j^T      d/16 wgmma.m64n128k16, A and B read by the
@@ -25,8 +25,18 @@
 //     warpgroup 0 (warps 0-3)   rows  0-63   S0 = Q[0:64] K^T,   O[0:64]  += P0 V
 //     warpgroup 1 (warps 4-7)   rows 64-127  S1 = Q[64:128] K^T, O[64:128] += P1 V
 //
-// Still as in v1: thread 0 issues every copy, and the ring is refilled after a
-// __syncthreads() that says both warpgroups are done with the stage.
+// With the operands read from shared memory, registers are no longer the limit on the
+// key block: Bc = 128, and K and V get a ring of two stages each (stage j % 2), so
+// that block j+1 lands while block j is computed. The accumulator layout is still
+// mma.sync's (common/cuda/frag_softmax.cuh), so the softmax is the same code; each
+// thread now writes its part of O straight from registers (store_o() in
+// fa3_common.cuh) instead of staging the tile in shared memory as v1 did, and this
+// step and the next five are built for d = 128 only (v8 brings the other head dims).
+//
+// Still as in v1: thread 0 issues every copy, a stage is refilled after a
+// __syncthreads() that says both warpgroups are done with it, causal tiles visit only
+// the key blocks some row sees (kv_blocks() in fa3_tiles.hpp), and the heaviest
+// causal tiles are launched first.
 #include "common/cuda/check.cuh"
 #include "common/cuda/hopper/mbarrier.cuh"
 #include "common/cuda/hopper/tma.cuh"
@@ -56,9 +66,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* full_v = full_k + kStages;
 
   const int tid = threadIdx.x, wg = tid / 128, warp = tid / 32, lane = tid % 32;
-  const int m_block = blockIdx.x, bh = blockIdx.y;
-  const int bhk = (bh / p.heads) * p.kv_heads + (bh % p.heads) / (p.heads / p.kv_heads);
-  const KvRange kv = kv_blocks(m_block, kBr, Bc, p.nq, p.nk, p.causal, /*skip=*/false);
+  const int m_block = p.causal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);  // heaviest first
+  const int bh = blockIdx.y;
+  const int bhk = (bh / p.heads) * p.kv_heads + kv_head_of(bh % p.heads, p.heads, p.kv_heads);
+  const KvRange kv = kv_blocks(m_block, kBr, Bc, p.nq, p.nk, p.causal);
   const int Tc = kv.n_max;
 
   // K_j and V_j into ring stage `stage`: d / 64 boxes of Bc rows x 128 bytes each.

@@ -1,11 +1,11 @@
 // Chapter 05, step 4 of 9: pingpong.
 //
-//     v1  TMA loads completing on mbarriers, a 2-stage K/V ring; mma.sync compute
+//     v1  TMA: chapter 04's last kernel with cp.async replaced by TMA copies and mbarriers
 //     v2  wgmma: S = Q K^T with both operands in shared memory, O += P V with P in registers
 //     v3  warp specialisation: a producer warpgroup, two consumer warpgroups, setmaxnreg
 //   > v4  pingpong: named barriers alternate the two consumers' GEMMs
 //     v5  intra-warpgroup overlap: S_j = Q K_j^T issued before softmax(S_{j-1}) is done
-//     v6  causal block skipping: only the key blocks some row sees, the masked ones first
+//     v6  masked blocks first: only the key blocks the causal diagonal crosses take the mask
 //     v7  persistent blocks: one per SM, each walking a longest-first list of tiles
 //     v8  every head dim: d = 64, 128, 256, each with its key block and ring depth
 //     v9  FP8 (E4M3): per-block scales, Hadamard rotation of Q and K, V transposed
@@ -61,9 +61,10 @@ __device__ __forceinline__ void producer(const CUtensorMap& tm_q, const CUtensor
   using Plan = SmemPlan<T, D, Bc, kStages>;
   const Barriers<kStages> bar(smem + Plan::kBars);
   if (fresh_thread_index() != 0) return;
-  const int m_block = fresh_block_index_x(), bh = fresh_block_index_y();
-  const int bhk = (bh / p.heads) * p.kv_heads + (bh % p.heads) / (p.heads / p.kv_heads);
-  const int Tc = kv_blocks(m_block, kBr, Bc, p.nq, p.nk, p.causal, /*skip=*/false).n_max;
+  const int m_block = p.causal ? fresh_grid_size_x() - 1 - fresh_block_index_x() : fresh_block_index_x();  // heaviest first
+  const int bh = fresh_block_index_y();
+  const int bhk = (bh / p.heads) * p.kv_heads + kv_head_of(bh % p.heads, p.heads, p.kv_heads);
+  const int Tc = kv_blocks(m_block, kBr, Bc, p.nq, p.nk, p.causal).n_max;
 
   mbarrier_arrive_expect_tx(bar.full_q, Plan::kQBytes);
   for (int b = 0; b < Plan::kBoxes; ++b)
@@ -91,8 +92,9 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, unsigned char* smem
   const Barriers<kStages> bar(smem + Plan::kBars);
   // wg: 0 or 1 for warpgroups 1 and 2 (rows 0-63, 64-127); warp: 0-7 counted from warpgroup 1.
   const int tid = fresh_thread_index() - 128, wg = tid / 128, warp = tid / 32, lane = tid % 32;
-  const int m_block = fresh_block_index_x(), bh = fresh_block_index_y();
-  const int Tc = kv_blocks(m_block, kBr, Bc, p.nq, p.nk, p.causal, /*skip=*/false).n_max;
+  const int m_block = p.causal ? fresh_grid_size_x() - 1 - fresh_block_index_x() : fresh_block_index_x();  // heaviest first
+  const int bh = fresh_block_index_y();
+  const int Tc = kv_blocks(m_block, kBr, Bc, p.nq, p.nk, p.causal).n_max;
 
   // Descriptors. Q: this warpgroup's 64 rows; the k-th K-step is 32 bytes into the rows.
   auto q_desc = [&](int k) {

@@ -1,11 +1,11 @@
 // Chapter 05, step 5 of 9: intra-warpgroup overlap.
 //
-//     v1  TMA loads completing on mbarriers, a 2-stage K/V ring; mma.sync compute
+//     v1  TMA: chapter 04's last kernel with cp.async replaced by TMA copies and mbarriers
 //     v2  wgmma: S = Q K^T with both operands in shared memory, O += P V with P in registers
 //     v3  warp specialisation: a producer warpgroup, two consumer warpgroups, setmaxnreg
 //     v4  pingpong: named barriers alternate the two consumers' GEMMs
 //   > v5  intra-warpgroup overlap: S_j = Q K_j^T issued before softmax(S_{j-1}) is done
-//     v6  causal block skipping: only the key blocks some row sees, the masked ones first
+//     v6  masked blocks first: only the key blocks the causal diagonal crosses take the mask
 //     v7  persistent blocks: one per SM, each walking a longest-first list of tiles
 //     v8  every head dim: d = 64, 128, 256, each with its key block and ring depth
 //     v9  FP8 (E4M3): per-block scales, Hadamard rotation of Q and K, V transposed
@@ -28,6 +28,10 @@
 // returns when S_j is done. The price is registers: S_j (fp32) and P_{j-1} (16-bit)
 // are alive at the same time. The O rescale by alpha_{j-1} moves to the next
 // iteration, where O is idle, and the pingpong window now holds both GEMMs.
+//
+// The prologue needs a block, so a tile whose rows see no key at all (causal, Nq > Nk)
+// now returns at once: its producer loads nothing, its consumers write O = 0 and
+// LSE = -inf.
 #include "common/cuda/check.cuh"
 #include "common/cuda/hopper/mbarrier.cuh"
 #include "common/cuda/hopper/named_barrier.cuh"
@@ -59,9 +63,11 @@ __device__ __forceinline__ void producer(const CUtensorMap& tm_q, const CUtensor
   using Plan = SmemPlan<T, D, Bc, kStages>;
   const Barriers<kStages> bar(smem + Plan::kBars);
   if (fresh_thread_index() != 0) return;
-  const int m_block = fresh_block_index_x(), bh = fresh_block_index_y();
-  const int bhk = (bh / p.heads) * p.kv_heads + (bh % p.heads) / (p.heads / p.kv_heads);
-  const int Tc = kv_blocks(m_block, kBr, Bc, p.nq, p.nk, p.causal, /*skip=*/false).n_max;
+  const int m_block = p.causal ? fresh_grid_size_x() - 1 - fresh_block_index_x() : fresh_block_index_x();  // heaviest first
+  const int bh = fresh_block_index_y();
+  const int bhk = (bh / p.heads) * p.kv_heads + kv_head_of(bh % p.heads, p.heads, p.kv_heads);
+  const int Tc = kv_blocks(m_block, kBr, Bc, p.nq, p.nk, p.causal).n_max;
+  if (Tc == 0) return;  // every row of the tile is empty: nothing to load
 
   mbarrier_arrive_expect_tx(bar.full_q, Plan::kQBytes);
   for (int b = 0; b < Plan::kBoxes; ++b)
@@ -89,8 +95,9 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, unsigned char* smem
   const Barriers<kStages> bar(smem + Plan::kBars);
   // wg: 0 or 1 for warpgroups 1 and 2 (rows 0-63, 64-127); warp: 0-7 counted from warpgroup 1.
   const int tid = fresh_thread_index() - 128, wg = tid / 128, warp = tid / 32, lane = tid % 32;
-  const int m_block = fresh_block_index_x(), bh = fresh_block_index_y();
-  const int Tc = kv_blocks(m_block, kBr, Bc, p.nq, p.nk, p.causal, /*skip=*/false).n_max;
+  const int m_block = p.causal ? fresh_grid_size_x() - 1 - fresh_block_index_x() : fresh_block_index_x();  // heaviest first
+  const int bh = fresh_block_index_y();
+  const int Tc = kv_blocks(m_block, kBr, Bc, p.nq, p.nk, p.causal).n_max;
 
   // Descriptors. Q: this warpgroup's 64 rows; the k-th K-step is 32 bytes into the rows.
   auto q_desc = [&](int k) {
@@ -118,6 +125,12 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, unsigned char* smem
   for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
   RowSoftmax softmax;
   softmax.init();
+  if (Tc == 0) {  // every row of the tile is empty: O = 0, LSE = -inf
+    float inv_l[2], lse[2];
+    softmax.finish(p.scale_log2, inv_l, lse);
+    store_o<T>(p, bh, row, lane, o, inv_l, lse);
+    return;
+  }
 
   // The window bracket: wait for my turn, then (after issuing) hand the turn over.
   auto my_turn = [&] { named_barrier_sync(kTurnBarrier + wg, kConsumerThreads); };

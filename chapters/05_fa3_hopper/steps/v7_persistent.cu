@@ -1,11 +1,11 @@
 // Chapter 05, step 7 of 9: persistent blocks.
 //
-//     v1  TMA loads completing on mbarriers, a 2-stage K/V ring; mma.sync compute
+//     v1  TMA: chapter 04's last kernel with cp.async replaced by TMA copies and mbarriers
 //     v2  wgmma: S = Q K^T with both operands in shared memory, O += P V with P in registers
 //     v3  warp specialisation: a producer warpgroup, two consumer warpgroups, setmaxnreg
 //     v4  pingpong: named barriers alternate the two consumers' GEMMs
 //     v5  intra-warpgroup overlap: S_j = Q K_j^T issued before softmax(S_{j-1}) is done
-//     v6  causal block skipping: only the key blocks some row sees, the masked ones first
+//     v6  masked blocks first: only the key blocks the causal diagonal crosses take the mask
 //   > v7  persistent blocks: one per SM, each walking a longest-first list of tiles
 //     v8  every head dim: d = 64, 128, 256, each with its key block and ring depth
 //     v9  FP8 (E4M3): per-block scales, Hadamard rotation of Q and K, V transposed
@@ -75,7 +75,7 @@ __device__ __forceinline__ void producer_tile(const CUtensorMap& tm_q, const CUt
                                               int m_block, int bh, RingState<kStages>& ring, int& loaded) {
   using Plan = SmemPlan<T, D, Bc, kStages>;
   const Barriers<kStages> bar(smem + Plan::kBars);
-  const int bhk = (bh / p.heads) * p.kv_heads + (bh % p.heads) / (p.heads / p.kv_heads);
+  const int bhk = (bh / p.heads) * p.kv_heads + kv_head_of(bh % p.heads, p.heads, p.kv_heads);
   const KvRange kv = kv_blocks(m_block, kBr, Bc, p.nq, p.nk, kCausal);
   if (kv.n_max == 0) return;  // every row of the tile is empty: nothing to load
 

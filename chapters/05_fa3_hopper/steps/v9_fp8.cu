@@ -1,11 +1,11 @@
 // Chapter 05, step 9 of 9: FP8.
 //
-//     v1  TMA loads completing on mbarriers, a 2-stage K/V ring; mma.sync compute
+//     v1  TMA: chapter 04's last kernel with cp.async replaced by TMA copies and mbarriers
 //     v2  wgmma: S = Q K^T with both operands in shared memory, O += P V with P in registers
 //     v3  warp specialisation: a producer warpgroup, two consumer warpgroups, setmaxnreg
 //     v4  pingpong: named barriers alternate the two consumers' GEMMs
 //     v5  intra-warpgroup overlap: S_j = Q K_j^T issued before softmax(S_{j-1}) is done
-//     v6  causal block skipping: only the key blocks some row sees, the masked ones first
+//     v6  masked blocks first: only the key blocks the causal diagonal crosses take the mask
 //     v7  persistent blocks: one per SM, each walking a longest-first list of tiles
 //     v8  every head dim: d = 64, 128, 256, each with its key block and ring depth
 //   > v9  FP8 (E4M3): per-block scales, Hadamard rotation of Q and K, V transposed
@@ -94,7 +94,7 @@ __device__ __forceinline__ void producer_tile(const CUtensorMap& tm_q, const CUt
   constexpr int Bc = Config<D>::Bc, kStages = Config<D>::kStages;
   using Plan = SmemPlan<E4M3, D, Bc, kStages>;  // V stage: V8^T, d rows of Bc bytes
   const Barriers<kStages> bar(smem + Plan::kBars);
-  const int bhk = (bh / p.heads) * p.kv_heads + (bh % p.heads) / (p.heads / p.kv_heads);
+  const int bhk = (bh / p.heads) * p.kv_heads + kv_head_of(bh % p.heads, p.heads, p.kv_heads);
   const KvRange kv = kv_blocks(m_block, kBr, Bc, p.nq, p.nk, kCausal);
   if (kv.n_max == 0) return;  // every row of the tile is empty: nothing to load
 
@@ -166,7 +166,7 @@ __device__ __forceinline__ void consumer_tile(const Fa3Params& p, unsigned char*
   };
   // This warpgroup's Q scale and c = tau log2(e): S_ij c = (Q8 K8^T) s_q s_k c.
   const int q_block = (m_block * kBr + 64 * wg) / kScaleRows;
-  const int bhk = (bh / p.heads) * p.kv_heads + (bh % p.heads) / (p.heads / p.kv_heads);
+  const int bhk = (bh / p.heads) * p.kv_heads + kv_head_of(bh % p.heads, p.heads, p.kv_heads);
   const int n_qscales = ceil_div(p.nq, kScaleRows), n_kscales = ceil_div(p.nk, kScaleRows);
   const float qc = (q_block < n_qscales ? p.q_scale[size_t(bh) * n_qscales + q_block] : 0.f) * p.scale_log2;
   // S in base-2 exponent units: each 64-key half of the block has its own K scale.

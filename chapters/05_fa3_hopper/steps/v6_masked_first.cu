@@ -1,34 +1,31 @@
-// Chapter 05, step 6 of 9: causal block skipping.
+// Chapter 05, step 6 of 9: masked blocks first.
 //
-//     v1  TMA loads completing on mbarriers, a 2-stage K/V ring; mma.sync compute
+//     v1  TMA: chapter 04's last kernel with cp.async replaced by TMA copies and mbarriers
 //     v2  wgmma: S = Q K^T with both operands in shared memory, O += P V with P in registers
 //     v3  warp specialisation: a producer warpgroup, two consumer warpgroups, setmaxnreg
 //     v4  pingpong: named barriers alternate the two consumers' GEMMs
 //     v5  intra-warpgroup overlap: S_j = Q K_j^T issued before softmax(S_{j-1}) is done
-//   > v6  causal block skipping: only the key blocks some row sees, the masked ones first
+//   > v6  masked blocks first: only the key blocks the causal diagonal crosses take the mask
 //     v7  persistent blocks: one per SM, each walking a longest-first list of tiles
 //     v8  every head dim: d = 64, 128, 256, each with its key block and ring depth
 //     v9  FP8 (E4M3): per-block scales, Hadamard rotation of Q and K, V transposed
 //
-// What changes from v5: a causal tile visits only the key blocks some row of it can
-// see. kv_blocks(..., skip = true) (fa3_tiles.hpp) gives n_max, the blocks some row
-// sees, and n_full, those every row sees whole; the rest are never loaded:
+// What changes from v5: only the key blocks that the causal diagonal crosses take the
+// mask. Since v1, a causal tile visits only the blocks some row of it sees; of those,
+// kv_blocks() (fa3_tiles.hpp) also gives n_full, the blocks every row sees whole:
 //
 //            key blocks ->
-//   tile 0   [d]                      d: visited with the mask
+//   tile 0   [d]                      d: visited with the mask (j >= n_full)
 //   tile 1   [f][d]                   f: visited, no mask
-//   tile 2   [f][f][d]                .: skipped
+//   tile 2   [f][f][d]                .: skipped (since v1)
 //   tile 3   [f][f][f][d] . . . .
 //
 // 1. Producer and consumers walk the blocks last first, n_max - 1 down to 0: the
 //    diagonal blocks come first and take the mask (j >= n_full, which also covers
-//    keys past Nk), the others run without any mask arithmetic.
+//    keys past Nk), the others run without any mask arithmetic. v2-v5 masked every
+//    block of a causal tile.
 // 2. Causal becomes a template parameter (kernel<T, kCausal>, dispatched by
 //    prepare_mask()), so the non-causal kernel carries no causal code at all.
-// 3. A tile whose rows see no key at all (Nq > Nk) loads nothing, and its consumers
-//    write O = 0 and LSE = -inf at once.
-//
-// Steps 1-5 computed every block and masked it: the same answer for twice the work.
 #include "common/cuda/check.cuh"
 #include "common/cuda/hopper/mbarrier.cuh"
 #include "common/cuda/hopper/named_barrier.cuh"
@@ -60,8 +57,9 @@ __device__ __forceinline__ void producer(const CUtensorMap& tm_q, const CUtensor
   using Plan = SmemPlan<T, D, Bc, kStages>;
   const Barriers<kStages> bar(smem + Plan::kBars);
   if (fresh_thread_index() != 0) return;
-  const int m_block = fresh_block_index_x(), bh = fresh_block_index_y();
-  const int bhk = (bh / p.heads) * p.kv_heads + (bh % p.heads) / (p.heads / p.kv_heads);
+  const int m_block = p.causal ? fresh_grid_size_x() - 1 - fresh_block_index_x() : fresh_block_index_x();  // heaviest first
+  const int bh = fresh_block_index_y();
+  const int bhk = (bh / p.heads) * p.kv_heads + kv_head_of(bh % p.heads, p.heads, p.kv_heads);
   const KvRange kv = kv_blocks(m_block, kBr, Bc, p.nq, p.nk, kCausal);
   if (kv.n_max == 0) return;  // every row of the tile is empty: nothing to load
 
@@ -91,7 +89,8 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, unsigned char* smem
   const Barriers<kStages> bar(smem + Plan::kBars);
   // wg: 0 or 1 for warpgroups 1 and 2 (rows 0-63, 64-127); warp: 0-7 counted from warpgroup 1.
   const int tid = fresh_thread_index() - 128, wg = tid / 128, warp = tid / 32, lane = tid % 32;
-  const int m_block = fresh_block_index_x(), bh = fresh_block_index_y();
+  const int m_block = p.causal ? fresh_grid_size_x() - 1 - fresh_block_index_x() : fresh_block_index_x();  // heaviest first
+  const int bh = fresh_block_index_y();
   const KvRange kv = kv_blocks(m_block, kBr, Bc, p.nq, p.nk, kCausal);
 
   // Descriptors. Q: this warpgroup's 64 rows; the k-th K-step is 32 bytes into the rows.
