@@ -62,7 +62,7 @@ void gqa_sweep(Report& rep) {
 }
 #endif
 
-int run_gqa(const Options& opt, bool sweep, bool no_table) {
+int run_gqa(const Options& opt, bool sweep, bool no_table, bool no_time) {
   const Problem& p = opt.problem;
   Report rep;
   rep.chapter = "ch06_variants gqa";
@@ -125,13 +125,13 @@ int run_gqa(const Options& opt, bool sweep, bool no_table) {
       go.pack = pack;
       row.hbm_read_bytes = grouped_kv_bytes(p, go) + double(p.q_elems()) * dtype_bytes(p.dtype);
       row.hbm_write_bytes = double(p.o_elems()) * dtype_bytes(p.dtype) + 4.0 * p.lse_elems();
-      const GpuResult g = packed_forward_gpu(p, in, pack, true);
+      const GpuResult g = packed_forward_gpu(p, in, pack, !no_time);
       const CheckResult c = oracle.judge(g.o, &g.lse);
       row.set_check(c);
       row.note = c.pass() ? std::to_string(g.grid) + " blocks, " + std::to_string(g.smem_bytes / 1024) + " KB smem each"
                           : c.failures();
       row.bound = p.nq * p.group() <= 128 ? Bound::memory : Bound::compute;
-      row.set_time(g.time_ms);
+      if (!no_time) row.set_time(g.time_ms);
       rep.rows.push_back(row);
     }
     rep.apply_ceilings();
@@ -174,7 +174,7 @@ void mla_sweep(Report& rep, const Ceilings& ceil) {
 }
 #endif
 
-int run_mla(const Options& opt, const std::string& form, long pos0, int splits, bool sweep) {
+int run_mla(const Options& opt, const std::string& form, long pos0, int splits, bool sweep, bool no_time) {
   const Problem& cp = opt.problem;
   if (cp.d != kDQK || cp.dv != kDV)
     throw UsageError("mla uses DeepSeek-V3's head dims (d_qk = 192, d_v = 128, d_c = 512, d_rope = 64); --d/--dv "
@@ -265,7 +265,7 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
     require_device_memory(*dev, mla_device_bytes(s, do_dec), "the MLA tensors");
     if (opt.bench || sweep) rep.ceilings = measure_ceilings(DType::bf16);
     if (do_abs) {
-      const MlaGpuResult g = mla_absorb_gpu(s, in, splits, true);
+      const MlaGpuResult g = mla_absorb_gpu(s, in, splits, !no_time);
       ResultRow row;
       row.impl = "absorb decode (mma.sync)";
       row.device = "cuda";
@@ -276,17 +276,18 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
       const CheckResult chk = judge(g.o);
       row.set_check(chk);
       row.bound = Bound::memory;
-      row.set_time(g.total_ms);
-      row.note = chk.pass() ? g.what + "; attention kernels " + fmt("%.4f", g.attn_ms) + " ms = " +
-                                  fmt("%.0f", c.cache_bytes / (g.attn_ms * 1e-3) / 1e9) + " GB/s of latent cache"
-                            : chk.failures();
+      if (!no_time) row.set_time(g.total_ms);
+      row.note = !chk.pass() ? chk.failures()
+                 : no_time   ? g.what
+                             : g.what + "; attention kernels " + fmt("%.4f", g.attn_ms) + " ms = " +
+                                 fmt("%.0f", c.cache_bytes / (g.attn_ms * 1e-3) / 1e9) + " GB/s of latent cache";
       rep.rows.push_back(row);
     }
     std::string why;
     if (do_dec && !hopper_ready(&why)) {
       rep.notes.push_back("decompress on the GPU: " + why);
     } else if (do_dec) {
-      const MlaGpuResult g = mla_decompress_gpu(s, in, true);
+      const MlaGpuResult g = mla_decompress_gpu(s, in, !no_time);
       ResultRow row;
       row.impl = "decompress + packed_fwd d=192";
       row.device = "cuda";
@@ -296,8 +297,8 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
       const CheckResult chk = judge(g.o);
       row.set_check(chk);
       row.bound = Bound::compute;
-      row.set_time(g.total_ms);
-      row.note = chk.pass() ? g.what + "; attention alone " + fmt("%.4f", g.attn_ms) + " ms" : chk.failures();
+      if (!no_time) row.set_time(g.total_ms);
+      row.note = !chk.pass() ? chk.failures() : no_time ? g.what : g.what + "; attention alone " + fmt("%.4f", g.attn_ms) + " ms";
       rep.rows.push_back(row);
     }
     rep.apply_ceilings();
@@ -333,10 +334,11 @@ int gqa_main(int argc, char** argv) {
   d.dtype = DType::bf16;
   Cli cli(argv[0], "GQA/MQA with packed query groups: K/V loaded once per group of query heads, not once per head.");
   cli.defaults(d).dtypes({DType::bf16, DType::f16}).sram_default(227 * 1024);
-  bool sweep = false, no_table = false;
+  bool sweep = false, no_table = false, no_time = false;
   cli.add_flag("--sweep", &sweep, "GPU: packed vs unpacked over G and Nq (the README's table)");
   cli.add_flag("--no-table", &no_table, "leave out the cache table of real models");
-  return run_chapter(argc, argv, cli, [&](const Options& o) { return run_gqa(o, sweep, no_table); });
+  cli.add_flag("--no-time", &no_time, "GPU: check only, no timing (for compute-sanitizer)");
+  return run_chapter(argc, argv, cli, [&](const Options& o) { return run_gqa(o, sweep, no_table, no_time); });
 }
 
 int mla_main(int argc, char** argv) {
@@ -355,12 +357,14 @@ int mla_main(int argc, char** argv) {
   cli.defaults(d).dtypes({DType::bf16}).sram_default(227 * 1024);
   std::string form = "both";
   int pos0 = 1000, splits = 0;
-  bool sweep = false;
+  bool sweep = false, no_time = false;
   cli.add_choice("--form", &form, {"absorb", "decompress", "both"}, "which form(s) to run");
   cli.add_int("--pos0", &pos0, "RoPE position of key 0 [1000]", 0, 1 << 30);
   cli.add_int("--splits", &splits, "key splits of the absorbed decode (0: from the SM count) [0]", 0, 1024);
   cli.add_flag("--sweep", &sweep, "GPU: the memory-bound and compute-bound decode tables of the README");
-  return run_chapter(argc, argv, cli, [&](const Options& o) { return run_mla(o, form, pos0, splits, sweep); });
+  cli.add_flag("--no-time", &no_time, "GPU: check only, no timing (for compute-sanitizer)");
+  return run_chapter(argc, argv, cli,
+                     [&](const Options& o) { return run_mla(o, form, pos0, splits, sweep, no_time); });
 }
 
 }  // namespace attn::ch06

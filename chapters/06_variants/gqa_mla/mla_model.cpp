@@ -131,7 +131,7 @@ MlaInputs make_mla_inputs(const MlaShape& s, Dist dist, uint64_t seed) {
   return in;
 }
 
-AttnInputs decompress(const MlaShape& s, const MlaInputs& in) {
+AttnInputs decompress(const MlaShape& s, const MlaInputs& in, const std::vector<std::pair<int, int>>* only) {
   const Problem p = s.decompressed();
   AttnInputs out;
   out.q.resize(p.q_elems());
@@ -144,8 +144,14 @@ AttnInputs decompress(const MlaShape& s, const MlaInputs& in) {
         std::copy_n(&in.q_nope[qrow(s, b, h, i) * kDNope], kDNope, q);
         std::copy_n(&in.q_rope[qrow(s, b, h, i) * kDRope], kDRope, q + kDNope);
       }
-  parallel_for(long(s.batch) * s.heads, [&](long bh) {
-    const int b = int(bh / s.heads), h = int(bh % s.heads);
+  std::vector<std::pair<int, int>> all;
+  if (!only) {
+    for (int b = 0; b < s.batch; ++b)
+      for (int h = 0; h < s.heads; ++h) all.emplace_back(b, h);
+    only = &all;
+  }
+  parallel_for(long(only->size()), [&](long item) {
+    const auto [b, h] = (*only)[item];
     float kn[kDNope], vv[kDV];
     for (int t = 0; t < s.nk; ++t) {
       std::fill_n(kn, kDNope, 0.f);
@@ -263,7 +269,7 @@ CheckedRows<double> mla_reference(const MlaShape& s, const MlaInputs& in, const 
 
 ErrorStats mla_naive_error(const MlaShape& s, const MlaInputs& in, const CheckPlan& plan,
                            const CheckedRows<double>& ref) {
-  const AttnInputs dec = decompress(s, in);
+  const AttnInputs dec = decompress(s, in, &plan.heads);
   const NaiveForward naive = naive_forward_same_precision(s.decompressed(), dec, plan);
   return compact_error(naive.o, ref);
 }

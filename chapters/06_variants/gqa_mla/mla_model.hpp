@@ -36,6 +36,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/check.hpp"
@@ -93,7 +94,10 @@ MlaInputs make_mla_inputs(const MlaShape& s, Dist dist, uint64_t seed);
 
 /// The decompressed tensors of decompressed(): Q = [q_nope ; q_rope], K = [c W_UK ; k_rope],
 /// V = c W_UV, products accumulated in fp32 and stored in bf16 (what a prefill writes to HBM).
-AttnInputs decompress(const MlaShape& s, const MlaInputs& in);
+/// With `only`, just those (batch, head) slices of K and V are computed (the rest stay 0):
+/// what a sampled check needs.
+AttnInputs decompress(const MlaShape& s, const MlaInputs& in,
+                      const std::vector<std::pair<int, int>>* only = nullptr);
 /// The absorbed tensors of absorbed(): Q = [q_nope W_UK^T ; q_rope] (fp32 sums, bf16),
 /// K = [c ; k_rope] (the cache), V = c.
 AttnInputs absorb(const MlaShape& s, const MlaInputs& in);
