@@ -204,6 +204,15 @@ int ring_main(int argc, char** argv) {
           sb.set_time(single.bwd_ms);
           rep.rows.push_back(sb);
         }
+        const double shard_bytes =
+            double(kv_elems(p, ShardGeometry::of(layout, p.nq, ranks, 0))) * dtype_bytes(p.dtype);
+        const double copy_ms = d2d_copy_ms(shard_bytes);
+        rep.notes.push_back("one K/V shard message: " + fmt("%.2f", shard_bytes / 1e6) +
+                            " MB; one device-to-device copy of it alone: " + fmt("%.4f", copy_ms) + " ms = " +
+                            fmt("%.0f", shard_bytes / (copy_ms * 1e-3) / 1e9) + " GB/s (it reads and writes HBM)");
+        rep.notes.push_back("ring forward: sum of compute intervals " + fmt("%.3f", g.compute_ms) + " ms over " +
+                            std::to_string(ranks) + " ranks; K/V copies " + fmt("%.3f", g.copy_ms) + " ms, hidden " +
+                            fmt("%.3f", g.hidden_copy_ms) + " ms");
         std::ostringstream per;
         per << "forward compute per rank (ms, timeline):";
         for (double ms : g.rank_compute_ms) per << " " << fmt("%.3f", ms);

@@ -80,6 +80,10 @@ int shard_tokens(Layout layout, int n, int ranks, int rank) {
 
 PairMask classify(const Chunk& q, const Chunk& k, bool causal) {
   PairMask m;
+  if (q.count == 0 || k.count == 0) {  // an empty run (zigzag with N < 2P): nothing to compute
+    m.kind = PairKind::skip;
+    return m;
+  }
   if (!causal) return m;  // full
   // The chapter's layouts pair chunks of one stride (1, or P for striped).
   // EXERCISE ch06.9: mark the pairs a causal rank skips: full when every query sees every key, skip when none does
@@ -87,7 +91,7 @@ PairMask classify(const Chunk& q, const Chunk& k, bool causal) {
   //| m.offset = 0;
   //| (void)q; (void)k;
   m.offset = floor_div(q.start - k.start, q.stride);
-  if (k.count == 0 || q.count == 0 || (q.count - 1) + m.offset < 0)
+  if ((q.count - 1) + m.offset < 0)
     m.kind = PairKind::skip;  // even the last query is before the first key
   else if (m.offset >= k.count - 1)
     m.kind = PairKind::full;  // even the first query is after the last key
