@@ -699,8 +699,7 @@ GpuRingResult ring_gpu(const Problem& p, const AttnInputs& in, const GpuRingOpti
   return ring_streams(p, in, opt);
 }
 
-SingleGpuTiming single_gpu_timing(const Problem& p, bool backward) {
-  const AttnInputs in = make_inputs(p, Dist::normal, 3, backward);
+SingleGpuTiming single_gpu_timing(const Problem& p, const AttnInputs& in, bool backward) {
   const DeviceTensor k = DeviceTensor::from_host(in.k, p.dtype), v = DeviceTensor::from_host(in.v, p.dtype),
                      qq = DeviceTensor::from_host(in.q, p.dtype);
   DeviceTensor o(p.dtype, p.o_elems());

@@ -64,7 +64,7 @@ std::string timeline_svg(const std::vector<TimelineEvent>& events, int ranks, co
 struct SingleGpuTiming {
   double fwd_ms = 0, bwd_ms = 0;
 };
-SingleGpuTiming single_gpu_timing(const Problem& p, bool backward);
+SingleGpuTiming single_gpu_timing(const Problem& p, const AttnInputs& in, bool backward);
 
 /// Median time of one device-to-device copy of `bytes` (the one-GPU "link"), and the
 /// bandwidth it implies (bytes / time).

@@ -12,7 +12,7 @@ GpuRingResult ring_gpu(const Problem&, const AttnInputs&, const GpuRingOptions&)
   throw UsageError("the streams and nccl backends need a CUDA build (use --backend threads)");
 }
 
-SingleGpuTiming single_gpu_timing(const Problem&, bool) { return {}; }
+SingleGpuTiming single_gpu_timing(const Problem&, const AttnInputs&, bool) { return {}; }
 double d2d_copy_ms(double) { return 0; }
 
 }  // namespace attn::ch06::ring

@@ -189,7 +189,7 @@ int ring_main(int argc, char** argv) {
         rep.rows.push_back(br);
       }
       if (go.time) {
-        const SingleGpuTiming single = single_gpu_timing(p, with_backward);
+        const SingleGpuTiming single = single_gpu_timing(p, in, with_backward);
         ResultRow s;
         s.impl = "one device: chapter 04's kernel on the whole problem";
         s.device = "cuda";
