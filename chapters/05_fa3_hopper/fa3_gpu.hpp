@@ -5,7 +5,7 @@
 ///
 /// The nine steps, each a full kernel in steps/ (read them in order, `diff` them pairwise):
 ///
-///     v1  TMA loads completing on mbarriers, a 2-stage K/V ring; mma.sync compute
+///     v1  TMA: chapter 04's last kernel with cp.async replaced by TMA copies and mbarriers
 ///     v2  wgmma: Q K^T from shared memory, P V with P from registers
 ///     v3  warp specialisation: a producer warpgroup, two consumer warpgroups, setmaxnreg
 ///     v4  pingpong: named barriers alternate the two consumers' GEMMs
