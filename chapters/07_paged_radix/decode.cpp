@@ -58,7 +58,7 @@ void validate(const DecodeBatch& b) {
   for (int l : b.lens) need(l >= 1, "every sequence needs at least one cached token");
   need(int(b.block_table.size()) == b.batch() * b.max_pages, "block table size does not match the batch");
   for (int s = 0; s < b.batch(); ++s)
-    for (int i = 0; i < (b.lens[s] + b.page_size - 1) / b.page_size; ++i) {
+    for (int i = 0; i < ceil_div(b.lens[s], b.page_size); ++i) {
       const int p = b.block_table[std::size_t(s) * b.max_pages + i];
       need(p >= 0 && p < b.num_pages, "block table of sequence " + std::to_string(s) + " points outside the pool");
     }
@@ -87,7 +87,7 @@ DecodeBatch build_batch(int heads, int kv_heads, int d, int page_size, const std
   long need = prefix_pages;
   for (int l : lens) {
     const bool forked = prefix_pages > 0 && l >= prefix_pages * P;
-    need += forked ? (l - prefix_pages * P + P - 1) / P : (l + P - 1) / P;
+    need += forked ? ceil_div(l - prefix_pages * P, P) : ceil_div(l, P);
   }
   // Spare pages so that the shuffled free list scatters the tables over a larger range.
   const long pages = need + need / 8 + 8;
@@ -187,7 +187,7 @@ SplitPlan choose_splits(int batch, int kv_heads, int group, int max_len, int d, 
   // a partial (m, l, O) written and read back.
   s = std::min(s, std::max(1, max_len / G::kMinSplitKeys));
   // Cutting whole tiles may need fewer splits than asked for.
-  plan.splits = (max_len + keys_per_split(max_len, s) - 1) / keys_per_split(max_len, s);
+  plan.splits = ceil_div(max_len, keys_per_split(max_len, s));
   // END EXERCISE
   std::ostringstream w;
   if (plan.splits == 1)
@@ -201,8 +201,8 @@ SplitPlan choose_splits(int batch, int kv_heads, int group, int max_len, int d, 
 }
 
 int keys_per_split(int len, int splits) {
-  const int per = (len + splits - 1) / std::max(1, splits);
-  return (per + G::kBc - 1) / G::kBc * G::kBc;
+  const int per = ceil_div(len, std::max(1, splits));
+  return ceil_div(per, G::kBc) * G::kBc;
 }
 
 DecodeTraffic decode_traffic(const DecodeBatch& b, int splits, bool paged) {

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "common/index.hpp"
+
 namespace attn::ch07 {
 
 PagedKvCache::PagedKvCache(PagePool& pool) : pool_(pool) { pool_.attach(this); }
@@ -99,7 +101,7 @@ Status PagedKvCache::append_tokens(SeqId id, int n) {
   // All or nothing: count the pages first (a copy of a shared last page, then new pages).
   const int room = s->len % P == 0 ? 0 : P - s->len % P;
   const bool copy = room > 0 && pool_.refcount(s->pages.back()) > 1;
-  const int fresh = n > room ? (n - room + P - 1) / P : 0;
+  const int fresh = n > room ? ceil_div(n - room, P) : 0;
   if (fresh + (copy ? 1 : 0) > pool_.free_pages()) return Status::out_of_pages;
   if (copy) make_private(*s, int(s->pages.size()) - 1);
   pool_.alloc_n(fresh, &s->pages);
@@ -158,7 +160,7 @@ std::string PagedKvCache::validate() const {
   for (const auto& [id, s] : seqs_) {
     const std::string who = "sequence " + std::to_string(id);
     if (s.len < 0) return who + " has a negative length";
-    if (int(s.pages.size()) != (s.len + P - 1) / P)
+    if (int(s.pages.size()) != ceil_div(s.len, P))
       return who + " has " + std::to_string(s.pages.size()) + " pages for " + std::to_string(s.len) +
              " tokens (page size " + std::to_string(P) + ")";
     for (int p : s.pages) {

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "common/errors.hpp"
+#include "common/index.hpp"
 #include "common/inputs.hpp"
 #include "hash_prefix_cache.hpp"
 #include "paged_kv_cache.hpp"
@@ -325,7 +326,7 @@ SimStats simulate(const Trace& trace, CacheKind kind, const SimConfig& cfg) {
       const std::vector<int32_t> lookup(req.prompt.begin(), req.prompt.end() - 1);
       if (cache) r.pages = cache->acquire(lookup, &r.node);
       const int cached = int(r.pages.size()) * P;
-      const int need = (int(req.prompt.size()) + P - 1) / P - int(r.pages.size());
+      const int need = ceil_div(int(req.prompt.size()), P) - int(r.pages.size());
       if (!take(need, r.pages)) {
         drop(r);
         break;  // the pool is full: admit nobody else this step
@@ -434,7 +435,7 @@ std::vector<FragmentationRow> fragmentation_study(const std::vector<int>& length
   for (int P : page_sizes) {
     // Measured by the block manager itself: each sequence grows token by token, as in decoding.
     long need = 0;
-    for (int len : lengths) need += (len + P - 1) / P;
+    for (int len : lengths) need += ceil_div(len, P);
     PagePool pool(int(need), P);
     {
       PagedKvCache cache(pool);
