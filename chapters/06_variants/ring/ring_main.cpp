@@ -74,11 +74,12 @@ int ring_main(int argc, char** argv) {
   cli.defaults(defaults).head_dims({32, 64, 128}).dtypes({DType::bf16, DType::f16});
   int ranks = 4;
   std::string layout_s = "zigzag", backend_s = "threads", timeline;
-  bool no_backward = false, table = false, precision = false, no_decode = false;
+  bool no_backward = false, table = false, precision = false, no_decode = false, no_causal = false;
   cli.add_int("--ranks", &ranks, "ring size P (1 <= P <= N)", -(1 << 30));
   cli.add_choice("--layout", &layout_s, {"contiguous", "striped", "zigzag"}, "how positions are sharded");
   cli.add_choice("--backend", &backend_s, {"threads", "streams", "nccl"},
                  "threads (CPU), streams (P virtual ranks, one GPU), nccl (a GPU per rank)");
+  cli.add_flag("--no-causal", &no_causal, "no causal mask (the default problem is causal)");
   cli.add_flag("--no-backward", &no_backward, "forward only");
   cli.add_flag("--no-decode", &no_decode, "skip the tree-attention decode row");
   cli.add_flag("--table", &table, "print the load-balance table of every layout for --n and --ranks, and exit");
@@ -99,7 +100,8 @@ int ring_main(int argc, char** argv) {
   }
 
   return run_chapter(int(args.size()), args.data(), cli, [&](const Options& opt) {
-    const Problem& p = opt.problem;
+    Problem p = opt.problem;
+    if (no_causal) p.causal = false;
     Layout layout;
     Backend backend;
     parse_layout(layout_s, &layout);
