@@ -89,13 +89,14 @@ TEST_CASE("steps 7 and 8 with more tiles than SMs (every block walks several)") 
   check_step(Step::v8_head_dims, shape().batch(2).heads(8).n(2100, 1900).d(64).dtype(DType::bf16));
 }
 
-TEST_CASE("step 8 at every head dim, causal and not, bf16 and fp16") {
+TEST_CASE("steps 1 and 8 at every head dim, causal and not, bf16 and fp16") {
   require_hopper();
-  for (int d : {64, 128, 256})
-    for (DType t : {DType::bf16, DType::f16}) {
-      CAPTURE(d);
-      awkward_shapes(Step::v8_head_dims, d, t);
-    }
+  for (Step s : {Step::v1_tma, Step::v8_head_dims})
+    for (int d : {64, 128, 256})
+      for (DType t : {DType::bf16, DType::f16}) {
+        CAPTURE(d);
+        awkward_shapes(s, d, t);
+      }
 }
 
 TEST_CASE("step 9 (fp8) at every head dim against the plain FP8 computation") {
