@@ -75,7 +75,7 @@ int run_gqa(const Options& opt, bool sweep, bool no_table, bool no_time) {
   const ForwardOracle oracle(p, in, opt.check_all ? CheckPlan::full(p) : CheckPlan::sampled(p));
   rep.check_plan = oracle.plan().describe(p);
 
-  const bool run_model = flops_forward(p) * std::min(p.group(), 8) <= kModelFlopBudget || opt.device == DeviceChoice::cpu;
+  const bool run_model = flops_forward(p) * std::min(p.group(), 8) <= kModelFlopBudget || opt.check_all;
   for (bool pack : {false, true}) {
     ResultRow row;
     GroupedOptions go;
@@ -197,7 +197,7 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
                       "this problem");
   const MlaInputs in = make_mla_inputs(s, opt.dist, opt.seed);
   const Problem out = s.output();
-  const CheckPlan plan = opt.check_all ? CheckPlan::full(out) : CheckPlan::sampled(out, 1e9);
+  const CheckPlan plan = mla_check_plan(s, opt.check_all);
   rep.check_plan = plan.describe(out) + "; reference: fp64 MLA";
   const CheckedRows<double> ref = mla_reference(s, in, plan);
   const ErrorStats naive = mla_naive_error(s, in, plan, ref);
@@ -207,8 +207,6 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
     return c;
   };
   const MlaCost ca = mla_cost_absorb(s, 64), cd = mla_cost_decompress(s);
-  const double model_cost = 2.0 * s.batch * s.heads * s.nk * kDC * 256 + ca.flops;
-  const bool run_model = model_cost <= kModelFlopBudget || opt.device == DeviceChoice::cpu;
 
   if (do_dec) {
     ResultRow row;
@@ -216,7 +214,7 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
     row.device = "cpu";
     row.flops = cd.flops;
     row.hbm_read_bytes = cd.bytes;  // both kernels; written bytes folded in (see note)
-    if (run_model) {
+    if (cd.flops <= kModelFlopBudget || opt.check_all) {
       const Problem pd = s.decompressed();
       const AttnInputs dec = decompress(s, in);
       GroupedOptions go;
@@ -228,7 +226,7 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
                  format_bytes(double(pd.k_elems() + pd.v_elems()) * 2) + " written, then attention reads " +
                  format_bytes(m.kv_bytes) + " of them";
     } else {
-      row.note = "model not run at this size";
+      row.note = "model not run at this size (over " + fmt("%.0e", kModelFlopBudget) + " FLOPs; --check-all runs it)";
     }
     rep.rows.push_back(row);
   }
@@ -238,7 +236,7 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
     row.device = "cpu";
     row.flops = ca.flops;
     row.hbm_read_bytes = ca.bytes;
-    if (run_model) {
+    if (ca.flops <= kModelFlopBudget || opt.check_all) {
       const Problem pa = s.absorbed();
       const AttnInputs ab = absorb(s, in);
       GroupedOptions go;
@@ -254,7 +252,7 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
                  format_bytes(m.kv_bytes) + " (" + fmt("%.2f", m.kv_bytes / (double(s.batch) * s.nk * 1152)) +
                  "x the cache once); o = o_c W_UV";
     } else {
-      row.note = "model not run at this size";
+      row.note = "model not run at this size (over " + fmt("%.0e", kModelFlopBudget) + " FLOPs; --check-all runs it)";
     }
     rep.rows.push_back(row);
   }

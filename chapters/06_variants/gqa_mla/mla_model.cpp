@@ -225,6 +225,21 @@ std::vector<float> project_out(const MlaShape& s, const std::vector<float>& o_c,
   return o;
 }
 
+CheckPlan mla_check_plan(const MlaShape& s, bool all, double budget) {
+  const Problem out = s.output();
+  if (all) return CheckPlan::full(out);
+  CheckPlan plan = CheckPlan::sampled(out, budget / 2);
+  const double per_head = 2.0 * s.nk * kDC * (kDNope + kDV);
+  const std::size_t keep = std::max<std::size_t>(2, std::size_t(budget / per_head));
+  if (plan.heads.size() > keep) {
+    std::vector<std::pair<int, int>> thinned;
+    for (std::size_t k = 0; k < keep; ++k) thinned.push_back(plan.heads[(plan.heads.size() - 1) * k / (keep - 1)]);
+    thinned.erase(std::unique(thinned.begin(), thinned.end()), thinned.end());
+    plan.heads = thinned;
+  }
+  return plan;
+}
+
 CheckedRows<double> mla_reference(const MlaShape& s, const MlaInputs& in, const CheckPlan& plan, MlaRefPath path) {
   const Problem p = s.output();
   CheckedRows<double> ref;

@@ -111,6 +111,11 @@ enum class MlaRefPath {
   automatic,   ///< definition when it costs under ~4 GFLOP, else absorbed
 };
 
+/// The rows the MLA check covers: every row, or (sampled) the plan of CheckPlan::sampled()
+/// thinned to at most ~`budget` FLOPs of decompression (each checked head's K and V cost
+/// 2 Nk 512 256 FLOPs in the yardstick), keeping the first and last heads.
+CheckPlan mla_check_plan(const MlaShape& s, bool all, double budget = 8e9);
+
 /// The fp64 reference of the final output o on the rows of `plan` (a plan over
 /// output()), in the order naive_forward_same_precision() uses.
 CheckedRows<double> mla_reference(const MlaShape& s, const MlaInputs& in, const CheckPlan& plan,
