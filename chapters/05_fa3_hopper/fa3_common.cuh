@@ -5,8 +5,9 @@
 ///        accumulator layout (whose online softmax is common/cuda/frag_softmax.cuh).
 ///        The steps differ in how tiles arrive and who computes.
 ///
-/// **Who owns what.** A thread block owns Br = 128 query rows. Eight MMA warps each
-/// own 16 of them (steps 2-7 group them as two warpgroups of 64):
+/// **Who owns what.** A thread block owns Br = 128 query rows. In steps 2-9, eight MMA
+/// warps each own 16 of them, grouped as two warpgroups of 64 (step 1 keeps chapter
+/// 04's layout: 4 warps of 2 x 16 rows, or 8 warps of 16 at d = 256):
 ///
 ///     rows   0- 15  warp 0  \                      with wgmma:  warpgroup 0 = warps 0-3,
 ///     rows  16- 31  warp 1   |  warpgroup 0          one m64 MMA covers rows 0-63
