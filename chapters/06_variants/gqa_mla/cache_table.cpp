@@ -79,7 +79,9 @@ std::string cache_table_text() {
   }
   s << "  (saving = MHA / model. GQA caches Hkv/Hq of MHA, not 1/N. DeepSeek-V3's MHA yardstick is 128 heads x\n"
        "   (192 + 128); against DeepSeek-V2's 2 x 128 x 128 = 32,768 the 576-element latent is 57x smaller.\n"
-       "   Decode FLOPs: 4 N Hq d (GQA), 2 N Hq (576 + 512) for MLA absorbed; bytes: the cache read once.)\n";
+       "   Decode FLOPs: 4 N Hq d (GQA), 2 N Hq (576 + 512) for MLA absorbed; bytes: the cache read once.\n"
+       "   Gemma-2 alternates sliding-window (4096) and global layers: half its layers keep at most 4096\n"
+       "   tokens, so its 32K-sequence figure is an upper bound.)\n";
   return s.str();
 }
 
