@@ -19,8 +19,8 @@
 //                                            B = V read N-major (the "transpose B" bit)
 //
 // No ldmatrix, no fragments of Q or K in registers: the descriptors say where the
-// tiles are and how they are swizzled (hopper/wgmma.cuh). Each GEMM is issued, committed
-// and waited for at once; v5 will stop waiting.
+// tiles are and how they are swizzled (common/cuda/hopper/wgmma.cuh). Each GEMM is
+// issued, committed and waited for at once; v5 will stop waiting.
 //
 //     warpgroup 0 (warps 0-3)   rows  0-63   S0 = Q[0:64] K^T,   O[0:64]  += P0 V
 //     warpgroup 1 (warps 4-7)   rows 64-127  S1 = Q[64:128] K^T, O[64:128] += P1 V
