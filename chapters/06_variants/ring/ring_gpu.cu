@@ -451,14 +451,13 @@ void GpuRank::download_backward(std::vector<float>& dq, std::vector<float>& dk, 
 StreamsTransport::StreamsTransport(std::vector<GpuRank*> ranks, bool timing)
     : ranks_(std::move(ranks)), timing_(timing), P_(int(ranks_.size())) {
   ep_.assign(kChannels, std::vector<Endpoint>(P_));
-  last_.assign(kChannels, std::vector<cudaEvent_t>(P_, nullptr));
-  has_last_.assign(kChannels, std::vector<bool>(P_, false));
+  done_.assign(kChannels, std::vector<std::array<cudaEvent_t, 2>>(P_));
   issued_.assign(kChannels, std::vector<int>(P_, -1));
   marks_.resize(P_);
   for (int c = 0; c < kChannels; ++c)
     for (int r = 0; r < P_; ++r) {
       CUDA_CHECK(cudaEventCreateWithFlags(&ep_[c][r].compute_mark, cudaEventDisableTiming));
-      CUDA_CHECK(cudaEventCreateWithFlags(&last_[c][r], cudaEventDisableTiming));
+      for (cudaEvent_t& e : done_[c][r]) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     }
 }
 
@@ -466,7 +465,7 @@ StreamsTransport::~StreamsTransport() {
   for (int c = 0; c < kChannels; ++c)
     for (int r = 0; r < P_; ++r) {
       cudaEventDestroy(ep_[c][r].compute_mark);
-      cudaEventDestroy(last_[c][r]);
+      for (cudaEvent_t e : done_[c][r]) cudaEventDestroy(e);
     }
   clear_marks();
 }
@@ -511,17 +510,22 @@ void StreamsTransport::issue(Channel ch, int to) {
   const int from = (to + P_ - 1) % P_, after = (to + 1) % P_;
   const Endpoint& dst = ep_[ch][to];
   const Endpoint& src = ep_[ch][from];
+  const int round = dst.step;
   if (src.send_bytes != dst.recv_bytes) throw std::logic_error("ring: message and receive sizes differ");
   cudaStream_t s = ranks_[to]->copy_stream();
   CUDA_CHECK(cudaStreamWaitEvent(s, dst.compute_mark, 0));  // the receiver's compute is done with recv
   CUDA_CHECK(cudaStreamWaitEvent(s, src.compute_mark, 0));  // the sender's compute has written send
-  if (has_last_[ch][from]) CUDA_CHECK(cudaStreamWaitEvent(s, last_[ch][from], 0));   // send has landed there
-  if (has_last_[ch][after]) CUDA_CHECK(cudaStreamWaitEvent(s, last_[ch][after], 0)); // recv was read onwards
+  if (round > 0) {
+    // send landed in `from` in the previous round; recv was the send of `to` then, read
+    // by the copy into `after`
+    CUDA_CHECK(cudaStreamWaitEvent(s, done_[ch][from][(round - 1) % 2], 0));
+    CUDA_CHECK(cudaStreamWaitEvent(s, done_[ch][after][(round - 1) % 2], 0));
+  }
   LaneMark m;
   if (timing_) {
     m.lane = "copy";
     m.what = ch == kChannelKV ? "kv" : "dkv";
-    m.step = dst.step;
+    m.step = round;
     CUDA_CHECK(cudaEventCreate(&m.t0));
     CUDA_CHECK(cudaEventCreate(&m.t1));
     CUDA_CHECK(cudaEventRecord(m.t0, s));
@@ -531,14 +535,13 @@ void StreamsTransport::issue(Channel ch, int to) {
     CUDA_CHECK(cudaEventRecord(m.t1, s));
     marks_[to].push_back(m);
   }
-  CUDA_CHECK(cudaEventRecord(last_[ch][to], s));
-  has_last_[ch][to] = true;
-  issued_[ch][to] = dst.step;
+  CUDA_CHECK(cudaEventRecord(done_[ch][to][round % 2], s));
+  issued_[ch][to] = round;
 }
 
 void StreamsTransport::finish(Channel ch, int rank, int step, cudaStream_t compute) {
   if (issued_[ch][rank] != step) throw std::logic_error("ring: finish() before the copy was issued");
-  CUDA_CHECK(cudaStreamWaitEvent(compute, last_[ch][rank], 0));
+  CUDA_CHECK(cudaStreamWaitEvent(compute, done_[ch][rank][step % 2], 0));
 }
 
 // ------------------------------------------------------------------ the driver

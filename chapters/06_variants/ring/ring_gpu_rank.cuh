@@ -22,6 +22,7 @@
 /// writer of its source, with events.
 #include <cuda_runtime.h>
 
+#include <array>
 #include <vector>
 
 #include "common/cuda/buffer.cuh"
@@ -158,9 +159,9 @@ class StreamsTransport final : public GpuTransport {
   bool timing_;
   int P_;
   std::vector<std::vector<Endpoint>> ep_;        // [channel][rank]
-  std::vector<std::vector<cudaEvent_t>> last_;   // [channel][rank]: the last copy into rank
-  std::vector<std::vector<bool>> has_last_;
-  std::vector<std::vector<int>> issued_;         // [channel][rank]: the round last copied into rank
+  // done_[channel][rank][round % 2]: the copy into rank of that round (two rounds live at once)
+  std::vector<std::vector<std::array<cudaEvent_t, 2>>> done_;
+  std::vector<std::vector<int>> issued_;  // [channel][rank]: the round last copied into rank
   std::vector<std::vector<LaneMark>> marks_;
 };
 
