@@ -131,12 +131,15 @@ def main():
     ap.add_argument("--before", help="an older ch05_fa3_hopper: compare the two builds, no peers")
     ap.add_argument("--rounds", type=int, default=1, help="with --before: runs of each binary, best kept")
     ap.add_argument("--dims", help="only these head dims, e.g. 64,256")
+    ap.add_argument("--mask", choices=["both", "causal", "none"], default="both", help="causal shapes, others, or both")
     a = ap.parse_args()
     shapes = [(128, False), (128, True), (64, False), (64, True), (256, False), (256, True)]
     if a.shapes == "quick":
         shapes = [(128, False), (128, True)]
     if a.dims:
         shapes = [(d, c) for d, c in shapes if str(d) in a.dims.split(",")]
+    if a.mask != "both":
+        shapes = [(d, c) for d, c in shapes if c == (a.mask == "causal")]
     b = max(1, 16384 // a.n)
     if a.before:
         before_after(a, shapes, b)
