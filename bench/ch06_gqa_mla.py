@@ -92,7 +92,7 @@ def sdpa_ms(torch, q, k, v, backend, **kw):
         return None, (str(e).splitlines() or ["unavailable"])[0][:60]
 
 
-GQA_RE = re.compile(r"sweep Hq=(\d+) Hkv=(\d+) G=(\d+) Nq=(\d+) Nk=(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x\s+(.+) / (.+)$")
+GQA_RE = re.compile(r"sweep B=(\d+) Hq=(\d+) Hkv=(\d+) G=(\d+) Nq=(\d+) Nk=(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x\s+(.+) / (.+)$")
 MLA_RE = re.compile(r"sweep\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)%\s+([\d.]+)\s+([\d.]+)%")
 
 
@@ -118,21 +118,21 @@ def main():
 
     if a.part in ("gqa", "both"):
         rep = run_binary(a.binary, ["gqa", "--device", "cuda", "--sweep", "--no-table", "--json"])
-        print("\n## GQA/MQA, B = 1, Nk = 8192, d = 128, bf16, not causal (ms; K/V bytes streamed)\n")
-        print("| Hq | Hkv | G | Nq | packed | unpacked | speed-up | K/V packed | K/V unpacked | cuDNN enable_gqa | FA4 pack_gqa |")
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        print("\n## GQA/MQA, Nk = 8192, d = 128, bf16, not causal (ms; K/V bytes streamed)\n")
+        print("| B | Hq | Hkv | G | Nq | packed | unpacked | speed-up | K/V packed | K/V unpacked | cuDNN enable_gqa | FA4 pack_gqa |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for line in sweep_rows(rep):
             m = GQA_RE.search(line.strip())
             if not m:
                 continue
-            hq, hkv, g, nq, nk = (int(m.group(i)) for i in range(1, 6))
-            packed, unpacked, sp = float(m.group(6)), float(m.group(7)), float(m.group(8))
+            b, hq, hkv, g, nq, nk = (int(m.group(i)) for i in range(1, 7))
+            packed, unpacked, sp = float(m.group(7)), float(m.group(8)), float(m.group(9))
             cud = f4 = None
             cud_why = f4_why = why_torch
             if torch:
-                q = torch.randn(1, hq, nq, 128, device="cuda", dtype=torch.bfloat16)
-                k = torch.randn(1, hkv, nk, 128, device="cuda", dtype=torch.bfloat16)
-                v = torch.randn(1, hkv, nk, 128, device="cuda", dtype=torch.bfloat16)
+                q = torch.randn(b, hq, nq, 128, device="cuda", dtype=torch.bfloat16)
+                k = torch.randn(b, hkv, nk, 128, device="cuda", dtype=torch.bfloat16)
+                v = torch.randn(b, hkv, nk, 128, device="cuda", dtype=torch.bfloat16)
                 cud, cud_why = sdpa_ms(torch, q, k, v, "cudnn", enable_gqa=True)
                 if fa4:
                     qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))  # FA4: [B][N][H][d]
@@ -143,8 +143,8 @@ def main():
                 else:
                     f4_why = why_fa4
                 del q, k, v
-            print("| %d | %d | %d | %d | %.4f | %.4f | %.2fx | %s | %s | %s | %s |" % (
-                hq, hkv, g, nq, packed, unpacked, sp, m.group(9).strip(), m.group(10).strip(),
+            print("| %d | %d | %d | %d | %d | %.4f | %.4f | %.2fx | %s | %s | %s | %s |" % (
+                b, hq, hkv, g, nq, packed, unpacked, sp, m.group(10).strip(), m.group(11).strip(),
                 fmt(cud) if cud is not None else "n/a: " + str(cud_why),
                 fmt(f4) if f4 is not None else "n/a: " + str(f4_why)))
 
@@ -153,7 +153,7 @@ def main():
         c = rep.get("ceilings", {})
         print("\n## MLA decode, DeepSeek-V3 dims, Nq = 1, bf16 (ceilings of the same run: read %s GB/s, %s %s TFLOP/s)\n"
               % (fmt(c.get("read_gbps"), "%.0f"), c.get("gemm_what", "GEMM"), fmt(c.get("gemm_tflops"), "%.0f")))
-        print("| H | B | Nk | splits | ours attn ms | ours total ms | latent GB/s | of read ceiling | TFLOP/s | of GEMM ceiling | SDPA decompressed ms | SDPA backend | ours / SDPA |")
+        print("| H | B | Nk | splits | ours attn ms | ours total ms | latent GB/s | of read ceiling | TFLOP/s | of GEMM ceiling | SDPA decompressed ms | SDPA backend | SDPA / ours |")
         print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
         for line in sweep_rows(rep):
             m = MLA_RE.search(line)

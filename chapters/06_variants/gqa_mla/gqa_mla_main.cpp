@@ -35,27 +35,29 @@ void push_lines(Report& rep, const std::string& text) {
 
 #if TUTORIAL_HAVE_CUDA && CH06_GQA_MLA_KERNELS
 std::string shape_of(const Problem& p) {
-  return "Hq=" + std::to_string(p.heads) + " Hkv=" + std::to_string(p.kv_heads) + " G=" + std::to_string(p.group()) +
+  return "B=" + std::to_string(p.batch) + " Hq=" + std::to_string(p.heads) + " Hkv=" + std::to_string(p.kv_heads) + " G=" + std::to_string(p.group()) +
          " Nq=" + std::to_string(p.nq) + " Nk=" + std::to_string(p.nk);
 }
 
 /// The packed-vs-unpacked sweep of the README (GPU): G in {1, 2, 4, 8} over 8 KV heads and
 /// MQA (32 query heads, 1 KV head), Nq in {1, 4, 16, 64, 128, 4096}, Nk = 8192, d = 128.
 void gqa_sweep(Report& rep) {
-  rep.notes.push_back("sweep (B=1, Nk=8192, d=128, bf16, not causal, device-generated inputs; medians of 20, L2 flushed):");
-  rep.notes.push_back("  shape                              packed ms  unpacked ms  speed-up   K/V bytes packed / unpacked");
+  rep.notes.push_back("sweep (Nk=8192, d=128, bf16, not causal, device-generated inputs; medians of 20, L2 flushed):");
+  rep.notes.push_back("  shape                                   packed ms  unpacked ms  speed-up   K/V bytes packed / unpacked");
   struct Hs { int hq, hkv; };
   const Hs heads[] = {{8, 8}, {16, 8}, {32, 8}, {64, 8}, {32, 1}};
+  struct Bn { int b, nq; };
+  const Bn sizes[] = {{1, 1}, {1, 4}, {1, 16}, {1, 64}, {1, 128}, {1, 4096}, {16, 1}, {16, 4}, {16, 16}};
   for (const Hs& h : heads)
-    for (int nq : {1, 4, 16, 64, 128, 4096}) {
+    for (const Bn& bn : sizes) {
       Problem p;
-      p.batch = 1, p.heads = h.hq, p.kv_heads = h.hkv, p.nq = nq, p.nk = 8192, p.d = p.dv = 128;
+      p.batch = bn.b, p.heads = h.hq, p.kv_heads = h.hkv, p.nq = bn.nq, p.nk = 8192, p.d = p.dv = 128;
       const GpuResult a = packed_forward_bench(p, true), b = packed_forward_bench(p, false);
       GroupedOptions po, uo;
       uo.pack = false;
       const double kp = grouped_kv_bytes(p, po), ku = grouped_kv_bytes(p, uo);
       char line[256];
-      std::snprintf(line, sizeof line, "  sweep %-28s  %9.4f  %11.4f  %8.2fx   %s / %s", shape_of(p).c_str(), a.time_ms,
+      std::snprintf(line, sizeof line, "  sweep %-33s  %9.4f  %11.4f  %8.2fx   %s / %s", shape_of(p).c_str(), a.time_ms,
                     b.time_ms, b.time_ms / a.time_ms, format_bytes(kp).c_str(), format_bytes(ku).c_str());
       rep.notes.push_back(line);
     }

@@ -107,6 +107,18 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const DecodeParams 
   for (int n = 0; n < NTO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
 
+  // With one row tile (RT = 1) every warp multiplies the same 16 Q rows: their A
+  // fragments (36 k-steps x 4 registers) stay in registers for the whole key range
+  // instead of being re-read from shared memory for every block.
+  uint32_t qf[RT == 1 ? kDK / 16 : 1][4];
+  if constexpr (RT == 1) {
+    cp_async_wait<0>();
+    __syncthreads();
+#pragma unroll
+    for (int ks = 0; ks < kDK / 16; ++ks)
+      ldmatrix_x4(qf[ks], sq + uint32_t(swizzle<kChunks>(lane % 16, 2 * ks + lane / 16)) * 16u);
+  }
+
   for (int j = blk_lo; j < blk_hi; ++j) {
     const int stage = (j - blk_lo) & 1;
     cp_async_wait<0>();
@@ -119,18 +131,22 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const DecodeParams 
     float s[NT][4];
 #pragma unroll
     for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-#pragma unroll 2
-    for (int ks2 = 0; ks2 < kDK / 32; ++ks2) {
-      uint32_t a0[4], a1[4];
-      ldmatrix_x4(a0, sq + uint32_t(swizzle<kChunks>(rt * 16 + lane % 16, 4 * ks2 + lane / 16)) * 16u);
-      ldmatrix_x4(a1, sq + uint32_t(swizzle<kChunks>(rt * 16 + lane % 16, 4 * ks2 + 2 + lane / 16)) * 16u);
-      if constexpr (NT == 1) {
+    if constexpr (RT == 1) {
+      static_assert(NT == 1, "one row tile: 8 keys per warp");
+#pragma unroll
+      for (int ks2 = 0; ks2 < kDK / 32; ++ks2) {
         // 8 keys: one x4 holds their B fragments for two k-steps
         uint32_t bb[4];
         ldmatrix_x4(bb, kt + uint32_t(swizzle<kChunks>(kg * NKW + lane % 8, 4 * ks2 + lane / 8)) * 16u);
-        mma_m16n8k16<bf16>(s[0], a0, bb[0], bb[1]);
-        mma_m16n8k16<bf16>(s[0], a1, bb[2], bb[3]);
-      } else {
+        mma_m16n8k16<bf16>(s[0], qf[2 * ks2], bb[0], bb[1]);
+        mma_m16n8k16<bf16>(s[0], qf[2 * ks2 + 1], bb[2], bb[3]);
+      }
+    } else {
+#pragma unroll 2
+      for (int ks2 = 0; ks2 < kDK / 32; ++ks2) {
+        uint32_t a0[4], a1[4];
+        ldmatrix_x4(a0, sq + uint32_t(swizzle<kChunks>(rt * 16 + lane % 16, 4 * ks2 + lane / 16)) * 16u);
+        ldmatrix_x4(a1, sq + uint32_t(swizzle<kChunks>(rt * 16 + lane % 16, 4 * ks2 + 2 + lane / 16)) * 16u);
 #pragma unroll
         for (int np = 0; np < NT / 2; ++np) {
           const int key = kg * NKW + np * 16 + (lane / 16) * 8 + lane % 8;
