@@ -271,7 +271,11 @@ int mask_main(int argc, char** argv) {
       if (a.chunk >= 0 || a.prefix >= 0 || a.docs >= 0 || a.sinks >= 0 || a.text.window_set ||
           a.text.doc_lens_set || a.text.softcap_set)
         throw UsageError("mask options need --mask (the variant they belong to)");
-      for (MaskKind k : all_mask_kinds()) specs.push_back(make_spec(k, a, opt, false));
+      for (MaskKind k : all_mask_kinds()) {
+        const Problem& u = opt.problem;
+        if (k == MaskKind::document && (u.nq != u.nk || u.batch != 1)) continue;  // needs one packed batch, Nq = Nk
+        specs.push_back(make_spec(k, a, opt, false));
+      }
     }
     Report rep;
     rep.chapter = "ch06_variants mask";
@@ -283,6 +287,8 @@ int mask_main(int argc, char** argv) {
 #if TUTORIAL_HAVE_CUDA
     if (dev && opt.bench) rep.ceilings = measure_ceilings(opt.problem.dtype);
 #endif
+    if (!explicit_mask && specs.size() < all_mask_kinds().size())
+      rep.notes.push_back("document: not run (document masking packs one batch with Nq = Nk)");
     for (const MaskSpec& s : specs) run_variant(s, opt, a, dev, explicit_mask, rep);
     rep.apply_ceilings();
     return rep.emit(std::cout, opt.json);
