@@ -12,6 +12,7 @@
 #include "common/check.hpp"
 #include "common/errors.hpp"
 #include "ring/ring_cpu.hpp"
+#include "ring/ring_gpu.hpp"
 #include "ring/ring_merge.hpp"
 #include "ring/ring_schedule.hpp"
 #include "support/run_binary.hpp"
@@ -323,4 +324,16 @@ TEST_CASE("ch06_variants ring: the default run passes, bad --ranks exit 2 with o
   CHECK(j.exit_code == 0);
   CHECK(j.out.find("\"pass\": true") != std::string::npos);
   CHECK(j.out.find("\"pass\": false") == std::string::npos);
+}
+
+TEST_CASE("the timeline SVG has a lane per rank and stream and an interval per event") {
+  std::vector<TimelineEvent> ev = {{0, "compute", 0, "fwd", 0.0, 1.0}, {0, "copy", 0, "kv", 0.1, 0.3},
+                                   {1, "compute", 0, "fwd", 0.0, 0.9}, {1, "copy", 1, "dkv", 1.0, 1.2}};
+  const std::string svg = timeline_svg(ev, 2, "test");
+  CHECK(svg.rfind("<svg", 0) == 0);
+  CHECK(svg.find("</svg>") != std::string::npos);
+  CHECK(svg.find("rank 1 copy") != std::string::npos);
+  std::size_t rects = 0;
+  for (std::size_t at = svg.find("<title>rank"); at != std::string::npos; at = svg.find("<title>rank", at + 1)) ++rects;
+  CHECK(rects == ev.size());
 }
