@@ -87,6 +87,8 @@ class Peers:
         self.flex = self.fa4 = None
         self.flex_why = self.fa4_why = ""
         try:
+            import torch._dynamo
+            torch._dynamo.config.cache_size_limit = 64  # one compiled kernel per variant, no eager fallback
             from torch.nn.attention.flex_attention import create_block_mask, flex_attention
             self.create_block_mask = create_block_mask
             self.flex = torch.compile(flex_attention, dynamic=False)
@@ -305,8 +307,11 @@ def fmt_cell(r):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", default="build/bin/ch06_variants")
-    ap.add_argument("--n", type=int, default=16384)
-    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--n", type=int, default=8192, help="N of the variant table")
+    ap.add_argument("--sweep-n", type=int, default=16384, help="N of the window sweep")
+    ap.add_argument("--budget", type=float, default=1e9, help="seconds: peers not reached by then are reported as such")
+    ap.add_argument("--peer-order", default="window,causal,softcap,document,alibi,sink,chunked,prefix,learned-sink,custom")
+    ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--windows", default="128,256,512,1024,2048,4096,8192,16384")
     ap.add_argument("--docs", type=int, default=8)
     ap.add_argument("--no-peers", action="store_true")
@@ -318,7 +323,8 @@ def main():
     n, heads, d = a.n, a.heads, 128
     skip = set(a.skip.split(",")) if a.skip else set()
     shape = ["--n", str(n), "--heads", str(heads), "--d", "128", "--batch", "1"]
-    out = {"n": n, "heads": heads, "d": d, "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv)}
+    sweep_shape = ["--n", str(a.sweep_n), "--heads", str(heads), "--d", "128", "--batch", "1"]
+    out = {"n": n, "sweep_n": a.sweep_n, "heads": heads, "d": d, "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv)}
     try:
         out["gpu"] = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
                                     text=True).stdout.strip().splitlines()[0]
@@ -332,7 +338,7 @@ def main():
         except Exception as e:  # noqa: BLE001
             out["peers_error"] = f"torch not importable: {e}"[:120]
     t0 = time.time()
-    # 1. every variant (one process: the binary's tour at this shape)
+    # 1. every variant, ours (one process: the binary's tour at this shape)
     if "variants" not in skip:
         rep, err = run_ours(a.bin, shape, timeout=300)
         out["variants"] = {}
@@ -343,23 +349,19 @@ def main():
             for name in VARIANTS:
                 note = spec_of_note(rep, name)
                 prm = params_from_note(name, note)
-                row = {"spec": note, "ours": ours_rows(rep, name)}
+                row = {"spec": note, "ours": ours_rows(rep, name), "params": prm}
                 flops = next((r["flops"] for r in row["ours"].values() if r.get("flops")), None)
-                kept = flops / (4.0 * d) if flops else prm.get("kept_share", 1.0) * pairs_total  # exact, from the binary
-                row["kept_pairs"] = kept
-                if peers is not None:
-                    log(f"peers: {name}")
-                    row["peers"] = bench_peers(peers, name, prm, n, heads, d, kept)
+                row["kept_pairs"] = flops / (4.0 * d) if flops else prm.get("kept_share", 1.0) * pairs_total
                 out["variants"][name] = row
-        log(f"variants done: {time.time() - t0:.0f} s")
+        log(f"ours, variants: {time.time() - t0:.0f} s")
     # 2. the window sweep: time against kept tiles
     if "sweep" not in skip:
         out["sweep"] = []
         for w in [int(x) for x in a.windows.split(",")]:
-            rep, err = run_ours(a.bin, ["--mask", "window", "--window", f"{w},0"] + shape)
+            rep, err = run_ours(a.bin, ["--mask", "window", "--window", f"{w},0"] + sweep_shape)
             r = ours_rows(rep, "window") if rep else {}
             out["sweep"].append({"window": w, "ours": r, "error": err})
-        rep, err = run_ours(a.bin, ["--mask", "causal"] + shape)
+        rep, err = run_ours(a.bin, ["--mask", "causal"] + sweep_shape)
         out["sweep_causal"] = ours_rows(rep, "causal") if rep else {"error": err}
         log(f"sweep done: {time.time() - t0:.0f} s")
     # 3. document masking against each document alone
@@ -376,6 +378,18 @@ def main():
         else:
             out["docs"] = {"error": err}
         log(f"docs done: {time.time() - t0:.0f} s")
+    # 4. the peers, in priority order, while the time budget lasts
+    if peers is not None and out.get("variants"):
+        for name in a.peer_order.split(","):
+            row = out["variants"].get(name)
+            if row is None:
+                continue
+            if time.time() - t0 > a.budget:
+                row["peers"] = {"flex": {"why": "not measured (time budget of this run)"},
+                                "fa4": {"why": peers.fa4_why or "not measured (time budget of this run)"}}
+                continue
+            log(f"peers: {name} ({time.time() - t0:.0f} s)")
+            row["peers"] = bench_peers(peers, name, row["params"], n, heads, d, row["kept_pairs"])
     print_table(out)
     print("BENCH_JSON " + json.dumps(out))
 
@@ -398,6 +412,7 @@ def print_table(out):
                   f"{ratio(pe.get('flex'))} | {ratio(pe.get('fa4'))} |")
     if out.get("sweep"):
         c = out.get("sweep_causal", {}).get("sm90a", {})
+        print(f"\nwindow sweep at N = {out['sweep_n']}:")
         print(f"\n| window | kept tiles | sm90a ms | speed-up vs causal ({c.get('ms')} ms) |")
         print("|---|---|---|---|")
         for s in out["sweep"]:
@@ -433,7 +448,7 @@ def plot(json_path, png):
         ax.annotate(str(w), (x, y), textcoords="offset points", xytext=(4, -10), fontsize=8)
     ax.set_xlabel("kept tiles (128 x 128) over all heads")
     ax.set_ylabel("time (ms)")
-    ax.set_title(f"sliding window, N = {data['n']}, H = {data['heads']}, d = 128 ({data.get('gpu')}, {data['date']})",
+    ax.set_title(f"sliding window, N = {data.get('sweep_n', data['n'])}, H = {data['heads']}, d = 128 ({data.get('gpu')}, {data['date']})",
                  fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
