@@ -53,6 +53,7 @@ void awkward_shapes(Step s, int d, DType t) {
   check_step(s, shape().heads(2).n(100).d(d).causal().dtype(t));                  // N below one tile
   check_step(s, shape().batch(2).heads(4, 2).n(130, 67).d(d).causal().dtype(t));  // Nq > Nk: empty rows; GQA; batches
   check_step(s, shape().heads(2, 1).n(67, 300).d(d).causal().dtype(t));           // Nq < Nk, causal bottom-right
+  check_step(s, shape().heads(2).n(300, 40).d(d).causal().dtype(t));              // Nq - Nk > Br: whole tiles see no key
   check_step(s, shape().heads(3).n(257).d(d).dtype(t), Dist::mean_shifted);
   check_step(s, shape().heads(4, 1).n(300, 520).d(d).dtype(t));                   // MQA, N not a multiple of any tile
 }
