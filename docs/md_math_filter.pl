@@ -7,7 +7,8 @@
 # 1. Math: GitHub writes $...$ and $$ ... $$, Doxygen \f$...\f$ and \f[ ... \f].
 #    Code blocks, `code spans` and \htmlonly blocks are left alone, so shell
 #    variables in examples stay as they are.
-# 2. A chapter README (chapters/NN_name/README.md) gets the label chNN on its
+# 2. A chapter README (chapters/NN_name/README.md, or the page docs/site.py
+#    assembles from a chapter's parts, chNN_sections.md) gets the label chNN on its
 #    first heading, so that other pages can \ref it, and the generated section
 #    APPEND_DIR/chNN.md (its figures and step diffs) is inserted before its
 #    "## Exercises" heading (or at the end when it has none).
@@ -17,6 +18,7 @@ use warnings;
 my $append_dir = @ARGV > 1 ? shift @ARGV : '';
 my $file = $ARGV[0] // '';
 my ($chapter) = $file =~ m{chapters/(\d\d)_[^/]+/README\.md$};
+($chapter) = $file =~ m{/ch(\d\d)_sections\.md$} unless defined $chapter;   # a chapter assembled from its parts
 my $append = '';
 if (defined $chapter && $append_dir ne '' && -f "$append_dir/ch$chapter.md") {
   open(my $fh, '<', "$append_dir/ch$chapter.md") or die "$append_dir/ch$chapter.md: $!";
@@ -59,15 +61,29 @@ while (my $line = <>) {
     $in_display = !$in_display;
     next;
   }
-  if ($in_display) { push @out, $line; next; }
-  # Split on code spans; rewrite math only outside them.
+  if ($in_display && $line !~ /\$\$/) { push @out, $line; next; }
+  # Split on code spans; rewrite math only outside them. A $$ that opens a display on one
+  # line and closes it on a later one toggles the display state.
   my @parts = split /(`[^`]*`)/, $line;
   for my $p (@parts) {
-    next if $p =~ /^`/;
-    $p =~ s/\$\$(.+?)\$\$/\\f[$1\\f]/g;
-    $p =~ s/(?<![\\\w])\$([^\$\n]+?)\$(?!\w)/\\f\$$1\\f\$/g;
+    next if $p =~ /^`/ && !$in_display;
+    my $done = '';
+    while ($p =~ /\$\$/) {
+      my ($before, $after) = split /\$\$/, $p, 2;
+      $before = inline_math($before) unless $in_display;
+      $done .= $before . ($in_display ? '\\f]' : '\\f[');
+      $in_display = !$in_display;
+      $p = $after;
+    }
+    $p = $done . ($in_display ? $p : inline_math($p));
   }
   push @out, join('', @parts);
 }
 push @out, "\n", $append if $append ne '' && !$inserted;
 print @out;
+
+sub inline_math {
+  my ($t) = @_;
+  $t =~ s/(?<![\\\w])\$([^\$\n]+?)\$(?!\w)/\\f\$$1\\f\$/g;
+  return $t;
+}
