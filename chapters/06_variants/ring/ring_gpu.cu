@@ -610,22 +610,38 @@ GpuRingResult ring_streams(const Problem& p, const AttnInputs& in, const GpuRing
     ranks.push_back(owned.back().get());
   }
   StreamsTransport tr(ranks, false);
+  // --serial-ranks: rank r's compute waits for rank r - 1's (and rank 0's for rank P-1's
+  // previous step), so that only one rank computes at a time.
+  std::vector<cudaEvent_t> chain(P);
+  for (cudaEvent_t& e : chain) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  bool chained = false;
+  auto compute = [&](int r, auto&& fn) {
+    if (opt.serial_ranks && (r > 0 || chained))
+      CUDA_CHECK(cudaStreamWaitEvent(ranks[r]->compute_stream(), chain[(r + P - 1) % P], 0));
+    fn();
+    if (opt.serial_ranks) {
+      CUDA_CHECK(cudaEventRecord(chain[r], ranks[r]->compute_stream()));
+      if (r == P - 1) chained = true;
+    }
+  };
   auto forward = [&](StreamsTransport& t) {
     t.reset();
+    chained = false;
     for (GpuRank* g : ranks) g->fwd_init();
     for (int s = 0; s < P; ++s) {
       for (GpuRank* g : ranks) g->fwd_begin(s, t);
-      for (GpuRank* g : ranks) g->fwd_compute(s);
+      for (int r = 0; r < P; ++r) compute(r, [&] { ranks[r]->fwd_compute(s); });
       for (GpuRank* g : ranks) g->fwd_end(s, t);
     }
     for (GpuRank* g : ranks) g->fwd_finalize();
   };
   auto backward = [&](StreamsTransport& t) {
     t.reset();
+    chained = false;
     for (GpuRank* g : ranks) g->bwd_init();
     for (int s = 0; s < P; ++s) {
       for (GpuRank* g : ranks) g->bwd_begin(s, t);
-      for (GpuRank* g : ranks) g->bwd_compute(s);
+      for (int r = 0; r < P; ++r) compute(r, [&] { ranks[r]->bwd_compute(s); });
       for (GpuRank* g : ranks) g->bwd_merge(s, t);
       for (GpuRank* g : ranks) g->bwd_end(s, t);
     }
@@ -649,7 +665,10 @@ GpuRingResult ring_streams(const Problem& p, const AttnInputs& in, const GpuRing
     CUDA_CHECK(cudaDeviceSynchronize());
     for (GpuRank* g : ranks) g->download_backward(res.dq, res.dk, res.dv);
   }
-  if (!opt.time) return res;
+  if (!opt.time) {
+    for (cudaEvent_t e : chain) CUDA_CHECK(cudaEventDestroy(e));
+    return res;
+  }
 
   // One marked run for the timeline: every compute phase and every copy between events.
   {
@@ -688,6 +707,7 @@ GpuRingResult ring_streams(const Problem& p, const AttnInputs& in, const GpuRing
   };
   res.fwd_ms = wall([&] { forward(tr); });
   if (opt.backward) res.bwd_ms = wall([&] { backward(tr); });
+  for (cudaEvent_t e : chain) CUDA_CHECK(cudaEventDestroy(e));
   return res;
 }
 

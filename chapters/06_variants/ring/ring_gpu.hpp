@@ -39,6 +39,9 @@ struct GpuRingOptions {
   int ranks = 1;
   bool backward = true;
   bool time = false;  ///< time the forward and backward (median of repeats) and record a timeline
+  /// streams: one rank computes at a time (each rank's compute waits for the previous
+  /// rank's), so that every rank's per-step time is measured alone; copies still overlap
+  bool serial_ranks = false;
 };
 
 struct GpuRingResult {

@@ -74,13 +74,16 @@ int ring_main(int argc, char** argv) {
   cli.defaults(defaults).head_dims({32, 64, 128}).dtypes({DType::bf16, DType::f16});
   int ranks = 4;
   std::string layout_s = "zigzag", backend_s = "threads", timeline;
-  bool no_backward = false, table = false, precision = false, no_decode = false, no_causal = false;
+  bool no_backward = false, table = false, precision = false, no_decode = false, no_causal = false,
+       serial_ranks = false;
   cli.add_int("--ranks", &ranks, "ring size P (1 <= P <= N)", -(1 << 30));
   cli.add_choice("--layout", &layout_s, {"contiguous", "striped", "zigzag"}, "how positions are sharded");
   cli.add_choice("--backend", &backend_s, {"threads", "streams", "nccl"},
                  "threads (CPU), streams (P virtual ranks, one GPU), nccl (a GPU per rank)");
   cli.add_flag("--no-causal", &no_causal, "no causal mask (the default problem is causal)");
   cli.add_flag("--no-backward", &no_backward, "forward only");
+  cli.add_flag("--serial-ranks", &serial_ranks,
+               "streams: one virtual rank computes at a time (per-rank step times measured alone)");
   cli.add_flag("--no-decode", &no_decode, "skip the tree-attention decode row");
   cli.add_flag("--table", &table, "print the load-balance table of every layout for --n and --ranks, and exit");
   cli.add_flag("--precision-study", &precision, "bf16 against fp32 accumulators for P = 1..64, and exit");
@@ -166,6 +169,7 @@ int ring_main(int argc, char** argv) {
       go.ranks = ranks;
       go.backward = with_backward;
       go.time = opt.bench || !timeline.empty();
+      go.serial_ranks = serial_ranks;
       const std::string why = ring_gpu_unsupported(p, with_backward);
       if (!why.empty()) throw UsageError("the GPU ring does not run this problem: " + why);
       const GpuRingResult g = ring_gpu(p, in, go);
@@ -215,6 +219,16 @@ int ring_main(int argc, char** argv) {
         rep.notes.push_back("ring forward: sum of compute intervals " + fmt("%.3f", g.compute_ms) + " ms over " +
                             std::to_string(ranks) + " ranks; K/V copies " + fmt("%.3f", g.copy_ms) + " ms, hidden " +
                             fmt("%.3f", g.hidden_copy_ms) + " ms");
+        // The forward's compute time of every rank at every step, from the timeline.
+        std::vector<std::vector<double>> step_ms(ranks, std::vector<double>(ranks, 0.0));
+        for (const TimelineEvent& e : g.timeline)
+          if (e.what == "fwd" && e.rank < ranks && e.step < ranks) step_ms[e.rank][e.step] += e.t1 - e.t0;
+        for (int r = 0; r < ranks; ++r) {
+          std::ostringstream line;
+          line << "forward compute ms, rank " << r << ", steps 0.." << ranks - 1 << ":";
+          for (double ms : step_ms[r]) line << " " << fmt("%.3f", ms);
+          rep.notes.push_back(line.str());
+        }
         std::ostringstream per;
         per << "forward compute per rank (ms, timeline):";
         for (double ms : g.rank_compute_ms) per << " " << fmt("%.3f", ms);
