@@ -7,8 +7,8 @@
 // changes (masks/mask_policy.hpp has the interface):
 //
 //   1. fa2_bwd_main takes a Policy. Its steps are the block map's query blocks of this
-//      key block (the transposed lists, partial first), for each query head of the
-//      KV group, instead of every query block from the causal diagonal on.
+//      key block (the transposed lists, partial first), for each query head of the KV
+//      group, instead of every query block from the causal diagonal on.
 //   2. keep(b, h, i, j) masks P on partial tiles only.
 //   3. With Policy::kScore, P = 2^(score(tau S) log2(e) - LSE log2(e)) and
 //      dS = P o (dP - D) o score'(tau S): the derivative of ALiBi is 1, of softcap
@@ -17,24 +17,65 @@
 //   4. Strided rows (the packed varlen layout) in every load and store.
 //   5. Only the atomic-dQ path; chapter 04's deterministic dQ kernel is left out (it
 //      would need the forward lists too), and only d = 128, bf16.
-#include "common/online_softmax.hpp"
-#include "masks/mask_kernels.cuh"
-#include "masks/mask_policy.hpp"
+//
+// Chapter 04's description of the kernels:
+//
+// Chapter 04 - FlashAttention-2 backward (Algorithm 2 of the FA2 paper, no dropout).
+//
+//   fa2_bwd_preprocess   D_i = rowsum(dO_i o O_i); the fp32 dQ accumulator zeroed
+//   fa2_bwd_main         one thread block per (K/V block j, KV head): K_j, V_j stay in
+//                        shared memory, dK_j and dV_j in registers, while the block walks
+//                        every query block i of every query head sharing this KV head:
+//                          S  = Q_i K_j^T          P  = exp(S tau - LSE_i)
+//                          dV_j += P^T dO_i        dP = dO_i V_j^T
+//                          dS = P o (dP - D_i)     dK_j += tau dS^T Q_i
+//                          dQ_i += tau dS K_j      (fp32 atomics: many j add into one i)
+//   fa2_bwd_dq           deterministic mode: dQ from a separate kernel parallel over Q
+//                        blocks, summing over j in a fixed order (no atomics), at the
+//                        price of recomputing S, P and dP
+//   fa2_bwd_convert      dQ accumulator (fp32) -> dQ in the input dtype
+//
+// Why atomics: the K/V-parallel grid (FA2's choice for the backward, so that dK_j
+// and dV_j are each owned by one block and need no reduction) makes every block j
+// contribute to every dQ_i. Chapter 03's FA1 backward had one block per (batch,
+// head), which owned all of dQ, and so needed none; FA2 trades that for parallelism
+// over the sequence and pays with fp32 atomics on dQ (ERRATA 2).
+//
+// Warp layout of fa2_bwd_main (8 warps, Bc = 128 keys, Br = 64 queries per step):
+//
+//            queries of Q_i ->  (Br = 64)
+//   keys   warp 0 | S^T, P^T, dP^T, dS^T : 16 keys x 64 queries | dK, dV rows 0..15
+//   of     warp 1 |                        16 x 64              | dK, dV rows 16..31
+//   K_j     ...   |                                             | ...
+//          warp 7 |                        16 x 64              | dK, dV rows 112..127
+//
+// Each warp holds the transposed tiles (keys as rows), so P^T and dS^T are already
+// the A operands of dV += P^T dO and dK += dS^T Q. dQ needs dS with queries as rows:
+// dS^T goes through shared memory once and comes back transposed by ldmatrix.trans,
+// and the 8 warps split dQ_i (64 x d) into 4 row groups x 2 column halves.
+// A K/V block of 128 keys halves the dQ atomics (and the reloads of Q_i, dO_i)
+// against 64; on sm_90 each atomic adds two floats at once.
+#include "common/cuda/check.cuh"
 #include "common/cuda/cp_async.cuh"
 #include "common/cuda/fast_math.cuh"
+#include "common/cuda/index.cuh"
 #include "common/cuda/ldmatrix.cuh"
 #include "common/cuda/mma_sync.cuh"
 #include "common/cuda/smem_tiles.cuh"
-#include "common/cuda/check.cuh"
-#include "common/cuda/index.cuh"
+#include "common/online_softmax.hpp"
+#include "masks/mask_kernels.cuh"
+#include "masks/mask_policy.hpp"
 
 namespace attn::ch06::backward_mask {
 namespace {
 using namespace attn::cuda;
 
 constexpr int kMainThreads = 256;  // fa2_bwd_main: 8 warps
-constexpr int kBcMain = Bc;        // keys per fa2_bwd_main thread block (16 per warp): 128
+constexpr int kBcMain = Bc;        // keys per fa2_bwd_main thread block (16 per warp): 128 (mask_kernels.cuh)
 static_assert(Br == 64, "queries per step");
+constexpr int kPrepThreads = 256;  // fa2_bwd_preprocess: one warp per row, 8 rows per block
+constexpr int kConvertThreads = 256, kConvertBlocks = 1024;  // fa2_bwd_convert: a grid-stride loop,
+                                                              // ~8 blocks per SM of an H100/H200
 
 /// dst[0..1] += (a, b): one 8-byte atomic on sm_90, two 4-byte ones before it.
 __device__ __forceinline__ void atomic_add2(float* dst, float a, float b) {
@@ -330,12 +371,16 @@ __global__ void fa2_bwd_convert(const BwdParams p) {
 template <class T, int D, class Policy>
 void launch_all(const BwdParams& p, const Policy& pol, cudaStream_t s) {
   const std::size_t rows = std::size_t(p.batch) * p.heads * p.nq;
-  fa2_bwd_preprocess<T><<<unsigned(ceil_div(int(rows), 8)), 256, 0, s>>>(p, true);
+  constexpr int kPrepRows = kPrepThreads / 32;  // rows per preprocess block
+  fa2_bwd_preprocess<T><<<unsigned((rows + kPrepRows - 1) / kPrepRows), kPrepThreads, 0, s>>>(p, true);
   constexpr int main_smem = (2 * kBcMain + 2 * Br) * D * 2 + kBcMain * Br * 2 + 2 * Br * 4;
-  auto main_kernel = fa2_bwd_main<T, D, Policy>;
-  CUDA_CHECK(cudaFuncSetAttribute(main_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, main_smem));
-  main_kernel<<<dim3(ceil_div(p.nk, kBcMain), p.batch * p.kv_heads), kMainThreads, main_smem, s>>>(p, true, pol);
-  constexpr int kConvertBlocks = 1024, kConvertThreads = 256;  // a grid-stride loop over dQ
+  static const bool configured = [] {  // once per instantiation
+    CUDA_CHECK(cudaFuncSetAttribute(fa2_bwd_main<T, D, Policy>, cudaFuncAttributeMaxDynamicSharedMemorySize, main_smem));
+    return true;
+  }();
+  (void)configured;
+  fa2_bwd_main<T, D, Policy><<<dim3(ceil_div(p.nk, kBcMain), p.batch * p.kv_heads), kMainThreads, main_smem, s>>>(
+      p, true, pol);
   fa2_bwd_convert<T><<<kConvertBlocks, kConvertThreads, 0, s>>>(p);
 }
 

@@ -116,7 +116,7 @@ __device__ __forceinline__ void producer_tile(const CUtensorMap& tm_q, const CUt
   constexpr int Bc = Config<D>::Bc, kStages = Config<D>::kStages;
   using Plan = SmemPlan<T, D, Bc, kStages>;
   const Barriers<kStages> bar(smem + Plan::kBars);
-  const int bi = bh / p.heads, h = bh % p.heads, hk = h / (p.heads / p.kv_heads);
+  const int bi = bh / p.heads, h = bh % p.heads, hk = kv_head_of(h, p.heads, p.kv_heads);
   const Coords cq = tensor_coords(p.sq, bi, h, p.heads, D), ck = tensor_coords(p.sk, bi, hk, p.kv_heads, D);
   const KeyList kv = key_list(p, bi, h, m_block);
   if (kv.n == 0) return;  // the tile has no kept block: nothing to load
