@@ -316,10 +316,16 @@ def main():
     ap.add_argument("--docs", type=int, default=8)
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: variants,sweep,docs")
+    ap.add_argument("--save", default="/tmp/ch06_masks.json", help="partial results after every stage")
     ap.add_argument("--plot", nargs=2, metavar=("JSON", "PNG"), help="plot time against kept tiles from a BENCH_JSON line")
+    ap.add_argument("--table", metavar="JSON", help="print the tables of a saved BENCH_JSON line and exit")
     a = ap.parse_args()
     if a.plot:
         return plot(*a.plot)
+    if a.table:
+        line = open(a.table).read()
+        print_table(json.loads(line[line.index("{"):]))
+        return 0
     n, heads, d = a.n, a.heads, 128
     skip = set(a.skip.split(",")) if a.skip else set()
     shape = ["--n", str(n), "--heads", str(heads), "--d", "128", "--batch", "1"]
@@ -354,6 +360,7 @@ def main():
                 row["kept_pairs"] = flops / (4.0 * d) if flops else prm.get("kept_share", 1.0) * pairs_total
                 out["variants"][name] = row
         log(f"ours, variants: {time.time() - t0:.0f} s")
+        save(a.save, out)
     # 2. the window sweep: time against kept tiles
     if "sweep" not in skip:
         out["sweep"] = []
@@ -364,6 +371,7 @@ def main():
         rep, err = run_ours(a.bin, ["--mask", "causal"] + sweep_shape)
         out["sweep_causal"] = ours_rows(rep, "causal") if rep else {"error": err}
         log(f"sweep done: {time.time() - t0:.0f} s")
+        save(a.save, out)
     # 3. document masking against each document alone
     if "docs" not in skip:
         rep, err = run_ours(a.bin, ["--mask", "document", "--docs", str(a.docs), "--causal"] + shape)
@@ -378,6 +386,7 @@ def main():
         else:
             out["docs"] = {"error": err}
         log(f"docs done: {time.time() - t0:.0f} s")
+        save(a.save, out)
     # 4. the peers, in priority order, while the time budget lasts
     if peers is not None and out.get("variants"):
         for name in a.peer_order.split(","):
@@ -390,8 +399,15 @@ def main():
                 continue
             log(f"peers: {name} ({time.time() - t0:.0f} s)")
             row["peers"] = bench_peers(peers, name, row["params"], n, heads, d, row["kept_pairs"])
+            save(a.save, out)
     print_table(out)
     print("BENCH_JSON " + json.dumps(out))
+
+
+def save(path, out):
+    if path:
+        with open(path, "w") as f:
+            f.write("BENCH_JSON " + json.dumps(out) + "\n")
 
 
 def print_table(out):
