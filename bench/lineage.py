@@ -197,6 +197,7 @@ class Bench:
         self.ceilings = {}
         self.peers = None
         self.t0 = time.time()
+        self.started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
         self.ours_at = {}  # (chapter, d, causal, N) -> {kernel: tflops}: the step-pruning rule
 
     # ----------------------------------------------------------------- ceilings
@@ -276,6 +277,12 @@ class Bench:
             if st != "ok":
                 self.rows.append(self.base_row(chapter, "ch%s (%s)" % (chapter, self.bins[chapter].name),
                                                "fwd", d, n, causal, status=st, note=msg))
+                continue
+            pr = rep.get("problem", {})
+            if bool(pr.get("causal")) != causal or pr.get("nq") != n or pr.get("d") != d:
+                self.rows.append(self.base_row(chapter, "ch%s (%s)" % (chapter, self.bins[chapter].name), "fwd", d,
+                                               n, causal, status="error", note="the binary ran another problem "
+                                               "(%s) than asked" % json.dumps(pr)))
                 continue
             got += report_rows(rep, chapter, shape)
         self.rows += got
@@ -387,49 +394,78 @@ class Bench:
             self.rows.append(r)
 
     # ----------------------------------------------------------------- plan
+    def causal_only(self, chapter):
+        """True when the chapter's binary runs a causal problem even without --causal (its default
+        problem is causal, and the shared command line has no flag to turn that off). Asked once,
+        on a 64-token problem on the CPU."""
+        if chapter not in self._causal_only:
+            st, rep, _ = self.bins[chapter].run(["--n", "64", "--batch", "1", "--heads", "1", "--d", "64",
+                                                 "--device", "cpu", "--json"] +
+                                                {"04": ["--no-model"], "05": ["--no-fp8-table"]}.get(chapter, []),
+                                                timeout=60)
+            self._causal_only[chapter] = bool(st == "ok" and rep.get("problem", {}).get("causal"))
+        return self._causal_only[chapter]
+
+    def attention_group(self, d, n, causal, chapters, peers_fwd=PEERS, peers_bwd=PEERS):
+        """Every chapter at one shape, then the peers on it."""
+        tasks, bwd_here = [], False
+        label = "d=%d N=%d%s" % (d, n, " causal" if causal else "")
+        for c in chapters:
+            if c not in self.chapters or not self.supports(c, d):
+                continue
+            bwd = c in ("03", "04")
+            fl = attention_flops(*paper_shape(n, d), n, n, d, causal)
+            est = 9 + 24 * fl / {"01": 50e12, "03": 10e12, "04": 100e12, "05": 300e12}[c] * (3.5 if bwd else 1)
+
+            if not causal and self.causal_only(c):
+                self.rows.append(self.base_row(c, "ch%s (%s)" % (c, self.bins[c].name), "fwd", d, n, False,
+                                               status="unsupported", note="the binary's default problem is causal "
+                                               "and its command line has no flag to turn that off"))
+                continue
+            bwd_here = bwd_here or bwd
+            tasks.append(Task("ours", "ch%s %s" % (c, label), est,
+                              lambda c=c, bwd=bwd: self.ours_task(c, d, n, causal, bwd)))
+        if not tasks:
+            return tasks
+        for p in PEERS:
+            for bwd in (False, True):
+                if p not in (peers_bwd if bwd else peers_fwd) or (bwd and not bwd_here):
+                    continue
+                first = p not in self._peer_seen
+                self._peer_seen.add(p)
+                est = 1.0 + ({"flex": 6, "fa4": 10}.get(p, 0) if first else {"flex": 4, "fa4": 2}.get(p, 0))
+                tasks.append(Task("peer", "%s %s %s" % (p, "bwd" if bwd else "fwd", label), est,
+                                  lambda p=p, bwd=bwd: self.peer_task(p, d, n, causal, bwd)))
+        return tasks
+
     def plan(self):
+        """Tasks in priority order: with --budget, what does not fit is left off the end.
+        --quick: d = 128 at N = 8K, causal and not (chapter 03 at 2K), chapter 07's sweep and
+        chapter 02's longest rows; the full sweep: N = 512 ... 16K, d = 64, 128, 256."""
+        self._causal_only, self._peer_seen = {}, set()
         q = self.a.quick
-        ns = QUICK_N if q else FULL_N
         self.prune_from = 8192 if q else 4096
-        dims = [64, 128] if q else HEAD_DIMS
         tasks = [Task("ceilings", "ceilings: read bandwidth, bf16 and FP8 GEMM", 8, self.ceilings_task)]
-        shapes = [(d, n, c) for n in ns for d in (128, 64, 256) if d in dims for c in (False, True)]
-        chapters = self.chapters
-        with_bwd = {"03", "04"}
-        for i, (d, n, causal) in enumerate(shapes):
-            for c in ("01", "03", "04", "05"):
-                if c not in chapters or not self.supports(c, d):
-                    continue
-                if c == "03" and n > (2048 if q else 4096):
-                    continue  # FA1's fp32 FMA kernels: minutes at 16K; the chapter's own --bench goes further
-                if c == "01" and q and causal:
-                    continue
-                bwd = c in with_bwd
-                fl = attention_flops(*paper_shape(n, d), n, n, d, causal)
-                est = 1.5 + 24 * fl / {"01": 50e12, "03": 12e12, "04": 60e12, "05": 300e12}[c] * (3.5 if bwd else 1)
-                tasks.append(Task("ours", "ch%s d=%d N=%d%s" % (c, d, n, " causal" if causal else ""), est,
-                                  lambda c=c, d=d, n=n, causal=causal, bwd=bwd: self.ours_task(c, d, n, causal, bwd)))
-            if any(x in chapters for x in ("01", "03", "04", "05")):
-                for p in PEERS:
-                    for bwd in (False, True):
-                        if bwd and not (("04" in chapters) or ("03" in chapters and n <= 2048)):
-                            continue
-                        est = 0.6 + (6 if p in ("flex", "fa4") and i < 2 else 0)
-                        tasks.append(Task("peer", "%s %s d=%d N=%d%s" % (p, "bwd" if bwd else "fwd", d, n,
-                                                                         " causal" if causal else ""), est,
-                                          lambda p=p, d=d, n=n, causal=causal, bwd=bwd:
-                                          self.peer_task(p, d, n, causal, bwd)))
+        extras = []
+        if "07" in self.chapters:
+            extras.append(Task("ours", "ch07 decode sweep + peers", 35, self.decode_task))
+        if "02" in self.chapters:
+            for sn in ([32768] if q else [4096, 8192, 16384, 32768]):
+                extras.append(Task("ours", "ch02 softmax, rows of %d" % sn, 6, lambda sn=sn: self.softmax_task(sn)))
+        if "06" in self.chapters:
+            for sub in ("mask", "gqa", "mla", "ring"):
+                extras.append(Task("ours", "ch06 %s" % sub, 10, lambda sub=sub: self.ch06_task(sub, 128, 8192, True)))
+        if q:
+            no_flex = [p for p in PEERS if p != "flex"]  # FlexAttention compiles per shape: N = 8K only
+            tasks += self.attention_group(128, 8192, True, ("04", "05"))
+            tasks += self.attention_group(128, 8192, False, ("05", "04", "01"))
+            tasks += extras
+            tasks += self.attention_group(128, 2048, False, ("03",), no_flex, no_flex)  # FA1: minutes at 8K
+            return tasks
+        for i, (d, n, causal) in enumerate((d, n, c) for d in (128, 64, 256) for n in FULL_N for c in (True, False)):
+            tasks += self.attention_group(d, n, causal, ("04", "05", "03", "01") if n <= 4096 else ("04", "05", "01"))
             if i == 1:
-                if "02" in chapters:
-                    for sn in ([4096, 32768] if q else [4096, 8192, 16384, 32768]):
-                        tasks.append(Task("ours", "ch02 softmax rows of %d" % sn, 3,
-                                          lambda sn=sn: self.softmax_task(sn)))
-                if "07" in chapters:
-                    tasks.append(Task("ours", "ch07 decode sweep + peers", 25, self.decode_task))
-                if "06" in chapters:
-                    for sub in ("mask", "gqa", "mla", "ring"):
-                        tasks.append(Task("ours", "ch06 %s" % sub, 3,
-                                          lambda sub=sub: self.ch06_task(sub, 128, 8192, True)))
+                tasks += extras
         return tasks
 
     # ----------------------------------------------------------------- run
@@ -443,8 +479,8 @@ class Bench:
             cmd = "BUILD_DIR=%s %s" % (os.path.relpath(self.build_dir, ROOT), cmd)
         m = {"gpu": info["gpu"], "driver": info["driver"], "clocks": info["clocks"],
              "power_limit_w": info.get("power_limit_w"), "memory_mib": info.get("memory_mib"),
-             "date": datetime.datetime.utcnow().strftime("%Y-%m-%dT%H:%MZ"), "command": cmd,
-             "commit": git.stdout.strip() or None, "quick": self.a.quick, "chapters": sorted(self.chapters),
+             "date": self.started, "command": cmd,
+             "git_head": git.stdout.strip() or None, "quick": self.a.quick, "chapters": sorted(self.chapters),
              "python": sys.version.split()[0], "duration_s": round(time.time() - self.t0, 1), "complete": complete}
         if self.peers is not None:
             m["peer_versions"] = self.peers.versions
@@ -550,7 +586,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(prog="./tutorial bench", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
-    ap.add_argument("--quick", action="store_true", help="N in {2K, 8K}, d in {64, 128}: under 3 minutes")
+    ap.add_argument("--quick", action="store_true", help="d = 128 at N = 8K (chapter 03: 2K), the decode sweep: under 3 minutes")
     ap.add_argument("--chapters", help="comma-separated chapter numbers, e.g. 04,05 (default: every chapter)")
     ap.add_argument("--cpu", action="store_true", help="no GPU: the CPU models' counted traffic, plotted")
     ap.add_argument("--report", metavar="RESULTS_JSON", help="write the tables and plots from this file, run nothing")
