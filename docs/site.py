@@ -268,7 +268,7 @@ def diff_pages(pages, chaps):
              'which also keeps the tables in the chapter READMEs up to date.', '']
     for nn in sorted(by_chapter):
         name = f'\\ref ch{nn} "Chapter {nn}: {titles[nn]}"' if nn in titles else f'Chapter {nn}'
-        lines += [f'## Chapter {nn}: {titles.get(nn, "")}', '', f'{name}.' if nn in titles else '', '']
+        lines += [f'## Chapter {nn}: {titles.get(nn, "")}', '', f'The chapter page: {name}.' if nn in titles else '', '']
         lines += ['| from → to | code lines | page |', '|---|---|---|']
         for src, dst, note, label, plus, minus in by_chapter[nn]:
             if src is None:
