@@ -14,6 +14,8 @@ Only a row whose status is "ok" carries a speed: `clean_row()` drops the speed o
 every other row, wherever it came from, so a failed kernel cannot show one.
 """
 
+import json
+
 TOKENS = 16384  # B * N, the FlashAttention papers' benchmark
 HIDDEN = 2048   # H * d
 
@@ -75,3 +77,8 @@ def shape_text(row):
     if row.get("pass") == "softmax":
         return "rows=%s N=%s" % (row["B"] * row["H"] * row["nq"] if "nq" in row else "?", row["N"])
     return "d=%s N=%s B=%s H=%s%s" % (row["d"], row["N"], row["B"], row["H"], " causal" if row.get("causal") else "")
+
+
+def read_json(path):
+    with open(path) as f:
+        return json.load(f)

@@ -18,6 +18,9 @@ import os
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_common import read_json  # noqa: E402
+
 B, H, D = 1, 1, 64
 ELEM = 2  # bf16 inputs and outputs
 
@@ -341,7 +344,7 @@ def main(build_dir, out_dir, chapters, quick=False):
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--plot":
-        for p in plot(json.load(open(os.path.join(sys.argv[2], "io.json"))), sys.argv[2]):
+        for p in plot(read_json(os.path.join(sys.argv[2], "io.json")), sys.argv[2]):
             print(p)
     else:
         sys.exit("usage: bench_cpu.py --plot OUT_DIR (or ./tutorial bench --cpu)")

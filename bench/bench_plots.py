@@ -12,7 +12,6 @@
 
 Only rows that passed their check are drawn; a failed kernel has no point.
 """
-import json
 import os
 import sys
 
@@ -23,7 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_report  # noqa: E402
-from bench_common import DECODE_PEERS, PEER_LABEL, PEERS, shape_key, speed  # noqa: E402
+from bench_common import DECODE_PEERS, PEER_LABEL, PEERS, read_json, shape_key, speed  # noqa: E402
 
 PEER_STYLE = {
     "fa4": dict(color="black", ls="-", lw=2.2, marker="*"),
@@ -60,7 +59,7 @@ def frame(fig, legend_labels, ncol=6, title_lines=1):
     """Room at the top for the title and the legend, at the bottom for the footer (in inches)."""
     h = fig.get_size_inches()[1]
     rows = -(-len(legend_labels) // ncol) if legend_labels else 0
-    top = 1 - (0.25 + 0.25 * title_lines + 0.24 * rows + 0.1) / h
+    top = 1 - (0.2 + 0.25 * title_lines + 0.22 * rows) / h
     fig.tight_layout(rect=(0, 0.28 / h, 1, top))
     return 1 - (0.25 + 0.25 * title_lines) / h
 
@@ -102,11 +101,47 @@ def line_panel(ax, rows, keyfilter, kernels, colors, res, peers=PEERS):
     return drawn
 
 
+def bar_panel(ax, rows, keyfilter, kernels, colors, gemm):
+    """One N only: a bar per step (the lesson read top to bottom) and per peer."""
+    names, vals, cols = [], [], []
+    for k in kernels:
+        v = points(rows, k, keyfilter)
+        r = next((r for r in rows if r["kernel"] == k and keyfilter(r)), None)
+        if r is None:
+            continue
+        names.append((k[5:] if k[:2] == "ch" else k) + (" (FP8 inputs)" if r.get("dtype") == "fp8" else ""))
+        vals.append(v[0][1] if v else 0)
+        cols.append(colors[k] if v else "white")
+    for p in PEERS:
+        v = points(rows, p, keyfilter)
+        if v:
+            names.append(PEER_LABEL[p])
+            vals.append(v[0][1])
+            cols.append(PEER_STYLE[p]["color"])
+    y = list(range(len(names)))[::-1]
+    ax.barh(y, vals, color=cols, edgecolor="#555555", lw=0.5)
+    top = max(vals + [gemm or 0]) or 1
+    for yi, v, n in zip(y, vals, names):
+        ax.text(v + top * 0.01, yi, ("%.0f" % v) if v else "failed or not run", va="center", fontsize=7.5)
+    ax.set_yticks(y)
+    ax.set_yticklabels(names, fontsize=7.5)
+    if gemm:
+        ax.axvline(gemm, color="#bbbbbb", lw=1)
+        ax.text(gemm, y[0] + 0.6 if y else 0, "bf16 GEMM %.0f" % gemm, fontsize=7, ha="right", color="#888888")
+    ax.set_xlim(0, top * 1.12)
+    ax.set_xlabel("TFLOP/s")
+    ax.grid(True, axis="x", alpha=0.25)
+    return bool(names)
+
+
 def fig_chapter(res, rows, chapter, pss, out_dir):
     kernels = bench_report.chapter_kernels(rows, chapter, pss)
     kernels = [k for k in kernels if any(speed(r) for r in rows if r["kernel"] == k)]
     if not kernels:
         return None
+    ns = {r["N"] for r in rows if r["kernel"] in kernels}
+    if len(ns) == 1:
+        return fig_chapter_bars(res, rows, chapter, pss, kernels, out_dir)
     dims = sorted({r["d"] for r in rows if r["kernel"] in kernels})
     fig, axes = plt.subplots(len(dims), 2, figsize=(11, 3.3 * len(dims) + 1.6), squeeze=False)
     colors = kernel_colors(kernels, chapter)
@@ -138,6 +173,29 @@ def fig_chapter(res, rows, chapter, pss, out_dir):
     y = frame(fig, labels, ncol=min(6, len(labels)))
     fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, y), ncol=min(6, len(labels)), fontsize=8,
                frameon=False)
+    footer(fig, res)
+    path = os.path.join(out_dir, "tflops_ch%s_%s.png" % (chapter, pss))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def fig_chapter_bars(res, rows, chapter, pss, kernels, out_dir):
+    all_k = bench_report.chapter_kernels(rows, chapter, pss)
+    shapes = sorted({(r["d"], bool(r.get("causal"))) for r in rows if r["kernel"] in kernels})
+    n = next(r["N"] for r in rows if r["kernel"] in kernels)
+    fig, axes = plt.subplots(1, len(shapes), figsize=(6.2 * len(shapes), 0.32 * (len(all_k) + len(PEERS)) + 1.8),
+                             squeeze=False)
+    colors = kernel_colors(all_k, chapter)
+    gemm = res.get("ceilings", {}).get("bf16_gemm_tflops")
+    for ax, (d, causal) in zip(axes[0], shapes):
+        bar_panel(ax, rows, lambda r: r.get("pass") == pss and r.get("d") == d and bool(r.get("causal")) == causal,
+                  all_k, colors, gemm)
+        ax.set_title("d = %d, N = %s, %s" % (d, n_label(n), "causal" if causal else "not causal"), fontsize=10)
+    title = {"fwd": "forward", "bwd": "backward"}[pss]
+    fig.suptitle("Chapter %s, %s: every step and every peer, one run (B·N = 16K, H·d = 2048)" % (chapter, title),
+                 fontsize=11)
+    fig.tight_layout(rect=(0, 0.4 / fig.get_size_inches()[1], 1, 0.95))
     footer(fig, res)
     path = os.path.join(out_dir, "tflops_ch%s_%s.png" % (chapter, pss))
     fig.savefig(path, dpi=110)
@@ -213,6 +271,8 @@ def fig_roofline(res, rows, out_dir):
     lo = min(p[1] for p in pts) / 2
     hi = max(p[1] for p in pts) * 2
     if bw and gemm:
+        hi = max(hi, 3 * gemm * 1e3 / bw)
+    if bw and gemm:
         xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
         ax.plot(xs, [min(gemm, bw * x / 1e3) for x in xs], color="black", lw=1.5,
                 label="roof: %.0f GB/s read, %.0f TFLOP/s bf16 GEMM" % (bw, gemm))
@@ -233,6 +293,8 @@ def fig_roofline(res, rows, out_dir):
     ax.set_xlabel("arithmetic intensity: FLOPs / counted HBM bytes (FLOP/byte)")
     ax.set_ylabel("TFLOP/s (FlashAttention's count)")
     ax.set_title("Roofline: every kernel that passed, placed by its own count of bytes and FLOPs")
+    ax.text(0.01, 0.99, "A point above the slanted roof moved fewer HBM bytes than it counts:\nre-reads of K and V "
+            "that the L2 cache served.", transform=ax.transAxes, va="top", fontsize=8, color="#444444")
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout(rect=(0, 0.04, 1, 1))
@@ -319,20 +381,30 @@ def fig_lineage(res, rows, out_dir):
                                                                                   max(1, len(mem))]})
     for ax, group, ceil, unit in ((axes[0], comp, ce.get("bf16_gemm_tflops"), "TFLOP/s"),
                                   (axes[1], mem, ce.get("read_gbps"), "GB/s")):
+        top = max([speed(e["best"]) for e in group if e["best"]] + [speed(e["peer"]) for e in group if e["peer"]] +
+                  [ceil or 0] + [1])
         for i, e in enumerate(group):
             b, p = e["best"], e["peer"]
             c = e["chapter"]
             if b:
                 ax.bar(i - 0.18, speed(b), 0.36, color=CHAPTER_COLOR.get(c, "C0"))
-                ax.text(i - 0.18, speed(b), "%.0f" % speed(b), ha="center", va="bottom", fontsize=8)
+                inside = speed(b) > 0.1 * top
+                ax.text(i - 0.18, speed(b) * (0.98 if inside else 1.02), "%.3g" % speed(b), ha="center",
+                        va="top" if inside else "bottom", fontsize=8, color="white" if inside else "black",
+                        fontweight="bold")
             else:
                 ax.text(i - 0.18, 0, "failed", ha="center", va="bottom", fontsize=8, color="red")
             if p:
                 ax.bar(i + 0.18, speed(p), 0.36, color="#777777")
-                ax.text(i + 0.18, speed(p), "%s\n%.0f" % (PEER_LABEL.get(p["kernel"], p["kernel"]), speed(p)),
-                        ha="center", va="bottom", fontsize=7)
+                ax.text(i + 0.18, speed(p) * 0.98, "%.0f" % speed(p), ha="center", va="top", fontsize=8,
+                        color="white", fontweight="bold")
+                ax.text(i + 0.18, speed(p) * 1.01, PEER_LABEL.get(p["kernel"], p["kernel"]), ha="center",
+                        va="bottom", fontsize=7)
             else:
                 ax.text(i + 0.18, 0, "peer\nabsent", ha="center", va="bottom", fontsize=7, color="#777777")
+            if b and p:
+                ax.text(i, max(speed(b), speed(p)) * 1.07, "%.2fx" % (speed(b) / speed(p)), ha="center",
+                        va="bottom", fontsize=9, fontweight="bold")
         names = []
         for e in group:
             s = e["shape"]
@@ -342,12 +414,15 @@ def fig_lineage(res, rows, out_dir):
             elif s.get("pass") == "softmax":
                 names.append("ch%s %s\nrows of %d" % (e["chapter"], what, s["N"]))
             else:
-                names.append("ch%s %s\nd=%d N=%d" % (e["chapter"], what, s["d"], s["N"]))
+                names.append("ch%s %s\nd=%d N=%d%s" % (e["chapter"], what, s["d"], s["N"],
+                                                        " causal" if s.get("causal") else ""))
         ax.set_xticks(range(len(group)))
         ax.set_xticklabels(names, fontsize=7.5)
+        ax.set_ylim(0, top * 1.22)
         if ceil:
             ax.axhline(ceil, color="black", lw=1, ls="--")
-            ax.text(-0.45, ceil, "ceiling %.0f %s" % (ceil, unit), fontsize=7.5, va="bottom")
+            ax.text(0.99, ceil, "same-run ceiling %.0f %s" % (ceil, unit), fontsize=7.5, va="bottom", ha="right",
+                    transform=ax.get_yaxis_transform())
         ax.set_ylabel(unit)
         ax.grid(True, axis="y", alpha=0.25)
     axes[0].set_title("compute-bound chapters: best kernel (colour) and best peer (grey)", fontsize=10)
@@ -377,5 +452,5 @@ def draw_all(res, out_dir):
 if __name__ == "__main__":
     if len(sys.argv) != 3:
         sys.exit("usage: bench_plots.py RESULTS_JSON OUT_DIR")
-    for p in draw_all(json.load(open(sys.argv[1])), sys.argv[2]):
+    for p in draw_all(read_json(sys.argv[1]), sys.argv[2]):
         print(p)

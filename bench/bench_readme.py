@@ -29,6 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import bench_report  # noqa: E402
+from bench_common import read_json  # noqa: E402
 
 RECORDED = os.path.join(HERE, "recorded")
 MARK = re.compile(r"(<!-- bench:([a-z0-9-]+) begin -->\n)(.*?)(<!-- bench:\2 end -->)", re.S)
@@ -72,7 +73,7 @@ def readmes():
 
 def generate(run_path):
     """{path: new text} for results.md and every README with markers."""
-    res = json.load(open(run_path))
+    res = read_json(run_path)
     md = bench_report.markdown(res)
     out = {os.path.join(RECORDED, "results.md"): md}
     for path in readmes():
@@ -128,7 +129,7 @@ def main():
             print("wrote", os.path.relpath(path, ROOT))
     if not a.no_plots:
         import bench_plots
-        for p in bench_plots.draw_all(json.load(open(run_path)), RECORDED):
+        for p in bench_plots.draw_all(read_json(run_path), RECORDED):
             print("wrote", os.path.relpath(p, ROOT))
     return 0
 

@@ -12,7 +12,7 @@ import io
 import json
 import os
 
-from bench_common import DECODE_PEERS, PEER_LABEL, PEERS, SOFTMAX_PEERS, clean_row, shape_key, speed
+from bench_common import DECODE_PEERS, PEER_LABEL, PEERS, SOFTMAX_PEERS, clean_row, read_json, shape_key, speed
 
 CEILING_KEY = {"bf16_gemm": "bf16_gemm_tflops", "fp8_gemm": "fp8_gemm_tflops", "read": "read_gbps"}
 STATUS_TEXT = {"failed": "FAIL", "unsupported": "n/a", "not run": "not run", "error": "error",
@@ -126,7 +126,8 @@ def section(name, title, text, intro=""):
 def peer_cell(res, by, key, peer, with_share=False):
     if not peer_present(res, peer):
         return "absent"
-    return fmt_speed(by.get((key, peer)), with_share)
+    r = by.get((key, peer))
+    return "not run" if r is None else fmt_speed(r, with_share)
 
 
 def chapter_kernels(rows, chapter, pss):
@@ -186,8 +187,9 @@ def lineage_entries(res, rows):
             pick = lambda r: r.get("bytes") or 0  # noqa: E731
             peer_names = DECODE_PEERS
         else:
-            cand = [r for r in mine if r.get("pass") == "fwd" and r.get("d") == 128 and not r.get("causal")
-                    and r.get("dtype") != "fp8"]
+            fwd = [r for r in mine if r.get("pass") == "fwd" and r.get("d") == 128 and r.get("dtype") != "fp8"]
+            cand = [r for r in fwd if not r.get("causal") and r.get("status") != "unsupported"] or \
+                [r for r in fwd if r.get("causal")]  # a chapter that only runs causal: its causal shape
             pick = lambda r: r.get("N") or 0  # noqa: E731
             peer_names = PEERS
         if not cand:
@@ -215,7 +217,7 @@ def lineage_table(res, rows):
         elif s.get("pass") == "softmax":
             shape = "softmax rows of %s" % s["N"]
         else:
-            shape = "d=%s, N=%s" % (s["d"], s["N"])
+            shape = "d=%s, N=%s%s" % (s["d"], s["N"], ", causal" if s.get("causal") else "")
         b = e["best"]
         ours = ("%s: %s %s" % (b["kernel"][5:], fmt_speed(b, False), b["unit"])) if b else "no kernel passed"
         share = "%.0f%%" % (100 * b["share"]) if b and b.get("share") else "-"
@@ -298,8 +300,9 @@ def markdown(res):
     t = lineage_table(res, rows)
     if t:
         out.append(section("lineage", "The lineage at a glance", t,
-                           "Each chapter's best kernel at its reference shape (forward, d = 128, not causal, the "
-                           "largest N it ran), next to the best peer on the same shape in the same run."))
+                           "Each chapter's best kernel at its reference shape (forward, d = 128, not causal where "
+                           "the chapter runs it, the largest N it ran), next to the best peer on the same shape in "
+                           "the same run."))
     for c, title in (("01", "Chapter 01: naive attention"), ("03", "Chapter 03: FlashAttention-1"),
                      ("04", "Chapter 04: FlashAttention-2"), ("05", "Chapter 05: FlashAttention-3 on Hopper"),
                      ("06", "Chapter 06: variants")):
@@ -311,7 +314,9 @@ def markdown(res):
     t = softmax_table(res, rows)
     if t:
         out.append(section("ch02-softmax", "Chapter 02: online softmax (GB/s)", t,
-                           "2^28 fp32 scores in rows of N; GB/s by each kernel's own count of bytes."))
+                           "2^28 fp32 scores in rows of N. GB/s = (S read once + what the kernel writes: P and "
+                           "the LSE, or O for the fused kernel) / time, the same count for torch.softmax (S read, "
+                           "P written): a kernel that sweeps S three times pays for it in time."))
     t = decode_table(res, rows)
     if t:
         out.append(section("ch07-decode", "Chapter 07: paged decode (KV GB/s)", t,
@@ -327,7 +332,7 @@ def write_all(res, out_dir):
     os.makedirs(out_dir, exist_ok=True)
     paths = []
     p = os.path.join(out_dir, "results.json")
-    if not os.path.exists(p) or json.load(open(p)) != res:
+    if not os.path.exists(p) or read_json(p) != res:
         with open(p, "w") as f:
             json.dump(res, f, indent=1)
     paths.append(p)
