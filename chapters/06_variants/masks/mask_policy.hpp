@@ -34,6 +34,7 @@
 
 #include <cmath>
 
+#include "common/index.hpp"           // CausalMask: the causal rule
 #include "common/online_softmax.hpp"  // ATTN_HD
 
 namespace attn::ch06 {
@@ -104,11 +105,15 @@ struct Dense : PolicyBase {
   ATTN_HD TileKind classify(int, int, const TileRange&) const { return TileKind::full; }
 };
 
-/// Causal, bottom-right aligned: row i sees keys j <= i + diag.
+/// Causal, bottom-right aligned: row i sees keys j <= i + (Nk - Nq). The project's one
+/// causal rule (common/index.hpp's CausalMask) as a policy.
 struct Causal : PolicyBase {
-  int diag;
-  ATTN_HD bool keep(int, int, int i, int j) const { return j <= i + diag; }
-  ATTN_HD TileKind classify(int, int, const TileRange& t) const { return classify_causal(true, diag, t); }
+  CausalMask rule;
+  ATTN_HD bool keep(int, int, int i, int j) const { return rule.visible(i, j); }
+  ATTN_HD TileKind classify(int, int, const TileRange& t) const {
+    const TileMask m = rule.tile(t.i0, t.i1, t.j0, t.j1);
+    return m == TileMask::skip ? TileKind::skip : m == TileMask::full ? TileKind::full : TileKind::partial;
+  }
 };
 
 /// Sliding window (left, right) around the aligned diagonal: q - left <= j <= q + right.

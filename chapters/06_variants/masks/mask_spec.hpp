@@ -65,7 +65,7 @@ template <class F>
 decltype(auto) visit_policy(const MaskSpec& s, const Problem& p, const PolicyData& d, F&& f) {
   const int diag = p.nk - p.nq;
   switch (s.kind) {
-    case MaskKind::causal: { Causal c; c.diag = diag; return f(c); }
+    case MaskKind::causal: return f(Causal{{}, CausalMask(p.nq, p.nk)});
     case MaskKind::window: { Window c; c.diag = diag, c.left = s.left, c.right = s.right; return f(c); }
     case MaskKind::chunked: { Chunked c; c.diag = diag, c.chunk = s.chunk; return f(c); }
     case MaskKind::prefix: { PrefixLM c; c.diag = diag, c.prefix = s.prefix; return f(c); }
