@@ -31,6 +31,9 @@ std::string mask_gpu_unsupported(const Problem& p, GpuPath path, const DeviceInf
   return "";
 }
 
+int ampere_tile_keys() { return ampere_mask::Bc; }
+int hopper_tile_keys() { return hopper_mask::Bc; }
+
 namespace {
 
 DevStrides dev(const Strides& s) { return {s.batch, s.head, s.row}; }

@@ -35,6 +35,10 @@ struct GpuMaskBackward {
   double time_ms = 0;
 };
 
+/// Keys per K/V tile of the sm80 and sm90a forwards (their block maps' Bc).
+int ampere_tile_keys();
+int hopper_tile_keys();
+
 /// Forward on the GPU (`path` sm80 or sm90a). Inputs in the layout's order.
 GpuMaskForward mask_forward_gpu(const Problem& p, const MaskSpec& s, const Layout& layout, const AttnInputs& in,
                                 GpuPath path, bool time);

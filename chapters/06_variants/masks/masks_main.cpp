@@ -220,6 +220,11 @@ void run_variant(const MaskSpec& spec, const Options& opt, const MaskArgs& a, co
         row.set_check(oracle.judge(from_layout(f.o, p.heads, p.nq, p.dv, layout.packed), &f.lse));
         if (!a.no_time) row.set_time(f.time_ms);
         row.note = fmt("%.0f", f.tiles) + " tiles visited";
+        // The kernel's own count: Q read once per query block, K and V once per visited tile, O and LSE written once.
+        const double e = dtype_bytes(p.dtype), bc = path == GpuPath::sm80 ? ampere_tile_keys() : hopper_tile_keys();
+        row.hbm_read_bytes = e * (double(p.q_elems()) + f.tiles * bc * (p.d + p.dv));
+        row.hbm_write_bytes = e * double(p.o_elems()) + 4.0 * double(p.lse_elems());
+        row.extra_bytes = 0;
       }
       rep.rows.push_back(row);
     }
