@@ -136,6 +136,9 @@ def check(out, chromium=''):
         p = os.path.join(html_dir, c['html'])
         if os.path.isfile(p):
             text = open(p, encoding='utf-8').read()
+            for src in re.findall(r'<(?:img[^>]*\bsrc|object[^>]*\bdata)="([^"]+)"', text):
+                if not re.match(r'^[a-z]+:', src):
+                    need(os.path.isfile(os.path.join(html_dir, src)), f'{c["html"]}: picture {src} is missing')
             need('Step diffs' in text or not any(d['chapter'] == c['nn'] for d in site['diffs']),
                  f'{c["html"]}: no links to its step diffs')
 

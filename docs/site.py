@@ -456,6 +456,29 @@ def api_page(pages):
 
 # ----------------------------------------------------------------------------- build
 
+def copy_chapter_images(html_dir, chaps):
+    """A README's own pictures (![...](pictures/x.svg)) keep their relative path in the HTML;
+    copy each from the chapter's folder (or one of its parts) next to the page."""
+    for c in chaps:
+        page = os.path.join(html_dir, f'ch{c["nn"]}.html')
+        if not os.path.exists(page):
+            continue
+        text = open(page, encoding='utf-8').read()
+        d = os.path.join(ROOT, c['dir'])
+        bases = [d] + sorted(p for p in glob.glob(os.path.join(d, '*')) if os.path.isdir(p))
+        for src in re.findall(r'<img[^>]*\bsrc="([^"]+)"', text):
+            if re.match(r'^[a-z]+:', src) or os.path.exists(os.path.join(html_dir, src)):
+                continue
+            for b in bases:
+                cand = os.path.normpath(os.path.join(b, src))
+                if os.path.isfile(cand) and cand.startswith(ROOT):
+                    dst = os.path.normpath(os.path.join(html_dir, src))
+                    if dst.startswith(html_dir):
+                        os.makedirs(os.path.dirname(dst), exist_ok=True)
+                        shutil.copy2(cand, dst)
+                    break
+
+
 def doxyfile(out, pages, images, append_dir):
     readmes = sorted(glob.glob(os.path.join(ROOT, 'chapters', '*', 'README.md')))
     with open(os.path.join(HERE, 'Doxyfile.in'), encoding='utf-8') as fh:
@@ -501,6 +524,7 @@ def cmd_build(args):
     if os.path.exists(log):
         os.remove(log)
     r = subprocess.run([args.doxygen, doxy], cwd=ROOT)
+    copy_chapter_images(os.path.join(out, 'html'), chaps)
     manifest = dict(
         main='index.html',
         chapters=[dict(nn=c['nn'], html=f'ch{c["nn"]}.html', title=c['title'],
