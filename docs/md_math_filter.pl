@@ -27,6 +27,14 @@ if (defined $chapter && $append_dir ne '' && -f "$append_dir/ch$chapter.md") {
   close $fh;
 }
 
+# Pictures anchored to a section: "<!-- at: REGEX -->" ... "<!-- end -->" blocks go at the
+# end of the first section whose heading matches REGEX; the others replace
+# "<!-- pictures-left -->" under a "Pictures" heading.
+my @anchored;
+while ($append =~ s/<!-- at: (.*?) -->\n(.*?)<!-- end -->\n?//s) { push @anchored, [qr/$1/, $2, 0]; }
+my @pending;
+sub flush_pending { my ($out) = @_; push @$out, "\n", $_->[1] for @pending; @pending = (); }
+
 my $in_fence = 0;
 my $in_display = 0;
 my $in_html = 0;
@@ -46,6 +54,12 @@ while (my $line = <>) {
     next;
   }
   if ($in_fence) { push @out, $line; next; }
+  if (@anchored && $line =~ /^#{1,6} /) {
+    flush_pending(\@out);
+    for my $a (@anchored) {
+      if (!$a->[2] && $line =~ $a->[0]) { $a->[2] = 1; push @pending, $a; }
+    }
+  }
   if (defined $chapter && !$labelled && $line =~ /^# /) {
     chomp $line;
     $line =~ s/\s*\{#[^}]*\}\s*$//;
@@ -53,7 +67,7 @@ while (my $line = <>) {
     $labelled = 1;
   }
   if ($append ne '' && !$inserted && $line =~ /^## Exercises\b/) {
-    push @out, $append, "\n";
+    push @out, left_append(), "\n";
     $inserted = 1;
   }
   if ($line =~ /^\s*\$\$\s*$/) {          # a display block opens or closes on its own line
@@ -79,8 +93,17 @@ while (my $line = <>) {
   }
   push @out, join('', @parts);
 }
-push @out, "\n", $append if $append ne '' && !$inserted;
+flush_pending(\@out);
+push @out, "\n", left_append() if $append ne '' && !$inserted;
 print @out;
+
+sub left_append {
+  my @left = grep { !$_->[2] } @anchored;
+  my $pics = @left ? "## Pictures\n\n" . join("\n", map { $_->[1] } @left) . "\n" : '';
+  $_->[2] = 1 for @left;
+  (my $a = $append) =~ s/<!-- pictures-left -->\n?/$pics/;
+  return $a;
+}
 
 sub inline_math {
   my ($t) = @_;

@@ -50,21 +50,26 @@ PREREQUISITES = {
 # the .svg files are written by docs/figures.py.
 FIGURES = {
     '02': [('merge_tree.svg', 'The merge is associative and commutative with the empty set as its identity, '
-                              'so the blocks of a row combine in any order or as a tree.')],
+                              'so the blocks of a row combine in any order or as a tree.', r'^## The merge')],
     '03': [('loop_order.svg', 'Loop orders: FA1 keeps the K/V blocks outside and streams every Q block '
-                              'through them; FA2 (chapter 04) turns the loops around.'),
+                              'through them; FA2 (chapter 04) turns the loops around.', r"^## What FA1's loop order"),
            ('warp_ownership.svg', 'Which warp owns what: FA1 splits K/V across warps and reduces partial outputs; '
-                                  'FA2 splits Q.')],
-    '04': [('loop_order.svg', 'Loop orders of FA1 and FA2: one thread block per Q block, K/V streamed inside.'),
-           ('warp_ownership.svg', 'Split-K (FA1) against split-Q (FA2): no inter-warp reduction of O in FA2.')],
+                                  'FA2 splits Q.', r'^## The kernels')],
+    '04': [('loop_order.svg', 'Loop orders of FA1 and FA2: one thread block per Q block, K/V streamed inside.',
+            r'^## The three changes'),
+           ('warp_ownership.svg', 'Split-K (FA1) against split-Q (FA2): no inter-warp reduction of O in FA2.',
+            r'^### Who owns what')],
     '05': [('producer_consumer.svg', 'Warp specialisation: the producer issues TMA copies, the consumers wait on '
-                                     'full[s] and release empty[s].'),
-           ('pingpong.svg', 'Pingpong: two consumer warpgroups alternate GEMMs and softmax on named barriers.')],
+                                     'full[s] and release empty[s].', r'^## The producer/consumer'),
+           ('pingpong.svg', 'Pingpong: two consumer warpgroups alternate GEMMs and softmax on named barriers.',
+            r'^## Pingpong')],
     '07': [('page_table.svg', 'Block tables map logical blocks to pages of one pool; a fork shares pages '
-                              'and copies the last one on write.'),
+                              'and copies the last one on write.', r'^## 2\. Pages'),
            ('radix_tree.svg', 'A radix tree over token ids: shared prefixes are stored once; unreferenced '
-                              'leaves are evicted first.')],
+                              'leaves are evicted first.', r'^## 4\. RadixAttention')],
 }
+# Each picture goes at the end of the section whose heading matches its pattern (md_math_filter.pl
+# places it); one whose section is not found goes to a "Pictures" section before the exercises.
 
 WORDS_PER_MINUTE = 200        # prose
 CODE_LINES_PER_MINUTE = 10    # code blocks, tables and formulas are read slowly
@@ -362,10 +367,10 @@ def chapter_appendix(append_dir, chaps, diffs_by_chapter):
         nn = c['nn']
         lines = []
         figs = FIGURES.get(nn, [])
+        for f, cap, at in figs:
+            lines += [f'<!-- at: {at} -->', f'\\image html {f} "{cap}"', '', '<!-- end -->']
         if figs:
-            lines += ['## Pictures', '']
-            for f, cap in figs:
-                lines += [f'\\image html {f} "{cap}"', '']
+            lines += ['<!-- pictures-left -->', '']
         rows = diffs_by_chapter.get(nn, [])
         if rows:
             lines += ['## Step diffs', '',
