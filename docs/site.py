@@ -310,9 +310,11 @@ def plots(out, pages, bench_dir):
     os.makedirs(dst, exist_ok=True)
     sections = []
     bench = os.path.join(ROOT, 'bench')
-    recorded = sorted(p for p in glob.glob(os.path.join(bench, '**', '*.png'), recursive=True))
+    def not_test(p):   # bench's own test fixtures are not a measured run
+        return 'testdata' not in os.path.relpath(p, bench).split(os.sep)
+    recorded = sorted(p for p in glob.glob(os.path.join(bench, '**', '*.png'), recursive=True) if not_test(p))
     if not recorded:
-        for res in sorted(glob.glob(os.path.join(bench, '**', 'results.json'), recursive=True)):
+        for res in sorted(r for r in glob.glob(os.path.join(bench, '**', 'results.json'), recursive=True) if not_test(r)):
             tmp = os.path.join(out, 'recorded_plots', os.path.relpath(os.path.dirname(res), bench))
             os.makedirs(tmp, exist_ok=True)
             r = subprocess.run([sys.executable, os.path.join(bench, 'bench_plots.py'), res, tmp],
