@@ -158,20 +158,32 @@ def timeline(path, title, lanes, events, width=860, note=None):
 
 
 def producer_consumer(path):
-    lanes = [('producer warpgroup', None), ('mbarriers full[s]', None), ('consumer warpgroups', None)]
-    ev = []
+    """A 2-stage ring: the producer may refill stage s only after the consumers release
+    empty[s], so load j waits for block j - 2 to finish its P V."""
+    lanes = [('producer warpgroup', None), ('mbarriers', None), ('consumer warpgroups', None)]
+    ev = [(0, 0.1, 1.0, 'TMA Q', 'tma')]
+    load_end, cons_end, release = {}, 0.0, {}
+    t_issue = 1.2
     for j in range(5):
-        ev.append((0, 0.1 + j * 2.3, 2.0, f'TMA K{j},V{j}', 'tma'))
-    # consumer: waits for K0, then S = Q K^T, softmax, O += P V per block
-    t = 2.1
-    ev.append((2, 0.1, 2.0, 'wait full[0]', 'wait'))
-    for j in range(4):
-        ev.append((2, t, 1.2, f'S=QK{j}ᵀ', 'gemm'))
-        ev.append((2, t + 1.2, 1.2, f'softmax', 'softmax'))
-        ev.append((2, t + 2.4, 1.2, f'O+=PV{j}', 'gemm'))
-        t += 3.6
-    for j in range(5):
-        ev.append((1, 1.6 + j * 2.3, 0.9, f'full[{j % 2}]', 'store'))
+        start = t_issue
+        if j >= 2:
+            if release[j - 2] > start:
+                ev.append((0, start, release[j - 2] - start, f'wait empty[{j % 2}]', 'wait'))
+            start = max(start, release[j - 2])
+        ev.append((0, start, 2.0, f'TMA K{j},V{j}', 'tma'))
+        load_end[j] = start + 2.0
+        ev.append((1, load_end[j] - 0.55, 1.1, f'full[{j % 2}]', 'store'))
+        t_issue = start + 2.1
+        if j < 4:
+            c0 = max(cons_end, load_end[j])
+            if j == 0:
+                ev.append((2, 0.1, c0 - 0.1, 'wait full[0]', 'wait'))
+            ev.append((2, c0, 1.2, f'S=QK{j}ᵀ', 'gemm'))
+            ev.append((2, c0 + 1.2, 1.2, 'softmax', 'softmax'))
+            ev.append((2, c0 + 2.4, 1.2, f'O+=PV{j}', 'gemm'))
+            cons_end = c0 + 3.6
+            release[j] = cons_end
+            ev.append((1, cons_end - 0.55, 1.1, f'empty[{j % 2}]', 'store'))
     timeline(path, 'Warp specialisation (chapter 05, v3): a producer warpgroup feeds the consumers', lanes, ev,
              note=['The producer (24 registers per thread, setmaxnreg.dec) only issues TMA copies into a ring of stages;',
                    'each copy completes a full[s] mbarrier, and the consumer arrives on empty[s] when it has read the stage.',
