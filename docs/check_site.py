@@ -182,7 +182,10 @@ def check(out, chromium=''):
                 need(r['mathjax'] and r['math'] >= 5, f'{page}: MathJax rendered {r["math"]} formulas')
             if want_image:
                 plots = [i for i in r['images'] if os.path.basename(i['src'] or '') in site['plot_files']]
-                need(plots and all(i['ok'] for i in plots), f'{page}: no measured plot loaded on the page')
+                need(plots and all(i['ok'] for i in plots),
+                     f'{page}: no measured plot loaded on the page' + ('' if site['plot_files'] else
+                     ' (none recorded: bench commits recorded copies under bench/, or run ./tutorial bench '
+                     'on a GPU so that BUILD_DIR/bench/*.png exist)'))
     finally:
         httpd.shutdown()
         shutil.rmtree(profile, ignore_errors=True)
