@@ -53,7 +53,7 @@ def paper_shape(n, d):
 def shape_key(row):
     """Rows that compare with each other: same pass, shape and mask."""
     return (row.get("pass"), row.get("d"), row.get("N"), row.get("nk"), row.get("B"), row.get("H"),
-            row.get("Hkv"), bool(row.get("causal")), row.get("page_size"))
+            row.get("Hkv"), bool(row.get("causal")), row.get("page_size"), row.get("variant"))
 
 
 def speed(row):

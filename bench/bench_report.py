@@ -146,13 +146,17 @@ def attention_table(res, rows, chapters, pss):
         return None
     by = {(shape_key(r), r["kernel"]): r for r in rows}
     shapes = sorted({shape_key(r) for r in rows if r["kernel"] in kernels},
-                    key=lambda k: (k[1], k[7], k[2]))
+                    key=lambda k: (k[1], k[9] or "", k[6], k[7], k[2]))
     peers = PEERS
-    head = ["d", "N", "causal"] + [k[5:] if k.startswith("ch") else k for k in kernels] + \
+    with_var = any(k[9] for k in shapes)
+    with_gqa = any(k[5] != k[6] for k in shapes)
+    head = ["d", "N", "causal"] + (["mask"] if with_var else []) + (["Hq/Hkv"] if with_gqa else []) + \
+           [k[5:] if k.startswith("ch") else k for k in kernels] + \
            [PEER_LABEL[p] for p in peers] + ["best / " + PEER_LABEL[p] for p in ("fa4", "sdpa_cudnn", "sdpa_flash")]
     body = []
     for key in shapes:
-        cells = [key[1], key[2], "yes" if key[7] else "no"]
+        cells = [key[1], key[2], "yes" if key[7] else "no"] + ([key[9] or "-"] if with_var else []) + \
+            (["%s/%s" % (key[5], key[6])] if with_gqa else [])
         ours = [by.get((key, k)) for k in kernels]
         cells += [fmt_speed(r) for r in ours]
         cells += [peer_cell(res, by, key, p) for p in peers]
@@ -187,7 +191,8 @@ def lineage_entries(res, rows):
             pick = lambda r: r.get("bytes") or 0  # noqa: E731
             peer_names = DECODE_PEERS
         else:
-            fwd = [r for r in mine if r.get("pass") == "fwd" and r.get("d") == 128 and r.get("dtype") != "fp8"]
+            fwd = [r for r in mine if r.get("pass") == "fwd" and r.get("d") == 128 and r.get("dtype") != "fp8"
+                   and not r.get("variant")]
             cand = [r for r in fwd if not r.get("causal") and r.get("status") != "unsupported"] or \
                 [r for r in fwd if r.get("causal")]  # a chapter that only runs causal: its causal shape
             pick = lambda r: r.get("N") or 0  # noqa: E731

@@ -37,8 +37,8 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import bench_report  # noqa: E402
-from bench_common import (DECODE_PEERS, PEERS, attention_flops, clean_row, paper_shape, read_json,  # noqa: E402
-                          speed)
+from bench_common import (DECODE_PEERS, PEERS, attention_flops, clean_row, paper_shape,  # noqa: E402
+                          read_json)
 
 QUICK_N = [2048, 8192]
 FULL_N = [512, 1024, 2048, 4096, 8192, 16384]
@@ -123,11 +123,15 @@ class Binary:
     def exists(self):
         return os.access(self.path, os.X_OK)
 
+    deadline = None  # time.time() by which a run must end (the --budget), or None
+
     def run(self, args, timeout=300):
         """(status, report or None, message). status: ok (exit 0 or 1: the JSON says which rows
         failed), unsupported (exit 2: the binary refused the problem, with its one-line reason),
         error (anything else)."""
         cmd = [self.path] + args
+        if Binary.deadline is not None:
+            timeout = max(5, min(timeout, int(Binary.deadline - time.time())))
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -299,11 +303,13 @@ class Bench:
         row.update(kw)
         return clean_row(row)
 
-    def peer_task(self, peer, d, n, causal, backward):
-        b, h = paper_shape(n, d)
-        r = self.get_peers().attention(peer, b, h, h, n, n, d, causal, backward)
+    def peer_task(self, peer, d, n, causal, backward, b=None, h=None, hkv=None):
+        if b is None:
+            b, h = paper_shape(n, d)
+        hkv = hkv or h
+        r = self.get_peers().attention(peer, b, h, hkv, n, n, d, causal, backward)
         row = {"chapter": "peer", "kernel": peer, "kind": "peer", "pass": "bwd" if backward else "fwd", "d": d,
-               "N": n, "nk": n, "B": b, "H": h, "Hkv": h, "causal": causal, "dtype": "bf16", "unit": "TFLOP/s",
+               "N": n, "nk": n, "B": b, "H": h, "Hkv": hkv, "causal": causal, "dtype": "bf16", "unit": "TFLOP/s",
                "ceiling": "bf16_gemm", "flops": attention_flops(b, h, n, n, d, causal, backward)}
         row.update(r)
         self.rows.append(clean_row(row))
@@ -380,21 +386,46 @@ class Bench:
                     self.rows.append(clean_row(dict(base, chapter="peer", kind="peer", kernel=p, **pr)))
 
     # ----------------------------------------------------------------- chapter 06 (when written)
-    def ch06_task(self, sub, d, n, causal):
+    def ch06_task(self, sub, d, n, causal, extra=()):
+        """One part of chapter 06 at a paper shape (its default problem if it takes other options),
+        then the peers on every plain (unmasked or causal) shape it reported."""
         c = "06"
         b, h = paper_shape(n, d)
         kv = h // 4 if sub == "gqa" else h
         args = [sub, "--n", str(n), "--batch", str(b), "--heads", str(h), "--kv-heads", str(kv), "--d", str(d),
-                "--device", "cuda", "--json"] + (["--causal"] if causal else [])
+                "--device", "cuda", "--json"] + (["--causal"] if causal and sub == "gqa" else []) + list(extra)
         st, rep, msg = self.bins[c].run(args, timeout=self.a.timeout)
         if st == "unsupported":  # the part has its own options: its default problem then
             st, rep, msg = self.bins[c].run([sub, "--device", "cuda", "--json"], timeout=self.a.timeout)
         if st != "ok" or not isinstance(rep, dict) or not rep.get("results"):
             self.notes.append("chapter 06 %s: %s" % (sub, msg or "not written yet (no JSON report)"))
             return
+        plain = []
         for r in report_rows(rep, c, {"d": d, "N": n, "causal": causal}):
-            r["kernel"] = "ch06 %s %s" % (sub, r["kernel"][5:])
+            impl = r["kernel"][5:]
+            if sub == "mask" and ": " in impl:
+                variant, impl = impl.split(": ", 1)
+                if variant == "causal":
+                    r["causal"] = True  # the same work as a causal peer: compared with them
+                else:
+                    r["variant"] = variant
+            elif sub in ("mla", "ring"):
+                r["variant"] = sub
+            r["kernel"] = "ch06 %s %s" % (sub, impl)
             self.rows.append(r)
+            if r.get("status") == "ok" and not r.get("variant"):
+                k = (r["pass"], r["d"], r["N"], r["nk"], r["B"], r["H"], r["Hkv"], r["causal"])
+                if k not in plain:
+                    plain.append(k)
+        for pss, dd, nq, nk, bb, hh, hkv, cz in plain:
+            if nq != nk:
+                continue
+            for p in PEERS:
+                if any(x.get("kind") == "peer" and x["kernel"] == p and x["pass"] == pss and x["d"] == dd and
+                       x["N"] == nq and x["B"] == bb and x["H"] == hh and x["Hkv"] == hkv and x["causal"] == cz
+                       for x in self.rows):
+                    continue  # already measured on this shape in this run
+                self.peer_task(p, dd, nq, cz, pss == "bwd", b=bb, h=hh, hkv=hkv)
 
     # ----------------------------------------------------------------- plan
     def causal_only(self, chapter):
@@ -456,14 +487,17 @@ class Bench:
             for sn in ([32768] if q else [4096, 8192, 16384, 32768]):
                 extras.append(Task("ours", "ch02 softmax, rows of %d" % sn, 6, lambda sn=sn: self.softmax_task(sn)))
         if "06" in self.chapters:
-            for sub in ("mask", "gqa", "mla", "ring"):
-                extras.append(Task("ours", "ch06 %s" % sub, 10, lambda sub=sub: self.ch06_task(sub, 128, 8192, True)))
+            masks = ["--no-model"] + (["--mask", "causal"] if q else [])
+            for sub, extra in (("mask", masks), ("gqa", []), ("mla", []), ("ring", [])):
+                extras.append(Task("ours", "ch06 %s" % sub, 15, lambda sub=sub, extra=extra:
+                                   self.ch06_task(sub, 128, 8192, sub != "mask", extra)))
         if q:
             no_flex = [p for p in PEERS if p != "flex"]  # FlexAttention compiles per shape: N = 8K only
             tasks += self.attention_group(128, 8192, True, ("04", "05"))
             tasks += self.attention_group(128, 8192, False, ("05", "04", "01"))
-            tasks += extras
+            tasks += [t for t in extras if not t.label.startswith("ch06")]
             tasks += self.attention_group(128, 2048, False, ("03",), no_flex, no_flex)  # FA1: minutes at 8K
+            tasks += [t for t in extras if t.label.startswith("ch06")]
             return tasks
         for i, (d, n, causal) in enumerate((d, n, c) for d in (128, 64, 256) for n in FULL_N for c in (True, False)):
             tasks += self.attention_group(d, n, causal, ("04", "05", "03", "01") if n <= 4096 else ("04", "05", "01"))
@@ -515,6 +549,8 @@ class Bench:
         total = sum(t.est for t in tasks)
         done_est = 0.0
         bar = Progress(len(tasks), sys.stderr.isatty())
+        if self.a.budget:
+            Binary.deadline = self.t0 + self.a.budget
         for i, t in enumerate(tasks):
             elapsed = time.time() - self.t0
             rate = elapsed / done_est if done_est > 0 else 1.0
