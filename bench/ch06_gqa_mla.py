@@ -27,6 +27,7 @@ import re
 import statistics
 import subprocess
 import sys
+import time
 
 
 def run_binary(binary, args):
@@ -105,7 +106,12 @@ def main():
     ap.add_argument("--binary", default="build/bin/ch06_variants")
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--part", choices=["gqa", "mla", "both"], default="both")
+    ap.add_argument("--budget-s", type=float, default=1e9, help="stop timing peers after this many seconds")
     a = ap.parse_args()
+    t_start = time.time()
+
+    def over_budget():
+        return time.time() - t_start > a.budget_s
     torch, why_torch = load_torch()
     fa4, why_fa4 = load_fa4() if torch else (None, why_torch)
     gpu = torch.cuda.get_device_name() if torch else "?"
@@ -129,7 +135,9 @@ def main():
             packed, unpacked, sp = float(m.group(7)), float(m.group(8)), float(m.group(9))
             cud = f4 = None
             cud_why = f4_why = why_torch
-            if torch:
+            if torch and over_budget():
+                cud_why = f4_why = "time budget of this run spent"
+            elif torch:
                 q = torch.randn(b, hq, nq, 128, device="cuda", dtype=torch.bfloat16)
                 k = torch.randn(b, hkv, nk, 128, device="cuda", dtype=torch.bfloat16)
                 v = torch.randn(b, hkv, nk, 128, device="cuda", dtype=torch.bfloat16)
@@ -162,7 +170,9 @@ def main():
             h, b, nk, splits = (int(m.group(i)) for i in range(1, 5))
             attn, total = float(m.group(5)), float(m.group(6))
             best, which = None, why_torch
-            if torch:
+            if torch and over_budget():
+                which = "time budget of this run spent"
+            elif torch:
                 q = torch.randn(b, h, 1, 192, device="cuda", dtype=torch.bfloat16)
                 k = torch.randn(b, h, nk, 192, device="cuda", dtype=torch.bfloat16)
                 v = torch.randn(b, h, nk, 128, device="cuda", dtype=torch.bfloat16)

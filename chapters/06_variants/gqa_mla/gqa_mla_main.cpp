@@ -47,7 +47,7 @@ void gqa_sweep(Report& rep) {
   struct Hs { int hq, hkv; };
   const Hs heads[] = {{8, 8}, {16, 8}, {32, 8}, {64, 8}, {32, 1}};
   struct Bn { int b, nq; };
-  const Bn sizes[] = {{1, 1}, {1, 4}, {1, 16}, {1, 64}, {1, 128}, {1, 4096}, {16, 1}, {16, 4}, {16, 16}};
+  const Bn sizes[] = {{1, 1}, {16, 1}, {16, 4}, {16, 16}, {16, 64}, {16, 128}, {1, 4096}};
   for (const Hs& h : heads)
     for (const Bn& bn : sizes) {
       Problem p;
@@ -157,8 +157,9 @@ void mla_sweep(Report& rep, const Ceilings& ceil) {
   rep.notes.push_back("sweep: absorbed decode, Nq = 1 (time of decode + combine; cache GB/s = latent bytes read / time)");
   rep.notes.push_back("  H    B     Nk     splits  attn ms   total ms   cache GB/s  of read ceil   TFLOP/s  of GEMM ceil");
   struct Case { int h, b, nk; };
-  const Case cases[] = {{16, 1, 4096},  {16, 8, 4096},   {16, 64, 4096}, {16, 1, 65536}, {16, 8, 65536},
-                        {16, 64, 16384}, {128, 1, 4096}, {128, 8, 4096},  {128, 32, 4096}, {128, 8, 16384}};
+  const Case cases[] = {{16, 1, 4096},   {16, 8, 4096},  {16, 64, 4096},  {16, 1, 65536},
+                        {16, 8, 65536},  {16, 32, 32768}, {16, 64, 16384}, {16, 64, 65536},
+                        {128, 1, 4096},  {128, 8, 4096}, {128, 32, 4096}, {128, 8, 16384}, {128, 64, 8192}};
   for (const Case& c : cases) {
     MlaShape s;
     s.batch = c.b, s.heads = c.h, s.nq = 1, s.nk = c.nk;

@@ -5,22 +5,25 @@
 // (head, query) rows of one sequence go on the M dimension of a tile, and the latent
 // cache streams through shared memory once per tile of rows, not once per head:
 //
-//     thread block (tile t, key range s, sequence b): packed rows 16 RT t .. 16 RT t + 16 RT - 1
-//     Q tile  [16 RT][576]   loaded once                      (RT = 1: 16 rows, RT = 4: 64 rows)
-//     K tile  [64][576]      2 stages, cp.async, zero-filled past Nk
-//     for each block of 64 keys in range s:
-//       S phase:  warp w = (row tile w % RT, key group w / RT): S = Q K^T on its 16 rows x 64 RT / 8 keys
+//     thread block (tile t, key range s, sequence b), two shapes (Shape below):
+//       small: 16 rows (H Nq <= 16), 4 warps, blocks of 32 keys, 93 KB: two thread blocks per SM
+//       large: 64 rows (4 row tiles), 8 warps, blocks of 64 keys, 225 KB: one per SM
+//     Q tile  [rows][576]   loaded once (small: its mma fragments then stay in registers)
+//     K ring  2 x [BC][576]  cp.async, zero-filled past Nk
+//     for each block of BC keys in range s:
+//       S phase:  warp w = (row tile w % RT, key group w / RT): S = Q K^T on its 16 rows x 8 or 32 keys
 //                 row maxima of the key groups meet in shared memory -> one m per row,
 //                 P = 2^(tau' s - m) to shared memory (bf16)
-//       PV phase: warp w = (row tile w % RT, column group w / RT): O[16 rows][512 RT / 8 cols] += P V,
+//       PV phase: warp w = (row tile w % RT, column group w / RT): O[16 rows][128 or 256 cols] += P V,
 //                 V = the first 512 columns of the same K tile (the latent c): no bytes of its own
 //     write (m, l, O) of range s; combine_kernel merges the ranges of each row with the ⊕ of
 //     common/online_softmax.hpp (split-K, "flash-decoding")
 //
 // Every warp of a row tile computes the same m (the maxima of all key groups, in the same
 // order), so the O columns of different warps are scaled alike; l is summed over the key
-// groups at the end. Each warp keeps O for 16 rows x 512 RT / 8 columns: 32 (RT = 1) or 128
-// (RT = 4) fp32 registers per thread.
+// groups at the end. Two small blocks per SM keep two K streams in flight, so one block's
+// wait for its next tile is covered by the other's copy: the memory-bound case (H = 16)
+// needs that, the compute-bound one (H = 128) needs the 64-row tile's reuse of each key.
 #include <cuda_bf16.h>
 
 #include <cfloat>
@@ -45,24 +48,36 @@ using bf16 = __nv_bfloat16;
 constexpr int kDK = 576;          // latent key: c (512) ; k_rope (64)
 constexpr int kDVl = 512;         // latent value: c
 constexpr int kChunks = kDK / 8;  // 16-byte chunks per row (72)
-constexpr int kBc = kKeysPerBlock;
-constexpr int kWarps = 8, kThreads = 256;
-
-/// Shared memory of one block: | Q [16 RT][576] | K ring 2 x [64][576] | P [16 RT][64] | row sums |
-template <int RT>
-struct Smem {
-  static constexpr int kM = 16 * RT;
+/// The two shapes of a thread block: RT row tiles of 16, WARPS warps, BC keys per block.
+///   small (H Nq <= 16): 1 x 16 rows, 4 warps, 32-key blocks: 93 KB, two blocks per SM
+///   large:              4 x 16 rows, 8 warps, 64-key blocks: 225 KB, one block per SM
+template <int RT, int WARPS, int BC>
+struct Shape {
+  static constexpr int kM = 16 * RT, kWarps = WARPS, kThreads = 32 * WARPS, kBc = BC;
+  static constexpr int kBlocksPerSm = RT == 1 ? 2 : 1;
+  // Shared memory: | Q [kM][576] | K ring 2 x [BC][576] | P [kM][BC] | row maxima / sums |
   static constexpr int kQ = 0;
-  static constexpr int kKStage = kBc * kDK * 2;
+  static constexpr int kKStage = BC * kDK * 2;
   static constexpr int kK = kQ + kM * kDK * 2;
   static constexpr int kP = kK + 2 * kKStage;
-  static constexpr int kRed = kP + kM * kBc * 2;
-  static constexpr int kBytes = kRed + (kWarps / RT) * kM * 4;
+  static constexpr int kRed = kP + kM * BC * 2;
+  static constexpr int kBytes = kRed + (WARPS / RT) * kM * 4;
 };
+using Small = Shape<1, 4, 32>;
+using Large = Shape<4, 8, 64>;
+
+/// Chunk c of row r of the P tile (BC / 8 chunks per row). Rows of 128 bytes take the
+/// usual c ^ (r % 8); rows of 64 bytes (BC = 32) pair up in one 128-byte line, so the XOR
+/// uses (r / 2) % 4: eight consecutive rows at one chunk still hit eight bank groups.
+template <int BC>
+__device__ __forceinline__ int p_chunk(int r, int c) {
+  if constexpr (BC / 8 == 8) return swizzle<8>(r, c);
+  else return r * (BC / 8) + (c ^ ((r >> 1) & 3));
+}
 
 /// Rows [r0, r0 + R) of a [n][576] bf16 tensor into a swizzled [R][576] tile by cp.async;
 /// rows at or past n are zero-filled (so P V never meets garbage past the end).
-template <int R>
+template <int R, int kThreads>
 __device__ __forceinline__ void load_rows(uint32_t tile, const bf16* g, int r0, int n) {
   for (int idx = threadIdx.x; idx < R * kChunks; idx += kThreads) {
     const int r = idx / kChunks, c = idx % kChunks;
@@ -72,12 +87,11 @@ __device__ __forceinline__ void load_rows(uint32_t tile, const bf16* g, int r0, 
   }
 }
 
-template <int RT>
-__global__ void __launch_bounds__(kThreads, 1) decode_kernel(const DecodeParams p) {
-  constexpr int kM = 16 * RT;
-  constexpr int KG = kWarps / RT, NKW = kBc / KG, NT = NKW / 8;     // S: key groups, keys and n8 tiles per warp
+template <class S>
+__global__ void __launch_bounds__(S::kThreads, S::kBlocksPerSm) decode_kernel(const DecodeParams p) {
+  constexpr int RT = S::kM / 16, kM = S::kM, kBc = S::kBc, kThreads = S::kThreads;
+  constexpr int KG = S::kWarps / RT, NKW = kBc / KG, NT = NKW / 8;  // S: key groups, keys and n8 tiles per warp
   constexpr int NCW = kDVl / KG, NTO = NCW / 8;                     // PV: columns and n8 tiles per warp
-  using S = Smem<RT>;
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t sq = smem_u32(smem + S::kQ), sk = smem_u32(smem + S::kK), sp = smem_u32(smem + S::kP);
   float* red = reinterpret_cast<float*>(smem + S::kRed);
@@ -98,8 +112,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const DecodeParams 
 
   const bf16* qb = p.q + std::size_t(b) * p.rows * kDK;
   const bf16* kb = p.kv + std::size_t(b) * p.nk * kDK;
-  load_rows<kM>(sq, qb, m0, p.rows);
-  if (blk_lo < blk_hi) load_rows<kBc>(sk, kb, blk_lo * kBc, p.nk);
+  load_rows<kM, kThreads>(sq, qb, m0, p.rows);
+  if (blk_lo < blk_hi) load_rows<kBc, kThreads>(sk, kb, blk_lo * kBc, p.nk);
   cp_async_commit();
 
   float o[NTO][4];
@@ -123,7 +137,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const DecodeParams 
     const int stage = (j - blk_lo) & 1;
     cp_async_wait<0>();
     __syncthreads();  // K_j has landed for everyone; block j-1's P V is done with the other stage
-    if (j + 1 < blk_hi) load_rows<kBc>(sk + uint32_t((stage ^ 1) * S::kKStage), kb, (j + 1) * kBc, p.nk);
+    if (j + 1 < blk_hi) load_rows<kBc, kThreads>(sk + uint32_t((stage ^ 1) * S::kKStage), kb, (j + 1) * kBc, p.nk);
     cp_async_commit();
     const uint32_t kt = sk + uint32_t(stage * S::kKStage);
 
@@ -200,7 +214,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const DecodeParams 
       const int col = kg * NKW + n * 8 + 2 * (lane % 4);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        unsigned char* at = smem + S::kP + swizzle<kBc / 8>(row[r], col / 8) * 16 + (col % 8) * 2;
+        unsigned char* at = smem + S::kP + p_chunk<kBc>(row[r], col / 8) * 16 + (col % 8) * 2;
         *reinterpret_cast<uint32_t*>(at) = pack2<bf16>(s[n][2 * r], s[n][2 * r + 1]);
       }
     }
@@ -217,7 +231,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const DecodeParams 
 #pragma unroll
     for (int kk = 0; kk < kBc / 16; ++kk) {
       uint32_t a[4];
-      ldmatrix_x4(a, sp + uint32_t(swizzle<kBc / 8>(rt * 16 + lane % 16, 2 * kk + lane / 16)) * 16u);
+      ldmatrix_x4(a, sp + uint32_t(p_chunk<kBc>(rt * 16 + lane % 16, 2 * kk + lane / 16)) * 16u);
       const int key = kk * 16 + lane % 8 + ((lane / 8) % 2) * 8;
 #pragma unroll
       for (int np = 0; np < NTO / 2; ++np) {
@@ -347,22 +361,21 @@ __global__ void project_kernel(const bf16* o_c, const bf16* w_uv, bf16* o, int b
 
 }  // namespace
 
-int launch_decode(const DecodeParams& p, int rows_per_tile) {
-  const int tiles = ceil_div(p.rows, rows_per_tile);
-  const dim3 grid(tiles, p.splits, p.batch);
-  if (rows_per_tile == kRowsSmall) {
-    constexpr int bytes = Smem<1>::kBytes;
-    CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-    decode_kernel<1><<<grid, kThreads, bytes>>>(p);
-    CUDA_CHECK_LAUNCH("mla decode_kernel<1>");
-    return bytes;
-  }
-  constexpr int bytes = Smem<4>::kBytes;
-  CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  decode_kernel<4><<<grid, kThreads, bytes>>>(p);
-  CUDA_CHECK_LAUNCH("mla decode_kernel<4>");
-  return bytes;
+template <class S>
+int launch_shape(const DecodeParams& p) {
+  const dim3 grid(ceil_div(p.rows, S::kM), p.splits, p.batch);
+  CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kBytes));
+  decode_kernel<S><<<grid, S::kThreads, S::kBytes>>>(p);
+  CUDA_CHECK_LAUNCH("mla decode_kernel");
+  return S::kBytes;
 }
+
+int launch_decode(const DecodeParams& p, int rows_per_tile) {
+  return rows_per_tile == kRowsSmall ? launch_shape<Small>(p) : launch_shape<Large>(p);
+}
+
+int keys_per_block(int rows_per_tile) { return rows_per_tile == kRowsSmall ? Small::kBc : Large::kBc; }
+int blocks_per_sm(int rows_per_tile) { return rows_per_tile == kRowsSmall ? Small::kBlocksPerSm : Large::kBlocksPerSm; }
 
 void launch_combine(const DecodeParams& p, bf16* o_c) {
   const int warps = p.batch * p.rows, per_block = 8;

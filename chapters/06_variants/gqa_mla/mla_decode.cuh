@@ -15,13 +15,15 @@ struct DecodeParams {
   float* o_part = nullptr;            ///< [B][splits][rows][512]: unnormalised O of each key range
   float* ml_part = nullptr;           ///< [B][splits][rows][2]: its (m, l), base 2
   int batch = 1, rows = 0, nq = 1, nk = 0;
-  int splits = 1, blocks_per_split = 1;  ///< key range s = blocks [s bps, (s + 1) bps) of 64 keys
+  int splits = 1, blocks_per_split = 1;  ///< key range s = key blocks [s bps, (s + 1) bps)
   float scale_log2 = 0;               ///< tau log2(e), tau = 1 / sqrt(192)
 };
 
 /// Packed rows per thread block: 16 (one mma row tile) or 64 (four).
 constexpr int kRowsSmall = 16, kRowsLarge = 64;
-constexpr int kKeysPerBlock = 64;
+/// Keys per block of the kernel for that tile (32 or 64), and its resident blocks per SM (2 or 1).
+int keys_per_block(int rows_per_tile);
+int blocks_per_sm(int rows_per_tile);
 
 /// Launches the decode kernel with tiles of `rows_per_tile` (16 or 64) packed rows;
 /// grid = (tiles, splits, batch). Returns the dynamic shared memory it uses.
