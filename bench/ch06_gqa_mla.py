@@ -170,8 +170,11 @@ def main():
             h, b, nk, splits = (int(m.group(i)) for i in range(1, 5))
             attn, total = float(m.group(5)), float(m.group(6))
             best, which = None, why_torch
+            dec_bytes = 2.0 * b * h * nk * (192 + 128)
             if torch and over_budget():
                 which = "time budget of this run spent"
+            elif torch and dec_bytes > 16e9:
+                which = "not run: decompressed K/V would be %.0f GB" % (dec_bytes / 1e9)
             elif torch:
                 q = torch.randn(b, h, 1, 192, device="cuda", dtype=torch.bfloat16)
                 k = torch.randn(b, h, nk, 192, device="cuda", dtype=torch.bfloat16)
