@@ -524,7 +524,7 @@ void StreamsTransport::issue(Channel ch, int to) {
   LaneMark m;
   if (timing_) {
     m.lane = "copy";
-    m.what = ch == kChannelKV ? "kv" : "dkv";
+    m.what = ch == kChannelDKV ? "dkv" : std::string(phase) == "bwd" ? "kv-bwd" : "kv";
     m.step = round;
     CUDA_CHECK(cudaEventCreate(&m.t0));
     CUDA_CHECK(cudaEventCreate(&m.t1));
@@ -583,11 +583,18 @@ void collect_timeline(std::vector<GpuRank*>& ranks, std::vector<std::vector<Lane
   // Hidden copy time: the part of each forward K/V copy into rank r that overlaps
   // with some compute interval of rank r.
   for (const TimelineEvent& e : res.timeline) {
-    if (e.what != "kv") continue;
-    res.copy_ms += e.t1 - e.t0;
+    if (e.what == "bwd") res.bwd_compute_ms += e.t1 - e.t0;
+    if (e.lane != "copy") continue;
     double hidden = 0;
     for (const auto& [a, b] : busy[e.rank]) hidden += std::max(0.0, std::min(b, e.t1) - std::max(a, e.t0));
-    res.hidden_copy_ms += std::min(hidden, e.t1 - e.t0);
+    hidden = std::min(hidden, e.t1 - e.t0);
+    if (e.what == "kv") {
+      res.copy_ms += e.t1 - e.t0;
+      res.hidden_copy_ms += hidden;
+    } else {
+      res.bwd_copy_ms += e.t1 - e.t0;
+      res.bwd_hidden_copy_ms += hidden;
+    }
   }
 }
 
@@ -681,6 +688,7 @@ GpuRingResult ring_streams(const Problem& p, const AttnInputs& in, const GpuRing
     forward(marked);
     if (opt.backward) {
       CUDA_CHECK(cudaDeviceSynchronize());
+      marked.phase = "bwd";
       backward(marked);
     }
     CUDA_CHECK(cudaDeviceSynchronize());

@@ -52,6 +52,8 @@ struct GpuRingResult {
   /// From the timeline: time each copy overlapped with some compute of its rank,
   /// over the total copy time (forward K/V rotations only).
   double copy_ms = 0, hidden_copy_ms = 0, compute_ms = 0;
+  /// The same for the backward's copies (K/V and dK/dV), against its compute.
+  double bwd_copy_ms = 0, bwd_hidden_copy_ms = 0, bwd_compute_ms = 0;
   std::vector<double> rank_compute_ms;  ///< forward compute per rank (timeline)
 };
 

@@ -142,6 +142,8 @@ class StreamsTransport final : public GpuTransport {
   void clear_marks();
   /// Forgets the rounds of the last run (the events stay valid).
   void reset();
+  /// Labels the copies of the timeline: "fwd" (K/V copies are "kv") or "bwd" ("kv-bwd", "dkv").
+  const char* phase = "fwd";
 
  private:
   struct Endpoint {

@@ -57,7 +57,7 @@ class NcclTransport final : public GpuTransport {
     LaneMark m;
     if (timing) {
       m.lane = "copy";
-      m.what = ch == kChannelKV ? "kv" : "dkv";
+      m.what = ch == kChannelDKV ? "dkv" : std::string(phase) == "bwd" ? "kv-bwd" : "kv";
       m.step = step;
       CUDA_CHECK(cudaEventCreate(&m.t0));
       CUDA_CHECK(cudaEventCreate(&m.t1));
@@ -84,6 +84,7 @@ class NcclTransport final : public GpuTransport {
     marks.clear();
   }
   bool timing = false;
+  const char* phase = "fwd";
   std::vector<LaneMark> marks;
 
  private:
@@ -198,6 +199,7 @@ GpuRingResult ring_nccl(const Problem& p, const AttnInputs& in, const GpuRingOpt
     CUDA_CHECK(cudaDeviceSynchronize());
     if (opt.backward) {
       barrier.wait();
+      t.phase = "bwd";
       backward();
       CUDA_CHECK(cudaDeviceSynchronize());
     }
@@ -215,6 +217,9 @@ GpuRingResult ring_nccl(const Problem& p, const AttnInputs& in, const GpuRingOpt
       res.compute_ms += part.compute_ms;
       res.copy_ms += part.copy_ms;
       res.hidden_copy_ms += part.hidden_copy_ms;
+      res.bwd_compute_ms += part.bwd_compute_ms;
+      res.bwd_copy_ms += part.bwd_copy_ms;
+      res.bwd_hidden_copy_ms += part.bwd_hidden_copy_ms;
     }
     CUDA_CHECK(cudaEventDestroy(t0));
     g.set_marking(false);

@@ -53,8 +53,10 @@ std::string timeline_svg(const std::vector<TimelineEvent>& events, int ranks, co
     const int k = e.lane == "compute" ? 0 : 1;
     const int y = top + (2 * e.rank + k) * lane_h + 3;
     const double x0 = left + width * e.t0 / t_end, x1 = left + width * e.t1 / t_end;
-    const char* color = e.what == "fwd" ? "#4e79a7" : e.what == "bwd" ? "#59a14f" : e.what == "kv" ? "#f28e2b"
-                                                                                                   : "#e15759";
+    const char* color = e.what == "fwd"                ? "#4e79a7"
+                        : e.what == "bwd"              ? "#59a14f"
+                        : e.what.rfind("kv", 0) == 0   ? "#f28e2b"
+                                                       : "#e15759";
     std::snprintf(buf, sizeof buf,
                   "<rect x=\"%.2f\" y=\"%d\" width=\"%.2f\" height=\"%d\" fill=\"%s\" stroke=\"black\" "
                   "stroke-width=\"0.3\"><title>rank %d %s step %d: %.3f-%.3f ms</title></rect>\n",
