@@ -18,7 +18,7 @@
 # and the share of the copies hidden behind compute, come from its timeline.
 #
 # Environment: BIN (default build/bin/ch06_variants), GPUS (default: nvidia-smi -L count),
-# HEADS (8), D (128), N_STRONG, N_WEAK, TIMEOUT per run in s (120), OUT (a folder for the JSON).
+# HEADS (8), D (128), N_STRONG, N_WEAK, N_EQ (2053), TIMEOUT per run in s (120), OUT (a folder for the JSON).
 set -u
 export NCCL_NVLS_ENABLE=0   # NVLink multicast stays off; never unset it
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -28,6 +28,7 @@ HEADS=${HEADS:-8}
 D=${D:-128}
 N_STRONG=${N_STRONG:-131072}
 N_WEAK=${N_WEAK:-16384}
+N_EQ=${N_EQ:-2053}     # equivalence runs: small enough for the fp64 backward check
 TIMEOUT=${TIMEOUT:-120}
 OUT=${OUT:-/tmp/ch06_ring_scaling}
 mkdir -p "$OUT"
@@ -61,10 +62,10 @@ print(next((n for n in notes if n.startswith(sys.argv[2])), ""))
 PY
 }
 
-echo "== equivalence (causal zigzag and non-causal, forward and backward, N = 8192 + 5)"
+echo "== equivalence (causal zigzag and non-causal, forward and backward, N = $N_EQ)"
 for p in $PS; do
   for mask in "--layout zigzag" "--no-causal --layout contiguous"; do
-    cmd="$BIN ring --backend nccl --ranks $p --n 8197 --heads 4 --kv-heads 2 --d 128 $mask --no-decode --json"
+    cmd="$BIN ring --backend nccl --ranks $p --n $N_EQ --heads 4 --kv-heads 2 --d 128 $mask --no-decode --json"
     timeout "$TIMEOUT" $cmd > "$OUT/eq_${p}_${mask// /_}.json" 2>"$OUT/eq.err"; rc=$?
     echo "P=$p $mask: rc=$rc $( [ $rc = 0 ] && echo pass || { echo FAIL; head -2 "$OUT/eq.err"; } )"
     [ $rc = 0 ] || status=1
