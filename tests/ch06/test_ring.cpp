@@ -311,7 +311,8 @@ TEST_CASE("ch06_variants ring: the default run passes, bad --ranks exit 2 with o
   CHECK(ok.out.find("ring forward (threads, P=4, zigzag)") != std::string::npos);
   CHECK(ok.out.find("ring backward") != std::string::npos);
   CHECK(ok.out.find("tree decode") != std::string::npos);
-  for (const char* bad : {"--ranks 0", "--ranks -3", "--ranks 101 --n 100", "--layout diagonal", "--n 64 --nk 80"}) {
+  for (const char* bad : {"--ranks 0", "--ranks -3", "--ranks 101 --n 100", "--layout diagonal", "--n 64 --nk 80",
+                          "--backend streams"}) {
     CAPTURE(bad);
     const auto r = testing_support::run_binary(CH06_BINARY, std::string("ring --device cpu ") + bad);
     CHECK(r.exit_code == 2);

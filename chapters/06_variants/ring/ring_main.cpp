@@ -121,6 +121,9 @@ int ring_main(int argc, char** argv) {
     rep.problem = p;
     rep.inputs = std::string(dist_name(opt.dist)) + ", seed " + std::to_string(opt.seed);
     const bool gpu_backend = backend != Backend::threads;
+    if (gpu_backend && opt.device == DeviceChoice::cpu)
+      throw UsageError(std::string("--backend ") + backend_name(backend) +
+                       " runs on the GPU; with --device cpu use --backend threads");
     const auto dev = gpu_backend ? select_device(DeviceChoice::cuda, &rep.mode) : std::nullopt;
     if (!gpu_backend) rep.mode = "CPU: threads backend (one thread per rank, mailboxes)";
     if (dev) rep.device = dev->describe();
