@@ -47,9 +47,15 @@ ATTN_HD constexpr int kv_head_of(int h, int heads, int kv_heads) { return h / (h
 enum class TileMask { skip, full, partial };
 
 /// The causal rule of one problem (nq queries, nk keys), bottom-right aligned: the
-/// one implementation every free function below and every kernel uses. A kernel
-/// builds it once (`const CausalMask mask(p.nq, p.nk);`), so the diagonal's offset
-/// is computed once and held in a register, as a hand-written `diag` would be.
+/// one implementation the free functions below use.
+///
+/// **In tensor-core kernels** (chapter 04's steps 2-9 and backward, and the kernels
+/// derived from them) the rule is written as `const int diag = causal_diag(nq, nk);`
+/// once, then `key > row + diag` (masked) inline. The same arithmetic through this
+/// struct or through a helper call compiled to other machine code at 255 registers:
+/// ptxas allocated differently and spilled more (chapter 04's backward at d = 128:
+/// 24 bytes spilled per thread instead of 4; NOTES.md, 2026-12-01), while the inline
+/// form compiles to the landed kernels' code.
 struct CausalMask {
   int nq, nk;
   int diag;  ///< query i sees keys j <= i + diag; diag = nk - nq

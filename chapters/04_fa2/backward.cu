@@ -110,12 +110,12 @@ __global__ void __launch_bounds__(kMainThreads) fa2_bwd_main(const BwdParams p, 
   const int group = p.heads / p.kv_heads;
   const int col0 = j * Bc;        // first key of K_j
   const int kw = warp * 16;       // this warp's keys within K_j
-  const CausalMask mask(p.nq, p.nk);  // query r sees keys c <= r + (nk - nq)
+  const int diag = causal_diag(p.nq, p.nk);  // query r sees keys c <= r + diag (common/index.hpp)
   const T* K = static_cast<const T*>(p.k) + (std::size_t(b) * p.kv_heads + hk) * p.nk * D;
   const T* V = static_cast<const T*>(p.v) + (std::size_t(b) * p.kv_heads + hk) * p.nk * D;
 
-  // Causal: query rows before mask.first_query(col0) see none of K_j.
-  const int i_first = p.causal ? mask.first_query(col0) / Br : 0;
+  // Causal: query rows before col0 - diag see none of K_j.
+  const int i_first = p.causal ? max(0, (col0 - diag) / Br) : 0;
   const int n_qblocks = ceil_div(p.nq, Br);
   const int steps_per_head = max(0, n_qblocks - i_first);
   const int n_steps = steps_per_head * group;
@@ -203,7 +203,7 @@ __global__ void __launch_bounds__(kMainThreads) fa2_bwd_main(const BwdParams p, 
 
     // P^T = 2^(S^T tau log2e - LSE_i log2e) and dS^T = P^T o (dP^T - D_i). Element e of tile
     // nt: key kw + g + 8(e/2), query 8nt + 2t + e%2 of Q_i.
-    const bool masked = col0 + Bc > p.nk || (p.causal && mask.tile(row0, row0 + Br, col0, col0 + Bc) != TileMask::full);
+    const bool masked = col0 + Bc > p.nk || (p.causal && col0 + Bc - 1 > row0 + diag);
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(kMainThreads) fa2_bwd_main(const BwdParams p, 
         float pv = exp2_approx(fmaf(st[nt][e], p.scale_log2, -sL[q]));
         if (masked) {
           const int key = col0 + kw + g + (e / 2) * 8, row = row0 + q;
-          if (key >= p.nk || (p.causal && !mask.visible(row, key))) pv = 0.f;
+          if (key >= p.nk || (p.causal && key > row + diag)) pv = 0.f;
         }
         st[nt][e] = pv;
         // EXERCISE ch04.3: the softmax backward on fragments: dS^T = P^T o (dP^T - D_i)
@@ -326,12 +326,12 @@ __global__ void __launch_bounds__(kThreads) fa2_bwd_dq(const BwdParams p) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int i = blockIdx.x, bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
   const int hk = kv_head_of(h, p.heads, p.kv_heads);
-  const int row0 = i * Br;
-  const CausalMask mask(p.nq, p.nk);
+  const int row0 = i * Br, diag = causal_diag(p.nq, p.nk);
   const T* K = static_cast<const T*>(p.k) + (std::size_t(b) * p.kv_heads + hk) * p.nk * D;
   const T* V = static_cast<const T*>(p.v) + (std::size_t(b) * p.kv_heads + hk) * p.nk * D;
-  const int n_end = p.causal ? mask.key_end(min(row0 + Br, p.nq)) : p.nk;
-  const int n_blocks = ceil_div(n_end, Bc);
+  int n_end = p.nk;
+  if (p.causal) n_end = min(p.nk, min(row0 + Br, p.nq) + diag);
+  const int n_blocks = n_end > 0 ? ceil_div(n_end, Bc) : 0;
 
   const uint32_t base = smem_u32(smem);
   constexpr uint32_t oQ = 0, odO = Br * D * 2, oK = 2 * Br * D * 2, oV = oK + Bc * D * 2;
@@ -382,7 +382,7 @@ __global__ void __launch_bounds__(kThreads) fa2_bwd_dq(const BwdParams p) {
       }
     }
     const int col0 = j * Bc;
-    const bool masked = col0 + Bc > p.nk || (p.causal && mask.tile(row0, row0 + Br, col0, col0 + Bc) != TileMask::full);
+    const bool masked = col0 + Bc > p.nk || (p.causal && col0 + Bc - 1 > row0 + diag);
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -390,7 +390,7 @@ __global__ void __launch_bounds__(kThreads) fa2_bwd_dq(const BwdParams p) {
         float pv = exp2_approx(fmaf(s[nt][e], p.scale_log2, -lse2[e / 2]));
         if (masked) {
           const int key = col0 + nt * 8 + 2 * t + (e % 2), row = row0 + warp * 16 + g + 8 * (e / 2);
-          if (key >= p.nk || (p.causal && !mask.visible(row, key))) pv = 0.f;
+          if (key >= p.nk || (p.causal && key > row + diag)) pv = 0.f;
         }
         s[nt][e] = pv * (dp[nt][e] - delta[e / 2]);  // dS
       }

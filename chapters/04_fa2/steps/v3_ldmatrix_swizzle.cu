@@ -67,17 +67,18 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
   float* LSE = p.lse + std::size_t(bh) * p.nq;
   const int row0 = i_blk * Br;          // first query row of Q_i
   const int wrow = warp * 16 * MT;      // first row of this warp within Q_i
-  const CausalMask mask(p.nq, p.nk);    // row i sees keys j <= i + (nk - nq)
+  const int diag = causal_diag(p.nq, p.nk);  // row i sees keys j <= i + diag (common/index.hpp)
 
-  // Causal (chapter 03's block skipping, in the common rule of common/index.hpp): K/V
+  // Causal (chapter 03's block skipping; the rule j <= i + diag of common/index.hpp): K/V
   // blocks past the diagonal of the block's last row are never visited; blocks the
   // diagonal crosses are masked below, blocks left of it need no mask.
   //
   //          keys ->   j=0   j=1   j=2   j=3
   //   Q_i rows     |  full  full  diag  skip |
   //
-  const int n_end = p.causal ? mask.key_end(min(row0 + Br, p.nq)) : p.nk;
-  const int n_blocks = ceil_div(n_end, Bc);
+  int n_end = p.nk;
+  if (p.causal) n_end = min(p.nk, min(row0 + Br, p.nq) + diag);
+  const int n_blocks = n_end > 0 ? ceil_div(n_end, Bc) : 0;
 
   const uint32_t aQ = smem_u32(sQ), aK = smem_u32(sK), aV = smem_u32(sV);
   copy_tile<Br, D, C::kThreads, true>(sQ, Q, row0, p.nq);
@@ -129,7 +130,7 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
 
     // Mask only where needed: the ragged last block, and blocks the diagonal crosses.
     const int col0 = j * Bc;
-    const bool diagonal = p.causal && mask.tile(row0, row0 + Br, col0, col0 + Bc) != TileMask::full;
+    const bool diagonal = p.causal && col0 + Bc - 1 > row0 + diag;  // not a full tile
     if (col0 + Bc > p.nk || diagonal) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
@@ -139,7 +140,7 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
           for (int e = 0; e < 4; ++e) {
             const int row = row0 + wrow + mt * 16 + g + (e / 2) * 8;
             const int col = col0 + nt * 8 + 2 * t + (e % 2);
-            if (col >= p.nk || (p.causal && !mask.visible(row, col))) s[mt][nt][e] = neg_inf<float>();
+            if (col >= p.nk || (p.causal && col > row + diag)) s[mt][nt][e] = neg_inf<float>();
           }
     }
 
