@@ -16,6 +16,12 @@ endfunction()
 
 # A chapter's algorithms (CPU model and, when CUDA is on, its kernels) live in a
 # library so that later chapters can put their numbers next to it.
+#
+# The chapter folder is on the include path of the library's own sources only
+# (PRIVATE): its steps/ include the chapter's headers by name. Everybody else (tests,
+# later chapters, the chapter binary's other users) includes a chapter header by its
+# path from the project root, `chapters/NN_name/x.hpp` (attn::common puts the root on
+# the include path), so an include line always says which chapter a file lives in.
 function(tutorial_chapter_library lib)
   cmake_parse_arguments(A "" "" "SOURCES;CUDA_SOURCES;LINK" ${ARGN})
   set(srcs ${A_SOURCES})
@@ -23,7 +29,7 @@ function(tutorial_chapter_library lib)
     list(APPEND srcs ${A_CUDA_SOURCES})
   endif()
   add_library(${lib} STATIC ${srcs})
-  target_include_directories(${lib} PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
+  target_include_directories(${lib} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
   target_link_libraries(${lib} PUBLIC attn::common ${A_LINK})
   tutorial_warnings(${lib})
 endfunction()

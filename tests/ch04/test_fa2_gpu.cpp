@@ -2,8 +2,8 @@
 // fp64 reference at awkward shapes (skipped without a device).
 #include <doctest/doctest.h>
 
+#include "chapters/04_fa2/fa2_gpu.hpp"
 #include "common/check.hpp"
-#include "fa2_gpu.hpp"
 #include "support/shapes.hpp"
 
 using namespace attn;

@@ -2,9 +2,9 @@
 // traffic shows the loop swap (Q once, no statistics in HBM) and causal skipping.
 #include <doctest/doctest.h>
 
+#include "chapters/04_fa2/fa2_model.hpp"
 #include "common/check.hpp"
 #include "common/errors.hpp"
-#include "fa2_model.hpp"
 #include "support/shapes.hpp"
 
 using namespace attn;

@@ -8,10 +8,10 @@
 #include <iostream>
 #include <string>
 
+#include "chapters/05_fa3_hopper/fa3_gpu.hpp"
+#include "chapters/05_fa3_hopper/fa3_tiles.hpp"
+#include "chapters/05_fa3_hopper/fp8_model.hpp"
 #include "common/check.hpp"
-#include "fa3_gpu.hpp"
-#include "fa3_tiles.hpp"
-#include "fp8_model.hpp"
 #include "support/shapes.hpp"
 
 using namespace attn;

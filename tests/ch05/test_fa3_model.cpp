@@ -6,9 +6,9 @@
 #include <set>
 #include <stdexcept>
 
+#include "chapters/05_fa3_hopper/fa3_model.hpp"
+#include "chapters/05_fa3_hopper/fa3_tiles.hpp"
 #include "common/check.hpp"
-#include "fa3_model.hpp"
-#include "fa3_tiles.hpp"
 #include "support/shapes.hpp"
 
 using namespace attn;

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <vector>
 
-#include "fp8_model.hpp"
+#include "chapters/05_fa3_hopper/fp8_model.hpp"
 #include "support/shapes.hpp"
 
 using namespace attn;

@@ -4,9 +4,9 @@
 
 #include <string>
 
+#include "chapters/06_variants/gqa_mla/gqa_mla_gpu.hpp"
 #include "common/check.hpp"
 #include "common/errors.hpp"
-#include "gqa_mla/gqa_mla_gpu.hpp"
 #include "support/shapes.hpp"
 
 using namespace attn;

@@ -5,9 +5,9 @@
 #include <cmath>
 #include <string>
 
+#include "chapters/06_variants/gqa_mla/cache_table.hpp"
+#include "chapters/06_variants/gqa_mla/grouped_model.hpp"
 #include "common/check.hpp"
-#include "gqa_mla/cache_table.hpp"
-#include "gqa_mla/grouped_model.hpp"
 #include "support/shapes.hpp"
 
 using namespace attn;

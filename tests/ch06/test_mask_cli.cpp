@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "parts.hpp"
+#include "chapters/06_variants/parts.hpp"
 
 namespace {
 

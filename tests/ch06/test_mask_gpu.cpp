@@ -7,10 +7,10 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "chapters/06_variants/masks/mask_gpu.hpp"
+#include "chapters/06_variants/masks/mask_spec.hpp"
 #include "common/check.hpp"
 #include "common/device.hpp"
-#include "masks/mask_gpu.hpp"
-#include "masks/mask_spec.hpp"
 #include "support/shapes.hpp"
 
 using namespace attn;

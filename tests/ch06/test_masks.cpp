@@ -6,9 +6,9 @@
 #include <cmath>
 #include <string>
 
+#include "chapters/06_variants/masks/mask_model.hpp"
+#include "chapters/06_variants/masks/mask_spec.hpp"
 #include "common/check.hpp"
-#include "masks/mask_model.hpp"
-#include "masks/mask_spec.hpp"
 #include "support/shapes.hpp"
 
 using namespace attn;

@@ -4,10 +4,10 @@
 
 #include <string>
 
+#include "chapters/06_variants/gqa_mla/gqa_mla_gpu.hpp"
+#include "chapters/06_variants/gqa_mla/mla_model.hpp"
 #include "common/check.hpp"
 #include "common/compare.hpp"
-#include "gqa_mla/gqa_mla_gpu.hpp"
-#include "gqa_mla/mla_model.hpp"
 
 using namespace attn;
 using namespace attn::ch06;

@@ -5,10 +5,10 @@
 #include <cmath>
 #include <vector>
 
+#include "chapters/06_variants/gqa_mla/grouped_model.hpp"
+#include "chapters/06_variants/gqa_mla/mla_model.hpp"
 #include "common/check.hpp"
 #include "common/compare.hpp"
-#include "gqa_mla/grouped_model.hpp"
-#include "gqa_mla/mla_model.hpp"
 
 using namespace attn;
 using namespace attn::ch06;

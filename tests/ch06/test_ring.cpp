@@ -9,12 +9,12 @@
 #include <string>
 #include <vector>
 
+#include "chapters/06_variants/ring/ring_cpu.hpp"
+#include "chapters/06_variants/ring/ring_gpu.hpp"
+#include "chapters/06_variants/ring/ring_merge.hpp"
+#include "chapters/06_variants/ring/ring_schedule.hpp"
 #include "common/check.hpp"
 #include "common/errors.hpp"
-#include "ring/ring_cpu.hpp"
-#include "ring/ring_gpu.hpp"
-#include "ring/ring_merge.hpp"
-#include "ring/ring_schedule.hpp"
 #include "support/run_binary.hpp"
 #include "support/shapes.hpp"
 

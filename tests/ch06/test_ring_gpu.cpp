@@ -6,9 +6,9 @@
 
 #include <string>
 
+#include "chapters/06_variants/ring/ring_gpu.hpp"
 #include "common/check.hpp"
 #include "common/errors.hpp"
-#include "ring/ring_gpu.hpp"
 #include "support/run_binary.hpp"
 #include "support/shapes.hpp"
 

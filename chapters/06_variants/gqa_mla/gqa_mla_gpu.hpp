@@ -15,7 +15,7 @@
 
 #include "common/inputs.hpp"
 #include "common/problem.hpp"
-#include "gqa_mla/mla_model.hpp"
+#include "mla_model.hpp"
 
 namespace attn::ch06 {
 

@@ -12,7 +12,7 @@
 #include <cstdint>
 
 #include "common/cuda/cp_async.cuh"
-#include "masks/mask_spec.hpp"
+#include "mask_spec.hpp"
 
 namespace attn::ch06 {
 

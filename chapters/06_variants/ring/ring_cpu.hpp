@@ -33,7 +33,7 @@
 
 #include "common/inputs.hpp"
 #include "common/problem.hpp"
-#include "ring/ring_schedule.hpp"
+#include "ring_schedule.hpp"
 
 namespace attn::ch06::ring {
 

@@ -27,9 +27,9 @@
 
 #include "common/cuda/buffer.cuh"
 #include "common/problem.hpp"
-#include "ring/ring_comm.hpp"
-#include "ring/ring_cpu.hpp"
-#include "ring/ring_gpu.hpp"
+#include "ring_comm.hpp"
+#include "ring_cpu.hpp"
+#include "ring_gpu.hpp"
 
 namespace attn::ch06::ring {
 

@@ -2,7 +2,7 @@
 /// \file ring_nccl.hpp
 /// \brief The NCCL backend's entry point (ring_nccl.cu when NCCL is found, else
 ///        ring_nccl_none.cpp, which says so).
-#include "ring/ring_gpu.hpp"
+#include "ring_gpu.hpp"
 
 namespace attn::ch06::ring {
 
