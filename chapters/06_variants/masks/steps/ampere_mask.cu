@@ -72,7 +72,8 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p, con
   const int wrow = warp * 16 * MT;      // first row of this warp within Q_i
 
   // The block map (masks/block_map.hpp): the K/V blocks of this query block that
-  // have work, partial ones first; only those are ever loaded.
+  // have work, partial ones first; only those are ever loaded. Each index is read one
+  // block ahead, so that its load never stalls the block that needs it.
   //
   //          keys ->   j=0   j=1   j=2   j=3
   //   Q_i rows     |  full  skip  part  skip |   ->  part = {2}, full = {0}
@@ -105,8 +106,10 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p, con
     l[mt][0] = l[mt][1] = Policy::kSink && t == 0 ? 1.f : 0.f;
   }
 
+  int j_next = n_blocks > 0 ? key_block(0) : 0;  // the map's next index, read one step ahead
   for (int n = 0; n < n_blocks; ++n) {
-    const int j = key_block(n);
+    const int j = j_next;
+    j_next = n + 1 < n_blocks ? key_block(n + 1) : 0;  // in flight while S = Q_i K_j^T runs
     cp_async_wait<0>();  // K_j (and, the first time, Q_i) have landed ...
     __syncthreads();     // ... for every thread, and every warp is done with V_{j-1}
     load_tile_ld<Bc, D, C::kThreads>(aV, V, j * Bc, p.nk, p.sv.row);  // V_j streams in while S = Q_i K_j^T runs
@@ -199,7 +202,7 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p, con
     cp_async_wait<0>();  // V_j has landed ...
     __syncthreads();     // ... for every thread, and every warp is done reading K_j
     if (n + 1 < n_blocks) {
-      load_tile_ld<Bc, D, C::kThreads>(aK, K, key_block(n + 1) * Bc, p.nk, p.sk.row);  // K_{j+1} streams in while O += P V_j runs
+      load_tile_ld<Bc, D, C::kThreads>(aK, K, j_next * Bc, p.nk, p.sk.row);  // K_{j+1} streams in while O += P V_j runs
       cp_async_commit();
     }
 

@@ -127,8 +127,10 @@ __device__ __forceinline__ void producer_tile(const CUtensorMap& tm_q, const CUt
     tma_load_3d(smem + Plan::kQ + b * kBr * Plan::kRowBytes, &tm_q, bar.full_q, cq.col + b * Plan::kBoxCols,
                 m_block * kBr, cq.outer);
   ++loaded;
+  int j_next = kv.block(0);  // the map's next index, read one block ahead of its copies
   for (int n = 0; n < kv.n; ++n, ring.advance()) {
-    const int j = kv.block(n);
+    const int j = j_next;
+    if (n + 1 < kv.n) j_next = kv.block(n + 1);
     // K_j and V_j into stage ring.stage once the consumers have released it.
     mbarrier_wait(&bar.empty_k[ring.stage], ring.phase ^ 1);
     mbarrier_arrive_expect_tx(&bar.full_k[ring.stage], Plan::kKBytes);
@@ -190,8 +192,7 @@ __device__ __forceinline__ void consumer_tile(const FwdParams& p, const Policy& 
   // The policy on block n of the list: the score modifier everywhere, the element mask on
   // partial blocks only (the ragged last key block is always partial). s[i] is row
   // row[(i >> 1) & 1], key j Bc + 8 (i / 4) + 2 (lane % 4) + (i & 1).
-  auto mask = [&](float(&s)[Bc / 2], int n) {
-    const int col0 = kv.block(n) * Bc;
+  auto mask = [&](float(&s)[Bc / 2], int n, int col0) {
 #pragma unroll
     for (int i = 0; i < Bc / 2; ++i) {
       const int r = row[(i >> 1) & 1], col = col0 + 8 * (i / 4) + 2 * (lane % 4) + (i & 1);
@@ -228,8 +229,10 @@ __device__ __forceinline__ void consumer_tile(const FwdParams& p, const Policy& 
   uint32_t pr[Bc / 4];        // P_{j+1} as the 16-bit A operand of P V
   float alpha[2];             // the rescale that O still owes for block j+1
 
-  // Prologue: the first block of the list, S = Q_i K_j^T and its P.
+  // Prologue: the first block of the list, S = Q_i K_j^T and its P. The block's first key
+  // (col0) is read from the map before its GEMM is issued, so the load hides behind it.
   int n = 0;
+  int col0 = kv.block(0) * Bc;
   mbarrier_wait(&bar.full_k[ring.stage], ring.phase);
   my_turn();
   wgmma_fence();
@@ -240,13 +243,14 @@ __device__ __forceinline__ void consumer_tile(const FwdParams& p, const Policy& 
   wgmma_wait<0>();
   fence_operand(s);
   if (lane == 0) mbarrier_arrive(&bar.empty_k[ring.stage]);
-  mask(s, n);
+  mask(s, n, col0);
   softmax.update(s, scale_log2, alpha);
   convert_p<T>(s, pr);
   ring_v = ring;
   ring.advance();
 
   for (++n; n < kv.n; ++n, ring.advance(), ring_v.advance()) {
+    col0 = kv.block(n) * Bc;
     mbarrier_wait(&bar.full_k[ring.stage], ring.phase);
     mbarrier_wait(&bar.full_v[ring_v.stage], ring_v.phase);
     my_turn();
@@ -270,7 +274,7 @@ __device__ __forceinline__ void consumer_tile(const FwdParams& p, const Policy& 
     wgmma_wait<1>();  // S_ij is ready; P V is still running
     fence_operand(s);
     if (lane == 0) mbarrier_arrive(&bar.empty_k[ring.stage]);
-    mask(s, n);
+    mask(s, n, col0);
     softmax.update(s, scale_log2, alpha);  // overlaps P V on the tensor cores
 
     wgmma_wait<0>();  // P_i,j+1 V_j+1 is done: O and pr may be touched again
