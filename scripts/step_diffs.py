@@ -28,7 +28,8 @@ re-indented line counts as changed. The table goes between the markers
     <!-- step-diffs:begin -->
     <!-- step-diffs:end -->
 
-of the nearest README.md above the series (the chapter's own, or a part's).
+of the nearest README.md above the series (the chapter's own), or SECTION.md (the text
+of one part of a chapter with parts, such as chapter 06's).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN = "<!-- step-diffs:begin -->"
 END = "<!-- step-diffs:end -->"
+DOCS = ("README.md", "SECTION.md")  # a chapter's text, or one part's of a chapter with parts
 STEP_RE = re.compile(r"^v(\d+)([a-z]?)_.*\.cu$")
 FROM_RE = re.compile(r"What changes from v(\d+)([a-z]?)\b")
 
@@ -232,12 +234,13 @@ def all_series() -> list[str]:
 
 
 def readme_of(key: str) -> Path | None:
-    """The nearest README.md above a series, up to its chapter folder."""
+    """The nearest README.md (or a part's SECTION.md) above a series, up to its chapter folder."""
     p = (ROOT / key).parent
     chapters = ROOT / "chapters"
     while p != chapters and p != ROOT:
-        if (p / "README.md").is_file():
-            return p / "README.md"
+        for name in DOCS:
+            if (p / name).is_file():
+                return p / name
         p = p.parent
     return None
 
@@ -285,7 +288,7 @@ def build() -> tuple[dict[Path, str], list[str]]:
         except ChainError as e:
             errors.append(str(e))
     tables: dict[Path, str] = {}
-    for readme in sorted((ROOT / "chapters").glob("**/README.md")):
+    for readme in sorted(d for name in DOCS for d in (ROOT / "chapters").glob("**/" + name)):
         text = readme.read_text(encoding="utf-8")
         if BEGIN not in text:
             continue
