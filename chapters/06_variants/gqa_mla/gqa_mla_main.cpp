@@ -142,6 +142,7 @@ int run_gqa(const Options& opt, bool sweep, bool no_table, bool no_time) {
 #else
   (void)dev;
   (void)sweep;
+  (void)no_time;
 #endif
   if (!no_table) push_lines(rep, cache_table_text());
   rep.previous = "chapter 05's v6 maps each query head to its KV head but streams K/V once per query head; "
@@ -308,6 +309,7 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
 #else
   (void)dev;
   (void)sweep;
+  (void)no_time;
 #endif
   rep.notes.push_back("cache per token and layer: latent [c ; k_rope] = 576 x 2 B = 1152 B, shared by all " +
                       std::to_string(s.heads) + " heads; decompressed K + V = " + std::to_string(s.heads) +
