@@ -14,6 +14,7 @@ Only rows that passed their check are drawn; a failed kernel has no point.
 """
 import os
 import sys
+import textwrap
 
 import matplotlib
 
@@ -80,13 +81,14 @@ def points(rows, kernel, keyfilter):
     return sorted((r["N"], speed(r)) for r in rows if r["kernel"] == kernel and keyfilter(r) and speed(r))
 
 
-def line_panel(ax, rows, keyfilter, kernels, colors, res, peers=PEERS):
+def line_panel(ax, rows, keyfilter, kernels, colors, res, peers=PEERS, labels=None):
     """TFLOP/s against N for the rows that match keyfilter(row)."""
     drawn = False
     for k in kernels:
         pts = points(rows, k, keyfilter)
         if pts:
-            ax.plot(*zip(*pts), marker="o", ms=3.5, lw=1.5, color=colors[k], label=k[5:] if k[:2] == "ch" else k)
+            lab = (labels or {}).get(k) or (k[5:] if k[:2] == "ch" else k)
+            ax.plot(*zip(*pts), marker="o", ms=3.5, lw=1.5, color=colors[k], label=lab)
             drawn = True
     for p in peers:
         pts = points(rows, p, keyfilter)
@@ -127,7 +129,8 @@ def bar_panel(ax, rows, keyfilter, kernels, colors, gemm):
     ax.set_yticklabels(names, fontsize=7.5)
     if gemm:
         ax.axvline(gemm, color="#bbbbbb", lw=1)
-        ax.text(gemm, y[0] + 0.6 if y else 0, "bf16 GEMM %.0f" % gemm, fontsize=7, ha="right", color="#888888")
+        ax.text(gemm, 0.02, "bf16 GEMM %.0f " % gemm, fontsize=7, ha="right", va="bottom", rotation=90,
+                color="#888888", transform=ax.get_xaxis_transform())
     ax.set_xlim(0, top * 1.12)
     ax.set_xlabel("TFLOP/s")
     ax.grid(True, axis="x", alpha=0.25)
@@ -182,15 +185,24 @@ def fig_chapter(res, rows, chapter, pss, out_dir):
 
 def fig_chapter_bars(res, rows, chapter, pss, kernels, out_dir):
     all_k = bench_report.chapter_kernels(rows, chapter, pss)
-    shapes = sorted({(r["d"], bool(r.get("causal"))) for r in rows if r["kernel"] in kernels})
     n = next(r["N"] for r in rows if r["kernel"] in kernels)
-    fig, axes = plt.subplots(1, len(shapes), figsize=(6.2 * len(shapes), 0.32 * (len(all_k) + len(PEERS)) + 1.8),
-                             squeeze=False)
+    mine = [r for r in rows if r.get("chapter") == chapter and r.get("pass") == pss and r.get("N") == n]
+    shapes = sorted({(r["d"], bool(r.get("causal"))) for r in mine})
+    fig, axes = plt.subplots(1, len(shapes), figsize=(max(9.5, 6.2 * len(shapes)),
+                                                      0.32 * (len(all_k) + len(PEERS)) + 1.8), squeeze=False)
     colors = kernel_colors(all_k, chapter)
     gemm = res.get("ceilings", {}).get("bf16_gemm_tflops")
     for ax, (d, causal) in zip(axes[0], shapes):
-        bar_panel(ax, rows, lambda r: r.get("pass") == pss and r.get("d") == d and bool(r.get("causal")) == causal,
-                  all_k, colors, gemm)
+        f = lambda r: r.get("pass") == pss and r.get("d") == d and bool(r.get("causal")) == causal  # noqa: E731
+        ks = [k for k in all_k if any(r["kernel"] == k and f(r) and r.get("status") != "unsupported" for r in rows)]
+        if ks:
+            bar_panel(ax, rows, f, ks, colors, gemm)
+        else:
+            why = next((r.get("note") for r in mine if f(r) and r.get("note")), "not measured")
+            ax.text(0.5, 0.5, "\n".join(textwrap.wrap(why, 40)), ha="center", va="center", transform=ax.transAxes,
+                    fontsize=9, color="#aa0000")
+            ax.set_xticks([])
+            ax.set_yticks([])
         ax.set_title("d = %d, N = %s, %s" % (d, n_label(n), "causal" if causal else "not causal"), fontsize=10)
     title = {"fwd": "forward", "bwd": "backward"}[pss]
     fig.suptitle("Chapter %s, %s: every step and every peer, one run (B·N = 16K, H·d = 2048)" % (chapter, title),
@@ -212,8 +224,11 @@ def fig_lineage_lines(res, rows, out_dir):
             k = (r["chapter"], shape_key(r))
             if k not in best or speed(r) > speed(best[k]):
                 best[k] = r
-    if not best:
-        return None
+    per_chapter = {}
+    for (c, k), r in best.items():
+        per_chapter.setdefault(c, set()).add(r["N"])
+    if max(len(v) for v in per_chapter.values()) < 2:
+        return None  # one N per chapter: lineage.png says it all
     brows = []
     for (c, _), r in best.items():
         x = dict(r)
@@ -228,7 +243,8 @@ def fig_lineage_lines(res, rows, out_dir):
         for j, causal in enumerate((False, True)):
             ax = axes[i][j]
             line_panel(ax, allrows, lambda r: r.get("pass") == "fwd" and r.get("d") == d and
-                       bool(r.get("causal")) == causal, kernels, colors, res)
+                       bool(r.get("causal")) == causal, kernels, colors, res,
+                       labels={k: "chapter %s (best step)" % k[2:4] for k in kernels})
             ax.set_yscale("log")
             ax.set_title("d = %d, %s" % (d, "causal" if causal else "not causal"), fontsize=10)
             ax.set_ylabel("TFLOP/s")
@@ -240,7 +256,6 @@ def fig_lineage_lines(res, rows, out_dir):
             if l not in labels:
                 handles.append(h)
                 labels.append(l)
-    labels = [("chapter %s (best step)" % l[2:4]) if l.endswith(" best") else l for l in labels]
     fig.suptitle("The lineage, forward: the best kernel of each chapter and the peers",
                  y=1 - 0.12 / fig.get_size_inches()[1], va="top", fontsize=11)
     y = frame(fig, labels)
@@ -389,7 +404,7 @@ def fig_lineage(res, rows, out_dir):
             if b:
                 ax.bar(i - 0.18, speed(b), 0.36, color=CHAPTER_COLOR.get(c, "C0"))
                 inside = speed(b) > 0.1 * top
-                ax.text(i - 0.18, speed(b) * (0.98 if inside else 1.02), "%.3g" % speed(b), ha="center",
+                ax.text(i - 0.18, speed(b) * (0.98 if inside else 1.02), ("%.0f" if speed(b) >= 100 else "%.3g") % speed(b), ha="center",
                         va="top" if inside else "bottom", fontsize=8, color="white" if inside else "black",
                         fontweight="bold")
             else:
@@ -427,6 +442,10 @@ def fig_lineage(res, rows, out_dir):
         ax.grid(True, axis="y", alpha=0.25)
     axes[0].set_title("compute-bound chapters: best kernel (colour) and best peer (grey)", fontsize=10)
     axes[1].set_title("memory-bound chapters", fontsize=10)
+    missing = [c for c in res.get("run", {}).get("chapters", []) if c not in {e["chapter"] for e in ents}]
+    if missing:
+        fig.text(0.99, 0.005, "not measured in this run: chapter %s" % ", ".join(missing), ha="right", va="bottom",
+                 fontsize=7.5, color="#aa0000")
     fig.suptitle("The lineage at a glance: one run, each chapter's best against the best peer", fontsize=11)
     fig.tight_layout(rect=(0, 0.05, 1, 0.95))
     footer(fig, res)

@@ -20,7 +20,6 @@ recorded.
 import argparse
 import difflib
 import glob
-import json
 import os
 import re
 import sys
@@ -106,6 +105,10 @@ def main():
     ap.add_argument("--no-plots", action="store_true", help="with --write: tables only")
     a = ap.parse_args()
     run_path = os.path.abspath(a.run or newest_run())
+    if a.write and not a.no_plots:  # first: the README links the lineage picture when it exists
+        import bench_plots
+        for p in bench_plots.draw_all(read_json(run_path), RECORDED):
+            print("wrote", os.path.relpath(p, ROOT))
     files = generate(run_path)
     if a.check:
         bad = 0
@@ -127,10 +130,6 @@ def main():
             with open(path, "w") as f:
                 f.write(new)
             print("wrote", os.path.relpath(path, ROOT))
-    if not a.no_plots:
-        import bench_plots
-        for p in bench_plots.draw_all(read_json(run_path), RECORDED):
-            print("wrote", os.path.relpath(p, ROOT))
     return 0
 
 

@@ -15,6 +15,7 @@ import os
 from bench_common import DECODE_PEERS, PEER_LABEL, PEERS, SOFTMAX_PEERS, clean_row, read_json, shape_key, speed
 
 CEILING_KEY = {"bf16_gemm": "bf16_gemm_tflops", "fp8_gemm": "fp8_gemm_tflops", "read": "read_gbps"}
+CEILING_NAME = {"bf16_gemm": "bf16 GEMM", "fp8_gemm": "FP8 GEMM", "read": "read bandwidth"}
 STATUS_TEXT = {"failed": "FAIL", "unsupported": "n/a", "not run": "not run", "error": "error",
                "unchecked": "unchecked"}
 
@@ -225,13 +226,26 @@ def lineage_table(res, rows):
             shape = "d=%s, N=%s%s" % (s["d"], s["N"], ", causal" if s.get("causal") else "")
         b = e["best"]
         ours = ("%s: %s %s" % (b["kernel"][5:], fmt_speed(b, False), b["unit"])) if b else "no kernel passed"
-        share = "%.0f%%" % (100 * b["share"]) if b and b.get("share") else "-"
+        share = ("%.0f%% of %s" % (100 * b["share"], CEILING_NAME.get(b.get("ceiling"), "?"))
+                 if b and b.get("share") else "-")
         p = e["peer"]
         peer = "%s %s" % (PEER_LABEL.get(p["kernel"], p["kernel"]), fmt_speed(p, False)) if p else \
             ("absent" if e["absent"] else "-")
         ratio = fmt_ratio(speed(b) / speed(p)) if b and p else "-"
         failed = ", ".join(k[5:] for k in e["failed"]) or "none"
         body.append(["%s" % e["chapter"], shape, ours, share, peer, ratio, failed])
+    measured = {e["chapter"] for e in lineage_entries(res, rows)}
+    for c in res.get("run", {}).get("chapters", []):
+        if c in measured:
+            continue
+        why = [n for n in res.get("notes", []) if ("ch%s" % c) in n or ("chapter %s" % c) in n]
+        budget = [n for n in why if n.startswith("not run (--budget")]
+        if budget:
+            reason = "left out by the run's %s" % budget[0].split("(", 1)[1].split(")", 1)[0]
+        else:
+            reason = "; ".join(why[:2]) if why else "no kernel of this chapter reported a speed"
+        body.append([c, "-", "not measured in this run: " + reason, "-", "-", "-", "-"])
+    body.sort(key=lambda r: r[0])
     if not body:
         return None
     return md_table(["chapter", "shape", "best kernel", "share of ceiling", "best peer (same run)",

@@ -167,7 +167,7 @@ class Plots(unittest.TestCase):
             paths = bench_plots.draw_all(res, d)
             names = sorted(os.path.basename(p) for p in paths)
             for want in ("lineage.png", "roofline.png", "decode_gbps.png", "tflops_ch04_fwd.png",
-                         "tflops_ch04_bwd.png", "tflops_lineage_fwd.png"):
+                         "tflops_ch04_bwd.png", "tflops_lineage_fwd.png", "tflops_ch05_fwd.png"):
                 self.assertIn(want, names)
             for p in paths:
                 with open(p, "rb") as fh:
