@@ -114,7 +114,7 @@ __device__ __forceinline__ void producer_tile(const CUtensorMap& tm_q, const CUt
   constexpr int Bc = Config<D>::Bc, kStages = Config<D>::kStages;
   using Plan = PackedPlan<T, D, DV, Bc, kStages>;
   const Barriers<kStages> bar(smem + Plan::kBars);
-  const int bhk = (bh / p.heads) * p.kv_heads + (bh % p.heads) / (p.heads / p.kv_heads);
+  const int bhk = (bh / p.heads) * p.kv_heads + kv_head_of(bh % p.heads, p.heads, p.kv_heads);
   const KvRange kv = packed_kv_blocks(m_block, Bc, p, kCausal);
   if (kv.n_max == 0) return;  // every row of the tile is empty: nothing to load
 
