@@ -212,7 +212,6 @@ MaskBackwardResult backward(const Problem& p, const Layout& L, const AttnInputs&
               const float* q = Qi.data() + std::size_t(r2) * d;
               const float* go = dOi.data() + std::size_t(r2) * dv;
               std::fill(dQi.data(), dQi.data() + d, 0.f);
-              bool any = false;
               for (int c = 0; c < cols; ++c) {
                 const int j = col0 + c;
                 if (LDi[r2] == kNegInf || (masked && !pol.keep(b, h, i, j))) continue;  // P = 0
@@ -228,10 +227,8 @@ MaskBackwardResult backward(const Problem& p, const Layout& L, const AttnInputs&
                   dQi[k] += tau * ds * Kj[std::size_t(c) * d + k];
                   dKj[std::size_t(c) * d + k] += tau * ds * q[k];
                 }
-                any = true;
               }
               tr.add_flops(2.0 * cols * (2 * d + 3 * dv));
-              (void)any;
               // dQ_i += dS K_j: the fp32 read-modify-write the kernel does with atomics.
               std::vector<float> acc(d);
               dQacc.load(L.q.at(b, h, i), d, acc.data());

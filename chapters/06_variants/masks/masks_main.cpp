@@ -232,7 +232,6 @@ void run_variant(const MaskSpec& spec, const Options& opt, const MaskArgs& a, co
 #else
   (void)dev;
 #endif
-  (void)explicit_mask;
 }
 
 }  // namespace
