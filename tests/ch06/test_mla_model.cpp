@@ -207,3 +207,27 @@ TEST_CASE("MLA costs: the absorb model reads the latent cache once per 64-row ti
   const MlaShape pre = mla(1, 128, 4096, 4096);
   CHECK(mla_cost_absorb(pre, 64).flops > 3 * 2.0 * 128 * 4096.0 * 4096 * 320);
 }
+
+TEST_CASE("MLA decode split count: whole waves of blocks, the fewest ranges, whole key blocks") {
+  // H = 128 (two 64-row tiles), B = 64, one block per SM on 132 SMs: one range fills 0.97 of a wave.
+  CHECK(mla_pick_splits(2, 64, 128, 132) == 1);
+  // H = 16 (one 16-row tile), B = 64, two blocks per SM: 4 ranges = 256 blocks, 0.97 of 264.
+  CHECK(mla_pick_splits(1, 64, 512, 264) == 4);
+  // B = 8 at H = 128: 2 x 8 x 8 = 128 blocks.
+  CHECK(mla_pick_splits(2, 8, 64, 132) == 8);
+  // One short sequence cannot fill the machine: as many ranges as allowed (64), whole blocks.
+  CHECK(mla_pick_splits(1, 1, 128, 264) == 64);
+  CHECK(mla_pick_splits(1, 1, 3, 264) == 3);
+  for (int tiles : {1, 2, 3})
+    for (int batch : {1, 5, 17, 64})
+      for (int nblocks : {1, 7, 64, 1000}) {
+        const int c = mla_pick_splits(tiles, batch, nblocks, 132);
+        CAPTURE(tiles);
+        CAPTURE(batch);
+        CAPTURE(nblocks);
+        CHECK(c >= 1);
+        CHECK(c <= std::min(nblocks, 64));
+        const int per_range = (nblocks + c - 1) / c;
+        CHECK((nblocks + per_range - 1) / per_range == c);  // no empty range
+      }
+}

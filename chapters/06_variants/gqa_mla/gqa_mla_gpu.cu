@@ -238,25 +238,8 @@ MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool 
   const int rows = s.heads * s.nq;
   const int per_tile = rows <= mla::kRowsSmall ? mla::kRowsSmall : mla::kRowsLarge;
   const int tiles = ceil_div(rows, per_tile), nblocks = ceil_div(s.nk, mla::keys_per_block(per_tile));
-  // Split-K: the (tile, range, sequence) blocks should fill whole waves (a wave: every SM
-  // holding as many blocks as fit, 2 small or 1 large): the fewest ranges (fewer partial
-  // states to write and merge) that give at least 0.9 of a wave with every wave at least
-  // 0.9 full, else the fullest. 64 sequences of two 64-row tiles: 1 range (128 blocks, 0.97
-  // of one wave), not 2 or 3 (a last wave half full).
-  if (splits <= 0) {
-    const int sms = sm_count() * mla::blocks_per_sm(per_tile), max_splits = std::min(nblocks, 64);
-    double best = -1;
-    for (int c0 = 1; c0 <= max_splits; ++c0) {
-      const int c = ceil_div(nblocks, ceil_div(nblocks, c0));  // ranges of whole blocks: c0 may round down
-      const long ctas = long(tiles) * s.batch * c;
-      const double fill = double(ctas) / (double(ceil_div(int(ctas), sms)) * sms);
-      if (fill >= 0.9 && ctas >= 0.9 * sms) {
-        splits = c;
-        break;
-      }
-      if (fill > best + 1e-9) best = fill, splits = c;
-    }
-  }
+  // Split-K: whole waves of (tile, range, sequence) blocks (mla_pick_splits(), mla_model.hpp).
+  if (splits <= 0) splits = mla_pick_splits(tiles, s.batch, nblocks, sm_count() * mla::blocks_per_sm(per_tile));
   const int bps = ceil_div(nblocks, std::min(splits, nblocks));
   splits = ceil_div(nblocks, bps);  // no empty ranges
   DeviceTensor q(DType::bf16, std::size_t(s.batch) * rows * kDLatentKey), o_c(DType::bf16, std::size_t(s.batch) * rows * kDC),

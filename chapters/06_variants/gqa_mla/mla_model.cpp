@@ -289,6 +289,22 @@ ErrorStats mla_naive_error(const MlaShape& s, const MlaInputs& in, const CheckPl
   return compact_error(naive.o, ref);
 }
 
+int mla_pick_splits(int tiles, int batch, int nblocks, int slots) {
+  const int max_splits = std::max(1, std::min(nblocks, 64));
+  int splits = 1;
+  double best = -1;
+  for (int c0 = 1; c0 <= max_splits; ++c0) {
+    const int per_range = (nblocks + c0 - 1) / c0;
+    const int c = (nblocks + per_range - 1) / per_range;  // ranges of whole blocks: c0 may round down
+    const long ctas = long(tiles) * batch * c;
+    const long waves = (ctas + slots - 1) / slots;
+    const double fill = double(ctas) / (double(waves) * slots);
+    if (fill >= 0.9 && ctas >= 0.9 * slots) return c;
+    if (fill > best + 1e-9) best = fill, splits = c;
+  }
+  return splits;
+}
+
 MlaCost mla_cost_absorb(const MlaShape& s, int head_tile) {
   const double e = 2, B = s.batch, H = s.heads, nq = s.nq, nk = s.nk;
   const double rows = H * nq;
