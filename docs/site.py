@@ -328,7 +328,7 @@ def plots(out, pages, bench_dir):
                 if os.path.exists(src_md) and not os.path.exists(os.path.join(tmp, 'README.md')):
                     shutil.copy2(src_md, os.path.join(tmp, 'README.md'))
     if recorded:
-        sections.append(('Recorded run', recorded))
+        sections.append(('The recorded run (bench/recorded/)', recorded))
     if bench_dir and os.path.isdir(bench_dir):
         own = sorted(glob.glob(os.path.join(bench_dir, '*.png')))
         if own:
@@ -345,9 +345,20 @@ def plots(out, pages, bench_dir):
         seen_dirs = set()
         for p in pngs:
             d = os.path.dirname(p)
-            readme = os.path.join(d, 'README.md')
-            if d not in seen_dirs and os.path.exists(readme):
-                lines += [open(readme, encoding='utf-8').read().strip(), '']
+            if d not in seen_dirs:
+                # The run's provenance: a README.md next to the plots, or the "Run:" and
+                # "Ceilings" lines of the results.md that bench writes with them.
+                readme = os.path.join(d, 'README.md')
+                results = os.path.join(d, 'results.md')
+                if os.path.exists(readme):
+                    lines += [open(readme, encoding='utf-8').read().strip(), '']
+                elif os.path.exists(results):
+                    for para in open(results, encoding='utf-8').read().split('\n\n'):
+                        if para.startswith(('Run:', 'Ceilings')):
+                            lines += [para.strip(), '']
+                    if d.startswith(ROOT):
+                        lines += [f'Every table of this run: `{os.path.relpath(results, ROOT)}` '
+                                  '(in the page list).', '']
             seen_dirs.add(d)
             name = re.sub(r'[^A-Za-z0-9_.-]', '_', f'{len(names):02d}_{os.path.basename(p)}')
             shutil.copy2(p, os.path.join(dst, name))
@@ -486,13 +497,43 @@ def copy_chapter_images(html_dir, chaps):
                     break
 
 
+def bench_pages():
+    """bench/'s own pages (what it runs, the recorded run's tables), which README.md links to."""
+    bench = os.path.join(ROOT, 'bench')
+    return sorted(p for p in glob.glob(os.path.join(bench, '**', '*.md'), recursive=True)
+                  if 'testdata' not in os.path.relpath(p, bench).split(os.sep))
+
+
+def copy_page_images(html_dir):
+    """A Markdown page's pictures (![...](bench/recorded/x.png)) keep their relative path in the
+    HTML; copy each one the pages use from the tree next to the pages."""
+    bases = [ROOT] + sorted(glob.glob(os.path.join(ROOT, 'chapters', '*'))) + \
+        sorted(glob.glob(os.path.join(ROOT, 'chapters', '*', '*'))) + [os.path.join(ROOT, 'bench')]
+    for page in glob.glob(os.path.join(html_dir, '*.html')):
+        with open(page, encoding='utf-8', errors='replace') as fh:
+            text = fh.read()
+        if '<img' not in text:
+            continue
+        for src in set(re.findall(r'<img[^>]*\bsrc="([^"]+)"', text)):
+            if re.match(r'^[a-z]+:', src) or os.path.exists(os.path.join(html_dir, src)):
+                continue
+            for b in bases:
+                cand = os.path.normpath(os.path.join(b, src))
+                dst = os.path.normpath(os.path.join(html_dir, src))
+                if os.path.isfile(cand) and cand.startswith(ROOT) and dst.startswith(html_dir):
+                    os.makedirs(os.path.dirname(dst), exist_ok=True)
+                    shutil.copy2(cand, dst)
+                    break
+
+
 def doxyfile(out, pages, images, append_dir):
     readmes = sorted(glob.glob(os.path.join(ROOT, 'chapters', '*', 'README.md')))
     with open(os.path.join(HERE, 'Doxyfile.in'), encoding='utf-8') as fh:
         text = fh.read()
     subst = {
         'DOCS_OUT': out, 'PROJECT_SOURCE_DIR': ROOT, 'DOCS_CHAPTER_READMES': ' '.join(readmes),
-        'DOCS_PAGES': pages, 'DOCS_PAGE_FILES': ' '.join(sorted(glob.glob(os.path.join(pages, '*.md')))),
+        'DOCS_PAGES': pages,
+        'DOCS_PAGE_FILES': ' '.join(sorted(glob.glob(os.path.join(pages, '*.md'))) + bench_pages()),
         'DOCS_IMAGES': images, 'DOCS_APPEND': append_dir,
         'DOXYGEN_DOT_FOUND': 'YES' if shutil.which('dot') else 'NO',
     }
@@ -532,6 +573,7 @@ def cmd_build(args):
         os.remove(log)
     r = subprocess.run([args.doxygen, doxy], cwd=ROOT)
     copy_chapter_images(os.path.join(out, 'html'), chaps)
+    copy_page_images(os.path.join(out, 'html'))
     manifest = dict(
         main='index.html',
         chapters=[dict(nn=c['nn'], html=f'ch{c["nn"]}.html', title=c['title'],
