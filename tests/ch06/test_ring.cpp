@@ -338,3 +338,21 @@ TEST_CASE("the timeline SVG has a lane per rank and stream and an interval per e
   for (std::size_t at = svg.find("<title>rank"); at != std::string::npos; at = svg.find("<title>rank", at + 1)) ++rects;
   CHECK(rects == ev.size());
 }
+
+TEST_CASE("a copy is exposed only for as long as the step that needs it waits for it") {
+  const std::vector<TimelineEvent> ev = {
+      {0, "compute", 0, "fwd", 0.0, 1.0}, {0, "compute", 1, "fwd", 1.2, 2.0},
+      {0, "copy", 0, "kv", 0.5, 1.1},  // ends 0.1 after forward step 0: 0.1 exposed
+      {1, "compute", 0, "fwd", 0.3, 1.0},
+      {1, "copy", 0, "kv", 0.0, 0.2},  // done before its step even started: hidden
+      {0, "compute", 0, "bwd", 3.0, 4.0}, {0, "compute", 1, "bwd", 4.5, 5.5},
+      {0, "copy", 0, "kv-bwd", 3.1, 3.5},  // hidden behind backward step 0
+      {0, "copy", 0, "dkv", 4.1, 4.6},     // waited for after step 1: hidden
+      {0, "copy", 1, "dkv", 5.5, 5.8},     // home after the last step: all exposed
+  };
+  const CopyHiding h = copy_hiding(ev);
+  CHECK(h.fwd_copy_ms == doctest::Approx(0.8));
+  CHECK(h.fwd_exposed_ms == doctest::Approx(0.1));
+  CHECK(h.bwd_copy_ms == doctest::Approx(0.4 + 0.5 + 0.3));
+  CHECK(h.bwd_exposed_ms == doctest::Approx(0.3));
+}

@@ -563,7 +563,6 @@ void collect_timeline(std::vector<GpuRank*>& ranks, std::vector<std::vector<Lane
   };
   const int P = int(ranks.size());
   res.rank_compute_ms.assign(P, 0.0);
-  std::vector<std::vector<std::pair<double, double>>> busy(P);
   for (int r = 0; r < P; ++r) {
     for (const LaneMark& m : ranks[r]->marks()) {
       TimelineEvent e{r, m.lane, m.step, m.what, ms(m.t0), ms(m.t1)};
@@ -572,7 +571,6 @@ void collect_timeline(std::vector<GpuRank*>& ranks, std::vector<std::vector<Lane
         res.rank_compute_ms[r] += e.t1 - e.t0;
         res.compute_ms += e.t1 - e.t0;
       }
-      busy[r].push_back({e.t0, e.t1});
     }
     if (copy_marks)
       for (const LaneMark& m : (*copy_marks)[r]) {
@@ -580,22 +578,13 @@ void collect_timeline(std::vector<GpuRank*>& ranks, std::vector<std::vector<Lane
         res.timeline.push_back(e);
       }
   }
-  // Hidden copy time: the part of each forward K/V copy into rank r that overlaps
-  // with some compute interval of rank r.
-  for (const TimelineEvent& e : res.timeline) {
+  const CopyHiding h = copy_hiding(res.timeline);
+  res.copy_ms = h.fwd_copy_ms;
+  res.hidden_copy_ms = h.fwd_copy_ms - h.fwd_exposed_ms;
+  res.bwd_copy_ms = h.bwd_copy_ms;
+  res.bwd_hidden_copy_ms = h.bwd_copy_ms - h.bwd_exposed_ms;
+  for (const TimelineEvent& e : res.timeline)
     if (e.what == "bwd") res.bwd_compute_ms += e.t1 - e.t0;
-    if (e.lane != "copy") continue;
-    double hidden = 0;
-    for (const auto& [a, b] : busy[e.rank]) hidden += std::max(0.0, std::min(b, e.t1) - std::max(a, e.t0));
-    hidden = std::min(hidden, e.t1 - e.t0);
-    if (e.what == "kv") {
-      res.copy_ms += e.t1 - e.t0;
-      res.hidden_copy_ms += hidden;
-    } else {
-      res.bwd_copy_ms += e.t1 - e.t0;
-      res.bwd_hidden_copy_ms += hidden;
-    }
-  }
 }
 
 namespace {

@@ -49,8 +49,7 @@ struct GpuRingResult {
   double fwd_ms = 0, bwd_ms = 0;          ///< median wall time of the whole ring, 0 when not timed
   std::vector<TimelineEvent> timeline;    ///< one timed forward and backward
   std::string device;                     ///< GPU name(s)
-  /// From the timeline: time each copy overlapped with some compute of its rank,
-  /// over the total copy time (forward K/V rotations only).
+  /// From the timeline (copy_hiding): forward K/V copy time and the part of it hidden.
   double copy_ms = 0, hidden_copy_ms = 0, compute_ms = 0;
   /// The same for the backward's copies (K/V and dK/dV), against its compute.
   double bwd_copy_ms = 0, bwd_hidden_copy_ms = 0, bwd_compute_ms = 0;
@@ -60,6 +59,21 @@ struct GpuRingResult {
 /// Runs the ring on the GPU(s). Throws UsageError for unsupported problems or when
 /// the backend is not built or there are too few GPUs.
 GpuRingResult ring_gpu(const Problem& p, const AttnInputs& in, const GpuRingOptions& opt);
+
+/// How much of the copies the compute hid. A copy is *exposed* for the part of it
+/// that ends after the compute it hides behind has ended, i.e. for as long as the
+/// step that needs it had to wait for it:
+///   forward K/V of round s into rank r   -> behind rank r's forward step s
+///   backward K/V of round s              -> behind backward step s
+///   dK/dV of round s (waited for after step s + 1) -> behind backward step s + 1
+///                                            (the last one, home, behind step P - 1)
+/// A copy that runs entirely before its step's compute has started is hidden too: it
+/// delays nothing.
+struct CopyHiding {
+  double fwd_copy_ms = 0, fwd_exposed_ms = 0;
+  double bwd_copy_ms = 0, bwd_exposed_ms = 0;
+};
+CopyHiding copy_hiding(const std::vector<TimelineEvent>& events);
 
 /// The timeline as an SVG: one lane per rank and stream, an interval per step.
 std::string timeline_svg(const std::vector<TimelineEvent>& events, int ranks, const std::string& title);

@@ -2,6 +2,8 @@
 // event times the GPU backends measured).
 #include <algorithm>
 #include <cstdio>
+#include <map>
+#include <tuple>
 #include <sstream>
 
 #include "ring/ring_gpu.hpp"
@@ -23,6 +25,36 @@ bool parse_backend(const std::string& s, Backend* out) {
   else if (s == "nccl") *out = Backend::nccl;
   else return false;
   return true;
+}
+
+CopyHiding copy_hiding(const std::vector<TimelineEvent>& events) {
+  // end of the compute interval of (rank, "fwd"/"bwd", step)
+  std::map<std::tuple<int, std::string, int>, double> end;
+  std::map<int, int> last_bwd_step;
+  for (const TimelineEvent& e : events) {
+    if (e.lane != "compute") continue;
+    end[{e.rank, e.what, e.step}] = e.t1;
+    if (e.what == "bwd") last_bwd_step[e.rank] = std::max(last_bwd_step[e.rank], e.step);
+  }
+  CopyHiding h;
+  for (const TimelineEvent& e : events) {
+    if (e.lane != "copy") continue;
+    const bool fwd = e.what == "kv";
+    const std::string phase = fwd ? "fwd" : "bwd";
+    int step = e.step;
+    if (e.what == "dkv") step = std::min(e.step + 1, last_bwd_step.count(e.rank) ? last_bwd_step[e.rank] : e.step);
+    const auto it = end.find({e.rank, phase, step});
+    const double behind = it == end.end() ? e.t0 : it->second;  // no compute to hide behind: all exposed
+    const double exposed = std::max(0.0, e.t1 - std::max(e.t0, behind));
+    if (fwd) {
+      h.fwd_copy_ms += e.t1 - e.t0;
+      h.fwd_exposed_ms += exposed;
+    } else {
+      h.bwd_copy_ms += e.t1 - e.t0;
+      h.bwd_exposed_ms += exposed;
+    }
+  }
+  return h;
 }
 
 std::string timeline_svg(const std::vector<TimelineEvent>& events, int ranks, const std::string& title) {
