@@ -488,16 +488,15 @@ class Bench:
                 extras.append(Task("ours", "ch02 softmax, rows of %d" % sn, 6, lambda sn=sn: self.softmax_task(sn)))
         if "06" in self.chapters:
             masks = ["--no-model"] + (["--mask", "causal"] if q else [])
-            for sub, extra in (("mask", masks), ("gqa", []), ("mla", []), ("ring", [])):
+            for sub, extra in (("mask", masks), ("gqa", []), ("mla", []), ("ring", []))[:2 if q else 4]:
                 extras.append(Task("ours", "ch06 %s" % sub, 15, lambda sub=sub, extra=extra:
                                    self.ch06_task(sub, 128, 8192, sub != "mask", extra)))
         if q:
             no_flex = [p for p in PEERS if p != "flex"]  # FlexAttention compiles per shape: N = 8K only
             tasks += self.attention_group(128, 8192, True, ("04", "05"))
             tasks += self.attention_group(128, 8192, False, ("05", "04", "01"))
-            tasks += [t for t in extras if not t.label.startswith("ch06")]
+            tasks += extras
             tasks += self.attention_group(128, 2048, False, ("03",), no_flex, no_flex)  # FA1: minutes at 8K
-            tasks += [t for t in extras if t.label.startswith("ch06")]
             return tasks
         for i, (d, n, causal) in enumerate((d, n, c) for d in (128, 64, 256) for n in FULL_N for c in (True, False)):
             tasks += self.attention_group(d, n, causal, ("04", "05", "03", "01") if n <= 4096 else ("04", "05", "01"))
