@@ -47,7 +47,7 @@ Chunk even_piece(int n, int pieces, int i) {
 }
 
 /// floor(a / b) for b > 0.
-int floor_div(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+[[maybe_unused]] int floor_div(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }  // (unused in the ch06.9 stub)
 
 }  // namespace
 
