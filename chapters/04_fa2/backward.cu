@@ -17,7 +17,7 @@
 // and dV_j are each owned by one block and need no reduction) makes every block j
 // contribute to every dQ_i. Chapter 03's FA1 backward had one block per (batch,
 // head), which owned all of dQ, and so needed none; FA2 trades that for parallelism
-// over the sequence and pays with fp32 atomics on dQ (ERRATA 2).
+// over the sequence and pays with fp32 atomics on dQ (the study notes say FA2 removed them: it did not).
 //
 // Warp layout of fa2_bwd_main (8 warps, Bc = 128 keys, Br = 64 queries per step):
 //

@@ -41,7 +41,7 @@ TEST_CASE("cache table: bytes per token and layer of the six models, from their 
   const ModelConfig& l8 = model("Llama-3.1-8B");
   CHECK(2 * cache_elems_per_token(l8) == 4096);
   CHECK(2 * mha_elems_per_token(l8) == 16384);
-  // ERRATA 17: GQA caches Hkv / Hq of MHA (here 1/4), not 1/N.
+  // GQA caches Hkv / Hq of MHA (here 1/4), not 1/N.
   for (const ModelConfig& m : model_configs())
     if (m.kind == AttnKind::gqa) CHECK(cache_elems_per_token(m) / mha_elems_per_token(m) == doctest::Approx(double(m.kv_heads) / m.heads));
   CHECK(2 * cache_elems_per_token(model("Llama-3.1-70B")) == 4096);
@@ -53,13 +53,13 @@ TEST_CASE("cache table: bytes per token and layer of the six models, from their 
   const ModelConfig& ds = model("DeepSeek-V3");
   CHECK(2 * cache_elems_per_token(ds) == 1152);
   CHECK(mha_elems_per_token(ds) / cache_elems_per_token(ds) == doctest::Approx(40960.0 / 576));
-  // ERRATA 12: against DeepSeek-V2's MHA (2 x 128 x 128 = 32,768) the saving is ~57x, not ~32x,
+  // Against DeepSeek-V2's MHA (2 x 128 x 128 = 32,768) the saving is ~57x, not ~32x,
   // and 576 elements equal GQA with 2.25 groups of 2 x 128.
   CHECK(32768.0 / cache_elems_per_token(ds) == doctest::Approx(56.9).epsilon(0.01));
   CHECK(cache_elems_per_token(ds) / (2 * 128) == doctest::Approx(2.25));
 }
 
-TEST_CASE("cache table: decode intensity is 4 N H d FLOPs over the cache (ERRATA 11)") {
+TEST_CASE("cache table: decode intensity is 4 N H d FLOPs over the cache (not 2 N H d)") {
   ModelConfig mha = model("Llama-3.1-8B");
   mha.kv_heads = mha.heads;  // the same model with full MHA
   // bf16 MHA: 4 N H d FLOPs over 2 N H d elements of 2 bytes: 1 FLOP per byte, not 0.5.

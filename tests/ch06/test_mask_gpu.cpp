@@ -48,7 +48,7 @@ void require_path(GpuPath path) {
 
 struct Inputs {
   Problem p;
-  Layout L;
+  TokenLayout L;
   AttnInputs in, lin;
 };
 

@@ -44,7 +44,7 @@ struct Outcome {
 Outcome run_model(const MaskSpec& s, const Problem& user, Dist dist = Dist::normal, int Br = kModelBr,
                   int Bc = kModelBc) {
   const Problem p = masked_problem(user);
-  const Layout L = layout_for(s, p);
+  const TokenLayout L = layout_for(s, p);
   const AttnInputs in = make_inputs(p, dist, 11, true);
   AttnInputs lin;
   lin.q = to_layout(in.q, p.heads, p.nq, p.d, L.packed);
@@ -288,7 +288,7 @@ TEST_CASE("document masking: documents of length 1, and 1000 documents in one pa
 
 TEST_CASE("document masking reads the packed varlen layout [tokens][heads][d] (no padding)") {
   const Problem p = masked_problem(shape().heads(3).n(64).d(32));
-  const Layout L = Layout::varlen(p);
+  const TokenLayout L = TokenLayout::varlen(p);
   CHECK(L.packed);
   CHECK(L.q.row == 3 * 32);
   CHECK(L.q.head == 32);

@@ -112,7 +112,7 @@ TEST_CASE("at step s rank r holds the K/V of rank (r - s) mod P, and a contiguou
         // the message rank r receives for step s + 1 is what rank r - 1 holds at step s
         CHECK(kv_source(r, s + 1, P) == kv_source((r + P - 1) % P, s, P));
         const StepPlan plan = step_plan(Layout::contiguous, 64 * P + 5, P, r, s, true);
-        CHECK(plan.pairs.empty() == (s > r));  // ERRATA 15: in the future exactly when s > r
+        CHECK(plan.pairs.empty() == (s > r));  // in the future exactly when s > r
         if (s == 0) {
           REQUIRE(plan.pairs.size() == 1);
           CHECK(plan.pairs[0].mask.kind == PairKind::diagonal);

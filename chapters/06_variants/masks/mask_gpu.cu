@@ -80,7 +80,7 @@ DevicePolicyData upload_policy_data(const MaskSpec& s) {
 
 }  // namespace
 
-GpuMaskForward mask_forward_gpu(const Problem& p, const MaskSpec& s, const Layout& layout, const AttnInputs& in,
+GpuMaskForward mask_forward_gpu(const Problem& p, const MaskSpec& s, const TokenLayout& layout, const AttnInputs& in,
                                 GpuPath path, bool time) {
   const bool hopper = path == GpuPath::sm90a;
   const BlockMap map = hopper ? build_block_map(s, p, hopper_mask::Br, hopper_mask::Bc)
@@ -115,7 +115,7 @@ GpuMaskForward mask_forward_gpu(const Problem& p, const MaskSpec& s, const Layou
   return r;
 }
 
-GpuMaskBackward mask_backward_gpu(const Problem& p, const MaskSpec& s, const Layout& layout, const AttnInputs& in,
+GpuMaskBackward mask_backward_gpu(const Problem& p, const MaskSpec& s, const TokenLayout& layout, const AttnInputs& in,
                                   const std::vector<float>& o_host, const std::vector<float>& lse_host, bool time) {
   const BlockMap map = build_block_map(s, p, backward_mask::Br, backward_mask::Bc);
   const DeviceTensor q = DeviceTensor::from_host(in.q, p.dtype), k = DeviceTensor::from_host(in.k, p.dtype),

@@ -40,10 +40,10 @@ int ampere_tile_keys();
 int hopper_tile_keys();
 
 /// Forward on the GPU (`path` sm80 or sm90a). Inputs in the layout's order.
-GpuMaskForward mask_forward_gpu(const Problem& p, const MaskSpec& s, const Layout& layout, const AttnInputs& in,
+GpuMaskForward mask_forward_gpu(const Problem& p, const MaskSpec& s, const TokenLayout& layout, const AttnInputs& in,
                                 GpuPath path, bool time);
 /// Backward on the GPU from the forward's O and LSE.
-GpuMaskBackward mask_backward_gpu(const Problem& p, const MaskSpec& s, const Layout& layout, const AttnInputs& in,
+GpuMaskBackward mask_backward_gpu(const Problem& p, const MaskSpec& s, const TokenLayout& layout, const AttnInputs& in,
                                   const std::vector<float>& o, const std::vector<float>& lse, bool time);
 
 }  // namespace attn::ch06

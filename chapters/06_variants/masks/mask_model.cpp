@@ -62,7 +62,7 @@ KeyList backward_list(const BlockMap& m, int b, int h, int kb) {
 }
 
 template <class P>
-MaskForwardResult forward(const Problem& p, const Layout& L, const AttnInputs& in, const P& pol,
+MaskForwardResult forward(const Problem& p, const TokenLayout& L, const AttnInputs& in, const P& pol,
                           const BlockMap& map, std::size_t sram_bytes) {
   MaskForwardResult r;
   Traffic& tr = r.traffic;
@@ -143,7 +143,7 @@ MaskForwardResult forward(const Problem& p, const Layout& L, const AttnInputs& i
 }
 
 template <class P>
-MaskBackwardResult backward(const Problem& p, const Layout& L, const AttnInputs& in, const std::vector<float>& o_in,
+MaskBackwardResult backward(const Problem& p, const TokenLayout& L, const AttnInputs& in, const std::vector<float>& o_in,
                             const std::vector<float>& lse_in, const P& pol, const BlockMap& map,
                             std::size_t sram_bytes) {
   MaskBackwardResult r;
@@ -262,14 +262,14 @@ std::vector<int> host_doc(const MaskSpec& s) {
 
 }  // namespace
 
-MaskForwardResult mask_forward_model(const Problem& p, const MaskSpec& s, const Layout& layout,
+MaskForwardResult mask_forward_model(const Problem& p, const MaskSpec& s, const TokenLayout& layout,
                                      const AttnInputs& in, const BlockMap& map, std::size_t sram_bytes) {
   const std::vector<int> doc = host_doc(s);
   return visit_policy(s, p, PolicyData{doc.data(), s.sink_logits.data()},
                       [&](const auto& pol) { return forward(p, layout, in, pol, map, sram_bytes); });
 }
 
-MaskBackwardResult mask_backward_model(const Problem& p, const MaskSpec& s, const Layout& layout,
+MaskBackwardResult mask_backward_model(const Problem& p, const MaskSpec& s, const TokenLayout& layout,
                                        const AttnInputs& in, const std::vector<float>& o,
                                        const std::vector<float>& lse, const BlockMap& map,
                                        std::size_t sram_bytes) {

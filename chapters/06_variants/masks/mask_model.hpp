@@ -43,10 +43,10 @@ struct MaskBackwardResult {
 };
 
 /// `in` holds Q, K, V (and dO) in `layout`'s order; `map` was built at the model's tiles.
-MaskForwardResult mask_forward_model(const Problem& p, const MaskSpec& s, const Layout& layout,
+MaskForwardResult mask_forward_model(const Problem& p, const MaskSpec& s, const TokenLayout& layout,
                                      const AttnInputs& in, const BlockMap& map, std::size_t sram_bytes);
 /// `o` and `lse` from the forward (as the kernel reads them).
-MaskBackwardResult mask_backward_model(const Problem& p, const MaskSpec& s, const Layout& layout,
+MaskBackwardResult mask_backward_model(const Problem& p, const MaskSpec& s, const TokenLayout& layout,
                                        const AttnInputs& in, const std::vector<float>& o,
                                        const std::vector<float>& lse, const BlockMap& map,
                                        std::size_t sram_bytes);

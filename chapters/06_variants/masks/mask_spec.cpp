@@ -229,8 +229,8 @@ std::unique_ptr<ScoreMod> reference_mod(const MaskSpec& s, const Problem& p) {
 
 // ------------------------------------------------------------------ layouts
 
-Layout Layout::standard(const Problem& p) {
-  Layout l;
+TokenLayout TokenLayout::standard(const Problem& p) {
+  TokenLayout l;
   l.q = {(long long)p.heads * p.nq * p.d, (long long)p.nq * p.d, p.d};
   l.o = {(long long)p.heads * p.nq * p.dv, (long long)p.nq * p.dv, p.dv};
   l.k = {(long long)p.kv_heads * p.nk * p.d, (long long)p.nk * p.d, p.d};
@@ -238,8 +238,8 @@ Layout Layout::standard(const Problem& p) {
   return l;
 }
 
-Layout Layout::varlen(const Problem& p) {
-  Layout l;
+TokenLayout TokenLayout::varlen(const Problem& p) {
+  TokenLayout l;
   l.packed = true;
   l.q = {0, p.d, (long long)p.heads * p.d};
   l.o = {0, p.dv, (long long)p.heads * p.dv};
@@ -248,8 +248,8 @@ Layout Layout::varlen(const Problem& p) {
   return l;
 }
 
-Layout layout_for(const MaskSpec& s, const Problem& p) {
-  return s.kind == MaskKind::document ? Layout::varlen(p) : Layout::standard(p);
+TokenLayout layout_for(const MaskSpec& s, const Problem& p) {
+  return s.kind == MaskKind::document ? TokenLayout::varlen(p) : TokenLayout::standard(p);
 }
 
 std::vector<float> to_layout(const std::vector<float>& x, int heads, int n, int w, bool packed) {

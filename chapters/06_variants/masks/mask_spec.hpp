@@ -102,14 +102,14 @@ struct Strides {
 /// Where Q, K, V, O (and dQ, dK, dV, dO alike) live. `standard`: [B][H][N][d], the
 /// project's layout; `packed`: FlashAttention's varlen layout [total_tokens][H][d]
 /// (one batch of back-to-back sequences, no padding), which document masking uses.
-struct Layout {
+struct TokenLayout {
   Strides q, k, v, o;
   bool packed = false;
-  static Layout standard(const Problem& p);
-  static Layout varlen(const Problem& p);
+  static TokenLayout standard(const Problem& p);
+  static TokenLayout varlen(const Problem& p);
 };
 /// The layout a spec runs in (packed for document masking).
-Layout layout_for(const MaskSpec& s, const Problem& p);
+TokenLayout layout_for(const MaskSpec& s, const Problem& p);
 /// [B][H][N][w] -> the layout's order, and back (identity for the standard layout).
 std::vector<float> to_layout(const std::vector<float>& x, int heads, int n, int w, bool packed);
 std::vector<float> from_layout(const std::vector<float>& x, int heads, int n, int w, bool packed);

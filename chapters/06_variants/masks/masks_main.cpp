@@ -139,7 +139,7 @@ void run_variant(const MaskSpec& spec, const Options& opt, const MaskArgs& a, co
   const Problem user = opt.problem;
   const Problem p = masked_problem(user);
   const std::string name = mask_name(spec.kind);
-  const Layout layout = layout_for(spec, p);
+  const TokenLayout layout = layout_for(spec, p);
   const BlockMap map = build_block_map(spec, p, kModelBr, kModelBc);
   if (a.map) {
     std::ostream& os = opt.json ? std::cerr : std::cout;

@@ -8,7 +8,7 @@
 /// Q and for K/V). Rank r holds Q_r, K_r, V_r. In P - 1 rotations every rank passes
 /// the K/V shard it holds to rank r + 1 and receives one from rank r - 1, so that
 ///
-///     at step s (0 .. P-1) rank r holds the K/V of rank (r - s) mod P        (ERRATA 15)
+///     at step s (0 .. P-1) rank r holds the K/V of rank (r - s) mod P        (the study notes get this wrong)
 ///
 ///     step 0        step 1        step 2        step 3          P = 4
 ///     r0: KV0       r0: KV3       r0: KV2       r0: KV1
@@ -56,7 +56,7 @@ std::vector<Chunk> shard_chunks(Layout layout, int n, int ranks, int rank);
 /// Tokens rank `rank` holds (the sum of its chunks' counts).
 int shard_tokens(Layout layout, int n, int ranks, int rank);
 
-/// The rank whose K/V shard rank `rank` holds at step `step` (ERRATA 15).
+/// The rank whose K/V shard rank `rank` holds at step `step`.
 inline int kv_source(int rank, int step, int ranks) { return ((rank - step) % ranks + ranks) % ranks; }
 
 enum class PairKind { full, diagonal, skip };

@@ -30,7 +30,7 @@
 /// **Why cuda::ptx and not cuda::barrier.** cuda::barrier's arrive-then-wait-on-token
 /// model fits threads that both arrive and wait; a ring's consumers wait on a phase
 /// they never arrived on, which is the parity form above, so these wrappers call the
-/// `::cuda::ptx::mbarrier_*` functions (one PTX instruction each) directly.
+/// `cuda::ptx::mbarrier_*` functions (one PTX instruction each) directly.
 
 #include <cuda/ptx>
 

@@ -5,7 +5,7 @@
 ///        engine for a whole box with one instruction, and the bytes land in shared
 ///        memory (swizzled) while every thread does something else.
 ///
-/// Wraps `cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes`
+/// Wraps the PTX `cp.async.bulk.tensor` (3d, `.shared::cluster`, `.global`, `.mbarrier::complete_tx::bytes`)
 /// through CCCL's `cuda::ptx::cp_async_bulk_tensor`, PTX ISA "Data Movement and
 /// Conversion Instructions: cp.async.bulk.tensor" (the tensor map's fields: "Tensor
 /// Access Modes" and the CUDA driver API's cuTensorMapEncodeTiled). sm_90.

@@ -39,7 +39,7 @@
 // and dV_j are each owned by one block and need no reduction) makes every block j
 // contribute to every dQ_i. Chapter 03's FA1 backward had one block per (batch,
 // head), which owned all of dQ, and so needed none; FA2 trades that for parallelism
-// over the sequence and pays with fp32 atomics on dQ (ERRATA 2).
+// over the sequence and pays with fp32 atomics on dQ (the study notes say FA2 removed them: it did not).
 //
 // Warp layout of fa2_bwd_main (8 warps, Bc = 128 keys, Br = 64 queries per step):
 //
@@ -258,10 +258,7 @@ __global__ void __launch_bounds__(kMainThreads) fa2_bwd_main(const BwdParams p, 
           if (key >= p.nk || row >= p.nq || !pol.keep(b, h, row, key)) pv = 0.f;
         }
         st[nt][e] = pv;
-        // EXERCISE ch04.3: the softmax backward on fragments: dS^T = P^T o (dP^T - D_i)
-        //| dpt[nt][e] = pv * dpt[nt][e];  // TODO: your code here
-        dpt[nt][e] = pv * (dpt[nt][e] - sD[q]);
-        // END EXERCISE
+        dpt[nt][e] = pv * (dpt[nt][e] - sD[q]);  // dS^T = P^T o (dP^T - D_i), chapter 04's exercise ch04.3
         dpt[nt][e] *= dmod;  // the score modifier's derivative (1 without one)
       }
 
