@@ -447,9 +447,11 @@ class Bench:
         for c in chapters:
             if c not in self.chapters or not self.supports(c, d):
                 continue
-            bwd = c in ("03", "04")
+            bwd = c in ("03", "04") and not getattr(self, "_no_bwd", False)
             fl = attention_flops(*paper_shape(n, d), n, n, d, causal)
-            est = 9 + 24 * fl / {"01": 50e12, "03": 10e12, "04": 100e12, "05": 300e12}[c] * (3.5 if bwd else 1)
+            # seconds, from the H200 run of 2026-12-01: host-side set-up (inputs, fp64 reference) dominates
+            base = {"01": 9, "03": 14, "04": 30 if bwd else 10, "05": 8}[c]
+            est = base + 24 * fl / {"01": 50e12, "03": 10e12, "04": 100e12, "05": 300e12}[c] * (3.5 if bwd else 1)
 
             if not causal and self.causal_only(c):
                 self.rows.append(self.base_row(c, "ch%s (%s)" % (c, self.bins[c].name), "fwd", d, n, False,
@@ -467,15 +469,16 @@ class Bench:
                     continue
                 first = p not in self._peer_seen
                 self._peer_seen.add(p)
-                est = 1.0 + ({"flex": 6, "fa4": 10}.get(p, 0) if first else {"flex": 4, "fa4": 2}.get(p, 0))
+                est = 1.0 + ({"flex": 4, "fa4": 16}.get(p, 0) if first else {"flex": 3, "fa4": 3}.get(p, 0))
                 tasks.append(Task("peer", "%s %s %s" % (p, "bwd" if bwd else "fwd", label), est,
                                   lambda p=p, bwd=bwd: self.peer_task(p, d, n, causal, bwd)))
         return tasks
 
     def plan(self):
         """Tasks in priority order: with --budget, what does not fit is left off the end.
-        --quick: d = 128 at N = 8K, causal and not (chapter 03 at 2K), chapter 07's sweep and
-        chapter 02's longest rows; the full sweep: N = 512 ... 16K, d = 64, 128, 256."""
+        --quick: d = 128 at N = 8K, causal and not (chapter 03 at 2K), chapter 07's sweep,
+        chapter 02's longest rows, chapter 06's masks and GQA; the full sweep: d = 128 at
+        N = 512 ... 16K, d = 64 and 256 at 2K and 8K, everything else."""
         self._causal_only, self._peer_seen = {}, set()
         q = self.a.quick
         self.prune_from = 8192 if q else 4096
@@ -498,10 +501,18 @@ class Bench:
             tasks += extras
             tasks += self.attention_group(128, 2048, False, ("03",), no_flex, no_flex)  # FA1: minutes at 8K
             return tasks
-        for i, (d, n, causal) in enumerate((d, n, c) for d in (128, 64, 256) for n in FULL_N for c in (True, False)):
-            tasks += self.attention_group(d, n, causal, ("04", "05", "03", "01") if n <= 4096 else ("04", "05", "01"))
+        # d = 128 over every N; d = 64 and 256 at 2K and 8K. The binaries' set-up (inputs and the fp64
+        # reference on the host) costs 8-30 s a run, so the full sweep is ~12 minutes on an H200.
+        shapes = [(128, n, c) for n in FULL_N for c in (True, False)]
+        shapes += [(d, n, c) for d in (64, 256) for n in (2048, 8192) for c in (True, False)]
+        for i, (d, n, causal) in enumerate(shapes):
+            chs = ["04", "05"] + (["01"] if not causal and d == 128 else []) + \
+                  (["03"] if not causal and d == 128 and n <= 2048 else [])
+            self._no_bwd = not (d == 128 or (d == 64 and n == 8192))
+            tasks += self.attention_group(d, n, causal, chs)
             if i == 1:
                 tasks += extras
+        self._no_bwd = False
         return tasks
 
     # ----------------------------------------------------------------- run
@@ -546,6 +557,8 @@ class Bench:
         self.chapters = {c: n for c, n in self.chapters.items() if c in self.bins}
         tasks = self.plan()
         total = sum(t.est for t in tasks)
+        log("bench: %d tasks, about %d:%02d on an H200%s" % (len(tasks), total // 60, total % 60,
+                                                            " (--budget %d s)" % self.a.budget if self.a.budget else ""))
         done_est = 0.0
         bar = Progress(len(tasks), sys.stderr.isatty())
         if self.a.budget:
