@@ -227,7 +227,7 @@ def fig_lineage_lines(res, rows, out_dir):
     per_chapter = {}
     for (c, k), r in best.items():
         per_chapter.setdefault(c, set()).add(r["N"])
-    if max(len(v) for v in per_chapter.values()) < 2:
+    if not per_chapter or max(len(v) for v in per_chapter.values()) < 2:
         return None  # one N per chapter: lineage.png says it all
     brows = []
     for (c, _), r in best.items():
@@ -323,7 +323,7 @@ def fig_roofline(res, rows, out_dir):
 def fig_decode(res, rows, out_dir):
     dec = [r for r in rows if r.get("pass") == "decode"]
     ours = [r for r in dec if r.get("kind") == "ours"]
-    if not ours:
+    if not any(speed(r) for r in ours):
         return None
     bw = res.get("ceilings", {}).get("read_gbps")
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 5.2), gridspec_kw={"width_ratios": [2.2, 1]})
@@ -458,13 +458,19 @@ def fig_lineage(res, rows, out_dir):
 def draw_all(res, out_dir):
     os.makedirs(out_dir, exist_ok=True)
     rows = bench_report.enrich(res)
-    paths = []
+    jobs = []
     chapters = sorted({r["chapter"] for r in rows if r.get("kind") == "ours"})
     for c in chapters:
         for pss in ("fwd", "bwd"):
-            paths.append(fig_chapter(res, rows, c, pss, out_dir))
-    paths += [fig_lineage_lines(res, rows, out_dir), fig_roofline(res, rows, out_dir),
-              fig_decode(res, rows, out_dir), fig_lineage(res, rows, out_dir)]
+            jobs.append((fig_chapter, (res, rows, c, pss, out_dir)))
+    jobs += [(f, (res, rows, out_dir)) for f in (fig_lineage_lines, fig_roofline, fig_decode, fig_lineage)]
+    paths = []
+    for f, args in jobs:
+        try:
+            paths.append(f(*args))
+        except Exception as e:  # one picture's trouble never costs the others (the tests see it)
+            print("bench_plots: %s failed: %s: %s" % (f.__name__, e.__class__.__name__, e), file=sys.stderr)
+            plt.close("all")
     return [p for p in paths if p]
 
 

@@ -10,7 +10,6 @@ with no kernel for a shape, and a kernel slower than its peer.
 import copy
 import csv
 import io
-import json
 import os
 import re
 import sys
@@ -173,6 +172,23 @@ class Plots(unittest.TestCase):
                 with open(p, "rb") as fh:
                     self.assertEqual(fh.read(8), b"\x89PNG\r\n\x1a\n")
                 self.assertGreater(os.path.getsize(p), 10000)
+
+
+    def test_plots_of_a_run_where_nothing_passed(self):
+        import bench_plots
+        res = load()
+        for r in res["rows"]:
+            r["status"] = "failed"
+        with tempfile.TemporaryDirectory() as d:
+            import contextlib
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                paths = bench_plots.draw_all(res, d)
+            self.assertNotIn("failed:", err.getvalue())  # no figure raised
+            # no kernel passed: no speed plot, only the lineage picture that says "failed"
+            self.assertEqual([os.path.basename(p) for p in paths], ["lineage.png"])
+        md = bench_report.markdown(res)
+        self.assertIn("no kernel passed", md)
 
 
 class Runner(unittest.TestCase):
