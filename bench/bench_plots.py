@@ -377,7 +377,7 @@ def fig_decode(res, rows, out_dir):
     ax2.grid(True, alpha=0.25)
     if bw:
         ax2.axhline(bw, color="#bbbbbb", lw=1)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     footer(fig, res)
     path = os.path.join(out_dir, "decode_gbps.png")
     fig.savefig(path, dpi=110)

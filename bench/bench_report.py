@@ -266,7 +266,9 @@ def decode_table(res, rows):
     body = []
     for key in cfgs:
         ours = [by.get((key, k)) for k in kernels]
-        cells = [key[4], key[3], "%s/%s" % (key[5], key[6]), key[8]] + [fmt_speed(r) for r in ours]
+        cells = [key[4], key[3], "%s/%s" % (key[5], key[6]), key[8]] + \
+            [fmt_speed(r) + (" S=%d" % r["splits"] if r is not None and speed(r) and (r.get("splits") or 1) > 1
+                             else "") for r in ours]
         for p in DECODE_PEERS:
             cells.append(peer_cell(res, by, key, p, True) if key[8] == 16 else "-")
         chosen = [r for r in ours if r and r.get("chosen") and "paged" in r["kernel"]]
@@ -339,8 +341,8 @@ def markdown(res):
     t = decode_table(res, rows)
     if t:
         out.append(section("ch07-decode", "Chapter 07: paged decode (KV GB/s)", t,
-                           "Bytes of every cached key and value (bf16) over the median time; d = 128. Peers read "
-                           "contiguous K/V (page 16 rows only)."))
+                           "Bytes of every cached key and value (bf16) over the median time; d = 128; S: key "
+                           "splits of v2. Peers read contiguous K/V (page 16 rows only)."))
     notes = res.get("notes") or []
     if notes:
         out += ["### Notes", ""] + ["- " + n for n in notes] + [""]

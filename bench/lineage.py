@@ -370,10 +370,11 @@ class Bench:
                     "page_size": cfg["page_size"], "dtype": "bf16", "unit": "GB/s", "ceiling": "read",
                     "bytes": cfg["kv_bytes"]}
             for r in cfg["results"]:
-                name = "ch07 %s %s%s" % (r["kernel"], r["layout"], " (split %d)" % r["splits"] if r["splits"] > 1
-                                        else "")
+                name = "ch07 %s %s" % (r["kernel"], r["layout"])
                 row = dict(base, kernel=name, max_abs_err=r.get("max_abs_err"), chosen=r.get("chosen"),
-                           note="the kernel the split heuristic picks" if r.get("chosen") else "")
+                           splits=r.get("splits"), note="%d key splits%s" % (
+                               r.get("splits") or 1, "; the kernel the split heuristic picks" if r.get("chosen")
+                               else ""))
                 if r.get("pass"):
                     row.update(status="ok", time_ms=r["time_ms"], gbps=r["kv_gbps"])
                 else:
