@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """./tutorial bench: every chapter's kernels next to the peers and the GPU's own ceilings, in one run.
 
-    ./tutorial bench                       the full sweep (under 10 minutes on an H200)
-    ./tutorial bench --quick               fewer shapes (under 3 minutes)
+    ./tutorial bench                       the full sweep (about 15 minutes on an H200, estimated)
+    ./tutorial bench --quick               fewer shapes (about 3 minutes; the start line says)
     ./tutorial bench --chapters 04,05      only these chapters (and the peers on their shapes)
     ./tutorial bench --cpu                 no GPU needed: the CPU models' counted HBM traffic and
                                            extra memory against N and the on-chip budget M
@@ -638,7 +638,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(prog="./tutorial bench", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
-    ap.add_argument("--quick", action="store_true", help="d = 128 at N = 8K (chapter 03: 2K), the decode sweep: under 3 minutes")
+    ap.add_argument("--quick", action="store_true", help="d=128 at N=8K, the decode sweep, softmax, FA1 at 2K: about 3 minutes")
     ap.add_argument("--chapters", help="comma-separated chapter numbers, e.g. 04,05 (default: every chapter)")
     ap.add_argument("--cpu", action="store_true", help="no GPU: the CPU models' counted traffic, plotted")
     ap.add_argument("--report", metavar="RESULTS_JSON", help="write the tables and plots from this file, run nothing")
