@@ -255,7 +255,7 @@ def lineage_table(res, rows):
 def decode_table(res, rows):
     cfgs = []
     for r in rows:
-        if r.get("pass") == "decode" and r.get("kind") == "ours" and shape_key(r) not in cfgs:
+        if r.get("pass") == "decode" and r.get("kind") == "ours" and r.get("B") and shape_key(r) not in cfgs:
             cfgs.append(shape_key(r))
     if not cfgs:
         return None
