@@ -28,11 +28,7 @@
 ///     full     every key is visible to every row:   c1 - 1 <=  r0      + diag
 ///     partial  the diagonal crosses the tile: needs the element-wise mask
 
-#if defined(__CUDACC__)
-#define ATTN_HD __host__ __device__ __forceinline__
-#else
-#define ATTN_HD inline
-#endif
+#include "common/hd.hpp"
 
 namespace attn {
 

@@ -29,11 +29,7 @@
 
 #include <cmath>
 
-#if defined(__CUDACC__)
-#define ATTN_HD __host__ __device__ __forceinline__
-#else
-#define ATTN_HD inline
-#endif
+#include "common/hd.hpp"
 
 namespace attn {
 
