@@ -193,7 +193,7 @@ def fig_chapter_bars(res, rows, chapter, pss, kernels, out_dir):
     colors = kernel_colors(all_k, chapter)
     gemm = res.get("ceilings", {}).get("bf16_gemm_tflops")
     for ax, (d, causal) in zip(axes[0], shapes):
-        f = lambda r: r.get("pass") == pss and r.get("d") == d and bool(r.get("causal")) == causal  # noqa: E731
+        f = lambda r: r.get("pass") == pss and r.get("N") == n and r.get("d") == d and bool(r.get("causal")) == causal  # noqa: E731
         ks = [k for k in all_k if any(r["kernel"] == k and f(r) and r.get("status") != "unsupported" for r in rows)]
         if ks:
             bar_panel(ax, rows, f, ks, colors, gemm)
