@@ -103,4 +103,22 @@ __device__ __forceinline__ void load_tile(uint32_t tile, const T* g, int r0, int
   }
 }
 
+/// load_tile for a tensor whose rows are `ld` elements apart (16-bit elements): chapter 06's
+/// masked kernels read the packed varlen layout [tokens][heads][d], where ld = heads * d.
+/// Kept beside load_tile rather than folded into it, so that the kernels of chapters
+/// 04 and 05, measured with load_tile's compile-time stride, keep their machine code.
+template <int ROWS, int D, int kThreads, class T>
+__device__ __forceinline__ void load_tile_ld(uint32_t tile, const T* g, int r0, int n, long long ld) {
+  constexpr int KC = D / 8, RS = kThreads / KC;
+  static_assert(RS % 8 == 0 && ROWS % RS == 0, "whole passes; the swizzle repeats every 8 rows");
+  const int rb = threadIdx.x / KC, c = threadIdx.x % KC;
+  const uint32_t dst = tile + uint32_t(rb * KC + (c ^ (rb & 7))) * 16u;
+  const T* src = g + (r0 + rb) * ld + c * 8;
+#pragma unroll
+  for (int k = 0; k < ROWS / RS; ++k) {
+    const bool valid = r0 + rb + k * RS < n;
+    cp_async_16(dst + uint32_t(k * RS * KC) * 16u, valid ? src + k * RS * ld : g, valid);
+  }
+}
+
 }  // namespace attn::cuda

@@ -11,7 +11,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "common/cuda/cp_async.cuh"
 #include "mask_spec.hpp"
 
 namespace attn::ch06 {
@@ -66,23 +65,6 @@ struct BwdParams {
   DevStrides sq, sk, sv, so;
   DevMap map;  ///< query blocks of each key block (the transposed lists)
 };
-
-/// Rows [r0, r0 + ROWS) of a tensor whose rows are `ld` elements apart (16-bit elements),
-/// into a swizzled [ROWS][D] shared tile by cp.async: common/cuda/smem_tiles.cuh's
-/// load_tile with a row stride, for the packed layout [tokens][heads][d] (ld = heads * d).
-template <int ROWS, int D, int kThreads, class T>
-__device__ __forceinline__ void load_tile_ld(uint32_t tile, const T* g, int r0, int n, long long ld) {
-  constexpr int KC = D / 8, RS = kThreads / KC;
-  static_assert(RS % 8 == 0 && ROWS % RS == 0, "whole passes; the swizzle repeats every 8 rows");
-  const int rb = threadIdx.x / KC, c = threadIdx.x % KC;
-  const uint32_t dst = tile + uint32_t(rb * KC + (c ^ (rb & 7))) * 16u;
-  const T* src = g + (r0 + rb) * ld + c * 8;
-#pragma unroll
-  for (int k = 0; k < ROWS / RS; ++k) {
-    const bool valid = r0 + rb + k * RS < n;
-    attn::cuda::cp_async_16(dst + uint32_t(k * RS * KC) * 16u, valid ? src + k * RS * ld : g, valid);
-  }
-}
 
 /// The launchers of each step: one instantiation per policy, d = 128, bf16.
 namespace ampere_mask {
