@@ -92,38 +92,14 @@ def write(path, text):
 
 # ----------------------------------------------------------------------------- chapters
 
-# A chapter written as parts, each with a SECTION.md and no chapter README yet, gets a page
-# assembled from its sections under this title.
-SECTION_TITLES = {'06': 'Variants: masks and score modifiers, GQA/MQA and MLA, ring attention'}
-
-
-def assembled_readme(d, nn, pages):
-    """pages/chNN_sections.md from d/*/SECTION.md, for a chapter without README.md."""
-    sections = sorted(glob.glob(os.path.join(d, '*', 'SECTION.md')))
-    if not sections:
-        return None
-    title = SECTION_TITLES.get(nn, os.path.basename(d)[3:].replace('_', ' '))
-    parts = [f'# Chapter {nn}: {title} {{#ch{nn}}}', '',
-             'This chapter is written in parts; each part below is its own folder under '
-             f'`{os.path.relpath(d, ROOT)}/`.', '']
-    for sec in sections:
-        with open(sec, encoding='utf-8') as fh:
-            parts += [fh.read().strip(), '']
-    path = os.path.join(pages, f'ch{nn}_sections.md')
-    write(path, '\n'.join(parts) + '\n')
-    return path
-
-
-def chapters(pages=None):
+def chapters():
     """[{nn, dir, readme, title, minutes, exercises, steps}] in chapter order."""
     out = []
     for d in sorted(glob.glob(os.path.join(ROOT, 'chapters', '[0-9][0-9]_*'))):
         nn = os.path.basename(d)[:2]
         readme = os.path.join(d, 'README.md')
         if not os.path.isfile(readme):
-            readme = assembled_readme(d, nn, pages) if pages else None
-            if not readme:
-                continue
+            continue
         with open(readme, encoding='utf-8') as fh:
             text = fh.read()
         m = re.search(r'^# (.+)$', text, re.M)
@@ -553,7 +529,7 @@ def cmd_build(args):
     for d in (pages, append_dir, os.path.join(out, 'html')):
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
-    chaps = chapters(pages)
+    chaps = chapters()
     images = pictures(out)
     diffs_by_chapter, diff_manifest = diff_pages(pages, chaps)
     plot_files = plots(out, pages, args.bench_dir)

@@ -28,8 +28,7 @@ re-indented line counts as changed. The table goes between the markers
     <!-- step-diffs:begin -->
     <!-- step-diffs:end -->
 
-of the nearest README.md above the series (the chapter's own), or SECTION.md (the text
-of one part of a chapter with parts, such as chapter 06's).
+of the nearest README.md above the series (the chapter's own).
 """
 
 from __future__ import annotations
@@ -45,7 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN = "<!-- step-diffs:begin -->"
 END = "<!-- step-diffs:end -->"
-DOCS = ("README.md", "SECTION.md")  # a chapter's text, or one part's of a chapter with parts
+DOCS = ("README.md",)  # a chapter's text
 STEP_RE = re.compile(r"^v(\d+)([a-z]?)_.*\.cu$")
 FROM_RE = re.compile(r"What changes from v(\d+)([a-z]?)\b")
 
@@ -234,7 +233,7 @@ def all_series() -> list[str]:
 
 
 def readme_of(key: str) -> Path | None:
-    """The nearest README.md (or a part's SECTION.md) above a series, up to its chapter folder."""
+    """The nearest README.md above a series, up to its chapter folder."""
     p = (ROOT / key).parent
     chapters = ROOT / "chapters"
     while p != chapters and p != ROOT:
