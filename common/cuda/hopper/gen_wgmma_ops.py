@@ -14,16 +14,22 @@ The generated file is committed, so building never needs Python.
 
 # (form, element type, N values). SS: A and B from shared-memory descriptors
 # (S = Q K^T: N = Bc). RS: A from registers, B from a descriptor (O += P V: N = d).
-# Users (chapter 05): S = Q K^T with Bc = 128 (d = 64, 128) and Bc = 64 (d = 256);
+# Users (chapter 05): S = Q K^T with Bc = 128 (d = 64, 128) and Bc = 64 (d = 256), and
+# in v10 Bc = 176 (d = 128, not causal) and Bc = 80 (d = 256);
 # P V with N = d in {64, 128, 256}; the same for e4m3 in the fp8 step; probes.cu
-# checks SS bf16 and e4m3 N = 128, RS bf16 and e4m3 N = 64.
+# checks SS bf16 and e4m3 N = 128, RS bf16 and e4m3 N = 64. SSMN (both operands MN-major):
+# the backward's dQ = dS K with N = d / 2.
 SHAPES = [
-    ("SS", "bf16", [64, 128]),
-    ("SS", "f16", [64, 128]),
+    ("SS", "bf16", [64, 80, 128, 176]),
+    ("SS", "f16", [64, 80, 128, 176]),
     ("RS", "bf16", [64, 128, 256]),
     ("RS", "f16", [64, 128, 256]),
     ("SS", "e4m3", [64, 128]),
     ("RS", "e4m3", [64, 128, 256]),
+    # Chapter 05's backward, dQ_i = dS K_j: A = dS read from dS^T in shared memory and B = K_j
+    # ([keys][d]) are both MN-major (transposed); N = d / 2 per warpgroup (d = 64, 128).
+    ("SSMN", "bf16", [32, 64]),
+    ("SSMN", "f16", [32, 64]),
 ]
 
 CTYPE = {"bf16": "__nv_bfloat16", "f16": "__half", "e4m3": "__nv_fp8_e4m3"}
@@ -48,9 +54,11 @@ def emit(form, ty, n):
     shape = f"m64n{n}k{k}.f32.{ty}.{ty}"
     # Immediates: scale-a = scale-b = 1 (no negation). The 16-bit forms take transpose
     # flags (0 = K-major); fp8 supports K-major only and takes none.
-    if form == "SS":
+    if form in ("SS", "SSMN"):
         a_operand, a_in, nin = f"%{nd}", '"l"(desc_a)', 1
         imm = ", 1, 1, 0, 0" if ty != "e4m3" else ", 1, 1"
+        if form == "SSMN":  # transpose A and B: both stored N-major (MN-major)
+            imm = ", 1, 1, 1, 1"
         sig = f"float (&d)[{nd}], uint64_t desc_a, uint64_t desc_b, int scale_d"
     else:
         a_operand = "{" + ", ".join(f"%{nd + i}" for i in range(4)) + "}"

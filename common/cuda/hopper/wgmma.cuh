@@ -157,6 +157,11 @@ template <class T, int N> struct WgmmaSS;
 /// D(64 x N) (+)= A(64 x K) B(K x N), A from registers. 16-bit B is N-major
 /// (transposed); fp8 B is K-major (fp8 wgmma has no transpose).
 template <class T, int N> struct WgmmaRS;
+/// D(64 x N) (+)= A(64 x K) B(K x N), A and B from shared memory, both MN-major
+/// (16-bit only): A stored [K][M] and B stored [K][N], M and N contiguous. The
+/// backward's dQ = dS K_j reads dS from dS^T ([keys][queries]) and K_j as stored.
+/// Descriptors: desc_mn_major() for both (K-step kk starts 16 kk rows down).
+template <class T, int N> struct WgmmaSSMN;
 
 #include "wgmma_ops.cuh"  // the generated wrappers, next to this file
 
