@@ -24,6 +24,8 @@ class Peers:
         self.avail, self.versions = {}, {}
         self.torch = None
         self.compile_s = {}
+        self.calls = []  # {peer, what, first_s, check_s, timed_s}: where the peers' time goes
+        t_import = time.time()
         try:
             import torch
         except Exception as e:  # no PyTorch: every peer is a column that says so
@@ -59,6 +61,7 @@ class Peers:
                 self.versions["fa4"] = "flash_attn.cute"
         except Exception as e:
             self.avail["fa4"] = "flash-attn-4 not importable (" + _first_line(e) + ")"
+        self.import_s = time.time() - t_import
 
     # ------------------------------------------------------------------ timing
     def _time(self, fn):
@@ -169,8 +172,13 @@ class Peers:
             t0 = time.time()
             o = fwd()
             torch.cuda.synchronize()
+            t_first = time.time()
             if peer in ("flex", "fa4"):
-                self.compile_s[peer] = self.compile_s.get(peer, 0.0) + time.time() - t0
+                self.compile_s[peer] = self.compile_s.get(peer, 0.0) + t_first - t0
+            call = {"peer": peer, "what": "%s B=%d H=%d/%d N=%d/%d d=%d%s" % (
+                "bwd" if backward else "fwd", b, h, hkv, n, nk, d, " causal" if causal else ""),
+                "first_s": round(t_first - t0, 2)}
+            self.calls.append(call)
             if not torch.isfinite(o).all():
                 return {"status": "failed", "note": "non-finite output"}
             o0 = o[0, :, 0] if bnhd else o[0, 0]
@@ -186,12 +194,16 @@ class Peers:
                 bad = self._check_backward(q, k, v, o, do, causal, bnhd)
                 if bad:
                     return {"status": "failed", "max_abs_err": err, "note": bad}
+                t_check = time.time()
                 # the backward alone, as the chapters time theirs: the graph of one forward, kept
                 ms = self._time(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
                 out["note"] = "batch 0, head 0 of O, dQ, dK, dV checked against fp32; backward timed alone"
             else:
+                t_check = time.time()
                 ms = self._time(fwd)
                 out["note"] = "batch 0, head 0 checked against fp32"
+            call["check_s"] = round(t_check - t_first, 2)
+            call["timed_s"] = round(time.time() - t_check, 2)
         except Exception as e:  # no kernel for this shape, compile failure, out of memory
             return {"status": "unsupported", "note": _first_line(e)}
         finally:

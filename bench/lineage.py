@@ -124,11 +124,33 @@ class Binary:
         return os.access(self.path, os.X_OK)
 
     deadline = None  # time.time() by which a run must end (the --budget), or None
+    launches = []    # every launch of this process: {binary, args, s, status}, kept in results.json
+    verbose = False
+
+    def flags(self):
+        """The options this binary's --help lists (asked once): lets the plan pass --no-backward,
+        --no-model or --no-fp8-table only to a binary that has them."""
+        if not hasattr(self, "_flags"):
+            try:
+                r = subprocess.run([self.path, "--help"], capture_output=True, text=True, timeout=30)
+                self._flags = set(re.findall(r"(--[a-z0-9][a-z0-9-]*)", r.stdout + r.stderr))
+            except (OSError, subprocess.TimeoutExpired):
+                self._flags = set()
+        return self._flags
 
     def run(self, args, timeout=300):
         """(status, report or None, message). status: ok (exit 0 or 1: the JSON says which rows
         failed), unsupported (exit 2: the binary refused the problem, with its one-line reason),
         error (anything else)."""
+        t0 = time.time()
+        st, rep, msg = self._run(args, timeout)
+        secs = time.time() - t0
+        Binary.launches.append({"binary": self.name, "args": " ".join(args), "s": round(secs, 2), "status": st})
+        if Binary.verbose:
+            log("    %5.1f s  %s %s  [%s]" % (secs, self.name, " ".join(args), st))
+        return st, rep, msg
+
+    def _run(self, args, timeout):
         cmd = [self.path] + args
         if Binary.deadline is not None:
             timeout = max(5, min(timeout, int(Binary.deadline - time.time())))
@@ -146,6 +168,26 @@ class Binary:
             return "error", None, "no JSON on stdout (%d bytes)" % len(r.stdout)
 
 
+def is_backward(r, problem):
+    """A row of a chapter's report is a backward kernel when the row says so (a "direction" or
+    "pass_name" of bwd/backward), its name does ("backward ...", "bwd ...", a step named b1, b2,
+    ...), or its FLOPs are the backward's count (2.5x the forward's)."""
+    for f in ("direction", "pass_name", "phase"):
+        if str(r.get(f, "")).lower() in ("bwd", "backward"):
+            return True
+    if str(r.get("pass", "")).lower() in ("bwd", "backward"):
+        return True
+    impl = r.get("impl", "").lower()
+    if "backward" in impl or re.match(r"(bwd|b\d+)\b", impl):
+        return True
+    p = problem or {}
+    try:
+        fwd = attention_flops(p["batch"], p["heads"], p["nq"], p["nk"], p["d"], bool(p.get("causal")))
+        return bool(r.get("flops")) and abs(r["flops"] / fwd - 2.5) < 0.01
+    except (KeyError, TypeError, ZeroDivisionError):
+        return False
+
+
 def report_rows(rep, chapter, shape):
     """Rows of a chapter's --json report: its GPU rows, each with its check verdict."""
     p = rep.get("problem", {})
@@ -156,7 +198,7 @@ def report_rows(rep, chapter, shape):
         impl = r.get("impl", "?")
         if chapter != "01" and impl.startswith("ch01"):
             continue  # chapter 03 re-times chapter 01's pipelines: chapter 01's own run reports them
-        backward = "backward" in impl
+        backward = is_backward(r, p)
         fp8 = "fp8" in impl.lower()
         row = {"chapter": chapter, "kernel": "ch%s %s" % (chapter, impl), "kind": "ours",
                "pass": "bwd" if backward else "fwd", "d": p.get("d", shape.get("d")), "N": p.get("nq"),
@@ -203,17 +245,19 @@ class Bench:
         self.t0 = time.time()
         self.started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
         self.ours_at = {}  # (chapter, d, causal, N) -> {kernel: tflops}: the step-pruning rule
+        self.task_times = []
+        Binary.launches = []
+        Binary.verbose = bool(getattr(args, "verbose", False))
 
     # ----------------------------------------------------------------- ceilings
     def ceilings_task(self):
         src = None
-        for c, args in (("05", ["--n", "256", "--batch", "1", "--heads", "1", "--d", "128", "--no-fp8-table"]),
-                        ("04", ["--n", "256", "--batch", "1", "--heads", "1", "--d", "128", "--no-model",
-                                "--no-backward"]),
-                        ("01", ["--n", "256", "--batch", "1", "--heads", "1", "--d", "128"])):
+        for c in ("05", "04", "01"):  # chapter 05's --bench measures the FP8 GEMM too
             b = self.bins.get(c) or Binary(self.build_dir, discover_chapters().get(c, "-"))
             if not b.exists():
                 continue
+            args = ["--n", "256", "--batch", "1", "--heads", "1", "--d", "128"] + \
+                [f for f in ("--no-model", "--no-fp8-table", "--no-backward") if f in b.flags()]
             st, rep, msg = b.run(args + ["--bench", "--device", "cuda", "--json"], timeout=120)
             if st != "ok":
                 self.notes.append("ceilings from %s: %s %s" % (b.name, st, msg))
@@ -244,32 +288,48 @@ class Bench:
         prev = [k[3] for k in self.ours_at if k[:3] == (chapter, d, causal) and k[3] < n]
         return (max(prev), self.ours_at[(chapter, d, causal, max(prev))]) if prev else (None, None)
 
+    def has_backward(self, chapter):
+        """Chapter 03 always runs its backward; a chapter whose binary takes --no-backward (04, 05, and
+        any later one) has one too."""
+        return chapter == "03" or (chapter in self.bins and "--no-backward" in self.bins[chapter].flags())
+
+    def launch_cost(self, chapter):
+        """Seconds of one launch of this chapter's binary in this run (the fastest so far): the
+        host set-up (inputs, the fp64 reference) that every extra launch pays again."""
+        name = self.bins[chapter].name
+        times = [x["s"] for x in Binary.launches if x["binary"] == name and x["status"] == "ok"
+                 and "--device cuda" in x["args"]]
+        return min(times) if times else 10.0
+
     def ours_task(self, chapter, d, n, causal, backward):
         b, h = paper_shape(n, d)
         args = ["--n", str(n), "--batch", str(b), "--heads", str(h), "--kv-heads", str(h), "--d", str(d),
                 "--device", "cuda", "--json"]
         if causal:
             args.append("--causal")
-        if chapter == "04":
-            args.append("--no-model")
-        if chapter == "05":
-            args.append("--no-fp8-table")
+        flags = self.bins[chapter].flags()
+        for f in ("--no-model", "--no-fp8-table"):  # CPU-side extras the bench does not report
+            if f in flags:
+                args.append(f)
+        no_bwd = ["--no-backward"] if "--no-backward" in flags else []
         shape = {"d": d, "N": n, "causal": causal}
-        runs = [args + (["--no-backward"] if chapter == "04" and not backward else [])]
+        runs = [args + ([] if backward else no_bwd)]
         # Step pruning: from N = prune_from on, a step more than 4x slower than the chapter's best
-        # at the previous N is not timed again (its line in the plots stops there). The binaries
-        # take --step K, one step per run; without a step number in every name, all steps run.
+        # at the previous N is not timed again (its line in the plots stops there), when the time it
+        # would take here is more than the extra launches cost (the binaries take one --step K per
+        # launch, and each launch builds its inputs and fp64 reference again).
         n_prev, speeds = self.previous_run(chapter, d, causal, n)
         pruned = False
-        if n >= self.prune_from and speeds and chapter in ("04", "05"):
+        if n >= self.prune_from and speeds and "--step" in flags:
             nums = {k: re.match(r"ch\d\d v(\d+)\b", k) for k in speeds}
             best = max([v for v in speeds.values() if v] or [0])
             slow = [k for k, v in speeds.items() if v is not None and v < best / 4]
-            if slow and all(nums.values()):
+            fl = attention_flops(b, h, n, n, d, causal)
+            slow_s = sum(24 * fl / (speeds[k] * 1e12) for k in slow)  # check + 3 warm-ups + 20 repeats
+            kept = [int(nums[k].group(1)) for k in speeds if k not in slow] if all(nums.values()) else []
+            if slow and kept and slow_s > (len(kept) - 1) * self.launch_cost(chapter):
                 pruned = True
-                kept = [int(nums[k].group(1)) for k in speeds if k not in slow]
-                runs = [args + ["--step", str(k)] + (["--no-backward"] if chapter == "04" and
-                                                      (k != kept[-1] or not backward) else [])
+                runs = [args + ["--step", str(k)] + ([] if backward and k == kept[-1] else no_bwd)
                         for k in kept]
                 for k in slow:
                     self.rows.append(self.base_row(chapter, k, "fwd", d, n, causal, status="not run",
@@ -440,6 +500,20 @@ class Bench:
             self._causal_only[chapter] = bool(st == "ok" and rep.get("problem", {}).get("causal"))
         return self._causal_only[chapter]
 
+    # Seconds, from the H200 runs of 2026-12-01: each launch's host set-up (inputs and the fp64
+    # reference of the sampled rows), the fp64 backward check of the sampled KV groups (10 N^2 d FLOPs
+    # each, fp64 and the same-precision yardstick), and the timed runs (a check, 3 warm-ups, 20 repeats).
+    SETUP_S = {"01": 4, "03": 5, "04": 4, "05": 4}
+    BWD_CHECK_FLOP_S = 6e10
+    RATE = {"01": 50e12, "03": 10e12, "04": 100e12, "05": 300e12}
+
+    def estimate(self, c, n, d, causal, bwd, fl):
+        est = self.SETUP_S.get(c, 5) + 24 * fl / self.RATE.get(c, 100e12) * (1 + 2.5 if bwd else 1) * \
+            (3 if c in ("04", "05") else 1)  # the steps
+        if bwd:
+            est += 2 * 10.0 * n * n * d / self.BWD_CHECK_FLOP_S
+        return est
+
     def attention_group(self, d, n, causal, chapters, peers_fwd=PEERS, peers_bwd=PEERS):
         """Every chapter at one shape, then the peers on it."""
         tasks, bwd_here = [], False
@@ -447,11 +521,10 @@ class Bench:
         for c in chapters:
             if c not in self.chapters or not self.supports(c, d):
                 continue
-            bwd = c in ("03", "04") and not getattr(self, "_no_bwd", False)
+            bwd = self.has_backward(c) and not getattr(self, "_no_bwd", False)
             fl = attention_flops(*paper_shape(n, d), n, n, d, causal)
             # seconds, from the H200 run of 2026-12-01: host-side set-up (inputs, fp64 reference) dominates
-            base = {"01": 9, "03": 14, "04": 30 if bwd else 10, "05": 8}[c]
-            est = base + 24 * fl / {"01": 50e12, "03": 10e12, "04": 100e12, "05": 300e12}[c] * (3.5 if bwd else 1)
+            est = self.estimate(c, n, d, causal, bwd, fl)
 
             if not causal and self.causal_only(c):
                 self.rows.append(self.base_row(c, "ch%s (%s)" % (c, self.bins[c].name), "fwd", d, n, False,
@@ -532,6 +605,11 @@ class Bench:
         if self.peers is not None:
             m["peer_versions"] = self.peers.versions
             m["peer_compile_s"] = {k: round(v, 1) for k, v in self.peers.compile_s.items()}
+            m["peer_import_s"] = round(getattr(self.peers, "import_s", 0.0), 1)
+            m["peer_calls"] = self.peers.calls
+        # where the time went: every binary launch and every task, in seconds
+        m["launches"] = Binary.launches
+        m["tasks"] = self.task_times
         return m
 
     def peer_status(self):
@@ -578,6 +656,7 @@ class Bench:
                 t.fn()
             except Exception as e:  # one shape's trouble is a note, never the end of the run
                 self.notes.append("%s: %s: %s" % (t.label, e.__class__.__name__, e))
+            self.task_times.append({"task": t.label, "s": round(time.time() - t0, 1), "est_s": round(t.est, 1)})
             if self.a.verbose:
                 log("    %.1f s (estimated %.1f)" % (time.time() - t0, t.est))
             done_est += t.est
