@@ -7,6 +7,7 @@ For each of the FlashAttention-3 paper's forward shapes (16K tokens per batch at
 N = 8K: batch 2; hidden 2048, so heads = 2048 / d) it runs
 
   * PyTorch SDPA with the cuDNN backend and with the flash backend (FlashAttention-2),
+  * FlashAttention-4 (flash_attn.cute, [B, N, H, d]) where it is importable,
   * every step of ch05_fa3_hopper (its own --bench --json report: checked, then timed),
 
 and prints TFLOP/s with FlashAttention's FLOP convention (4 B H N^2 d, halved when
@@ -53,12 +54,25 @@ def time_torch(fn, torch, repeats=20):
 
 
 def peers(b, h, n, d, causal):
-    """TFLOP/s of SDPA's cuDNN and flash backends (None when a backend refuses the shape)."""
+    """TFLOP/s of SDPA's cuDNN and flash backends and of FA4 (None when one refuses the shape)."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     out = {}
+    try:
+        from flash_attn.cute import flash_attn_func
+        qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))  # FA4 takes [B, N, H, d]
+
+        def fa4():
+            o = flash_attn_func(qt, kt, vt, causal=causal)
+            return o[0] if isinstance(o, tuple) else o
+        if not torch.isfinite(fa4()).all():
+            raise RuntimeError("non-finite output")
+        out["fa4"] = flops(b, h, n, d, causal) / (time_torch(fa4, torch) * 1e-3) / 1e12
+    except Exception as e:  # not importable here, or no kernel for the shape
+        print(f"  fa4: {str(e).splitlines()[0][:160] if str(e) else type(e).__name__}", file=sys.stderr)
+        out["fa4"] = None
     for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
         try:
             with sdpa_kernel(backend):
@@ -74,17 +88,29 @@ def peers(b, h, n, d, causal):
     return out
 
 
-def ours(binary, b, h, n, d, causal, timeout):
-    args = [binary, "--n", str(n), "--batch", str(b), "--heads", str(h), "--kv-heads", str(h), "--d", str(d),
-            "--bench", "--no-fp8-table", "--json"] + (["--causal"] if causal else [])
-    r = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
-    if r.returncode not in (0, 1):
-        raise RuntimeError(f"{' '.join(args)} exited {r.returncode}: {r.stderr.strip()}")
-    return json.loads(r.stdout)
+def ours(binary, b, h, n, d, causal, timeout, steps=None):
+    """The binary's --json report; with `steps` (e.g. ["8", "10"]) one run per step, merged."""
+    rep = None
+    for step in steps or ["all"]:
+        args = [binary, "--n", str(n), "--batch", str(b), "--heads", str(h), "--kv-heads", str(h), "--d", str(d),
+                "--bench", "--no-fp8-table", "--json", "--step", step] + (["--causal"] if causal else [])
+        r = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+        if r.returncode not in (0, 1):
+            raise RuntimeError(f"{' '.join(args)} exited {r.returncode}: {r.stderr.strip()}")
+        one = json.loads(r.stdout)
+        if rep is None:
+            rep = one
+        else:
+            rep["results"] += [x for x in one["results"] if x["device"] == "cuda"]
+    return rep
 
 
 # The landed seven-step numbering -> this chapter's nine steps (the same kernels).
 BEFORE_TO_AFTER = {"v1": "v1", "v2": "v2", "v3": "v3", "v4": "v4", "v5": "v5", "v6": "v8", "v7": "v9"}
+
+
+def step_key(k):
+    return int(k[1:]) if k[1:].isdigit() else 99
 
 
 def step_rates(rep):
@@ -102,7 +128,7 @@ def before_after(a, shapes, b):
         best = {"before": {}, "after": {}}
         for rnd in range(a.rounds):
             for which, binary in (("before", a.before), ("after", a.bin)):
-                rates = step_rates(ours(binary, b, h, a.n, d, causal, a.timeout))
+                rates = step_rates(ours(binary, b, h, a.n, d, causal, a.timeout, a.steps))
                 for k, (t, ok) in rates.items():
                     key = BEFORE_TO_AFTER.get(k, k) if which == "before" else k
                     if not ok:
@@ -110,7 +136,7 @@ def before_after(a, shapes, b):
                     if t is not None:
                         best[which].setdefault(key, []).append(t)
         raw.append({"shape": label, "rounds": best})
-        for k in sorted(best["after"], key=lambda x: int(x[1:])):
+        for k in sorted(best["after"], key=step_key):
             after = max(best["after"][k])
             before = max(best["before"][k]) if k in best["before"] else None
             ratio = f"{after / before:.3f}" if before else "- (new step)"
@@ -132,7 +158,10 @@ def main():
     ap.add_argument("--rounds", type=int, default=1, help="with --before: runs of each binary, best kept")
     ap.add_argument("--dims", help="only these head dims, e.g. 64,256")
     ap.add_argument("--mask", choices=["both", "causal", "none"], default="both", help="causal shapes, others, or both")
+    ap.add_argument("--steps", help="only these steps of the binary, e.g. 8,10 (one run each)")
+    ap.add_argument("--no-peers", action="store_true", help="time the steps only")
     a = ap.parse_args()
+    a.steps = a.steps.split(",") if a.steps else None
     shapes = [(128, False), (128, True), (64, False), (64, True), (256, False), (256, True)]
     if a.shapes == "quick":
         shapes = [(128, False), (128, True)]
@@ -144,38 +173,42 @@ def main():
     if a.before:
         before_after(a, shapes, b)
         return
-    rows, raw = [], []
+    rows, raw, names, fp8_names = [], [], set(), set()
     for d, causal in shapes:
         h = 2048 // d
         label = f"d={d} N={a.n} B={b} H={h}{' causal' if causal else ''}"
         print(f"== {label}", file=sys.stderr)
-        p = peers(b, h, a.n, d, causal)
-        rep = ours(a.bin, b, h, a.n, d, causal, a.timeout)
+        p = {} if a.no_peers else peers(b, h, a.n, d, causal)
+        rep = ours(a.bin, b, h, a.n, d, causal, a.timeout, a.steps)
         gemm = rep["ceilings"]["gemm_tflops"]
-        steps = {}
+        steps, fp8 = {}, set()
         for r in rep["results"]:
             if r["device"] == "cuda":
                 steps[r["impl"].split()[0]] = (r["tflops"], r["pass"], r.get("ceiling_share"))
+                if "fp8" in r["impl"]:
+                    fp8.add(r["impl"].split()[0])
+        names.update(steps)
+        fp8_names.update(fp8)
         raw.append({"shape": label, "peers": p, "steps": steps, "gemm_tflops": gemm, "device": rep["device_name"],
                     "results": rep["results"], "notes": rep["notes"]})
-        bf16 = [v[0] for k, v in steps.items() if k != "v9" and v[0] and v[1]]
+        bf16 = [v[0] for k, v in steps.items() if k not in fp8 and v[0] and v[1]]
         best = max(bf16) if bf16 else None
-        ratio = f"{best / p['cudnn']:.2f}x" if best and p.get("cudnn") else "-"
-        cells = [label, f"{gemm:.0f}" if gemm else "-", *(f"{p[k]:.0f}" if p.get(k) else "-" for k in ("cudnn", "flash"))]
-        for s in ("v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9"):
-            t = steps.get(s)
-            cells.append("-" if not t or t[0] is None else (f"{t[0]:.0f}" + ("" if t[1] else " FAIL")))
-        cells.append(ratio)
-        rows.append(cells)
+        ratios = [f"{best / p[k]:.3f}x" if best and p.get(k) else "-" for k in ("cudnn", "fa4")]
+        rows.append((label, gemm, p, steps, ratios))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(raw, f, indent=1)
-    head = ["shape", "cuBLAS GEMM", "cuDNN", "FA2 (flash)", "v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9 fp8",
-            "best bf16 / cuDNN"]
+    order = sorted(names, key=step_key)
+    head = ["shape", "cuBLAS GEMM", "cuDNN", "FA4", "FA2 (flash)"] + [k + (" fp8" if k in fp8_names else "") for k in order] + [
+        "best bf16 / cuDNN", "best bf16 / FA4"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
-    for r in rows:
-        print("| " + " | ".join(r) + " |")
+    for label, gemm, p, steps, ratios in rows:
+        cells = [label, f"{gemm:.0f}" if gemm else "-", *(f"{p[k]:.0f}" if p.get(k) else "-" for k in ("cudnn", "fa4", "flash"))]
+        for k in order:
+            t = steps.get(k)
+            cells.append("-" if not t or t[0] is None else (f"{t[0]:.1f}" + ("" if t[1] else " FAIL")))
+        print("| " + " | ".join(cells + ratios) + " |")
 
 
 if __name__ == "__main__":

@@ -82,7 +82,8 @@ CROSS: dict[str, Last | File | New] = {
     "chapters/05_fa3_hopper/steps": Last("chapters/04_fa2/steps"),
     # chapter 06's mask kernels: each is one earlier kernel with a mask policy put in
     "chapters/06_variants/masks/steps/ampere_mask.cu": Last("chapters/04_fa2/steps"),
-    "chapters/06_variants/masks/steps/hopper_mask.cu": Last("chapters/05_fa3_hopper/steps", skip="fp8", label="last bf16 step"),
+    # (chapter 05's v8: its later bf16 steps came after chapter 06 was derived from it)
+    "chapters/06_variants/masks/steps/hopper_mask.cu": File("chapters/05_fa3_hopper/steps/v8_head_dims.cu"),
     "chapters/06_variants/masks/steps/backward_mask.cu": File("chapters/04_fa2/backward.cu"),
     "chapters/07_paged_radix/steps": New("a decode (one query row per head), built on common/cuda/, not on an earlier loop"),
 }

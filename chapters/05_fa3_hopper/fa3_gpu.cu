@@ -68,6 +68,7 @@ PreparedStep prepare_step(Step s, const StepArgs& a) {
     case Step::v7_persistent: return v7::prepare(a);
     case Step::v8_head_dims: return v8::prepare(a);
     case Step::v9_fp8: return v9::prepare(a);
+    case Step::v10_tile_sizes: return v10::prepare(a);
   }
   throw UsageError("unknown step");
 }
@@ -85,7 +86,7 @@ GpuForward fa3_forward_gpu(const Problem& p, const AttnInputs& in, Step s, bool 
 
   PreparedStep step;
   std::unique_ptr<Fp8Device> fp8;
-  if (s == Step::v9_fp8) {
+  if (step_is_fp8(s)) {
     fp8 = std::make_unique<Fp8Device>(p);
     fp8_prepare(p, q.data(), k.data(), v.data(), *fp8);
     StepArgs a = make_args(p, fp8->q8.get(), fp8->k8.get(), fp8->vt8.get(), o.data(), lse.get());
@@ -138,7 +139,7 @@ Fp8Prepared fp8_prepare_gpu(const Problem& p, const AttnInputs& in) {
 double fa3_device_bytes(const Problem& p, Step s) {
   const double e = dtype_bytes(p.dtype);
   double bytes = e * double(p.q_elems() + p.k_elems() + p.v_elems() + p.o_elems()) + 4.0 * double(p.lse_elems());
-  if (s == Step::v9_fp8) bytes += double(p.q_elems() + 2 * p.k_elems()) + 32.0 * p.batch * p.kv_heads * p.d;
+  if (step_is_fp8(s)) bytes += double(p.q_elems() + 2 * p.k_elems()) + 32.0 * p.batch * p.kv_heads * p.d;
   return bytes;
 }
 

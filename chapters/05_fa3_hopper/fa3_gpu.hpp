@@ -14,6 +14,7 @@
 ///     v7  persistent blocks: one per SM, each walking a longest-first list of tiles
 ///     v8  every head dim: d = 64, 128, 256, each with its key block and ring depth
 ///     v9  FP8 (E4M3): per-block scales, Hadamard rotation of Q and K, V transposed
+///     v10 key blocks for the tensor cores: Bc per head dim and mask (branches from v8)
 
 #include <cstdint>
 #include <string>
@@ -34,19 +35,24 @@ enum class Step {
   v7_persistent,
   v8_head_dims,  ///< the last bf16/fp16 step (chapter 06 builds on it)
   v9_fp8,
+  v10_tile_sizes,  ///< v8 with FA3's key blocks (Bc = 176 at d = 128, 80 at d = 256, not causal)
 };
 
 constexpr Step kAllSteps[] = {Step::v1_tma,         Step::v2_wgmma,       Step::v3_warp_specialized,
                               Step::v4_pingpong,    Step::v5_intra_overlap, Step::v6_masked_first,
-                              Step::v7_persistent,  Step::v8_head_dims,   Step::v9_fp8};
+                              Step::v7_persistent,  Step::v8_head_dims,   Step::v9_fp8,
+                              Step::v10_tile_sizes};
+
+/// True for the steps that compute in E4M3 (their inputs go through fp8_prepare first).
+constexpr bool step_is_fp8(Step s) { return s == Step::v9_fp8; }
 
 /// "v3 warp-specialised" etc.
 const char* step_name(Step s);
-/// Parses "1".."9" or "v1".."v9"; false otherwise.
+/// Parses "1".."10" or "v1".."v10"; false otherwise.
 bool parse_step(const std::string& text, Step* out);
 
 /// Whether step `s` has a kernel for this problem (head dim, dtype, d == dv); the
-/// reason when not. Steps 2-7 are built for d = 128, steps 1, 8 and 9 for d in {64, 128, 256}.
+/// reason when not. Steps 2-7 are built for d = 128, steps 1 and 8-10 for d in {64, 128, 256}.
 bool step_supports(Step s, const Problem& p, std::string* why = nullptr);
 
 /// True when this binary carries the sm_90a kernels and the current GPU is sm_90;

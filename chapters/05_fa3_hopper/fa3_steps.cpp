@@ -16,6 +16,7 @@ const char* step_name(Step s) {
     case Step::v7_persistent: return "v7 persistent blocks";
     case Step::v8_head_dims: return "v8 every head dim";
     case Step::v9_fp8: return "v9 fp8 e4m3";
+    case Step::v10_tile_sizes: return "v10 key blocks for the tensor cores";
   }
   return "?";
 }
@@ -23,9 +24,15 @@ const char* step_name(Step s) {
 bool parse_step(const std::string& text, Step* out) {
   std::string t = text;
   if (!t.empty() && (t[0] == 'v' || t[0] == 'V')) t = t.substr(1);
-  if (t.size() != 1 || t[0] < '1' || t[0] > '9') return false;
-  *out = Step(t[0] - '0');
-  return true;
+  if (t.empty() || t.size() > 2 || t[0] < '1' || t[0] > '9' || (t.size() == 2 && (t[1] < '0' || t[1] > '9')))
+    return false;
+  const int n = std::stoi(t);
+  for (Step s : kAllSteps)
+    if (int(s) == n) {
+      *out = s;
+      return true;
+    }
+  return false;
 }
 
 bool step_supports(Step s, const Problem& p, std::string* why) {
@@ -37,7 +44,7 @@ bool step_supports(Step s, const Problem& p, std::string* why) {
   if (p.d != p.dv) return no("needs d == dv");
   const int s_index = int(s);
   if (s_index >= 2 && s_index <= 7 && p.d != 128)
-    return no("built for d = 128 only (steps 1, 8 and 9 take d = 64, 128, 256)");
+    return no("built for d = 128 only (steps 1 and 8-10 take d = 64, 128, 256)");
   if (p.d != 64 && p.d != 128 && p.d != 256) return no("built for d = 64, 128 and 256");
   return true;
 }

@@ -46,5 +46,6 @@ namespace v6 { PreparedStep prepare(const StepArgs& a); }
 namespace v7 { PreparedStep prepare(const StepArgs& a); }
 namespace v8 { PreparedStep prepare(const StepArgs& a); }
 namespace v9 { PreparedStep prepare(const StepArgs& a); }
+namespace v10 { PreparedStep prepare(const StepArgs& a); }
 
 }  // namespace attn::ch05

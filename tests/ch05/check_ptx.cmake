@@ -35,3 +35,5 @@ require(v7_persistent.ptx "%nctaid.x;wgmma.mma_async.sync.aligned.m64n128k16;mba
 require(v8_head_dims.ptx "wgmma.mma_async.sync.aligned.m64n256k16;wgmma.mma_async.sync.aligned.m64n64k16;cp.async.bulk.tensor;mbarrier;setmaxnreg")
 # v9: fp8 tensor cores.
 require(v9_fp8.ptx "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3;cp.async.bulk.tensor;mbarrier;setmaxnreg;cvt.rn.satfinite.e4m3x2.f32")
+# v10: FA3's key blocks, Q K^T as m64n176k16 (d = 128, not causal) and m64n80k16 (d = 256).
+require(v10_tile_sizes.ptx "wgmma.mma_async.sync.aligned.m64n176k16;wgmma.mma_async.sync.aligned.m64n80k16;wgmma.mma_async.sync.aligned.m64n256k16;wgmma.wait_group.sync.aligned 1;setmaxnreg")

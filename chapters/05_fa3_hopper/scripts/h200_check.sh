@@ -32,7 +32,7 @@ if [[ $WHAT == sass || $WHAT == all ]]; then
                       name = $3; h = q = l = s = 0 }
        /HGMMA/ { h++ } /QGMMA/ { q++ } /LDL/ { l++ } /STL/ { s++ }
        END { if (name) printf "%-8s HGMMA %4d  QGMMA %4d  LDL %3d  STL %3d  %s\n", "sass", h, q, l, s, name }' \
-    "$TMP/ch05_sass.txt" | grep -E "kernel|probe" | sed -E "s/_ZN4attn4ch05(2v[0-9])?[0-9]*_GLOBAL__N__[0-9a-f]+_[0-9]+_([a-z0-9_]+)_cu_[0-9a-f]+/\\2:/" |
+    "$TMP/ch05_sass.txt" | grep -E "kernel|probe" | sed -E "s/_ZN4attn4ch05([0-9]v[0-9]+)?[0-9]*_GLOBAL__N__[0-9a-f]+_[0-9]+_([a-z0-9_]+)_cu_[0-9a-f]+/\\2:/" |
     tee "$LOG/ch05_sass_summary.txt"
 fi
 
