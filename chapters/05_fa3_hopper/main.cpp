@@ -11,6 +11,7 @@
 #include "common/cli.hpp"
 #include "common/device.hpp"
 #include "common/report.hpp"
+#include "backward_gpu.hpp"
 #include "fa3_gpu.hpp"
 #include "fa3_model.hpp"
 #include "fp8_model.hpp"
@@ -39,6 +40,40 @@ void add_accuracy_table(Report& rep, const Problem& p, const AttnInputs& in, con
                         "rel L2 " + fmt("%.2e", r.rel_l2) + "   max abs " + fmt("%.2e", r.max_abs));
 }
 
+#if TUTORIAL_HAVE_CUDA
+/// The backward rows: every backward step, dQ added in any order and deterministically,
+/// each checked against the fp64 backward before it is timed (a failing kernel is not timed).
+void add_backward_rows(Report& rep, const Problem& p, const AttnInputs& in, const Options& opt, const DeviceInfo& dev) {
+  const std::string why = backward_unsupported(p);
+  if (!why.empty()) {
+    rep.notes.push_back("  backward: not built for " + why + ": not run");
+    return;
+  }
+  require_device_memory(dev, fa3_backward_device_bytes(p), "the backward's tensors");
+  const BackwardOracle oracle(p, in, opt.check_all ? BackwardPlan::full(p) : BackwardPlan::sampled(p));
+  rep.check_plan += "; backward: " + oracle.plan().describe(p);
+  for (BwdStep s : kAllBwdSteps)
+    for (bool det : {false, true}) {
+      ResultRow row;
+      row.impl = std::string(bwd_step_name(s)) + (det ? ", deterministic dQ" : "");
+      row.device = "cuda";
+      row.flops = flops_backward(p);
+      row.bound = Bound::compute;
+      CheckResult c;
+      const GpuBackward g = fa3_backward_gpu(p, in, s, det, /*time=*/true, [&](const GpuBackward& r) {
+        c = oracle.judge(r.dq, r.dk, r.dv);
+        return c.pass();
+      });
+      row.set_check(c);
+      if (c.pass()) row.set_time(g.time_ms);
+      if (row.note.empty())
+        row.note = std::to_string(g.grid) + " blocks, " + std::to_string(g.smem_bytes / 1024) +
+                   " KB smem each; time = preprocess + main + postprocess";
+      rep.rows.push_back(row);
+    }
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -52,10 +87,12 @@ int main(int argc, char** argv) {
           "FlashAttention-3 on Hopper: TMA, wgmma, warp specialisation, pingpong, overlap, persistent tiles, FP8.");
   cli.defaults(defaults).head_dims({64, 128, 256}).dtypes({DType::bf16, DType::f16});
   std::string step_text = "all";
-  cli.add_choice("--step", &step_text, {"all", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10"},
-                 "run one step's kernel (1-10) or all that support the problem");
+  cli.add_choice("--step", &step_text, {"all", "1", "2", "3", "4", "5", "6", "7", "8", "9"},
+                 "run one step's kernel (1-9) or all that support the problem");
   bool no_table = false;
   cli.add_flag("--no-fp8-table", &no_table, "skip the CPU FP8 accuracy table");
+  bool no_backward = false;
+  cli.add_flag("--no-backward", &no_backward, "skip the backward rows (steps b1, b2; dQ added in any order, then deterministically)");
 
   return run_chapter(argc, argv, cli, [&](const Options& opt) {
     const Problem& p = opt.problem;
@@ -67,13 +104,13 @@ int main(int argc, char** argv) {
     const auto dev = select_device(opt.device, &rep.mode);
     std::vector<Step> steps;
     for (Step s : kAllSteps)
-      if (step_text == "all" || std::to_string(int(s)) == step_text) steps.push_back(s);
+      if (step_text == "all" || int(s) == step_text[0] - '0') steps.push_back(s);
 
     const ScheduleConfig cfg = schedule_for(Step::v8_head_dims, p.d, p.causal);
     const bool run_model = flops_forward(p) <= kModelFlopBudget || opt.device == DeviceChoice::cpu;
     require_host_memory(4.0 * double(p.q_elems() + p.k_elems() + p.v_elems() + 3 * p.o_elems()), "this problem");
 
-    const AttnInputs in = make_inputs(p, opt.dist, opt.seed);
+    const AttnInputs in = make_inputs(p, opt.dist, opt.seed, /*with_dout=*/!no_backward);
     const ForwardOracle oracle(p, in, opt.check_all ? CheckPlan::full(p) : CheckPlan::sampled(p));
     rep.check_plan = oracle.plan().describe(p);
     const Fa3TrafficFormula formula = fa3_forward_traffic(p, cfg);
@@ -136,7 +173,7 @@ int main(int argc, char** argv) {
         row.hbm_write_bytes = f.write();
         row.extra_bytes = 0.0;
         const GpuForward g = fa3_forward_gpu(p, in, s, /*time=*/true);
-        if (step_is_fp8(s)) {
+        if (s == Step::v9_fp8) {
           if (!fp8_oracle) fp8_oracle = std::make_unique<Fp8Oracle>(p, in, oracle.plan());
           const CheckResult c = fp8_oracle->judge(g.o, &g.lse);
           row.set_check(c);
@@ -157,6 +194,7 @@ int main(int argc, char** argv) {
           row.note = std::to_string(g.grid) + " blocks, " + std::to_string(g.smem_bytes / 1024) + " KB smem each";
         rep.rows.push_back(row);
       }
+      if (!no_backward) add_backward_rows(rep, p, in, opt, *dev);
       rep.apply_ceilings();
     }
 #else

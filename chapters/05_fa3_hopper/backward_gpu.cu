@@ -1,0 +1,181 @@
+// Chapter 05's backward, host side: the preprocess and postprocess kernels, and one
+// run of a backward step (upload, forward for O and LSE, poison, run, download, time).
+#include <string>
+
+#include "backward_gpu.hpp"
+#include "backward_launch.cuh"
+#include "backward_tiles.hpp"
+#include "common/cuda/buffer.cuh"
+#include "common/cuda/check.cuh"
+#include "common/cuda/timing.cuh"
+#include "common/errors.hpp"
+#include "fa3_common.cuh"
+#include "fa3_gpu.hpp"
+
+namespace attn::ch05 {
+namespace {
+
+constexpr int kPrepThreads = 256;  // one warp per row, 8 rows per block
+constexpr int kPostThreads = 256, kPostBlocks = 1024;
+
+/// One warp per padded row r of one query head (r < Tr Br): D_r = dO_r . O_r and the
+/// LSE in base 2 (+inf where the row is empty or padding: 2^(s - inf) = 0, never NaN);
+/// zeroes d floats of dQ's accumulator (the rows' share of it) and the order counters.
+template <class T>
+__global__ void preprocess(const Fa3BwdParams p) {
+  const int rows_pad = p.n_qblocks * kBwdBr;
+  const long long rows = (long long)p.batch * p.heads * rows_pad;
+  const long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const long long bh = row / rows_pad;
+  const int r = int(row % rows_pad);
+  float acc = 0.f;
+  if (r < p.nq) {
+    const T* o = static_cast<const T*>(p.o) + (bh * p.nq + r) * p.d;
+    const T* dout = static_cast<const T*>(p.dout) + (bh * p.nq + r) * p.d;
+    for (int c = lane; c < p.d; c += 32) acc += float(o[c]) * float(dout[c]);
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  for (int c = lane; c < p.d; c += 32) p.dq_accum[row * p.d + c] = 0.f;
+  if (lane == 0) {
+    p.delta[row] = acc;
+    const float l = r < p.nq ? p.lse[bh * p.nq + r] : -INFINITY;
+    p.lse2[row] = l == -INFINITY ? INFINITY : l * float(kLog2e);
+    if (r % kBwdBr == 0) {
+      p.dq_order[(row / kBwdBr) * 2] = 0;
+      p.dq_order[(row / kBwdBr) * 2 + 1] = 0;
+    }
+  }
+}
+
+/// dQ = tau x accumulator, converted to the input dtype and laid out [B][Hq][Nq][d].
+template <class T>
+__global__ void postprocess(const Fa3BwdParams p) {
+  const long long n = (long long)p.batch * p.heads * p.nq * p.d;
+  for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += (long long)gridDim.x * blockDim.x) {
+    const int c = int(k % p.d);
+    const long long rowg = k / p.d;
+    const int r = int(rowg % p.nq);
+    const long long bh = rowg / p.nq;
+    static_cast<T*>(p.dq)[k] = T(p.scale * p.dq_accum[dq_accum_index(bh, r, c, p.n_qblocks, kBwdBr, p.d)]);
+  }
+}
+
+PreparedStep prepare_step(BwdStep s, const BwdStepArgs& a) {
+  switch (s) {
+    case BwdStep::b1_wgmma: return b1::prepare(a);
+    case BwdStep::b2_warp_specialized: return b2::prepare(a);
+  }
+  throw UsageError("unknown backward step");
+}
+
+template <class T>
+void run_all(const Fa3BwdParams& p, const PreparedStep& main_kernel) {
+  const long long rows = (long long)p.batch * p.heads * p.n_qblocks * kBwdBr;
+  const int per_block = kPrepThreads / 32;
+  preprocess<T><<<unsigned((rows + per_block - 1) / per_block), kPrepThreads>>>(p);
+  CUDA_CHECK_LAUNCH("backward preprocess");
+  main_kernel.launch();
+  postprocess<T><<<kPostBlocks, kPostThreads>>>(p);
+  CUDA_CHECK_LAUNCH("backward postprocess");
+}
+
+}  // namespace
+
+const char* bwd_step_name(BwdStep s) {
+  switch (s) {
+    case BwdStep::b1_wgmma: return "b1 wgmma backward";
+    case BwdStep::b2_warp_specialized: return "b2 warp-specialised backward";
+  }
+  return "?";
+}
+
+std::string backward_unsupported(const Problem& p) {
+  if (p.d != p.dv) return "d != dv";
+  if (p.dtype != DType::bf16 && p.dtype != DType::f16) return std::string(dtype_name(p.dtype)) + " inputs";
+  if (p.d != 64 && p.d != 128) return "head dim " + std::to_string(p.d) + " (backward: 64, 128)";
+  return "";
+}
+
+double fa3_backward_device_bytes(const Problem& p) {
+  const double e = dtype_bytes(p.dtype);
+  const double rows_pad = double(p.batch) * p.heads * ceil_div(p.nq, kBwdBr) * kBwdBr;
+  return e * double(2 * p.q_elems() + 2 * p.k_elems() + 2 * p.v_elems() + 2 * p.o_elems()) +  // Q K V O dO dQ dK dV
+         4.0 * double(p.lse_elems()) + 4.0 * rows_pad * (2 + p.d);                          // LSE, lse2, D, dQ acc
+}
+
+GpuBackward fa3_backward_gpu(const Problem& p, const AttnInputs& in, BwdStep step, bool deterministic, bool time,
+                             const std::function<bool(const GpuBackward&)>& judge) {
+  const std::string why = backward_unsupported(p);
+  if (!why.empty()) throw UsageError(std::string(bwd_step_name(step)) + ": not built for " + why);
+  // O and LSE from chapter 05's forward (v8), downloaded and uploaded again: the
+  // backward's inputs, outside the timed region.
+  const GpuForward fwd = fa3_forward_gpu(p, in, Step::v8_head_dims, false);
+  const DeviceTensor q = DeviceTensor::from_host(in.q, p.dtype), k = DeviceTensor::from_host(in.k, p.dtype),
+                     v = DeviceTensor::from_host(in.v, p.dtype), dout = DeviceTensor::from_host(in.dout, p.dtype),
+                     o = DeviceTensor::from_host(fwd.o, p.dtype);
+  DeviceBuffer<float> lse(p.lse_elems());
+  lse.upload(fwd.lse);
+  const int n_qblocks = ceil_div(p.nq, kBwdBr);
+  const std::size_t rows_pad = std::size_t(p.batch) * p.heads * n_qblocks * kBwdBr;
+  DeviceTensor dq(p.dtype, p.q_elems()), dk(p.dtype, p.k_elems()), dv(p.dtype, p.v_elems());
+  DeviceBuffer<float> lse2(rows_pad), delta(rows_pad), dq_accum(rows_pad * p.d);
+  DeviceBuffer<int> order(std::size_t(p.batch) * p.heads * n_qblocks * 2);
+
+  BwdStepArgs a;
+  a.problem = p;
+  a.q = q.data();
+  a.k = k.data();
+  a.v = v.data();
+  a.dout = dout.data();
+  Fa3BwdParams& b = a.params;
+  b.o = o.data();
+  b.dout = dout.data();
+  b.lse = lse.get();
+  b.lse2 = lse2.get();
+  b.delta = delta.get();
+  b.dq_accum = dq_accum.get();
+  b.dq_order = order.get();
+  b.dq = dq.data();
+  b.dk = dk.data();
+  b.dv = dv.data();
+  b.batch = p.batch;
+  b.heads = p.heads;
+  b.kv_heads = p.kv_heads;
+  b.nq = p.nq;
+  b.nk = p.nk;
+  b.d = p.d;
+  b.n_qblocks = n_qblocks;
+  b.scale = float(p.softmax_scale());
+  b.scale_log2 = float(p.softmax_scale() * kLog2e);
+  b.causal = p.causal;
+  b.deterministic = deterministic;
+  const PreparedStep main_kernel = prepare_step(step, a);
+
+  dq.poison();
+  dk.poison();
+  dv.poison();
+  lse2.poison();
+  delta.poison();
+  dq_accum.poison();
+  auto run = [&] {
+    if (p.dtype == DType::f16)
+      run_all<__half>(b, main_kernel);
+    else
+      run_all<__nv_bfloat16>(b, main_kernel);
+  };
+  run();
+  CUDA_CHECK(cudaDeviceSynchronize());
+  GpuBackward r;
+  r.dq = dq.to_host();
+  r.dk = dk.to_host();
+  r.dv = dv.to_host();
+  r.grid = main_kernel.grid;
+  r.smem_bytes = main_kernel.smem_bytes;
+  if (time && (!judge || judge(r))) r.time_ms = time_gpu(run).median_ms;
+  return r;
+}
+
+}  // namespace attn::ch05

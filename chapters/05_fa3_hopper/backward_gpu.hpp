@@ -1,0 +1,49 @@
+#pragma once
+/// \file backward_gpu.hpp
+/// \brief Chapter 05's backward on the GPU, behind a plain C++ interface (no CUDA
+///        types), so main.cpp and the tests compile with or without the CUDA toolkit.
+///
+///     b1  wgmma backward: all five products on wgmma, TMA loads, dQ by bulk reduce-add
+///     b2  warp specialisation: a producer warpgroup and a ring of full/empty mbarriers
+///
+/// Each run is three kernels: the preprocess (D_i = rowsum(dO_i o O_i), LSE in base 2,
+/// dQ's accumulator and the order counters zeroed), the step's main kernel (parallel
+/// over key blocks), and the postprocess (dQ = tau x accumulator, in the input dtype).
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/inputs.hpp"
+#include "common/problem.hpp"
+
+namespace attn::ch05 {
+
+enum class BwdStep { b1_wgmma = 1, b2_warp_specialized };
+constexpr BwdStep kAllBwdSteps[] = {BwdStep::b1_wgmma, BwdStep::b2_warp_specialized};
+
+/// "b1 wgmma backward" etc.
+const char* bwd_step_name(BwdStep s);
+
+/// Empty when the backward runs this problem, else why not (head dim, dtype, d != dv).
+std::string backward_unsupported(const Problem& p);
+
+struct GpuBackward {
+  std::vector<float> dq, dk, dv;  ///< downloaded results (poisoned before the run)
+  double time_ms = 0;             ///< preprocess + main + postprocess: median of >= 20, L2 flushed
+  int grid = 0;                   ///< thread blocks of the main kernel
+  int smem_bytes = 0;             ///< its dynamic shared memory per block
+};
+
+/// Runs chapter 05's forward (v8) for O and LSE, then backward step `s` once for the
+/// check and, when `time` is set, times it, but only if `judge` (when given) accepts
+/// the checked result: a kernel that fails its check is never timed. `deterministic`
+/// orders dQ's adds by key block (bitwise repeatable). Throws UsageError for an
+/// unsupported problem.
+GpuBackward fa3_backward_gpu(const Problem& p, const AttnInputs& in, BwdStep s, bool deterministic, bool time,
+                             const std::function<bool(const GpuBackward&)>& judge = {});
+
+/// Device bytes the backward allocates (inputs, O, LSE, gradients, accumulators).
+double fa3_backward_device_bytes(const Problem& p);
+
+}  // namespace attn::ch05

@@ -1,0 +1,48 @@
+#pragma once
+/// \file backward_launch.cuh
+/// \brief How the backward's host side (backward_gpu.cu) hands a problem to one
+///        backward step's main kernel: the kernel parameters, and the launcher
+///        convention of the forward steps (step_launch.cuh): every steps/bN_*.cu defines
+///        `attn::ch05::bN::prepare(const BwdStepArgs&)` returning a ready launch.
+
+#include <cuda_runtime.h>
+
+#include "common/problem.hpp"
+#include "step_launch.cuh"  // PreparedStep
+
+namespace attn::ch05 {
+
+/// Everything the backward's kernels need besides the tensor maps of Q, K, V and dO.
+struct Fa3BwdParams {
+  const void* o = nullptr;     ///< [B][Hq][Nq][d], the forward's output (preprocess)
+  const void* dout = nullptr;  ///< [B][Hq][Nq][d] (preprocess)
+  const float* lse = nullptr;  ///< [B][Hq][Nq], natural log, -inf for empty rows (preprocess)
+  float* lse2 = nullptr;       ///< [B Hq][Tr Br]: LSE log2(e), +inf where P must be 0 (empty and padding rows)
+  float* delta = nullptr;      ///< [B Hq][Tr Br]: D_i = rowsum(dO_i o O_i), 0 on padding rows
+  float* dq_accum = nullptr;   ///< fp32, the layout of dq_accum_index() (backward_tiles.hpp)
+  int* dq_order = nullptr;     ///< [B Hq][Tr][2]: deterministic mode's counters (zeroed by the preprocess)
+  void* dq = nullptr;          ///< [B][Hq][Nq][d], the input dtype
+  void* dk = nullptr;          ///< [B][Hkv][Nk][d]
+  void* dv = nullptr;          ///< [B][Hkv][Nk][d]
+  int batch = 1, heads = 1, kv_heads = 1, nq = 0, nk = 0, d = 0;
+  int n_qblocks = 0;           ///< Tr = ceil(nq / Br)
+  float scale = 0;             ///< tau
+  float scale_log2 = 0;        ///< tau log2(e)
+  bool causal = false;
+  bool deterministic = false;  ///< add dQ tiles in the order of the key blocks
+};
+
+struct BwdStepArgs {
+  Problem problem;
+  const void* q = nullptr;  ///< device Q, K, V, dO in the problem's dtype
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const void* dout = nullptr;
+  Fa3BwdParams params;
+};
+
+// One launcher per backward step (steps/bN_*.cu).
+namespace b1 { PreparedStep prepare(const BwdStepArgs& a); }
+namespace b2 { PreparedStep prepare(const BwdStepArgs& a); }
+
+}  // namespace attn::ch05

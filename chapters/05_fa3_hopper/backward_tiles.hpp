@@ -1,0 +1,59 @@
+#pragma once
+/// \file backward_tiles.hpp
+/// \brief The backward's tiles and walk, shared by the CPU model and the kernels
+///        (`__host__ __device__`): which query blocks a key block visits, and where
+///        dQ's fp32 accumulator keeps each tile.
+///
+/// A thread block owns one key block of Bc = 128 keys of one KV head and walks the
+/// query blocks (Br = 64 rows) of every query head of its group that see any of its
+/// keys. With the bottom-right causal mask (row i sees key j iff j <= i + Nk - Nq):
+///
+///                 query blocks i = 0 .. Tr-1 ->
+///     key block   +----+----+----+----+----+----+
+///     j = 0       |diag|full|full|full|full|full|    i_first(0) = 0
+///     j = 1       |skip|skip|diag|full|full|full|    i_first(1) = 2: rows 0..127 see none of
+///     j = 2       |skip|skip|skip|skip|diag|full|    keys 128..255 (Bc = 2 Br)
+///                 +----+----+----+----+----+----+
+///
+/// So the query blocks that visit key block j are i_first(j) .. Tr-1, and the key
+/// blocks that add into dQ_i are j = 0 .. j_last(i): a contiguous run from 0, which
+/// is what lets the deterministic mode order the adds by j alone.
+
+#include "common/index.hpp"           // ceil_div, causal_diag
+#include "common/online_softmax.hpp"  // ATTN_HD
+
+namespace attn::ch05 {
+
+/// Query rows per step of the backward's walk and keys per thread block.
+constexpr int kBwdBr = 64;
+constexpr int kBwdBc = 128;
+
+/// The first query block (of Br rows) that sees any key of the key block starting at
+/// `col0`; n_qblocks = ceil(nq / Br) when no row does. Without the mask: 0.
+ATTN_HD int first_query_block(int col0, int Br, int nq, int nk, bool causal) {
+  if (!causal) return 0;
+  // EXERCISE ch05.5: the first query block that sees key block col0 (the backward's causal skipping)
+  //| return 0;  // TODO: skip the query blocks no row of which sees key col0
+  const int first_row = col0 - causal_diag(nq, nk);  // the first query row that sees key col0
+  if (first_row >= nq) return ceil_div(nq, Br);
+  return first_row <= 0 ? 0 : first_row / Br;
+  // END EXERCISE
+}
+
+/// Whether the (query block at row0, key block at col0) tile needs the mask: the
+/// causal diagonal crosses it, or the key block runs past nk.
+ATTN_HD bool bwd_tile_masked(int row0, int col0, int Br, int Bc, int nq, int nk, bool causal) {
+  (void)Br;
+  return col0 + Bc > nk || (causal && col0 + Bc - 1 > row0 + causal_diag(nq, nk));
+}
+
+/// dQ's fp32 accumulator, [B Hq][Tr][2][Br][d/2]: each query block's tile is split in
+/// two column halves (one per consumer warpgroup), each contiguous, so that one bulk
+/// reduce-add of Br x d/2 floats adds a whole half. The postprocess kernel reads it
+/// back into [B][Hq][Nq][d]. Rows past nq exist (zero) up to Tr Br.
+ATTN_HD long long dq_accum_index(long long bh, int row, int col, int n_qblocks, int Br, int d) {
+  const int half = col / (d / 2);
+  return (((bh * n_qblocks + row / Br) * 2 + half) * Br + row % Br) * (d / 2) + col % (d / 2);
+}
+
+}  // namespace attn::ch05

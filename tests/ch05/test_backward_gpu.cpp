@@ -1,0 +1,120 @@
+// Chapter 05's backward against the fp64 backward. Skipped (exit code 77, which ctest
+// reports as "skipped") without a device, on a GPU that is not sm_90, or in a build
+// without the sm_90a kernels: every test case starts with require_hopper().
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <string>
+
+#include "chapters/05_fa3_hopper/backward_gpu.hpp"
+#include "chapters/05_fa3_hopper/fa3_gpu.hpp"
+#include "common/check.hpp"
+#include "support/shapes.hpp"
+
+using namespace attn;
+using namespace attn::ch05;
+
+namespace {
+
+void require_hopper() {
+  std::string why;
+  if (hopper_ready(&why)) return;
+  std::cout << "SKIPPED: " << why << std::endl;
+  std::exit(77);
+}
+
+using testing_support::shape;
+
+void check_backward(BwdStep s, const Problem& p, bool det, Dist dist = Dist::normal) {
+  CAPTURE(bwd_step_name(s));
+  CAPTURE(p.describe());
+  CAPTURE(det);
+  CAPTURE(dist_name(dist));
+  const AttnInputs in = make_inputs(p, dist, 23, true);
+  const BackwardOracle oracle(p, in, BackwardPlan::full(p));
+  const GpuBackward g = fa3_backward_gpu(p, in, s, det, false);
+  const CheckResult c = oracle.judge(g.dq, g.dk, g.dv);
+  CHECK_MESSAGE(c.pass(), c.failures());
+}
+
+/// The awkward shapes every backward step must pass, at head dim d.
+void awkward_shapes(BwdStep s, int d, DType t, bool det) {
+  check_backward(s, shape().n(1).d(d).dtype(t), det);                                      // N = 1
+  check_backward(s, shape().heads(2).n(100).d(d).causal().dtype(t), det);                  // N below one tile
+  check_backward(s, shape().batch(2).heads(4, 2).n(130, 67).d(d).causal().dtype(t), det);  // Nq > Nk: empty rows; GQA
+  check_backward(s, shape().heads(2, 1).n(67, 300).d(d).causal().dtype(t), det);           // Nq < Nk, causal bottom-right
+  check_backward(s, shape().heads(2).n(300, 40).d(d).causal().dtype(t), det);              // whole query blocks see no key
+  check_backward(s, shape().heads(3).n(257).d(d).dtype(t), det, Dist::mean_shifted);       // not a multiple of the tile
+  check_backward(s, shape().heads(4, 1).n(300, 520).d(d).dtype(t), det);                   // MQA, Nq != Nk, no mask
+}
+
+}  // namespace
+
+TEST_CASE("backward b1 (wgmma) at awkward shapes, d = 64 and 128, bf16 and fp16") {
+  require_hopper();
+  for (int d : {64, 128}) {
+    CAPTURE(d);
+    awkward_shapes(BwdStep::b1_wgmma, d, DType::bf16, false);
+    check_backward(BwdStep::b1_wgmma, shape().heads(2).n(200, 333).d(d).causal().dtype(DType::f16), false);
+    check_backward(BwdStep::b1_wgmma, shape().n(256).d(d).dtype(DType::f16), false, Dist::outliers);
+  }
+}
+
+TEST_CASE("backward b2 (warp-specialised) at awkward shapes, d = 64 and 128, bf16 and fp16") {
+  require_hopper();
+  for (int d : {64, 128}) {
+    CAPTURE(d);
+    awkward_shapes(BwdStep::b2_warp_specialized, d, DType::bf16, false);
+    check_backward(BwdStep::b2_warp_specialized, shape().heads(2).n(200, 333).d(d).causal().dtype(DType::f16), false);
+    check_backward(BwdStep::b2_warp_specialized, shape().n(256).d(d).dtype(DType::f16), false, Dist::outliers);
+  }
+}
+
+TEST_CASE("backward, deterministic mode: correct at awkward shapes") {
+  require_hopper();
+  for (BwdStep s : kAllBwdSteps)
+    for (int d : {64, 128}) {
+      CAPTURE(d);
+      awkward_shapes(s, d, DType::bf16, true);
+    }
+}
+
+TEST_CASE("backward, deterministic mode: bitwise repeatable; dK and dV in either mode") {
+  require_hopper();
+  // Many key blocks add into every dQ tile (Nk = 1500: 12 blocks), several heads per group.
+  for (const Problem p : {shape().batch(2).heads(8, 2).n(1000, 1500).d(128).causal().dtype(DType::bf16),
+                          shape().heads(4).n(1536).d(64).dtype(DType::f16)}) {
+    CAPTURE(p.describe());
+    const AttnInputs in = make_inputs(p, Dist::normal, 5, true);
+    for (BwdStep s : kAllBwdSteps) {
+      CAPTURE(bwd_step_name(s));
+      const GpuBackward a = fa3_backward_gpu(p, in, s, true, false), b = fa3_backward_gpu(p, in, s, true, false);
+      CHECK(a.dq == b.dq);
+      CHECK(a.dk == b.dk);
+      CHECK(a.dv == b.dv);
+      // dK and dV are summed on chip in a fixed order in both modes.
+      const GpuBackward c = fa3_backward_gpu(p, in, s, false, false);
+      CHECK(c.dk == a.dk);
+      CHECK(c.dv == a.dv);
+    }
+  }
+}
+
+TEST_CASE("backward at the benchmark's shape (sampled KV groups)") {
+  // B = 2, H = 16, N = 8192, d = 128: the README's shape, causal and not.
+  require_hopper();
+  for (bool causal : {true, false}) {
+    Problem p = shape().batch(2).heads(16).n(8192).d(128).dtype(DType::bf16);
+    p.causal = causal;
+    const AttnInputs in = make_inputs(p, Dist::normal, 1, true);
+    const BackwardOracle oracle(p, in, BackwardPlan::sampled(p, 2e9));
+    for (BwdStep s : kAllBwdSteps) {
+      CAPTURE(bwd_step_name(s));
+      CAPTURE(causal);
+      const GpuBackward g = fa3_backward_gpu(p, in, s, false, false);
+      const CheckResult c = oracle.judge(g.dq, g.dk, g.dv);
+      CHECK_MESSAGE(c.pass(), c.failures());
+    }
+  }
+}
