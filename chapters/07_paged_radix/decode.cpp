@@ -19,9 +19,20 @@ int decode_blocks_per_sm(int d) {
   return int(std::max<std::size_t>(1, per_sm / (decode_smem_bytes(d) + 1024)));
 }
 
+int decode_blocks_per_sm(int d, KvDtype kv) {
+  const std::size_t per_sm = 228 * 1024;
+  return int(std::max<std::size_t>(1, per_sm / (decode_smem_bytes(d, kv) + 1024)));
+}
+
 bool decode_head_dim_supported(int d) { return d == 64 || d == 128; }
 
 int DecodeBatch::max_len() const { return lens.empty() ? 0 : *std::max_element(lens.begin(), lens.end()); }
+
+long DecodeBatch::used_pages() const {
+  long n = 0;
+  for (int l : lens) n += ceil_div(l, page_size);
+  return n;
+}
 
 long DecodeBatch::total_tokens() const {
   long n = 0;
@@ -42,7 +53,7 @@ std::string DecodeBatch::describe() const {
   s << "B=" << batch() << " Hq=" << heads << " Hkv=" << kv_heads << " d=" << d << " P=" << page_size << " L=";
   if (lo == max_len()) s << max_len();
   else s << lo << ".." << max_len() << " (ragged, " << total_tokens() << " tokens)";
-  s << " bf16";
+  s << " " << kv_dtype_name(kv_dtype);
   return s.str();
 }
 
@@ -128,6 +139,7 @@ DecodeBatch batch_from_cache(const PagedKvCache& cache, const std::vector<PagedK
   b.kv_heads = std::max(1, pool.kv_heads());
   b.d = pool.head_dim();
   b.page_size = pool.page_size();
+  b.kv_dtype = pool.has_storage() ? pool.kv_dtype() : KvDtype::bf16;
   b.num_pages = pool.num_pages();
   for (auto s : seqs) {
     b.lens.push_back(cache.length(s));
@@ -143,24 +155,102 @@ DecodeBatch batch_from_cache(const PagedKvCache& cache, const std::vector<PagedK
 
 // ----------------------------------------------------------------------------- contents
 
+namespace {
+/// Element i of a pool filled from kv_value(), as the cache receives it (bf16).
+float hashed(uint64_t seed, uint32_t stream, std::size_t i, Dist dist) {
+  return round_to(DType::bf16, kv_value(seed, stream, i, dist));
+}
+}  // namespace
+
 float KvContents::k(std::size_t i) const {
-  return pools ? pools->k[i] : round_to(DType::bf16, kv_value(seed, kStreamK, i, dist));
+  if (pools) return pools->dtype == KvDtype::bf16 ? pools->k[i] : kv_dequant(pools->k[i], pools->k_scale[i / page_elems]);
+  const float x = hashed(seed, kStreamK, i, dist);
+  if (dtype == KvDtype::bf16) return x;
+  const float s = scales->k[i / page_elems];
+  return kv_dequant(kv_code(dtype, x * q8::inverse_scale(s)), s);
 }
 float KvContents::v(std::size_t i) const {
-  return pools ? pools->v[i] : round_to(DType::bf16, kv_value(seed, kStreamV, i, dist));
+  if (pools) return pools->dtype == KvDtype::bf16 ? pools->v[i] : kv_dequant(pools->v[i], pools->v_scale[i / page_elems]);
+  const float x = hashed(seed, kStreamV, i, dist);
+  if (dtype == KvDtype::bf16) return x;
+  const float s = scales->v[i / page_elems];
+  return kv_dequant(kv_code(dtype, x * q8::inverse_scale(s)), s);
+}
+
+KvContents hashed_contents(const DecodeBatch& b, uint64_t seed, Dist dist, const KvScales* scales) {
+  KvContents c;
+  c.seed = seed;
+  c.dist = dist;
+  c.dtype = b.kv_dtype;
+  c.scales = scales;
+  c.page_elems = std::size_t(b.page_size) * b.d;
+  if (kv_quantised(b.kv_dtype) && !scales) throw std::logic_error("hashed_contents: an 8-bit pool needs its scales");
+  return c;
+}
+
+KvContents pooled_contents(const DecodeBatch& b, const KvPools* pools) {
+  KvContents c;
+  c.pools = pools;
+  c.dtype = pools->dtype;
+  c.page_elems = std::size_t(b.page_size) * b.d;
+  return c;
+}
+
+KvPools pools_of(const PagePool& pool) {
+  KvPools p;
+  p.k = pool.k_data();
+  p.v = pool.v_data();
+  p.dtype = pool.kv_dtype();
+  p.k_scale = pool.k_scales();
+  p.v_scale = pool.v_scales();
+  return p;
+}
+
+KvScales pool_scales(const DecodeBatch& b, uint64_t seed, Dist dist) {
+  KvScales s;
+  if (!kv_quantised(b.kv_dtype)) return s;
+  const std::size_t blocks = b.scale_elems(), per = std::size_t(b.page_size) * b.d;
+  const float qmax = kv_qmax(b.kv_dtype);
+  s.k.resize(blocks);
+  s.v.resize(blocks);
+  parallel_for(long(blocks), [&](long blk) {
+    float ak = 0.f, av = 0.f;
+    for (std::size_t i = std::size_t(blk) * per, e = i + per; i < e; ++i) {
+      ak = std::max(ak, std::fabs(hashed(seed, kStreamK, i, dist)));
+      av = std::max(av, std::fabs(hashed(seed, kStreamV, i, dist)));
+    }
+    s.k[blk] = q8::block_scale(ak, qmax);
+    s.v[blk] = q8::block_scale(av, qmax);
+  });
+  return s;
 }
 
 KvPools fill_pools(const DecodeBatch& b, uint64_t seed, Dist dist) {
   KvPools p;
+  p.dtype = b.kv_dtype;
   const std::size_t n = b.pool_elems();
   p.k.resize(n);
   p.v.resize(n);
+  const bool q = kv_quantised(b.kv_dtype);
+  KvScales sc;
+  if (q) {
+    sc = pool_scales(b, seed, dist);
+    p.k_scale = sc.k;
+    p.v_scale = sc.v;
+  }
+  const std::size_t per = std::size_t(b.page_size) * b.d;
   const long chunks = long((n + 65535) / 65536);
   parallel_for(chunks, [&](long c) {
     const std::size_t end = std::min(n, std::size_t(c + 1) * 65536);
     for (std::size_t i = std::size_t(c) * 65536; i < end; ++i) {
-      p.k[i] = round_to(DType::bf16, kv_value(seed, kStreamK, i, dist));
-      p.v[i] = round_to(DType::bf16, kv_value(seed, kStreamV, i, dist));
+      const float k = hashed(seed, kStreamK, i, dist), v = hashed(seed, kStreamV, i, dist);
+      if (!q) {
+        p.k[i] = k;
+        p.v[i] = v;
+      } else {
+        p.k[i] = kv_code(b.kv_dtype, k * q8::inverse_scale(sc.k[i / per]));
+        p.v[i] = kv_code(b.kv_dtype, v * q8::inverse_scale(sc.v[i / per]));
+      }
     }
   });
   return p;
@@ -208,7 +298,9 @@ int keys_per_split(int len, int splits) {
 DecodeTraffic decode_traffic(const DecodeBatch& b, int splits, bool paged) {
   DecodeTraffic t;
   const int chunks = head_chunks(b.group());
-  const double e = 2.0;  // bf16
+  const double e = 2.0;  // bf16: Q, O
+  const double ekv = kv_elem_bytes(b.kv_dtype);
+  const double per_page = 4.0 + (kv_quantised(b.kv_dtype) ? 8.0 : 0.0);  // table entry (+ K and V scale)
   for (int s = 0; s < b.batch(); ++s) {
     const int len = b.lens[s];
     const int per = splits > 1 ? keys_per_split(len, splits) : len;
@@ -219,11 +311,11 @@ DecodeTraffic decode_traffic(const DecodeBatch& b, int splits, bool paged) {
           const int t0 = std::min(len, sp * per), t1 = std::min(len, t0 + per);
           t.q_read += rows * b.d * e;
           t.meta_read += 4;  // the sequence's length
-          t.kv_read += double(t1 - t0) * b.d * e * 2;
+          t.kv_read += double(t1 - t0) * b.d * ekv * 2;
           if (paged)
             for (int x = t0; x < t1; x += G::kBc) {
               const int last = std::min(t1, x + G::kBc) - 1;
-              t.meta_read += 4.0 * (last / b.page_size - x / b.page_size + 1);
+              t.meta_read += per_page * (last / b.page_size - x / b.page_size + 1);
             }
           if (splits > 1) t.partial_write += rows * (b.d + 2) * 4.0;
           else t.o_write += rows * (b.d * e + 4);

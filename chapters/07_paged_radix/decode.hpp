@@ -24,6 +24,7 @@
 #include "common/index.hpp"
 #include "common/inputs.hpp"
 #include "common/problem.hpp"
+#include "kv_quant.hpp"
 #include "paged_kv_cache.hpp"
 
 namespace attn::ch07 {
@@ -49,8 +50,16 @@ struct DecodeGeometry {
 constexpr std::size_t decode_smem_bytes(int d) {
   return std::size_t(DecodeGeometry::kStages) * DecodeGeometry::kBc * std::size_t(d) * 2 * 2;
 }
+/// An 8-bit cache: kStages tiles of K and V codes and their scales (one per key), and
+/// one bf16 tile of K and of V that the codes are dequantised into for the MMAs.
+constexpr std::size_t decode_smem_bytes(int d, KvDtype kv) {
+  return !kv_quantised(kv) ? decode_smem_bytes(d)
+                           : std::size_t(DecodeGeometry::kStages) * DecodeGeometry::kBc * (std::size_t(d) * 2 + 8) +
+                                 std::size_t(DecodeGeometry::kBc) * d * 2 * 2;
+}
 /// Blocks per SM that shared memory allows (228 KB per SM on Hopper, 1 KB reserved per block).
 int decode_blocks_per_sm(int d);
+int decode_blocks_per_sm(int d, KvDtype kv);
 /// Head dims the decode kernels are built for.
 bool decode_head_dim_supported(int d);
 /// Query heads of one KV group are processed 16 at a time: blocks per (sequence, KV head).
@@ -60,6 +69,7 @@ inline int head_chunks(int group) { return ceil_div(group, DecodeGeometry::kRows
 
 struct DecodeBatch {
   int heads = 8, kv_heads = 2, d = 128, page_size = 16;
+  KvDtype kv_dtype = KvDtype::bf16;  ///< how the pool stores K and V
   double scale = 0;              ///< 0 means 1/sqrt(d)
   std::vector<int> lens;         ///< keys per sequence, each >= 1
   int num_pages = 0;             ///< pages in the pool
@@ -75,8 +85,16 @@ struct DecodeBatch {
   std::size_t pool_elems() const { return std::size_t(num_pages) * kv_heads * page_size * std::size_t(d); }
   /// Pool element of (sequence b, KV head hk, token t, dim 0): through the block table.
   std::size_t kv_index(int b, int hk, int t) const;
-  /// KV bytes a step must read: every cached key and value once, bf16.
-  double kv_bytes() const { return double(total_tokens()) * kv_heads * d * 2.0 * 2.0; }
+  /// Scales in the pool ([num_pages][kv_heads], for K and for V alike).
+  std::size_t scale_elems() const { return std::size_t(num_pages) * kv_heads; }
+  /// Pages the sequences use (sum of ceil(L / P)).
+  long used_pages() const;
+  /// KV bytes a step must read: every cached key and value once in the pool's format,
+  /// and for an 8-bit pool the K and V scale of every (page, KV head) the sequences use.
+  double kv_bytes() const {
+    return double(total_tokens()) * kv_heads * d * kv_elem_bytes(kv_dtype) * 2.0 +
+           (kv_quantised(kv_dtype) ? double(used_pages()) * kv_heads * 2 * 4.0 : 0.0);
+  }
   /// "B=8 Hq=32 Hkv=8 d=128 P=16 L=32768 (equal)".
   std::string describe() const;
 };
@@ -99,22 +117,48 @@ DecodeBatch batch_from_cache(const PagedKvCache& cache, const std::vector<PagedK
 
 // ----------------------------------------------------------------------------- contents
 
-/// Host copies of the K and V pools, [num_pages][kv_heads][P][d].
+/// Host copies of the K and V pools, [num_pages][kv_heads][P][d]: bf16 values, or for
+/// an 8-bit pool the codes (as floats) and the scales, [num_pages][kv_heads].
 struct KvPools {
+  std::vector<float> k, v;
+  KvDtype dtype = KvDtype::bf16;
+  std::vector<float> k_scale, v_scale;
+};
+
+/// The K and V scales of every (page, KV head), [num_pages][kv_heads].
+struct KvScales {
   std::vector<float> k, v;
 };
 
 /// Where the pool's values come from: kv_value() of the seed (the GPU fills its pool
-/// itself), or host pools (a PagedKvCache's storage).
+/// itself), or host pools (a PagedKvCache's storage). An 8-bit pool filled from
+/// kv_value() needs the scales of its pages (`scales`, from pool_scales() or from the
+/// device) to recompute a code; `page_elems` = P * d maps an element to its page.
 struct KvContents {
   uint64_t seed = 1;
   Dist dist = Dist::normal;
   const KvPools* pools = nullptr;
+  KvDtype dtype = KvDtype::bf16;
+  const KvScales* scales = nullptr;
+  std::size_t page_elems = 0;
+  /// The value a kernel sees: bf16, or bf16(code * scale).
   float k(std::size_t i) const;
   float v(std::size_t i) const;
 };
+/// The contents of a batch's pool filled from kv_value() (scales: for an 8-bit pool).
+KvContents hashed_contents(const DecodeBatch& b, uint64_t seed, Dist dist, const KvScales* scales = nullptr);
 
-/// The pools filled from kv_value(), for the CPU model.
+/// The contents of host pools (a PagedKvCache's storage: pools_of()).
+KvContents pooled_contents(const DecodeBatch& b, const KvPools* pools);
+/// Host copies of a pool's storage (values, or codes and scales).
+KvPools pools_of(const PagePool& pool);
+
+/// The scales of every (page, KV head) of a pool filled from kv_value(): amax of the
+/// page's P * d bf16 values over the format's largest code (the whole page is written
+/// at once, as by a prefill). The GPU computes the same numbers (a test compares).
+KvScales pool_scales(const DecodeBatch& b, uint64_t seed, Dist dist);
+
+/// The pools filled from kv_value(), for the CPU model (quantised as b.kv_dtype says).
 KvPools fill_pools(const DecodeBatch& b, uint64_t seed, Dist dist);
 /// Q for the batch, [batch][heads][d], bf16 values: fill() with the usual stream 1.
 std::vector<float> make_queries(const DecodeBatch& b, uint64_t seed, Dist dist);
@@ -143,7 +187,7 @@ int keys_per_split(int len, int splits);
 struct DecodeTraffic {
   double kv_read = 0;                          ///< K and V rows, each read once
   double q_read = 0;
-  double meta_read = 0;                        ///< lengths, and block-table entries once per page per tile
+  double meta_read = 0;                        ///< lengths, and block-table entries (and 8-bit scales) once per page per tile
   double o_write = 0;                          ///< O (bf16) and LSE (fp32)
   double partial_write = 0, partial_read = 0;  ///< v2: (m, l, O) of every split, fp32
   double read() const { return kv_read + q_read + meta_read + partial_read; }

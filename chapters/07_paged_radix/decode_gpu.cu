@@ -16,6 +16,8 @@ namespace attn::ch07 {
 
 const char* layout_name(KvLayout l) { return l == KvLayout::paged ? "paged" : "contiguous"; }
 
+const char* kernel_name(DecodeKernel k) { return k == DecodeKernel::v1 ? "v1" : k == DecodeKernel::v2 ? "v2" : "v3"; }
+
 namespace {
 
 using gpu::bf16;
@@ -26,6 +28,44 @@ __global__ void fill_pools_kernel(bf16* k, bf16* v, std::size_t n, uint64_t seed
        i += std::size_t(gridDim.x) * blockDim.x) {
     k[i] = __float2bfloat16_rn(kv_value(seed, kStreamK, i, dist));
     v[i] = __float2bfloat16_rn(kv_value(seed, kStreamV, i, dist));
+  }
+}
+
+/// An 8-bit pool from kv_value(): one block per (page, KV head) finds the amax of the
+/// page's P * D bf16 values, sets the scale amax / Q (common/quant8.hpp), and stores
+/// the codes, exactly as pool_scales() and fill_pools() do on the host.
+template <KvDtype F>
+__global__ void fill_pools8_kernel(uint8_t* k, uint8_t* v, float* k_scale, float* v_scale, std::size_t per,
+                                   uint64_t seed, Dist dist) {
+  const std::size_t base = std::size_t(blockIdx.x) * per;
+  __shared__ float red[2][32];
+  float ak = 0.f, av = 0.f;
+  for (std::size_t i = threadIdx.x; i < per; i += blockDim.x) {
+    ak = fmaxf(ak, fabsf(__bfloat162float(__float2bfloat16_rn(kv_value(seed, kStreamK, base + i, dist)))));
+    av = fmaxf(av, fabsf(__bfloat162float(__float2bfloat16_rn(kv_value(seed, kStreamV, base + i, dist)))));
+  }
+  for (int o = 16; o > 0; o /= 2) {
+    ak = fmaxf(ak, __shfl_xor_sync(0xffffffffu, ak, o));
+    av = fmaxf(av, __shfl_xor_sync(0xffffffffu, av, o));
+  }
+  if (threadIdx.x % 32 == 0) red[0][threadIdx.x / 32] = ak, red[1][threadIdx.x / 32] = av;
+  __syncthreads();
+  ak = av = 0.f;
+  for (int w = 0; w < int(blockDim.x / 32); ++w) ak = fmaxf(ak, red[0][w]), av = fmaxf(av, red[1][w]);
+  const float qmax = kv_qmax(F);
+  const float sk = q8::block_scale(ak, qmax), sv = q8::block_scale(av, qmax);
+  const float ik = q8::inverse_scale(sk), iv = q8::inverse_scale(sv);
+  if (threadIdx.x == 0) k_scale[blockIdx.x] = sk, v_scale[blockIdx.x] = sv;
+  for (std::size_t i = threadIdx.x; i < per; i += blockDim.x) {
+    const float x = __bfloat162float(__float2bfloat16_rn(kv_value(seed, kStreamK, base + i, dist))) * ik;
+    const float y = __bfloat162float(__float2bfloat16_rn(kv_value(seed, kStreamV, base + i, dist))) * iv;
+    if constexpr (F == KvDtype::fp8) {
+      k[base + i] = q8::e4m3_encode(x);
+      v[base + i] = q8::e4m3_encode(y);
+    } else {
+      k[base + i] = uint8_t(q8::int8_encode(x));
+      v[base + i] = uint8_t(q8::int8_encode(y));
+    }
   }
 }
 
@@ -67,9 +107,13 @@ struct GpuDecoder::Impl {
   DeviceBuffer<float> lse, part_m, part_l, part_o;
   DeviceBuffer<int> lens, table;
   DeviceBuffer<bf16> k_pool, v_pool, k_contig, v_contig;
+  DeviceBuffer<uint8_t> k8, v8;           ///< 8-bit pools
+  DeviceBuffer<float> k_scale, v_scale;   ///< their scales, [num_pages][kv_heads]
+  DeviceBuffer<int> arrivals;             ///< v3's counters, [B][Hkv x chunks], zero between steps
   int ld = 0, sms = 0, part_splits = 0;
 
   void ensure_contiguous() {
+    if (kv_quantised(batch.kv_dtype)) throw UsageError("the contiguous baseline is bf16 only");
     if (k_contig.size()) return;
     const DecodeBatch& b = batch;
     ld = b.max_len();
@@ -93,7 +137,7 @@ struct GpuDecoder::Impl {
     part_splits = splits;
   }
 
-  void launch(int splits, KvLayout layout) {
+  void launch(DecodeKernel kernel, int splits, KvLayout layout) {
     const DecodeBatch& b = batch;
     gpu::DecodeParams p{};
     p.q = q.as<bf16>();
@@ -104,29 +148,45 @@ struct GpuDecoder::Impl {
     p.group = b.group();
     p.chunks = head_chunks(b.group());
     p.scale = float(b.softmax_scale());
+    if (kernel == DecodeKernel::v1) splits = 1;
     p.splits = splits;
-    if (splits > 1) {
+    if (kernel != DecodeKernel::v1) {
       p.part_m = part_m.get();
       p.part_l = part_l.get();
       p.part_o = part_o.get();
+      p.arrivals = arrivals.get();
     }
     dispatch_head_dim(b.d, [&](auto dc) {
       constexpr int D = decltype(dc)::value;
       auto go = [&](const auto& kv) {
-        if (splits > 1) gpu::v2::launch<D>(p, kv, b.batch(), b.kv_heads);
+        if (kernel == DecodeKernel::v3) gpu::v3::launch<D>(p, kv, b.batch(), b.kv_heads);
+        else if (kernel == DecodeKernel::v2) gpu::v2::launch<D>(p, kv, b.batch(), b.kv_heads);
         else gpu::v1::launch<D>(p, kv, b.batch(), b.kv_heads);
       };
-      if (layout == KvLayout::paged)
-        go(gpu::PagedKv{k_pool.get(), v_pool.get(), table.get(), b.max_pages, b.kv_heads, log2_exact(b.page_size)});
-      else
+      const int shift = log2_exact(b.page_size);
+      if (layout == KvLayout::contiguous) {
         go(gpu::ContiguousKv{k_contig.get(), v_contig.get(), b.kv_heads, ld});
+      } else if (b.kv_dtype == KvDtype::bf16) {
+        go(gpu::PagedKv{k_pool.get(), v_pool.get(), table.get(), b.max_pages, b.kv_heads, shift});
+      } else if constexpr (D == 128) {  // 8-bit pages are built for d = 128
+        if (b.kv_dtype == KvDtype::fp8)
+          go(gpu::PagedKv8<KvDtype::fp8>{k8.get(), v8.get(), k_scale.get(), v_scale.get(), table.get(), b.max_pages,
+                                         b.kv_heads, shift});
+        else
+          go(gpu::PagedKv8<KvDtype::int8>{k8.get(), v8.get(), k_scale.get(), v_scale.get(), table.get(),
+                                          b.max_pages, b.kv_heads, shift});
+      }
     });
   }
 
-  void prepare(int splits, KvLayout layout) {
+  void prepare(DecodeKernel kernel, int splits, KvLayout layout) {
     if (splits < 1) throw UsageError("the split count must be >= 1");
     if (layout == KvLayout::contiguous) ensure_contiguous();
-    if (splits > 1) ensure_partials(splits);
+    if (kernel != DecodeKernel::v1) ensure_partials(splits);
+    if (kernel == DecodeKernel::v3 && !arrivals.size()) {
+      arrivals = DeviceBuffer<int>(std::size_t(batch.batch()) * batch.kv_heads * head_chunks(batch.group()));
+      arrivals.zero();
+    }
   }
 };
 
@@ -149,7 +209,31 @@ GpuDecoder::GpuDecoder(const DecodeBatch& b, const std::vector<float>& q, const 
   m.table = DeviceBuffer<int>(b.block_table.size());
   m.table.upload(std::vector<int>(b.block_table.begin(), b.block_table.end()));
   const std::size_t n = b.pool_elems();
-  if (kv.pools) {
+  if (kv_quantised(b.kv_dtype)) {
+    if (b.d != 128) throw UsageError("an 8-bit KV cache is built for head dim 128, got " + std::to_string(b.d));
+    m.k8 = DeviceBuffer<uint8_t>(n);
+    m.v8 = DeviceBuffer<uint8_t>(n);
+    m.k_scale = DeviceBuffer<float>(b.scale_elems());
+    m.v_scale = DeviceBuffer<float>(b.scale_elems());
+    if (kv.pools) {
+      if (kv.pools->dtype != b.kv_dtype) throw std::logic_error("GpuDecoder: the pools' format is not the batch's");
+      std::vector<uint8_t> kb(n), vb(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        kb[i] = kv_code_byte(b.kv_dtype, kv.pools->k[i]);
+        vb[i] = kv_code_byte(b.kv_dtype, kv.pools->v[i]);
+      }
+      m.k8.upload(kb);
+      m.v8.upload(vb);
+      m.k_scale.upload(kv.pools->k_scale);
+      m.v_scale.upload(kv.pools->v_scale);
+    } else {
+      const std::size_t per = std::size_t(b.page_size) * b.d;
+      auto fill = b.kv_dtype == KvDtype::fp8 ? fill_pools8_kernel<KvDtype::fp8> : fill_pools8_kernel<KvDtype::int8>;
+      fill<<<unsigned(b.scale_elems()), 128>>>(m.k8.get(), m.v8.get(), m.k_scale.get(), m.v_scale.get(), per, kv.seed,
+                                               kv.dist);
+      CUDA_CHECK_LAUNCH("fill_pools8_kernel");
+    }
+  } else if (kv.pools) {
     const DeviceTensor k = DeviceTensor::from_host(kv.pools->k, DType::bf16);
     const DeviceTensor v = DeviceTensor::from_host(kv.pools->v, DType::bf16);
     m.k_pool = DeviceBuffer<bf16>(n);
@@ -169,17 +253,34 @@ GpuDecoder::~GpuDecoder() = default;
 
 int GpuDecoder::sms() const { return impl_->sms; }
 
-GpuDecodeOutput GpuDecoder::run(int splits, KvLayout layout) {
+namespace {
+DecodeKernel default_kernel(int splits) { return splits > 1 ? DecodeKernel::v2 : DecodeKernel::v1; }
+}  // namespace
+
+GpuDecodeOutput GpuDecoder::run(int splits, KvLayout layout) { return run(default_kernel(splits), splits, layout); }
+
+double GpuDecoder::time_ms(int splits, KvLayout layout) { return time_ms(default_kernel(splits), splits, layout); }
+
+KvScales GpuDecoder::scales() const {
+  KvScales s;
+  if (impl_->k_scale.size()) {
+    s.k = impl_->k_scale.download();
+    s.v = impl_->v_scale.download();
+  }
+  return s;
+}
+
+GpuDecodeOutput GpuDecoder::run(DecodeKernel kernel, int splits, KvLayout layout) {
   Impl& m = *impl_;
-  m.prepare(splits, layout);
+  m.prepare(kernel, splits, layout);
   m.o.poison();
   m.lse.poison();
-  if (splits > 1) {  // scratch too: a split that forgot to write its state must show
+  if (kernel != DecodeKernel::v1) {  // scratch too: a split that forgot to write its state must show
     m.part_m.poison();
     m.part_l.poison();
     m.part_o.poison();
   }
-  m.launch(splits, layout);
+  m.launch(kernel, splits, layout);
   CUDA_CHECK(cudaDeviceSynchronize());
   GpuDecodeOutput out;
   out.o = m.o.to_host();
@@ -187,14 +288,14 @@ GpuDecodeOutput GpuDecoder::run(int splits, KvLayout layout) {
   return out;
 }
 
-double GpuDecoder::time_ms(int splits, KvLayout layout) {
+double GpuDecoder::time_ms(DecodeKernel kernel, int splits, KvLayout layout) {
   Impl& m = *impl_;
-  m.prepare(splits, layout);
-  return time_gpu([&] { m.launch(splits, layout); }).median_ms;
+  m.prepare(kernel, splits, layout);
+  return time_gpu([&] { m.launch(kernel, splits, layout); }).median_ms;
 }
 
 double GpuDecoder::device_bytes(const DecodeBatch& b, int max_splits, bool contiguous) {
-  const double kv = 2.0 * 2.0 * double(b.pool_elems());
+  const double kv = 2.0 * kv_elem_bytes(b.kv_dtype) * double(b.pool_elems()) + 8.0 * double(b.scale_elems());
   const double contig = contiguous ? 2.0 * 2.0 * double(b.batch()) * b.kv_heads * b.max_len() * b.d : 0.0;
   const double io = 2.0 * 2.0 * double(b.batch()) * b.heads * b.d + 4.0 * b.batch() * b.heads;
   const double part = max_splits > 1 ? 4.0 * double(b.batch()) * b.heads * max_splits * (b.d + 2) : 0.0;

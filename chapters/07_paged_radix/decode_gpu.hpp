@@ -18,13 +18,19 @@ enum class KvLayout {
 };
 const char* layout_name(KvLayout l);
 
+/// Which decode step runs.
+enum class DecodeKernel { v1, v2, v3 };
+const char* kernel_name(DecodeKernel k);
+
 struct GpuDecodeOutput {
   std::vector<float> o, lse;  ///< [batch][heads][d] and [batch][heads]
 };
 
 /// One decode batch on the GPU: uploads Q, the lengths and the block tables, and
 /// fills the K/V pool on the device from kv_value() (or uploads `kv.pools` when
-/// set). The contiguous copy is made on first use.
+/// set). The contiguous copy is made on first use. An 8-bit batch (b.kv_dtype) is
+/// quantised on the device, one scale per (page, KV head) from the page's amax, as
+/// pool_scales() computes it on the host; it runs paged only.
 class GpuDecoder {
  public:
   GpuDecoder(const DecodeBatch& batch, const std::vector<float>& q, const KvContents& kv);
@@ -34,8 +40,13 @@ class GpuDecoder {
 
   /// One step with O and the LSE poisoned (NaN) first: `splits == 1` runs v1, more runs v2.
   GpuDecodeOutput run(int splits, KvLayout layout);
+  /// One step of the given kernel (v2 and v3 with `splits` splits; v1 ignores it).
+  GpuDecodeOutput run(DecodeKernel k, int splits, KvLayout layout);
   /// Median time of the step in ms: warm-up, L2 flushed before each of >= 20 repeats.
   double time_ms(int splits, KvLayout layout);
+  double time_ms(DecodeKernel k, int splits, KvLayout layout);
+  /// The K and V scales the device computed (8-bit batches; empty for bf16).
+  KvScales scales() const;
   /// The device's SM count (what choose_splits() needs).
   int sms() const;
   /// Device bytes the batch needs, with or without the contiguous copy.

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <stdexcept>
 
 #include "common/online_softmax.hpp"
 
@@ -21,6 +22,16 @@ DecodeModelResult decode_model(const DecodeBatch& b, const std::vector<float>& q
   const float scale2 = float(b.softmax_scale() * kLog2e);  // the softmax scale in base 2, as the kernels use it
   const GlobalTensor Q(tr, "Q", q, DType::bf16);
   const GlobalTensor K(tr, "K pool", kv.k, DType::bf16), V(tr, "V pool", kv.v, DType::bf16);
+  const bool quant = kv_quantised(b.kv_dtype);
+  if (kv.dtype != b.kv_dtype) throw std::logic_error("decode_model: the pools' format is not the batch's");
+  const std::size_t page_elems = std::size_t(b.page_size) * D;
+  // An 8-bit pool: one byte per code, counted here (GlobalTensor counts 2-byte elements).
+  // The row is dequantised on chip, bf16(code * scale), as the kernels do.
+  auto load_codes = [&](const std::vector<float>& codes, const std::vector<float>& scales, std::size_t at, float* dst) {
+    tr.bytes_read += double(D);
+    const float sc = scales[at / page_elems];
+    for (int e = 0; e < D; ++e) dst[e] = kv_dequant(codes[at + e], sc);
+  };
   GlobalTensor O(tr, "O", std::size_t(b.batch()) * b.heads * D, DType::bf16, Role::output);
   GlobalTensor L(tr, "LSE", std::size_t(b.batch()) * b.heads, DType::f32, Role::output);
   // v2's partial states, [batch][heads][splits] (and [..][d]), fp32 scratch.
@@ -57,12 +68,18 @@ DecodeModelResult decode_model(const DecodeBatch& b, const std::vector<float>& q
             const int n = std::min(G::kBc, t_end - t0);
             float* Ks = stages.data() + std::size_t(it % G::kStages) * 2 * G::kBc * D;  // K_j: 64 x d
             float* Vs = Ks + std::size_t(G::kBc) * D;                                    // V_j: 64 x d
-            read_meta((t0 + n - 1) / b.page_size - t0 / b.page_size + 1);  // table entries of the tile
+            // Table entries of the tile (and an 8-bit pool's K and V scale of each page).
+            read_meta(((t0 + n - 1) / b.page_size - t0 / b.page_size + 1) * (quant ? 3 : 1));
             for (int row = 0; row < G::kBc; ++row) {
               if (row < n) {
                 const std::size_t at = b.kv_index(s, hk, t0 + row);
-                K.load(at, D, Ks + std::size_t(row) * D);
-                V.load(at, D, Vs + std::size_t(row) * D);
+                if (quant) {
+                  load_codes(kv.k, kv.k_scale, at, Ks + std::size_t(row) * D);
+                  load_codes(kv.v, kv.v_scale, at, Vs + std::size_t(row) * D);
+                } else {
+                  K.load(at, D, Ks + std::size_t(row) * D);
+                  V.load(at, D, Vs + std::size_t(row) * D);
+                }
               } else {  // past the end: zero-filled, never read from HBM
                 std::fill_n(Ks + std::size_t(row) * D, D, 0.f);
                 std::fill_n(Vs + std::size_t(row) * D, D, 0.f);

@@ -1,8 +1,9 @@
 /// \file decode_steps.cuh
-/// \brief Chapter 07: the launchers of the two decode steps, one name in each step's
-///        namespace: `gpu::v1::launch` (steps/v1_paged_decode.cu) and `gpu::v2::launch`
-///        (steps/v2_split_k.cu), each instantiated for d = 64 and 128 and for paged and
-///        contiguous K/V.
+/// \brief Chapter 07: the launchers of the decode steps, one name in each step's
+///        namespace: `gpu::v1::launch` (steps/v1_paged_decode.cu), `gpu::v2::launch`
+///        (steps/v2_split_k.cu) and `gpu::v3::launch` (steps/v3_fused_combine.cu), each
+///        instantiated for d = 64 and 128 over paged and contiguous bf16 K/V, and for
+///        d = 128 over 8-bit pages (PagedKv8, FP8 and INT8).
 #pragma once
 
 #include "decode_tile.cuh"
@@ -20,5 +21,11 @@ namespace v2 {
 template <int D, class Kv>
 void launch(const DecodeParams& p, const Kv& kv, int batch, int kv_heads);
 }  // namespace v2
+
+namespace v3 {
+/// The split kernel, grid (S, Hkv x head chunks, B), whose last block per (b, group) merges.
+template <int D, class Kv>
+void launch(const DecodeParams& p, const Kv& kv, int batch, int kv_heads);
+}  // namespace v3
 
 }  // namespace attn::ch07::gpu

@@ -32,6 +32,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -63,6 +64,8 @@ struct DecodeParams {
   float* part_l;     ///< [B][Hq][S]
   float* part_o;     ///< [B][Hq][S][D], unnormalised
   int splits;        ///< S
+  // v3 only: one arrival counter per (sequence, KV head group), zero between launches
+  int* arrivals;     ///< [B][Hkv x chunks]
 };
 
 // ----------------------------------------------------------------------------- K/V addressing
@@ -70,6 +73,7 @@ struct DecodeParams {
 /// K/V in pages: [page][kv_head][slot][D], token t of sequence b in page
 /// block_table[b][t / P], slot t % P. P is a power of two: P = 1 << page_shift.
 struct PagedKv {
+  static constexpr KvDtype kDtype = KvDtype::bf16;  ///< how the pool stores K and V
   const bf16* k;
   const bf16* v;
   const int* block_table;  ///< [B][max_pages]
@@ -89,12 +93,33 @@ struct PagedKv {
 /// The same K/V laid out contiguously, [B][kv_head][ld][D]: the baseline that
 /// measures what the indirection costs.
 struct ContiguousKv {
+  static constexpr KvDtype kDtype = KvDtype::bf16;
   const bf16* k;
   const bf16* v;
   int kv_heads, ld;
 
   __device__ __forceinline__ std::size_t row(int b, int hk, int t) const {
     return (std::size_t(b) * kv_heads + hk) * ld + t;
+  }
+};
+
+/// K/V in 8-bit pages (kv_quant.hpp): codes [page][kv_head][slot][D], one byte each,
+/// and one fp32 scale per (page, KV head) for K and one for V. The addressing is
+/// PagedKv's; row >> page_shift is the (page, KV head) of a row, the index of its scale.
+template <KvDtype F>
+struct PagedKv8 {
+  static constexpr KvDtype kDtype = F;
+  const uint8_t* k;
+  const uint8_t* v;
+  const float* k_scale;    ///< [num_pages][kv_heads]
+  const float* v_scale;
+  const int* block_table;  ///< [B][max_pages]
+  int max_pages, kv_heads, page_shift;
+
+  __device__ __forceinline__ std::size_t row(int b, int hk, int t) const {
+    const int page = __ldg(block_table + std::size_t(b) * max_pages + (t >> page_shift));
+    const int slot = t & ((1 << page_shift) - 1);
+    return ((std::size_t(page) * kv_heads + hk) << page_shift) + slot;
   }
 };
 
@@ -134,6 +159,20 @@ struct Frag {
 template <int D>
 constexpr uint32_t kTileBytes = uint32_t(Geo::kBc) * D * 2;  ///< one K_j or V_j tile
 
+/// One pipeline stage in shared memory, for K/V stored as Kv says:
+///
+///     bf16:   [ K_j (64 x D bf16, swizzled) | V_j ]                       the MMAs read it as it is
+///     8-bit:  [ K_j codes (64 x D) | V_j codes | K scales (64) | V scales (64) ]
+///             then, after the kStages stages, one bf16 K tile and one V tile that
+///             dequantise_tile() writes and the MMAs read
+template <int D, class Kv>
+constexpr uint32_t kCodeTileBytes = uint32_t(Geo::kBc) * D * kv_elem_bytes(Kv::kDtype);
+template <int D, class Kv>
+constexpr uint32_t kStageBytes = 2 * kCodeTileBytes<D, Kv> + (kv_quantised(Kv::kDtype) ? 2 * Geo::kBc * 4 : 0);
+/// Where the bf16 tiles of an 8-bit cache start.
+template <int D, class Kv>
+constexpr uint32_t kWorkOffset = Geo::kStages * kStageBytes<D, Kv>;
+
 /// Issues the cp.async loads of keys [t0, t0 + 64) of (b, hk) into one stage. Rows at
 /// or past t_end are zero-filled without touching HBM.
 ///
@@ -154,6 +193,97 @@ __device__ __forceinline__ void load_tile(uint32_t sk, uint32_t sv, const Kv& kv
     cuda::cp_async_16(sk + dst, kv.k + off, in);
     cuda::cp_async_16(sv + dst, kv.v + off, in);
   }
+}
+
+/// The 8-bit form: 16 codes (16 bytes) per cp.async, D/16 per row, so 8 threads cover a
+/// row at d = 128 and the block 16 rows per pass; the thread that loads chunk 0 of a
+/// row also copies the row's K and V scale (4 bytes each, `cp_async_4`). A row's scale
+/// is read once per row (the rows of a page hit the same L1 line); rows at or past
+/// t_end get zero codes and a zero scale.
+template <int D, KvDtype F>
+__device__ __forceinline__ void load_tile(uint32_t sk, uint32_t sv, const PagedKv8<F>& kv, int b, int hk, int t0,
+                                          int t_end) {
+  constexpr int CH = D / 16;                     // 16-byte chunks per row
+  constexpr int ROWS = Geo::kThreads / CH;       // rows per pass
+  const int ch = threadIdx.x % CH;
+  const uint32_t scales = sv + uint32_t(Geo::kBc) * D;  // K scales, then V scales
+#pragma unroll
+  for (int pass = 0; pass < Geo::kBc / ROWS; ++pass) {
+    const int row = pass * ROWS + threadIdx.x / CH;
+    const int t = t0 + row;
+    const bool in = t < t_end;
+    const std::size_t r = in ? kv.row(b, hk, t) : 0;
+    const uint32_t dst = uint32_t(row) * D + ch * 16;
+    cuda::cp_async_16(sk + dst, kv.k + r * D + ch * 16, in);
+    cuda::cp_async_16(sv + dst, kv.v + r * D + ch * 16, in);
+    if (ch == 0) {
+      cuda::cp_async_4(scales + 4 * row, kv.k_scale + (r >> kv.page_shift), in);
+      cuda::cp_async_4(scales + 4 * (Geo::kBc + row), kv.v_scale + (r >> kv.page_shift), in);
+    }
+  }
+}
+
+/// Four codes (one 32-bit word) as floats: E4M3 through the hardware's fp8x2 -> f16x2
+/// conversion (cuda_fp8.h; exact, as every E4M3 value is an f16 value), INT8 through
+/// the exponent trick: the byte b + 128 placed under the exponent of 2^23 is the
+/// float 2^23 + b + 128, exactly, so one subtraction gives b (no int-to-float unit).
+template <KvDtype F>
+__device__ __forceinline__ void codes_to_float(uint32_t w, float (&x)[4]) {
+  if constexpr (F == KvDtype::fp8) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(w >> (16 * h)), __NV_E4M3);
+      const float2 f = __half22float2(__half2(r));
+      x[2 * h] = f.x;
+      x[2 * h + 1] = f.y;
+    }
+  } else {
+    const uint32_t u = w ^ 0x80808080u;  // two's complement -> offset binary, byte by byte
+#pragma unroll
+    for (int i = 0; i < 4; ++i) x[i] = __uint_as_float(__byte_perm(u, 0x4b000000u, 0x7440u + i)) - 8388736.f;
+  }
+}
+
+/// bf16 K/V are used where they landed: the stage is the tile.
+template <int D, class Kv>
+__device__ __forceinline__ void dequantise_tile(const Kv&, uint32_t&, uint32_t&, uint32_t, unsigned char*, uint32_t) {}
+
+/// 8-bit K/V: every thread dequantises the chunks it loaded, in registers: 16 codes
+/// -> fp32 -> times the row's scale -> bf16 (the same bf16(code * scale) as the host),
+/// stored into the bf16 tiles at `work` in the swizzled layout the ldmatrix reads
+/// expect. A barrier then makes the tiles visible; (sk, sv) become the bf16 tiles.
+/// (`smem` is the pointer whose shared-window address is `s0`: the shared addresses
+/// of the stages become pointers for plain 16-byte loads and stores.)
+template <int D, KvDtype F>
+__device__ __forceinline__ void dequantise_tile(const PagedKv8<F>&, uint32_t& sk, uint32_t& sv, uint32_t work,
+                                                unsigned char* smem, uint32_t s0) {
+  constexpr int CH = D / 16;
+  auto at = [&](uint32_t a) { return smem + (a - s0); };
+  const uint32_t scales = sv + uint32_t(Geo::kBc) * D;
+#pragma unroll
+  for (int which = 0; which < 2; ++which) {
+    const uint32_t src = which ? sv : sk, dst = work + uint32_t(which) * kTileBytes<D>;
+#pragma unroll
+    for (int i = 0; i < Geo::kBc * CH / Geo::kThreads; ++i) {
+      const int id = i * Geo::kThreads + threadIdx.x, row = id / CH, ch = id % CH;
+      const uint4 c = *reinterpret_cast<const uint4*>(at(src + uint32_t(row) * D + ch * 16));
+      const float sc = *reinterpret_cast<const float*>(at(scales + 4 * (which * Geo::kBc + row)));
+      const uint32_t w[4] = {c.x, c.y, c.z, c.w};
+      uint32_t out[8];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float x[4];
+        codes_to_float<F>(w[j], x);
+        out[2 * j] = cuda::pack2<bf16>(x[0] * sc, x[1] * sc);
+        out[2 * j + 1] = cuda::pack2<bf16>(x[2] * sc, x[3] * sc);
+      }
+      *reinterpret_cast<uint4*>(at(dst + tile_offset<D>(row, 2 * ch))) = make_uint4(out[0], out[1], out[2], out[3]);
+      *reinterpret_cast<uint4*>(at(dst + tile_offset<D>(row, 2 * ch + 1))) = make_uint4(out[4], out[5], out[6], out[7]);
+    }
+  }
+  __syncthreads();
+  sk = work;
+  sv = work + kTileBytes<D>;
 }
 
 /// Four consecutive floats of a flat fragment array as one 16x8 mma accumulator.

@@ -2,6 +2,7 @@
 #include "page_pool.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 
 #include "common/inputs.hpp"
@@ -14,6 +15,7 @@ const char* status_name(Status s) {
     case Status::out_of_pages: return "out of pages";
     case Status::no_such_sequence: return "no such sequence";
     case Status::bad_position: return "bad position";
+    case Status::swapped_out: return "swapped out";
   }
   return "?";
 }
@@ -33,6 +35,15 @@ PagePool::PagePool(int num_pages, int page_size, int kv_heads, int head_dim, DTy
   }
 }
 
+PagePool::PagePool(int num_pages, int page_size, int kv_heads, int head_dim, KvDtype kv)
+    : PagePool(num_pages, page_size, kv_heads, head_dim, DType::bf16) {
+  kv_dtype_ = kv;
+  if (quantised() && has_storage()) {
+    k_scale_.assign(std::size_t(num_pages) * kv_heads, 0.f);
+    v_scale_.assign(std::size_t(num_pages) * kv_heads, 0.f);
+  }
+}
+
 void PagePool::check_page(int page, const char* what) const {
   if (page < 0 || page >= num_pages())
     throw std::logic_error(std::string("PagePool::") + what + ": page " + std::to_string(page) + " out of range");
@@ -43,6 +54,14 @@ Status PagePool::alloc(int* page) {
   *page = free_.back();
   free_.pop_back();
   ref_[*page] = 1;
+  if (quantised() && has_storage()) {
+    // A fresh page: scale 0 and zero codes, so the first token sets the scale alone.
+    const std::size_t n = std::size_t(kv_heads_) * page_size_ * d_;
+    std::fill_n(k_.begin() + long(offset(*page, 0, 0)), n, 0.f);
+    std::fill_n(v_.begin() + long(offset(*page, 0, 0)), n, 0.f);
+    std::fill_n(k_scale_.begin() + long(*page) * kv_heads_, kv_heads_, 0.f);
+    std::fill_n(v_scale_.begin() + long(*page) * kv_heads_, kv_heads_, 0.f);
+  }
   peak_used_ = std::max(peak_used_, used_pages());
   return Status::ok;
 }
@@ -79,9 +98,38 @@ void PagePool::shuffle_free_list(uint64_t seed) {
   for (std::size_t i = free_.size(); i > 1; --i) std::swap(free_[i - 1], free_[rng.next_u64() % i]);
 }
 
+void PagePool::quantise_row(std::vector<float>& codes, float& scale, int page, int hk, int slot, const float* x) {
+  const float qmax = kv_qmax(kv_dtype_);
+  float amax = 0.f;
+  for (int c = 0; c < d_; ++c) amax = std::max(amax, std::fabs(round_to(DType::bf16, x[c])));
+  if (amax > scale * qmax) {
+    // The token does not fit under the page's scale: grow it to this token's amax (the
+    // page's other slots all fit under the old scale, hence under the new one) and
+    // quantise the written slots again from their values.
+    const float grown = q8::block_scale(amax, qmax), inv = q8::inverse_scale(grown);
+    for (int s = 0; s < page_size_; ++s) {
+      float* row = codes.data() + offset(page, hk, s);
+      for (int c = 0; c < d_; ++c) row[c] = kv_code(kv_dtype_, kv_dequant(row[c], scale) * inv);
+    }
+    scale = grown;
+  }
+  const float inv = q8::inverse_scale(scale);
+  float* row = codes.data() + offset(page, hk, slot);
+  for (int c = 0; c < d_; ++c) row[c] = kv_code(kv_dtype_, round_to(DType::bf16, x[c]) * inv);
+}
+
 void PagePool::write_slot(int page, int slot, const float* k, const float* v) {
   check_page(page, "write_slot");
   if (!has_storage()) return;
+  if (quantised()) {
+    // K/V arrive in bf16 (the projection's output), then go to 8 bits.
+    for (int hk = 0; hk < kv_heads_; ++hk) {
+      const std::size_t sc = std::size_t(page) * kv_heads_ + hk;
+      quantise_row(k_, k_scale_[sc], page, hk, slot, k + std::size_t(hk) * d_);
+      quantise_row(v_, v_scale_[sc], page, hk, slot, v + std::size_t(hk) * d_);
+    }
+    return;
+  }
   for (int hk = 0; hk < kv_heads_; ++hk) {
     const std::size_t at = offset(page, hk, slot);
     for (int c = 0; c < d_; ++c) {
@@ -96,6 +144,14 @@ void PagePool::read_slot(int page, int slot, float* k, float* v) const {
   if (!has_storage()) return;
   for (int hk = 0; hk < kv_heads_; ++hk) {
     const std::size_t at = offset(page, hk, slot);
+    if (quantised()) {
+      const float ks = k_scale_[std::size_t(page) * kv_heads_ + hk], vs = v_scale_[std::size_t(page) * kv_heads_ + hk];
+      for (int c = 0; c < d_; ++c) {
+        k[std::size_t(hk) * d_ + c] = kv_dequant(k_[at + c], ks);
+        v[std::size_t(hk) * d_ + c] = kv_dequant(v_[at + c], vs);
+      }
+      continue;
+    }
     std::copy_n(k_.data() + at, d_, k + std::size_t(hk) * d_);
     std::copy_n(v_.data() + at, d_, v + std::size_t(hk) * d_);
   }
@@ -108,6 +164,45 @@ void PagePool::copy_page(int dst, int src) {
   const std::size_t n = std::size_t(kv_heads_) * page_size_ * d_;
   std::copy_n(k_.data() + offset(src, 0, 0), n, k_.data() + offset(dst, 0, 0));
   std::copy_n(v_.data() + offset(src, 0, 0), n, v_.data() + offset(dst, 0, 0));
+  if (quantised()) {  // the scales travel with the codes
+    std::copy_n(k_scale_.begin() + long(src) * kv_heads_, kv_heads_, k_scale_.begin() + long(dst) * kv_heads_);
+    std::copy_n(v_scale_.begin() + long(src) * kv_heads_, kv_heads_, v_scale_.begin() + long(dst) * kv_heads_);
+  }
+}
+
+void PagePool::copy_page_to(PagePool& to, int dst, int src) const {
+  check_page(src, "copy_page_to");
+  to.check_page(dst, "copy_page_to");
+  if (to.page_size_ != page_size_ || to.kv_heads_ != kv_heads_ || to.d_ != d_ || to.kv_dtype_ != kv_dtype_ ||
+      to.has_storage() != has_storage())
+    throw std::logic_error("PagePool::copy_page_to: the pools differ in geometry or format");
+  if (!has_storage()) return;
+  const std::size_t n = std::size_t(kv_heads_) * page_size_ * d_;
+  std::copy_n(k_.data() + offset(src, 0, 0), n, to.k_.data() + to.offset(dst, 0, 0));
+  std::copy_n(v_.data() + offset(src, 0, 0), n, to.v_.data() + to.offset(dst, 0, 0));
+  if (quantised()) {
+    std::copy_n(k_scale_.begin() + long(src) * kv_heads_, kv_heads_, to.k_scale_.begin() + long(dst) * kv_heads_);
+    std::copy_n(v_scale_.begin() + long(src) * kv_heads_, kv_heads_, to.v_scale_.begin() + long(dst) * kv_heads_);
+  }
+}
+
+std::string PagePool::validate_scales(int page) const {
+  const float qmax = kv_qmax(kv_dtype_);
+  for (int hk = 0; hk < kv_heads_; ++hk)
+    for (int which = 0; which < 2; ++which) {
+      const float s = (which ? v_scale_ : k_scale_)[std::size_t(page) * kv_heads_ + hk];
+      const std::vector<float>& codes = which ? v_ : k_;
+      const std::string where = std::string(which ? "V" : "K") + " of page " + std::to_string(page) + ", KV head " +
+                                std::to_string(hk);
+      if (!std::isfinite(s) || s < 0.f) return where + " has scale " + std::to_string(s);
+      for (std::size_t i = offset(page, hk, 0), e = i + std::size_t(page_size_) * d_; i < e; ++i) {
+        const float c = codes[i];
+        if (!(std::fabs(c) <= qmax)) return where + " holds code " + std::to_string(c) + " outside the format";
+        if (s == 0.f && c != 0.f) return where + " holds a nonzero code under scale 0";
+        if (kv_code(kv_dtype_, c) != c) return where + " holds " + std::to_string(c) + ", not a code of the format";
+      }
+    }
+  return {};
 }
 
 void PagePool::attach(const PageOwner* owner) { owners_.push_back(owner); }
@@ -134,6 +229,8 @@ std::string PagePool::validate() const {
     if (refs[p] != ref_[p])
       return "page " + std::to_string(p) + " has reference count " + std::to_string(ref_[p]) + " but " +
              std::to_string(refs[p]) + " references exist" + (refs[p] > ref_[p] ? " (double-owned)" : " (leaked)");
+    if (ref_[p] > 0 && quantised() && has_storage())
+      if (std::string why = validate_scales(p); !why.empty()) return why;
   }
   return {};
 }

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "common/dtype.hpp"
+#include "kv_quant.hpp"
 
 namespace attn::ch07 {
 
@@ -41,6 +42,7 @@ enum class Status {
   out_of_pages,      ///< not enough free pages; nothing was changed
   no_such_sequence,  ///< the sequence id is not (or no longer) in the cache
   bad_position,      ///< a token position outside the sequence
+  swapped_out,       ///< the sequence's pages are in host memory: swap it in first
 };
 const char* status_name(Status s);
 
@@ -59,6 +61,9 @@ class PagePool {
   /// the pool also stores K and V (values rounded to `dtype`); otherwise it only
   /// manages page ids (the simulations and the GPU benchmarks, whose K/V live on the device).
   PagePool(int num_pages, int page_size, int kv_heads = 0, int head_dim = 0, DType dtype = DType::bf16);
+  /// A pool that stores K and V as `kv` (kv_quant.hpp): bf16 values, or 8-bit codes
+  /// with one scale per (page, KV head) for each of K and V.
+  PagePool(int num_pages, int page_size, int kv_heads, int head_dim, KvDtype kv);
   PagePool(const PagePool&) = delete;
   PagePool& operator=(const PagePool&) = delete;
 
@@ -90,19 +95,30 @@ class PagePool {
   int kv_heads() const { return kv_heads_; }
   int head_dim() const { return d_; }
   DType dtype() const { return dtype_; }
+  KvDtype kv_dtype() const { return kv_dtype_; }
+  bool quantised() const { return kv_quantised(kv_dtype_); }
   /// Element offset of (page, KV head, slot, dim 0) in the K and V tensors.
   std::size_t offset(int page, int hk, int slot) const {
     return ((std::size_t(page) * kv_heads_ + hk) * page_size_ + slot) * std::size_t(d_);
   }
   /// Writes one token: `k` and `v` are [kv_heads][head_dim], rounded to the dtype.
+  /// A quantised pool quantises them with the page's scale, first growing the scale
+  /// (and quantising the page's other slots again) when a value does not fit under it.
   void write_slot(int page, int slot, const float* k, const float* v);
-  /// Reads one token into [kv_heads][head_dim] buffers.
+  /// Reads one token into [kv_heads][head_dim] buffers (dequantised: bf16(code * scale)).
   void read_slot(int page, int slot, float* k, float* v) const;
-  /// Copies every slot of page `src` into page `dst` (copy-on-write).
+  /// Copies every slot of page `src` into page `dst`, with its scales (copy-on-write).
   void copy_page(int dst, int src);
-  /// The whole K and V tensors, [num_pages][kv_heads][page_size][head_dim].
+  /// Copies page `src` of this pool into page `dst` of `to`, with its scales: the
+  /// swap between device and host pools. The pools must have the same geometry.
+  void copy_page_to(PagePool& to, int dst, int src) const;
+  /// The whole K and V tensors, [num_pages][kv_heads][page_size][head_dim]: values
+  /// (bf16 pool) or codes held as floats (quantised pool).
   const std::vector<float>& k_data() const { return k_; }
   const std::vector<float>& v_data() const { return v_; }
+  /// Scales of a quantised pool, [num_pages][kv_heads] (empty for bf16).
+  const std::vector<float>& k_scales() const { return k_scale_; }
+  const std::vector<float>& v_scales() const { return v_scale_; }
 
   // --- validation --------------------------------------------------------------------
   void attach(const PageOwner* owner);
@@ -110,14 +126,22 @@ class PagePool {
   /// Empty when every invariant holds, else the first violation found:
   ///  - a page is on the free list exactly when its count is 0, and at most once;
   ///  - free + used = total;
-  ///  - each page's count equals the references its registered owners hold.
+  ///  - each page's count equals the references its registered owners hold;
+  ///  - quantised storage: every page in use has finite scales >= 0, codes within the
+  ///    format's range (valid E4M3 values, or integers in [-127, 127]), and only zero
+  ///    codes under a zero scale.
   std::string validate() const;
 
  private:
   void check_page(int page, const char* what) const;
+  /// Quantises one head's row `x` into (page, hk, slot) of `codes`, growing `scale`.
+  void quantise_row(std::vector<float>& codes, float& scale, int page, int hk, int slot, const float* x);
+  std::string validate_scales(int page) const;
   int page_size_;
   int kv_heads_, d_;
   DType dtype_;
+  KvDtype kv_dtype_ = KvDtype::bf16;
+  std::vector<float> k_scale_, v_scale_;  ///< [page][kv_head], quantised pools only
   std::vector<int> ref_;   ///< reference count per page
   std::vector<int> free_;  ///< free list, used as a stack (alloc pops the back)
   int peak_used_ = 0;

@@ -19,6 +19,17 @@
 ///
 /// Every operation is all-or-nothing: when the pool cannot supply the pages it
 /// needs, it returns Status::out_of_pages and the cache is exactly as before.
+///
+/// **Swap.** Given a second pool in host memory (pinned on a real server), a sequence
+/// can be preempted without losing its KV: swap_out() copies each page that only this
+/// sequence holds into a host page and releases the device page; pages it shares (with
+/// a fork or a prefix cache) stay on the device with the sequence's reference, since
+/// releasing them would free nothing. swap_in() takes device pages for the host ones
+/// and copies them back. A swapped-out sequence can only be swapped in or freed; its
+/// scales (8-bit pools) travel with its pages.
+///
+///     swap_out(a):  table [ 7 | 2 | 9 ]  ->  [ 7 | h0 | h1 ]   (7 shared: stays; 2, 9 private: to host)
+///     swap_in(a):   table [ 7 | h0 | h1 ] ->  [ 7 | 4 | 11 ]   (fresh device pages, same contents)
 
 #include <map>
 #include <string>
@@ -32,8 +43,10 @@ class PagedKvCache : public PageOwner {
  public:
   using SeqId = int;
 
-  /// Registers itself with `pool` as a page owner (the pool must outlive the cache).
-  explicit PagedKvCache(PagePool& pool);
+  /// Registers itself with `pool` (and `host`) as a page owner (the pools must outlive
+  /// the cache). `host` is the pool that swap_out() moves pages to; it must have the
+  /// geometry and format of `pool`.
+  explicit PagedKvCache(PagePool& pool, PagePool* host = nullptr);
   /// Releases every page the cache still holds.
   ~PagedKvCache() override;
   PagedKvCache(const PagedKvCache&) = delete;
@@ -56,6 +69,20 @@ class PagedKvCache : public PageOwner {
   Status read(SeqId s, int pos, float* k, float* v) const;
   /// Releases the sequence's pages (a shared page stays with its other owners).
   Status free(SeqId s);
+  /// Moves the pages only `s` holds to the host pool (all or nothing: out_of_pages
+  /// when the host pool is short), `*moved` of them. Shared pages stay on the device.
+  Status swap_out(SeqId s, int* moved = nullptr);
+  /// Brings a swapped-out sequence back: fresh device pages for its host pages (all
+  /// or nothing: out_of_pages when the device pool is short), `*moved` of them.
+  Status swap_in(SeqId s, int* moved = nullptr);
+  bool swapped(SeqId s) const;
+  /// Pages swap_out(s) would move (those only s holds), or swap_in(s) needs.
+  int pages_to_swap_out(SeqId s) const;
+  int pages_to_swap_in(SeqId s) const;
+  /// Pages moved so far in each direction.
+  long swapped_out_pages() const { return swap_outs_; }
+  long swapped_in_pages() const { return swap_ins_; }
+  PagePool* host_pool() { return host_; }
 
   bool exists(SeqId s) const { return seqs_.count(s) != 0; }
   /// Tokens in the sequence, or -1 when it does not exist.
@@ -72,7 +99,9 @@ class PagedKvCache : public PageOwner {
   const PagePool& pool() const { return pool_; }
 
   /// Empty when every invariant holds, else the first violation:
-  ///  - each table has exactly ceil(len / P) entries, each a page in use;
+  ///  - each table has exactly ceil(len / P) entries, each a page in use (on the
+  ///    device, or in the host pool for a swapped-out sequence; a running sequence has
+  ///    no host page);
   ///  - no page appears twice in one table;
   ///  - the pool's own invariants, with reference counts equal to the references
   ///    of all its owners (this cache and any other registered one).
@@ -85,6 +114,14 @@ class PagedKvCache : public PageOwner {
   struct Seq {
     int len = 0;
     std::vector<int> pages;  ///< the block table
+    std::vector<char> host;  ///< per entry: 1 when the page is in the host pool (swapped out)
+    bool swapped = false;
+  };
+  /// The cache's references into the host pool, counted by that pool's validate().
+  struct HostRefs : PageOwner {
+    const PagedKvCache* cache = nullptr;
+    void count_references(std::vector<int>& refs) const override;
+    const char* owner_name() const override { return "swapped-out block tables"; }
   };
   /// Makes logical page `i` of `s` private (copy-on-write). Out of pages: unchanged.
   Status make_private(Seq& s, int i);
@@ -92,9 +129,11 @@ class PagedKvCache : public PageOwner {
   const Seq* find(SeqId id) const;
 
   PagePool& pool_;
+  PagePool* host_ = nullptr;
+  HostRefs host_refs_;
   std::map<SeqId, Seq> seqs_;
   SeqId next_id_ = 0;
-  long cow_copies_ = 0;
+  long cow_copies_ = 0, swap_outs_ = 0, swap_ins_ = 0;
 };
 
 }  // namespace attn::ch07

@@ -39,3 +39,16 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 
 }  // namespace attn::cuda
+
+namespace attn::cuda {
+
+/// 4 bytes from `gmem` (4-byte aligned) to shared address `smem_addr`, zero-filled
+/// when `valid` is false: `cp.async.ca` (cached in L1 as well), the only form that
+/// copies fewer than 16 bytes. Chapter 07 loads the per-page scales of an 8-bit KV
+/// cache with it, next to the 16-byte copies of the page's codes.
+__device__ __forceinline__ void cp_async_4(uint32_t smem_addr, const void* gmem, bool valid) {
+  const int src_bytes = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr), "l"(gmem), "r"(src_bytes));
+}
+
+}  // namespace attn::cuda

@@ -23,6 +23,12 @@
 // Bytes (decode_traffic() counts the same): every K and V row of the sequence once,
 // the group's Q rows, the table entries of each tile's pages, O and the LSE once.
 //
+// The K/V may be stored in 8 bits (FP8 E4M3 or INT8 codes with one scale per page
+// and KV head, kv_quant.hpp): the stage then holds the codes and their scales, and
+// dequantise_tile() (decode_tile.cuh) turns them into bf16 tiles in registers before
+// the warps' MMAs; for a bf16 cache it does nothing. The stage's size and layout come
+// from the K/V type (kStageBytes, kCodeTileBytes).
+//
 // The instructions are chapter 04's, through the wrappers of common/cuda/ (cp.async,
 // ldmatrix, mma.sync, the swizzled tile), and the online softmax of a warp's rows is
 // common/cuda/frag_softmax.cuh's, in base 2: decode_tile.cuh says which is which.
@@ -45,8 +51,8 @@ __global__ void __launch_bounds__(Geo::kThreads) decode(DecodeParams p, Kv kv) {
   WarpDecode<D> wd;
   wd.init(p.q + (std::size_t(b) * p.heads + h0) * D, rows);
   const uint32_t s0 = cuda::smem_u32(smem);
-  auto stage_k = [&](int st) { return s0 + uint32_t(2 * st) * kTileBytes<D>; };
-  auto stage_v = [&](int st) { return s0 + uint32_t(2 * st + 1) * kTileBytes<D>; };
+  auto stage_k = [&](int st) { return s0 + uint32_t(st) * kStageBytes<D, Kv>; };
+  auto stage_v = [&](int st) { return stage_k(st) + kCodeTileBytes<D, Kv>; };
   const int n_tiles = cuda::ceil_div(t_end - t_begin, Geo::kBc);
 
   // Fill the pipeline: kStages - 1 tiles in flight before the first is used.
@@ -64,8 +70,9 @@ __global__ void __launch_bounds__(Geo::kThreads) decode(DecodeParams p, Kv kv) {
     cuda::cp_async_commit();
     const int t0 = t_begin + it * Geo::kBc;
     const int valid = min(Geo::kWarpKeys, t_end - t0 - warp * Geo::kWarpKeys);  // this warp's keys in the tile
-    if (valid > 0)
-      wd.tile(stage_k(it % Geo::kStages), stage_v(it % Geo::kStages), warp * Geo::kWarpKeys, valid, c);
+    uint32_t sk = stage_k(it % Geo::kStages), sv = stage_v(it % Geo::kStages);
+    dequantise_tile<D>(kv, sk, sv, s0 + kWorkOffset<D, Kv>, smem, s0);  // 8-bit K/V -> bf16 tiles; bf16: nothing
+    if (valid > 0) wd.tile(sk, sv, warp * Geo::kWarpKeys, valid, c);
   }
   cuda::cp_async_wait<0>();
   __syncthreads();  // every stage is drained: reuse the memory for the merge
@@ -88,7 +95,7 @@ __global__ void __launch_bounds__(Geo::kThreads) decode(DecodeParams p, Kv kv) {
 
 template <int D, class Kv>
 void launch(const DecodeParams& p, const Kv& kv, int batch, int kv_heads) {
-  const int smem = int(decode_smem_bytes(D));
+  const int smem = int(decode_smem_bytes(D, Kv::kDtype));
   static const bool configured = [&] {  // more than 48 KB of shared memory needs an opt-in
     CUDA_CHECK(cudaFuncSetAttribute(decode<D, Kv>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     return true;
@@ -102,5 +109,7 @@ template void launch<64, PagedKv>(const DecodeParams&, const PagedKv&, int, int)
 template void launch<128, PagedKv>(const DecodeParams&, const PagedKv&, int, int);
 template void launch<64, ContiguousKv>(const DecodeParams&, const ContiguousKv&, int, int);
 template void launch<128, ContiguousKv>(const DecodeParams&, const ContiguousKv&, int, int);
+template void launch<128, PagedKv8<KvDtype::fp8>>(const DecodeParams&, const PagedKv8<KvDtype::fp8>&, int, int);
+template void launch<128, PagedKv8<KvDtype::int8>>(const DecodeParams&, const PagedKv8<KvDtype::int8>&, int, int);
 
 }  // namespace attn::ch07::gpu::v1

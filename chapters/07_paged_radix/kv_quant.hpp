@@ -1,0 +1,61 @@
+#pragma once
+/// \file kv_quant.hpp
+/// \brief The KV cache in 8 bits: FP8 E4M3 or INT8 codes with one fp32 scale per
+///        (page, KV head), chosen when the page is written.
+///
+/// Decode reads every cached key and value once per step, so the bytes of the cache
+/// are its cost: storing K and V in one byte instead of two halves the bytes of a
+/// step, and doubles the tokens that fit in the pool. The format of this chapter:
+///
+///     page p, KV head hk:   codes c[slot][dim] (1 byte each)   and   scale s[p][hk] (fp32)
+///     value = bf16(c * s)            s = amax(|x| over the page's slots of that head) / Q
+///
+/// with Q = 448 for E4M3 and 127 for INT8 (common/quant8.hpp). One scale covers
+/// P * d values of one head: 2048 at P = 16, d = 128, a 0.2% overhead in bytes.
+///
+/// **Written token by token.** A page fills one token at a time during decode. When a
+/// new token's largest magnitude fits under the page's scale it is quantised with it;
+/// when it does not, the scale grows to the new amax and the slots already in the page
+/// are quantised again from their values under the old scale. The page's error is
+/// then at most one step of the old grid plus one of the new, and the scale never
+/// shrinks while the page lives. A page written whole (prefill) gets the scale of all
+/// its slots at once. A fresh page starts at scale 0 with zero codes, and an all-zero
+/// page keeps scale 0: its values are 0, never 0 * inf = NaN.
+///
+/// **Dequantised value.** The decode kernels convert each code to fp32, multiply by
+/// the scale and round to bf16, the element type their tensor-core products take; the
+/// host does the same, so a kernel and the fp64 check see the same keys and values.
+
+#include <cstdint>
+#include <string>
+
+#include "common/dtype.hpp"
+#include "common/quant8.hpp"
+
+namespace attn::ch07 {
+
+/// How the KV cache stores its elements.
+enum class KvDtype { bf16, fp8, int8 };
+
+const char* kv_dtype_name(KvDtype t);
+/// "bf16", "fp8" (or "e4m3"), "int8"; false otherwise.
+bool parse_kv_dtype(const std::string& s, KvDtype* out);
+/// Bytes of one stored element.
+constexpr int kv_elem_bytes(KvDtype t) { return t == KvDtype::bf16 ? 2 : 1; }
+constexpr bool kv_quantised(KvDtype t) { return t != KvDtype::bf16; }
+/// The largest code: 448 (E4M3) or 127 (INT8).
+constexpr float kv_qmax(KvDtype t) { return t == KvDtype::fp8 ? q8::kE4M3Max : q8::kInt8Max; }
+
+/// The code of x (already multiplied by the inverse scale), held as a float: an E4M3
+/// value or an integer in [-127, 127].
+inline float kv_code(KvDtype t, float x_times_inv) {
+  return t == KvDtype::fp8 ? q8::e4m3_decode(q8::e4m3_encode(x_times_inv)) : float(q8::int8_encode(x_times_inv));
+}
+/// The stored byte of a code.
+inline uint8_t kv_code_byte(KvDtype t, float code) {
+  return t == KvDtype::fp8 ? q8::e4m3_encode(code) : uint8_t(int8_t(code));
+}
+/// The value the kernels compute from a code and its page's scale: bf16(code * scale).
+inline float kv_dequant(float code, float scale) { return round_to(DType::bf16, code * scale); }
+
+}  // namespace attn::ch07

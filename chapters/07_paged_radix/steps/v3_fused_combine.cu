@@ -1,0 +1,164 @@
+// Chapter 07 - decode over a paged KV cache. The series:
+//
+//   decode_tile.cuh              what the kernels share (addressing, tile load, one warp's tile, warp merge)
+//   steps/v1_paged_decode.cu     v1: one thread block per (sequence, KV head group)
+//   steps/v2_split_k.cu          v2: split-K over the sequence, then a merge kernel (flash-decoding)
+//   steps/v3_fused_combine.cu    <- this file: v3, the merge done by the last split to finish, in the same kernel
+//
+// v2 runs two kernels: the splits, then merge_splits(), one warp per (b, h) folding
+// the S partial states in order. For one long sequence that second kernel is pure
+// latency: it starts only when the last split has finished, it is a launch of its
+// own, and its warp waits for each split's state before it asks for the next (the
+// loads of state s + 1 come after the merge of state s, which needs state s), so it
+// takes S round trips to L2 where one would do. At B = 1, L = 32K, S = 32 that is
+// most of the time v2 spends outside streaming K and V.
+//
+// v3 keeps v2's splits and moves the merge into the split kernel: each block stores
+// its (m, l, O) as in v2, then takes a ticket from one arrival counter per (sequence,
+// KV head group); the block that draws the last ticket has every other split's state
+// in memory (each block fences its stores before it takes its ticket) and merges them
+// there, with all 128 threads and eight splits' states loaded before they are folded:
+//
+//   grid.z = sequence b, grid.y = KV head hk (x head chunk), grid.x = split s
+//
+//     b = 0   | split 0 | split 1 | split 2 | split 3* |   * = the last to arrive: merges 0..3, writes O, LSE
+//     b = 1   | split 0*| split 1 | (empty) | (empty)  |   (any split may be the last)
+//
+// The merge is the same merge() as everywhere in the chapter; the last block resets
+// the counter to 0 for the next step. Bytes are v2's: the partial states are still
+// written and read once (from L2, where they have just been written).
+//
+// The K/V may be stored in 8 bits, as in v1 and v2 (dequantise_tile()).
+//
+// Every change from v2: DecodeParams' arrival counters; after the partial state is
+// stored, the fence, the ticket and the early return of every block but the last;
+// the last block's merge of the splits (merge_states(), which replaces the kernel
+// merge_splits()); and the launcher runs one kernel.
+#include "common/cuda/check.cuh"
+#include "decode_steps.cuh"
+
+namespace attn::ch07::gpu::v3 {
+
+/// The last block of a (b, KV head group) merges the S split states of its `rows`
+/// heads: thread task (row i, dims c4 .. c4 + 3) folds the splits with merge(), eight
+/// states loaded before they are folded, so eight loads are in flight instead of one.
+/// The states were written by other blocks: read through L2 (__ldcg), not L1.
+template <int D>
+__device__ __forceinline__ void merge_states(const DecodeParams& p, int b, int h0, int rows) {
+  constexpr int kBatch = 8;
+  for (int task = threadIdx.x; task < rows * (D / 4); task += Geo::kThreads) {
+    const int i = task / (D / 4), c4 = task % (D / 4) * 4;
+    const std::size_t row = std::size_t(b) * p.heads + h0 + i;
+    auto acc = AttnState<4, float, Base2>::identity();
+    for (int s0 = 0; s0 < p.splits; s0 += kBatch) {
+      AttnState<4, float, Base2> part[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        part[j] = AttnState<4, float, Base2>::identity();
+        if (s0 + j < p.splits) {
+          const std::size_t at = row * p.splits + s0 + j;
+          part[j].s = {__ldcg(p.part_m + at), __ldcg(p.part_l + at)};
+          const float4 v = __ldcg(reinterpret_cast<const float4*>(p.part_o + at * D + c4));
+          part[j].o[0] = v.x, part[j].o[1] = v.y, part[j].o[2] = v.z, part[j].o[3] = v.w;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) acc = merge(acc, part[j]);
+    }
+    uint2 out;
+    out.x = cuda::pack2<bf16>(acc.out(0), acc.out(1));
+    out.y = cuda::pack2<bf16>(acc.out(2), acc.out(3));
+    *reinterpret_cast<uint2*>(p.o + row * D + c4) = out;
+    if (c4 == 0) p.lse[row] = acc.s.lse();
+  }
+}
+
+template <int D, class Kv>
+__global__ void __launch_bounds__(Geo::kThreads) decode(DecodeParams p, Kv kv) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int b = blockIdx.z, hk = blockIdx.y / p.chunks, chunk = blockIdx.y % p.chunks, split = blockIdx.x;
+  const int h0 = hk * p.group + chunk * Geo::kRows;  // the block's first query head
+  const int rows = min(Geo::kRows, p.group - chunk * Geo::kRows);
+  const int warp = threadIdx.x / 32;
+  // The block's keys: split `split` of the sequence, a whole number of tiles (keys_per_split()).
+  const int len = p.lens[b];
+  const int per = cuda::ceil_div(cuda::ceil_div(len, p.splits), Geo::kBc) * Geo::kBc;
+  const int t_begin = min(len, split * per), t_end = min(len, t_begin + per);
+
+  const float c = p.scale * float(kLog2e);  // the softmax scale in base 2
+  WarpDecode<D> wd;
+  wd.init(p.q + (std::size_t(b) * p.heads + h0) * D, rows);
+  const uint32_t s0 = cuda::smem_u32(smem);
+  auto stage_k = [&](int st) { return s0 + uint32_t(st) * kStageBytes<D, Kv>; };
+  auto stage_v = [&](int st) { return stage_k(st) + kCodeTileBytes<D, Kv>; };
+  const int n_tiles = cuda::ceil_div(t_end - t_begin, Geo::kBc);
+
+  // Fill the pipeline: kStages - 1 tiles in flight before the first is used.
+  for (int st = 0; st < Geo::kStages - 1; ++st) {
+    if (st < n_tiles) load_tile<D>(stage_k(st), stage_v(st), kv, b, hk, t_begin + st * Geo::kBc, t_end);
+    cuda::cp_async_commit();
+  }
+  for (int it = 0; it < n_tiles; ++it) {
+    cuda::cp_async_wait<Geo::kStages - 2>();  // tile `it` has landed for this thread...
+    __syncthreads();                    // ...for all threads, and every warp is done with tile it - 1
+    const int next = it + Geo::kStages - 1;  // refill the stage that tile it - 1 used
+    if (next < n_tiles)
+      load_tile<D>(stage_k(next % Geo::kStages), stage_v(next % Geo::kStages), kv, b, hk, t_begin + next * Geo::kBc,
+                   t_end);
+    cuda::cp_async_commit();
+    const int t0 = t_begin + it * Geo::kBc;
+    const int valid = min(Geo::kWarpKeys, t_end - t0 - warp * Geo::kWarpKeys);  // this warp's keys in the tile
+    uint32_t sk = stage_k(it % Geo::kStages), sv = stage_v(it % Geo::kStages);
+    dequantise_tile<D>(kv, sk, sv, s0 + kWorkOffset<D, Kv>, smem, s0);  // 8-bit K/V -> bf16 tiles; bf16: nothing
+    if (valid > 0) wd.tile(sk, sv, warp * Geo::kWarpKeys, valid, c);
+  }
+  cuda::cp_async_wait<0>();
+  __syncthreads();  // every stage is drained: reuse the memory for the merge
+
+  const MergeSmem sm(smem);
+  wd.store(sm.ms, sm.ls, sm.os, c);
+  __syncthreads();
+  for (int task = threadIdx.x; task < rows * (D / 4); task += Geo::kThreads) {
+    const int i = task / (D / 4), c4 = task % (D / 4) * 4;
+    const AttnState<4, float, Base2> acc = merge_warps<D>(sm.ms, sm.ls, sm.os, i, c4);
+    // The block saw one split: store its unnormalised (m, l, O) for the merge kernel.
+    const std::size_t at = (std::size_t(b) * p.heads + h0 + i) * p.splits + split;
+    *reinterpret_cast<float4*>(p.part_o + at * D + c4) = make_float4(acc.o[0], acc.o[1], acc.o[2], acc.o[3]);
+    if (c4 == 0) {
+      p.part_m[at] = acc.s.m;
+      p.part_l[at] = acc.s.l;
+    }
+  }
+  // Arrive: the stores above are made visible to every block first, then one ticket.
+  __threadfence();
+  __syncthreads();
+  __shared__ int ticket;
+  int* counter = p.arrivals + std::size_t(b) * gridDim.y + blockIdx.y;
+  if (threadIdx.x == 0) ticket = atomicAdd(counter, 1);
+  __syncthreads();
+  if (ticket != p.splits - 1) return;  // another split will merge
+  __threadfence();                     // the last: every other split's state is visible
+  merge_states<D>(p, b, h0, rows);
+  if (threadIdx.x == 0) *counter = 0;  // ready for the next step
+}
+
+template <int D, class Kv>
+void launch(const DecodeParams& p, const Kv& kv, int batch, int kv_heads) {
+  const int smem = int(decode_smem_bytes(D, Kv::kDtype));
+  static const bool configured = [&] {  // more than 48 KB of shared memory needs an opt-in
+    CUDA_CHECK(cudaFuncSetAttribute(decode<D, Kv>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    return true;
+  }();
+  (void)configured;
+  decode<D, Kv><<<dim3(p.splits, kv_heads * p.chunks, batch), Geo::kThreads, smem>>>(p, kv);
+  CUDA_CHECK_LAUNCH("v3::decode");
+}
+
+template void launch<64, PagedKv>(const DecodeParams&, const PagedKv&, int, int);
+template void launch<128, PagedKv>(const DecodeParams&, const PagedKv&, int, int);
+template void launch<64, ContiguousKv>(const DecodeParams&, const ContiguousKv&, int, int);
+template void launch<128, ContiguousKv>(const DecodeParams&, const ContiguousKv&, int, int);
+template void launch<128, PagedKv8<KvDtype::fp8>>(const DecodeParams&, const PagedKv8<KvDtype::fp8>&, int, int);
+template void launch<128, PagedKv8<KvDtype::int8>>(const DecodeParams&, const PagedKv8<KvDtype::int8>&, int, int);
+
+}  // namespace attn::ch07::gpu::v3
