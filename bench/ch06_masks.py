@@ -1,25 +1,34 @@
 #!/usr/bin/env python3
 """Chapter 06, masks: our masked kernels next to FlexAttention and FlashAttention-4, one run.
 
-    python3 bench/ch06_masks.py --bin build/bin/ch06_variants [--n 16384 --heads 16] [--quick]
+    python3 bench/ch06_masks.py --bin build/bin/ch06_variants [--n 8192 --heads 16] [--budget 55]
 
-Measures, on one GPU in one process:
-  * every variant at B = 1, H heads, N, d = 128, bf16: ours (sm90a and sm80 forwards, from
-    `ch06_variants mask --json`, each checked against the fp64 reference by the binary before
-    it is timed), FlexAttention (torch.compile(flex_attention) with create_block_mask) and
-    FA4 (flash_attn.cute.flash_attn_func) where it supports the variant. Every peer output is
-    checked against an fp32 reference on sampled rows first; a failed check is reported as
-    FAIL, never as a speed.
-  * the sliding-window sweep at N: time against kept tiles, windows 128 .. N;
-  * document masking against running each document alone (sum of causal runs of its lengths).
-TFLOP/s are counted over kept pairs (4 d flops per kept pair). A peer that is missing or
-does not support a variant is a column saying so. Prints a table, then one line
-`BENCH_JSON {...}` with every number (for the plot: --plot FILE.json OUT.png).
+Measures, on one GPU in one run:
+  * every variant at B = 1, H heads, N, d = 128, bf16: ours (the sm90a and sm80 forwards of
+    one `ch06_variants mask --json` tour, every kernel checked against the fp64 reference by
+    the binary before it is timed), FlexAttention (torch.compile(flex_attention) with
+    create_block_mask) and FA4 (flash_attn.cute.flash_attn_func) where it supports the
+    variant. Every peer output is checked against an fp32 reference on sampled rows first;
+    a failed check is reported as FAIL, never as a speed.
+  * the sliding-window sweep at N = --sweep-n: time against kept tiles, windows 128 .. N,
+    with our causal of the same run (and Flex and FA4 on causal and window 1024);
+  * document masking: the packed documents against each document alone (sum of the runs).
+TFLOP/s are counted over kept pairs (4 d FLOPs per kept pair, the project's halved count
+for causal).
+
+How it stays fast: the peers compile in --workers processes while our binary runs (the
+Flex and FA4 compiles, 3-8 s each, are the slow part); every timed loop, ours or a peer's,
+holds one lock, so no two timings overlap. A worker's compile or check may still launch a
+short kernel during a timing; the median of 20 absorbs it. A peer that is missing, does not
+support a variant, fails or is not reached within --budget seconds is a cell saying so.
+Prints the tables, then one line `BENCH_JSON {...}` (for the plot: --plot FILE.json OUT.png).
 """
 import argparse
 import json
 import math
 import os
+import queue
+import random
 import re
 import statistics
 import subprocess
@@ -27,6 +36,7 @@ import sys
 import time
 
 VARIANTS = ["causal", "window", "chunked", "prefix", "document", "sink", "learned-sink", "alibi", "softcap", "custom"]
+FA4_VARIANTS = ("causal", "window", "softcap", "learned-sink")
 
 
 def log(*a):
@@ -35,41 +45,59 @@ def log(*a):
 
 # ----------------------------------------------------------------------------- ours
 
-def run_ours(binary, args, timeout=120):
-    """Runs `ch06_variants mask ... --json` and returns (report, error)."""
-    cmd = [binary] + (["mask"] if not binary.endswith("ch06_mask") else []) + args + [
-        "--device", "cuda", "--no-model", "--no-backward", "--json"]
+def run_ours(binary, args, lock, timeout=120):
+    """Runs `ch06_variants mask ... --json` holding the GPU lock; returns (report, error)."""
+    cmd = [binary, "mask"] + args + ["--device", "cuda", "--no-model", "--no-backward", "--json"]
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        with lock:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return None, "timeout"
     try:
-        return json.loads(r.stdout), None if r.returncode in (0, 1) else r.stderr.strip()
+        return json.loads(r.stdout), None if r.returncode in (0, 1) else r.stderr.strip()[:200]
     except json.JSONDecodeError:
         return None, (r.stderr.strip() or "no JSON")[:200]
 
 
-def ours_rows(rep, name):
-    """{"sm90a": (ms or None, pass, tiles), "sm80": ...} for variant `name` of a report."""
+def ours_rows(rep, label):
+    """{"sm90a": {...}, "sm80": {...}} for the rows `label: sm90a forward` / `label: sm80 forward`."""
     out = {}
-    for r in rep["results"]:
+    for r in (rep or {}).get("results", []):
         for path, key in (("sm90a forward", "sm90a"), ("sm80 forward", "sm80")):
-            if r["impl"] == f"{name}: {path}":
+            if r["impl"] == f"{label}: {path}":
                 m = re.search(r"([0-9.]+) tiles visited", r.get("note") or "")
                 out[key] = {"ms": r.get("time_ms"), "pass": r.get("pass"), "tiles": float(m.group(1)) if m else None,
-                            "flops": r.get("flops"), "tflops": r.get("tflops"), "note": r.get("note") or ""}
+                            "flops": r.get("flops"), "tflops": r.get("tflops"), "err": r.get("max_abs_err"),
+                            "note": r.get("note") or ""}
     return out
 
 
 def spec_of_note(rep, name):
-    """The mask parameters the binary used, from its notes ("window: window (left 256, right 0); ...")."""
-    for n in rep["notes"]:
+    for n in (rep or {}).get("notes", []):
         if n.startswith(name + ":"):
             return n
     return ""
 
 
-# ----------------------------------------------------------------------------- peers
+def params_from_note(name, note):
+    """The parameters of a variant from the binary's note, to confirm the peers ran the same mask."""
+    p = {"causal": "causal" in note.split(";")[0] and name in ("document", "alibi", "softcap", "learned-sink")}
+    for key, rx, conv in (("left", r"left (\d+), right", int), ("right", r"right (\d+)", int),
+                          ("chunk", r"chunks of (\d+)", int), ("prefix", r"prefix (\d+)", int),
+                          ("softcap", r"cap ([0-9.]+)", float), ("seed", r"seed (\d+)", int)):
+        m = re.search(rx, note)
+        if m:
+            p[key] = conv(m.group(1))
+    m = re.search(r"(\d+) sink tokens \+ window (\d+)", note)
+    if m:
+        p["sinks"], p["left"] = int(m.group(1)), int(m.group(2))
+    m = re.search(r"documents \(([0-9 ]+)\)", note)
+    if m:
+        p["doc_lens"] = [int(x) for x in m.group(1).split()]
+    return p
+
+
+# ----------------------------------------------------------------------------- peers (worker processes)
 
 def hash3(a, b, c):
     m = 0xFFFFFFFF
@@ -80,51 +108,11 @@ def hash3(a, b, c):
     return x
 
 
-class Peers:
-    def __init__(self, torch, n, heads, d):
-        self.torch = torch
-        self.n, self.heads, self.d = n, heads, d
-        self.flex = self.fa4 = None
-        self.flex_why = self.fa4_why = ""
-        try:
-            import torch._dynamo
-            torch._dynamo.config.cache_size_limit = 64  # one compiled kernel per variant, no eager fallback
-            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-            self.create_block_mask = create_block_mask
-            self.flex = torch.compile(flex_attention, dynamic=False)
-        except Exception as e:  # noqa: BLE001
-            self.flex_why = f"FlexAttention not importable: {e}"[:120]
-        try:
-            from flash_attn.cute import flash_attn_func
-            import inspect
-            self.fa4 = flash_attn_func
-            self.fa4_params = set(inspect.signature(flash_attn_func).parameters)
-        except Exception as e:  # noqa: BLE001
-            self.fa4_why = f"FA4 not importable ({type(e).__name__})"
-        self.flush = torch.empty(512 * 1024 * 1024 // 4, dtype=torch.float32, device="cuda")
-
-    def time(self, fn, reps=20):
-        torch = self.torch
-        for _ in range(3):
-            fn()
-        times = []
-        for _ in range(reps):
-            self.flush.zero_()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        return statistics.median(times)
-
-
 def mask_fns(torch, name, prm, n, heads, dev):
-    """(mask_mod, score_mod, keep(q, kv, h) for the reference, score(s, q, kv, h), sink[h] or None)."""
+    """(mask_mod, score_mod, sink[h] or None), the definitions of mask_policy.hpp."""
     L, R = prm.get("left", 256), prm.get("right", 0)
     causal = prm.get("causal", False)
-    mm = sm = None
-    sink = None
+    mm = sm = sink = None
     if name == "causal":
         mm = lambda b, h, q, kv: kv <= q
     elif name == "window":
@@ -147,18 +135,18 @@ def mask_fns(torch, name, prm, n, heads, dev):
         mm = lambda b, h, q, kv: (kv <= q) & ((kv < S) | (q - kv <= W))
     elif name == "custom":
         nb = (n + 127) // 128
-        tab = torch.tensor([[hash3(prm.get("seed", 7), i, j) % 4 == 0 for j in range(nb)] for i in range(nb)], device=dev)
+        seed = prm.get("seed", 7)
+        tab = torch.tensor([[hash3(seed, i, j) % 4 == 0 for j in range(nb)] for i in range(nb)], device=dev)
         mm = lambda b, h, q, kv: (kv <= q) & ((q // 128 == kv // 128) | (kv // 128 == 0) | tab[q // 128, kv // 128])
-    elif name in ("alibi", "softcap", "learned-sink"):
-        if causal:
-            mm = lambda b, h, q, kv: kv <= q
+    elif name in ("alibi", "softcap", "learned-sink") and causal:
+        mm = lambda b, h, q, kv: kv <= q
     if name == "alibi":
         slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)], device=dev)
         sm = lambda s, b, h, q, kv: s - slopes[h] * (q - kv).abs()
     if name == "softcap":
         cap = prm["softcap"]
         sm = lambda s, b, h, q, kv: cap * torch.tanh(s / cap)
-    if name == "learned-sink":
+    if name == "learned-sink":  # default_sink_logits() of mask_spec.cpp
         sink = torch.tensor([math.log(n) - 1.0 + 0.5 * (h % 4) for h in range(heads)], device=dev, dtype=torch.float32)
     return mm, sm, sink
 
@@ -170,8 +158,7 @@ def reference_rows(torch, q, k, v, mm, sm, sink, heads_to_check, rows):
     kv = torch.arange(n, device=q.device)
     scale = q.shape[-1] ** -0.5
     for h in heads_to_check:
-        qr = q[0, h, rows].float()
-        s = qr @ k[0, h].float().T * scale
+        s = q[0, h, rows].float() @ k[0, h].float().T * scale
         qi = rows[:, None]
         if sm is not None:
             s = sm(s, 0, h, qi, kv[None, :])
@@ -181,127 +168,129 @@ def reference_rows(torch, q, k, v, mm, sm, sink, heads_to_check, rows):
             s = torch.cat([s, sink[h].expand(s.shape[0], 1)], dim=1)
         m = s.amax(dim=1, keepdim=True).clamp(min=-1e30)
         p = torch.exp(s - m)
-        p = p / p.sum(dim=1, keepdim=True)
+        p = p / p.sum(dim=1, keepdim=True).clamp(min=1e-30)
         if sink is not None:
             p = p[:, :-1]
         out.append(p @ v[0, h].float())
     return torch.stack(out)
 
 
-def check_peer(torch, o_bhnd, ref, heads_to_check, rows):
-    got = o_bhnd[0][heads_to_check][:, rows].float()
-    if torch.isnan(got).any():
-        return False, float("nan")
-    err = (got - ref).abs().max().item()
-    return err <= 2e-2 * max(1.0, ref.abs().max().item()), err
+def peer_time(torch, fn, flush, reps=20):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        flush.zero_()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
 
 
-def params_from_note(name, note):
-    """The parameters of a variant from the binary's note (so peers run the very same mask)."""
-    p = {"causal": "causal" in note.split(";")[0] and name in ("document", "alibi", "softcap", "learned-sink")}
-    m = re.search(r"left (\d+), right (\d+)", note)
-    if m:
-        p["left"], p["right"] = int(m.group(1)), int(m.group(2))
-    m = re.search(r"chunks of (\d+)", note)
-    if m:
-        p["chunk"] = int(m.group(1))
-    m = re.search(r"prefix (\d+)", note)
-    if m:
-        p["prefix"] = int(m.group(1))
-    m = re.search(r"(\d+) sink tokens \+ window (\d+)", note)
-    if m:
-        p["sinks"], p["left"] = int(m.group(1)), int(m.group(2))
-    m = re.search(r"cap ([0-9.]+)", note)
-    if m:
-        p["softcap"] = float(m.group(1))
-    m = re.search(r"documents \(([0-9 ]+)\)", note)
-    if m:
-        p["doc_lens"] = [int(x) for x in m.group(1).split()]
-    m = re.search(r"seed (\d+)", note)
-    if m:
-        p["seed"] = int(m.group(1))
-    m = re.search(r"([0-9.]+)% of pairs kept", note)
-    if m:
-        p["kept_share"] = float(m.group(1)) / 100
-    return p
-
-
-def bench_peers(peers, name, prm, n, heads, d, kept_pairs):
-    torch = peers.torch
-    dev = "cuda"
-    g = torch.Generator(device=dev).manual_seed(1)
-    q = torch.randn(1, heads, n, d, device=dev, dtype=torch.bfloat16, generator=g)
-    k = torch.randn(1, heads, n, d, device=dev, dtype=torch.bfloat16, generator=g)
-    v = torch.randn(1, heads, n, d, device=dev, dtype=torch.bfloat16, generator=g)
-    mm, sm, sink = mask_fns(torch, name, prm, n, heads, dev)
-    heads_to_check = [0, heads - 1]
-    rows = torch.unique(torch.cat([torch.tensor([0, 1, n - 2, n - 1]), torch.randint(0, n, (60,))])).to(dev)
-    ref = reference_rows(torch, q, k, v, mm, sm, sink, heads_to_check, rows)
-    flops = 4.0 * kept_pairs * d
-    res = {}
-    # FlexAttention
-    if peers.flex is None:
-        res["flex"] = {"why": peers.flex_why}
-    else:
+def peer_worker(wid, tasks, results, lock):
+    """One process: imports torch (and FA4), then compiles, checks and times peer tasks."""
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # no compile pool per worker
+    info = {"flex_why": "", "fa4_why": ""}
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            raise RuntimeError("PyTorch has no CUDA device")
+        info["torch"] = torch.__version__
+    except Exception as e:  # noqa: BLE001
+        results.put(("ready", wid, {"flex_why": f"torch not usable: {e}"[:100], "fa4_why": "torch not usable"}))
+        return
+    flex = fa4 = None
+    try:
+        import torch._dynamo
+        torch._dynamo.config.cache_size_limit = 64
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        flex = torch.compile(flex_attention, dynamic=False)
+    except Exception as e:  # noqa: BLE001
+        info["flex_why"] = f"FlexAttention not importable: {type(e).__name__}"
+    try:
+        import inspect
+        from flash_attn.cute import flash_attn_func
+        fa4 = flash_attn_func
+        fa4_params = set(inspect.signature(flash_attn_func).parameters)
         try:
-            bm = peers.create_block_mask(mm, 1, None, n, n, device=dev) if mm is not None else None
-            if sink is None:
-                fn = lambda: peers.flex(q, k, v, score_mod=sm, block_mask=bm)
-                o = fn()
-            else:  # no sink in Flex: O * sigmoid(LSE - sink) from its LSE (one more elementwise kernel)
-                def fn():
-                    o_, lse = peers.flex(q, k, v, score_mod=sm, block_mask=bm, return_lse=True)
-                    return o_ * torch.sigmoid(lse - sink[None, :, None]).unsqueeze(-1).to(o_.dtype)
-                o = fn()
-            ok, err = check_peer(torch, o, ref, heads_to_check, rows)
-            res["flex"] = {"pass": ok, "err": err, "_fn": fn if ok else None}
-        except Exception as e:  # noqa: BLE001
-            res["flex"] = {"why": f"error: {type(e).__name__}: {str(e)[:100]}"}
-    # FA4: causal, window, softcap, learned-sink
-    fa4_kw = None
-    if name == "causal":
-        fa4_kw = {"causal": True}
-    elif name == "window":
-        fa4_kw = {"window_size": (prm["left"], prm["right"])}
-    elif name == "softcap":
-        fa4_kw = {"softcap": prm["softcap"], "causal": prm["causal"]}
-    elif name == "learned-sink":
-        fa4_kw = {"learnable_sink": sink, "causal": prm["causal"]}
-    if peers.fa4 is None:
-        res["fa4"] = {"why": peers.fa4_why}
-    elif fa4_kw is None:
-        res["fa4"] = {"why": "not supported by FA4's interface"}
-    elif any(kk not in peers.fa4_params for kk in fa4_kw):
-        res["fa4"] = {"why": "this FA4 has no " + ", ".join(kk for kk in fa4_kw if kk not in peers.fa4_params)}
-    else:
+            from importlib.metadata import version
+            info["fa4"] = version("flash-attn-4")
+        except Exception:  # noqa: BLE001
+            info["fa4"] = "?"
+    except Exception as e:  # noqa: BLE001
+        info["fa4_why"] = f"FA4 not importable ({type(e).__name__})"
+    results.put(("ready", wid, info))
+    flush = torch.empty(512 * 1024 * 1024 // 4, dtype=torch.float32, device="cuda")
+    while True:
+        task = tasks.get()
+        if task is None:
+            return
+        key, peer, name, prm, n, heads, d, kept_pairs = task
+        t0 = time.time()
+        r = {"flops": 4.0 * kept_pairs * d}
         try:
-            qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))  # [B, N, H, d]
-            def fn():
-                r = peers.fa4(qt, kt, vt, **fa4_kw)
-                return r[0] if isinstance(r, tuple) else r
-            o = fn().transpose(1, 2)
-            ok, err = check_peer(torch, o, ref, heads_to_check, rows)
-            res["fa4"] = {"pass": ok, "err": err, "_fn": fn if ok else None}
+            if peer == "flex" and flex is None:
+                r["why"] = info["flex_why"]
+            elif peer == "fa4" and fa4 is None:
+                r["why"] = info["fa4_why"]
+            else:
+                dev = "cuda"
+                g = torch.Generator(device=dev).manual_seed(1)
+                q, k, v = (torch.randn(1, heads, n, d, device=dev, dtype=torch.bfloat16, generator=g) for _ in range(3))
+                mm, sm, sink = mask_fns(torch, name, prm, n, heads, dev)
+                hc = [0, heads - 1]
+                rows = torch.unique(torch.cat([torch.tensor([0, 1, n - 2, n - 1]),
+                                               torch.randint(0, n, (60,), generator=torch.Generator().manual_seed(2))])).to(dev)
+                ref = reference_rows(torch, q, k, v, mm, sm, sink, hc, rows)
+                fn = None
+                if peer == "flex":
+                    bm = create_block_mask(mm, 1, None, n, n, device=dev) if mm is not None else None
+                    if sink is None:
+                        fn = lambda: flex(q, k, v, score_mod=sm, block_mask=bm)
+                    else:  # Flex has no sink: O sigmoid(LSE - sink) from its LSE (one more elementwise kernel)
+                        def fn():
+                            o_, lse = flex(q, k, v, score_mod=sm, block_mask=bm, return_lse=True)
+                            return o_ * torch.sigmoid(lse - sink[None, :, None]).unsqueeze(-1).to(o_.dtype)
+                        r["note"] = "sink applied as O sigmoid(LSE - sink), one more kernel"
+                    o = fn()
+                else:
+                    kw = {"causal": {"causal": True}, "window": {"window_size": (prm.get("left"), prm.get("right"))},
+                          "softcap": {"softcap": prm.get("softcap"), "causal": prm.get("causal")},
+                          "learned-sink": {"learnable_sink": sink, "causal": prm.get("causal")}}.get(name)
+                    if kw is None:
+                        r["why"] = "not in FA4's interface"
+                    elif any(x not in fa4_params for x in kw):
+                        r["why"] = "this FA4 has no " + ", ".join(x for x in kw if x not in fa4_params)
+                    else:
+                        qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))  # [B, N, H, d]
+
+                        def fn():
+                            out = fa4(qt, kt, vt, **kw)
+                            return out[0] if isinstance(out, tuple) else out
+                        o = fn().transpose(1, 2)
+                if fn is not None and "why" not in r:
+                    got = o[0][hc][:, rows].float()
+                    err = (got - ref).abs().max().item()
+                    ok = not torch.isnan(got).any().item() and err <= 2e-2 * max(1.0, ref.abs().max().item())
+                    r.update({"pass": bool(ok), "err": err, "compile_check_s": round(time.time() - t0, 1)})
+                    if ok:
+                        with lock:
+                            r["ms"] = peer_time(torch, fn, flush)
+                        r["tflops"] = r["flops"] / (r["ms"] * 1e-3) / 1e12
+                del q, k, v
         except Exception as e:  # noqa: BLE001
-            res["fa4"] = {"why": f"error: {type(e).__name__}: {str(e)[:100]}"}
-    for r in res.values():
-        r["flops"] = flops
-    return res
-
-
-def time_prepared(peers, res):
-    """Times the peers bench_peers() prepared and checked (the GPU is otherwise idle by then)."""
-    for r in res.values():
-        fn = r.pop("_fn", None)
-        if fn is not None:
-            r["ms"] = peers.time(fn)
-            r["tflops"] = r["flops"] / (r["ms"] * 1e-3) / 1e12
+            r["why"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:90] if str(e) else ''}"
+        results.put(("result", key, peer, r))
 
 
 # ----------------------------------------------------------------------------- main
 
 def fmt_cell(r):
-    if r is None:
+    if not r:
         return "-"
     if r.get("why"):
         return r["why"]
@@ -316,12 +305,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", default="build/bin/ch06_variants")
     ap.add_argument("--n", type=int, default=8192, help="N of the variant table")
-    ap.add_argument("--sweep-n", type=int, default=16384, help="N of the window sweep")
-    ap.add_argument("--budget", type=float, default=1e9, help="seconds: peers not reached by then are reported as such")
-    ap.add_argument("--peer-order", default="window,causal,softcap,document,alibi,sink,chunked,prefix,learned-sink,custom")
-    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--sweep-n", type=int, default=16384, help="N of the window sweep and the documents")
     ap.add_argument("--windows", default="128,256,512,1024,2048,4096,8192,16384")
     ap.add_argument("--docs", type=int, default=8)
+    ap.add_argument("--window", type=int, default=1024, help="the table's window (L, 0), and the sweep's peer point")
+    ap.add_argument("--workers", type=int, default=4, help="peer processes (compiles run in parallel)")
+    ap.add_argument("--budget", type=float, default=1e9, help="seconds: peers not done by then are reported so")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: variants,sweep,docs")
     ap.add_argument("--save", default="/tmp/ch06_masks.json", help="partial results after every stage")
@@ -334,92 +324,166 @@ def main():
         line = open(a.table).read()
         print_table(json.loads(line[line.index("{"):]))
         return 0
-    n, heads, d = a.n, a.heads, 128
+    t0 = time.time()
+    n, heads, d, sn = a.n, a.heads, 128, a.sweep_n
     skip = set(a.skip.split(",")) if a.skip else set()
-    shape = ["--n", str(n), "--heads", str(heads), "--d", "128", "--batch", "1"]
-    sweep_shape = ["--n", str(a.sweep_n), "--heads", str(heads), "--d", "128", "--batch", "1"]
-    out = {"n": n, "sweep_n": a.sweep_n, "heads": heads, "d": d, "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv)}
+    out = {"n": n, "sweep_n": sn, "heads": heads, "d": d, "window_peer": a.window, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "command": "python3 " + " ".join(sys.argv)}
     try:
         out["gpu"] = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
                                     text=True).stdout.strip().splitlines()[0]
     except Exception:  # noqa: BLE001
         out["gpu"] = "?"
-    peers = None
+
+    # The table's masks, fixed here so that the peers can start compiling at once.
+    rnd = random.Random(5)
+    cuts = sorted(rnd.sample(range(1, n), 7))
+    lens = [b - a_ for a_, b in zip([0] + cuts, cuts + [n])]
+    prm = {"causal": {}, "window": {"left": a.window, "right": 0}, "chunked": {"chunk": 1024}, "prefix": {"prefix": n // 4},
+           "document": {"doc_lens": lens, "causal": True}, "sink": {"sinks": 4, "left": 64},
+           "learned-sink": {"causal": True}, "alibi": {"causal": True}, "softcap": {"softcap": 30.0, "causal": True},
+           "custom": {"seed": 7}}
+    tour_args = ["--n", str(n), "--heads", str(heads), "--kv-heads", str(heads), "--d", "128", "--batch", "1",
+                 "--window", f"{a.window},0", "--chunk", "1024", "--prefix", str(n // 4),
+                 "--doc-lens", ",".join(map(str, lens)), "--sinks", "4", "--softcap", "30", "--causal"]
+    kept_table = {"causal": n * (n + 1) / 2 * heads}
+
+    import multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    lock = ctx.Lock()
+    workers, tasks, results = [], ctx.Queue(), ctx.Queue()
     if not a.no_peers:
-        try:
-            import torch
-            peers = Peers(torch, n, heads, d)
-        except Exception as e:  # noqa: BLE001
-            out["peers_error"] = f"torch not importable: {e}"[:120]
-    t0 = time.time()
-    # 1. every variant, ours (one process: the binary's tour at this shape)
+        for w in range(a.workers):
+            p = ctx.Process(target=peer_worker, args=(w, tasks, results, lock), daemon=True)
+            p.start()
+            workers.append(p)
+
+    def kept(nn, name, pr):
+        """Kept pairs of one head x heads, computed like the binary (for the peers' FLOPs)."""
+        if name == "causal":
+            return nn * (nn + 1) / 2 * heads
+        if name == "window":
+            L = pr["left"]
+            return sum(min(i, L) + 1 for i in range(nn)) * heads
+        return None
+    sent = {}
+
+    def send(key, peer, name, pr, nn, kp):
+        if workers:
+            tasks.put((key, peer, name, pr, nn, heads, d, kp))
+            sent[(key, peer)] = True
+    # peers of the sweep's goal points first (they are the headline), then the table in order
+    if "sweep" not in skip:
+        for name, pr in (("causal", {}), ("window", {"left": a.window, "right": 0})):
+            for peer in ("fa4", "flex"):
+                send(f"sweep:{name}", peer, name, pr, sn, kept(sn, name, pr))
+    table_pending = []
     if "variants" not in skip:
-        rep, err = run_ours(a.bin, shape, timeout=300)
+        for name in ("causal", "window", "softcap", "learned-sink"):
+            send(name, "fa4", name, prm[name], n, kept(n, "causal", {}))  # FLOPs recounted from ours below
+        table_pending = list(VARIANTS)  # Flex: every variant, once our FLOP counts are known (below)
+
+    # 1. every variant, ours: one tour on one set of inputs
+    if "variants" not in skip:
+        rep, err = run_ours(a.bin, tour_args, lock, timeout=300)
         out["variants"] = {}
         if rep is None:
             out["variants_error"] = err
-        else:
-            pairs_total = float(heads) * n * n
-            for name in VARIANTS:
-                note = spec_of_note(rep, name)
-                prm = params_from_note(name, note)
-                row = {"spec": note, "ours": ours_rows(rep, name), "params": prm}
-                flops = next((r["flops"] for r in row["ours"].values() if r.get("flops")), None)
-                row["kept_pairs"] = flops / (4.0 * d) if flops else prm.get("kept_share", 1.0) * pairs_total
-                out["variants"][name] = row
+        for name in VARIANTS:
+            note = spec_of_note(rep, name)
+            row = {"spec": note, "ours": ours_rows(rep, name), "params": prm[name]}
+            flops = next((r["flops"] for r in row["ours"].values() if r.get("flops")), None)
+            row["kept_pairs"] = flops / (4.0 * d) if flops else None
+            got = params_from_note(name, note) if note else {}
+            row["params_agree"] = all(got.get(k_) == v_ for k_, v_ in prm[name].items() if k_ in got)
+            out["variants"][name] = row
+        for name in table_pending:
+            kp = out["variants"][name]["kept_pairs"] or kept(n, "causal", {})
+            send(name, "flex", name, prm[name], n, kp)
         log(f"ours, variants: {time.time() - t0:.0f} s")
         save(a.save, out)
-    # 2 and 3 (ours, in a thread: mostly host work and short GPU runs) while the peers compile
-    def ours_rest():
-        # 2. the window sweep: time against kept tiles
-        if "sweep" not in skip:
-            out["sweep"] = []
-            for w in [int(x) for x in a.windows.split(",")]:
-                rep, err = run_ours(a.bin, ["--mask", "window", "--window", f"{w},0"] + sweep_shape)
-                r = ours_rows(rep, "window") if rep else {}
-                out["sweep"].append({"window": w, "ours": r, "error": err})
-            rep, err = run_ours(a.bin, ["--mask", "causal"] + sweep_shape)
-            out["sweep_causal"] = ours_rows(rep, "causal") if rep else {"error": err}
-            log(f"sweep done: {time.time() - t0:.0f} s")
-        # 3. document masking against each document alone
-        if "docs" not in skip:
-            rep, err = run_ours(a.bin, ["--mask", "document", "--docs", str(a.docs), "--causal"] + sweep_shape)
-            if rep:
-                note = spec_of_note(rep, "document")
-                lens = params_from_note("document", note).get("doc_lens", [])
-                alone = []
-                for ln in lens:
-                    r2, _ = run_ours(a.bin, ["--mask", "causal", "--n", str(ln), "--heads", str(heads), "--d", "128"])
-                    alone.append(ours_rows(r2, "causal") if r2 else {})
-                out["docs"] = {"n": a.sweep_n, "lens": lens, "packed": ours_rows(rep, "document"), "alone": alone}
-            else:
-                out["docs"] = {"error": err}
-            log(f"docs done: {time.time() - t0:.0f} s")
 
-    import threading
-    worker = threading.Thread(target=ours_rest)
-    worker.start()
-    # 4. the peers, in priority order, compiled and checked while the time budget lasts
-    prepared = []
-    if peers is not None and out.get("variants"):
-        for name in a.peer_order.split(","):
-            row = out["variants"].get(name)
-            if row is None:
-                continue
-            if time.time() - t0 > a.budget:
-                row["peers"] = {"flex": {"why": "not measured (time budget of this run)"},
-                                "fa4": {"why": peers.fa4_why or "not measured (time budget of this run)"}}
-                continue
-            log(f"peers: {name} ({time.time() - t0:.0f} s)")
-            row["peers"] = bench_peers(peers, name, row["params"], n, heads, d, row["kept_pairs"])
-            prepared.append(row["peers"])
-    worker.join()
+    # 2. the window sweep (and our causal of the same N), ours
+    if "sweep" not in skip:
+        ws = [w for w in map(int, a.windows.split(",")) if w <= sn]
+        args = ["--mask", "window", "--window", f"{ws[0]},0", "--windows", ",".join(map(str, ws)),
+                "--n", str(sn), "--heads", str(heads), "--kv-heads", str(heads), "--d", "128", "--batch", "1"]
+        rep, err = run_ours(a.bin, args, lock, timeout=300)
+        out["sweep"] = [{"window": w, "ours": ours_rows(rep, f"window L={w}")} for w in ws]
+        if err:
+            out["sweep_error"] = err
+        rep, err = run_ours(a.bin, ["--mask", "causal", "--n", str(sn), "--heads", str(heads), "--kv-heads", str(heads),
+                                    "--d", "128", "--batch", "1"], lock)
+        out["sweep_causal"] = ours_rows(rep, "causal") if rep else {"error": err}
+        log(f"ours, sweep: {time.time() - t0:.0f} s")
+        save(a.save, out)
+
+    # 3. documents: packed against each alone
+    if "docs" not in skip:
+        rep, err = run_ours(a.bin, ["--mask", "document", "--docs", str(a.docs), "--causal", "--alone", "--gpu-path", "sm90a",
+                                    "--n", str(sn), "--heads", str(heads), "--kv-heads", str(heads), "--d", "128",
+                                    "--batch", "1"], lock)
+        if rep:
+            dl = params_from_note("document", spec_of_note(rep, "document")).get("doc_lens", [])
+            out["docs"] = {"n": sn, "lens": dl, "packed": ours_rows(rep, "document"),
+                           "alone": [ours_rows(rep, f"document {k} alone ({ln})") for k, ln in enumerate(dl)]}
+        else:
+            out["docs"] = {"error": err}
+        log(f"ours, docs: {time.time() - t0:.0f} s")
+        save(a.save, out)
+
+    # 4. collect the peers until every task is back or the budget is spent
+    ready = {}
+    got = {}
+    while workers and len(got) < len(sent) and time.time() - t0 < a.budget:
+        if not any(w.is_alive() for w in workers):
+            break
+        try:
+            msg = results.get(timeout=max(0.1, min(1.0, a.budget - (time.time() - t0))))
+        except queue.Empty:
+            continue
+        if msg[0] == "ready":
+            ready[msg[1]] = msg[2]
+        else:
+            got[(msg[1], msg[2])] = msg[3]
+    for w in workers:  # done: stop them (a worker still compiling is not waited for)
+        if w.is_alive():
+            w.terminate()
+    info = next(iter(ready.values()), {})
+    out["peer_versions"] = {k_: v_ for k_, v_ in info.items() if not k_.endswith("_why")}
+    why_missing = "not measured (time budget of this run)" if workers else (
+        "peers off (--no-peers)" if a.no_peers else "no peer process")
+    for (key, peer) in sent:
+        r = got.get((key, peer), {"why": info.get(peer + "_why") or why_missing})
+        if key.startswith("sweep:"):
+            out.setdefault("sweep_peers", {}).setdefault(key[6:], {})[peer] = r
+        elif key in out.get("variants", {}):
+            out["variants"][key].setdefault("peers", {})[peer] = r
+    # The peers' FLOPs are ours (the same kept pairs, counted once, by the binary).
+    def recount(r, ours):
+        fl = next((x["flops"] for x in ours.values() if isinstance(x, dict) and x.get("flops")), None)
+        if fl and r.get("ms"):
+            r["flops"], r["tflops"] = fl, fl / (r["ms"] * 1e-3) / 1e12
+    for name, pe in out.get("sweep_peers", {}).items():
+        ours = out.get("sweep_causal", {}) if name == "causal" else next(
+            (s["ours"] for s in out.get("sweep", []) if s["window"] == a.window), {})
+        for r in pe.values():
+            recount(r, ours if isinstance(ours, dict) else {})
+    for name, row in out.get("variants", {}).items():
+        for r in row.get("peers", {}).values():
+            recount(r, row["ours"])
+        pe = row.setdefault("peers", {})
+        pe.setdefault("flex", {"why": info.get("flex_why") or why_missing})
+        pe.setdefault("fa4", {"why": info.get("fa4_why") or ("not in FA4's interface" if name not in FA4_VARIANTS
+                                                                   else why_missing)})
+        if not row.get("params_agree", True):
+            for r in pe.values():
+                r.setdefault("why", "the peer's mask parameters differ from ours")
+    out["duration_s"] = round(time.time() - t0, 1)
     save(a.save, out)
-    for res in prepared:  # timed only now, with the GPU to themselves
-        time_prepared(peers, res)
-    log(f"peers timed: {time.time() - t0:.0f} s")
     print_table(out)
     print("BENCH_JSON " + json.dumps(out, default=lambda o: None))
+    return 0
 
 
 def save(path, out):
@@ -429,37 +493,60 @@ def save(path, out):
 
 
 def print_table(out):
-    print(f"# ch06 masks, {out.get('gpu')}, {out['date']}: B = 1, H = {out['heads']}, N = {out['n']}, d = 128, bf16")
-    print(f"# command: {out['command']}")
+    print(f"# ch06 masks, {out.get('gpu')}, {out['date']}: B = 1, H = {out['heads']}, d = 128, bf16, forward")
+    print(f"# command: {out['command']}   ({out.get('duration_s', '?')} s; peers {out.get('peer_versions', {})})")
+    cell = lambda r: ("FAIL (check)" if r and r.get("pass") is False else fmt_cell(r))
+
+    def ratio(o9, peer):
+        if not (o9 and o9.get("ms") and o9.get("pass") and peer and peer.get("ms")):
+            return "-"
+        return f"{peer['ms'] / o9['ms']:.2f}x"
+    for k_ in ("variants_error", "sweep_error"):
+        if out.get(k_):
+            print(f"{k_}: {out[k_]}")
     if out.get("variants"):
-        print("\n| variant | ours sm90a ms / TFLOP/s | ours sm80 | Flex | FA4 | ours / Flex | ours / FA4 |")
-        print("|---|---|---|---|---|---|---|")
+        print(f"\nEvery variant at N = {out['n']} (ms / TFLOP/s over kept pairs; peer / ours > 1: ours faster)\n")
+        print("| variant | mask | ours sm90a | ours sm80 | FlexAttention | FA4 | Flex / ours | FA4 / ours |")
+        print("|---|---|---|---|---|---|---|---|")
         for name, row in out["variants"].items():
             o9, o8 = row["ours"].get("sm90a"), row["ours"].get("sm80")
             pe = row.get("peers", {})
-            def ratio(peer):
-                if not (o9 and o9.get("ms") and o9.get("pass") and peer and peer.get("ms")):
-                    return "-"
-                return f"{peer['ms'] / o9['ms']:.2f}x"
-            cell = lambda r: ("FAIL (check)" if r and r.get("pass") is False else fmt_cell(r))
-            print(f"| {name} | {cell(o9)} | {cell(o8)} | {fmt_cell(pe.get('flex'))} | {fmt_cell(pe.get('fa4'))} | "
-                  f"{ratio(pe.get('flex'))} | {ratio(pe.get('fa4'))} |")
+            spec = (row.get("spec") or "").split(";")[0].split(": ", 1)[-1]
+            print(f"| {name} | {spec[:60]} | {cell(o9)} | {cell(o8)} | {fmt_cell(pe.get('flex'))} | {fmt_cell(pe.get('fa4'))} | "
+                  f"{ratio(o9, pe.get('flex'))} | {ratio(o9, pe.get('fa4'))} |")
     if out.get("sweep"):
-        c = out.get("sweep_causal", {}).get("sm90a", {})
-        print(f"\nwindow sweep at N = {out['sweep_n']}:")
-        print(f"\n| window | kept tiles | sm90a ms | speed-up vs causal ({c.get('ms')} ms) |")
-        print("|---|---|---|---|")
+        c9 = out.get("sweep_causal", {}).get("sm90a", {})
+        c8 = out.get("sweep_causal", {}).get("sm80", {})
+        print(f"\nWindow (L, 0) sweep at N = {out['sweep_n']}; causal of the same run: sm90a {fmt_cell(c9)}, "
+              f"sm80 {fmt_cell(c8)}\n")
+        print("| window L | kept tiles (sm90a) | sm90a ms | causal / window (sm90a) | sm80 ms | causal / window (sm80) |")
+        print("|---:|---:|---:|---:|---:|---:|")
         for s in out["sweep"]:
-            r = s["ours"].get("sm90a", {})
-            sp = f"{c['ms'] / r['ms']:.2f}x" if r.get("ms") and c.get("ms") else "-"
-            print(f"| {s['window']} | {r.get('tiles')} | {r.get('ms')} | {sp} |")
-    if out.get("docs") and out["docs"].get("packed"):
-        dd = out["docs"]
-        pk = dd["packed"].get("sm90a", {}).get("ms")
-        alone = [x.get("sm90a", {}).get("ms") for x in dd["alone"]]
-        if pk and all(alone):
-            print(f"\ndocuments {dd['lens']}: packed with the document mask {pk:.3f} ms, each alone (causal) "
-                  f"summed {sum(alone):.3f} ms: ratio {pk / sum(alone):.2f}")
+            r9, r8 = s["ours"].get("sm90a", {}), s["ours"].get("sm80", {})
+            sp = lambda c, r: f"{c['ms'] / r['ms']:.2f}x" if r.get("ms") and c.get("ms") and r.get("pass") else "-"
+            ms = lambda r: "FAIL (check)" if r.get("pass") is False else (f"{r['ms']:.3f}" if r.get("ms") else "-")
+            print(f"| {s['window']} | {r9.get('tiles') or '-'} | {ms(r9)} | {sp(c9, r9)} | {ms(r8)} | {sp(c8, r8)} |")
+        sp = out.get("sweep_peers", {})
+        if sp:
+            print("\nPeers at the sweep's N: causal and window (%s, 0)\n" % (out.get("window_peer", "1024")))
+            print("| peer | causal | window | causal / window |")
+            print("|---|---|---|---|")
+            for peer in ("fa4", "flex"):
+                c, w = sp.get("causal", {}).get(peer, {}), sp.get("window", {}).get(peer, {})
+                r = f"{c['ms'] / w['ms']:.2f}x" if c.get("ms") and w.get("ms") else "-"
+                print(f"| {peer} | {fmt_cell(c)} | {fmt_cell(w)} | {r} |")
+    dd = out.get("docs") or {}
+    if dd.get("packed"):
+        pk = dd["packed"].get("sm90a", {})
+        alone = [x.get("sm90a", {}) for x in dd.get("alone", [])]
+        ok = pk.get("ms") and pk.get("pass") and alone and all(x.get("ms") and x.get("pass") for x in alone)
+        print(f"\nDocuments at N = {dd['n']} (causal within each), lengths {dd['lens']}:")
+        if ok:
+            s = sum(x["ms"] for x in alone)
+            print(f"packed with the document mask {pk['ms']:.3f} ms; each alone, summed {s:.3f} ms "
+                  f"({len(alone)} launches); packed / alone = {pk['ms'] / s:.2f}")
+        else:
+            print("packed or alone rows missing or failed: " + json.dumps({"packed": pk, "alone": alone})[:300])
 
 
 def plot(json_path, png):
@@ -467,24 +554,27 @@ def plot(json_path, png):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     line = open(json_path).read()
-    data = json.loads(line[line.index("{"):]) if not line.lstrip().startswith("{") else json.loads(line)
-    xs, ys, ws = [], [], []
-    for s in data["sweep"]:
-        r = s["ours"].get("sm90a", {})
-        if r.get("ms") and r.get("tiles"):
-            xs.append(r["tiles"]), ys.append(r["ms"]), ws.append(s["window"])
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(xs, ys, "o-", label="sm90a masked forward (window L, 0)")
-    if xs:
-        k = sum(y / x for x, y in zip(xs, ys)) / len(xs)
-        ax.plot([0, max(xs)], [0, k * max(xs)], "--", color="gray", label="time proportional to tiles")
-    for x, y, w in zip(xs, ys, ws):
-        ax.annotate(str(w), (x, y), textcoords="offset points", xytext=(4, -10), fontsize=8)
-    ax.set_xlabel("kept tiles (128 x 128) over all heads")
+    data = json.loads(line[line.index("{"):])
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for key, style, lab in (("sm90a", "o-", "sm90a masked forward"), ("sm80", "s-", "sm80 masked forward")):
+        xs, ys, ws = [], [], []
+        for s in data["sweep"]:
+            r = s["ours"].get(key, {})
+            if r.get("ms") and r.get("tiles") and r.get("pass"):
+                xs.append(r["tiles"]), ys.append(r["ms"]), ws.append(s["window"])
+        if not xs:
+            continue
+        ax.plot(xs, ys, style, label=f"{lab} (window L, 0)")
+        k = max(ys) / max(xs)  # the line through the largest point: time proportional to tiles
+        ax.plot([0, max(xs)], [0, k * max(xs)], "--", color="gray", linewidth=0.8)
+        if key == "sm90a":
+            for x, y, w in zip(xs, ys, ws):
+                ax.annotate(str(w), (x, y), textcoords="offset points", xytext=(4, -10), fontsize=8)
+    ax.set_xlabel("K/V tiles visited (over all heads; sm90a 128 x 128, sm80 128 x 64)")
     ax.set_ylabel("time (ms)")
-    ax.set_title(f"sliding window, N = {data.get('sweep_n', data['n'])}, H = {data['heads']}, d = 128 ({data.get('gpu')}, {data['date']})",
-                 fontsize=9)
-    ax.legend(fontsize=8)
+    ax.set_title(f"sliding window, N = {data['sweep_n']}, H = {data['heads']}, d = 128 "
+                 f"({data.get('gpu')}, {data['date']})", fontsize=9)
+    ax.legend(fontsize=8, title="dashed: proportional to tiles", title_fontsize=7)
     fig.tight_layout()
     fig.savefig(png, dpi=120)
     print(f"wrote {png}")

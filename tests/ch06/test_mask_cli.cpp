@@ -61,7 +61,13 @@ TEST_CASE("mask CLI: bad mask options exit 2 with one line") {
       {"--mask", "window", "--causal"},
       {"--mask", "sink", "--window", "5,5"},
       {"--mask", "nosuchmask"},
-      {"--window", "16"},                                       // mask options without --mask
+      {"--window", "-1"},                                       // the tour: a bad value is still bad
+      {"--softcap", "0"},
+      {"--windows", "128,256"},                                 // the sweep belongs to --mask window
+      {"--mask", "causal", "--windows", "128"},
+      {"--mask", "window", "--windows", "64,-1"},
+      {"--mask", "window", "--alone"},                          // --alone belongs to --mask document
+      {"--mask", "window", "--gpu-path", "sm70"},
       {"--mask", "causal", "--d", "96"},
   };
   for (const auto& args : bad) {
@@ -73,6 +79,32 @@ TEST_CASE("mask CLI: bad mask options exit 2 with one line") {
     CHECK(r.err_lines() == 1);
     CHECK(r.err.find("error") != std::string::npos);
   }
+}
+
+TEST_CASE("mask CLI: in the tour each option applies to its own variant") {
+  const Run r = run_mask({"--device", "cpu", "--no-backward", "--n", "256", "--window", "100,0", "--chunk", "64",
+                          "--softcap", "20", "--doc-lens", "56,200"});
+  CHECK(r.code == 0);
+  CHECK(r.out.find("window: window (left 100, right 0)") != std::string::npos);
+  CHECK(r.out.find("chunks of 64") != std::string::npos);
+  CHECK(r.out.find("cap 20") != std::string::npos);
+  CHECK(r.out.find("2 documents (56 200)") != std::string::npos);
+  CHECK(r.out.find("sink tokens + window 64") != std::string::npos);  // --window is the window variant's
+}
+
+TEST_CASE("mask CLI: --windows sweeps the window on one set of inputs, --alone runs each document alone") {
+  const Run w = run_mask({"--device", "cpu", "--no-backward", "--mask", "window", "--window", "32,0", "--windows",
+                          "0,64,1000", "--n", "200"});
+  CHECK(w.code == 0);
+  for (const char* row : {"window L=0: model forward", "window L=64: model forward", "window L=1000: model forward"})
+    CHECK(w.out.find(row) != std::string::npos);
+  CHECK(w.out.find("FAIL") == std::string::npos);
+  const Run d = run_mask({"--device", "cpu", "--no-backward", "--mask", "document", "--doc-lens", "1,120,79", "--n",
+                          "200", "--causal", "--alone"});
+  CHECK(d.code == 0);
+  for (const char* row : {"document 0 alone (1)", "document 1 alone (120)", "document 2 alone (79)"})
+    CHECK(d.out.find(row) != std::string::npos);
+  CHECK(d.out.find("FAIL") == std::string::npos);
 }
 
 TEST_CASE("mask CLI: the default run checks every variant on the CPU model and passes") {

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "mask_spec.hpp"
 
@@ -73,6 +74,9 @@ constexpr int Br = 128, Bc = 64;
 }  // namespace ampere_mask
 namespace hopper_mask {
 bool launch(const FwdParams& p, const MaskSpec& s, const Problem& prob, const PolicyData& d, cudaStream_t st);
+/// The launch with its tensor maps encoded once: what a timed repeat runs (empty: not built for this problem).
+std::function<void()> prepare(const FwdParams& p, const MaskSpec& s, const Problem& prob, const PolicyData& d,
+                              cudaStream_t st);
 bool available();
 constexpr int Br = 128, Bc = 128;
 }  // namespace hopper_mask

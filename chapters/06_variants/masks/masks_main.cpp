@@ -34,8 +34,8 @@ namespace {
 
 /// The mask options that take text (the shared Cli parses numbers and choices only).
 struct TextOptions {
-  std::string window, doc_lens, softcap, svg;
-  bool window_set = false, doc_lens_set = false, softcap_set = false;
+  std::string window, doc_lens, softcap, svg, windows;
+  bool window_set = false, doc_lens_set = false, softcap_set = false, windows_set = false;
   std::string error;  // reported as a UsageError once the Cli has parsed the rest
 };
 
@@ -49,7 +49,8 @@ std::vector<char*> take_text_options(int argc, char** argv, TextOptions* t) {
       value = arg.substr(eq + 1), arg = arg.substr(0, eq), inline_value = true;
     }
     std::string* target = arg == "--window" ? &t->window : arg == "--doc-lens" ? &t->doc_lens
-                        : arg == "--softcap" ? &t->softcap : arg == "--svg" ? &t->svg : nullptr;
+                        : arg == "--softcap" ? &t->softcap : arg == "--svg" ? &t->svg
+                        : arg == "--windows" ? &t->windows : nullptr;
     if (a == 0 || !target) {
       rest.push_back(argv[a]);
       continue;
@@ -65,6 +66,7 @@ std::vector<char*> take_text_options(int argc, char** argv, TextOptions* t) {
     if (arg == "--window") t->window_set = true;
     if (arg == "--doc-lens") t->doc_lens_set = true;
     if (arg == "--softcap") t->softcap_set = true;
+    if (arg == "--windows") t->windows_set = true;
   }
   return rest;
 }
@@ -84,7 +86,18 @@ struct MaskArgs {
   int chunk = -1, prefix = -1, docs = -1, sinks = -1;
   bool map = false;
   bool no_model = false, no_backward = false, no_time = false;
+  bool alone = false;          ///< document: also run each document alone
+  std::string gpu_path = "all";  ///< sm80, sm90a or all (the forwards; the backward follows --no-backward)
   TextOptions text;
+};
+
+/// A run of one variant: its inputs when already made (the sweeps share them), the fp64
+/// check's budget, and the label of its rows (the variant's name unless a sweep names it).
+struct RunOptions {
+  const AttnInputs* inputs = nullptr;
+  double check_flops = 4e9;
+  std::string label;
+  bool quiet_notes = false;
 };
 
 /// Builds the spec of `kind` from the arguments; rejects options the mask does not take.
@@ -106,7 +119,9 @@ MaskSpec make_spec(MaskKind kind, const MaskArgs& a, const Options& opt, bool ex
   only(a.text.softcap_set, "--softcap", {MaskKind::softcap});
   if (explicit_mask && opt.problem.causal && kind == MaskKind::window)
     throw UsageError("--causal does not apply to --mask window (a causal window is --window L,0)");
-  if (a.text.window_set && explicit_mask) {
+  // In the tour (no --mask) each option applies to the variant it belongs to (--window: window).
+  const bool mine_window = explicit_mask || kind == MaskKind::window;
+  if (a.text.window_set && mine_window) {
     const std::vector<int> w = parse_int_list("--window", a.text.window);
     if (w.size() > 2 || (kind == MaskKind::sink && w.size() != 1))
       throw UsageError(kind == MaskKind::sink ? "--window takes one value L with --mask sink"
@@ -114,7 +129,7 @@ MaskSpec make_spec(MaskKind kind, const MaskArgs& a, const Options& opt, bool ex
     s.left = w[0];
     s.right = w.size() == 2 ? w[1] : 0;
   }
-  if (explicit_mask) {
+  {
     if (a.chunk >= 0) s.chunk = a.chunk;
     if (a.prefix >= 0) s.prefix = a.prefix;
     if (a.sinks >= 0) s.sinks = a.sinks;
@@ -127,6 +142,7 @@ MaskSpec make_spec(MaskKind kind, const MaskArgs& a, const Options& opt, bool ex
     }
   }
   if (kind == MaskKind::sink && !(a.text.window_set && explicit_mask)) s.left = 64;
+  if (!explicit_mask && kind != MaskKind::document) s.doc_lens.clear();
   finalize_spec(s, opt.problem);
   return s;
 }
@@ -134,11 +150,10 @@ MaskSpec make_spec(MaskKind kind, const MaskArgs& a, const Options& opt, bool ex
 constexpr double kModelFlopBudget = 2e9;  // the CPU model's limit (one core)
 
 /// One variant: the model's rows (and the kernels'), judged against the reference.
-void run_variant(const MaskSpec& spec, const Options& opt, const MaskArgs& a, const std::optional<DeviceInfo>& dev,
-                 bool explicit_mask, Report& rep) {
-  const Problem user = opt.problem;
+void run_variant(const MaskSpec& spec, const Problem& user, const Options& opt, const MaskArgs& a,
+                 const std::optional<DeviceInfo>& dev, bool explicit_mask, Report& rep, const RunOptions& ro = {}) {
   const Problem p = masked_problem(user);
-  const std::string name = mask_name(spec.kind);
+  const std::string name = ro.label.empty() ? mask_name(spec.kind) : ro.label;
   const TokenLayout layout = layout_for(spec, p);
   const BlockMap map = build_block_map(spec, p, kModelBr, kModelBc);
   if (a.map) {
@@ -150,20 +165,22 @@ void run_variant(const MaskSpec& spec, const Options& opt, const MaskArgs& a, co
     f << map.svg(0, 0, name + ": " + spec.describe() + ", " + p.describe());
     os << "  (picture written to " << path << ")\n";
   }
-  const AttnInputs in = make_inputs(p, opt.dist, opt.seed, /*with_dout=*/!a.no_backward);
+  const AttnInputs made = ro.inputs ? AttnInputs{} : make_inputs(p, opt.dist, opt.seed, /*with_dout=*/!a.no_backward);
+  const AttnInputs& in = ro.inputs ? *ro.inputs : made;
   AttnInputs lin;  // the inputs in the layout the mask runs in (packed for documents)
   lin.q = to_layout(in.q, p.heads, p.nq, p.d, layout.packed);
   lin.k = to_layout(in.k, p.kv_heads, p.nk, p.d, layout.packed);
   lin.v = to_layout(in.v, p.kv_heads, p.nk, p.dv, layout.packed);
   if (!in.dout.empty()) lin.dout = to_layout(in.dout, p.heads, p.nq, p.dv, layout.packed);
   const std::unique_ptr<ScoreMod> mod = reference_mod(spec, p);
-  const ForwardOracle oracle(p, in, opt.check_all ? CheckPlan::full(p) : CheckPlan::sampled(p), mod.get());
+  const ForwardOracle oracle(p, in, opt.check_all ? CheckPlan::full(p) : CheckPlan::sampled(p, ro.check_flops), mod.get());
   std::optional<BackwardOracle> boracle;
   if (!a.no_backward) boracle.emplace(p, in, opt.check_all ? BackwardPlan::full(p) : BackwardPlan::sampled(p), mod.get());
   if (rep.check_plan.empty())
     rep.check_plan = oracle.plan().describe(p) + (boracle ? "; backward: " + boracle->plan().describe(p) : "");
   const double fwd_flops = mask_flops_forward(spec, p, map);
-  rep.notes.push_back(name + ": " + spec.describe() + "; " + fmt("%.0f", map.kept_tiles()) + " of " +
+  if (!ro.quiet_notes)
+    rep.notes.push_back(name + ": " + spec.describe() + "; " + fmt("%.0f", map.kept_tiles()) + " of " +
                       fmt("%.0f", map.total_tiles()) + " tiles kept (" + fmt("%.0f", map.count(TileKind::partial)) +
                       " partial) at " + std::to_string(map.Br) + " x " + std::to_string(map.Bc) + ", " +
                       fmt("%.1f", 100.0 * map.kept_pairs / (double(p.batch) * p.heads * p.nq * p.nk)) +
@@ -197,6 +214,8 @@ void run_variant(const MaskSpec& spec, const Options& opt, const MaskArgs& a, co
   if (dev) {
     for (const GpuPath path : {GpuPath::sm80, GpuPath::sm90a, GpuPath::backward}) {
       if (path == GpuPath::backward && a.no_backward) continue;
+      if (path == GpuPath::sm80 && a.gpu_path == "sm90a") continue;
+      if (path == GpuPath::sm90a && a.gpu_path == "sm80") continue;
       ResultRow row;
       row.impl = name + ": " + gpu_path_name(path);
       row.device = "cuda";
@@ -263,6 +282,8 @@ int mask_main(int argc, char** argv) {
   cli.add_flag("--no-model", &a.no_model, "skip the CPU model rows");
   cli.add_flag("--no-backward", &a.no_backward, "skip the backward rows");
   cli.add_flag("--no-time", &a.no_time, "check the kernels without timing them (for compute-sanitizer)");
+  cli.add_flag("--alone", &a.alone, "document: also run each document alone (the cost the packed run should match)");
+  cli.add_choice("--gpu-path", &a.gpu_path, {"all", "sm80", "sm90a"}, "which forward kernels run (default: all)");
   return run_chapter(int(args.size()), args.data(), cli, [&](const Options& opt) {
     if (!a.text.error.empty()) throw UsageError(a.text.error);
     const bool explicit_mask = !a.mask.empty();
@@ -272,9 +293,6 @@ int mask_main(int argc, char** argv) {
       parse_mask(a.mask, &k);
       specs.push_back(make_spec(k, a, opt, true));
     } else {
-      if (a.chunk >= 0 || a.prefix >= 0 || a.docs >= 0 || a.sinks >= 0 || a.text.window_set ||
-          a.text.doc_lens_set || a.text.softcap_set)
-        throw UsageError("mask options need --mask (the variant they belong to)");
       for (MaskKind k : all_mask_kinds()) {
         const Problem& u = opt.problem;
         if (k == MaskKind::document && (u.nq != u.nk || u.batch != 1)) continue;  // needs one packed batch, Nq = Nk
@@ -293,7 +311,55 @@ int mask_main(int argc, char** argv) {
 #endif
     if (!explicit_mask && specs.size() < all_mask_kinds().size())
       rep.notes.push_back("document: not run (document masking packs one batch with Nq = Nk)");
-    for (const MaskSpec& s : specs) run_variant(s, opt, a, dev, explicit_mask, rep);
+    if (a.text.windows_set && !(explicit_mask && specs[0].kind == MaskKind::window))
+      throw UsageError("--windows applies to --mask window only");
+    if (a.alone && !(explicit_mask && specs[0].kind == MaskKind::document))
+      throw UsageError("--alone applies to --mask document only");
+    std::vector<int> windows;
+    if (a.text.windows_set) {
+      windows = parse_int_list("--windows", a.text.windows);
+      for (int w : windows)
+        if (w < 0) throw UsageError("--windows: a window is >= 0, got " + std::to_string(w));
+    }
+    {  // every variant of the tour on the same inputs
+      const Problem p = masked_problem(opt.problem);
+      const AttnInputs in = make_inputs(p, opt.dist, opt.seed, /*with_dout=*/!a.no_backward);
+      RunOptions ro;
+      ro.inputs = &in;
+      for (const MaskSpec& s : specs) run_variant(s, opt.problem, opt, a, dev, explicit_mask, rep, ro);
+    }
+    // The window sweep: the same inputs, one window after another (rows "window L=...").
+    if (!windows.empty()) {
+      const Problem p = masked_problem(opt.problem);
+      const AttnInputs in = make_inputs(p, opt.dist, opt.seed, /*with_dout=*/!a.no_backward);
+      rep.notes.push_back("window sweep: rows 'window L=...' share one set of inputs and are checked in fp64 on "
+                          "fewer sampled rows (a budget of 5e8 FLOPs each)");
+      for (int w : windows) {
+        MaskSpec s = specs[0];
+        s.left = w;
+        finalize_spec(s, opt.problem);
+        RunOptions ro;
+        ro.inputs = &in, ro.check_flops = 5e8, ro.label = "window L=" + std::to_string(w);
+        run_variant(s, opt.problem, opt, a, dev, false, rep, ro);
+      }
+    }
+    // Each document alone: a problem of its own length with one document (full, or causal).
+    if (a.alone) {
+      const std::vector<int> lens = specs[0].doc_lens;
+      rep.notes.push_back("documents alone: rows 'document k alone (L)' run document k as a problem of its own "
+                          "length, checked in fp64 on sampled rows (a budget of 5e8 FLOPs each)");
+      for (std::size_t k = 0; k < lens.size(); ++k) {
+        Problem one = opt.problem;
+        one.nq = one.nk = lens[k];
+        MaskSpec s = specs[0];
+        s.doc_lens = {lens[k]};
+        finalize_spec(s, one);
+        RunOptions ro;
+        ro.check_flops = 5e8, ro.quiet_notes = true;
+        ro.label = "document " + std::to_string(k) + " alone (" + std::to_string(lens[k]) + ")";
+        run_variant(s, one, opt, a, dev, false, rep, ro);
+      }
+    }
     rep.apply_ceilings();
     return rep.emit(std::cout, opt.json);
   });
