@@ -1,6 +1,10 @@
 #include "common/inputs.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
+
+#include "common/parallel.hpp"
 
 namespace attn {
 
@@ -48,11 +52,28 @@ double Rng::normal() {
 
 int Rng::range(int lo, int hi) { return lo + int(next_u64() % uint64_t(hi - lo + 1)); }
 
-void fill(std::vector<float>& x, std::size_t n, Dist dist, uint64_t seed, uint64_t stream,
-          DType dtype, double shift) {
-  x.resize(n);
-  Rng rng(seed * 0x100000001b3ull + stream * 0x9e3779b97f4a7c15ull + 1);
-  for (std::size_t i = 0; i < n; ++i) {
+namespace {
+
+constexpr uint64_t kStep = 0x9e3779b97f4a7c15ull;  // Rng's counter step (next_u64)
+
+/// next_u64() draws that `count` consecutive elements take, starting at an even index, when no
+/// Box-Muller draw is rejected: a normal pair takes two, an outlier test one per element.
+uint64_t draws_of(Dist dist, std::size_t count) {
+  const uint64_t pairs = (count + 1) / 2;
+  switch (dist) {
+    case Dist::normal:
+    case Dist::mean_shifted: return 2 * pairs;
+    case Dist::outliers: return 2 * pairs + count;
+    case Dist::integers: return count;
+  }
+  return 0;
+}
+
+/// Elements [begin, end) of the stream that starts at counter `start`; returns the counter after.
+uint64_t fill_range(float* x, std::size_t begin, std::size_t end, Dist dist, uint64_t start, DType dtype,
+                    double shift) {
+  Rng rng(start + draws_of(dist, begin) * kStep);
+  for (std::size_t i = begin; i < end; ++i) {
     double v = 0;
     switch (dist) {
       case Dist::normal: v = rng.normal(); break;
@@ -62,6 +83,32 @@ void fill(std::vector<float>& x, std::size_t n, Dist dist, uint64_t seed, uint64
     }
     x[i] = round_to(dtype, float(v));
   }
+  return rng.state();
+}
+
+}  // namespace
+
+void fill(std::vector<float>& x, std::size_t n, Dist dist, uint64_t seed, uint64_t stream,
+          DType dtype, double shift) {
+  x.resize(n);
+  const uint64_t start = seed * 0x100000001b3ull + stream * kStep + 1;
+  // One stream, split into chunks of an even length that threads fill from the counter they
+  // start at. The values are those of one serial pass, unless a Box-Muller draw was rejected
+  // (u1 = 0, probability 2^-53 per draw), which shifts the rest of the stream: a chunk that ends
+  // at another counter than expected says so, and the serial pass runs instead.
+  constexpr std::size_t kChunk = std::size_t(1) << 20;
+  const long chunks = long((n + kChunk - 1) / kChunk);
+  if (chunks <= 1) {
+    fill_range(x.data(), 0, n, dist, start, dtype, shift);
+    return;
+  }
+  std::atomic<bool> exact{true};
+  parallel_for(chunks, [&](long c) {
+    const std::size_t b = std::size_t(c) * kChunk, e = std::min(n, b + kChunk);
+    if (fill_range(x.data(), b, e, dist, start, dtype, shift) != start + (draws_of(dist, b) + draws_of(dist, e - b)) * kStep)
+      exact = false;
+  });
+  if (!exact) fill_range(x.data(), 0, n, dist, start, dtype, shift);
 }
 
 AttnInputs make_inputs(const Problem& p, Dist dist, uint64_t seed, bool with_dout) {

@@ -37,6 +37,9 @@ class Rng {
   double normal();
   /// Uniform integer in [lo, hi].
   int range(int lo, int hi);
+  /// The generator's counter: it advances by one fixed step per next_u64(), so Rng(state + k * step)
+  /// starts k draws later (how fill() splits one stream over threads and checks that it did).
+  uint64_t state() const { return state_; }
 
  private:
   uint64_t state_;

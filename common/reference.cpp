@@ -240,36 +240,68 @@ RefBackward reference_backward(const Problem& p, const AttnInputs& in, const Bac
   const int g = p.group();
   const std::vector<int> all_q = iota_rows(p.nq);
   const double tau = p.softmax_scale();
+  // A group's (head, row chunk) blocks are split into `parts` consecutive runs, each summing its
+  // own dK and dV; the runs are then added in order. `parts` depends on the problem only (about
+  // 16 work items in all, at most 1 GB of partial sums), so the numbers do not depend on the
+  // machine's thread count.
+  const int chunks = (p.nq + kRowChunk - 1) / kRowChunk;
+  const int blocks = g * chunks;
+  const double part_bytes = 8.0 * double(p.nk) * (p.d + p.dv) * double(ng);
+  const int parts = std::max(1, std::min({blocks, int(std::max<std::size_t>(1, 16 / std::max<std::size_t>(1, ng))),
+                                          int(std::max(1.0, 1e9 / std::max(1.0, part_bytes)))}));
+  std::vector<Mat> dk_part(ng * parts), dv_part(ng * parts);
 
-  parallel_for(long(ng), [&](long gi) {
+  parallel_for(long(ng * parts), [&](long item) {
+    const std::size_t gi = std::size_t(item) / parts;
+    const int part = int(item % parts);
     const auto [b, hk] = plan.kv_groups[gi];
     const Mat k = load_all(in.k, p.k_off(b, hk), p.nk, p.d);
     const Mat v = load_all(in.v, p.v_off(b, hk), p.nk, p.dv);
-    Mat dk = Mat::Zero(p.nk, p.d), dv = Mat::Zero(p.nk, p.dv);
-    for (int hh = 0; hh < g; ++hh) {
+    Mat& dk = dk_part[item];
+    Mat& dv = dv_part[item];
+    dk = Mat::Zero(p.nk, p.d);
+    dv = Mat::Zero(p.nk, p.dv);
+    const int first = int(long(blocks) * part / parts), last = int(long(blocks) * (part + 1) / parts);
+    for (int blk = first; blk < last; ++blk) {
+      const int hh = blk / chunks, c0 = (blk % chunks) * kRowChunk;
       const int h = hk * g + hh;
-      for (int c0 = 0; c0 < p.nq; c0 += kRowChunk) {
-        const std::vector<int> rows = chunk(all_q, c0);
-        const Mat q = load_rows(in.q, p.q_off(b, h), rows, p.d);
-        const Mat dout = load_rows(in.dout, p.o_off(b, h), rows, p.dv);
-        Mat x, s_raw;
-        scores(p, mod, b, h, rows, q, k, x, &s_raw);
-        softmax_rows(x, mod ? mod->sink(p, b, h) : kNegInf);  // x is now P
-        const Mat o = x * v;                      // O for these rows
-        const Eigen::VectorXd D = (dout.cwiseProduct(o)).rowwise().sum();
-        dv.noalias() += x.transpose() * dout;     // dV = P^T dO
-        Mat dp = dout * v.transpose();            // dP = dO V^T
-        Mat ds = x.cwiseProduct(dp.colwise() - D);  // dX = P o (dP - D)
-        if (mod)
-          for (std::size_t rr = 0; rr < rows.size(); ++rr)
-            for (int j = 0; j < p.nk; ++j)
-              if (x(rr, j) != 0.0) ds(rr, j) *= mod->grad(p, b, h, rows[rr], j, s_raw(rr, j));
-        const Mat dq = tau * ds * k;              // dQ = tau dS K
-        dk.noalias() += tau * ds.transpose() * q; // dK = tau dS^T Q
-        const std::size_t base = (gi * g + hh) * std::size_t(p.nq) + c0;
+      const std::vector<int> rows = chunk(all_q, c0);
+      const Mat q = load_rows(in.q, p.q_off(b, h), rows, p.d);
+      const Mat dout = load_rows(in.dout, p.o_off(b, h), rows, p.dv);
+      Mat x, s_raw;
+      scores(p, mod, b, h, rows, q, k, x, &s_raw);
+      softmax_rows(x, mod ? mod->sink(p, b, h) : kNegInf);  // x is now P
+      const Mat o = x * v;                      // O for these rows
+      const Eigen::VectorXd D = (dout.cwiseProduct(o)).rowwise().sum();
+      dv.noalias() += x.transpose() * dout;     // dV = P^T dO
+      Mat dp = dout * v.transpose();            // dP = dO V^T
+      Mat ds = x.cwiseProduct(dp.colwise() - D);  // dX = P o (dP - D)
+      if (mod)
         for (std::size_t rr = 0; rr < rows.size(); ++rr)
-          for (int c = 0; c < p.d; ++c) r.dq.values[(base + rr) * p.d + c] = dq(rr, c);
+          for (int j = 0; j < p.nk; ++j)
+            if (x(rr, j) != 0.0) ds(rr, j) *= mod->grad(p, b, h, rows[rr], j, s_raw(rr, j));
+      const Mat dq = tau * ds * k;              // dQ = tau dS K
+      dk.noalias() += tau * ds.transpose() * q; // dK = tau dS^T Q
+      const std::size_t base = (gi * g + hh) * std::size_t(p.nq) + c0;
+      for (std::size_t rr = 0; rr < rows.size(); ++rr)
+        for (int c = 0; c < p.d; ++c) r.dq.values[(base + rr) * p.d + c] = dq(rr, c);
+    }
+    if (parts == 1) {  // the group's whole sum: written now, nothing kept
+      for (int j = 0; j < p.nk; ++j) {
+        for (int c = 0; c < p.d; ++c) r.dk.values[(gi * p.nk + j) * p.d + c] = dk(j, c);
+        for (int c = 0; c < p.dv; ++c) r.dv.values[(gi * p.nk + j) * p.dv + c] = dv(j, c);
       }
+      dk.resize(0, 0);
+      dv.resize(0, 0);
+    }
+  });
+  if (parts == 1) return r;
+  parallel_for(long(ng), [&](long gi) {
+    Mat& dk = dk_part[gi * parts];
+    Mat& dv = dv_part[gi * parts];
+    for (int part = 1; part < parts; ++part) {
+      dk += dk_part[gi * parts + part];
+      dv += dv_part[gi * parts + part];
     }
     for (int j = 0; j < p.nk; ++j) {
       for (int c = 0; c < p.d; ++c) r.dk.values[(gi * p.nk + j) * p.d + c] = dk(j, c);
@@ -283,33 +315,99 @@ RefBackward reference_backward(const Problem& p, const AttnInputs& in, const Bac
 
 namespace {
 
-/// s_j for one query row in fp32: tau * sum_k q_k k_jk accumulated in order, masked/modified.
-/// `raw`, when given, receives the unmodified tau * q.k (for the modifier's gradient).
-void scores_f32(const Problem& p, const ScoreMod* mod, int b, int h, int i, const float* q,
-                const float* k, std::vector<float>& s, std::vector<float>* raw = nullptr) {
+/// Dot products of x with four rows of y (row stride `stride`), each summed in order c = 0..n-1
+/// by its own accumulator: the same four numbers as four serial loops, with four independent
+/// dependency chains instead of one.
+inline void dots4(const float* x, const float* y, std::size_t stride, int n, float out[4]) {
+  const float *y0 = y, *y1 = y + stride, *y2 = y + 2 * stride, *y3 = y + 3 * stride;
+  float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+  for (int c = 0; c < n; ++c) {
+    a0 += x[c] * y0[c];
+    a1 += x[c] * y1[c];
+    a2 += x[c] * y2[c];
+    a3 += x[c] * y3[c];
+  }
+  out[0] = a0, out[1] = a1, out[2] = a2, out[3] = a3;
+}
+
+inline float dot1(const float* x, const float* y, int n) {
+  float a = 0;
+  for (int c = 0; c < n; ++c) a += x[c] * y[c];
+  return a;
+}
+
+/// x . y_j for the rows j in [j0, j0 + count) of y (count <= 4) whose `need` is set.
+inline void dots_upto4(const float* x, const float* y, std::size_t stride, int n, int count, const bool* need,
+                       float out[4]) {
+  if (count == 4) return dots4(x, y, stride, n, out);
+  for (int t = 0; t < count; ++t) out[t] = need[t] ? dot1(x, y + t * stride, n) : 0.f;
+}
+
+/// Scores of query row i in fp32 for the keys [j0, j1): s[j - j0] = tau * sum_k q_k k_jk
+/// accumulated in order, then modified; -inf where the mask hides the pair. `raw`, when given,
+/// receives the unmodified tau * q.k (0 where hidden), for the modifier's gradient.
+void row_scores_f32(const Problem& p, const ScoreMod* mod, int b, int h, int i, const float* q, const float* k,
+                    int j0, int j1, float* s, float* raw) {
   const float tau = float(p.softmax_scale());
-  s.resize(p.nk);
-  if (raw) raw->assign(p.nk, 0.f);
-  for (int j = 0; j < p.nk; ++j) {
-    if (!p.visible(i, j) || (mod && !mod->keep(p, b, h, i, j))) {
-      s[j] = -std::numeric_limits<float>::infinity();
-      continue;
+  for (int jb = j0; jb < j1; jb += 4) {
+    const int count = std::min(4, j1 - jb);
+    bool vis[4] = {false, false, false, false}, any = false;
+    for (int t = 0; t < count; ++t) {
+      vis[t] = p.visible(i, jb + t) && (!mod || mod->keep(p, b, h, i, jb + t));
+      any = any || vis[t];
     }
-    float acc = 0;
-    for (int c = 0; c < p.d; ++c) acc += q[c] * k[std::size_t(j) * p.d + c];
-    s[j] = acc * tau;
-    if (raw) (*raw)[j] = s[j];
-    if (mod) s[j] = float(mod->apply(p, b, h, i, j, s[j]));
+    float acc[4] = {0, 0, 0, 0};
+    if (any) dots_upto4(q, k + std::size_t(jb) * p.d, p.d, p.d, count, vis, acc);
+    for (int t = 0; t < count; ++t) {
+      float* out = s + (jb + t - j0);
+      if (raw) raw[jb + t - j0] = 0.f;
+      if (!vis[t]) {
+        *out = -std::numeric_limits<float>::infinity();
+        continue;
+      }
+      *out = acc[t] * tau;
+      if (raw) raw[jb + t - j0] = *out;
+      if (mod) *out = float(mod->apply(p, b, h, i, jb + t, *out));
+    }
   }
 }
 
-/// Safe softmax of one row in fp32; P rounded to the dtype. Returns the LSE.
+/// s_j for one query row in fp32, every key (row_scores_f32).
+void scores_f32(const Problem& p, const ScoreMod* mod, int b, int h, int i, const float* q,
+                const float* k, std::vector<float>& s, std::vector<float>* raw = nullptr) {
+  s.resize(p.nk);
+  if (raw) raw->resize(p.nk);
+  row_scores_f32(p, mod, b, h, i, q, k, 0, p.nk, s.data(), raw ? raw->data() : nullptr);
+}
+
+/// dP_ij = dO_i . V_j in fp32, in order, for the keys [j0, j1) whose P_ij is not 0 (others: 0).
+void row_dp_f32(const Problem& p, const float* dout, const float* v, int j0, int j1, const float* prob,
+                float* dp) {
+  for (int jb = j0; jb < j1; jb += 4) {
+    const int count = std::min(4, j1 - jb);
+    bool need[4] = {false, false, false, false}, any = false;
+    for (int t = 0; t < count; ++t) {
+      need[t] = prob[jb + t - j0] != 0.f;
+      any = any || need[t];
+    }
+    float acc[4] = {0, 0, 0, 0};
+    if (any) dots_upto4(dout, v + std::size_t(jb) * p.dv, p.dv, p.dv, count, need, acc);
+    for (int t = 0; t < count; ++t) dp[jb + t - j0] = acc[t];
+  }
+}
+
+/// Safe softmax of one row in fp32; P rounded to the dtype. Returns the LSE. `m_out` and
+/// `l_out`, when given, receive the row's maximum and denominator: P_j is then
+/// round_to(dtype, exp(s_j - m) / l) exactly, which lets the backward recompute it.
 /// A finite `sink` adds e^sink to the denominator (ScoreMod::sink).
 float softmax_f32(const Problem& p, std::vector<float>& s, std::vector<float>& prob,
-                  float sink = -std::numeric_limits<float>::infinity()) {
+                  float sink = -std::numeric_limits<float>::infinity(), float* m_out = nullptr,
+                  float* l_out = nullptr) {
   float m = sink;
   for (float x : s) m = std::max(m, x);
   prob.assign(s.size(), 0.f);
+  if (m_out) *m_out = m;
+  if (l_out) *l_out = 0.f;
   if (m == -std::numeric_limits<float>::infinity()) return m;
   float l = sink == -std::numeric_limits<float>::infinity() ? 0.f : std::exp(sink - m);
   for (std::size_t j = 0; j < s.size(); ++j) {
@@ -317,6 +415,7 @@ float softmax_f32(const Problem& p, std::vector<float>& s, std::vector<float>& p
     l += prob[j];
   }
   for (float& x : prob) x = round_to(p.dtype, x / l);
+  if (l_out) *l_out = l;
   return m + std::log(l);
 }
 
@@ -355,53 +454,93 @@ NaiveForward naive_forward_same_precision(const Problem& p, const AttnInputs& in
 
 NaiveBackward naive_backward_same_precision(const Problem& p, const AttnInputs& in,
                                             const BackwardPlan& plan, const ScoreMod* mod) {
+  // The yardstick is the textbook loop: for each query row i (in order), P_i, O_i, D_i, then for
+  // each key j: dS_ij, dQ_i += dS_ij K_j, dV_j += P_ij dO_i, dK_j += dS_ij Q_i. It runs in two
+  // parallel passes that give the same fp32 numbers as that serial loop: pass 1 over query rows
+  // (dQ, and each row's max m_i, denominator l_i and D_i), pass 2 over key blocks (dK and dV,
+  // summed over the rows in the same order, with P_ij and dS_ij recomputed from m_i, l_i, D_i).
   NaiveBackward r;
   backward_rows(p, plan, r.dq, r.dk, r.dv);
   const int g = p.group();
   const float tau = float(p.softmax_scale());
+  const long ng = long(plan.kv_groups.size());
+  const std::size_t rows_per_group = std::size_t(g) * p.nq;
+  std::vector<float> row_m(ng * rows_per_group), row_l(ng * rows_per_group), row_d(ng * rows_per_group);
+  constexpr int kBlock = 64;  // query rows (pass 1) or keys (pass 2) per work item
 
-  parallel_for(long(plan.kv_groups.size()), [&](long gi) {
+  // Pass 1: per query row, P, O (rounded as the forward stores it), D = dO . O, and dQ.
+  const long qblocks = (p.nq + kBlock - 1) / kBlock;
+  parallel_for(ng * g * qblocks, [&](long item) {
+    const long gi = item / (g * qblocks), hh = (item / qblocks) % g, i0 = (item % qblocks) * kBlock;
+    const auto [b, hk] = plan.kv_groups[gi];
+    const int h = hk * g + int(hh);
+    const float* k = in.k.data() + p.k_off(b, hk);
+    const float* v = in.v.data() + p.v_off(b, hk);
+    std::vector<float> s, s_raw, prob, o(p.dv), dq(p.d), dp(p.nk);
+    for (int i = int(i0); i < std::min<long>(p.nq, i0 + kBlock); ++i) {
+      const float* q = in.q.data() + p.q_off(b, h) + std::size_t(i) * p.d;
+      const float* dout = in.dout.data() + p.o_off(b, h) + std::size_t(i) * p.dv;
+      const std::size_t row = std::size_t(gi) * rows_per_group + std::size_t(hh) * p.nq + i;
+      scores_f32(p, mod, b, h, i, q, k, s, &s_raw);
+      softmax_f32(p, s, prob, mod ? float(mod->sink(p, b, h)) : -INFINITY, &row_m[row], &row_l[row]);
+      std::fill(o.begin(), o.end(), 0.f);
+      for (int j = 0; j < p.nk; ++j)
+        for (int c = 0; c < p.dv; ++c) o[c] += prob[j] * v[std::size_t(j) * p.dv + c];
+      float D = 0;
+      for (int c = 0; c < p.dv; ++c) D += dout[c] * round_to(p.dtype, o[c]);
+      row_d[row] = D;
+      std::fill(dq.begin(), dq.end(), 0.f);
+      row_dp_f32(p, dout, v, 0, p.nk, prob.data(), dp.data());
+      for (int j = 0; j < p.nk; ++j) {
+        if (prob[j] == 0.f) continue;
+        float dsj = prob[j] * (dp[j] - D);
+        if (mod) dsj *= float(mod->grad(p, b, h, i, j, s_raw[j]));
+        dsj = round_to(p.dtype, dsj);
+        for (int c = 0; c < p.d; ++c) dq[c] += dsj * k[std::size_t(j) * p.d + c];
+      }
+      for (int c = 0; c < p.d; ++c) r.dq.values[row * p.d + c] = round_to(p.dtype, tau * dq[c]);
+    }
+  });
+
+  // Pass 2: per key block, dV_j and dK_j summed over every query row of the group, in order.
+  const long kblocks = (p.nk + kBlock - 1) / kBlock;
+  parallel_for(ng * kblocks, [&](long item) {
+    const long gi = item / kblocks;
+    const int j0 = int((item % kblocks) * kBlock), j1 = std::min(p.nk, j0 + kBlock);
     const auto [b, hk] = plan.kv_groups[gi];
     const float* k = in.k.data() + p.k_off(b, hk);
     const float* v = in.v.data() + p.v_off(b, hk);
-    std::vector<float> dk(std::size_t(p.nk) * p.d, 0.f), dv(std::size_t(p.nk) * p.dv, 0.f);
-    std::vector<float> s, s_raw, prob, o(p.dv), dq(p.d);
+    std::vector<float> dk(std::size_t(j1 - j0) * p.d, 0.f), dv(std::size_t(j1 - j0) * p.dv, 0.f);
+    std::vector<float> s(j1 - j0), raw(j1 - j0), prob(j1 - j0), dp(j1 - j0);
     for (int hh = 0; hh < g; ++hh) {
       const int h = hk * g + hh;
       for (int i = 0; i < p.nq; ++i) {
+        const std::size_t row = std::size_t(gi) * rows_per_group + std::size_t(hh) * p.nq + i;
+        const float m = row_m[row], l = row_l[row], D = row_d[row];
+        if (m == -std::numeric_limits<float>::infinity()) continue;  // an empty row: P = 0
         const float* q = in.q.data() + p.q_off(b, h) + std::size_t(i) * p.d;
         const float* dout = in.dout.data() + p.o_off(b, h) + std::size_t(i) * p.dv;
-        scores_f32(p, mod, b, h, i, q, k, s, &s_raw);
-        softmax_f32(p, s, prob, mod ? float(mod->sink(p, b, h)) : -INFINITY);
-        // O in the dtype, as the forward would have stored it; D = dO . O
-        std::fill(o.begin(), o.end(), 0.f);
-        for (int j = 0; j < p.nk; ++j)
-          for (int c = 0; c < p.dv; ++c) o[c] += prob[j] * v[std::size_t(j) * p.dv + c];
-        float D = 0;
-        for (int c = 0; c < p.dv; ++c) D += dout[c] * round_to(p.dtype, o[c]);
-        std::fill(dq.begin(), dq.end(), 0.f);
-        for (int j = 0; j < p.nk; ++j) {
-          if (prob[j] == 0.f) continue;
-          float dp = 0;
-          for (int c = 0; c < p.dv; ++c) dp += dout[c] * v[std::size_t(j) * p.dv + c];
-          float dsj = prob[j] * (dp - D);
-          if (mod) dsj *= float(mod->grad(p, b, h, i, j, s_raw[j]));
+        row_scores_f32(p, mod, b, h, i, q, k, j0, j1, s.data(), raw.data());
+        for (int j = j0; j < j1; ++j) prob[j - j0] = round_to(p.dtype, std::exp(s[j - j0] - m) / l);
+        row_dp_f32(p, dout, v, j0, j1, prob.data(), dp.data());
+        for (int j = j0; j < j1; ++j) {
+          const float prob_j = prob[j - j0];
+          if (prob_j == 0.f) continue;
+          float dsj = prob_j * (dp[j - j0] - D);
+          if (mod) dsj *= float(mod->grad(p, b, h, i, j, raw[j - j0]));
           dsj = round_to(p.dtype, dsj);
-          for (int c = 0; c < p.dv; ++c) dv[std::size_t(j) * p.dv + c] += prob[j] * dout[c];
-          for (int c = 0; c < p.d; ++c) {
-            dq[c] += dsj * k[std::size_t(j) * p.d + c];
-            dk[std::size_t(j) * p.d + c] += dsj * q[c];
-          }
+          float* dvj = dv.data() + std::size_t(j - j0) * p.dv;
+          float* dkj = dk.data() + std::size_t(j - j0) * p.d;
+          for (int c = 0; c < p.dv; ++c) dvj[c] += prob_j * dout[c];
+          for (int c = 0; c < p.d; ++c) dkj[c] += dsj * q[c];
         }
-        const std::size_t row = (gi * g + hh) * std::size_t(p.nq) + i;
-        for (int c = 0; c < p.d; ++c) r.dq.values[row * p.d + c] = round_to(p.dtype, tau * dq[c]);
       }
     }
-    for (int j = 0; j < p.nk; ++j) {
+    for (int j = j0; j < j1; ++j) {
       for (int c = 0; c < p.d; ++c)
-        r.dk.values[(gi * p.nk + j) * p.d + c] = round_to(p.dtype, tau * dk[std::size_t(j) * p.d + c]);
+        r.dk.values[(gi * p.nk + j) * p.d + c] = round_to(p.dtype, tau * dk[std::size_t(j - j0) * p.d + c]);
       for (int c = 0; c < p.dv; ++c)
-        r.dv.values[(gi * p.nk + j) * p.dv + c] = round_to(p.dtype, dv[std::size_t(j) * p.dv + c]);
+        r.dv.values[(gi * p.nk + j) * p.dv + c] = round_to(p.dtype, dv[std::size_t(j - j0) * p.dv + c]);
     }
   });
   return r;
