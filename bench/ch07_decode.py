@@ -10,6 +10,16 @@ reference, then timed) and SDPA's cuDNN and flash backends and FlashAttention-4 
 shapes (K/V contiguous, bf16), with the read ceiling of the same run. Results in
 BUILD_DIR/bench/: the table ch07-decode of results.md, decode_gbps.png, results.json/.csv.
 Other options pass through to ./tutorial bench (--quick, --out, ...).
+
+    python3 bench/ch07_decode.py --focus b1 --binary B/bin/ch07_paged_radix
+    python3 bench/ch07_decode.py --focus quant --binary B/bin/ch07_paged_radix
+
+The two focused tables of the chapter README, each from one run of this script: `b1` runs
+`decode --sweep --sweep-shapes b1` (one GQA 32/8 sequence of 32K, 64K, 128K tokens: v1, v2,
+v3) and times SDPA's cuDNN and flash backends and FlashAttention-4 (where importable) on the
+same shapes in the same process; `quant` runs `--sweep-shapes quant` (bf16, FP8 and INT8 pools
+at batch 8 x 32K and 1 x 64K) and prints tokens per second and each format's ratio to bf16.
+Both print markdown with the GPU, the date, the versions and the command.
 """
 import os
 import subprocess
@@ -19,8 +29,72 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 
+def focus(kind, binary):
+    import json
+    import datetime
+    cmd = [binary, "decode", "--sweep", "--sweep-shapes", kind, "--device", "cuda", "--json"]
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    try:
+        rep = json.loads(r.stdout)
+    except ValueError:
+        sys.stdout.write(r.stdout)
+        print("the sweep printed no JSON (exit %d)" % r.returncode)
+        return 1
+    ceil = rep["read_gbps"]
+    peers, versions = None, {}
+    if kind == "b1":
+        import bench_peers
+        peers = bench_peers.Peers()
+        versions = peers.versions
+    print("%s; %s; read ceiling %.0f GB/s (measured by the binary in this run); versions %s" % (
+        rep["device_name"], rep["date"], ceil, versions or "-"))
+    print("command: python3 bench/ch07_decode.py --focus %s --binary %s  (runs: %s)" % (kind, binary, " ".join(cmd)))
+    print()
+    ok = r.returncode == 0
+    if kind == "b1":
+        names = ["sdpa_cudnn", "sdpa_flash", "fa4"]
+        print("| B | L | Hq/Hkv | P | v1 GB/s | v2 GB/s (S) | v3 GB/s (S) | v3 share | " +
+              " | ".join("%s GB/s (share)" % n for n in names) + " | v3 / cuDNN | v3 / v2 | check |")
+        print("|" + "---|" * (11 + len(names) - 3 + 3))
+        for c in rep["configs"]:
+            res = {x["kernel"]: x for x in c["results"] if x["layout"] == "paged"}
+            cells = []
+            for n in names:
+                pr = peers.decode(n, c["batch"], c["heads"], c["kv_heads"], c["len"], c["d"], c["kv_bytes"])
+                cells.append("%.0f (%.0f%%)" % (pr["gbps"], 100 * pr["gbps"] / ceil) if pr.get("status") == "ok"
+                             else "- (%s)" % pr.get("note", pr.get("status"))[:60])
+                if n == "sdpa_cudnn":
+                    cudnn = pr.get("gbps")
+            v1, v2, v3 = res["v1"], res["v2"], res["v3"]
+            check = "pass" if all(x["pass"] for x in c["results"]) else "FAIL"
+            print("| %d | %d | %d/%d | %d | %.0f | %.0f (%d) | %.0f (%d) | %.0f%% | %s | %s | %.2f | %s |" % (
+                c["batch"], c["len"], c["heads"], c["kv_heads"], c["page_size"], v1["kv_gbps"], v2["kv_gbps"],
+                v2["splits"], v3["kv_gbps"], v3["splits"], 100 * v3["kv_gbps"] / ceil, " | ".join(cells),
+                "%.2f" % (v3["kv_gbps"] / cudnn) if cudnn else "-", v3["kv_gbps"] / v2["kv_gbps"], check))
+    else:
+        base = {}
+        print("| B | L | Hq/Hkv | KV | kernel (S) | time ms | KV GB/s | share | M tokens/s | tokens/s vs bf16 | check |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        for c in rep["configs"]:
+            for x in c["results"]:
+                key = (c["batch"], c["len"], x["kernel"])
+                if c["kv_dtype"] == "bf16":
+                    base[key] = x["tokens_per_s"]
+                ratio = x["tokens_per_s"] / base[key] if key in base else float("nan")
+                print("| %d | %d | %d/%d | %s | %s (%d) | %.4f | %.0f | %.0f%% | %.1f | %.2fx | %s |" % (
+                    c["batch"], c["len"], c["heads"], c["kv_heads"], c["kv_dtype"], x["kernel"], x["splits"],
+                    x["time_ms"], x["kv_gbps"], 100 * x["kv_gbps"] / ceil, x["tokens_per_s"] / 1e6, ratio,
+                    "pass" if x["pass"] else "FAIL"))
+    return 0 if ok else 1
+
+
 def main():
     args, extra, markdown = sys.argv[1:], [], False
+    if "--focus" in args:
+        i = args.index("--focus")
+        kind = args[i + 1]
+        binary = args[args.index("--binary") + 1] if "--binary" in args else "build/bin/ch07_paged_radix"
+        return focus(kind, binary)
     if "--markdown" in args:
         args.remove("--markdown")
         markdown = True

@@ -22,6 +22,7 @@
 #include "decode_gpu.hpp"
 #include "decode_model.hpp"
 #include "hash_prefix_cache.hpp"
+#include "kv_accuracy.hpp"
 #include "paged_kv_cache.hpp"
 #include "radix_cache.hpp"
 #include "sweep.hpp"
@@ -173,8 +174,8 @@ int run_paged(int argc, char** argv, bool tour, bool dry = false) {
 
 struct DecodeOptions {
   int page_size = 16, shared_prefix = 0, splits = 0, sms = 0;
-  std::string lengths = "ragged";
-  bool sweep = false;
+  std::string lengths = "ragged", kv_dtype = "bf16", sweep_set = "all";
+  bool sweep = false, accuracy = false, untimed = false;
 };
 
 DecodeBatch make_batch(const Options& opt, const DecodeOptions& dopt) {
@@ -183,6 +184,7 @@ DecodeBatch make_batch(const Options& opt, const DecodeOptions& dopt) {
                                                         : ragged_lengths(p.batch, p.nk, dopt.page_size, opt.seed);
   DecodeBatch b = build_batch(p.heads, p.kv_heads, p.d, dopt.page_size, lens, dopt.shared_prefix, opt.seed);
   b.scale = p.scale;
+  parse_kv_dtype(dopt.kv_dtype, &b.kv_dtype);
   validate(b);
   return b;
 }
@@ -216,38 +218,50 @@ int run_sweep(const Options& opt, const DecodeOptions& dopt, const DeviceInfo& d
   rep.date = today();
   rep.read_gbps = measure_read_gbps();
   rep.d = opt.problem.d;
-  for (const SweepShape& c : sweep_shapes()) {
+  for (const SweepShape& c : sweep_shapes(dopt.sweep_set)) {
     SweepResult res;
     res.shape = c;
     res.d = opt.problem.d;
-    const DecodeBatch b = build_batch(c.heads, c.kv_heads, res.d, c.page_size, std::vector<int>(c.batch, c.len), 0,
-                                      opt.seed);
+    DecodeBatch b = build_batch(c.heads, c.kv_heads, res.d, c.page_size, std::vector<int>(c.batch, c.len), 0, opt.seed);
+    b.kv_dtype = c.kv;
     const SplitPlan plan = choose_splits(b, dev.sms);
     const int v2_splits = std::max(2, dopt.splits > 0 ? dopt.splits : plan.splits);
+    const bool contiguous = c.page_size == 16 && c.kv == KvDtype::bf16 && dopt.sweep_set == "all";
     res.kv_bytes = b.kv_bytes();
+    res.tokens = b.total_tokens();
     res.plan_splits = plan.splits;
     res.plan_why = plan.why;
-    require_device_memory(dev, GpuDecoder::device_bytes(b, v2_splits, c.page_size == 16), "the decode sweep");
+    require_device_memory(dev, GpuDecoder::device_bytes(b, v2_splits, contiguous), "the decode sweep");
     const std::vector<float> q = make_queries(b, opt.seed, opt.dist);
-    const KvContents kv{opt.seed, opt.dist, nullptr};
-    const DecodeOracle oracle(b, q, kv, opt.check_all);
+    GpuDecoder gpu(b, q, KvContents{opt.seed, opt.dist, nullptr});  // the device fills (and quantises) the pool
+    // An 8-bit pool's scales come from the device (a GPU test holds them equal to pool_scales()).
+    const KvScales scales = gpu.scales();
+    const DecodeOracle oracle(b, q, hashed_contents(b, opt.seed, opt.dist, &scales), opt.check_all);
     res.check_plan = oracle.describe();
-    GpuDecoder gpu(b, q, kv);
-    std::vector<std::pair<int, KvLayout>> runs = {{1, KvLayout::paged}, {v2_splits, KvLayout::paged}};
-    if (c.page_size == 16) runs.insert(runs.end(), {{1, KvLayout::contiguous}, {v2_splits, KvLayout::contiguous}});
-    for (const auto& [splits, layout] : runs) {
+    struct Run {
+      DecodeKernel kernel;
+      int splits;
+      KvLayout layout;
+    };
+    std::vector<Run> runs = {{DecodeKernel::v1, 1, KvLayout::paged},
+                             {DecodeKernel::v2, v2_splits, KvLayout::paged},
+                             {DecodeKernel::v3, v2_splits, KvLayout::paged}};
+    if (contiguous)
+      runs.insert(runs.end(), {{DecodeKernel::v1, 1, KvLayout::contiguous}, {DecodeKernel::v2, v2_splits, KvLayout::contiguous}});
+    for (const Run& r : runs) {
       SweepRun x;
-      x.kernel = splits > 1 ? "v2" : "v1";
-      x.layout = layout_name(layout);
-      x.splits = splits;
-      x.chosen = (splits > 1) == (plan.splits > 1);
-      const GpuDecodeOutput out = gpu.run(splits, layout);
+      x.kernel = kernel_name(r.kernel);
+      x.layout = layout_name(r.layout);
+      x.splits = r.splits;
+      x.chosen = r.kernel != DecodeKernel::v3 && (r.splits > 1) == (plan.splits > 1);
+      const GpuDecodeOutput out = gpu.run(r.kernel, r.splits, r.layout);
       const CheckResult check = oracle.judge(out.o, out.lse);
       x.pass = check.pass();
       x.max_abs_err = check.max_abs();
       x.failures = check.failures();
-      x.time_ms = gpu.time_ms(splits, layout);
+      x.time_ms = gpu.time_ms(r.kernel, r.splits, r.layout);
       x.kv_gbps = b.kv_bytes() / (x.time_ms * 1e-3) / 1e9;
+      x.tokens_per_s = double(b.total_tokens()) / (x.time_ms * 1e-3);
       res.runs.push_back(x);
     }
     rep.results.push_back(res);
@@ -280,6 +294,13 @@ int run_decode(int argc, char** argv, bool dry = false) {
   cli.add_int("--splits", &dopt.splits, "v2 split count (0: the heuristic's choice)", 0, 4096);
   cli.add_int("--sms", &dopt.sms, "SM count the heuristic assumes (0: the device's, or 132)", 0, 100000);
   cli.add_flag("--sweep", &dopt.sweep, "the README's bandwidth table (needs a GPU)");
+  cli.add_choice("--sweep-shapes", &dopt.sweep_set, {"all", "b1", "quant"},
+                 "with --sweep: all (the README's table), b1 (one sequence, 32K-128K) or quant (bf16/fp8/int8)");
+  cli.add_choice("--kv-dtype", &dopt.kv_dtype, {"bf16", "fp8", "int8"},
+                 "how the cache stores K and V: bf16, or 8-bit codes (E4M3 / INT8) with a scale per page and KV head");
+  cli.add_flag("--untimed", &dopt.untimed, "run and check each GPU kernel once, without timing it (for a profiler)");
+  cli.add_flag("--accuracy", &dopt.accuracy,
+               "the accuracy table of the 8-bit caches against bf16 and fp64 (CPU model; any machine)");
   return run_chapter(argc, argv, cli, [&](const Options& opt) {
     const Problem& p0 = opt.problem;
     if (p0.nq != 1) throw UsageError("decode has one query token per sequence: --n must be 1");
@@ -287,10 +308,20 @@ int run_decode(int argc, char** argv, bool dry = false) {
     if ((dopt.page_size & (dopt.page_size - 1)) != 0)
       throw UsageError("--page-size must be a power of two (the kernels find a slot with a shift), got " +
                        std::to_string(dopt.page_size));
+    KvDtype kv_dtype = KvDtype::bf16;
+    parse_kv_dtype(dopt.kv_dtype, &kv_dtype);
+    if (kv_quantised(kv_dtype) && p0.d != 128)
+      throw UsageError("--kv-dtype " + dopt.kv_dtype + " is built for --d 128 (the 8-bit kernels' one head dim)");
+    if (dopt.accuracy && dopt.sweep) throw UsageError("--accuracy and --sweep are two different tables: pick one");
     if (dry) return 0;
+    if (dopt.accuracy) {
+      const AccuracyTable t = kv_accuracy_table(opt.seed);
+      std::cout << (opt.json ? t.json() : t.text());
+      return 0;
+    }
     Report rep;
     rep.chapter = kChapter;
-    rep.title = "decode over a paged KV cache: v1 and split-K v2";
+    rep.title = std::string("decode over a paged KV cache: v1, split-K v2, fused-combine v3; K/V ") + kv_dtype_name(kv_dtype);
     const auto dev = select_device(opt.device, &rep.mode);
     if (dopt.sweep) {
 #if TUTORIAL_HAVE_CUDA
@@ -315,7 +346,9 @@ int run_decode(int argc, char** argv, bool dry = false) {
     const SplitPlan plan = choose_splits(b, sms);
     const int v2_splits = std::max(2, dopt.splits > 0 ? dopt.splits : plan.splits);
     const std::vector<float> q = make_queries(b, opt.seed, opt.dist);
-    const KvContents hash_kv{opt.seed, opt.dist, nullptr};
+    // An 8-bit pool: the scales of its pages, computed on the host as the device does.
+    const KvScales scales = pool_scales(b, opt.seed, opt.dist);
+    const KvContents hash_kv = hashed_contents(b, opt.seed, opt.dist, &scales);
     const DecodeOracle oracle(b, q, hash_kv, opt.check_all);
     rep.check_plan = oracle.describe();
 
@@ -332,6 +365,7 @@ int run_decode(int argc, char** argv, bool dry = false) {
       row.impl = splits == 1 ? "model v1" : "model v2, S=" + std::to_string(splits);
       row.device = "cpu";
       row.flops = 4.0 * double(b.total_tokens()) * b.heads * b.d;
+      if (kv_quantised(b.kv_dtype)) row.impl += std::string(", ") + kv_dtype_name(b.kv_dtype) + " K/V";
       const DecodeTraffic f = decode_traffic(b, splits, true);
       if (run_model) {
         const DecodeModelResult m = decode_model(b, q, pools, splits, opt.sram_bytes);
@@ -352,16 +386,25 @@ int run_decode(int argc, char** argv, bool dry = false) {
       require_device_memory(*dev, GpuDecoder::device_bytes(b, v2_splits, true), "the decode batch");
       if (opt.bench) rep.ceilings = measure_ceilings(DType::bf16);
       rep.device = dev->name;
-      GpuDecoder gpu(b, q, hash_kv);
+      GpuDecoder gpu(b, q, KvContents{opt.seed, opt.dist, nullptr});
+      if (kv_quantised(b.kv_dtype)) {
+        const KvScales dev_scales = gpu.scales();
+        if (dev_scales.k != scales.k || dev_scales.v != scales.v)
+          rep.notes.push_back("  the device's page scales differ from the host's: the check below is void");
+      }
       struct Run {
         std::string name;
+        DecodeKernel kernel;
         int splits;
         KvLayout layout;
       };
-      const std::vector<Run> runs = {{"v1 paged", 1, KvLayout::paged},
-                                     {"v2 paged, S=" + std::to_string(v2_splits), v2_splits, KvLayout::paged},
-                                     {"v1 contiguous", 1, KvLayout::contiguous},
-                                     {"v2 contiguous, S=" + std::to_string(v2_splits), v2_splits, KvLayout::contiguous}};
+      std::vector<Run> runs = {{"v1 paged", DecodeKernel::v1, 1, KvLayout::paged},
+                               {"v2 paged, S=" + std::to_string(v2_splits), DecodeKernel::v2, v2_splits, KvLayout::paged},
+                               {"v3 paged, S=" + std::to_string(v2_splits), DecodeKernel::v3, v2_splits, KvLayout::paged}};
+      if (!kv_quantised(b.kv_dtype))
+        runs.insert(runs.end(),
+                    {{"v1 contiguous", DecodeKernel::v1, 1, KvLayout::contiguous},
+                     {"v2 contiguous, S=" + std::to_string(v2_splits), DecodeKernel::v2, v2_splits, KvLayout::contiguous}});
       for (const Run& r : runs) {
         ResultRow row;
         row.impl = r.name;
@@ -369,11 +412,16 @@ int run_decode(int argc, char** argv, bool dry = false) {
         row.flops = step_flops;
         row.bound = Bound::memory;
         set_traffic(row, decode_traffic(b, r.splits, r.layout == KvLayout::paged));
-        const GpuDecodeOutput out = gpu.run(r.splits, r.layout);
+        const GpuDecodeOutput out = gpu.run(r.kernel, r.splits, r.layout);
         row.set_check(oracle.judge(out.o, out.lse));
-        row.set_time(gpu.time_ms(r.splits, r.layout));
+        if (dopt.untimed) {
+          rep.rows.push_back(row);
+          continue;
+        }
+        row.set_time(gpu.time_ms(r.kernel, r.splits, r.layout));
         const double kv_gbps = b.kv_bytes() / (*row.time_ms * 1e-3) / 1e9;
-        std::string n = "  " + r.name + ": KV " + fmt("%.0f", kv_gbps) + " GB/s";
+        std::string n = "  " + r.name + ": KV " + fmt("%.0f", kv_gbps) + " GB/s, " +
+                        fmt("%.1f", double(b.total_tokens()) / (*row.time_ms * 1e-3) / 1e6) + " M cached tokens/s";
         if (rep.ceilings.read_gbps) n += " (" + pct(kv_gbps / *rep.ceilings.read_gbps) + " of the read ceiling)";
         rep.notes.push_back(n);
         rep.rows.push_back(row);

@@ -18,13 +18,24 @@ std::string num(double x) {
 }
 }  // namespace
 
-std::vector<SweepShape> sweep_shapes() {
-  std::vector<SweepShape> s = {{1, 32768, 32, 8, 16},  {1, 65536, 32, 8, 16},  {1, 65536, 32, 32, 16},
-                               {8, 32768, 32, 8, 16},  {8, 32768, 32, 32, 16}, {8, 131072, 32, 8, 16},
-                               {64, 4096, 32, 8, 16}};
-  for (int P : {1, 8, 32, 64}) s.push_back({1, 65536, 32, 8, P});
+std::vector<SweepShape> sweep_shapes(const std::string& set) {
+  std::vector<SweepShape> s;
+  if (set == "all") {
+    s = {{1, 32768, 32, 8, 16},  {1, 65536, 32, 8, 16},  {1, 65536, 32, 32, 16}, {8, 32768, 32, 8, 16},
+         {8, 32768, 32, 32, 16}, {8, 131072, 32, 8, 16}, {64, 4096, 32, 8, 16}};
+    for (int P : {1, 8, 32, 64}) s.push_back({1, 65536, 32, 8, P});
+  } else if (set == "b1") {
+    for (int L : {32768, 65536, 131072}) s.push_back({1, L, 32, 8, 16});
+  } else if (set == "quant") {
+    for (KvDtype t : {KvDtype::bf16, KvDtype::fp8, KvDtype::int8}) {
+      s.push_back({8, 32768, 32, 8, 16, t});
+      s.push_back({1, 65536, 32, 8, 16, t});
+    }
+  }
   return s;
 }
+
+bool sweep_set_known(const std::string& set) { return set == "all" || set == "b1" || set == "quant"; }
 
 bool SweepReport::all_pass() const {
   for (const auto& r : results)
@@ -42,7 +53,8 @@ std::string SweepReport::json() const {
     const SweepResult& r = results[i];
     j << (i ? ", " : "") << "{\"batch\": " << r.shape.batch << ", \"len\": " << r.shape.len
       << ", \"heads\": " << r.shape.heads << ", \"kv_heads\": " << r.shape.kv_heads << ", \"d\": " << r.d
-      << ", \"page_size\": " << r.shape.page_size << ", \"kv_bytes\": " << num(r.kv_bytes)
+      << ", \"page_size\": " << r.shape.page_size << ", \"kv_dtype\": \"" << kv_dtype_name(r.shape.kv)
+      << "\", \"kv_bytes\": " << num(r.kv_bytes) << ", \"tokens\": " << r.tokens
       << ", \"plan_splits\": " << r.plan_splits << ", \"plan_why\": \"" << json_escape(r.plan_why)
       << "\", \"check_plan\": \"" << json_escape(r.check_plan) << "\", \"results\": [";
     for (std::size_t k = 0; k < r.runs.size(); ++k) {
@@ -51,6 +63,7 @@ std::string SweepReport::json() const {
         << json_escape(x.layout) << "\", \"splits\": " << x.splits << ", \"chosen\": " << (x.chosen ? "true" : "false")
         << ", \"time_ms\": " << num(x.time_ms) << ", \"kv_gbps\": " << num(x.kv_gbps)
         << ", \"ceiling_share\": " << num(read_gbps > 0 ? x.kv_gbps / read_gbps : NAN)
+        << ", \"tokens_per_s\": " << num(x.tokens_per_s)
         << ", \"max_abs_err\": " << num(x.max_abs_err) << ", \"pass\": " << (x.pass ? "true" : "false") << "}";
     }
     j << "]}";
@@ -62,23 +75,25 @@ std::string SweepReport::json() const {
 std::string SweepReport::text() const {
   std::ostringstream t;
   char line[512];
-  t << "== ch07_paged_radix decode --sweep: KV bytes read per second (d = " << d << ", bf16) ==\n"
+  t << "== ch07_paged_radix decode --sweep: KV bytes read per second (d = " << d << ") ==\n"
     << "device  : " << device << ", " << date << "\n"
     << "ceiling : read " << num(std::round(read_gbps)) << " GB/s (measured in this run)\n\n";
-  std::snprintf(line, sizeof line, "%-3s %-7s %-6s %-3s  %-24s %9s %10s %8s %6s\n", "B", "L", "Hq/Hkv", "P", "kernel",
-                "ms", "KV GB/s", "ceiling", "check");
+  std::snprintf(line, sizeof line, "%-3s %-7s %-6s %-3s %-4s  %-24s %9s %10s %8s %12s %6s\n", "B", "L", "Hq/Hkv", "P",
+                "KV", "kernel", "ms", "KV GB/s", "ceiling", "Mtok/s", "check");
   t << line;
   for (const SweepResult& r : results)
     for (const SweepRun& x : r.runs) {
       const std::string k = x.kernel + (x.splits > 1 ? " S=" + std::to_string(x.splits) : "") + " " + x.layout +
                             (x.chosen ? " *" : "");
-      std::snprintf(line, sizeof line, "%-3d %-7d %2d/%-3d %-3d  %-24s %9.4f %10.0f %7.0f%% %6s\n", r.shape.batch,
-                    r.shape.len, r.shape.heads, r.shape.kv_heads, r.shape.page_size, k.c_str(), x.time_ms, x.kv_gbps,
-                    read_gbps > 0 ? 100.0 * x.kv_gbps / read_gbps : 0.0, x.pass ? "pass" : "FAIL");
+      std::snprintf(line, sizeof line, "%-3d %-7d %2d/%-3d %-3d %-4s  %-24s %9.4f %10.0f %7.0f%% %12.1f %6s\n",
+                    r.shape.batch, r.shape.len, r.shape.heads, r.shape.kv_heads, r.shape.page_size,
+                    kv_dtype_name(r.shape.kv), k.c_str(), x.time_ms, x.kv_gbps,
+                    read_gbps > 0 ? 100.0 * x.kv_gbps / read_gbps : 0.0, x.tokens_per_s / 1e6, x.pass ? "pass" : "FAIL");
       t << line;
       if (!x.pass) t << "    " << x.failures;
     }
-  t << "\n* = the kernel choose_splits() picks for the shape. KV GB/s = bytes of every cached K and V row / time;\n"
+  t << "\n* = the kernel choose_splits() picks for the shape (v2; v3 is v2 with the merge fused). KV GB/s = bytes of\n"
+       "every cached K and V row (and 8-bit scales) / time; Mtok/s = cached tokens read per second;\n"
        "the ceiling is a read-only streaming kernel measured in the same run.\n";
   for (const SweepResult& r : results)
     if (r.shape.page_size == 16)

@@ -9,31 +9,40 @@
 #include <string>
 #include <vector>
 
+#include "kv_quant.hpp"
+
 namespace attn::ch07 {
 
 /// One shape of the sweep.
 struct SweepShape {
   int batch, len, heads, kv_heads, page_size;
+  KvDtype kv = KvDtype::bf16;
 };
 /// The README's shapes: long contexts at batch 1 and 8, GQA 32/8 and MHA, a short
-/// high-batch case, and the page sizes 1 to 64 on one long sequence.
-std::vector<SweepShape> sweep_shapes();
+/// high-batch case, and the page sizes 1 to 64 on one long sequence (set "all", the
+/// default, every cache bf16). Set "b1": one GQA 32/8 sequence of 32K, 64K and 128K
+/// tokens. Set "quant": batch 8 at 32K and one sequence of 64K (GQA 32/8), each in
+/// bf16, FP8 and INT8. Any other name: an empty list.
+std::vector<SweepShape> sweep_shapes(const std::string& set = "all");
+bool sweep_set_known(const std::string& set);
 
 /// One kernel on one shape.
 struct SweepRun {
-  std::string kernel;  ///< "v1" or "v2"
+  std::string kernel;  ///< "v1", "v2" or "v3"
   std::string layout;  ///< "paged" or "contiguous"
   int splits = 1;
   bool chosen = false;  ///< the kernel choose_splits() picks for the shape
   double time_ms = 0, kv_gbps = 0, max_abs_err = 0;
   bool pass = false;
   std::string failures;
+  double tokens_per_s = 0;  ///< cached tokens read per second (every sequence's L / time)
 };
 
 struct SweepResult {
   SweepShape shape{};
   int d = 128;
   double kv_bytes = 0;
+  long tokens = 0;  ///< cached tokens of the step
   int plan_splits = 1;
   std::string plan_why, check_plan;
   std::vector<SweepRun> runs;
@@ -47,10 +56,11 @@ struct SweepReport {
 
   bool all_pass() const;
   /// {"chapter", "subcommand": "decode-sweep", "device_name", "date", "read_gbps", "d",
-  ///  "configs": [{"batch", "len", "heads", "kv_heads", "d", "page_size", "kv_bytes",
-  ///               "plan_splits", "plan_why", "check_plan",
+  ///  "configs": [{"batch", "len", "heads", "kv_heads", "d", "page_size", "kv_dtype",
+  ///               "kv_bytes", "tokens", "plan_splits", "plan_why", "check_plan",
   ///               "results": [{"kernel", "layout", "splits", "chosen", "time_ms",
-  ///                            "kv_gbps", "ceiling_share", "max_abs_err", "pass"}]}]}
+  ///                            "kv_gbps", "ceiling_share", "tokens_per_s", "max_abs_err", "pass"}]}]}
+  /// (kv_dtype, tokens and tokens_per_s were added with the 8-bit cache; the rest is unchanged)
   std::string json() const;
   std::string text() const;
 };

@@ -15,24 +15,41 @@ using namespace attn::ch07;
 
 namespace {
 
-/// Runs every kernel on the batch and checks each against the reference.
+/// Runs every kernel on the batch and checks each against the reference: v1 for a
+/// split count of 1, v2 and v3 for the others; an 8-bit batch paged only, after its
+/// device scales are compared with the host's.
 void check_kernels(const DecodeBatch& b, const std::vector<int>& splits, Dist dist = Dist::normal,
                    uint64_t seed = 7, bool contiguous = true) {
   CAPTURE(b.describe());
   const std::vector<float> q = make_queries(b, seed, dist);
-  const KvContents kv{seed, dist, nullptr};
+  const KvScales scales = pool_scales(b, seed, dist);
+  const KvContents kv = hashed_contents(b, seed, dist, &scales);
   const DecodeOracle oracle(b, q, kv, true);
   GpuDecoder gpu(b, q, kv);
+  if (kv_quantised(b.kv_dtype)) {
+    const KvScales dev = gpu.scales();
+    REQUIRE(dev.k == scales.k);  // bit for bit: the check below recomputes codes from them
+    REQUIRE(dev.v == scales.v);
+    contiguous = false;
+  }
   for (KvLayout layout : {KvLayout::paged, KvLayout::contiguous}) {
     if (layout == KvLayout::contiguous && !contiguous) continue;
-    for (int s : splits) {
-      CAPTURE(layout_name(layout));
-      CAPTURE(s);
-      const GpuDecodeOutput out = gpu.run(s, layout);
-      const CheckResult c = oracle.judge(out.o, out.lse);
-      CHECK_MESSAGE(c.pass(), c.failures());
-    }
+    for (int s : splits)
+      for (DecodeKernel k : {DecodeKernel::v1, DecodeKernel::v2, DecodeKernel::v3}) {
+        if ((k == DecodeKernel::v1) != (s == 1)) continue;
+        CAPTURE(layout_name(layout));
+        CAPTURE(kernel_name(k));
+        CAPTURE(s);
+        const GpuDecodeOutput out = gpu.run(k, s, layout);
+        const CheckResult c = oracle.judge(out.o, out.lse);
+        CHECK_MESSAGE(c.pass(), c.failures());
+      }
   }
+}
+
+DecodeBatch with_kv(DecodeBatch b, KvDtype t) {
+  b.kv_dtype = t;
+  return b;
 }
 
 }  // namespace
@@ -104,7 +121,7 @@ TEST_CASE("decode kernels read exactly what the block manager stored") {
   append(c, 1);
   REQUIRE(cache.validate().empty());
   const DecodeBatch batch = batch_from_cache(cache, {a, b, c}, Hq);
-  const KvPools pools{pool.k_data(), pool.v_data()};
+  const KvPools pools = pools_of(pool);
   const std::vector<float> q = make_queries(batch, 3, Dist::normal);
   const KvContents kv{0, Dist::normal, &pools};
   const DecodeOracle oracle(batch, q, kv, true);
@@ -121,6 +138,77 @@ TEST_CASE("exercise ch07.5: the kernel finds K and V through the block table") {
   // logical page for the physical one reads someone else's keys.
   const DecodeBatch b = build_batch(8, 2, 128, 16, {777, 300, 17}, 0, 21);
   check_kernels(b, {1, 3}, Dist::normal, 21, false);
+}
+
+TEST_CASE("decode kernels, bf16 and 8-bit: page sizes 1, 16, 256, L not a multiple of the page, B = 1 and B = 33, GQA and MQA") {
+  for (KvDtype t : {KvDtype::bf16, KvDtype::fp8, KvDtype::int8}) {
+    CAPTURE(kv_dtype_name(t));
+    for (int P : {1, 16, 256}) {
+      check_kernels(with_kv(build_batch(32, 8, 128, P, {P * 5 + 3}, 0, 31), t), {1, 3});                // B = 1, GQA 32/8
+      check_kernels(with_kv(build_batch(8, 1, 128, P, ragged_lengths(33, 700, P, 4), 0, 32), t), {1, 2}); // B = 33, MQA
+    }
+    check_kernels(with_kv(build_batch(16, 4, 128, 16, {900, 31, 1, 257}, 0, 7), t), {1, 5}, Dist::outliers);
+    check_kernels(with_kv(build_batch(16, 4, 128, 16, {900, 31, 1, 257}, 0, 7), t), {4}, Dist::mean_shifted);
+    check_kernels(with_kv(build_batch(8, 2, 128, 16, {100, 1, 64, 65}, 0, 8), t), {16, 64});  // empty splits
+  }
+}
+
+TEST_CASE("v3 resets its arrival counters: steps in a row, and after v2, give the right answer") {
+  const DecodeBatch b = build_batch(32, 8, 128, 16, {5000, 17, 4097}, 0, 41);
+  const std::vector<float> q = make_queries(b, 41, Dist::normal);
+  const KvContents kv{41, Dist::normal, nullptr};
+  const DecodeOracle oracle(b, q, kv, true);
+  GpuDecoder gpu(b, q, kv);
+  for (int rep = 0; rep < 3; ++rep)
+    for (DecodeKernel k : {DecodeKernel::v3, DecodeKernel::v2, DecodeKernel::v3}) {
+      const GpuDecodeOutput out = gpu.run(k, 9, KvLayout::paged);
+      const CheckResult c = oracle.judge(out.o, out.lse);
+      CHECK_MESSAGE(c.pass(), c.failures());
+    }
+  CHECK(gpu.time_ms(DecodeKernel::v3, 9, KvLayout::paged) > 0);  // timing runs many steps back to back
+  const GpuDecodeOutput out = gpu.run(DecodeKernel::v3, 9, KvLayout::paged);
+  const CheckResult c = oracle.judge(out.o, out.lse);
+  CHECK_MESSAGE(c.pass(), c.failures());
+}
+
+TEST_CASE("8-bit kernels read exactly what the block manager stored (scales grown token by token, copy-on-write)") {
+  for (KvDtype t : {KvDtype::fp8, KvDtype::int8}) {
+    CAPTURE(kv_dtype_name(t));
+    const int P = 16, Hkv = 2, D = 128, Hq = 8;
+    PagePool pool(96, P, Hkv, D, t);
+    pool.shuffle_free_list(5);
+    PagedKvCache cache(pool);
+    Rng rng(8);
+    std::vector<float> k(Hkv * D), v(Hkv * D);
+    auto append = [&](PagedKvCache::SeqId s, int n) {
+      for (int i = 0; i < n; ++i) {
+        const double grow = 1.0 + 0.01 * i;  // later tokens larger: the page scales grow
+        for (auto& x : k) x = float(grow * rng.normal());
+        for (auto& x : v) x = float(grow * rng.normal());
+        REQUIRE(cache.append(s, k.data(), v.data()) == Status::ok);
+      }
+    };
+    const auto a = cache.create();
+    append(a, 301);
+    PagedKvCache::SeqId b, c;
+    REQUIRE(cache.fork(a, &b) == Status::ok);
+    REQUIRE(cache.fork(a, &c) == Status::ok);
+    append(b, 250);
+    append(c, 1);
+    REQUIRE(cache.validate().empty());
+    const DecodeBatch batch = batch_from_cache(cache, {a, b, c}, Hq);
+    REQUIRE(batch.kv_dtype == t);
+    const KvPools pools = pools_of(pool);
+    const std::vector<float> q = make_queries(batch, 3, Dist::normal);
+    const KvContents kv = pooled_contents(batch, &pools);
+    const DecodeOracle oracle(batch, q, kv, true);
+    GpuDecoder gpu(batch, q, kv);
+    for (DecodeKernel kk : {DecodeKernel::v1, DecodeKernel::v2, DecodeKernel::v3}) {
+      const GpuDecodeOutput out = gpu.run(kk, 3, KvLayout::paged);
+      const CheckResult r = oracle.judge(out.o, out.lse);
+      CHECK_MESSAGE(r.pass(), r.failures());
+    }
+  }
 }
 
 TEST_CASE("timing gives a positive median") {

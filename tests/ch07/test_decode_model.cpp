@@ -174,7 +174,7 @@ TEST_CASE("a cache with stored K/V decodes to the reference through batch_from_c
   REQUIRE(cache.validate().empty());
   const DecodeBatch batch = batch_from_cache(cache, {a, b, c}, Hq);
   CHECK(batch.lens == std::vector<int>{37, 57, 37});
-  const KvPools pools{pool.k_data(), pool.v_data()};
+  const KvPools pools = pools_of(pool);
   const std::vector<float> q = make_queries(batch, 2, Dist::normal);
   const DecodeOracle oracle(batch, q, KvContents{0, Dist::normal, &pools}, true);
   for (int splits : {1, 2}) {
