@@ -6,10 +6,10 @@
 // cache streams through shared memory once per tile of rows, not once per head:
 //
 //     thread block (tile t, key range s, sequence b), two shapes (Shape below):
-//       small: 16 rows (H Nq <= 16), 4 warps, blocks of 32 keys, 93 KB: two thread blocks per SM
-//       large: 64 rows (4 row tiles), 8 warps, blocks of 64 keys, 225 KB: one per SM
+//       small: 16 rows (H Nq <= 16), 4 warps, blocks of 32 keys, a ring of 4: 167 KB, one per SM
+//       large: 64 rows (4 row tiles), 8 warps, blocks of 64 keys, a ring of 2: 225 KB, one per SM
 //     Q tile  [rows][576]   loaded once (small: its mma fragments then stay in registers)
-//     K ring  2 x [BC][576]  cp.async, zero-filled past Nk
+//     K ring  STAGES x [BC][576]  cp.async, zero-filled past Nk; STAGES - 1 blocks in flight
 //     for each block of BC keys in range s:
 //       S phase:  warp w = (row tile w % RT, key group w / RT): S = Q K^T on its 16 rows x 8 or 32 keys
 //                 row maxima of the key groups meet in shared memory -> one m per row,
@@ -21,9 +21,11 @@
 //
 // Every warp of a row tile computes the same m (the maxima of all key groups, in the same
 // order), so the O columns of different warps are scaled alike; l is summed over the key
-// groups at the end. Two small blocks per SM keep two K streams in flight, so one block's
-// wait for its next tile is covered by the other's copy: the memory-bound case (H = 16)
-// needs that, the compute-bound one (H = 128) needs the 64-row tile's reuse of each key.
+// groups at the end. The memory-bound case (H = 16) is a matter of bytes in flight: a
+// 32-key block is 36 KB, and the small shape keeps three of them in flight per SM (110 KB;
+// about 6.5 MB over 132 SMs covers the read ceiling at 1.5 us of latency), where two blocks
+// per SM with a ring of two kept at most 74 KB, often half. The compute-bound one (H = 128)
+// needs the 64-row tile's reuse of each key, and its ring of two fills shared memory.
 #include <cuda_bf16.h>
 
 #include <cfloat>
@@ -48,23 +50,25 @@ using bf16 = __nv_bfloat16;
 constexpr int kDK = 576;          // latent key: c (512) ; k_rope (64)
 constexpr int kDVl = 512;         // latent value: c
 constexpr int kChunks = kDK / 8;  // 16-byte chunks per row (72)
-/// The two shapes of a thread block: RT row tiles of 16, WARPS warps, BC keys per block.
-///   small (H Nq <= 16): 1 x 16 rows, 4 warps, 32-key blocks: 93 KB, two blocks per SM
-///   large:              4 x 16 rows, 8 warps, 64-key blocks: 225 KB, one block per SM
-template <int RT, int WARPS, int BC>
+/// The two shapes of a thread block: RT row tiles of 16, WARPS warps, BC keys per block,
+/// a ring of STAGES key blocks.
+///   small (H Nq <= 16): 1 x 16 rows, 4 warps, 32-key blocks, 4 stages: 167 KB, one block per SM
+///   large:              4 x 16 rows, 8 warps, 64-key blocks, 2 stages: 225 KB, one block per SM
+template <int RT, int WARPS, int BC, int STAGES>
 struct Shape {
-  static constexpr int kM = 16 * RT, kWarps = WARPS, kThreads = 32 * WARPS, kBc = BC;
-  static constexpr int kBlocksPerSm = RT == 1 ? 2 : 1;
-  // Shared memory: | Q [kM][576] | K ring 2 x [BC][576] | P [kM][BC] | row maxima / sums |
+  static constexpr int kM = 16 * RT, kWarps = WARPS, kThreads = 32 * WARPS, kBc = BC, kStages = STAGES;
+  static constexpr int kBlocksPerSm = 1;
+  // Shared memory: | Q [kM][576] | K ring STAGES x [BC][576] | P [kM][BC] | row maxima / sums |
   static constexpr int kQ = 0;
   static constexpr int kKStage = BC * kDK * 2;
   static constexpr int kK = kQ + kM * kDK * 2;
-  static constexpr int kP = kK + 2 * kKStage;
+  static constexpr int kP = kK + STAGES * kKStage;
   static constexpr int kRed = kP + kM * BC * 2;
   static constexpr int kBytes = kRed + (WARPS / RT) * kM * 4;
 };
-using Small = Shape<1, 4, 32>;
-using Large = Shape<4, 8, 64>;
+using Small = Shape<1, 4, 32, 4>;
+using Large = Shape<4, 8, 64, 2>;
+static_assert(Small::kBytes <= 227 * 1024 && Large::kBytes <= 227 * 1024, "one block per SM");
 
 /// Chunk c of row r of the P tile (BC / 8 chunks per row). Rows of 128 bytes take the
 /// usual c ^ (r % 8); rows of 64 bytes (BC = 32) pair up in one 128-byte line, so the XOR
@@ -89,7 +93,7 @@ __device__ __forceinline__ void load_rows(uint32_t tile, const bf16* g, int r0, 
 
 template <class S>
 __global__ void __launch_bounds__(S::kThreads, S::kBlocksPerSm) decode_kernel(const DecodeParams p) {
-  constexpr int RT = S::kM / 16, kM = S::kM, kBc = S::kBc, kThreads = S::kThreads;
+  constexpr int RT = S::kM / 16, kM = S::kM, kBc = S::kBc, kThreads = S::kThreads, kStages = S::kStages;
   constexpr int KG = S::kWarps / RT, NKW = kBc / KG, NT = NKW / 8;  // S: key groups, keys and n8 tiles per warp
   constexpr int NCW = kDVl / KG, NTO = NCW / 8;                     // PV: columns and n8 tiles per warp
   extern __shared__ __align__(128) unsigned char smem[];
@@ -112,9 +116,14 @@ __global__ void __launch_bounds__(S::kThreads, S::kBlocksPerSm) decode_kernel(co
 
   const bf16* qb = p.q + std::size_t(b) * p.rows * kDK;
   const bf16* kb = p.kv + std::size_t(b) * p.nk * kDK;
+  // Prologue: Q and the first kStages - 1 key blocks, one cp.async group each (a group may
+  // be empty: the wait counts below stay the same for any range length).
   load_rows<kM, kThreads>(sq, qb, m0, p.rows);
-  if (blk_lo < blk_hi) load_rows<kBc, kThreads>(sk, kb, blk_lo * kBc, p.nk);
-  cp_async_commit();
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (blk_lo + st < blk_hi) load_rows<kBc, kThreads>(sk + uint32_t(st * S::kKStage), kb, (blk_lo + st) * kBc, p.nk);
+    cp_async_commit();
+  }
 
   float o[NTO][4];
 #pragma unroll
@@ -126,7 +135,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kBlocksPerSm) decode_kernel(co
   // instead of being re-read from shared memory for every block.
   uint32_t qf[RT == 1 ? kDK / 16 : 1][4];
   if constexpr (RT == 1) {
-    cp_async_wait<0>();
+    cp_async_wait<kStages - 2>();  // Q (in the first group)
     __syncthreads();
 #pragma unroll
     for (int ks = 0; ks < kDK / 16; ++ks)
@@ -134,10 +143,12 @@ __global__ void __launch_bounds__(S::kThreads, S::kBlocksPerSm) decode_kernel(co
   }
 
   for (int j = blk_lo; j < blk_hi; ++j) {
-    const int stage = (j - blk_lo) & 1;
-    cp_async_wait<0>();
-    __syncthreads();  // K_j has landed for everyone; block j-1's P V is done with the other stage
-    if (j + 1 < blk_hi) load_rows<kBc, kThreads>(sk + uint32_t((stage ^ 1) * S::kKStage), kb, (j + 1) * kBc, p.nk);
+    const int stage = (j - blk_lo) % kStages;
+    cp_async_wait<kStages - 2>();  // K_j's group is complete; the newer kStages - 2 may still fly
+    __syncthreads();  // K_j has landed for everyone; block j-1's P V is done with its stage
+    if (j + kStages - 1 < blk_hi)  // into the stage block j-1 used
+      load_rows<kBc, kThreads>(sk + uint32_t(((j - blk_lo + kStages - 1) % kStages) * S::kKStage), kb,
+                               (j + kStages - 1) * kBc, p.nk);
     cp_async_commit();
     const uint32_t kt = sk + uint32_t(stage * S::kKStage);
 
@@ -147,14 +158,21 @@ __global__ void __launch_bounds__(S::kThreads, S::kBlocksPerSm) decode_kernel(co
     for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
     if constexpr (RT == 1) {
       static_assert(NT == 1, "one row tile: 8 keys per warp");
+      // The 36 k-steps go round four accumulators: one would make a chain of 36 dependent
+      // mma (about 1 us), and with one 4-warp block per SM nothing else would hide it.
+      float sa[4][4];
+#pragma unroll
+      for (int a = 0; a < 4; ++a) sa[a][0] = sa[a][1] = sa[a][2] = sa[a][3] = 0.f;
 #pragma unroll
       for (int ks2 = 0; ks2 < kDK / 32; ++ks2) {
         // 8 keys: one x4 holds their B fragments for two k-steps
         uint32_t bb[4];
         ldmatrix_x4(bb, kt + uint32_t(swizzle<kChunks>(kg * NKW + lane % 8, 4 * ks2 + lane / 8)) * 16u);
-        mma_m16n8k16<bf16>(s[0], qf[2 * ks2], bb[0], bb[1]);
-        mma_m16n8k16<bf16>(s[0], qf[2 * ks2 + 1], bb[2], bb[3]);
+        mma_m16n8k16<bf16>(sa[(2 * ks2) % 4], qf[2 * ks2], bb[0], bb[1]);
+        mma_m16n8k16<bf16>(sa[(2 * ks2 + 1) % 4], qf[2 * ks2 + 1], bb[2], bb[3]);
       }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[0][e] = (sa[0][e] + sa[1][e]) + (sa[2][e] + sa[3][e]);
     } else {
 #pragma unroll 2
       for (int ks2 = 0; ks2 < kDK / 32; ++ks2) {
@@ -364,7 +382,11 @@ __global__ void project_kernel(const bf16* o_c, const bf16* w_uv, bf16* o, int b
 template <class S>
 int launch_shape(const DecodeParams& p) {
   const dim3 grid(ceil_div(p.rows, S::kM), p.splits, p.batch);
-  CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kBytes));
+  static const bool configured = [] {  // once per shape, not in every timed launch
+    CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kBytes));
+    return true;
+  }();
+  (void)configured;
   decode_kernel<S><<<grid, S::kThreads, S::kBytes>>>(p);
   CUDA_CHECK_LAUNCH("mla decode_kernel");
   return S::kBytes;
