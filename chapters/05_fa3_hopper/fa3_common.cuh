@@ -154,6 +154,117 @@ template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi
 // shared with the other chapters' tensor-core kernels.
 using attn::cuda::RowSoftmax;
 using attn::cuda::rescale;
+using attn::cuda::exp2_approx;
+
+// ----------------------------------------------------------------------------- exponentials on two pipes
+//
+// An SM computes 16 MUFU.EX2 a clock, but 128 fp32 FMAs (steps 11 and 12). When the
+// softmax waits on the MUFU unit, some of its 2^x can be computed on the FMA pipe
+// instead (FA4's software exponential), from 2^x = 2^j 2^f with j = round(x):
+//
+//     t = x + 1.5 * 2^23          the FADD rounds x to an integer j, kept in t's low mantissa bits
+//     f = x - (t - 1.5 * 2^23)    f in [-1/2, 1/2]
+//     p = 1 + f (a1 + f (a2 + ...))   2^f: a polynomial fitted for relative error (Horner, FFMA)
+//     2^x = bits(p) + (bits(t) << 23)   adding j to p's exponent field: one integer shift and add
+//
+// Degree 3 errs by at most 1.0e-4 relative, degree 4 by 2.9e-6 (fp32 arithmetic, measured
+// on 2e5 points of [-1/2, 1/2]); MUFU.EX2 itself by about 2e-7. x is clamped at -127,
+// where j = -127 and f = 0 give p = 1 exactly and bits 0: a masked score (-inf) gives P = +0.
+// Four FADD/FMNMX and `kDegree` FFMA on the FMA pipe, a shift and an add on the integer pipe.
+
+/// 2^x for x <= 0 on the FMA pipe (kDegree 3 or 4; see above). The coefficients were
+/// fitted once (near-minimax relative error, Lawson's iteration) and rounded to fp32.
+template <int kDegree>
+__device__ __forceinline__ float exp2_fma(float x) {
+  static_assert(kDegree == 3 || kDegree == 4, "fitted for degree 3 and 4");
+  constexpr float kRound = 12582912.f;  // 1.5 * 2^23: x + kRound rounds x to an integer
+  x = fmaxf(x, -127.f);
+  const float t = x + kRound;
+  const float f = x - (t - kRound);
+  float q;
+  if constexpr (kDegree == 3) {
+    q = fmaf(fmaf(0.0550087579f, f, 0.242211387f), f, 0.693283021f);
+  } else {
+    q = fmaf(fmaf(fmaf(0.00958287157f, f, 0.0559065007f), f, 0.240240991f), f, 0.693124175f);
+  }
+  const float p = fmaf(q, f, 1.f);
+  return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
+}
+
+/// Which exponentials of a thread's NS scores go to the FMA pipe: one in kEvery
+/// (index i % kEvery == kEvery - 1), the rest to MUFU.EX2.
+template <int kEvery, int kDegree>
+__device__ __forceinline__ float exp2_two_pipes(float x, int i) {
+  return i % kEvery == kEvery - 1 ? exp2_fma<kDegree>(x) : exp2_approx(x);
+}
+
+/// RowSoftmax::update (common/cuda/frag_softmax.cuh) with one exponential in kEvery on
+/// the FMA pipe: the same (m, l) state, the same alpha, the same P up to exp2_fma's error.
+template <int kEvery, int kDegree, int NS>
+__device__ __forceinline__ void softmax_update_two_pipes(RowSoftmax& sm, float (&s)[NS], float c,
+                                                         float (&alpha)[2]) {
+  float mx[2] = {sm.m[0], sm.m[1]};
+#pragma unroll
+  for (int i = 0; i < NS; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+  }
+  float shift[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    shift[r] = finite_max(mx[r]) * c;
+    alpha[r] = exp2_approx((sm.m[r] - finite_max(mx[r])) * c);  // as RowSoftmax: 1 when m did not change
+    sm.m[r] = mx[r];
+    sm.l[r] *= alpha[r];
+  }
+#pragma unroll
+  for (int i = 0; i < NS; ++i) {
+    const int r = (i >> 1) & 1;
+    s[i] = exp2_two_pipes<kEvery, kDegree>(fmaf(s[i], c, -shift[r]), i);
+    sm.l[r] += s[i];
+  }
+}
+
+/// The same for FP8 scores with their dequantisation folded into the exponent's FFMA:
+/// s holds raw Q8 K8^T, and entries [32h, 32h + 32) (keys 64h .. 64h + 63 of the block)
+/// take the scale c[h] > 0 (s_q s_k tau log2 e). The row max is taken per half on the
+/// raw scores and scaled once (c > 0 keeps the order), so the only per-score
+/// multiplication left is the FFMA that also subtracts the max.
+template <int kEvery, int kDegree, int NS>
+__device__ __forceinline__ void softmax_update_scaled_two_pipes(RowSoftmax& sm, float (&s)[NS],
+                                                                const float (&c)[NS / 32], float (&alpha)[2]) {
+  constexpr int kHalves = NS / 32;
+  float mx[2] = {sm.m[0], sm.m[1]};
+#pragma unroll
+  for (int h = 0; h < kHalves; ++h) {
+    float mh[2] = {neg_inf<float>(), neg_inf<float>()};
+#pragma unroll
+    for (int i = 32 * h; i < 32 * (h + 1); ++i) mh[(i >> 1) & 1] = fmaxf(mh[(i >> 1) & 1], s[i]);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) mx[r] = fmaxf(mx[r], mh[r] * c[h]);  // -inf * c = -inf
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+  }
+  float shift[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    shift[r] = finite_max(mx[r]);
+    alpha[r] = exp2_approx(sm.m[r] - finite_max(mx[r]));
+    sm.m[r] = mx[r];
+    sm.l[r] *= alpha[r];
+  }
+#pragma unroll
+  for (int i = 0; i < NS; ++i) {
+    const int r = (i >> 1) & 1;
+    s[i] = exp2_two_pipes<kEvery, kDegree>(fmaf(s[i], c[i / 32], -shift[r]), i);
+    sm.l[r] += s[i];
+  }
+}
 
 /// Sets to -inf every score of this thread whose key is at or past its row's limit.
 /// `col0`: the block's first key; `limit[r]`: one past the last key row r may see.

@@ -69,6 +69,8 @@ PreparedStep prepare_step(Step s, const StepArgs& a) {
     case Step::v8_head_dims: return v8::prepare(a);
     case Step::v9_fp8: return v9::prepare(a);
     case Step::v10_tile_sizes: return v10::prepare(a);
+    case Step::v11_two_pipe_exp: return v11::prepare(a);
+    case Step::v12_fp8_two_pipes: return v12::prepare(a);
   }
   throw UsageError("unknown step");
 }

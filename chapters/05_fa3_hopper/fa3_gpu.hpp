@@ -15,6 +15,8 @@
 ///     v8  every head dim: d = 64, 128, 256, each with its key block and ring depth
 ///     v9  FP8 (E4M3): per-block scales, Hadamard rotation of Q and K, V transposed
 ///     v10 key blocks for the tensor cores: Bc per head dim and mask (branches from v8)
+///     v11 exponentials on two pipes: one 2^x in four on the FMA pipe (a polynomial)
+///     v12 the FP8 softmax on two pipes: scale folded into the FFMA, 1 in 4 2^x on FMA (from v9)
 
 #include <cstdint>
 #include <string>
@@ -36,23 +38,25 @@ enum class Step {
   v8_head_dims,  ///< the last bf16/fp16 step (chapter 06 builds on it)
   v9_fp8,
   v10_tile_sizes,  ///< v8 with FA3's key blocks (Bc = 176 at d = 128, 80 at d = 256, not causal)
+  v11_two_pipe_exp,   ///< v10 with one exponential in four on the FMA pipe: the last bf16/fp16 step
+  v12_fp8_two_pipes,  ///< v9 with the scale folded into the exponent's FFMA and 1 in 4 2^x on FMA
 };
 
 constexpr Step kAllSteps[] = {Step::v1_tma,         Step::v2_wgmma,       Step::v3_warp_specialized,
                               Step::v4_pingpong,    Step::v5_intra_overlap, Step::v6_masked_first,
                               Step::v7_persistent,  Step::v8_head_dims,   Step::v9_fp8,
-                              Step::v10_tile_sizes};
+                              Step::v10_tile_sizes, Step::v11_two_pipe_exp, Step::v12_fp8_two_pipes};
 
 /// True for the steps that compute in E4M3 (their inputs go through fp8_prepare first).
-constexpr bool step_is_fp8(Step s) { return s == Step::v9_fp8; }
+constexpr bool step_is_fp8(Step s) { return s == Step::v9_fp8 || s == Step::v12_fp8_two_pipes; }
 
 /// "v3 warp-specialised" etc.
 const char* step_name(Step s);
-/// Parses "1".."10" or "v1".."v10"; false otherwise.
+/// Parses "1".."12" or "v1".."v12"; false otherwise.
 bool parse_step(const std::string& text, Step* out);
 
 /// Whether step `s` has a kernel for this problem (head dim, dtype, d == dv); the
-/// reason when not. Steps 2-7 are built for d = 128, steps 1 and 8-10 for d in {64, 128, 256}.
+/// reason when not. Steps 2-7 are built for d = 128, steps 1 and 8-12 for d in {64, 128, 256}.
 bool step_supports(Step s, const Problem& p, std::string* why = nullptr);
 
 /// True when this binary carries the sm_90a kernels and the current GPU is sm_90;

@@ -47,5 +47,7 @@ namespace v7 { PreparedStep prepare(const StepArgs& a); }
 namespace v8 { PreparedStep prepare(const StepArgs& a); }
 namespace v9 { PreparedStep prepare(const StepArgs& a); }
 namespace v10 { PreparedStep prepare(const StepArgs& a); }
+namespace v11 { PreparedStep prepare(const StepArgs& a); }
+namespace v12 { PreparedStep prepare(const StepArgs& a); }
 
 }  // namespace attn::ch05

@@ -37,3 +37,7 @@ require(v8_head_dims.ptx "wgmma.mma_async.sync.aligned.m64n256k16;wgmma.mma_asyn
 require(v9_fp8.ptx "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3;cp.async.bulk.tensor;mbarrier;setmaxnreg;cvt.rn.satfinite.e4m3x2.f32")
 # v10: FA3's key blocks, Q K^T as m64n176k16 (d = 128, not causal) and m64n80k16 (d = 256).
 require(v10_tile_sizes.ptx "wgmma.mma_async.sync.aligned.m64n176k16;wgmma.mma_async.sync.aligned.m64n80k16;wgmma.mma_async.sync.aligned.m64n256k16;wgmma.wait_group.sync.aligned 1;setmaxnreg")
+# v11: the same GEMMs as v10; the polynomial 2^x sits next to MUFU's ex2.approx.
+require(v11_two_pipe_exp.ptx "wgmma.mma_async.sync.aligned.m64n176k16;wgmma.mma_async.sync.aligned.m64n80k16;ex2.approx")
+# v12: fp8 tensor cores as in v9.
+require(v12_fp8_two_pipes.ptx "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3;cvt.rn.satfinite.e4m3x2.f32;ex2.approx")

@@ -83,19 +83,20 @@ TEST_CASE("steps 1-7 (d = 128) at awkward shapes, bf16 and fp16") {
 TEST_CASE("steps 7 and 8 with more tiles than SMs (every block walks several)") {
   require_hopper();
   // 17 query tiles x 16 heads = 272 tiles, more than the 132 blocks of the persistent grid.
-  for (Step s : {Step::v7_persistent, Step::v8_head_dims, Step::v10_tile_sizes}) {
+  for (Step s : {Step::v7_persistent, Step::v8_head_dims, Step::v10_tile_sizes, Step::v11_two_pipe_exp}) {
     check_step(s, shape().batch(2).heads(8, 4).n(2100).d(128).causal().dtype(DType::bf16));
     check_step(s, shape().batch(2).heads(8).n(2100, 1900).d(128).dtype(DType::f16));
   }
-  for (Step s : {Step::v8_head_dims, Step::v10_tile_sizes})
+  for (Step s : {Step::v8_head_dims, Step::v10_tile_sizes, Step::v11_two_pipe_exp})
     check_step(s, shape().batch(2).heads(8).n(2100, 1900).d(64).dtype(DType::bf16));
   // v10's d = 256 key block (80) divides neither N nor the query tile.
-  check_step(Step::v10_tile_sizes, shape().batch(2).heads(4).n(1100, 1250).d(256).dtype(DType::bf16));
+  for (Step s : {Step::v10_tile_sizes, Step::v11_two_pipe_exp})
+    check_step(s, shape().batch(2).heads(4).n(1100, 1250).d(256).dtype(DType::bf16));
 }
 
-TEST_CASE("steps 1, 8 and 10 at every head dim, causal and not, bf16 and fp16") {
+TEST_CASE("steps 1, 8, 10 and 11 at every head dim, causal and not, bf16 and fp16") {
   require_hopper();
-  for (Step s : {Step::v1_tma, Step::v8_head_dims, Step::v10_tile_sizes})
+  for (Step s : {Step::v1_tma, Step::v8_head_dims, Step::v10_tile_sizes, Step::v11_two_pipe_exp})
     for (int d : {64, 128, 256})
       for (DType t : {DType::bf16, DType::f16}) {
         CAPTURE(d);
@@ -103,14 +104,16 @@ TEST_CASE("steps 1, 8 and 10 at every head dim, causal and not, bf16 and fp16") 
       }
 }
 
-TEST_CASE("step 9 (fp8) at every head dim against the plain FP8 computation") {
+TEST_CASE("steps 9 and 12 (fp8) at every head dim against the plain FP8 computation") {
   require_hopper();
-  for (int d : {64, 128, 256}) {
-    CAPTURE(d);
-    awkward_shapes(Step::v9_fp8, d, DType::bf16);
-    check_step(Step::v9_fp8, shape().heads(2).n(300).d(d).causal().dtype(DType::f16), Dist::outliers);
+  for (Step s : {Step::v9_fp8, Step::v12_fp8_two_pipes}) {
+    for (int d : {64, 128, 256}) {
+      CAPTURE(d);
+      awkward_shapes(s, d, DType::bf16);
+      check_step(s, shape().heads(2).n(300).d(d).causal().dtype(DType::f16), Dist::outliers);
+    }
+    check_step(s, shape().batch(2).heads(8, 2).n(1100, 1300).d(128).causal().dtype(DType::bf16));
   }
-  check_step(Step::v9_fp8, shape().batch(2).heads(8, 2).n(1100, 1300).d(128).causal().dtype(DType::bf16));
 }
 
 TEST_CASE("the fp8 preparation pass equals the CPU quantisation bit for bit") {
@@ -151,7 +154,7 @@ TEST_CASE("every step at the benchmark's causal shape (sampled rows)") {
   const AttnInputs in = make_inputs(p, Dist::normal, 1);
   const ForwardOracle oracle(p, in, CheckPlan::sampled(p, 2e9));
   for (Step s : {Step::v1_tma, Step::v2_wgmma, Step::v5_intra_overlap, Step::v6_masked_first, Step::v7_persistent,
-                 Step::v8_head_dims, Step::v10_tile_sizes}) {
+                 Step::v8_head_dims, Step::v10_tile_sizes, Step::v11_two_pipe_exp}) {
     CAPTURE(step_name(s));
     const GpuForward g = fa3_forward_gpu(p, in, s, false);
     const CheckResult c = oracle.judge(g.o, &g.lse);
@@ -164,7 +167,8 @@ TEST_CASE("repeated runs give identical bits (no race between producer and consu
   const Problem p = shape().batch(2).heads(4, 2).n(1000, 1100).d(128).causal().dtype(DType::bf16);
   const AttnInputs in = make_inputs(p, Dist::normal, 3);
   for (Step s : {Step::v3_warp_specialized, Step::v5_intra_overlap, Step::v6_masked_first, Step::v7_persistent,
-                 Step::v8_head_dims, Step::v9_fp8, Step::v10_tile_sizes}) {
+                 Step::v8_head_dims, Step::v9_fp8, Step::v10_tile_sizes, Step::v11_two_pipe_exp,
+                 Step::v12_fp8_two_pipes}) {
     CAPTURE(step_name(s));
     const GpuForward a = fa3_forward_gpu(p, in, s, false), b = fa3_forward_gpu(p, in, s, false);
     std::size_t diff = 0;
