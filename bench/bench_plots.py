@@ -321,7 +321,7 @@ def fig_roofline(res, rows, out_dir):
 
 
 def fig_decode(res, rows, out_dir):
-    dec = [r for r in rows if r.get("pass") == "decode"]
+    dec = [r for r in rows if r.get("pass") == "decode" and not r.get("variant")]  # bf16 caches (8-bit: the table)
     ours = [r for r in dec if r.get("kind") == "ours"]
     if not any(speed(r) for r in ours):
         return None

@@ -188,7 +188,8 @@ def lineage_entries(res, rows):
             pick = lambda r: r.get("N") or 0  # noqa: E731
             peer_names = SOFTMAX_PEERS
         elif c == "07":
-            cand = [r for r in mine if r.get("pass") == "decode" and r.get("page_size") == 16]
+            cand = [r for r in mine if r.get("pass") == "decode" and r.get("page_size") == 16
+                    and not r.get("variant")]
             pick = lambda r: r.get("bytes") or 0  # noqa: E731
             peer_names = DECODE_PEERS
         else:
@@ -261,16 +262,18 @@ def decode_table(res, rows):
         return None
     by = {(shape_key(r), r["kernel"]): r for r in rows}
     kernels = chapter_kernels(rows, "07", "decode")
-    head = ["B", "L", "Hq/Hkv", "page"] + [k[5:] for k in kernels] + [PEER_LABEL[p] for p in DECODE_PEERS] + \
-           ["chosen / cuDNN"]
+    with_kv = any(k[9] for k in cfgs)  # 8-bit caches: a column says which format the row reads
+    head = ["B", "L", "Hq/Hkv", "page"] + (["KV"] if with_kv else []) + [k[5:] for k in kernels] + \
+           [PEER_LABEL[p] for p in DECODE_PEERS] + ["chosen / cuDNN"]
     body = []
     for key in cfgs:
         ours = [by.get((key, k)) for k in kernels]
         cells = [key[4], key[3], "%s/%s" % (key[5], key[6]), key[8]] + \
+            ([(key[9] or "bf16").replace("KV ", "")] if with_kv else []) + \
             [fmt_speed(r) + (" S=%d" % r["splits"] if r is not None and speed(r) and (r.get("splits") or 1) > 1
                              else "") for r in ours]
         for p in DECODE_PEERS:
-            cells.append(peer_cell(res, by, key, p, True) if key[8] == 16 else "-")
+            cells.append(peer_cell(res, by, key, p, True) if key[8] == 16 and not key[9] else "-")
         chosen = [r for r in ours if r and r.get("chosen") and "paged" in r["kernel"]]
         cud = by.get((key, "sdpa_cudnn"))
         if not peer_present(res, "sdpa_cudnn"):

@@ -38,7 +38,7 @@ sys.path.insert(0, HERE)
 
 import bench_report  # noqa: E402
 from bench_common import (DECODE_PEERS, PEERS, attention_flops, clean_row, paper_shape,  # noqa: E402
-                          read_json)
+                          read_json, shape_key)
 
 QUICK_N = [2048, 8192]
 FULL_N = [512, 1024, 2048, 4096, 8192, 16384]
@@ -376,9 +376,28 @@ class Bench:
 
     def get_peers(self):
         if self.peers is None:
+            if self._preimport is not None:
+                self._preimport.join()  # the imports started with the run (start_preimport)
             from bench_peers import Peers
             self.peers = Peers(repeats=self.a.repeats)
         return self.peers
+
+    _preimport = None
+
+    def start_preimport(self):
+        """Imports PyTorch, FlexAttention and FlashAttention-4 in a thread while the first binaries
+        run (several seconds of Python on the CPU). Imports only: the peers touch the GPU when the
+        plan first reaches them, never while one of our kernels is being timed."""
+        import threading
+
+        def work():
+            for mod in ("torch", "torch.nn.attention.flex_attention", "flash_attn.cute"):
+                try:
+                    __import__(mod)
+                except Exception:  # the peer's column will say why, from Peers()
+                    pass
+        self._preimport = threading.Thread(target=work, name="peer-imports", daemon=True)
+        self._preimport.start()
 
     # ----------------------------------------------------------------- chapter 02: softmax
     def softmax_task(self, n):
@@ -416,32 +435,50 @@ class Bench:
                                         bytes=8.0 * rows_total * n, **pr)))
 
     # ----------------------------------------------------------------- chapter 07: decode
-    def decode_task(self):
+    def decode_task(self, shapes=None):
+        """Chapter 07's decode sweep (`decode --sweep`, or `--sweep-shapes SHAPES` where the binary
+        has that option), every kernel and layout it reports, and the peers on its bf16 shapes with
+        page size 16 (the peers read contiguous K/V). An 8-bit cache (fp8, int8) is a variant of
+        its shape: its bytes are its own, and no peer reads that format."""
         c = "07"
-        st, rep, msg = self.bins[c].run(["decode", "--sweep", "--device", "cuda", "--json"], timeout=self.a.timeout)
-        if st != "ok":
-            self.notes.append("ch07 decode sweep: %s: %s" % (st, msg))
+        args = ["decode", "--sweep", "--device", "cuda", "--json"]
+        if shapes:
+            if "--sweep-shapes" not in self.bins[c].flags():
+                self.notes.append("ch07 decode sweep %s: the binary has no --sweep-shapes" % shapes)
+                return
+            args[2:2] = ["--sweep-shapes", shapes]
+        st, rep, msg = self.bins[c].run(args, timeout=self.a.timeout)
+        if st != "ok" or not isinstance(rep, dict):
+            self.notes.append("ch07 decode sweep%s: %s: %s" % (" " + shapes if shapes else "", st, msg))
             return
         peers = self.get_peers()
         for cfg in rep.get("configs", []):
-            base = {"chapter": c, "kind": "ours", "pass": "decode", "d": cfg["d"], "N": 1, "nk": cfg["len"],
-                    "B": cfg["batch"], "H": cfg["heads"], "Hkv": cfg["kv_heads"], "causal": False,
-                    "page_size": cfg["page_size"], "dtype": "bf16", "unit": "GB/s", "ceiling": "read",
-                    "bytes": cfg["kv_bytes"]}
-            for r in cfg["results"]:
-                name = "ch07 %s %s" % (r["kernel"], r["layout"])
+            kvt = cfg.get("kv_dtype") or "bf16"
+            base = {"chapter": c, "kind": "ours", "pass": "decode", "d": cfg.get("d", rep.get("d")), "N": 1,
+                    "nk": cfg.get("len"), "B": cfg.get("batch"), "H": cfg.get("heads"), "Hkv": cfg.get("kv_heads"),
+                    "causal": False, "page_size": cfg.get("page_size"), "dtype": kvt, "unit": "GB/s",
+                    "ceiling": "read", "bytes": cfg.get("kv_bytes")}
+            if kvt != "bf16":
+                base["variant"] = "KV " + kvt
+            for r in cfg.get("results", []):
+                name = "ch07 %s %s" % (r.get("kernel", "?"), r.get("layout", "paged"))
                 row = dict(base, kernel=name, max_abs_err=r.get("max_abs_err"), chosen=r.get("chosen"),
                            splits=r.get("splits"), note="%d key splits%s" % (
                                r.get("splits") or 1, "; the kernel the split heuristic picks" if r.get("chosen")
                                else ""))
-                if r.get("pass"):
+                if r.get("tokens_per_s"):
+                    row["tokens_per_s"] = r["tokens_per_s"]
+                if r.get("pass") is True and r.get("time_ms") and r.get("kv_gbps"):
                     row.update(status="ok", time_ms=r["time_ms"], gbps=r["kv_gbps"])
                 else:
-                    row["status"] = "failed"
+                    row["status"] = "failed" if r.get("pass") is False else "unchecked"
                 self.rows.append(clean_row(row))
-            if cfg["page_size"] == 16:  # the peers read contiguous K/V: page size does not apply
+            if cfg.get("page_size") == 16 and kvt == "bf16":  # the peers read contiguous bf16 K/V
                 for p in DECODE_PEERS:
-                    pr = peers.decode(p, cfg["batch"], cfg["heads"], cfg["kv_heads"], cfg["len"], cfg["d"],
+                    if any(x.get("kind") == "peer" and x["kernel"] == p and x["pass"] == "decode" and
+                           shape_key(x) == shape_key(dict(base, kernel=p)) for x in self.rows):
+                        continue  # already measured on this shape in this run
+                    pr = peers.decode(p, cfg["batch"], cfg["heads"], cfg["kv_heads"], cfg["len"], base["d"],
                                       cfg["kv_bytes"])
                     self.rows.append(clean_row(dict(base, chapter="peer", kind="peer", kernel=p, **pr)))
 
@@ -559,6 +596,9 @@ class Bench:
         extras = []
         if "07" in self.chapters:
             extras.append(Task("ours", "ch07 decode sweep + peers", 35, self.decode_task))
+            if not q:
+                extras.append(Task("ours", "ch07 decode sweep of the 8-bit caches", 15,
+                                   lambda: self.decode_task("quant")))
         if "02" in self.chapters:
             for sn in ([32768] if q else [4096, 8192, 16384, 32768]):
                 extras.append(Task("ours", "ch02 softmax, rows of %d" % sn, 6, lambda sn=sn: self.softmax_task(sn)))
@@ -567,6 +607,19 @@ class Bench:
             for sub, extra in (("mask", masks), ("gqa", []), ("mla", []), ("ring", []))[:2 if q else 4]:
                 extras.append(Task("ours", "ch06 %s" % sub, 15, lambda sub=sub, extra=extra:
                                    self.ch06_task(sub, 128, 8192, sub != "mask", extra)))
+        self._no_bwd = bool(self.a.no_backward)
+        if self.a.n or self.a.d or self.a.mask != "both":
+            # the shapes asked for: every chapter that runs them (chapter 03 up to N = 2K, non-causal)
+            ns = self.a.n or ([8192] if q else FULL_N)
+            ds = self.a.d or [128]
+            masks = {"both": (True, False), "causal": (True,), "none": (False,)}[self.a.mask]
+            for d in ds:
+                for n in ns:
+                    for causal in masks:
+                        chs = ["05", "04"] + ([] if causal else ["01"]) + \
+                              (["03"] if not causal and n <= 2048 else [])
+                        tasks += self.attention_group(d, n, causal, chs)
+            return tasks + extras
         if q:
             no_flex = [p for p in PEERS if p != "flex"]  # FlexAttention compiles per shape: N = 8K only
             tasks += self.attention_group(128, 8192, True, ("04", "05"))
@@ -581,11 +634,10 @@ class Bench:
         for i, (d, n, causal) in enumerate(shapes):
             chs = ["04", "05"] + (["01"] if not causal and d == 128 else []) + \
                   (["03"] if not causal and d == 128 and n <= 2048 else [])
-            self._no_bwd = not (d == 128 or (d == 64 and n == 8192))
+            self._no_bwd = bool(self.a.no_backward) or not (d == 128 or (d == 64 and n == 8192))
             tasks += self.attention_group(d, n, causal, chs)
             if i == 1:
                 tasks += extras
-        self._no_bwd = False
         return tasks
 
     # ----------------------------------------------------------------- run
@@ -634,6 +686,8 @@ class Bench:
         self.bins = {c: b for c, b in self.bins.items() if b.exists()}
         self.chapters = {c: n for c, n in self.chapters.items() if c in self.bins}
         tasks = self.plan()
+        if any(t.kind == "peer" or "+ peers" in t.label or "softmax" in t.label for t in tasks):
+            self.start_preimport()
         total = sum(t.est for t in tasks)
         log("bench: %d tasks, about %d:%02d on an H200%s" % (len(tasks), total // 60, total % 60,
                                                             " (--budget %d s)" % self.a.budget if self.a.budget else ""))
@@ -712,6 +766,16 @@ def draw_plots(results_json, out_dir):
     return []
 
 
+def int_list(text):
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError("not a comma-separated list of integers: %r" % text)
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError("not a list of positive integers: %r" % text)
+    return out
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(prog="./tutorial bench", description=__doc__.split("\n\n")[0],
@@ -724,6 +788,11 @@ def main(argv=None):
     ap.add_argument("--build-dir", default=os.path.join(ROOT, "build"), help=argparse.SUPPRESS)
     ap.add_argument("--no-build", action="store_true", help="use the binaries as they are")
     ap.add_argument("--budget", type=float, help="seconds: tasks that would end later are listed as not run")
+    ap.add_argument("--n", type=int_list, help="only these sequence lengths, e.g. 2048,8192 (B = 16K / N)")
+    ap.add_argument("--d", type=int_list, help="only these head dims, e.g. 64,128 (H = 2048 / d)")
+    ap.add_argument("--mask", choices=["both", "causal", "none"], default="both",
+                    help="with --n or --d: causal shapes, non-causal ones, or both (default)")
+    ap.add_argument("--no-backward", action="store_true", help="forward passes only")
     ap.add_argument("--repeats", type=int, default=20, help="timed repeats of each peer (median; default 20)")
     ap.add_argument("--timeout", type=int, default=300, help="seconds one chapter binary may run")
     ap.add_argument("--verbose", action="store_true", help="print each task's time")

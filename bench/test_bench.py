@@ -217,6 +217,41 @@ class Runner(unittest.TestCase):
         self.assertEqual(by["ch04 backward, dQ atomics"]["pass"], "bwd")
         self.assertTrue(all(r["causal"] and r["N"] == 8192 for r in rows))
 
+    def test_backward_rows_are_found_by_name_field_or_flops(self):
+        """Chapter 05's backward steps (b1, b2, ...) and any row the report marks as backward are
+        the backward pass; forward steps are not, whatever they are called."""
+        prob = {"batch": 2, "heads": 16, "nq": 8192, "nk": 8192, "d": 128, "causal": False}
+        fwd = bench_common.attention_flops(2, 16, 8192, 8192, 128, False)
+        yes = [{"impl": "b1 wgmma backward"}, {"impl": "b2 warp specialised"}, {"impl": "backward, dQ atomics"},
+               {"impl": "bwd deterministic"}, {"impl": "whatever", "direction": "bwd"},
+               {"impl": "new kernel", "flops": 2.5 * fwd}]
+        no = [{"impl": "v10 tile sizes", "flops": fwd}, {"impl": "v9 fp8 e4m3"}, {"impl": "FA1 kernel (chapter 03)"},
+              {"impl": "v2 mma.sync", "pass": True}]
+        for r in yes:
+            self.assertTrue(lineage.is_backward(r, prob), r)
+        for r in no:
+            self.assertFalse(lineage.is_backward(r, prob), r)
+
+    def test_8bit_decode_caches_are_their_own_rows(self):
+        """A decode shape measured with an FP8 cache is a variant of the bf16 shape: its own row in the
+        table (KV column), no peer next to it, and not the lineage's reference."""
+        res = load()
+        extra = []
+        for r in res["rows"]:
+            if r.get("pass") == "decode" and r.get("kind") == "ours":
+                q = copy.deepcopy(r)
+                q.update(variant="KV fp8", dtype="fp8", status="ok", gbps=1234.0, time_ms=1.0)
+                extra.append(q)
+        res["rows"] += extra
+        md = bench_report.markdown(res)
+        head, body = table_rows(md, "ch07-decode")
+        self.assertIn("KV", head)
+        fp8 = [r for r in body if r[head.index("KV")] == "fp8"]
+        self.assertTrue(fp8)
+        for r in fp8:
+            self.assertEqual(r[head.index("cuDNN")], "-")
+        self.assertNotIn("1234", table_rows(md, "lineage")[1][-1][2])
+
     def test_flops_convention(self):
         self.assertEqual(bench_common.attention_flops(2, 16, 8192, 8192, 128, False), 4.0 * 2 * 16 * 8192 ** 2 * 128)
         self.assertEqual(bench_common.attention_flops(2, 16, 8192, 8192, 128, True),
