@@ -92,13 +92,6 @@ const char* bwd_step_name(BwdStep s) {
   return "?";
 }
 
-std::string backward_unsupported(const Problem& p) {
-  if (p.d != p.dv) return "d != dv";
-  if (p.dtype != DType::bf16 && p.dtype != DType::f16) return std::string(dtype_name(p.dtype)) + " inputs";
-  if (p.d != 64 && p.d != 128) return "head dim " + std::to_string(p.d) + " (backward: 64, 128)";
-  return "";
-}
-
 double fa3_backward_device_bytes(const Problem& p) {
   const double e = dtype_bytes(p.dtype);
   const double rows_pad = double(p.batch) * p.heads * ceil_div(p.nq, kBwdBr) * kBwdBr;

@@ -12,6 +12,7 @@
 #include "common/device.hpp"
 #include "common/report.hpp"
 #include "backward_gpu.hpp"
+#include "backward_model.hpp"
 #include "fa3_gpu.hpp"
 #include "fa3_model.hpp"
 #include "fp8_model.hpp"
@@ -40,20 +41,44 @@ void add_accuracy_table(Report& rep, const Problem& p, const AttnInputs& in, con
                         "rel L2 " + fmt("%.2e", r.rel_l2) + "   max abs " + fmt("%.2e", r.max_abs));
 }
 
+/// One SM's on-chip memory (228 KB of shared memory and the 256 KB register file): the
+/// budget of the backward model's tiles (K_j, V_j, dK_j, dV_j, Q_i, dO_i, dS^T, dQ_i).
+constexpr std::size_t kBackwardModelSram = (228 + 256) * 1024;
+
+/// The backward's CPU model row (the loops of steps b1 and b2 over counted tensors), or
+/// its bytes from the formula when the problem is too large for one core.
+void add_backward_model_row(Report& rep, const Problem& p, const AttnInputs& in, const BackwardOracle* oracle) {
+  ResultRow row;
+  row.impl = "FA3 backward model (b1, b2 loops)";
+  row.device = "cpu";
+  row.flops = flops_backward(p);
+  const Fa3BackwardTraffic f = fa3_backward_traffic(p);
+  if (oracle) {
+    const Fa3BackwardModelResult m = fa3_backward_model(p, in, kBackwardModelSram);
+    row.set_traffic(m.traffic);
+    row.set_check(oracle->judge(m.dq, m.dk, m.dv));
+    if (m.traffic.bytes_read != f.read() || m.traffic.bytes_written != f.write())
+      row.note = "counted traffic differs from fa3_backward_traffic()";
+    else if (row.note.empty())
+      row.note = std::to_string(m.dq_tile_adds) + " dQ tiles reduce-added (" + format_bytes(m.dq_add_bytes) +
+                 " of accumulator reads and writes); on-chip " + format_bytes(double(m.sram_peak));
+  } else {
+    row.hbm_read_bytes = f.read();
+    row.hbm_write_bytes = f.write();
+    row.note = "backward model not run at this size; bytes from fa3_backward_traffic()";
+  }
+  rep.rows.push_back(row);
+}
+
 #if TUTORIAL_HAVE_CUDA
 /// The backward rows: every backward step, dQ added in any order and deterministically,
 /// each checked against the fp64 backward before it is timed (a failing kernel is not timed).
-void add_backward_rows(Report& rep, const Problem& p, const AttnInputs& in, const Options& opt, const DeviceInfo& dev) {
-  const std::string why = backward_unsupported(p);
-  if (!why.empty()) {
-    rep.notes.push_back("  backward: not built for " + why + ": not run");
-    return;
-  }
+void add_backward_rows(Report& rep, const Problem& p, const AttnInputs& in, const BackwardOracle& oracle,
+                       const DeviceInfo& dev, const std::string& which) {
   require_device_memory(dev, fa3_backward_device_bytes(p), "the backward's tensors");
-  const BackwardOracle oracle(p, in, opt.check_all ? BackwardPlan::full(p) : BackwardPlan::sampled(p));
-  rep.check_plan += "; backward: " + oracle.plan().describe(p);
   for (BwdStep s : kAllBwdSteps)
     for (bool det : {false, true}) {
+      if (which != "all" && std::to_string(int(s)) != which) continue;
       ResultRow row;
       row.impl = std::string(bwd_step_name(s)) + (det ? ", deterministic dQ" : "");
       row.device = "cuda";
@@ -93,6 +118,10 @@ int main(int argc, char** argv) {
   cli.add_flag("--no-fp8-table", &no_table, "skip the CPU FP8 accuracy table");
   bool no_backward = false;
   cli.add_flag("--no-backward", &no_backward, "skip the backward rows (steps b1, b2; dQ added in any order, then deterministically)");
+  bool backward_only = false;
+  cli.add_flag("--backward-only", &backward_only, "run the backward rows and no forward step (the backward still runs v8 for O and LSE)");
+  std::string bwd_step_text = "all";
+  cli.add_choice("--backward-step", &bwd_step_text, {"all", "1", "2"}, "run one backward step (b1, b2) or all");
 
   return run_chapter(argc, argv, cli, [&](const Options& opt) {
     const Problem& p = opt.problem;
@@ -105,6 +134,7 @@ int main(int argc, char** argv) {
     std::vector<Step> steps;
     for (Step s : kAllSteps)
       if (step_text == "all" || std::to_string(int(s)) == step_text) steps.push_back(s);
+    if (backward_only) steps.clear();
 
     const ScheduleConfig cfg = schedule_for(Step::v8_head_dims, p.d, p.causal);
     const bool run_model = flops_forward(p) <= kModelFlopBudget || opt.device == DeviceChoice::cpu;
@@ -142,6 +172,15 @@ int main(int argc, char** argv) {
       }
       rep.rows.push_back(row);
     }
+    // The backward's fp64 oracle, once for the model row and the GPU rows.
+    const bool with_backward = !no_backward && backward_unsupported(p).empty();
+    const bool run_backward_model = flops_backward(p) <= kModelFlopBudget || opt.device == DeviceChoice::cpu;
+    std::optional<BackwardOracle> boracle;
+    if (with_backward && (run_backward_model || dev))
+      boracle.emplace(p, in, opt.check_all ? BackwardPlan::full(p) : BackwardPlan::sampled(p));
+    if (boracle) rep.check_plan += "; backward: " + boracle->plan().describe(p);
+    if (with_backward) add_backward_model_row(rep, p, in, run_backward_model ? &*boracle : nullptr);
+    else if (!no_backward) rep.notes.push_back("backward: not built for " + backward_unsupported(p) + ": not run");
 
 #if TUTORIAL_HAVE_CUDA
     std::string why;
@@ -194,7 +233,7 @@ int main(int argc, char** argv) {
           row.note = std::to_string(g.grid) + " blocks, " + std::to_string(g.smem_bytes / 1024) + " KB smem each";
         rep.rows.push_back(row);
       }
-      if (!no_backward) add_backward_rows(rep, p, in, opt, *dev);
+      if (with_backward) add_backward_rows(rep, p, in, *boracle, *dev, bwd_step_text);
       rep.apply_ceilings();
     }
 #else

@@ -1,0 +1,84 @@
+// Chapter 05's backward model: correct against the fp64 backward at awkward shapes, its
+// traffic counted right, and its causal walk visiting exactly the query blocks that
+// see a key block.
+#include <doctest/doctest.h>
+
+#include "chapters/05_fa3_hopper/backward_model.hpp"
+#include "chapters/05_fa3_hopper/backward_tiles.hpp"
+#include "common/check.hpp"
+#include "common/index.hpp"
+#include "support/shapes.hpp"
+
+using namespace attn;
+using namespace attn::ch05;
+
+namespace {
+
+using testing_support::shape;
+
+/// One SM's on-chip memory: 228 KB of shared memory and the 256 KB register file.
+constexpr std::size_t kSm = (228 + 256) * 1024;
+
+void check_model(const Problem& p, Dist dist = Dist::normal) {
+  CAPTURE(p.describe());
+  const AttnInputs in = make_inputs(p, dist, 13, true);
+  const BackwardOracle oracle(p, in, BackwardPlan::full(p));
+  const Fa3BackwardModelResult r = fa3_backward_model(p, in, kSm);
+  const CheckResult c = oracle.judge(r.dq, r.dk, r.dv);
+  CHECK_MESSAGE(c.pass(), c.failures());
+}
+
+/// The first query block with a row that sees a key of [col0, col0 + Bc), by brute force.
+int first_block_brute(int col0, int Br, int Bc, const Problem& p) {
+  const int tr = ceil_div(p.nq, Br);
+  for (int i = 0; i < tr; ++i)
+    for (int row = i * Br; row < std::min(p.nq, (i + 1) * Br); ++row)
+      for (int key = col0; key < std::min(p.nk, col0 + Bc); ++key)
+        if (!p.causal || causal_visible(row, key, p.nq, p.nk)) return i;
+  return tr;
+}
+
+}  // namespace
+
+TEST_CASE("backward model matches the fp64 backward at awkward shapes") {
+  check_model(shape().n(1).d(64));                                      // N = 1
+  check_model(shape().heads(2).n(100).d(64).causal());                  // N below one tile
+  check_model(shape().batch(2).heads(4, 2).n(130, 67).d(64).causal());  // Nq > Nk: empty rows; GQA
+  check_model(shape().heads(2, 1).n(67, 300).d(64).causal());           // Nq < Nk, causal bottom-right
+  check_model(shape().heads(3, 1).n(257, 200).d(64), Dist::mean_shifted);  // MQA, not a multiple of the tile
+  check_model(shape().n(150).d(128).causal().dtype(DType::f16));
+}
+
+TEST_CASE("backward model: the counted traffic equals the formula, causal skipping cuts it") {
+  for (const Problem p : {shape().heads(2).n(300).d(64), shape().heads(2).n(300).d(64).causal(),
+                          shape().batch(2).heads(4, 2).n(200, 330).d(64).causal(), shape().heads(2, 1).n(70, 260).d(128)}) {
+    CAPTURE(p.describe());
+    const AttnInputs in = make_inputs(p, Dist::normal, 3, true);
+    const Fa3BackwardModelResult r = fa3_backward_model(p, in, kSm);
+    const Fa3BackwardTraffic f = fa3_backward_traffic(p);
+    CHECK(r.traffic.bytes_read == doctest::Approx(f.read()).epsilon(1e-12));
+    CHECK(r.traffic.bytes_written == doctest::Approx(f.write()).epsilon(1e-12));
+    CHECK(r.dq_add_bytes == doctest::Approx(f.dq_add).epsilon(1e-12));
+  }
+  // N = 1024, d = 64: 8 key blocks of 128 and 16 query blocks of 64. Without the mask each
+  // key block adds into all 16 dQ tiles (128 adds per head); with it, key block j into
+  // blocks 2j .. 15: 16 + 14 + ... + 2 = 72.
+  Problem p = shape().n(1024).d(64);
+  CHECK(fa3_backward_traffic(p).dq_add == doctest::Approx(128.0 * 2 * 64 * 64 * 4));
+  p.causal = true;
+  CHECK(fa3_backward_traffic(p).dq_add == doctest::Approx(72.0 * 2 * 64 * 64 * 4));
+}
+
+TEST_CASE("exercise ch05.5: a key block's walk starts at the first query block that sees it") {
+  for (const Problem p : {shape().n(1000).d(64).causal(), shape().n(300, 1000).d(64).causal(),
+                          shape().n(1000, 300).d(64).causal(), shape().n(129, 130).d(64).causal(),
+                          shape().n(700).d(64)}) {
+    CAPTURE(p.describe());
+    for (int col0 = 0; col0 < p.nk; col0 += kBwdBc) {
+      CAPTURE(col0);
+      CHECK(first_query_block(col0, kBwdBr, p.nq, p.nk, p.causal) == first_block_brute(col0, kBwdBr, kBwdBc, p));
+    }
+  }
+  // The walk that starts there is still correct (every skipped tile is fully masked).
+  check_model(shape().heads(2).n(400, 300).d(64).causal());
+}
