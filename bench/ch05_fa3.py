@@ -195,6 +195,9 @@ def main():
         best = max(bf16) if bf16 else None
         ratios = [f"{best / p[k]:.3f}x" if best and p.get(k) else "-" for k in ("cudnn", "fa4")]
         rows.append((label, gemm, p, steps, ratios))
+        print(f"# {label}: " + ", ".join(f"{k} {v:.1f}" for k, v in p.items() if v) + "; " +
+              ", ".join(f"{k} {t[0]:.1f}{'' if t[1] else ' FAIL'}" for k, t in sorted(steps.items(), key=lambda kv: step_key(kv[0]))
+                        if t[0] is not None), file=sys.stderr, flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(raw, f, indent=1)
