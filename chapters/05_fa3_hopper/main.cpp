@@ -120,8 +120,9 @@ int main(int argc, char** argv) {
   cli.add_flag("--no-backward", &no_backward, "skip the backward rows (steps b1, b2; dQ added in any order, then deterministically)");
   bool backward_only = false;
   cli.add_flag("--backward-only", &backward_only, "run the backward rows and no forward step (the backward still runs v8 for O and LSE)");
-  std::string bwd_step_text = "all";
-  cli.add_choice("--backward-step", &bwd_step_text, {"all", "1", "2"}, "run one backward step (b1, b2) or all");
+  std::string bwd_step_text = "auto";
+  cli.add_choice("--backward-step", &bwd_step_text, {"auto", "all", "1", "2"},
+                 "run one backward step (b1, b2) or all; auto: all with --step all, none with one forward step");
 
   return run_chapter(argc, argv, cli, [&](const Options& opt) {
     const Problem& p = opt.problem;
@@ -173,14 +174,15 @@ int main(int argc, char** argv) {
       rep.rows.push_back(row);
     }
     // The backward's fp64 oracle, once for the model row and the GPU rows.
-    const bool with_backward = !no_backward && backward_unsupported(p).empty();
+    if (bwd_step_text == "auto") bwd_step_text = step_text == "all" || backward_only ? "all" : "none";
+    const bool with_backward = !no_backward && bwd_step_text != "none" && backward_unsupported(p).empty();
     const bool run_backward_model = flops_backward(p) <= kModelFlopBudget || opt.device == DeviceChoice::cpu;
     std::optional<BackwardOracle> boracle;
     if (with_backward && (run_backward_model || dev))
       boracle.emplace(p, in, opt.check_all ? BackwardPlan::full(p) : BackwardPlan::sampled(p));
     if (boracle) rep.check_plan += "; backward: " + boracle->plan().describe(p);
     if (with_backward) add_backward_model_row(rep, p, in, run_backward_model ? &*boracle : nullptr);
-    else if (!no_backward) rep.notes.push_back("backward: not built for " + backward_unsupported(p) + ": not run");
+    else if (!no_backward && bwd_step_text != "none") rep.notes.push_back("backward: not built for " + backward_unsupported(p) + ": not run");
 
 #if TUTORIAL_HAVE_CUDA
     std::string why;
