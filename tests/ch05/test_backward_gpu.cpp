@@ -118,3 +118,10 @@ TEST_CASE("backward at the benchmark's shape (sampled KV groups)") {
     }
   }
 }
+
+TEST_CASE("backward sanitizer shape: every step and mode once, small") {
+  // What scripts run under compute-sanitizer: tails, empty rows, GQA, causal, both modes.
+  require_hopper();
+  for (BwdStep s : kAllBwdSteps)
+    for (bool det : {false, true}) check_backward(s, shape().heads(2, 1).n(200, 333).d(128).causal(), det);
+}
