@@ -45,6 +45,13 @@ class Peers:
             self.avail[p] = None
         try:
             from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+            # one compile per shape (dynamic=False); a sweep has more shapes than dynamo's default
+            # recompile limit (8), past which it would silently run FlexAttention unfused
+            import torch._dynamo
+            for knob in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
+                         "accumulated_recompile_limit"):
+                if hasattr(torch._dynamo.config, knob):
+                    setattr(torch._dynamo.config, knob, max(256, getattr(torch._dynamo.config, knob)))
             self._flex = torch.compile(flex_attention, dynamic=False)
             self._block_mask = create_block_mask
             self.avail["flex"] = None
