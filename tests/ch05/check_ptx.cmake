@@ -41,3 +41,13 @@ require(v10_tile_sizes.ptx "wgmma.mma_async.sync.aligned.m64n176k16;wgmma.mma_as
 require(v11_two_pipe_exp.ptx "wgmma.mma_async.sync.aligned.m64n176k16;wgmma.mma_async.sync.aligned.m64n80k16;ex2.approx")
 # v12: fp8 tensor cores as in v9.
 require(v12_fp8_two_pipes.ptx "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3;cvt.rn.satfinite.e4m3x2.f32;ex2.approx")
+# The backward. b1: all five products on wgmma (S^T and dP^T SS m64n64; dV, dK RS m64n128 at
+# d = 128; dQ with both operands transposed, m64n64 at d = 128 and m64n32 at d = 64), the
+# 1-D bulk copies of LSE and D, dQ's bulk reduce-add and its waits, the proxy fence, and the
+# deterministic mode's acquire/release counter.
+require(b1_wgmma_backward.ptx "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16;wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16;wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16;cp.async.bulk.tensor.3d;cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes;cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32;cp.async.bulk.commit_group;cp.async.bulk.wait_group.read 0;cp.async.bulk.wait_group 0;fence.proxy.async.shared::cta;ld.acquire.gpu")
+forbid(b1_wgmma_backward.ptx "setmaxnreg")
+forbid(b1_wgmma_backward.ptx "red.global.add.f32")
+forbid(b1_wgmma_backward.ptx "atom.global.add.f32")
+# b2: the same products and copies, warp-specialised (setmaxnreg, the ring's mbarriers, named barriers).
+require(b2_warp_specialized.ptx "wgmma.mma_async.sync.aligned.m64n64k16;cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32;setmaxnreg.inc.sync.aligned.u32 240;setmaxnreg.dec.sync.aligned.u32 24;mbarrier.try_wait.parity;mbarrier.arrive.expect_tx;bar.sync")
