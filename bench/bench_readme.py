@@ -6,9 +6,12 @@
     /usr/bin/python3 bench/bench_readme.py --check     exit 1 (with a diff) if any of them differs
                                                        from what the recorded run gives (CI runs this)
     ... --run bench/recorded/OTHER.json                use another recorded run (default: the newest)
+    /usr/bin/python3 bench/bench_readme.py --record LOG  copy a run (results.json, or a GPU log holding it
+                                                       on one line) to bench/recorded/<gpu>-<date>-<HHMM>.json,
+                                                       then --write
 
 The recorded run is a results.json written by `./tutorial bench` on a GPU, copied to
-bench/recorded/<gpu>-<date>.json. Sections are marked in a README as
+bench/recorded/<gpu>-<date>-<HHMM>.json (--record does it); the newest name is the named run. Sections are marked in a README as
 
     <!-- bench:lineage begin -->  ...  <!-- bench:lineage end -->     the lineage at a glance (root README)
     <!-- bench:ch04-fwd begin -->  ...  <!-- bench:ch04-fwd end -->   any table of results.md, by its name
@@ -96,19 +99,65 @@ def generate(run_path):
     return out
 
 
+def run_name(res):
+    """bench/recorded/<gpu>-<date>-<HHMM>.json for a results.json: "NVIDIA H200", 2026-12-01T12:50Z
+    -> h200-2026-12-01-1250.json (the newest run sorts last)."""
+    r = res.get("run", {})
+    gpu = re.sub(r"[^a-z0-9]+", "-", (r.get("gpu") or "gpu").lower().replace("nvidia", "")).strip("-") or "gpu"
+    date = r.get("date") or "0000-00-00T00:00Z"
+    return "%s-%s-%s.json" % (gpu, date[:10], date[11:16].replace(":", ""))
+
+
+def record(source):
+    """Copies a run into bench/recorded under run_name(). `source` is a results.json, or a GPU log
+    with the run's results.json on one line of its own."""
+    import json
+    text = open(source).read()
+    try:
+        res = json.loads(text)
+    except ValueError:
+        res = None
+        for line in text.splitlines():
+            line = line.strip()
+            if line.startswith("{") and '"rows"' in line and '"run"' in line:
+                res = json.loads(line)
+        if res is None:
+            sys.exit("bench_readme: no results.json in %s" % source)
+    for old in glob.glob(os.path.join(RECORDED, "*.json")):  # an older run named by its date only
+        if re.match(r"^.*-\d{4}-\d\d-\d\d\.json$", os.path.basename(old)):
+            new = os.path.join(RECORDED, run_name(read_json(old)))
+            os.rename(old, new)
+            print("renamed", os.path.relpath(old, ROOT), "->", os.path.relpath(new, ROOT))
+    path = os.path.join(RECORDED, run_name(res))
+    with open(path, "w") as f:
+        json.dump(res, f, indent=1)
+        f.write("\n")
+    print("recorded", os.path.relpath(path, ROOT))
+    return path
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     g = ap.add_mutually_exclusive_group(required=True)
     g.add_argument("--write", action="store_true")
     g.add_argument("--check", action="store_true")
+    g.add_argument("--record", metavar="RESULTS_OR_LOG",
+                   help="copy a run (its results.json, or a GPU log that holds it) into bench/recorded, then --write")
     ap.add_argument("--run", help="a recorded results.json (default: the newest in bench/recorded)")
     ap.add_argument("--no-plots", action="store_true", help="with --write: tables only")
     a = ap.parse_args()
+    if a.record:
+        a.run, a.write = record(a.record), True
     run_path = os.path.abspath(a.run or newest_run())
     if a.write and not a.no_plots:  # first: the README links the lineage picture when it exists
         import bench_plots
-        for p in bench_plots.draw_all(read_json(run_path), RECORDED):
+        drawn = bench_plots.draw_all(read_json(run_path), RECORDED)
+        for p in drawn:
             print("wrote", os.path.relpath(p, ROOT))
+        for p in glob.glob(os.path.join(RECORDED, "*.png")):  # a plot of an older run that this one lacks
+            if os.path.abspath(p) not in {os.path.abspath(x) for x in drawn}:
+                os.remove(p)
+                print("removed", os.path.relpath(p, ROOT))
     files = generate(run_path)
     if a.check:
         bad = 0

@@ -329,7 +329,10 @@ class Bench:
             kept = [int(nums[k].group(1)) for k in speeds if k not in slow] if all(nums.values()) else []
             if slow and kept and slow_s > (len(kept) - 1) * self.launch_cost(chapter):
                 pruned = True
-                runs = [args + ["--step", str(k)] + ([] if backward and k == kept[-1] else no_bwd)
+                # the backward runs with the last kept step (chapter 05 runs it beside one --step
+                # only when --backward-step asks)
+                bwd_all = ["--backward-step", "all"] if "--backward-step" in flags else []
+                runs = [args + ["--step", str(k)] + (bwd_all if backward and k == kept[-1] else no_bwd)
                         for k in kept]
                 for k in slow:
                     self.rows.append(self.base_row(chapter, k, "fwd", d, n, causal, status="not run",
