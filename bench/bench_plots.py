@@ -184,16 +184,25 @@ def fig_chapter(res, rows, chapter, pss, out_dir):
 
 
 def fig_chapter_bars(res, rows, chapter, pss, kernels, out_dir):
+    """One N: a panel per shape (head dim, mask, and chapter 06's variants and GQA groups), a bar per
+    kernel measured on it and per peer on the same shape."""
     all_k = bench_report.chapter_kernels(rows, chapter, pss)
     n = next(r["N"] for r in rows if r["kernel"] in kernels)
     mine = [r for r in rows if r.get("chapter") == chapter and r.get("pass") == pss and r.get("N") == n]
-    shapes = sorted({(r["d"], bool(r.get("causal"))) for r in mine})
-    fig, axes = plt.subplots(1, len(shapes), figsize=(max(9.5, 6.2 * len(shapes)),
-                                                      0.32 * (len(all_k) + len(PEERS)) + 1.8), squeeze=False)
+    shapes = sorted({(r["d"], bool(r.get("causal")), r.get("variant") or "", r.get("H"), r.get("Hkv")) for r in mine},
+                    key=lambda k: (k[2] != "", k[2], k[0], k[1], -(k[4] or 0)))
+    ncol = min(3, len(shapes)) if len(shapes) > 2 else len(shapes)
+    nrow = -(-len(shapes) // ncol)
+    nbars = max(len([k for k in all_k if any(r["kernel"] == k and r.get("variant", "") == sh[2] for r in mine)])
+                for sh in shapes) + len(PEERS)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(max(9.5, 6.2 * ncol), nrow * (0.32 * nbars + 1.3) + 0.5),
+                             squeeze=False)
     colors = kernel_colors(all_k, chapter)
     gemm = res.get("ceilings", {}).get("bf16_gemm_tflops")
-    for ax, (d, causal) in zip(axes[0], shapes):
-        f = lambda r: r.get("pass") == pss and r.get("N") == n and r.get("d") == d and bool(r.get("causal")) == causal  # noqa: E731
+    for ax, (d, causal, variant, h, hkv) in zip(axes.flat, shapes):
+        def f(r, d=d, causal=causal, variant=variant, hkv=hkv):
+            return (r.get("pass") == pss and r.get("N") == n and r.get("d") == d and bool(r.get("causal")) == causal
+                    and (r.get("variant") or "") == variant and r.get("Hkv") == hkv)
         ks = [k for k in all_k if any(r["kernel"] == k and f(r) and r.get("status") != "unsupported" for r in rows)]
         if ks:
             bar_panel(ax, rows, f, ks, colors, gemm)
@@ -203,11 +212,18 @@ def fig_chapter_bars(res, rows, chapter, pss, kernels, out_dir):
                     fontsize=9, color="#aa0000")
             ax.set_xticks([])
             ax.set_yticks([])
-        ax.set_title("d = %d, N = %s, %s" % (d, n_label(n), "causal" if causal else "not causal"), fontsize=10)
+        title = "d = %d, N = %s, %s" % (d, n_label(n), "causal" if causal else "not causal")
+        if variant:
+            title += ", " + variant
+        if h and hkv and h != hkv:
+            title += ", Hq/Hkv = %d/%d" % (h, hkv)
+        ax.set_title(title, fontsize=10)
+    for ax in list(axes.flat)[len(shapes):]:
+        ax.axis("off")
     title = {"fwd": "forward", "bwd": "backward"}[pss]
     fig.suptitle("Chapter %s, %s: every step and every peer, one run (B·N = 16K, H·d = 2048)" % (chapter, title),
                  fontsize=11)
-    fig.tight_layout(rect=(0, 0.4 / fig.get_size_inches()[1], 1, 0.95))
+    fig.tight_layout(rect=(0, 0.4 / fig.get_size_inches()[1], 1, 1 - 0.35 / fig.get_size_inches()[1]))
     footer(fig, res)
     path = os.path.join(out_dir, "tflops_ch%s_%s.png" % (chapter, pss))
     fig.savefig(path, dpi=110)

@@ -174,6 +174,36 @@ class Plots(unittest.TestCase):
                 self.assertGreater(os.path.getsize(p), 10000)
 
 
+    def test_variant_shapes_get_their_own_panels(self):
+        """Chapter 06's variants and GQA groups at one N: one bar panel each, never one bar for two."""
+        import bench_plots
+        res = load()
+        base = {"chapter": "06", "kind": "ours", "pass": "fwd", "d": 128, "N": 8192, "nk": 8192, "B": 2, "H": 16,
+                "dtype": "bf16", "unit": "TFLOP/s", "ceiling": "bf16_gemm", "status": "ok"}
+        res["rows"] += [dict(base, kernel="ch06 mask sm90a", Hkv=16, causal=False, variant="window", tflops=400.0),
+                        dict(base, kernel="ch06 mask sm90a", Hkv=16, causal=True, tflops=500.0),
+                        dict(base, kernel="ch06 gqa packed", Hkv=4, causal=True, tflops=550.0)]
+        rows = bench_report.enrich(res)
+        with tempfile.TemporaryDirectory() as d:
+            import matplotlib.pyplot as plt
+            made = []
+            real = plt.subplots
+
+            def spy(*a, **k):
+                fig, axes = real(*a, **k)
+                made.append(axes)
+                return fig, axes
+            bench_plots.plt.subplots = spy
+            try:
+                path = bench_plots.fig_chapter(res, rows, "06", "fwd", d)
+            finally:
+                bench_plots.plt.subplots = real
+            self.assertTrue(path and os.path.exists(path))
+            titles = [ax.get_title() for ax in made[0].flat if ax.get_title()]
+            self.assertEqual(len(titles), 3, titles)
+            self.assertTrue(any("window" in t for t in titles))
+            self.assertTrue(any("16/4" in t for t in titles))
+
     def test_plots_of_a_run_where_nothing_passed(self):
         import bench_plots
         res = load()
