@@ -494,6 +494,9 @@ class Bench:
         kv = h // 4 if sub == "gqa" else h
         args = [sub, "--n", str(n), "--batch", str(b), "--heads", str(h), "--kv-heads", str(kv), "--d", str(d),
                 "--device", "cuda", "--json"] + (["--causal"] if causal and sub == "gqa" else []) + list(extra)
+        if sub == "mla":  # DeepSeek-V3's head dims are fixed: a decode step of 4 sequences of 8K, 128 heads
+            args = ["mla", "--n", "1", "--nk", "8192", "--batch", "4", "--heads", "128", "--kv-heads", "128",
+                    "--device", "cuda", "--json"] + list(extra)
         st, rep, msg = self.bins[c].run(args, timeout=self.a.timeout)
         if st == "unsupported":  # the part has its own options: its default problem then
             st, rep, msg = self.bins[c].run([sub, "--device", "cuda", "--json"], timeout=self.a.timeout)
