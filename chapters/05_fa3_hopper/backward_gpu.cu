@@ -59,7 +59,9 @@ __global__ void postprocess(const Fa3BwdParams p) {
     const long long rowg = k / p.d;
     const int r = int(rowg % p.nq);
     const long long bh = rowg / p.nq;
-    static_cast<T*>(p.dq)[k] = T(p.scale * p.dq_accum[dq_accum_index(bh, r, c, p.n_qblocks, kBwdBr, p.d)]);
+    const long long at = p.dq_fragment_order ? dq_accum_fragment_index(bh, r, c, p.n_qblocks, kBwdBr, p.d)
+                                             : dq_accum_index(bh, r, c, p.n_qblocks, kBwdBr, p.d);
+    static_cast<T*>(p.dq)[k] = T(p.scale * p.dq_accum[at]);
   }
 }
 
@@ -67,6 +69,7 @@ PreparedStep prepare_step(BwdStep s, const BwdStepArgs& a) {
   switch (s) {
     case BwdStep::b1_wgmma: return b1::prepare(a);
     case BwdStep::b2_warp_specialized: return b2::prepare(a);
+    case BwdStep::b3_dq_fragment_order: return b3::prepare(a);
   }
   throw UsageError("unknown backward step");
 }
@@ -88,6 +91,7 @@ const char* bwd_step_name(BwdStep s) {
   switch (s) {
     case BwdStep::b1_wgmma: return "b1 wgmma backward";
     case BwdStep::b2_warp_specialized: return "b2 warp-specialised backward";
+    case BwdStep::b3_dq_fragment_order: return "b3 backward, dQ in fragment order";
   }
   return "?";
 }
@@ -145,6 +149,7 @@ GpuBackward fa3_backward_gpu(const Problem& p, const AttnInputs& in, BwdStep ste
   b.scale_log2 = float(p.softmax_scale() * kLog2e);
   b.causal = p.causal;
   b.deterministic = deterministic;
+  b.dq_fragment_order = step == BwdStep::b3_dq_fragment_order;
   const PreparedStep main_kernel = prepare_step(step, a);
 
   dq.poison();

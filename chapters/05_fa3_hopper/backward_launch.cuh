@@ -30,6 +30,7 @@ struct Fa3BwdParams {
   float scale_log2 = 0;        ///< tau log2(e)
   bool causal = false;
   bool deterministic = false;  ///< add dQ tiles in the order of the key blocks
+  bool dq_fragment_order = false;  ///< the accumulator's tiles in fragment order (b3), else by rows
 };
 
 struct BwdStepArgs {
@@ -44,5 +45,6 @@ struct BwdStepArgs {
 // One launcher per backward step (steps/bN_*.cu).
 namespace b1 { PreparedStep prepare(const BwdStepArgs& a); }
 namespace b2 { PreparedStep prepare(const BwdStepArgs& a); }
+namespace b3 { PreparedStep prepare(const BwdStepArgs& a); }
 
 }  // namespace attn::ch05

@@ -56,4 +56,15 @@ ATTN_HD long long dq_accum_index(long long bh, int row, int col, int n_qblocks, 
   return (((bh * n_qblocks + row / Br) * 2 + half) * Br + row % Br) * (d / 2) + col % (d / 2);
 }
 
+/// The same accumulator with each tile half in the order of the wgmma accumulator
+/// registers (step b3): float2 y (accumulators 2y, 2y + 1) of thread w of the warpgroup
+/// at (y x 128 + w) x 2. Thread w = 32 warp + 4 g + t holds rows 16 warp + g + 8h and
+/// columns 8c + 2t + e of its half as accumulator 4c + 2h + e.
+ATTN_HD long long dq_accum_fragment_index(long long bh, int row, int col, int n_qblocks, int Br, int d) {
+  const int half = col / (d / 2), r = row % Br, cl = col % (d / 2);
+  const int w = (r / 16) * 32 + (r % 8) * 4 + (cl % 8) / 2;  // the thread
+  const int y = 2 * (cl / 8) + (r % 16) / 8;                 // its float2
+  return ((bh * n_qblocks + row / Br) * 2 + half) * (long long)(Br * (d / 2)) + (y * 128 + w) * 2 + cl % 2;
+}
+
 }  // namespace attn::ch05

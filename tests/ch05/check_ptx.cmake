@@ -51,3 +51,7 @@ forbid(b1_wgmma_backward.ptx "red.global.add.f32")
 forbid(b1_wgmma_backward.ptx "atom.global.add.f32")
 # b2: the same products and copies, warp-specialised (setmaxnreg, the ring's mbarriers, named barriers).
 require(b2_warp_specialized.ptx "wgmma.mma_async.sync.aligned.m64n64k16;cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32;setmaxnreg.inc.sync.aligned.u32 240;setmaxnreg.dec.sync.aligned.u32 24;mbarrier.try_wait.parity;mbarrier.arrive.expect_tx;bar.sync")
+# v13: the producer takes tiles from a global counter (an atomic add), hands them over through mbarriers.
+require(v13_dynamic_tiles.ptx "atom.global.add;mbarrier.try_wait.parity;wgmma.mma_async.sync.aligned.m64n176k16")
+# b3: b2 with dQ's tile in fragment order (the same instructions).
+require(b3_dq_fragment_order.ptx "wgmma.mma_async.sync.aligned.m64n64k16;cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32;setmaxnreg.inc.sync.aligned.u32 240")

@@ -71,6 +71,16 @@ TEST_CASE("backward b2 (warp-specialised) at awkward shapes, d = 64 and 128, bf1
   }
 }
 
+TEST_CASE("backward b3 (dQ in fragment order) at awkward shapes, d = 64 and 128, bf16 and fp16") {
+  require_hopper();
+  for (int d : {64, 128}) {
+    CAPTURE(d);
+    awkward_shapes(BwdStep::b3_dq_fragment_order, d, DType::bf16, false);
+    check_backward(BwdStep::b3_dq_fragment_order, shape().heads(2).n(200, 333).d(d).causal().dtype(DType::f16), false);
+    check_backward(BwdStep::b3_dq_fragment_order, shape().n(256).d(d).dtype(DType::f16), false, Dist::outliers);
+  }
+}
+
 TEST_CASE("backward, deterministic mode: correct at awkward shapes") {
   require_hopper();
   for (BwdStep s : kAllBwdSteps)

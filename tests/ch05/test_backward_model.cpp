@@ -3,6 +3,9 @@
 // see a key block.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "chapters/05_fa3_hopper/backward_model.hpp"
 #include "chapters/05_fa3_hopper/backward_tiles.hpp"
 #include "common/check.hpp"
@@ -67,6 +70,39 @@ TEST_CASE("backward model: the counted traffic equals the formula, causal skippi
   CHECK(fa3_backward_traffic(p).dq_add == doctest::Approx(128.0 * 2 * 64 * 64 * 4));
   p.causal = true;
   CHECK(fa3_backward_traffic(p).dq_add == doctest::Approx(72.0 * 2 * 64 * 64 * 4));
+}
+
+TEST_CASE("both dQ accumulator layouts place every element of a tile exactly once") {
+  for (int d : {64, 128}) {
+    CAPTURE(d);
+    const int nqb = 3, tile = kBwdBr * d;
+    for (bool frag : {false, true}) {
+      CAPTURE(frag);
+      std::vector<int> seen(std::size_t(2) * nqb * tile, 0);
+      for (int bh = 0; bh < 2; ++bh)
+        for (int row = 0; row < nqb * kBwdBr; ++row)
+          for (int col = 0; col < d; ++col) {
+            const long long at = frag ? dq_accum_fragment_index(bh, row, col, nqb, kBwdBr, d)
+                                      : dq_accum_index(bh, row, col, nqb, kBwdBr, d);
+            REQUIRE(at >= 0);
+            REQUIRE(at < (long long)seen.size());
+            // inside its own tile half: the one contiguous run that one reduce-add covers
+            const long long half = ((bh * nqb + row / kBwdBr) * 2 + col / (d / 2)) * (tile / 2);
+            CHECK((at >= half && at < half + tile / 2));
+            ++seen[std::size_t(at)];
+          }
+      CHECK(std::count(seen.begin(), seen.end(), 1) == (long)seen.size());
+    }
+  }
+  // Fragment order: thread w = 32 warp + 4 g + t writes float2 y at (128 y + w) x 2, the
+  // accumulators (4c + 2h, 4c + 2h + 1) of rows 16 warp + g + 8h, columns 8c + 2t.
+  CHECK(dq_accum_fragment_index(0, 0, 0, 1, kBwdBr, 128) == 0);
+  CHECK(dq_accum_fragment_index(0, 0, 1, 1, kBwdBr, 128) == 1);
+  CHECK(dq_accum_fragment_index(0, 0, 2, 1, kBwdBr, 128) == 2);      // t = 1: the next thread
+  CHECK(dq_accum_fragment_index(0, 1, 0, 1, kBwdBr, 128) == 8);      // g = 1: thread 4
+  CHECK(dq_accum_fragment_index(0, 8, 0, 1, kBwdBr, 128) == 256);    // h = 1: float2 y = 1
+  CHECK(dq_accum_fragment_index(0, 16, 0, 1, kBwdBr, 128) == 64);    // warp 1: thread 32
+  CHECK(dq_accum_fragment_index(0, 0, 64, 1, kBwdBr, 128) == 64 * 64);  // the second half
 }
 
 TEST_CASE("exercise ch05.5: a key block's walk starts at the first query block that sees it") {

@@ -1,9 +1,11 @@
-// Chapter 05, backward step 1 of 2: all five products of the backward on wgmma.
+// Chapter 05, backward step 1 of 3: all five products of the backward on wgmma.
 //
 //   > b1  wgmma backward: S^T, dP^T, dV, dK and dQ on wgmma; TMA loads; dQ through shared
 //         memory and one bulk reduce-add per tile
 //     b2  warp specialisation: a producer warpgroup feeds Q_i, dO_i, LSE_i, D_i through a
 //         ring of full/empty mbarriers; the consumers never stop for __syncthreads()
+//     b3  dQ in fragment order: each thread's dQ registers go to shared memory (and the
+//         accumulator) in the wgmma accumulator's order, with no bank conflict
 //
 // FA2's Algorithm 2, as chapter 04's backward.cu runs it, with Hopper's machinery. What
 // changes from chapter 04's last backward (chapters/04_fa2/backward.cu, fa2_bwd_main):

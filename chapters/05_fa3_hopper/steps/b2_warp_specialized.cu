@@ -1,9 +1,11 @@
-// Chapter 05, backward step 2 of 2: warp specialisation.
+// Chapter 05, backward step 2 of 3: warp specialisation.
 //
 //     b1  wgmma backward: S^T, dP^T, dV, dK and dQ on wgmma; TMA loads; dQ through shared
 //         memory and one bulk reduce-add per tile
-//   > b2  warp specialisation: a producer warpgroup feeds Q_i, dO_i, LSE_i, D_i through a
+//     b2  warp specialisation: a producer warpgroup feeds Q_i, dO_i, LSE_i, D_i through a
 //         ring of full/empty mbarriers; the consumers never stop for __syncthreads()
+//     b3  dQ in fragment order: each thread's dQ registers go to shared memory (and the
+//         accumulator) in the wgmma accumulator's order, with no bank conflict
 //
 // What changes from b1. A third warpgroup joins, and it only moves data, as in the
 // forward's v3:
@@ -375,7 +377,7 @@ PreparedStep prepare_d(const BwdStepArgs& a) {
   s.smem_bytes = Plan::kBytes;
   s.launch = [=] {
     kernel<T, D><<<grid, kThreads, Plan::kBytes>>>(tq, tk, tv, tdo, params);
-    CUDA_CHECK_LAUNCH("backward b1");
+    CUDA_CHECK_LAUNCH("backward b2");
   };
   return s;
 }
@@ -386,7 +388,7 @@ PreparedStep prepare_t(const BwdStepArgs& a) {
     case 64: return prepare_d<T, 64>(a);
     case 128: return prepare_d<T, 128>(a);
   }
-  throw UsageError("backward b1: head dim " + std::to_string(a.problem.d) + " not built (64, 128)");
+  throw UsageError("backward b2: head dim " + std::to_string(a.problem.d) + " not built (64, 128)");
 }
 
 }  // namespace
