@@ -8,6 +8,7 @@
 #include <iostream>
 
 #include "chapters/06_variants/masks/mask_gpu.hpp"
+#include "chapters/06_variants/masks/mask_model.hpp"
 #include "chapters/06_variants/masks/mask_spec.hpp"
 #include "common/check.hpp"
 #include "common/device.hpp"
@@ -75,18 +76,25 @@ void check_forward(GpuPath path, const MaskSpec& s, const Problem& user, Dist di
   CHECK_MESSAGE(c.pass(), c.failures());
 }
 
-void check_backward(const MaskSpec& s, const Problem& user, Dist dist = Dist::normal) {
+void check_backward(const MaskSpec& s, const Problem& user, Dist dist = Dist::normal, bool deterministic = false) {
   CAPTURE(s.describe());
   CAPTURE(user.describe());
+  CAPTURE(deterministic);
   const Inputs x = inputs(s, user, dist);
   const auto mod = reference_mod(s, x.p);
   const BackwardOracle oracle(x.p, x.in, BackwardPlan::full(x.p), mod.get());
   const GpuMaskForward f = mask_forward_gpu(x.p, s, x.L, x.lin, GpuPath::sm80, false);
-  const GpuMaskBackward g = mask_backward_gpu(x.p, s, x.L, x.lin, f.o, f.lse, false);
+  const GpuMaskBackward g = mask_backward_gpu(x.p, s, x.L, x.lin, f.o, f.lse, false, deterministic);
   const CheckResult c = oracle.judge(from_layout(g.dq, x.p.heads, x.p.nq, x.p.d, x.L.packed),
                                      from_layout(g.dk, x.p.kv_heads, x.p.nk, x.p.d, x.L.packed),
                                      from_layout(g.dv, x.p.kv_heads, x.p.nk, x.p.dv, x.L.packed));
   CHECK_MESSAGE(c.pass(), c.failures());
+  if (deterministic) {  // a second run gives the same bits (dK, dV never had atomics; dQ no longer has)
+    const GpuMaskBackward g2 = mask_backward_gpu(x.p, s, x.L, x.lin, f.o, f.lse, false, true);
+    CHECK(g2.dq == g.dq);
+    CHECK(g2.dk == g.dk);
+    CHECK(g2.dv == g.dv);
+  }
 }
 
 /// Every variant at the awkward shapes: batches and GQA, N not a multiple of any tile,
@@ -125,6 +133,51 @@ TEST_CASE("backward: every variant passes the fp64 reference at awkward shapes")
   every_variant([](const MaskSpec& s, const Problem& p, Dist d) { check_backward(s, p, d); });
 }
 
+TEST_CASE("backward, deterministic dQ: every variant passes the fp64 reference, and two runs agree bit for bit") {
+  require_path(GpuPath::backward);
+  every_variant([](const MaskSpec& s, const Problem& p, Dist d) { check_backward(s, p, d, true); });
+}
+
+TEST_CASE("backward: the learnable sink's gradient on the GPU matches the CPU model's") {
+  require_path(GpuPath::backward);
+  // The model's dsink is checked against a finite difference of the fp64 reference
+  // (test_masks.cpp); here the GPU's, from its own bf16 O and LSE, against it.
+  for (const Problem user : {Problem(shape().batch(2).heads(4, 2).n(200).d(128)), Problem(shape().heads(2).n(300, 130).d(128))})
+    for (const bool causal : {false, true}) {
+      const MaskSpec s = spec_of(MaskKind::learned_sink, user, causal);
+      CAPTURE(s.describe());
+      CAPTURE(user.describe());
+      const Inputs x = inputs(s, user, Dist::normal);
+      const BlockMap map = build_block_map(s, x.p, kModelBr, kModelBc);
+      const MaskForwardResult mf = mask_forward_model(x.p, s, x.L, x.lin, map, 224 * 1024);
+      const MaskBackwardResult mb = mask_backward_model(x.p, s, x.L, x.lin, mf.o, mf.lse, map, 224 * 1024);
+      const GpuMaskForward f = mask_forward_gpu(x.p, s, x.L, x.lin, GpuPath::sm80, false);
+      const GpuMaskBackward g = mask_backward_gpu(x.p, s, x.L, x.lin, f.o, f.lse, false);
+      const GpuMaskBackward gd = mask_backward_gpu(x.p, s, x.L, x.lin, f.o, f.lse, false, true);
+      REQUIRE(g.dsink.size() == std::size_t(x.p.heads));
+      REQUIRE(mb.dsink.size() == std::size_t(x.p.heads));
+      for (int h = 0; h < x.p.heads; ++h) {
+        // The scale of the sum: sum_i |e^(sink - LSE_i) D_i| over the model's rows.
+        double scale = 0;
+        for (int b = 0; b < x.p.batch; ++b)
+          for (int i = 0; i < x.p.nq; ++i) {
+            double d = 0;
+            for (int c = 0; c < x.p.dv; ++c)
+              d += double(x.in.dout[x.p.o_off(b, h) + std::size_t(i) * x.p.dv + c]) *
+                   mf.o[x.p.o_off(b, h) + std::size_t(i) * x.p.dv + c];
+            scale += std::exp(double(s.sink_logits[h]) - mf.lse[x.p.lse_off(b, h) + i]) * std::abs(d);
+          }
+        CAPTURE(h);
+        CAPTURE(mb.dsink[h]);
+        CAPTURE(scale);
+        CHECK(std::isfinite(g.dsink[h]));
+        CHECK(std::abs(g.dsink[h] - mb.dsink[h]) <= 0.01 * scale + 1e-6);
+        CHECK(scale > 1e-3);
+        CHECK(gd.dsink[h] == g.dsink[h]);  // a fixed-order sum, whatever the dQ path
+      }
+    }
+}
+
 TEST_CASE("GPU edge cases: window 0, a window wider than the sequence, 1000 documents, empty rows") {
   require_path(GpuPath::sm80);
   std::string why;
@@ -144,6 +197,7 @@ TEST_CASE("GPU edge cases: window 0, a window wider than the sequence, 1000 docu
     check_forward(GpuPath::sm80, s, prob);
     if (hopper) check_forward(GpuPath::sm90a, s, prob);
     check_backward(s, prob);
+    check_backward(s, prob, Dist::normal, true);
   }
   // Empty rows (Nq > Nk, causal): O = 0, LSE = -inf, dQ = 0 exactly.
   const Problem e = masked_problem(shape().heads(2).n(300, 130).d(128));
@@ -151,6 +205,7 @@ TEST_CASE("GPU edge cases: window 0, a window wider than the sequence, 1000 docu
   const Inputs x = inputs(c, e, Dist::normal);
   const GpuMaskForward f = mask_forward_gpu(x.p, c, x.L, x.lin, GpuPath::sm80, false);
   const GpuMaskBackward g = mask_backward_gpu(x.p, c, x.L, x.lin, f.o, f.lse, false);
+  const GpuMaskBackward gd = mask_backward_gpu(x.p, c, x.L, x.lin, f.o, f.lse, false, true);
   int bad = 0;
   for (int h = 0; h < e.heads; ++h)
     for (int i = 0; i < e.nq - e.nk; ++i) {
@@ -159,6 +214,7 @@ TEST_CASE("GPU edge cases: window 0, a window wider than the sequence, 1000 docu
       for (int k = 0; k < e.d; ++k) {
         bad += f.o[e.o_off(0, h) + std::size_t(i) * e.dv + k] != 0.f;
         bad += g.dq[e.q_off(0, h) + std::size_t(i) * e.d + k] != 0.f;
+        bad += gd.dq[e.q_off(0, h) + std::size_t(i) * e.d + k] != 0.f;
       }
     }
   CHECK(bad == 0);

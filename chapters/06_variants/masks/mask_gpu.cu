@@ -119,8 +119,11 @@ GpuMaskForward mask_forward_gpu(const Problem& p, const MaskSpec& s, const Token
 }
 
 GpuMaskBackward mask_backward_gpu(const Problem& p, const MaskSpec& s, const TokenLayout& layout, const AttnInputs& in,
-                                  const std::vector<float>& o_host, const std::vector<float>& lse_host, bool time) {
+                                  const std::vector<float>& o_host, const std::vector<float>& lse_host, bool time,
+                                  bool deterministic) {
   const BlockMap map = build_block_map(s, p, backward_mask::Br, backward_mask::Bc);
+  // The deterministic dQ kernel walks key blocks of 64 per query block of 64: the forward lists of its own map.
+  const BlockMap dq_map = deterministic ? build_block_map(s, p, backward_mask::Br, backward_mask::DqBc) : BlockMap{};
   const DeviceTensor q = DeviceTensor::from_host(in.q, p.dtype), k = DeviceTensor::from_host(in.k, p.dtype),
                      v = DeviceTensor::from_host(in.v, p.dtype), dout = DeviceTensor::from_host(in.dout, p.dtype),
                      o = DeviceTensor::from_host(o_host, p.dtype);
@@ -132,7 +135,11 @@ GpuMaskBackward mask_backward_gpu(const Problem& p, const MaskSpec& s, const Tok
   dv.poison();
   dq_acc.poison();  // the preprocess kernel must zero it
   const DeviceMap dmap = upload_map(map, true);
+  const DeviceMap dqmap = deterministic ? upload_map(dq_map, false) : DeviceMap{};
   const DevicePolicyData pd = upload_policy_data(s);
+  const bool sink = s.kind == MaskKind::learned_sink;
+  DeviceBuffer<float> dsink(std::max(1, sink ? p.heads : 1));
+  if (sink) dsink.poison();
   BwdParams b{};
   b.q = q.data(), b.k = k.data(), b.v = v.data(), b.o = o.data(), b.dout = dout.data(), b.lse = lse.get();
   b.dq = dq.data(), b.dk = dk.data(), b.dv = dv.data(), b.dq_accum = dq_acc.get(), b.delta = delta.get();
@@ -141,6 +148,9 @@ GpuMaskBackward mask_backward_gpu(const Problem& p, const MaskSpec& s, const Tok
   b.scale_log2 = float(p.softmax_scale() * kLog2e);
   b.sq = dev(layout.q), b.sk = dev(layout.k), b.sv = dev(layout.v), b.so = dev(layout.o);
   b.map = dmap.view(map, true);
+  if (deterministic) b.dq_map = dqmap.view(dq_map, false);
+  b.deterministic = deterministic;
+  b.dsink = sink ? dsink.get() : nullptr;
   auto run = [&] {
     if (!backward_mask::launch(b, s, p, pd.view(), 0)) throw std::runtime_error("no masked backward for this problem");
   };
@@ -151,6 +161,7 @@ GpuMaskBackward mask_backward_gpu(const Problem& p, const MaskSpec& s, const Tok
   r.dq = dq.to_host();
   r.dk = dk.to_host();
   r.dv = dv.to_host();
+  if (sink) r.dsink = dsink.download();
   if (time) r.time_ms = time_gpu(run).median_ms;
   return r;
 }

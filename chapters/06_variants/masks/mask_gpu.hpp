@@ -32,6 +32,7 @@ struct GpuMaskForward {
 };
 struct GpuMaskBackward {
   std::vector<float> dq, dk, dv;
+  std::vector<float> dsink;  ///< learned sink: dLoss/dsink_h per head (empty otherwise)
   double time_ms = 0;
 };
 
@@ -43,7 +44,10 @@ int hopper_tile_keys();
 GpuMaskForward mask_forward_gpu(const Problem& p, const MaskSpec& s, const TokenLayout& layout, const AttnInputs& in,
                                 GpuPath path, bool time);
 /// Backward on the GPU from the forward's O and LSE.
+/// `deterministic`: dQ from chapter 04's fixed-order dQ kernel instead of fp32 atomics
+/// (the same bits on every run).
 GpuMaskBackward mask_backward_gpu(const Problem& p, const MaskSpec& s, const TokenLayout& layout, const AttnInputs& in,
-                                  const std::vector<float>& o, const std::vector<float>& lse, bool time);
+                                  const std::vector<float>& o, const std::vector<float>& lse, bool time,
+                                  bool deterministic = false);
 
 }  // namespace attn::ch06

@@ -65,6 +65,9 @@ struct BwdParams {
   float scale, scale_log2;
   DevStrides sq, sk, sv, so;
   DevMap map;  ///< query blocks of each key block (the transposed lists)
+  DevMap dq_map;  ///< deterministic dQ: key blocks of each query block (forward lists, Br x DqBc)
+  bool deterministic = false;  ///< dQ from fa2_bwd_dq (fixed order, no atomics) instead of atomics
+  float* dsink = nullptr;      ///< learned sink: dLoss/dsink_h, [H] (written when the policy has one)
 };
 
 /// The launchers of each step: one instantiation per policy, d = 128, bf16.
@@ -83,6 +86,7 @@ constexpr int Br = 128, Bc = 128;
 namespace backward_mask {
 bool launch(const BwdParams& p, const MaskSpec& s, const Problem& prob, const PolicyData& d, cudaStream_t st);
 constexpr int Br = 64, Bc = 128;
+constexpr int DqBc = 64;  ///< keys per step of the deterministic dQ kernel (chapter 04's)
 }  // namespace backward_mask
 
 }  // namespace attn::ch06

@@ -229,11 +229,26 @@ void run_variant(const MaskSpec& spec, const Problem& user, const Options& opt, 
       }
       if (path == GpuPath::backward) {
         const GpuMaskForward f = mask_forward_gpu(p, spec, layout, lin, GpuPath::sm80, /*time=*/false);
-        const GpuMaskBackward g = mask_backward_gpu(p, spec, layout, lin, f.o, f.lse, !a.no_time);
-        row.set_check(boracle->judge(from_layout(g.dq, p.heads, p.nq, p.d, layout.packed),
-                                    from_layout(g.dk, p.kv_heads, p.nk, p.d, layout.packed),
-                                    from_layout(g.dv, p.kv_heads, p.nk, p.dv, layout.packed)));
-        if (!a.no_time) row.set_time(g.time_ms);
+        // Two rows: dQ by fp32 atomics, and by chapter 04's deterministic dQ kernel.
+        for (const bool det : {false, true}) {
+          ResultRow br = row;
+          if (det) br.impl = name + ": backward, deterministic dQ";
+          const GpuMaskBackward g = mask_backward_gpu(p, spec, layout, lin, f.o, f.lse, !a.no_time, det);
+          br.set_check(boracle->judge(from_layout(g.dq, p.heads, p.nq, p.d, layout.packed),
+                                     from_layout(g.dk, p.kv_heads, p.nk, p.d, layout.packed),
+                                     from_layout(g.dv, p.kv_heads, p.nk, p.dv, layout.packed)));
+          if (!a.no_time) br.set_time(g.time_ms);
+          if (!g.dsink.empty()) {
+            std::string d = "dLoss/dsink_h (GPU):";
+            for (std::size_t h = 0; h < g.dsink.size() && h < 4; ++h) d += " " + fmt("%.4g", g.dsink[h]);
+            br.note = d + (g.dsink.size() > 4 ? " ..." : "");
+          }
+          if (!det) {
+            rep.rows.push_back(br);
+          } else {
+            row = br;
+          }
+        }
       } else {
         const GpuMaskForward f = mask_forward_gpu(p, spec, layout, lin, path, !a.no_time);
         row.set_check(oracle.judge(from_layout(f.o, p.heads, p.nq, p.dv, layout.packed), &f.lse));

@@ -15,8 +15,11 @@
 //      1 - tanh^2(tau S / cap). A learnable sink needs nothing here: the forward's
 //      LSE already contains it, and it has no value row.
 //   4. Strided rows (the packed varlen layout) in every load and store.
-//   5. Only the atomic-dQ path; chapter 04's deterministic dQ kernel is left out (it
-//      would need the forward lists too), and only d = 128, bf16.
+//   5. Chapter 04's deterministic dQ kernel (fa2_bwd_dq) walks the forward lists of a
+//      second map (query blocks of 64 x key blocks of 64): the key blocks of its query
+//      block, partial first, with the same policy. Only d = 128, bf16.
+//   6. With Policy::kSink, fa2_bwd_sink: dLoss/dsink_h = -sum_i 2^(sink_h - LSE_i) D_i
+//      (one block per head, a fixed-order sum), from the preprocess's D_i.
 //
 // Chapter 04's description of the kernels:
 //
@@ -76,6 +79,9 @@ static_assert(Br == 64, "queries per step");
 constexpr int kPrepThreads = 256;  // fa2_bwd_preprocess: one warp per row, 8 rows per block
 constexpr int kConvertThreads = 256, kConvertBlocks = 1024;  // fa2_bwd_convert: a grid-stride loop,
                                                               // ~8 blocks per SM of an H100/H200
+constexpr int kDqThreads = 128;  // fa2_bwd_dq: 4 warps
+constexpr int kDqBc = DqBc;      // keys per K/V step of fa2_bwd_dq (mask_kernels.cuh)
+constexpr int kSinkThreads = 256;  // fa2_bwd_sink
 
 /// dst[0..1] += (a, b): one 8-byte atomic on sm_90, two 4-byte ones before it.
 __device__ __forceinline__ void atomic_add2(float* dst, float a, float b) {
@@ -358,6 +364,146 @@ __global__ void __launch_bounds__(kMainThreads) fa2_bwd_main(const BwdParams p, 
   }
 }
 
+/// Deterministic dQ: one thread block per (Q block, query head), the key blocks of the
+/// forward lists in a fixed order, dQ_i accumulated in registers and written once. 4 warps
+/// x 16 query rows (chapter 04's fa2_bwd_dq with the policy).
+template <class T, int D, class Policy>
+__global__ void __launch_bounds__(kDqThreads) fa2_bwd_dq(const BwdParams p, const Policy pol) {
+  constexpr int KC = D / 8, DT = D / 8, Bc = kDqBc, kThreads = kDqThreads;
+  extern __shared__ __align__(128) unsigned char smem[];  // Q_i, dO_i [Br][D]; K_j, V_j [Bc][D]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int i = blockIdx.x, bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
+  const int hk = kv_head_of(h, p.heads, p.kv_heads);
+  const int row0 = i * Br;
+  const T* K = static_cast<const T*>(p.k) + p.sk.at(b, hk);
+  const T* V = static_cast<const T*>(p.v) + p.sv.at(b, hk);
+  const int owner = p.dq_map.owner(b, h, i), n_part = p.dq_map.n_part[owner];
+  const int n_blocks = n_part + p.dq_map.n_full[owner];
+  const int* part = p.dq_map.part + std::size_t(owner) * p.dq_map.inner;
+  const int* full = p.dq_map.full + std::size_t(owner) * p.dq_map.inner;
+
+  const uint32_t base = smem_u32(smem);
+  constexpr uint32_t oQ = 0, odO = Br * D * 2, oK = 2 * Br * D * 2, oV = oK + Bc * D * 2;
+  load_tile_ld<Br, D, kThreads>(base + oQ, static_cast<const T*>(p.q) + p.sq.at(b, h), row0, p.nq, p.sq.row);
+  load_tile_ld<Br, D, kThreads>(base + odO, static_cast<const T*>(p.dout) + p.so.at(b, h), row0, p.nq, p.so.row);
+  cp_async_commit();
+  const SwizzledLane<KC> rowA(base, warp * 16 + lane % 16, lane / 16);             // Q_i, dO_i rows of this warp
+  const SwizzledLane<KC> colB(base, (lane / 16) * 8 + lane % 8, (lane / 8) % 2);   // K_j^T, V_j^T
+  const SwizzledLane<KC> transB(base, lane % 8 + ((lane / 8) % 2) * 8, lane / 16);  // K_j
+
+  float lse2[2], delta[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + warp * 16 + g + 8 * r;
+    lse2[r] = lse_log2(p.lse + std::size_t(bh) * p.nq, row, p.nq);
+    delta[r] = row < p.nq ? p.delta[std::size_t(bh) * p.nq + row] : 0.f;
+  }
+  float dq[DT][4];
+#pragma unroll
+  for (int dt = 0; dt < DT; ++dt) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.f;
+
+  for (int n = 0; n < n_blocks; ++n) {
+    const int j = n < n_part ? part[n] : full[n - n_part];
+    __syncthreads();  // every warp is done with K_{j-1}, V_{j-1}
+    load_tile_ld<Bc, D, kThreads>(base + oK, K, j * Bc, p.nk, p.sk.row);
+    load_tile_ld<Bc, D, kThreads>(base + oV, V, j * Bc, p.nk, p.sv.row);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    float s[8][4], dp[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t aq[4], ao[4];
+      ldmatrix_x4(aq, rowA.at(0, 2 * kk) + oQ);
+      ldmatrix_x4(ao, rowA.at(0, 2 * kk) + odO);
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t bk[4], bv[4];
+        ldmatrix_x4(bk, colB.at(np * 16, 2 * kk) + oK);
+        ldmatrix_x4(bv, colB.at(np * 16, 2 * kk) + oV);
+        mma_m16n8k16<T>(s[2 * np], aq, bk[0], bk[1]);
+        mma_m16n8k16<T>(s[2 * np + 1], aq, bk[2], bk[3]);
+        mma_m16n8k16<T>(dp[2 * np], ao, bv[0], bv[1]);
+        mma_m16n8k16<T>(dp[2 * np + 1], ao, bv[2], bv[3]);
+      }
+    }
+    // P = 2^(score(S tau) log2e - LSE_i log2e), dS = P o (dP - D_i) o score'; the mask on
+    // the map's partial blocks only, as in fa2_bwd_main.
+    const int col0 = j * Bc;
+    const bool masked = n < n_part;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = col0 + nt * 8 + 2 * t + (e % 2), row = row0 + warp * 16 + g + 8 * (e / 2);
+        float pv, dmod = 1.f;
+        if constexpr (Policy::kScore) {
+          pv = exp2_approx(pol.score(s[nt][e] * p.scale, b, h, row, key) * float(kLog2e) - lse2[e / 2]);
+          dmod = pol.dscore(s[nt][e] * p.scale, b, h, row, key);
+        } else {
+          pv = exp2_approx(fmaf(s[nt][e], p.scale_log2, -lse2[e / 2]));
+        }
+        if (masked) {
+          if (key >= p.nk || row >= p.nq || !pol.keep(b, h, row, key)) pv = 0.f;
+        }
+        s[nt][e] = pv * (dp[nt][e] - delta[e / 2]) * dmod;  // dS
+      }
+#pragma unroll
+    for (int kk = 0; kk < Bc / 16; ++kk) {
+      uint32_t a[4];
+      a[0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+      a[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+      a[2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      a[3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+      for (int dp2 = 0; dp2 < DT / 2; ++dp2) {
+        uint32_t bk[4];
+        ldmatrix_x4_trans(bk, transB.at(kk * 16, 2 * dp2) + oK);
+        mma_m16n8k16<T>(dq[2 * dp2], a, bk[0], bk[1]);
+        mma_m16n8k16<T>(dq[2 * dp2 + 1], a, bk[2], bk[3]);
+      }
+    }
+  }
+  cp_async_wait<0>();
+  T* dQ = static_cast<T*>(p.dq) + p.sq.at(b, h);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + warp * 16 + g + 8 * r;
+    if (row >= p.nq) continue;
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+      *reinterpret_cast<uint32_t*>(dQ + row * p.sq.row + dt * 8 + 2 * t) =
+          pack2<T>(p.scale * dq[dt][2 * r], p.scale * dq[dt][2 * r + 1]);
+  }
+}
+
+/// The learnable sink's gradient: the sink is one more score with no value row, so
+/// dLoss/dsink_h = sum_i P_sink,i (0 - D_i) = -sum_i e^(sink_h - LSE_i) D_i, over every
+/// batch and row of head h. One block per head; each thread sums rows in a fixed order,
+/// then a fixed-shape tree: the same bits on every run.
+template <class Policy>
+__global__ void __launch_bounds__(kSinkThreads) fa2_bwd_sink(const BwdParams p, const Policy pol) {
+  __shared__ float part[kSinkThreads];
+  const int h = blockIdx.x;
+  const float sink = pol.sink(h);
+  float acc = 0.f;
+  for (int r = threadIdx.x; r < p.batch * p.nq; r += kSinkThreads) {
+    const std::size_t row = (std::size_t(r / p.nq) * p.heads + h) * p.nq + r % p.nq;
+    acc += __expf(sink - p.lse[row]) * p.delta[row];  // LSE >= sink: never above 1
+  }
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (int w = kSinkThreads / 2; w > 0; w /= 2) {
+    if (threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) p.dsink[h] = -part[0];
+}
+
 template <class T>
 __global__ void fa2_bwd_convert(const BwdParams p) {
   const std::size_t n = std::size_t(p.batch) * p.heads * p.nq * p.d;
@@ -367,18 +513,28 @@ __global__ void fa2_bwd_convert(const BwdParams p) {
 
 template <class T, int D, class Policy>
 void launch_all(const BwdParams& p, const Policy& pol, cudaStream_t s) {
+  const bool deterministic = p.deterministic;
   const std::size_t rows = std::size_t(p.batch) * p.heads * p.nq;
   constexpr int kPrepRows = kPrepThreads / 32;  // rows per preprocess block
-  fa2_bwd_preprocess<T><<<unsigned((rows + kPrepRows - 1) / kPrepRows), kPrepThreads, 0, s>>>(p, true);
+  fa2_bwd_preprocess<T><<<unsigned((rows + kPrepRows - 1) / kPrepRows), kPrepThreads, 0, s>>>(p, !deterministic);
+  if constexpr (Policy::kSink) {
+    if (p.dsink) fa2_bwd_sink<Policy><<<p.heads, kSinkThreads, 0, s>>>(p, pol);
+  }
   constexpr int main_smem = (2 * kBcMain + 2 * Br) * D * 2 + kBcMain * Br * 2 + 2 * Br * 4;
+  constexpr int dq_smem = (2 * Br + 2 * kDqBc) * D * 2;
   static const bool configured = [] {  // once per instantiation
     CUDA_CHECK(cudaFuncSetAttribute(fa2_bwd_main<T, D, Policy>, cudaFuncAttributeMaxDynamicSharedMemorySize, main_smem));
+    CUDA_CHECK(cudaFuncSetAttribute(fa2_bwd_dq<T, D, Policy>, cudaFuncAttributeMaxDynamicSharedMemorySize, dq_smem));
     return true;
   }();
   (void)configured;
   fa2_bwd_main<T, D, Policy><<<dim3(ceil_div(p.nk, kBcMain), p.batch * p.kv_heads), kMainThreads, main_smem, s>>>(
-      p, true, pol);
-  fa2_bwd_convert<T><<<kConvertBlocks, kConvertThreads, 0, s>>>(p);
+      p, !deterministic, pol);
+  if (deterministic) {
+    fa2_bwd_dq<T, D, Policy><<<dim3(p.dq_map.outer, p.batch * p.heads), kDqThreads, dq_smem, s>>>(p, pol);
+  } else {
+    fa2_bwd_convert<T><<<kConvertBlocks, kConvertThreads, 0, s>>>(p);
+  }
 }
 
 }  // namespace

@@ -204,10 +204,14 @@ __device__ __forceinline__ void consumer_tile(const FwdParams& p, const Policy& 
       }
     }
     if (n < kv.n_part) {
+      // Rows past Nq (the last tile's padding: zero Q, never stored) ask keep() about row
+      // Nq - 1, so that per-row data (documents) is never read past its end. (A test of
+      // r >= Nq here made ptxas spill the causal kernel, 36 bytes.)
+      const int row_c[2] = {min(row[0], p.nq - 1), min(row[1], p.nq - 1)};
 #pragma unroll
       for (int i = 0; i < Bc / 2; ++i) {
-        const int r = row[(i >> 1) & 1], col = col0 + 8 * (i / 4) + 2 * (lane % 4) + (i & 1);
-        if (col >= p.nk || r >= p.nq || !pol.keep(b, h, r, col)) s[i] = neg_inf<float>();
+        const int r = row_c[(i >> 1) & 1], col = col0 + 8 * (i / 4) + 2 * (lane % 4) + (i & 1);
+        if (col >= p.nk || !pol.keep(b, h, r, col)) s[i] = neg_inf<float>();
       }
     }
   };
