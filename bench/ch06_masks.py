@@ -446,6 +446,12 @@ def main():
             ready[msg[1]] = msg[2]
         else:
             got[(msg[1], msg[2])] = msg[3]
+    while True:  # what is left in the queue (a worker that stopped early said why)
+        try:
+            msg = results.get(timeout=0.2)
+        except queue.Empty:
+            break
+        (ready.__setitem__(msg[1], msg[2]) if msg[0] == "ready" else got.__setitem__((msg[1], msg[2]), msg[3]))
     for w in workers:  # done: stop them (a worker still compiling is not waited for)
         if w.is_alive():
             w.terminate()
