@@ -70,6 +70,7 @@ PreparedStep prepare_step(BwdStep s, const BwdStepArgs& a) {
     case BwdStep::b1_wgmma: return b1::prepare(a);
     case BwdStep::b2_warp_specialized: return b2::prepare(a);
     case BwdStep::b3_dq_fragment_order: return b3::prepare(a);
+    case BwdStep::b4_no_spills: return b4::prepare(a);
   }
   throw UsageError("unknown backward step");
 }
@@ -92,6 +93,7 @@ const char* bwd_step_name(BwdStep s) {
     case BwdStep::b1_wgmma: return "b1 wgmma backward";
     case BwdStep::b2_warp_specialized: return "b2 warp-specialised backward";
     case BwdStep::b3_dq_fragment_order: return "b3 backward, dQ in fragment order";
+    case BwdStep::b4_no_spills: return "b4 backward, no spills";
   }
   return "?";
 }
@@ -149,7 +151,7 @@ GpuBackward fa3_backward_gpu(const Problem& p, const AttnInputs& in, BwdStep ste
   b.scale_log2 = float(p.softmax_scale() * kLog2e);
   b.causal = p.causal;
   b.deterministic = deterministic;
-  b.dq_fragment_order = step == BwdStep::b3_dq_fragment_order;
+  b.dq_fragment_order = step >= BwdStep::b3_dq_fragment_order;
   const PreparedStep main_kernel = prepare_step(step, a);
 
   dq.poison();

@@ -6,6 +6,7 @@
 ///     b1  wgmma backward: all five products on wgmma, TMA loads, dQ by bulk reduce-add
 ///     b2  warp specialisation: a producer warpgroup and a ring of full/empty mbarriers
 ///     b3  dQ in fragment order: the fp32 dQ tile leaves the registers without bank conflicts
+///     b4  no spills: descriptors rebuilt every step instead of kept across the loop
 ///
 /// Each run is three kernels: the preprocess (D_i = rowsum(dO_i o O_i), LSE in base 2,
 /// dQ's accumulator and the order counters zeroed), the step's main kernel (parallel
@@ -20,8 +21,9 @@
 
 namespace attn::ch05 {
 
-enum class BwdStep { b1_wgmma = 1, b2_warp_specialized, b3_dq_fragment_order };
-constexpr BwdStep kAllBwdSteps[] = {BwdStep::b1_wgmma, BwdStep::b2_warp_specialized, BwdStep::b3_dq_fragment_order};
+enum class BwdStep { b1_wgmma = 1, b2_warp_specialized, b3_dq_fragment_order, b4_no_spills };
+constexpr BwdStep kAllBwdSteps[] = {BwdStep::b1_wgmma, BwdStep::b2_warp_specialized, BwdStep::b3_dq_fragment_order,
+                                    BwdStep::b4_no_spills};
 
 /// "b1 wgmma backward" etc.
 const char* bwd_step_name(BwdStep s);

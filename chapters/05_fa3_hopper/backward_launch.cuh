@@ -46,5 +46,6 @@ struct BwdStepArgs {
 namespace b1 { PreparedStep prepare(const BwdStepArgs& a); }
 namespace b2 { PreparedStep prepare(const BwdStepArgs& a); }
 namespace b3 { PreparedStep prepare(const BwdStepArgs& a); }
+namespace b4 { PreparedStep prepare(const BwdStepArgs& a); }
 
 }  // namespace attn::ch05

@@ -55,3 +55,5 @@ require(b2_warp_specialized.ptx "wgmma.mma_async.sync.aligned.m64n64k16;cp.reduc
 require(v13_dynamic_tiles.ptx "atom.global.add;mbarrier.try_wait.parity;wgmma.mma_async.sync.aligned.m64n176k16")
 # b3: b2 with dQ's tile in fragment order (the same instructions).
 require(b3_dq_fragment_order.ptx "wgmma.mma_async.sync.aligned.m64n64k16;cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32;setmaxnreg.inc.sync.aligned.u32 240")
+# b4: b3 with its descriptors rebuilt every step (the same instructions).
+require(b4_no_spills.ptx "wgmma.mma_async.sync.aligned.m64n64k16;cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32;setmaxnreg.inc.sync.aligned.u32 240")

@@ -81,6 +81,16 @@ TEST_CASE("backward b3 (dQ in fragment order) at awkward shapes, d = 64 and 128,
   }
 }
 
+TEST_CASE("backward b4 (no spills) at awkward shapes, d = 64 and 128, bf16 and fp16") {
+  require_hopper();
+  for (int d : {64, 128}) {
+    CAPTURE(d);
+    awkward_shapes(BwdStep::b4_no_spills, d, DType::bf16, false);
+    check_backward(BwdStep::b4_no_spills, shape().heads(2).n(200, 333).d(d).causal().dtype(DType::f16), false);
+    check_backward(BwdStep::b4_no_spills, shape().n(256).d(d).dtype(DType::f16), false, Dist::outliers);
+  }
+}
+
 TEST_CASE("backward, deterministic mode: correct at awkward shapes") {
   require_hopper();
   for (BwdStep s : kAllBwdSteps)
@@ -138,3 +148,4 @@ void sanitizer_shape(BwdStep s) {
 TEST_CASE("backward sanitizer shape b1") { sanitizer_shape(BwdStep::b1_wgmma); }
 TEST_CASE("backward sanitizer shape b2") { sanitizer_shape(BwdStep::b2_warp_specialized); }
 TEST_CASE("backward sanitizer shape b3") { sanitizer_shape(BwdStep::b3_dq_fragment_order); }
+TEST_CASE("backward sanitizer shape b4") { sanitizer_shape(BwdStep::b4_no_spills); }

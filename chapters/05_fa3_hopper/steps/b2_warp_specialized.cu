@@ -1,4 +1,4 @@
-// Chapter 05, backward step 2 of 3: warp specialisation.
+// Chapter 05, backward step 2 of 4: warp specialisation.
 //
 //     b1  wgmma backward: S^T, dP^T, dV, dK and dQ on wgmma; TMA loads; dQ through shared
 //         memory and one bulk reduce-add per tile
@@ -6,6 +6,8 @@
 //         ring of full/empty mbarriers; the consumers never stop for __syncthreads()
 //     b3  dQ in fragment order: each thread's dQ registers go to shared memory (and the
 //         accumulator) in the wgmma accumulator's order, with no bank conflict
+//     b4  no spills: the wgmma descriptors of K_j and V_j are rebuilt every step instead
+//         of being kept in registers across the loop
 //
 // What changes from b1. A third warpgroup joins, and it only moves data, as in the
 // forward's v3:
