@@ -37,12 +37,14 @@ class Peers:
                 self.avail[p] = "PyTorch sees no CUDA device"
             return
         self.torch = torch
+        self.init_s = {"import torch": round(time.time() - t_import, 2)}
         self.versions["torch"] = torch.__version__
         self.versions["cudnn"] = str(torch.backends.cudnn.version())
         l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20) or (64 << 20)
         self.flush = torch.empty(max(2 * l2, 128 << 20), dtype=torch.uint8, device="cuda")
         for p in ("sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "torch_softmax"):
             self.avail[p] = None
+        self.init_s["cuda and cudnn"] = round(time.time() - t_import, 2)
         try:
             from torch.nn.attention.flex_attention import create_block_mask, flex_attention
             # one compile per shape (dynamic=False); a sweep has more shapes than dynamo's default
@@ -53,6 +55,7 @@ class Peers:
                 if hasattr(torch._dynamo.config, knob):
                     setattr(torch._dynamo.config, knob, max(256, getattr(torch._dynamo.config, knob)))
             self._flex = torch.compile(flex_attention, dynamic=False)
+            self.init_s["flex"] = round(time.time() - t_import, 2)
             self._block_mask = create_block_mask
             self.avail["flex"] = None
         except Exception as e:
@@ -69,6 +72,8 @@ class Peers:
         except Exception as e:
             self.avail["fa4"] = "flash-attn-4 not importable (" + _first_line(e) + ")"
         self.import_s = time.time() - t_import
+        if self.torch is not None:
+            self.init_s["fa4"] = round(self.import_s, 2)
 
     # ------------------------------------------------------------------ timing
     def _time(self, fn):

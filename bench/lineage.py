@@ -393,12 +393,18 @@ class Bench:
         plan first reaches them, never while one of our kernels is being timed."""
         import threading
 
+        self.preimport_s = {}
+
         def work():
-            for mod in ("torch", "torch.nn.attention.flex_attention", "flash_attn.cute"):
+            # torch.compile's machinery (dynamo, inductor, triton) is most of the import time
+            for mod in ("torch", "torch.nn.attention.flex_attention", "torch._dynamo", "torch._inductor",
+                        "torch._inductor.config", "torch._inductor.compile_fx", "triton", "flash_attn.cute"):
+                t0 = time.time()
                 try:
                     __import__(mod)
                 except Exception:  # the peer's column will say why, from Peers()
                     pass
+                self.preimport_s[mod] = round(time.time() - t0, 2)
         self._preimport = threading.Thread(target=work, name="peer-imports", daemon=True)
         self._preimport.start()
 
@@ -543,11 +549,13 @@ class Bench:
             self._causal_only[chapter] = bool(st == "ok" and rep.get("problem", {}).get("causal"))
         return self._causal_only[chapter]
 
-    # Seconds, from the H200 runs of 2026-12-01: each launch's host set-up (inputs and the fp64
-    # reference of the sampled rows), the fp64 backward check of the sampled KV groups (10 N^2 d FLOPs
-    # each, fp64 and the same-precision yardstick), and the timed runs (a check, 3 warm-ups, 20 repeats).
-    SETUP_S = {"01": 4, "03": 5, "04": 4, "05": 4}
-    BWD_CHECK_FLOP_S = 6e10
+    # Seconds, from the H200 runs of 2026-12-01 (16 host threads): each launch's host set-up (inputs
+    # and the fp64 reference of the sampled rows: 1.9 s for chapter 04 at N = 8K with one step), the
+    # fp64 backward check of the sampled KV groups (10 N^2 d FLOPs each, fp64 and the same-precision
+    # yardstick: 6 s at N = 8K, d = 128), and the timed runs (a check, 3 warm-ups, 20 repeats).
+    SETUP_S = {"01": 2, "03": 2, "04": 1.5, "05": 2}
+    BWD_CHECK_FLOP_S = 3e10
+    PEERS_INIT_S = 15  # the first peer: PyTorch's CUDA start, cuDNN, torch.compile's machinery
     RATE = {"01": 50e12, "03": 10e12, "04": 100e12, "05": 300e12}
 
     def estimate(self, c, n, d, causal, bwd, fl):
@@ -585,7 +593,10 @@ class Bench:
                     continue
                 first = p not in self._peer_seen
                 self._peer_seen.add(p)
-                est = 1.0 + ({"flex": 4, "fa4": 16}.get(p, 0) if first else {"flex": 3, "fa4": 3}.get(p, 0))
+                est = 1.0 + ({"flex": 4, "fa4": 8}.get(p, 0) if first else {"flex": 3, "fa4": 2}.get(p, 0))
+                if not self._peers_init_counted:
+                    est += self.PEERS_INIT_S
+                    self._peers_init_counted = True
                 tasks.append(Task("peer", "%s %s %s" % (p, "bwd" if bwd else "fwd", label), est,
                                   lambda p=p, bwd=bwd: self.peer_task(p, d, n, causal, bwd)))
         return tasks
@@ -595,10 +606,10 @@ class Bench:
         --quick: d = 128 at N = 8K, causal and not (chapter 03 at 2K), chapter 07's sweep,
         chapter 02's longest rows, chapter 06's masks and GQA; the full sweep: d = 128 at
         N = 512 ... 16K, d = 64 and 256 at 2K and 8K, everything else."""
-        self._causal_only, self._peer_seen = {}, set()
+        self._causal_only, self._peer_seen, self._peers_init_counted = {}, set(), False
         q = self.a.quick
         self.prune_from = 8192 if q else 4096
-        tasks = [Task("ceilings", "ceilings: read bandwidth, bf16 and FP8 GEMM", 8, self.ceilings_task)]
+        tasks = [Task("ceilings", "ceilings: read bandwidth, bf16 and FP8 GEMM", 2, self.ceilings_task)]
         extras = []
         if "07" in self.chapters:
             extras.append(Task("ours", "ch07 decode sweep + peers", 35, self.decode_task))
@@ -611,7 +622,7 @@ class Bench:
         if "06" in self.chapters:
             masks = ["--no-model"] + (["--mask", "causal"] if q else [])
             for sub, extra in (("mask", masks), ("gqa", []), ("mla", []), ("ring", []))[:2 if q else 4]:
-                extras.append(Task("ours", "ch06 %s" % sub, 15, lambda sub=sub, extra=extra:
+                extras.append(Task("ours", "ch06 %s" % sub, 10, lambda sub=sub, extra=extra:
                                    self.ch06_task(sub, 128, 8192, sub != "mask", extra)))
         self._no_bwd = bool(self.a.no_backward)
         if self.a.n or self.a.d or self.a.mask != "both":
@@ -664,6 +675,8 @@ class Bench:
             m["peer_versions"] = self.peers.versions
             m["peer_compile_s"] = {k: round(v, 1) for k, v in self.peers.compile_s.items()}
             m["peer_import_s"] = round(getattr(self.peers, "import_s", 0.0), 1)
+            m["peer_preimport_s"] = getattr(self, "preimport_s", {})
+            m["peer_init_s"] = getattr(self.peers, "init_s", {})  # cumulative seconds inside Peers()
             m["peer_calls"] = self.peers.calls
         # where the time went: every binary launch and every task, in seconds
         m["launches"] = Binary.launches
