@@ -17,6 +17,7 @@
 /// Inputs: N(0, 1); outliers (1 entry in 256 of K and V scaled by 20); outlier channels
 /// (channels 3 and 69 of Q and K scaled by 20, as the keys of trained models have them).
 
+#include <cstdint>
 #include <string>
 #include <vector>
 

@@ -13,13 +13,16 @@
 /// with Q = 448 for E4M3 and 127 for INT8 (common/quant8.hpp). One scale covers
 /// P * d values of one head: 2048 at P = 16, d = 128, a 0.2% overhead in bytes.
 ///
-/// **Written token by token.** A page fills one token at a time during decode. When a
-/// new token's largest magnitude fits under the page's scale it is quantised with it;
-/// when it does not, the scale grows to the new amax and the slots already in the page
-/// are quantised again from their values under the old scale. The page's error is
-/// then at most one step of the old grid plus one of the new, and the scale never
-/// shrinks while the page lives. A page written whole (prefill) gets the scale of all
-/// its slots at once. A fresh page starts at scale 0 with zero codes, and an all-zero
+/// **Written token by token.** A page fills one token at a time during decode. The
+/// first token sets the scale to its amax / Q. A later token whose largest magnitude
+/// fits under the scale is quantised with it; one that does not doubles the scale until
+/// it fits, and the slots already in the page are quantised again from their values.
+/// Powers of two keep the requantisations from compounding: an E4M3 code just shifts
+/// its exponent (exact unless it leaves the normal range), and INT8's errors (half a
+/// step of each grid: s/2 + s/4 + ...) stay under one step of the final grid. The price
+/// is a scale up to twice the page's amax / Q, one bit of INT8 precision on a page that
+/// grew. The scale never shrinks while the page lives. A page written whole (prefill,
+/// and the GPU's pools) gets amax / Q of all its slots at once. A fresh page starts at scale 0 with zero codes, and an all-zero
 /// page keeps scale 0: its values are 0, never 0 * inf = NaN.
 ///
 /// **Dequantised value.** The decode kernels convert each code to fp32, multiply by

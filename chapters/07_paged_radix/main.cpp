@@ -30,6 +30,7 @@
 
 #if TUTORIAL_HAVE_CUDA
 #include "common/cuda/ceilings.cuh"
+#include "swap_gpu.hpp"
 #endif
 
 using namespace attn;
@@ -610,6 +611,114 @@ int run_radix(int argc, char** argv, bool tour, bool dry = false) {
   });
 }
 
+// ============================================================================= swap
+
+struct SwapOptions {
+  int page_size = 16, requests = 200, pool_pages = 800, max_running = 16, host_pages = 0;
+  int copy_gbps = 0, prefill_tflops = 0;
+};
+
+int run_swap(int argc, char** argv, bool dry = false) {
+  SwapOptions so;
+  Cli cli(std::string(kChapter) + " swap",
+          "Preemption by swap (pages to a pinned host pool and back) against recompute, on the four serving\n"
+          "traces with the radix cache and without a prefix cache, in a squeezed pool. Counts on any machine;\n"
+          "times from measured rates: on a GPU the binary measures pinned copies and the bf16 GEMM; elsewhere\n"
+          "give --copy-gbps and --prefill-tflops.");
+  cli.add_int("--page-size", &so.page_size, "tokens per page", 1, 4096);
+  cli.add_int("--requests", &so.requests, "requests per workload", 1, 1000000);
+  cli.add_int("--pool-pages", &so.pool_pages, "device pages in the pool", 1, 1 << 26);
+  cli.add_int("--host-pages", &so.host_pages, "host pages for swap (0: as many as the device pool)", 0, 1 << 26);
+  cli.add_int("--max-running", &so.max_running, "requests decoding at once", 1, 100000);
+  cli.add_int("--copy-gbps", &so.copy_gbps, "pinned copy rate in GB/s, both directions (0: measure on the GPU)", 0, 1000000);
+  cli.add_int("--prefill-tflops", &so.prefill_tflops, "prefill rate in TFLOP/s (0: the measured bf16 GEMM)", 0, 1000000);
+  return run_chapter(argc, argv, cli, [&](const Options& opt) {
+    if (dry) return 0;
+    SwapCostModel model;
+    if (so.copy_gbps > 0) model.d2h_gbps = model.h2d_gbps = so.copy_gbps;
+    if (so.prefill_tflops > 0) model.gemm_tflops = so.prefill_tflops;
+    std::string mode;
+    const auto dev = select_device(opt.device, &mode);
+#if TUTORIAL_HAVE_CUDA
+    if (dev && !model.valid()) {
+      // One page of one layer per copy: P tokens x 8 KV heads x d 128, K and V, bf16.
+      const std::size_t page_layer = std::size_t(so.page_size) * 8 * 128 * 2 * 2;
+      const CopyRates c = measure_pinned_copy(page_layer, int(std::max<std::size_t>(64, (256u << 20) / page_layer)));
+      if (so.copy_gbps <= 0) model.d2h_gbps = c.d2h_gbps, model.h2d_gbps = c.h2d_gbps;
+      if (so.prefill_tflops <= 0) model.gemm_tflops = measure_gemm_tflops(DType::bf16);
+      model.source = dev->describe() + ", " + today() + ": pinned copies of " + format_bytes(double(page_layer)) +
+                     " (one page of one layer) D2H " + fmt("%.1f", model.d2h_gbps) + " GB/s, H2D " +
+                     fmt("%.1f", model.h2d_gbps) + " GB/s; cuBLAS bf16 GEMM " + fmt("%.0f", model.gemm_tflops) +
+                     " TFLOP/s, measured by this run";
+    }
+#endif
+    if (model.valid() && model.source.empty())
+      model.source = "rates from the command line: copy " + fmt("%.1f", model.d2h_gbps) + " GB/s, prefill " +
+                     fmt("%.0f", model.gemm_tflops) + " TFLOP/s";
+    SimConfig cfg;
+    cfg.page_size = so.page_size;
+    cfg.pool_pages = so.pool_pages;
+    cfg.max_running = so.max_running;
+    cfg.host_pages = so.host_pages;
+    const std::vector<SwapComparison> rows = swap_vs_recompute(so.requests, cfg, opt.seed);
+    bool sound = true;
+    for (const auto& r : rows) sound = sound && r.recompute.final_validation.empty() && r.swap.final_validation.empty();
+    auto secs = [](double s) { return std::isfinite(s) ? fmt("%.3f", s) : std::string("-"); };
+    if (opt.json) {
+      std::ostringstream j;
+      j << "{\"chapter\": \"" << kChapter << "\", \"subcommand\": \"swap\", \"seed\": " << opt.seed
+        << ", \"page_size\": " << cfg.page_size << ", \"pool_pages\": " << cfg.pool_pages << ", \"requests\": "
+        << so.requests << ", \"d2h_gbps\": " << jnum(model.d2h_gbps) << ", \"h2d_gbps\": " << jnum(model.h2d_gbps)
+        << ", \"gemm_tflops\": " << jnum(model.gemm_tflops) << ", \"rates\": \"" << json_escape(model.source)
+        << "\", \"results\": [";
+      for (std::size_t i = 0; i < rows.size(); ++i) {
+        const auto& r = rows[i];
+        j << (i ? ", " : "") << "{\"workload\": \"" << workload_name(r.workload) << "\", \"cache\": \""
+          << cache_name(r.cache) << "\", \"preemptions_recompute\": " << r.recompute.preemptions
+          << ", \"recompute_tokens\": " << r.recompute.recompute_tokens << ", \"preemptions_swap\": "
+          << r.swap.preemptions << ", \"swap_outs\": " << r.swap.swap_outs << ", \"swapped_out_pages\": "
+          << r.swap.swapped_out_pages << ", \"swapped_in_pages\": " << r.swap.swapped_in_pages
+          << ", \"swap_fallback_recompute_tokens\": " << r.swap.recompute_tokens << ", \"steps_recompute\": "
+          << r.recompute.steps << ", \"steps_swap\": " << r.swap.steps;
+        if (model.valid())
+          j << ", \"recompute_s\": " << jnum(model.recompute_s(r.recompute.recompute_tokens)) << ", \"swap_s\": "
+            << jnum(model.swap_s(r.swap.swapped_out_pages, r.swap.swapped_in_pages, cfg.page_size) +
+                    model.recompute_s(r.swap.recompute_tokens));
+        j << ", \"valid\": " << (r.recompute.final_validation.empty() && r.swap.final_validation.empty() ? "true" : "false")
+          << "}";
+      }
+      j << "]}\n";
+      std::cout << j.str();
+      return sound ? 0 : kExitCheckFailed;
+    }
+    std::cout << "== " << kChapter << " swap: preemption by swap against recompute ==\n"
+              << "traces: " << so.requests << " requests each, seed " << opt.seed << "; device pool " << cfg.pool_pages
+              << " pages of " << cfg.page_size << " tokens, host pool "
+              << (cfg.host_pages ? cfg.host_pages : cfg.pool_pages) << " pages; " << cfg.max_running
+              << " requests at once\n"
+              << "model: " << format_bytes(model.kv_bytes_per_token) << " of KV per token (32 layers, 8 KV heads, d 128, bf16), "
+              << fmt("%.0f", model.prefill_flops_per_token / 1e9) << " GFLOP of prefill per token (2 x 8B parameters)\n"
+              << "rates: " << (model.valid() ? model.source : std::string("none (no GPU): counts only; give --copy-gbps and --prefill-tflops for times")) << "\n\n";
+    std::printf("%-12s %-6s | %8s %12s %12s | %8s %9s %9s %9s %11s | %8s\n", "workload", "cache", "preempt",
+                "recompute", "recompute s", "preempt", "pages out", "pages in", "fallback", "swap s", "check");
+    for (const auto& r : rows) {
+      const double rs = model.valid() ? model.recompute_s(r.recompute.recompute_tokens) : NAN;
+      const double ss = model.valid() ? model.swap_s(r.swap.swapped_out_pages, r.swap.swapped_in_pages, cfg.page_size) +
+                                            model.recompute_s(r.swap.recompute_tokens)
+                                      : NAN;
+      const bool ok = r.recompute.final_validation.empty() && r.swap.final_validation.empty();
+      std::printf("%-12s %-6s | %8d %12ld %12s | %8d %9ld %9ld %9ld %11s | %8s\n", workload_name(r.workload),
+                  cache_name(r.cache), r.recompute.preemptions, r.recompute.recompute_tokens, secs(rs).c_str(),
+                  r.swap.preemptions, r.swap.swapped_out_pages, r.swap.swapped_in_pages, r.swap.recompute_tokens,
+                  secs(ss).c_str(), ok ? "ok" : ("FAIL: " + r.recompute.final_validation + r.swap.final_validation).c_str());
+    }
+    std::cout << "\n(recompute: tokens whose KV a preemption threw away, prefilled again, priced at the GEMM ceiling (a\n"
+                 " lower bound). swap: pages copied to the host and back, priced at the measured pinned copy rate;\n"
+                 " fallback = tokens recomputed when the host pool was full or nothing else could run.)\n";
+    return sound ? 0 : kExitCheckFailed;
+  });
+}
+
 // ============================================================================= tour
 
 int run_tour(int argc, char** argv) {
@@ -651,7 +760,8 @@ int main(int argc, char** argv) {
     if (sub == "paged") return run_paged(n, args.data(), false);
     if (sub == "decode") return run_decode(n, args.data());
     if (sub == "radix") return run_radix(n, args.data(), false);
-    std::cerr << kChapter << ": error: unknown subcommand '" << sub << "' (paged, decode or radix)\n";
+    if (sub == "swap") return run_swap(n, args.data());
+    std::cerr << kChapter << ": error: unknown subcommand '" << sub << "' (paged, decode, radix or swap)\n";
     return kExitUsage;
   }
   return run_tour(argc, argv);

@@ -103,10 +103,15 @@ void PagePool::quantise_row(std::vector<float>& codes, float& scale, int page, i
   float amax = 0.f;
   for (int c = 0; c < d_; ++c) amax = std::max(amax, std::fabs(round_to(DType::bf16, x[c])));
   if (amax > scale * qmax) {
-    // The token does not fit under the page's scale: grow it to this token's amax (the
-    // page's other slots all fit under the old scale, hence under the new one) and
-    // quantise the written slots again from their values.
-    const float grown = q8::block_scale(amax, qmax), inv = q8::inverse_scale(grown);
+    // The token does not fit under the page's scale. A fresh page takes this token's
+    // amax / Q; a written one doubles its scale until the token fits, and its slots are
+    // quantised again from their values. Growing by powers of two keeps requantisation
+    // from compounding: an E4M3 code only shifts its exponent (exact while it stays
+    // normal), and INT8's rounding errors, half a step of each grid, sum to less than
+    // one step of the last.
+    float grown = scale > 0.f ? scale : q8::block_scale(amax, qmax);
+    while (amax > grown * qmax) grown *= 2.f;
+    const float inv = q8::inverse_scale(grown);
     for (int s = 0; s < page_size_; ++s) {
       float* row = codes.data() + offset(page, hk, s);
       for (int c = 0; c < d_; ++c) row[c] = kv_code(kv_dtype_, kv_dequant(row[c], scale) * inv);

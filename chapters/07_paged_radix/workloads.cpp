@@ -262,17 +262,34 @@ class HashAdapter : public PrefixCache {
 struct Running {
   int idx = -1;
   std::vector<int> pages;
+  std::vector<char> host;  ///< per page: 1 when it is in the host pool (swapped out)
   int len = 0, generated = 0, node = 0;
+  int cached = 0;          ///< prompt tokens the prefix cache served at admission
 };
 
 class RunningSet : public PageOwner {
  public:
   std::vector<Running> list;
+  std::deque<Running> swapped;  ///< preempted by swap, oldest first
   void count_references(std::vector<int>& refs) const override {
     for (const auto& r : list)
       for (int p : r.pages) ++refs[p];
+    for (const auto& r : swapped)  // their shared prefix pages stay on the device
+      for (std::size_t i = 0; i < r.pages.size(); ++i)
+        if (!r.host[i]) ++refs[r.pages[i]];
   }
   const char* owner_name() const override { return "running requests"; }
+};
+
+/// The swapped-out requests' host pages, checked by the host pool.
+struct HostSet : public PageOwner {
+  const RunningSet* rs = nullptr;
+  void count_references(std::vector<int>& refs) const override {
+    for (const auto& r : rs->swapped)
+      for (std::size_t i = 0; i < r.pages.size(); ++i)
+        if (r.host[i]) ++refs[r.pages[i]];
+  }
+  const char* owner_name() const override { return "swapped-out requests"; }
 };
 
 }  // namespace
@@ -282,6 +299,11 @@ SimStats simulate(const Trace& trace, CacheKind kind, const SimConfig& cfg) {
   PagePool pool(cfg.pool_pages, P);
   RunningSet running;
   pool.attach(&running);
+  const bool swap = cfg.preempt == Preemption::swap;
+  PagePool host(swap ? (cfg.host_pages > 0 ? cfg.host_pages : cfg.pool_pages) : 0, P);
+  HostSet host_refs;
+  host_refs.rs = &running;
+  host.attach(&host_refs);
   std::unique_ptr<PrefixCache> cache;
   if (kind == CacheKind::radix) cache = std::make_unique<RadixAdapter>(pool, cfg.radix_policy);
   if (kind == CacheKind::hash) cache = std::make_unique<HashAdapter>(pool);
@@ -310,10 +332,74 @@ SimStats simulate(const Trace& trace, CacheKind kind, const SimConfig& cfg) {
                       " tokens at page size " + std::to_string(P) + ")");
   };
 
+  // Preempts running.list[victim]: to the host pool when swapping and it has room,
+  // else by recompute (pages freed, queued again at the front).
+  auto preempt = [&](std::size_t victim) {
+    Running& v = running.list[victim];
+    ++st.preemptions;
+    if (swap) {
+      int priv = 0;
+      for (int p : v.pages) priv += pool.refcount(p) == 1 ? 1 : 0;
+      if (priv <= host.free_pages()) {
+        v.host.assign(v.pages.size(), 0);
+        for (std::size_t i = 0; i < v.pages.size(); ++i) {
+          if (pool.refcount(v.pages[i]) != 1) continue;  // shared with the cache: stays, with its lock
+          int h = -1;
+          host.alloc(&h);  // the copy device -> host of one page (all layers)
+          pool.release(v.pages[i]);
+          v.pages[i] = h;
+          v.host[i] = 1;
+        }
+        ++st.swap_outs;
+        st.swapped_out_pages += priv;
+        st.peak_host_pages = std::max(st.peak_host_pages, host.used_pages());
+        running.swapped.push_back(std::move(v));
+        running.list.erase(running.list.begin() + long(victim));
+        return;
+      }
+    }
+    st.recompute_tokens += v.len - v.cached;
+    drop(v);
+    waiting.push_front(v.idx);
+    running.list.erase(running.list.begin() + long(victim));
+  };
+  // Swapped-out requests come back first, oldest first, when their pages fit.
+  auto swap_in = [&]() {
+    while (!running.swapped.empty() && int(running.list.size()) < cfg.max_running) {
+      Running& r = running.swapped.front();
+      int need = 0;
+      for (char h : r.host) need += h;
+      std::vector<int> got;
+      if (!take(need, got)) return false;
+      for (std::size_t i = 0, j = 0; i < r.pages.size(); ++i)
+        if (r.host[i]) {
+          host.release(r.pages[i]);  // the copy host -> device
+          r.pages[i] = got[j++];
+          r.host[i] = 0;
+        }
+      st.swapped_in_pages += need;
+      running.list.push_back(std::move(r));
+      running.swapped.pop_front();
+    }
+    return running.swapped.empty();
+  };
+
   int finished = 0;
   while (finished < n) {
-    // Admit in trace order while there is room; a request waits for the turn it follows.
-    for (auto it = waiting.begin(); it != waiting.end() && int(running.list.size()) < cfg.max_running;) {
+    if (!swap_in() && running.list.empty()) {
+      // Nothing runs and the oldest swapped request does not fit: recompute it instead.
+      Running r = std::move(running.swapped.front());
+      running.swapped.pop_front();
+      for (std::size_t i = 0; i < r.pages.size(); ++i) (r.host[i] ? host : pool).release(r.pages[i]);
+      r.pages.clear();
+      if (cache) cache->release(r.node);
+      st.recompute_tokens += r.len - r.cached;
+      waiting.push_front(r.idx);
+    }
+    // Admit in trace order while there is room (and nobody waits in host memory); a
+    // request waits for the turn it follows.
+    for (auto it = waiting.begin(); running.swapped.empty() && it != waiting.end() &&
+                                    int(running.list.size()) < cfg.max_running;) {
       const int idx = *it;
       const TraceRequest& req = trace.requests[idx];
       if (req.after >= 0 && !done[req.after]) {
@@ -332,13 +418,17 @@ SimStats simulate(const Trace& trace, CacheKind kind, const SimConfig& cfg) {
         break;  // the pool is full: admit nobody else this step
       }
       r.len = int(req.prompt.size());
+      r.cached = cached;
       st.prompt_tokens += long(req.prompt.size());
       st.cached_tokens += cached;
       st.computed_tokens += long(req.prompt.size()) - cached;
       running.list.push_back(std::move(r));
       it = waiting.erase(it);
     }
-    if (running.list.empty()) throw too_small(waiting.front());
+    if (running.list.empty()) {
+      if (!running.swapped.empty()) continue;  // the next round recomputes or swaps one in
+      throw too_small(waiting.front());
+    }
 
     // One decode step: every running request appends one token.
     for (std::size_t i = 0; i < running.list.size(); ++i) {
@@ -348,11 +438,7 @@ SimStats simulate(const Trace& trace, CacheKind kind, const SimConfig& cfg) {
           // No page and nothing evictable: preempt the newest other request.
           if (running.list.size() == 1) throw too_small(running.list[i].idx);
           const std::size_t victim = i + 1 == running.list.size() ? i - 1 : running.list.size() - 1;
-          Running& v = running.list[victim];
-          drop(v);
-          waiting.push_front(v.idx);
-          ++st.preemptions;
-          running.list.erase(running.list.begin() + long(victim));
+          preempt(victim);
           if (victim < i) --i;
         }
         running.list[i].pages.push_back(got[0]);
@@ -384,21 +470,55 @@ SimStats simulate(const Trace& trace, CacheKind kind, const SimConfig& cfg) {
       running.list.erase(running.list.begin() + long(i));
     }
     if (cfg.validate_every_step) {
-      const std::string why = cache ? cache->validate() : pool.validate();
+      std::string why = cache ? cache->validate() : pool.validate();
+      if (why.empty() && swap) why = host.validate();
       if (!why.empty()) {
         st.final_validation = "step " + std::to_string(st.steps) + ": " + why;
         pool.detach(&running);
+        host.detach(&host_refs);
         return st;
       }
     }
   }
   st.final_validation = cache ? cache->validate() : pool.validate();
+  if (st.final_validation.empty() && swap) st.final_validation = host.validate();
+  if (st.final_validation.empty() && host.used_pages() != 0)
+    st.final_validation = "host pages leaked: " + std::to_string(host.used_pages()) + " after the last request";
   if (st.final_validation.empty() && pool.used_pages() != (cache ? cache->cached_pages() : 0))
     st.final_validation = "pages leaked: " + std::to_string(pool.used_pages()) + " in use after the last request";
   st.cached_pages_at_end = cache ? cache->cached_pages() : 0;
   st.unreachable_pages_at_end = cache ? cache->unreachable_pages() : 0;
   pool.detach(&running);
+  host.detach(&host_refs);
   return st;
+}
+
+const char* preemption_name(Preemption p) { return p == Preemption::swap ? "swap" : "recompute"; }
+
+double SwapCostModel::swap_s(long out, long in, int page_size) const {
+  const double per_page = kv_bytes_per_token * page_size;
+  return double(out) * per_page / (d2h_gbps * 1e9) + double(in) * per_page / (h2d_gbps * 1e9);
+}
+
+double SwapCostModel::recompute_s(long tokens) const {
+  return double(tokens) * prefill_flops_per_token / (gemm_tflops * 1e12);
+}
+
+std::vector<SwapComparison> swap_vs_recompute(int requests, const SimConfig& cfg, uint64_t seed) {
+  std::vector<SwapComparison> out;
+  for (Workload w : all_workloads()) {
+    const Trace tr = make_trace(w, requests, seed);
+    for (CacheKind c : {CacheKind::radix, CacheKind::none}) {
+      SwapComparison x{w, c, {}, {}};
+      SimConfig rc = cfg, sc = cfg;
+      rc.preempt = Preemption::recompute;
+      sc.preempt = Preemption::swap;
+      x.recompute = simulate(tr, c, rc);
+      x.swap = simulate(tr, c, sc);
+      out.push_back(x);
+    }
+  }
+  return out;
 }
 
 // ----------------------------------------------------------------------------- fragmentation

@@ -9,9 +9,13 @@
 /// the cached prefix of each prompt is reused and only the rest is prefilled, every
 /// step appends one generated token to every running request, and a finished
 /// request hands its pages to the cache. When the pool runs dry the cache evicts;
-/// when the cache has nothing left to evict, the newest request is preempted (its
-/// pages freed, the request queued again at the front). Nothing is timed: the
-/// outputs are counts, identical on every machine.
+/// when the cache has nothing left to evict, the newest request is preempted. Two
+/// ways, as in vLLM: **recompute** frees its pages and queues the request again at
+/// the front (its KV is computed again when it returns); **swap** copies the pages
+/// only it holds to a host pool, keeps its shared prefix pages (and their locks) on
+/// the device, and brings it back (before any new request is admitted) as soon as
+/// its pages fit again. Nothing is timed: the outputs are counts, identical on every
+/// machine; swap_vs_recompute() turns them into time with measured rates.
 
 #include <cstdint>
 #include <string>
@@ -49,11 +53,17 @@ Trace make_trace(Workload w, int requests, uint64_t seed);
 enum class CacheKind { none, radix, hash };
 const char* cache_name(CacheKind c);
 
+/// What the scheduler does with a request it must preempt.
+enum class Preemption { recompute, swap };
+const char* preemption_name(Preemption p);
+
 struct SimConfig {
   int page_size = 16;
   int pool_pages = 4096;
   int max_running = 8;
   Eviction radix_policy = Eviction::lru;
+  Preemption preempt = Preemption::recompute;
+  int host_pages = 0;  ///< host pool for swap (0: as many pages as the device pool)
   bool validate_every_step = false;  ///< run every validate() after every step (tests)
 };
 
@@ -67,6 +77,10 @@ struct SimStats {
   int peak_running_pages = 0;  ///< distinct pages referenced by running requests
   long evicted_pages = 0;
   int preemptions = 0;
+  long recompute_tokens = 0;    ///< tokens whose KV a preemption by recompute threw away (prefilled again)
+  int swap_outs = 0;            ///< preemptions by swap
+  long swapped_out_pages = 0, swapped_in_pages = 0;  ///< pages copied device -> host and back
+  int peak_host_pages = 0;
   int steps = 0;
   int cached_pages_at_end = 0;
   int unreachable_pages_at_end = 0;  ///< hash cache: cached blocks no lookup can reach
@@ -76,6 +90,34 @@ struct SimStats {
 
 /// Runs the trace. Throws UsageError when one request alone cannot fit in the pool.
 SimStats simulate(const Trace& trace, CacheKind cache, const SimConfig& cfg);
+
+// ----------------------------------------------------------------------------- swap or recompute
+
+/// The rates that turn the simulator's counts into time. The model's shape fixes the
+/// bytes and FLOPs of a token; the rates are measured (ch07_paged_radix swap on a GPU:
+/// pinned copies of one page of one layer at a time, and the cuBLAS bf16 GEMM).
+struct SwapCostModel {
+  double kv_bytes_per_token = 32.0 * 8 * 128 * 2 * 2;  ///< 32 layers x 8 KV heads x d 128, K and V, bf16: 128 KiB
+  double prefill_flops_per_token = 2.0 * 8.0e9;       ///< 2 x parameters (8B), the weights' GEMMs
+  double d2h_gbps = 0, h2d_gbps = 0;                  ///< measured pinned copy rates
+  double gemm_tflops = 0;                             ///< measured; prefill runs at most at this rate
+  std::string source;                                 ///< where the rates come from
+  bool valid() const { return d2h_gbps > 0 && h2d_gbps > 0 && gemm_tflops > 0; }
+  /// Seconds to copy `out` pages to the host and `in` pages back (P tokens each).
+  double swap_s(long out, long in, int page_size) const;
+  /// Seconds to prefill `tokens` again (a lower bound: the GEMM ceiling, attention left out).
+  double recompute_s(long tokens) const;
+};
+
+struct SwapComparison {
+  Workload workload;
+  CacheKind cache;
+  SimStats recompute, swap;
+};
+
+/// Every workload with the radix cache and with none (plain paging), each run twice:
+/// preemption by recompute and by swap, on the same pool.
+std::vector<SwapComparison> swap_vs_recompute(int requests, const SimConfig& cfg, uint64_t seed);
 
 // ----------------------------------------------------------------------------- fragmentation
 
