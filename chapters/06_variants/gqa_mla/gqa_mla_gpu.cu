@@ -218,28 +218,30 @@ namespace {
 
 /// The absorbed decode on uploaded tensors `d`: checked once (outputs poisoned), then
 /// timed when `time`.
-MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool time);
+MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool time, int variant);
 
 }  // namespace
 
-MlaGpuResult mla_absorb_gpu(const MlaShape& s, const MlaInputs& in, int splits, bool time) {
+MlaGpuResult mla_absorb_gpu(const MlaShape& s, const MlaInputs& in, int splits, bool time, int small_variant) {
   validate(s);
-  return absorb_run(s, MlaDevice(s, in), splits, time);
+  return absorb_run(s, MlaDevice(s, in), splits, time, small_variant);
 }
 
-MlaGpuResult mla_absorb_bench(const MlaShape& s, int splits) {
+const char* small_variant_label(int small_variant) { return mla::small_variant_name(small_variant); }
+
+MlaGpuResult mla_absorb_bench(const MlaShape& s, int splits, int small_variant) {
   validate(s);
-  return absorb_run(s, MlaDevice(s), splits, true);
+  return absorb_run(s, MlaDevice(s), splits, true, small_variant);
 }
 
 namespace {
 
-MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool time) {
+MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool time, int variant) {
   const int rows = s.heads * s.nq;
   const int per_tile = rows <= mla::kRowsSmall ? mla::kRowsSmall : mla::kRowsLarge;
-  const int tiles = ceil_div(rows, per_tile), nblocks = ceil_div(s.nk, mla::keys_per_block(per_tile));
+  const int tiles = ceil_div(rows, per_tile), nblocks = ceil_div(s.nk, mla::keys_per_block(per_tile, variant));
   // Split-K: whole waves of (tile, range, sequence) blocks (mla_pick_splits(), mla_model.hpp).
-  if (splits <= 0) splits = mla_pick_splits(tiles, s.batch, nblocks, sm_count() * mla::blocks_per_sm(per_tile));
+  if (splits <= 0) splits = mla_pick_splits(tiles, s.batch, nblocks, sm_count() * mla::blocks_per_sm(per_tile, variant));
   const int bps = ceil_div(nblocks, std::min(splits, nblocks));
   splits = ceil_div(nblocks, bps);  // no empty ranges
   DeviceTensor q(DType::bf16, std::size_t(s.batch) * rows * kDLatentKey), o_c(DType::bf16, std::size_t(s.batch) * rows * kDC),
@@ -257,7 +259,7 @@ MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool 
                          q.as<__nv_bfloat16>(), s.batch, s.heads, s.nq);
   };
   auto attend = [&] {
-    mla::launch_decode(p, per_tile);
+    mla::launch_decode(p, per_tile, variant);
     mla::launch_combine(p, o_c.as<__nv_bfloat16>());
   };
   auto project = [&] {
@@ -278,7 +280,9 @@ MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool 
   r.splits = splits;
   r.head_tile = per_tile;
   r.what = "q_c GEMM, decode (" + std::to_string(tiles) + " x " + std::to_string(splits) + " x " +
-           std::to_string(s.batch) + " blocks of " + std::to_string(per_tile) + " rows), combine, W_UV GEMM";
+           std::to_string(s.batch) + " blocks of " + std::to_string(per_tile) + " rows" +
+           (per_tile == mla::kRowsSmall ? std::string(", ") + mla::small_variant_name(variant) : std::string()) +
+           "), combine, W_UV GEMM";
   if (time) {
     r.attn_ms = time_gpu(attend).median_ms;
     r.total_ms = time_gpu([&] {

@@ -51,9 +51,12 @@ struct MlaGpuResult {
 };
 
 /// Absorbed decode. `splits` = 0 picks the split count from the SM count. Timed when `time`.
-MlaGpuResult mla_absorb_gpu(const MlaShape& s, const MlaInputs& in, int splits, bool time);
+/// `small_variant`: the 16-row tile's shape (mla_decode.cuh; 0 is the default).
+MlaGpuResult mla_absorb_gpu(const MlaShape& s, const MlaInputs& in, int splits, bool time, int small_variant = 0);
 /// Absorbed decode timed on device-generated inputs (the sweeps).
-MlaGpuResult mla_absorb_bench(const MlaShape& s, int splits);
+MlaGpuResult mla_absorb_bench(const MlaShape& s, int splits, int small_variant = 0);
+/// The name of a 16-row tile shape: "ring4", "ring2x2", "wide".
+const char* small_variant_label(int small_variant);
 /// Decompressed form: K/V GEMMs (cuBLAS) and the packed Hopper forward with d = 192, dv = 128.
 MlaGpuResult mla_decompress_gpu(const MlaShape& s, const MlaInputs& in, bool time);
 

@@ -174,6 +174,15 @@ void mla_sweep(Report& rep, const Ceilings& ceil) {
                   c.b, c.nk, g.splits, g.attn_ms, g.total_ms, gbps, 100 * gbps / ceil.read_gbps.value_or(1), tf,
                   100 * tf / ceil.gemm_tflops.value_or(1));
     rep.notes.push_back(line);
+    // The 16-row tile's other shapes on the same case (mla_decode.cuh), for the choice of the default.
+    if (c.h * s.nq <= 16)
+      for (int v = 1; v < 3; ++v) {
+        const MlaGpuResult gv = mla_absorb_bench(s, 0, v);
+        const double gb = cost.cache_bytes / (gv.attn_ms * 1e-3) / 1e9;
+        std::snprintf(line, sizeof line, "  tile16 %-8s %3d %4d %6d  %6d  %8.4f  %10.1f  %11.1f%%", small_variant_label(v),
+                      c.h, c.b, c.nk, gv.splits, gv.attn_ms, gb, 100 * gb / ceil.read_gbps.value_or(1));
+        rep.notes.push_back(line);
+      }
   }
 }
 #endif

@@ -54,10 +54,10 @@ constexpr int kChunks = kDK / 8;  // 16-byte chunks per row (72)
 /// a ring of STAGES key blocks.
 ///   small (H Nq <= 16): 1 x 16 rows, 4 warps, 32-key blocks, 4 stages: 167 KB, one block per SM
 ///   large:              4 x 16 rows, 8 warps, 64-key blocks, 2 stages: 225 KB, one block per SM
-template <int RT, int WARPS, int BC, int STAGES>
+template <int RT, int WARPS, int BC, int STAGES, int BLOCKS_PER_SM = 1>
 struct Shape {
   static constexpr int kM = 16 * RT, kWarps = WARPS, kThreads = 32 * WARPS, kBc = BC, kStages = STAGES;
-  static constexpr int kBlocksPerSm = 1;
+  static constexpr int kBlocksPerSm = BLOCKS_PER_SM;
   // Shared memory: | Q [kM][576] | K ring STAGES x [BC][576] | P [kM][BC] | row maxima / sums |
   static constexpr int kQ = 0;
   static constexpr int kKStage = BC * kDK * 2;
@@ -68,7 +68,14 @@ struct Shape {
 };
 using Small = Shape<1, 4, 32, 4>;
 using Large = Shape<4, 8, 64, 2>;
-static_assert(Small::kBytes <= 227 * 1024 && Large::kBytes <= 227 * 1024, "one block per SM");
+// The 16-row tile's other shapes, selectable (mla_small_variant(), the sweep times all three):
+//   Small2: 4 warps, 32-key blocks, a ring of 2, 93 KB, two blocks per SM (two K streams)
+//   Wide:   8 warps, 64-key blocks, a ring of 2, 168 KB, one block per SM (twice the threads issuing copies)
+using Small2 = Shape<1, 4, 32, 2, 2>;
+using Wide = Shape<1, 8, 64, 2>;
+static_assert(Small::kBytes <= 227 * 1024 && Large::kBytes <= 227 * 1024 && Wide::kBytes <= 227 * 1024 &&
+                  2 * Small2::kBytes <= 228 * 1024,
+              "the blocks per SM each shape claims");
 
 /// Chunk c of row r of the P tile (BC / 8 chunks per row). Rows of 128 bytes take the
 /// usual c ^ (r % 8); rows of 64 bytes (BC = 32) pair up in one 128-byte line, so the XOR
@@ -392,12 +399,19 @@ int launch_shape(const DecodeParams& p) {
   return S::kBytes;
 }
 
-int launch_decode(const DecodeParams& p, int rows_per_tile) {
-  return rows_per_tile == kRowsSmall ? launch_shape<Small>(p) : launch_shape<Large>(p);
+int launch_decode(const DecodeParams& p, int rows_per_tile, int small_variant) {
+  if (rows_per_tile != kRowsSmall) return launch_shape<Large>(p);
+  return small_variant == 1 ? launch_shape<Small2>(p) : small_variant == 2 ? launch_shape<Wide>(p) : launch_shape<Small>(p);
 }
 
-int keys_per_block(int rows_per_tile) { return rows_per_tile == kRowsSmall ? Small::kBc : Large::kBc; }
-int blocks_per_sm(int rows_per_tile) { return rows_per_tile == kRowsSmall ? Small::kBlocksPerSm : Large::kBlocksPerSm; }
+int keys_per_block(int rows_per_tile, int v) {
+  return rows_per_tile != kRowsSmall ? Large::kBc : v == 1 ? Small2::kBc : v == 2 ? Wide::kBc : Small::kBc;
+}
+int blocks_per_sm(int rows_per_tile, int v) {
+  return rows_per_tile != kRowsSmall ? Large::kBlocksPerSm
+         : v == 1 ? Small2::kBlocksPerSm : v == 2 ? Wide::kBlocksPerSm : Small::kBlocksPerSm;
+}
+const char* small_variant_name(int v) { return v == 1 ? "ring2x2" : v == 2 ? "wide" : "ring4"; }
 
 void launch_combine(const DecodeParams& p, bf16* o_c) {
   const int warps = p.batch * p.rows, per_block = 8;

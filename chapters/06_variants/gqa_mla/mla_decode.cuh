@@ -22,12 +22,17 @@ struct DecodeParams {
 /// Packed rows per thread block: 16 (one mma row tile) or 64 (four).
 constexpr int kRowsSmall = 16, kRowsLarge = 64;
 /// Keys per block of the kernel for that tile (32 or 64), and its resident blocks per SM (2 or 1).
-int keys_per_block(int rows_per_tile);
-int blocks_per_sm(int rows_per_tile);
+/// `small_variant` picks the 16-row tile's shape: 0 ring4 (4 warps, 32-key blocks, a ring
+/// of 4, one block per SM), 1 ring2x2 (a ring of 2, two blocks per SM), 2 wide (8 warps,
+/// 64-key blocks, a ring of 2); the 64-row tile has one shape.
+int keys_per_block(int rows_per_tile, int small_variant = 0);
+int blocks_per_sm(int rows_per_tile, int small_variant = 0);
+const char* small_variant_name(int small_variant);
+constexpr int kSmallVariants = 3;
 
 /// Launches the decode kernel with tiles of `rows_per_tile` (16 or 64) packed rows;
 /// grid = (tiles, splits, batch). Returns the dynamic shared memory it uses.
-int launch_decode(const DecodeParams& p, int rows_per_tile);
+int launch_decode(const DecodeParams& p, int rows_per_tile, int small_variant = 0);
 /// The ⊕ of every row's key ranges: o_c = merged O / l, bf16 [B][rows][512].
 void launch_combine(const DecodeParams& p, __nv_bfloat16* o_c);
 /// q = [q_nope W_UK^T ; q_rope] per head: [B][H][Nq][128] + [B][H][Nq][64] -> [B][H][Nq][576].
