@@ -88,12 +88,15 @@ def peers(b, h, n, d, causal):
     return out
 
 
+EXTRA = []  # more flags for the chapter binary (--extra)
+
+
 def ours(binary, b, h, n, d, causal, timeout, steps=None):
     """The binary's --json report; with `steps` (e.g. ["8", "10"]) one run per step, merged."""
     rep = None
     for step in steps or ["all"]:
         args = [binary, "--n", str(n), "--batch", str(b), "--heads", str(h), "--kv-heads", str(h), "--d", str(d),
-                "--bench", "--no-fp8-table", "--json", "--step", step] + (["--causal"] if causal else [])
+                "--bench", "--no-fp8-table", "--json", "--step", step] + (["--causal"] if causal else []) + EXTRA
         r = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
         if r.returncode not in (0, 1):
             raise RuntimeError(f"{' '.join(args)} exited {r.returncode}: {r.stderr.strip()}")
@@ -109,13 +112,18 @@ def ours(binary, b, h, n, d, causal, timeout, steps=None):
 BEFORE_TO_AFTER = {"v1": "v1", "v2": "v2", "v3": "v3", "v4": "v4", "v5": "v5", "v6": "v8", "v7": "v9"}
 
 
+def forward_row(r):
+    """A forward step's row of the report ("v10 ..."; the backward's rows are "b1 ...")."""
+    return r["device"] == "cuda" and r["impl"].startswith("v")
+
+
 def step_key(k):
     return int(k[1:]) if k[1:].isdigit() else 99
 
 
 def step_rates(rep):
     """{"v3": (TFLOP/s, pass)} of the GPU rows of one --json report."""
-    return {r["impl"].split()[0]: (r["tflops"], r["pass"]) for r in rep["results"] if r["device"] == "cuda"}
+    return {r["impl"].split()[0]: (r["tflops"], r["pass"]) for r in rep["results"] if forward_row(r)}
 
 
 def before_after(a, shapes, b):
@@ -151,6 +159,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", required=True, help="path to ch05_fa3_hopper")
     ap.add_argument("--n", type=int, default=8192)
+    ap.add_argument("--batch", type=int, help="default: 16384 / N")
     ap.add_argument("--shapes", choices=["all", "quick"], default="all")
     ap.add_argument("--json", help="write the raw numbers here")
     ap.add_argument("--timeout", type=int, default=300)
@@ -160,8 +169,10 @@ def main():
     ap.add_argument("--mask", choices=["both", "causal", "none"], default="both", help="causal shapes, others, or both")
     ap.add_argument("--steps", help="only these steps of the binary, e.g. 8,10 (one run each)")
     ap.add_argument("--no-peers", action="store_true", help="time the steps only")
+    ap.add_argument("--extra", default="", help="more flags for the binary, e.g. --no-backward")
     a = ap.parse_args()
     a.steps = a.steps.split(",") if a.steps else None
+    EXTRA.extend(a.extra.split())
     shapes = [(128, False), (128, True), (64, False), (64, True), (256, False), (256, True)]
     if a.shapes == "quick":
         shapes = [(128, False), (128, True)]
@@ -169,7 +180,7 @@ def main():
         shapes = [(d, c) for d, c in shapes if str(d) in a.dims.split(",")]
     if a.mask != "both":
         shapes = [(d, c) for d, c in shapes if c == (a.mask == "causal")]
-    b = max(1, 16384 // a.n)
+    b = a.batch or max(1, 16384 // a.n)
     if a.before:
         before_after(a, shapes, b)
         return
@@ -183,7 +194,7 @@ def main():
         gemm = rep["ceilings"]["gemm_tflops"]
         steps, fp8 = {}, set()
         for r in rep["results"]:
-            if r["device"] == "cuda":
+            if forward_row(r):
                 steps[r["impl"].split()[0]] = (r["tflops"], r["pass"], r.get("ceiling_share"))
                 if "fp8" in r["impl"]:
                     fp8.add(r["impl"].split()[0])

@@ -47,6 +47,9 @@ struct Fa3Params {
   const float* q_scale = nullptr;  ///< [B][Hq][ceil(Nq / 64)]
   const float* k_scale = nullptr;  ///< [B][Hkv][ceil(Nk / 64)]
   const float* v_scale = nullptr;  ///< [B][Hkv][d] (per channel)
+  // dynamic tile scheduler (step 13) only: [0] the next tile past the first round, [1] the
+  // blocks that found the list empty; both 0 between launches.
+  int* tile_counter = nullptr;
 };
 
 // ----------------------------------------------------------------------------- shared memory

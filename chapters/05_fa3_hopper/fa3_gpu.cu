@@ -71,13 +71,14 @@ PreparedStep prepare_step(Step s, const StepArgs& a) {
     case Step::v10_tile_sizes: return v10::prepare(a);
     case Step::v11_two_pipe_exp: return v11::prepare(a);
     case Step::v12_fp8_two_pipes: return v12::prepare(a);
+    case Step::v13_dynamic_tiles: return v13::prepare(a);
   }
   throw UsageError("unknown step");
 }
 
 }  // namespace
 
-GpuForward fa3_forward_gpu(const Problem& p, const AttnInputs& in, Step s, bool time) {
+GpuForward fa3_forward_gpu(const Problem& p, const AttnInputs& in, Step s, bool time, int launches) {
   std::string why;
   if (!step_supports(s, p, &why)) throw UsageError(why);
   GpuForward r;
@@ -104,9 +105,11 @@ GpuForward fa3_forward_gpu(const Problem& p, const AttnInputs& in, Step s, bool 
   r.smem_bytes = step.smem_bytes;
 
   // The checked run: every output poisoned first, so an unwritten element is NaN.
-  o.poison();
-  lse.poison();
-  step.launch();
+  for (int i = 0; i < std::max(1, launches); ++i) {
+    o.poison();
+    lse.poison();
+    step.launch();
+  }
   CUDA_CHECK(cudaDeviceSynchronize());
   r.o = o.to_host();
   r.lse = lse.download();
