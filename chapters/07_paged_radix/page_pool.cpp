@@ -109,8 +109,11 @@ void PagePool::quantise_row(std::vector<float>& codes, float& scale, int page, i
     // from compounding: an E4M3 code only shifts its exponent (exact while it stays
     // normal), and INT8's rounding errors, half a step of each grid, sum to less than
     // one step of the last.
+    // EXERCISE ch07.7: grow the page's scale: a fresh page takes amax / Q, a written one doubles until the token fits
+    //| float grown = scale;  // TODO: your code here (q8::block_scale(); then powers of two)
     float grown = scale > 0.f ? scale : q8::block_scale(amax, qmax);
     while (amax > grown * qmax) grown *= 2.f;
+    // END EXERCISE
     const float inv = q8::inverse_scale(grown);
     for (int s = 0; s < page_size_; ++s) {
       float* row = codes.data() + offset(page, hk, s);

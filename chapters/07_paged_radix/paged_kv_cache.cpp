@@ -197,6 +197,8 @@ Status PagedKvCache::swap_out(SeqId id, int* moved) {
   const int n = pages_to_swap_out(id);
   if (n > host_->free_pages()) return Status::out_of_pages;  // all or nothing
   for (std::size_t i = 0; i < s->pages.size(); ++i) {
+    // EXERCISE ch07.6: swap out: each page only this sequence holds moves to a host page; shared pages stay
+    //| (void)i;  // TODO: your code here (host_->alloc(), pool_.copy_page_to(), pool_.release(), then the table and s->host)
     if (pool_.refcount(s->pages[i]) != 1) continue;  // shared: stays on the device
     int h = -1;
     host_->alloc(&h);
@@ -204,6 +206,7 @@ Status PagedKvCache::swap_out(SeqId id, int* moved) {
     pool_.release(s->pages[i]);
     s->pages[i] = h;
     s->host[i] = 1;
+    // END EXERCISE
   }
   s->swapped = true;
   swap_outs_ += n;

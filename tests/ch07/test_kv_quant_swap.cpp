@@ -65,7 +65,7 @@ void token_kv(uint32_t u, float* k, float* v) {
 
 }  // namespace
 
-TEST_CASE("a quantised page: scale from the first token, grown by a larger one, and an all-zero page gives zeros") {
+TEST_CASE("exercise ch07.7: a quantised page: scale from the first token, doubled for a larger one, an all-zero page gives zeros") {
   for (KvDtype t : {KvDtype::fp8, KvDtype::int8}) {
     CAPTURE(kv_dtype_name(t));
     PagePool pool(4, 4, kH, kD, t);
@@ -100,7 +100,7 @@ TEST_CASE("a quantised page: scale from the first token, grown by a larger one, 
   }
 }
 
-TEST_CASE("fork shares a page's scales, copy-on-write copies them, swap moves them") {
+TEST_CASE("exercise ch07.6: swap out moves the private pages to the host and back; fork shares scales, copy-on-write copies them") {
   for (KvDtype t : {KvDtype::fp8, KvDtype::int8}) {
     CAPTURE(kv_dtype_name(t));
     PagePool pool(8, 4, kH, kD, t), host(8, 4, kH, kD, t);
@@ -125,9 +125,13 @@ TEST_CASE("fork shares a page's scales, copy-on-write copies them, swap moves th
     // Swap b out: its private page 1 goes to the host, page 0 (shared with a) stays.
     int moved = 0;
     REQUIRE(cache.pages_to_swap_out(b) == 1);
+    const int dev_free = pool.free_pages();
     REQUIRE(cache.swap_out(b, &moved) == Status::ok);
     CHECK(moved == 1);
     CHECK(cache.swapped(b));
+    CHECK(pool.free_pages() == dev_free + 1);
+    CHECK(host.used_pages() == 1);
+    CHECK(cache.block_table(b)[0] == cache.block_table(a)[0]);  // the shared page stays
     CHECK(cache.append(b, k, v) == Status::swapped_out);
     CHECK(cache.validate().empty());
     REQUIRE(cache.read(b, 6, rb, y) == Status::ok);  // readable from the host copy
