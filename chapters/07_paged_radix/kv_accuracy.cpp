@@ -1,6 +1,7 @@
 // The accuracy of the 8-bit KV caches (see kv_accuracy.hpp).
 #include "kv_accuracy.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <sstream>

@@ -18,7 +18,6 @@
 /// (channels 3 and 69 of Q and K scaled by 20, as the keys of trained models have them).
 
 #include <cstdint>
-#include <cstdint>
 #include <string>
 #include <vector>
 

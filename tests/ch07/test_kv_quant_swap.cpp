@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <map>
+#include <string>
+#include <vector>
 
 #include "chapters/07_paged_radix/paged_kv_cache.hpp"
 #include "common/inputs.hpp"
