@@ -20,7 +20,15 @@
 //    prefill (d_qk = 192 = 128 nope + 64 rope, d_v = 128), bf16 only. d = 192 makes Q
 //    and K three 128-byte TMA boxes wide and S = Q K^T twelve k-steps deep; the ring
 //    stays 2 stages of Bc = 128 (208 KB of shared memory).
+// 3. Split-K for few tiles (decode at small batch): with fewer tiles than SMs, each tile's
+//    key blocks are cut into `splits` ranges, one tile of the walk each; a range writes its
+//    normalised O and LSE in fp32, and combine_kernel merges a row's ranges with chapter
+//    02's ⊕ in LSE form (as ring attention and flash-decoding do). One sequence of a GQA
+//    decode otherwise has Hkv tiles walking all Nk keys one block after another.
+#include <memory>
 #include <string>
+
+#include "common/cuda/buffer.cuh"
 
 #include "common/cuda/check.cuh"
 #include "common/errors.hpp"
@@ -88,20 +96,74 @@ constexpr int kConsumerWarps = 8;
 constexpr int kTurnBarrier = 1;  // named barriers 1 and 2: consumer 0's and 1's turn (0 is __syncthreads)
 constexpr int kConsumerThreads = 256;
 
-/// The list of tiles of this thread block: entry `round` of the snake, as (m_block, bh).
+/// The list of tiles of this thread block: entry `round` of the snake, as (m_block, bh,
+/// split); the splits of one tile are neighbours in the list.
 struct TileWalk {
-  int cta, ctas, n_tiles, n_qtiles, bh_count;
+  int cta, ctas, n_tiles, n_qtiles, bh_count, splits;
   bool causal;
-  __device__ __forceinline__ bool next(int round, int* m_block, int* bh) const {
+  __device__ __forceinline__ bool next(int round, int* m_block, int* bh, int* split) const {
     const int t = snake_tile(cta, round, ctas);
     if (t >= n_tiles) return false;
-    tile_coords(t, n_qtiles, bh_count, causal, m_block, bh);
+    *split = t % splits;
+    tile_coords(t / splits, n_qtiles, bh_count, causal, m_block, bh);
     return true;
   }
 };
 
-__device__ __forceinline__ TileWalk tile_walk(const Fa3Params& p) {
-  return {fresh_block_index_x(), fresh_grid_size_x(), p.n_qtiles * p.batch * p.heads, p.n_qtiles, p.batch * p.heads, p.causal};
+__device__ __forceinline__ TileWalk tile_walk(const PackedParams& p) {
+  return {fresh_block_index_x(), fresh_grid_size_x(), p.n_qtiles * p.batch * p.heads * p.splits, p.n_qtiles,
+          p.batch * p.heads, p.splits, p.causal};
+}
+
+/// The key blocks [lo, hi) of split s of a tile whose blocks are [0, n_max).
+__device__ __forceinline__ void split_range(const PackedParams& p, int n_max, int s, int* lo, int* hi) {
+  *lo = min_of(n_max, s * p.blocks_per_split);
+  *hi = min_of(n_max, *lo + p.blocks_per_split);
+}
+
+/// A split's normalised O and LSE in fp32 (the combine's input), rows as store_o's.
+template <int NO>
+__device__ __forceinline__ void store_o_part(const PackedParams& p, int bh, int split, const int (&row)[2], int lane,
+                                             const float (&o)[NO], const float (&inv_l)[2], const float (&lse)[2]) {
+  constexpr int D = NO * 2;
+  const std::size_t rows = std::size_t(p.batch) * p.heads * p.nq;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (row[r] >= p.nq) continue;
+    const std::size_t at = split * rows + std::size_t(bh) * p.nq + row[r];
+    float* dst = p.o_part + at * D + 2 * (lane % 4);
+#pragma unroll
+    for (int c = 0; c < D / 8; ++c)
+      *reinterpret_cast<float2*>(dst + 8 * c) = make_float2(o[4 * c + 2 * r] * inv_l[r], o[4 * c + 2 * r + 1] * inv_l[r]);
+    if (lane % 4 == 0) p.lse_part[at] = lse[r];
+  }
+}
+
+/// One warp per row: O = sum_s e^(LSE_s - LSE) O_s with LSE = log sum_s e^(LSE_s) (an
+/// empty split has LSE_s = -inf and weighs 0; a row empty in every split gets O = 0).
+template <class T, int DV>
+__global__ void combine_kernel(const PackedParams p) {
+  const std::size_t rows = std::size_t(p.batch) * p.heads * p.nq;
+  const std::size_t row = (std::size_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  float m = -INFINITY;
+  for (int s = 0; s < p.splits; ++s) m = fmaxf(m, p.lse_part[s * rows + row]);
+  constexpr int kPer = DV / 32;
+  float acc[kPer] = {}, sum = 0.f;
+  if (m != -INFINITY) {
+    for (int s = 0; s < p.splits; ++s) {
+      const float w = __expf(p.lse_part[s * rows + row] - m);
+      sum += w;
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) acc[k] += w * p.o_part[(s * rows + row) * DV + lane + 32 * k];
+    }
+  }
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  T* out = static_cast<T*>(p.o) + row * DV;
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) out[lane + 32 * k] = T(acc[k] * inv);
+  if (lane == 0) p.lse[row] = sum > 0.f ? m + __logf(sum) : -INFINITY;
 }
 
 // ---------------------------------------------------------------- producer warpgroup (warps 0-3)
@@ -110,20 +172,23 @@ __device__ __forceinline__ TileWalk tile_walk(const Fa3Params& p) {
 template <class T, int D, int DV, bool kCausal>
 __device__ __forceinline__ void producer_tile(const CUtensorMap& tm_q, const CUtensorMap& tm_k,
                                               const CUtensorMap& tm_v, const PackedParams& p, unsigned char* smem,
-                                              int m_block, int bh, RingState<Config<D>::kStages>& ring, int& loaded) {
+                                              int m_block, int bh, int split, RingState<Config<D>::kStages>& ring,
+                                              int& loaded) {
   constexpr int Bc = Config<D>::Bc, kStages = Config<D>::kStages;
   using Plan = PackedPlan<T, D, DV, Bc, kStages>;
   const Barriers<kStages> bar(smem + Plan::kBars);
   const int bhk = (bh / p.heads) * p.kv_heads + kv_head_of(bh % p.heads, p.heads, p.kv_heads);
   const KvRange kv = packed_kv_blocks(m_block, Bc, p, kCausal);
-  if (kv.n_max == 0) return;  // every row of the tile is empty: nothing to load
+  int lo, hi;
+  split_range(p, kv.n_max, split, &lo, &hi);
+  if (lo == hi) return;  // every row of the tile is empty in this split: nothing to load
 
   mbarrier_wait(bar.empty_q, (loaded & 1) ^ 1);  // the previous tile's Q is no longer read
   mbarrier_arrive_expect_tx(bar.full_q, Plan::kQBytes);
   for (int b = 0; b < Plan::kBoxes; ++b)
     tma_load_3d(smem + Plan::kQ + b * kBr * Plan::kRowBytes, &tm_q, bar.full_q, b * Plan::kBoxCols, m_block * kBr, bh);
   ++loaded;
-  for (int j = kv.n_max - 1; j >= 0; --j, ring.advance()) {
+  for (int j = hi - 1; j >= lo; --j, ring.advance()) {
     // K_j and V_j into stage ring.stage once the consumers have released it.
     mbarrier_wait(&bar.empty_k[ring.stage], ring.phase ^ 1);
     mbarrier_arrive_expect_tx(&bar.full_k[ring.stage], Plan::kKBytes);
@@ -146,21 +211,31 @@ __device__ __forceinline__ void producer(const CUtensorMap& tm_q, const CUtensor
   const TileWalk walk = tile_walk(p);
   RingState<kStages> ring;  // runs on from tile to tile
   int loaded = 0;           // tiles whose Q this block has loaded: the phase of full_q / empty_q
-  int m_block, bh;
-  for (int round = 0; walk.next(round, &m_block, &bh); ++round)
-    producer_tile<T, D, DV, kCausal>(tm_q, tm_k, tm_v, p, smem, m_block, bh, ring, loaded);
+  int m_block, bh, split;
+  for (int round = 0; walk.next(round, &m_block, &bh, &split); ++round)
+    producer_tile<T, D, DV, kCausal>(tm_q, tm_k, tm_v, p, smem, m_block, bh, split, ring, loaded);
 }
 
 // ---------------------------------------------------------------- consumer warpgroups (warps 4-11)
 template <class T, int D, int DV, bool kCausal>
 __device__ __forceinline__ void consumer_tile(const PackedParams& p, unsigned char* smem, int m_block, int bh,
-                                              RingState<Config<D>::kStages>& ring, int& loaded) {
+                                              int split, RingState<Config<D>::kStages>& ring, int& loaded) {
   constexpr int Bc = Config<D>::Bc, kStages = Config<D>::kStages;
   using Plan = PackedPlan<T, D, DV, Bc, kStages>;
   const Barriers<kStages> bar(smem + Plan::kBars);
   // wg: 0 or 1 for warpgroups 1 and 2 (rows 0-63, 64-127); warp: 0-7 counted from warpgroup 1.
   const int tid = fresh_thread_index() - 128, wg = tid / 128, warp = tid / 32, lane = tid % 32;
   const KvRange kv = packed_kv_blocks(m_block, Bc, p, kCausal);
+  int lo, hi;
+  split_range(p, kv.n_max, split, &lo, &hi);
+  // The tile's O and LSE: straight out (one split), or this split's part for the combine.
+  auto store = [&](const float(&o_)[DV / 2], const float(&inv_l)[2], const float(&lse)[2], const int(&row_)[2]) {
+    if (p.splits == 1) {
+      store_o<T>(p, bh, row_, lane, o_, inv_l, lse);
+    } else {
+      store_o_part(p, bh, split, row_, lane, o_, inv_l, lse);
+    }
+  };
 
   // Descriptors. Q: this warpgroup's 64 rows; the k-th K-step is 32 bytes into the rows.
   auto q_desc = [&](int k) {
@@ -193,10 +268,10 @@ __device__ __forceinline__ void consumer_tile(const PackedParams& p, unsigned ch
   for (int i = 0; i < DV / 2; ++i) o[i] = 0.f;
   RowSoftmax softmax;
   softmax.init();
-  if (kv.n_max == 0) {  // every row of the tile is empty: O = 0, LSE = -inf
+  if (lo == hi) {  // every row of the tile is empty (in this split): O = 0, LSE = -inf
     float inv_l[2], lse[2];
     softmax.finish(p.scale_log2, inv_l, lse);
-    store_o<T>(p, bh, row, lane, o, inv_l, lse);
+    store(o, inv_l, lse, row);
     return;
   }
 
@@ -211,8 +286,8 @@ __device__ __forceinline__ void consumer_tile(const PackedParams& p, unsigned ch
   uint32_t pr[Bc / 4];        // P_{j+1} as the 16-bit A operand of P V
   float alpha[2];             // the rescale that O still owes for block j+1
 
-  // Prologue: the last block, S = Q_i K_j^T and its P.
-  int j = kv.n_max - 1;
+  // Prologue: the last block of the range, S = Q_i K_j^T and its P.
+  int j = hi - 1;
   mbarrier_wait(&bar.full_k[ring.stage], ring.phase);
   my_turn();
   wgmma_fence();
@@ -229,7 +304,7 @@ __device__ __forceinline__ void consumer_tile(const PackedParams& p, unsigned ch
   ring_v = ring;
   ring.advance();
 
-  for (--j; j >= 0; --j, ring.advance(), ring_v.advance()) {
+  for (--j; j >= lo; --j, ring.advance(), ring_v.advance()) {
     mbarrier_wait(&bar.full_k[ring.stage], ring.phase);
     mbarrier_wait(&bar.full_v[ring_v.stage], ring_v.phase);
     my_turn();
@@ -282,7 +357,7 @@ __device__ __forceinline__ void consumer_tile(const PackedParams& p, unsigned ch
 
   float inv_l[2], lse[2];
   softmax.finish(p.scale_log2, inv_l, lse);
-  store_o<T>(p, bh, row, lane, o, inv_l, lse);
+  store(o, inv_l, lse, row);
 }
 
 template <class T, int D, int DV, bool kCausal>
@@ -295,9 +370,9 @@ __device__ __forceinline__ void consumer(const PackedParams& p, unsigned char* s
   if (wg == 1) your_turn();  // warpgroup 2 hands the first turn to warpgroup 1
   RingState<kStages> ring;   // the stage of K_j, running on from tile to tile
   int loaded = 0;            // tiles with work so far: the phase of full_q
-  int m_block, bh;
-  for (int round = 0; walk.next(round, &m_block, &bh); ++round)
-    consumer_tile<T, D, DV, kCausal>(p, smem, m_block, bh, ring, loaded);
+  int m_block, bh, split;
+  for (int round = 0; walk.next(round, &m_block, &bh, &split); ++round)
+    consumer_tile<T, D, DV, kCausal>(p, smem, m_block, bh, split, ring, loaded);
   if (wg == 0) my_turn();  // warpgroup 1 takes back warpgroup 2's last hand-over
 }
 
@@ -332,7 +407,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 template <class T, int D, int DV, bool kCausal>
-PreparedStep prepare(const StepArgs& a, bool pack) {
+PreparedStep prepare(const StepArgs& a, bool pack, int splits) {
   constexpr int Bc = Config<D>::Bc, kStages = Config<D>::kStages;
   using Plan = PackedPlan<T, D, DV, Bc, kStages>;
   const Problem& pr = a.problem;
@@ -350,7 +425,22 @@ PreparedStep prepare(const StepArgs& a, bool pack) {
   const CUtensorMap tk = make_tensor_map_3d(a.k, ty, 2, D, pr.nk, bhk, Plan::kBoxCols, Bc);
   const CUtensorMap tv = make_tensor_map_3d(a.v, ty, 2, DV, pr.nk, bhk, Plan::kBoxCols, Bc);
   CUDA_CHECK(cudaFuncSetAttribute(kernel<T, D, DV, kCausal>, cudaFuncAttributeMaxDynamicSharedMemorySize, Plan::kBytes));
-  const long tiles = long(params.n_qtiles) * long(bhq);
+  long tiles = long(params.n_qtiles) * long(bhq);
+  // Split-K: with fewer tiles than SMs, enough splits to fill them, each of >= 2 key blocks.
+  const int key_blocks = ceil_div(pr.nk, Bc);
+  if (splits <= 0) splits = tiles < a.sms ? int(std::max(1L, std::min<long>(a.sms / tiles, key_blocks / 2))) : 1;
+  splits = std::max(1, std::min(splits, key_blocks));
+  params.blocks_per_split = ceil_div(key_blocks, splits);
+  params.splits = splits = ceil_div(key_blocks, params.blocks_per_split);  // no split without blocks
+  std::shared_ptr<DeviceBuffer<float>> o_part, lse_part;
+  if (splits > 1) {
+    const std::size_t rows = std::size_t(bhq) * params.nq;
+    o_part = std::make_shared<DeviceBuffer<float>>(splits * rows * DV);
+    lse_part = std::make_shared<DeviceBuffer<float>>(splits * rows);
+    params.o_part = o_part->get();
+    params.lse_part = lse_part->get();
+  }
+  tiles *= splits;
   const int grid = int(tiles < a.sms ? tiles : a.sms);  // one block per SM, each walking its tiles
   PreparedStep s;
   s.grid = grid;
@@ -358,28 +448,34 @@ PreparedStep prepare(const StepArgs& a, bool pack) {
   s.launch = [=] {
     kernel<T, D, DV, kCausal><<<grid, kThreads, Plan::kBytes>>>(tq, tk, tv, params);
     CUDA_CHECK_LAUNCH("kernel");
+    if (params.splits > 1) {
+      const std::size_t rows = std::size_t(bhq) * params.nq;
+      combine_kernel<T, DV><<<unsigned((rows + 7) / 8), 256>>>(params);
+      CUDA_CHECK_LAUNCH("combine_kernel");
+    }
+    (void)o_part, (void)lse_part;  // owned by the launch
   };
   return s;
 }
 
 template <class T, int D, int DV>
-PreparedStep prepare_mask(const StepArgs& a, bool pack) {
-  return a.problem.causal ? prepare<T, D, DV, true>(a, pack) : prepare<T, D, DV, false>(a, pack);
+PreparedStep prepare_mask(const StepArgs& a, bool pack, int splits) {
+  return a.problem.causal ? prepare<T, D, DV, true>(a, pack, splits) : prepare<T, D, DV, false>(a, pack, splits);
 }
 
 template <class T>
-PreparedStep prepare_head_dim(const StepArgs& a, bool pack) {
-  if (a.problem.d == 128 && a.problem.dv == 128) return prepare_mask<T, 128, 128>(a, pack);
-  if (a.problem.d == 192 && a.problem.dv == 128) return prepare_mask<T, 192, 128>(a, pack);
+PreparedStep prepare_head_dim(const StepArgs& a, bool pack, int splits) {
+  if (a.problem.d == 128 && a.problem.dv == 128) return prepare_mask<T, 128, 128>(a, pack, splits);
+  if (a.problem.d == 192 && a.problem.dv == 128) return prepare_mask<T, 192, 128>(a, pack, splits);
   throw UsageError("chapter 06 packed forward: no kernel for d = " + std::to_string(a.problem.d) + ", dv = " +
                    std::to_string(a.problem.dv) + " ((128, 128) and (192, 128))");
 }
 
 }  // namespace
 
-PreparedStep prepare(const StepArgs& a, bool pack) {
+PreparedStep prepare(const StepArgs& a, bool pack, int splits) {
   if (a.problem.dtype != DType::bf16) throw UsageError("chapter 06 packed forward: bf16 only");
-  return prepare_head_dim<__nv_bfloat16>(a, pack);
+  return prepare_head_dim<__nv_bfloat16>(a, pack, splits);
 }
 
 }  // namespace attn::ch06::packed
