@@ -51,11 +51,12 @@ constexpr std::size_t decode_smem_bytes(int d) {
   return std::size_t(DecodeGeometry::kStages) * DecodeGeometry::kBc * std::size_t(d) * 2 * 2;
 }
 /// An 8-bit cache: kStages tiles of K and V codes and their scales (one per key), and
-/// one bf16 tile of K and of V that the codes are dequantised into for the MMAs.
+/// one slot of 16 bf16 rows per warp that the warp dequantises its keys into: 65.5 KB
+/// at d = 128, so three blocks fit an SM where two bf16 ones do.
 constexpr std::size_t decode_smem_bytes(int d, KvDtype kv) {
   return !kv_quantised(kv) ? decode_smem_bytes(d)
                            : std::size_t(DecodeGeometry::kStages) * DecodeGeometry::kBc * (std::size_t(d) * 2 + 8) +
-                                 std::size_t(DecodeGeometry::kBc) * d * 2 * 2;
+                                 std::size_t(DecodeGeometry::kWarps) * DecodeGeometry::kWarpKeys * d * 2;
 }
 /// Blocks per SM that shared memory allows (228 KB per SM on Hopper, 1 KB reserved per block).
 int decode_blocks_per_sm(int d);
@@ -174,9 +175,11 @@ struct SplitPlan {
 
 /// Picks the split count: enough blocks to fill every SM, but never splits shorter
 /// than DecodeGeometry::kMinSplitKeys keys. `sms` is the GPU's SM count (132 on H200).
-SplitPlan choose_splits(int batch, int kv_heads, int group, int max_len, int d, int sms);
+/// `kv` sets the shared memory of a block, hence how many an SM holds.
+SplitPlan choose_splits(int batch, int kv_heads, int group, int max_len, int d, int sms,
+                        KvDtype kv = KvDtype::bf16);
 inline SplitPlan choose_splits(const DecodeBatch& b, int sms) {
-  return choose_splits(b.batch(), b.kv_heads, b.group(), b.max_len(), b.d, sms);
+  return choose_splits(b.batch(), b.kv_heads, b.group(), b.max_len(), b.d, sms, b.kv_dtype);
 }
 
 /// Keys of each split of a `len`-key sequence cut into `splits`: whole tiles.

@@ -163,13 +163,13 @@ constexpr uint32_t kTileBytes = uint32_t(Geo::kBc) * D * 2;  ///< one K_j or V_j
 ///
 ///     bf16:   [ K_j (64 x D bf16, swizzled) | V_j ]                       the MMAs read it as it is
 ///     8-bit:  [ K_j codes (64 x D) | V_j codes | K scales (64) | V scales (64) ]
-///             then, after the kStages stages, one bf16 K tile and one V tile that
-///             dequantise_tile() writes and the MMAs read
+///             then, after the kStages stages, one slot of 16 bf16 rows per warp that
+///             the warp dequantises its keys into (DequantRows) and its MMAs read
 template <int D, class Kv>
 constexpr uint32_t kCodeTileBytes = uint32_t(Geo::kBc) * D * kv_elem_bytes(Kv::kDtype);
 template <int D, class Kv>
 constexpr uint32_t kStageBytes = 2 * kCodeTileBytes<D, Kv> + (kv_quantised(Kv::kDtype) ? 2 * Geo::kBc * 4 : 0);
-/// Where the bf16 tiles of an 8-bit cache start.
+/// Where the warps' bf16 slots of an 8-bit cache start.
 template <int D, class Kv>
 constexpr uint32_t kWorkOffset = Geo::kStages * kStageBytes<D, Kv>;
 
@@ -244,30 +244,39 @@ __device__ __forceinline__ void codes_to_float(uint32_t w, float (&x)[4]) {
   }
 }
 
-/// bf16 K/V are used where they landed: the stage is the tile.
-template <int D, class Kv>
-__device__ __forceinline__ void dequantise_tile(const Kv&, uint32_t&, uint32_t&, uint32_t, unsigned char*, uint32_t) {}
+/// Where one warp finds its 16 keys of a tile for the ldmatrix reads. bf16 K/V are read
+/// where they landed: rows k0 .. k0 + 15 of the stage.
+struct StageRows {
+  uint32_t sk, sv;
+  __device__ __forceinline__ uint32_t k() const { return sk; }
+  __device__ __forceinline__ uint32_t v() const { return sv; }
+  __device__ __forceinline__ int row0(int k0) const { return k0; }
+};
 
-/// 8-bit K/V: every thread dequantises the chunks it loaded, in registers: 16 codes
-/// -> fp32 -> times the row's scale -> bf16 (the same bf16(code * scale) as the host),
-/// stored into the bf16 tiles at `work` in the swizzled layout the ldmatrix reads
-/// expect. A barrier then makes the tiles visible; (sk, sv) become the bf16 tiles.
-/// (`smem` is the pointer whose shared-window address is `s0`: the shared addresses
-/// of the stages become pointers for plain 16-byte loads and stores.)
+/// 8-bit K/V: the warp dequantises its own 16 keys, in registers, into its slot of 16
+/// bf16 rows (4 KB at d = 128): K just before S = Q K^T, then V into the same slot
+/// just before O += P V. Each lane converts 16 codes at a time: codes -> fp32 -> times
+/// the row's scale -> bf16 (the same bf16(code * scale) as the host), stored in the
+/// swizzled layout the ldmatrix reads expect. Only the warp itself reads its slot, so
+/// a __syncwarp() orders it, and no warp waits for another.
 template <int D, KvDtype F>
-__device__ __forceinline__ void dequantise_tile(const PagedKv8<F>&, uint32_t& sk, uint32_t& sv, uint32_t work,
-                                                unsigned char* smem, uint32_t s0) {
-  constexpr int CH = D / 16;
-  auto at = [&](uint32_t a) { return smem + (a - s0); };
-  const uint32_t scales = sv + uint32_t(Geo::kBc) * D;
+struct DequantRows {
+  uint32_t sk, sv, work;  ///< the stage's K and V codes; the warp's bf16 slot
+  int k0;                 ///< the warp's first key in the tile
+  unsigned char* smem;    ///< the pointer whose shared-window address is s0
+  uint32_t s0;
+
+  __device__ __forceinline__ void convert(uint32_t codes, int which) const {
+    constexpr int CH = D / 16;  // 16-code chunks per row
+    const int lane = threadIdx.x % 32;
+    const uint32_t scales = sv + uint32_t(Geo::kBc) * D + 4u * uint32_t(which * Geo::kBc);
+    auto at = [&](uint32_t a) { return smem + (a - s0); };
+    __syncwarp();  // every lane is done with the slot's previous contents
 #pragma unroll
-  for (int which = 0; which < 2; ++which) {
-    const uint32_t src = which ? sv : sk, dst = work + uint32_t(which) * kTileBytes<D>;
-#pragma unroll
-    for (int i = 0; i < Geo::kBc * CH / Geo::kThreads; ++i) {
-      const int id = i * Geo::kThreads + threadIdx.x, row = id / CH, ch = id % CH;
-      const uint4 c = *reinterpret_cast<const uint4*>(at(src + uint32_t(row) * D + ch * 16));
-      const float sc = *reinterpret_cast<const float*>(at(scales + 4 * (which * Geo::kBc + row)));
+    for (int i = 0; i < Geo::kWarpKeys * CH / 32; ++i) {
+      const int id = i * 32 + lane, row = id / CH, ch = id % CH;
+      const uint4 c = *reinterpret_cast<const uint4*>(at(codes + uint32_t(k0 + row) * D + ch * 16));
+      const float sc = *reinterpret_cast<const float*>(at(scales + 4u * uint32_t(k0 + row)));
       const uint32_t w[4] = {c.x, c.y, c.z, c.w};
       uint32_t out[8];
 #pragma unroll
@@ -277,13 +286,33 @@ __device__ __forceinline__ void dequantise_tile(const PagedKv8<F>&, uint32_t& sk
         out[2 * j] = cuda::pack2<bf16>(x[0] * sc, x[1] * sc);
         out[2 * j + 1] = cuda::pack2<bf16>(x[2] * sc, x[3] * sc);
       }
-      *reinterpret_cast<uint4*>(at(dst + tile_offset<D>(row, 2 * ch))) = make_uint4(out[0], out[1], out[2], out[3]);
-      *reinterpret_cast<uint4*>(at(dst + tile_offset<D>(row, 2 * ch + 1))) = make_uint4(out[4], out[5], out[6], out[7]);
+      *reinterpret_cast<uint4*>(at(work + tile_offset<D>(row, 2 * ch))) = make_uint4(out[0], out[1], out[2], out[3]);
+      *reinterpret_cast<uint4*>(at(work + tile_offset<D>(row, 2 * ch + 1))) = make_uint4(out[4], out[5], out[6], out[7]);
     }
+    __syncwarp();  // the slot is written before any lane reads it
   }
-  __syncthreads();
-  sk = work;
-  sv = work + kTileBytes<D>;
+  __device__ __forceinline__ uint32_t k() const {
+    convert(sk, 0);
+    return work;
+  }
+  __device__ __forceinline__ uint32_t v() const {
+    convert(sv, 1);
+    return work;
+  }
+  __device__ __forceinline__ int row0(int) const { return 0; }
+};
+
+/// The rows of warp `warp` in a stage: bf16 K/V as they are.
+template <int D, class Kv>
+__device__ __forceinline__ StageRows warp_rows(const Kv&, uint32_t sk, uint32_t sv, int, unsigned char*, uint32_t) {
+  return {sk, sv};
+}
+/// 8-bit K/V: dequantised by the warp into its slot after the kStages stages.
+template <int D, KvDtype F>
+__device__ __forceinline__ DequantRows<D, F> warp_rows(const PagedKv8<F>&, uint32_t sk, uint32_t sv, int warp,
+                                                       unsigned char* smem, uint32_t s0) {
+  const uint32_t work = s0 + kWorkOffset<D, PagedKv8<F>> + uint32_t(warp) * Geo::kWarpKeys * D * 2;
+  return {sk, sv, work, warp * Geo::kWarpKeys, smem, s0};
 }
 
 /// Four consecutive floats of a flat fragment array as one 16x8 mma accumulator.
@@ -322,17 +351,21 @@ struct WarpDecode {
     softmax.init();
   }
 
-  /// Keys k0 .. k0 + 15 of the tile in (sk, sv); only the first `valid` exist.
+  /// Keys k0 .. k0 + 15 of the tile, found through `rows` (StageRows: the stage; 8-bit
+  /// K/V: DequantRows, which dequantises K, then V); only the first `valid` exist.
   /// c = tau log2 e: the softmax scale in base 2.
-  __device__ __forceinline__ void tile(uint32_t sk, uint32_t sv, int k0, int valid, float c) {
+  template <class Rows>
+  __device__ __forceinline__ void tile(const Rows& rows, int k0, int valid, float c) {
     const int lane = threadIdx.x % 32;
+    const uint32_t sk = rows.k();
+    const int r0 = rows.row0(k0);  // the warp's first row in what sk and sv address
     // S_ij = Q_i K_j^T: two 16 x 8 MMA tiles, D/16 k-steps. ldmatrix matrices:
     // (keys 0-7, chunk 2ks) (keys 0-7, chunk 2ks+1) (keys 8-15, chunk 2ks) (keys 8-15, chunk 2ks+1).
     float s[8] = {};
 #pragma unroll
     for (int ks = 0; ks < KS; ++ks) {
       uint32_t b[4];
-      cuda::ldmatrix_x4(b, sk + tile_offset<D>(k0 + Frag::k_key(lane), Frag::k_chunk(lane, ks)));
+      cuda::ldmatrix_x4(b, sk + tile_offset<D>(r0 + Frag::k_key(lane), Frag::k_chunk(lane, ks)));
       cuda::mma_m16n8k16<bf16>(acc4(s, 0), qa[ks], b[0], b[1]);
       cuda::mma_m16n8k16<bf16>(acc4(s, 1), qa[ks], b[2], b[3]);
     }
@@ -349,12 +382,13 @@ struct WarpDecode {
     // exactly the A layout of one k16 step).
     const uint32_t pa[4] = {cuda::pack2<bf16>(s[0], s[1]), cuda::pack2<bf16>(s[2], s[3]),
                             cuda::pack2<bf16>(s[4], s[5]), cuda::pack2<bf16>(s[6], s[7])};
+    const uint32_t sv = rows.v();
     // O_i += P_ij V_j: D/8 MMA tiles of 8 dims. ldmatrix.trans matrices:
     // (keys 0-7, chunk 2n) (keys 8-15, chunk 2n) (keys 0-7, chunk 2n+1) (keys 8-15, chunk 2n+1).
 #pragma unroll
     for (int n = 0; n < ND / 2; ++n) {
       uint32_t b[4];
-      cuda::ldmatrix_x4_trans(b, sv + tile_offset<D>(k0 + Frag::v_key(lane), Frag::v_chunk(lane, n)));
+      cuda::ldmatrix_x4_trans(b, sv + tile_offset<D>(r0 + Frag::v_key(lane), Frag::v_chunk(lane, n)));
       cuda::mma_m16n8k16<bf16>(acc4(o, 2 * n), pa, b[0], b[1]);
       cuda::mma_m16n8k16<bf16>(acc4(o, 2 * n + 1), pa, b[2], b[3]);
     }

@@ -25,9 +25,10 @@
 //
 // The K/V may be stored in 8 bits (FP8 E4M3 or INT8 codes with one scale per page
 // and KV head, kv_quant.hpp): the stage then holds the codes and their scales, and
-// dequantise_tile() (decode_tile.cuh) turns them into bf16 tiles in registers before
-// the warps' MMAs; for a bf16 cache it does nothing. The stage's size and layout come
-// from the K/V type (kStageBytes, kCodeTileBytes).
+// each warp dequantises its own 16 keys in registers into a bf16 slot before its MMAs
+// (warp_rows() and DequantRows in decode_tile.cuh); for a bf16 cache the warp reads the
+// stage as before. The stage's size and layout come from the K/V type (kStageBytes,
+// kCodeTileBytes).
 //
 // Every change from v1: the block's coordinates gain the split (grid.x); its keys are
 // split `split` of the sequence, whole tiles of it, instead of all of it; after the
@@ -74,9 +75,9 @@ __global__ void __launch_bounds__(Geo::kThreads) decode(DecodeParams p, Kv kv) {
     cuda::cp_async_commit();
     const int t0 = t_begin + it * Geo::kBc;
     const int valid = min(Geo::kWarpKeys, t_end - t0 - warp * Geo::kWarpKeys);  // this warp's keys in the tile
-    uint32_t sk = stage_k(it % Geo::kStages), sv = stage_v(it % Geo::kStages);
-    dequantise_tile<D>(kv, sk, sv, s0 + kWorkOffset<D, Kv>, smem, s0);  // 8-bit K/V -> bf16 tiles; bf16: nothing
-    if (valid > 0) wd.tile(sk, sv, warp * Geo::kWarpKeys, valid, c);
+    // The warp's rows of the stage (8-bit K/V: dequantised by the warp as it needs them).
+    const auto rows = warp_rows<D>(kv, stage_k(it % Geo::kStages), stage_v(it % Geo::kStages), warp, smem, s0);
+    if (valid > 0) wd.tile(rows, warp * Geo::kWarpKeys, valid, c);
   }
   cuda::cp_async_wait<0>();
   __syncthreads();  // every stage is drained: reuse the memory for the merge

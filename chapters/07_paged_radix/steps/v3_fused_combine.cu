@@ -28,7 +28,7 @@
 // the counter to 0 for the next step. Bytes are v2's: the partial states are still
 // written and read once (from L2, where they have just been written).
 //
-// The K/V may be stored in 8 bits, as in v1 and v2 (dequantise_tile()).
+// The K/V may be stored in 8 bits, as in v1 and v2 (warp_rows()).
 //
 // Every change from v2: DecodeParams' arrival counters; after the partial state is
 // stored, the fence, the ticket and the early return of every block but the last;
@@ -108,9 +108,9 @@ __global__ void __launch_bounds__(Geo::kThreads) decode(DecodeParams p, Kv kv) {
     cuda::cp_async_commit();
     const int t0 = t_begin + it * Geo::kBc;
     const int valid = min(Geo::kWarpKeys, t_end - t0 - warp * Geo::kWarpKeys);  // this warp's keys in the tile
-    uint32_t sk = stage_k(it % Geo::kStages), sv = stage_v(it % Geo::kStages);
-    dequantise_tile<D>(kv, sk, sv, s0 + kWorkOffset<D, Kv>, smem, s0);  // 8-bit K/V -> bf16 tiles; bf16: nothing
-    if (valid > 0) wd.tile(sk, sv, warp * Geo::kWarpKeys, valid, c);
+    // The warp's rows of the stage (8-bit K/V: dequantised by the warp as it needs them).
+    const auto rows = warp_rows<D>(kv, stage_k(it % Geo::kStages), stage_v(it % Geo::kStages), warp, smem, s0);
+    if (valid > 0) wd.tile(rows, warp * Geo::kWarpKeys, valid, c);
   }
   cuda::cp_async_wait<0>();
   __syncthreads();  // every stage is drained: reuse the memory for the merge
