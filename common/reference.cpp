@@ -315,49 +315,78 @@ RefBackward reference_backward(const Problem& p, const AttnInputs& in, const Bac
 
 namespace {
 
-/// Dot products of x with four rows of y (row stride `stride`), each summed in order c = 0..n-1
-/// by its own accumulator: the same four numbers as four serial loops, with four independent
-/// dependency chains instead of one.
-inline void dots4(const float* x, const float* y, std::size_t stride, int n, float out[4]) {
-  const float *y0 = y, *y1 = y + stride, *y2 = y + 2 * stride, *y3 = y + 3 * stride;
-  float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-  for (int c = 0; c < n; ++c) {
-    a0 += x[c] * y0[c];
-    a1 += x[c] * y1[c];
-    a2 += x[c] * y2[c];
-    a3 += x[c] * y3[c];
+/// The keys (or values) of one KV head as the fp32 loops read them: row-major, row j at y + j * n,
+/// and, when `yT` is given, also transposed (yT[c * ld + j]), which lets a block of keys be dotted
+/// with one query row as a vector loop over the keys. Either way every dot product is summed in
+/// order c = 0..n-1 by its own accumulator, so the numbers do not depend on the layout.
+struct KeyRows {
+  const float* y = nullptr;
+  const float* yT = nullptr;
+  std::size_t ld = 0;
+  int n = 0;
+  static constexpr int kBlock = 64;  // keys per block of the transposed path
+  int block() const { return yT ? kBlock : 4; }
+
+  /// out[t] = x . y_{jb + t} for t < count (count <= block()) where need[t]; others unspecified.
+  void dots(const float* x, int jb, int count, const bool* need, float* out) const {
+    if (yT) {
+      float a[kBlock];
+      for (int t = 0; t < count; ++t) a[t] = 0.f;
+      for (int c = 0; c < n; ++c) {
+        const float xc = x[c];
+        const float* r = yT + std::size_t(c) * ld + jb;
+        for (int t = 0; t < count; ++t) a[t] += xc * r[t];
+      }
+      for (int t = 0; t < count; ++t) out[t] = a[t];
+      return;
+    }
+    if (count == 4) {  // four independent chains
+      const float *y0 = y + std::size_t(jb) * n, *y1 = y0 + n, *y2 = y1 + n, *y3 = y2 + n;
+      float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+      for (int c = 0; c < n; ++c) {
+        a0 += x[c] * y0[c];
+        a1 += x[c] * y1[c];
+        a2 += x[c] * y2[c];
+        a3 += x[c] * y3[c];
+      }
+      out[0] = a0, out[1] = a1, out[2] = a2, out[3] = a3;
+      return;
+    }
+    for (int t = 0; t < count; ++t) {
+      if (!need[t]) continue;
+      const float* yj = y + std::size_t(jb + t) * n;
+      float a = 0;
+      for (int c = 0; c < n; ++c) a += x[c] * yj[c];
+      out[t] = a;
+    }
   }
-  out[0] = a0, out[1] = a1, out[2] = a2, out[3] = a3;
-}
+};
 
-inline float dot1(const float* x, const float* y, int n) {
-  float a = 0;
-  for (int c = 0; c < n; ++c) a += x[c] * y[c];
-  return a;
-}
-
-/// x . y_j for the rows j in [j0, j0 + count) of y (count <= 4) whose `need` is set.
-inline void dots_upto4(const float* x, const float* y, std::size_t stride, int n, int count, const bool* need,
-                       float out[4]) {
-  if (count == 4) return dots4(x, y, stride, n, out);
-  for (int t = 0; t < count; ++t) out[t] = need[t] ? dot1(x, y + t * stride, n) : 0.f;
+/// [rows][cols] -> [cols][rows].
+std::vector<float> transposed(const float* x, int rows, int cols) {
+  std::vector<float> t(std::size_t(rows) * cols);
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) t[std::size_t(c) * rows + r] = x[std::size_t(r) * cols + c];
+  return t;
 }
 
 /// Scores of query row i in fp32 for the keys [j0, j1): s[j - j0] = tau * sum_k q_k k_jk
 /// accumulated in order, then modified; -inf where the mask hides the pair. `raw`, when given,
 /// receives the unmodified tau * q.k (0 where hidden), for the modifier's gradient.
-void row_scores_f32(const Problem& p, const ScoreMod* mod, int b, int h, int i, const float* q, const float* k,
+void row_scores_f32(const Problem& p, const ScoreMod* mod, int b, int h, int i, const float* q, const KeyRows& k,
                     int j0, int j1, float* s, float* raw) {
   const float tau = float(p.softmax_scale());
-  for (int jb = j0; jb < j1; jb += 4) {
-    const int count = std::min(4, j1 - jb);
-    bool vis[4] = {false, false, false, false}, any = false;
+  const int step = k.block();
+  bool vis[KeyRows::kBlock];
+  float acc[KeyRows::kBlock];
+  for (int jb = j0; jb < j1; jb += step) {
+    const int count = std::min(step, j1 - jb);
+    bool any = false;
     for (int t = 0; t < count; ++t) {
       vis[t] = p.visible(i, jb + t) && (!mod || mod->keep(p, b, h, i, jb + t));
       any = any || vis[t];
     }
-    float acc[4] = {0, 0, 0, 0};
-    if (any) dots_upto4(q, k + std::size_t(jb) * p.d, p.d, p.d, count, vis, acc);
+    if (any) k.dots(q, jb, count, vis, acc);
     for (int t = 0; t < count; ++t) {
       float* out = s + (jb + t - j0);
       if (raw) raw[jb + t - j0] = 0.f;
@@ -377,22 +406,26 @@ void scores_f32(const Problem& p, const ScoreMod* mod, int b, int h, int i, cons
                 const float* k, std::vector<float>& s, std::vector<float>* raw = nullptr) {
   s.resize(p.nk);
   if (raw) raw->resize(p.nk);
-  row_scores_f32(p, mod, b, h, i, q, k, 0, p.nk, s.data(), raw ? raw->data() : nullptr);
+  KeyRows kr;
+  kr.y = k;
+  kr.n = p.d;
+  row_scores_f32(p, mod, b, h, i, q, kr, 0, p.nk, s.data(), raw ? raw->data() : nullptr);
 }
 
 /// dP_ij = dO_i . V_j in fp32, in order, for the keys [j0, j1) whose P_ij is not 0 (others: 0).
-void row_dp_f32(const Problem& p, const float* dout, const float* v, int j0, int j1, const float* prob,
-                float* dp) {
-  for (int jb = j0; jb < j1; jb += 4) {
-    const int count = std::min(4, j1 - jb);
-    bool need[4] = {false, false, false, false}, any = false;
+void row_dp_f32(const float* dout, const KeyRows& v, int j0, int j1, const float* prob, float* dp) {
+  const int step = v.block();
+  bool need[KeyRows::kBlock];
+  float acc[KeyRows::kBlock];
+  for (int jb = j0; jb < j1; jb += step) {
+    const int count = std::min(step, j1 - jb);
+    bool any = false;
     for (int t = 0; t < count; ++t) {
       need[t] = prob[jb + t - j0] != 0.f;
       any = any || need[t];
     }
-    float acc[4] = {0, 0, 0, 0};
-    if (any) dots_upto4(dout, v + std::size_t(jb) * p.dv, p.dv, p.dv, count, need, acc);
-    for (int t = 0; t < count; ++t) dp[jb + t - j0] = acc[t];
+    if (any) v.dots(dout, jb, count, need, acc);
+    for (int t = 0; t < count; ++t) dp[jb + t - j0] = need[t] ? acc[t] : 0.f;
   }
 }
 
@@ -467,6 +500,24 @@ NaiveBackward naive_backward_same_precision(const Problem& p, const AttnInputs& 
   const std::size_t rows_per_group = std::size_t(g) * p.nq;
   std::vector<float> row_m(ng * rows_per_group), row_l(ng * rows_per_group), row_d(ng * rows_per_group);
   constexpr int kBlock = 64;  // query rows (pass 1) or keys (pass 2) per work item
+  // K and V of each group also transposed, for the vector loops over keys (KeyRows)
+  std::vector<std::vector<float>> kt(ng), vt(ng);
+  parallel_for(2 * ng, [&](long x) {
+    const auto [b, hk] = plan.kv_groups[x / 2];
+    if (x % 2 == 0)
+      kt[x / 2] = transposed(in.k.data() + p.k_off(b, hk), p.nk, p.d);
+    else
+      vt[x / 2] = transposed(in.v.data() + p.v_off(b, hk), p.nk, p.dv);
+  });
+  const auto key_rows = [&](long gi, bool values) {
+    const auto [b, hk] = plan.kv_groups[gi];
+    KeyRows r;
+    r.y = values ? in.v.data() + p.v_off(b, hk) : in.k.data() + p.k_off(b, hk);
+    r.yT = values ? vt[gi].data() : kt[gi].data();
+    r.ld = std::size_t(p.nk);
+    r.n = values ? p.dv : p.d;
+    return r;
+  };
 
   // Pass 1: per query row, P, O (rounded as the forward stores it), D = dO . O, and dQ.
   const long qblocks = (p.nq + kBlock - 1) / kBlock;
@@ -476,12 +527,13 @@ NaiveBackward naive_backward_same_precision(const Problem& p, const AttnInputs& 
     const int h = hk * g + int(hh);
     const float* k = in.k.data() + p.k_off(b, hk);
     const float* v = in.v.data() + p.v_off(b, hk);
-    std::vector<float> s, s_raw, prob, o(p.dv), dq(p.d), dp(p.nk);
+    const KeyRows krows = key_rows(gi, false), vrows = key_rows(gi, true);
+    std::vector<float> s(p.nk), s_raw(p.nk), prob, o(p.dv), dq(p.d), dp(p.nk);
     for (int i = int(i0); i < std::min<long>(p.nq, i0 + kBlock); ++i) {
       const float* q = in.q.data() + p.q_off(b, h) + std::size_t(i) * p.d;
       const float* dout = in.dout.data() + p.o_off(b, h) + std::size_t(i) * p.dv;
       const std::size_t row = std::size_t(gi) * rows_per_group + std::size_t(hh) * p.nq + i;
-      scores_f32(p, mod, b, h, i, q, k, s, &s_raw);
+      row_scores_f32(p, mod, b, h, i, q, krows, 0, p.nk, s.data(), s_raw.data());
       softmax_f32(p, s, prob, mod ? float(mod->sink(p, b, h)) : -INFINITY, &row_m[row], &row_l[row]);
       std::fill(o.begin(), o.end(), 0.f);
       for (int j = 0; j < p.nk; ++j)
@@ -490,7 +542,7 @@ NaiveBackward naive_backward_same_precision(const Problem& p, const AttnInputs& 
       for (int c = 0; c < p.dv; ++c) D += dout[c] * round_to(p.dtype, o[c]);
       row_d[row] = D;
       std::fill(dq.begin(), dq.end(), 0.f);
-      row_dp_f32(p, dout, v, 0, p.nk, prob.data(), dp.data());
+      row_dp_f32(dout, vrows, 0, p.nk, prob.data(), dp.data());
       for (int j = 0; j < p.nk; ++j) {
         if (prob[j] == 0.f) continue;
         float dsj = prob[j] * (dp[j] - D);
@@ -508,8 +560,7 @@ NaiveBackward naive_backward_same_precision(const Problem& p, const AttnInputs& 
     const long gi = item / kblocks;
     const int j0 = int((item % kblocks) * kBlock), j1 = std::min(p.nk, j0 + kBlock);
     const auto [b, hk] = plan.kv_groups[gi];
-    const float* k = in.k.data() + p.k_off(b, hk);
-    const float* v = in.v.data() + p.v_off(b, hk);
+    const KeyRows krows = key_rows(gi, false), vrows = key_rows(gi, true);
     std::vector<float> dk(std::size_t(j1 - j0) * p.d, 0.f), dv(std::size_t(j1 - j0) * p.dv, 0.f);
     std::vector<float> s(j1 - j0), raw(j1 - j0), prob(j1 - j0), dp(j1 - j0);
     for (int hh = 0; hh < g; ++hh) {
@@ -520,9 +571,9 @@ NaiveBackward naive_backward_same_precision(const Problem& p, const AttnInputs& 
         if (m == -std::numeric_limits<float>::infinity()) continue;  // an empty row: P = 0
         const float* q = in.q.data() + p.q_off(b, h) + std::size_t(i) * p.d;
         const float* dout = in.dout.data() + p.o_off(b, h) + std::size_t(i) * p.dv;
-        row_scores_f32(p, mod, b, h, i, q, k, j0, j1, s.data(), raw.data());
+        row_scores_f32(p, mod, b, h, i, q, krows, j0, j1, s.data(), raw.data());
         for (int j = j0; j < j1; ++j) prob[j - j0] = round_to(p.dtype, std::exp(s[j - j0] - m) / l);
-        row_dp_f32(p, dout, v, j0, j1, prob.data(), dp.data());
+        row_dp_f32(dout, vrows, j0, j1, prob.data(), dp.data());
         for (int j = j0; j < j1; ++j) {
           const float prob_j = prob[j - j0];
           if (prob_j == 0.f) continue;
