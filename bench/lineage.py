@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """./tutorial bench: every chapter's kernels next to the peers and the GPU's own ceilings, in one run.
 
-    ./tutorial bench                       the full sweep (about 15 minutes on an H200, estimated)
-    ./tutorial bench --quick               fewer shapes (about 3 minutes; the start line says)
+    ./tutorial bench                       the full sweep (the start line says how long: about 11 minutes
+                                           on an H200, estimated from the measured pieces)
+    ./tutorial bench --quick               fewer shapes (about 3 minutes on an H200)
+    ./tutorial bench --n 8192 --d 64,128   only these shapes (--mask causal|none|both, --no-backward)
     ./tutorial bench --chapters 04,05      only these chapters (and the peers on their shapes)
     ./tutorial bench --cpu                 no GPU needed: the CPU models' counted HBM traffic and
                                            extra memory against N and the on-chip budget M
@@ -644,8 +646,9 @@ class Bench:
             tasks += extras
             tasks += self.attention_group(128, 2048, False, ("03",), no_flex, no_flex)  # FA1: minutes at 8K
             return tasks
-        # d = 128 over every N; d = 64 and 256 at 2K and 8K. The binaries' set-up (inputs and the fp64
-        # reference on the host) costs 8-30 s a run, so the full sweep is ~12 minutes on an H200.
+        # d = 128 over every N; d = 64 and 256 at 2K and 8K; the backward at d = 128 and at d = 64, N = 8K.
+        # The binaries' set-up (inputs and the fp64 reference on the host) is 1.5-2 s a launch, the
+        # backward's fp64 check 6 s at N = 8K and 4x that at 16K (1 KV group of 10 N^2 d FLOPs).
         shapes = [(128, n, c) for n in FULL_N for c in (True, False)]
         shapes += [(d, n, c) for d in (64, 256) for n in (2048, 8192) for c in (True, False)]
         for i, (d, n, causal) in enumerate(shapes):
