@@ -71,6 +71,7 @@ PreparedStep prepare_step(BwdStep s, const BwdStepArgs& a) {
     case BwdStep::b2_warp_specialized: return b2::prepare(a);
     case BwdStep::b3_dq_fragment_order: return b3::prepare(a);
     case BwdStep::b4_no_spills: return b4::prepare(a);
+    case BwdStep::b5_dq_writer: return b5::prepare(a);
   }
   throw UsageError("unknown backward step");
 }
@@ -94,6 +95,7 @@ const char* bwd_step_name(BwdStep s) {
     case BwdStep::b2_warp_specialized: return "b2 warp-specialised backward";
     case BwdStep::b3_dq_fragment_order: return "b3 backward, dQ in fragment order";
     case BwdStep::b4_no_spills: return "b4 backward, no spills";
+    case BwdStep::b5_dq_writer: return "b5 backward, dQ writer warp";
   }
   return "?";
 }

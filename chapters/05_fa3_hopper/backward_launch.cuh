@@ -47,5 +47,6 @@ namespace b1 { PreparedStep prepare(const BwdStepArgs& a); }
 namespace b2 { PreparedStep prepare(const BwdStepArgs& a); }
 namespace b3 { PreparedStep prepare(const BwdStepArgs& a); }
 namespace b4 { PreparedStep prepare(const BwdStepArgs& a); }
+namespace b5 { PreparedStep prepare(const BwdStepArgs& a); }
 
 }  // namespace attn::ch05

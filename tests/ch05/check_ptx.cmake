@@ -57,3 +57,5 @@ require(v13_dynamic_tiles.ptx "atom.global.add;mbarrier.try_wait.parity;wgmma.mm
 require(b3_dq_fragment_order.ptx "wgmma.mma_async.sync.aligned.m64n64k16;cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32;setmaxnreg.inc.sync.aligned.u32 240")
 # b4: b3 with its descriptors rebuilt every step (the same instructions).
 require(b4_no_spills.ptx "wgmma.mma_async.sync.aligned.m64n64k16;cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32;setmaxnreg.inc.sync.aligned.u32 240")
+# b5: the dQ writer warp waits on mbarriers the consumers arrive on (the same instructions).
+require(b5_dq_writer.ptx "wgmma.mma_async.sync.aligned.m64n64k16;cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32;cp.async.bulk.wait_group.read 0;mbarrier.try_wait.parity;setmaxnreg.dec.sync.aligned.u32 24")

@@ -91,6 +91,16 @@ TEST_CASE("backward b4 (no spills) at awkward shapes, d = 64 and 128, bf16 and f
   }
 }
 
+TEST_CASE("backward b5 (dQ writer warp) at awkward shapes, d = 64 and 128, bf16 and fp16") {
+  require_hopper();
+  for (int d : {64, 128}) {
+    CAPTURE(d);
+    awkward_shapes(BwdStep::b5_dq_writer, d, DType::bf16, false);
+    check_backward(BwdStep::b5_dq_writer, shape().heads(2).n(200, 333).d(d).causal().dtype(DType::f16), false);
+    check_backward(BwdStep::b5_dq_writer, shape().n(256).d(d).dtype(DType::f16), false, Dist::outliers);
+  }
+}
+
 TEST_CASE("backward, deterministic mode: correct at awkward shapes") {
   require_hopper();
   for (BwdStep s : kAllBwdSteps)
@@ -149,3 +159,4 @@ TEST_CASE("backward sanitizer shape b1") { sanitizer_shape(BwdStep::b1_wgmma); }
 TEST_CASE("backward sanitizer shape b2") { sanitizer_shape(BwdStep::b2_warp_specialized); }
 TEST_CASE("backward sanitizer shape b3") { sanitizer_shape(BwdStep::b3_dq_fragment_order); }
 TEST_CASE("backward sanitizer shape b4") { sanitizer_shape(BwdStep::b4_no_spills); }
+TEST_CASE("backward sanitizer shape b5") { sanitizer_shape(BwdStep::b5_dq_writer); }
