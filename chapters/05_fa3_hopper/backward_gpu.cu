@@ -72,6 +72,7 @@ PreparedStep prepare_step(BwdStep s, const BwdStepArgs& a) {
     case BwdStep::b3_dq_fragment_order: return b3::prepare(a);
     case BwdStep::b4_no_spills: return b4::prepare(a);
     case BwdStep::b5_dq_writer: return b5::prepare(a);
+    case BwdStep::b6_deterministic_walk: return b6::prepare(a);
   }
   throw UsageError("unknown backward step");
 }
@@ -96,6 +97,7 @@ const char* bwd_step_name(BwdStep s) {
     case BwdStep::b3_dq_fragment_order: return "b3 backward, dQ in fragment order";
     case BwdStep::b4_no_spills: return "b4 backward, no spills";
     case BwdStep::b5_dq_writer: return "b5 backward, dQ writer warp";
+    case BwdStep::b6_deterministic_walk: return "b6 backward, deterministic walk from the end";
   }
   return "?";
 }

@@ -8,6 +8,7 @@
 ///     b3  dQ in fragment order: the fp32 dQ tile leaves the registers without bank conflicts
 ///     b4  no spills: descriptors rebuilt every step instead of kept across the loop
 ///     b5  a dQ writer warp: the reduce-adds (and the deterministic turns) leave the consumers' path
+///     b6  deterministic walk from the end: the key blocks reach each dQ tile at the same step
 ///
 /// Each run is three kernels: the preprocess (D_i = rowsum(dO_i o O_i), LSE in base 2,
 /// dQ's accumulator and the order counters zeroed), the step's main kernel (parallel
@@ -22,9 +23,9 @@
 
 namespace attn::ch05 {
 
-enum class BwdStep { b1_wgmma = 1, b2_warp_specialized, b3_dq_fragment_order, b4_no_spills, b5_dq_writer };
+enum class BwdStep { b1_wgmma = 1, b2_warp_specialized, b3_dq_fragment_order, b4_no_spills, b5_dq_writer, b6_deterministic_walk };
 constexpr BwdStep kAllBwdSteps[] = {BwdStep::b1_wgmma, BwdStep::b2_warp_specialized, BwdStep::b3_dq_fragment_order,
-                                    BwdStep::b4_no_spills, BwdStep::b5_dq_writer};
+                                    BwdStep::b4_no_spills, BwdStep::b5_dq_writer, BwdStep::b6_deterministic_walk};
 
 /// "b1 wgmma backward" etc.
 const char* bwd_step_name(BwdStep s);

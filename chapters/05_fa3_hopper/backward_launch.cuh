@@ -48,5 +48,6 @@ namespace b2 { PreparedStep prepare(const BwdStepArgs& a); }
 namespace b3 { PreparedStep prepare(const BwdStepArgs& a); }
 namespace b4 { PreparedStep prepare(const BwdStepArgs& a); }
 namespace b5 { PreparedStep prepare(const BwdStepArgs& a); }
+namespace b6 { PreparedStep prepare(const BwdStepArgs& a); }
 
 }  // namespace attn::ch05

@@ -59,3 +59,5 @@ require(b3_dq_fragment_order.ptx "wgmma.mma_async.sync.aligned.m64n64k16;cp.redu
 require(b4_no_spills.ptx "wgmma.mma_async.sync.aligned.m64n64k16;cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32;setmaxnreg.inc.sync.aligned.u32 240")
 # b5: the dQ writer warp waits on mbarriers the consumers arrive on (the same instructions).
 require(b5_dq_writer.ptx "wgmma.mma_async.sync.aligned.m64n64k16;cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32;cp.async.bulk.wait_group.read 0;mbarrier.try_wait.parity;setmaxnreg.dec.sync.aligned.u32 24")
+# b6: b5 with the deterministic walk reversed (the same instructions).
+require(b6_deterministic_walk.ptx "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32;ld.acquire.gpu;mbarrier.try_wait.parity")

@@ -101,6 +101,15 @@ TEST_CASE("backward b5 (dQ writer warp) at awkward shapes, d = 64 and 128, bf16 
   }
 }
 
+TEST_CASE("backward b6 (deterministic walk) at awkward shapes, both modes") {
+  require_hopper();
+  for (int d : {64, 128}) {
+    CAPTURE(d);
+    awkward_shapes(BwdStep::b6_deterministic_walk, d, DType::bf16, false);
+    awkward_shapes(BwdStep::b6_deterministic_walk, d, DType::f16, true);
+  }
+}
+
 TEST_CASE("backward, deterministic mode: correct at awkward shapes") {
   require_hopper();
   for (BwdStep s : kAllBwdSteps)
@@ -160,3 +169,4 @@ TEST_CASE("backward sanitizer shape b2") { sanitizer_shape(BwdStep::b2_warp_spec
 TEST_CASE("backward sanitizer shape b3") { sanitizer_shape(BwdStep::b3_dq_fragment_order); }
 TEST_CASE("backward sanitizer shape b4") { sanitizer_shape(BwdStep::b4_no_spills); }
 TEST_CASE("backward sanitizer shape b5") { sanitizer_shape(BwdStep::b5_dq_writer); }
+TEST_CASE("backward sanitizer shape b6") { sanitizer_shape(BwdStep::b6_deterministic_walk); }

@@ -1,4 +1,4 @@
-// Chapter 05, backward step 3 of 5: dQ in the accumulator's own order.
+// Chapter 05, backward step 3 of 6: dQ in the accumulator's own order.
 //
 //     b1  wgmma backward: S^T, dP^T, dV, dK and dQ on wgmma; TMA loads; dQ through shared
 //         memory and one bulk reduce-add per tile
@@ -10,6 +10,8 @@
 //         of being kept in registers across the loop
 //     b5  a dQ writer warp: a warp of the producer warpgroup issues the reduce-adds (and, in
 //         the deterministic mode, waits for its turn), from double-buffered dQ tiles
+//     b6  deterministic walk from the end: in the deterministic mode every key block walks
+//         its query blocks from the last one down, so that the blocks reach a tile together
 //
 // What changes from b2. b2 writes a warpgroup's 64 x d/2 fp32 dQ tile to shared memory
 // row by row. A store instruction of a warp covers 8 rows x 4 pairs of columns, and rows
