@@ -60,13 +60,13 @@ struct Fa3Params {
 //     | Q: Br x d | K stage 0 | K stage 1 | V stage 0 | V stage 1 | barriers |
 //       Q as boxes: [box 0: Br rows x 128 B][box 1: Br rows x 128 B] ...  (d = 128 bf16: 2 boxes)
 
-template <class T, int D, int Bc, int kStages, int kVRows = Bc>
+template <class T, int D, int Bc, int kStages, int kVRows = Bc, int kQRows = kBr>
 struct SmemPlan {
   static constexpr int kElem = int(sizeof(T));
   static constexpr int kRowBytes = D * kElem >= 128 ? 128 : D * kElem;  ///< bytes per box row
   static constexpr int kBoxCols = kRowBytes / kElem;                    ///< elements per box row
   static constexpr int kBoxes = D / kBoxCols;                           ///< boxes across d
-  static constexpr int kQBytes = kBr * D * kElem;
+  static constexpr int kQBytes = kQRows * D * kElem;  ///< the Q tile (kQRows = Br: 128, or 192 in step 14)
   static constexpr int kKBytes = Bc * D * kElem;      ///< one K stage
   static constexpr int kVBytes = kVRows * D * kElem;  ///< one V stage (V^T for fp8: d rows of Bc)
   static constexpr int kQ = 0;
@@ -195,10 +195,14 @@ __device__ __forceinline__ float exp2_fma(float x) {
 }
 
 /// Which exponentials of a thread's NS scores go to the FMA pipe: one in kEvery
-/// (index i % kEvery == kEvery - 1), the rest to MUFU.EX2.
+/// (index i % kEvery == kEvery - 1), the rest to MUFU.EX2; kEvery = 0: none.
 template <int kEvery, int kDegree>
 __device__ __forceinline__ float exp2_two_pipes(float x, int i) {
-  return i % kEvery == kEvery - 1 ? exp2_fma<kDegree>(x) : exp2_approx(x);
+  if constexpr (kEvery == 0) {
+    return exp2_approx(x);
+  } else {
+    return i % kEvery == kEvery - 1 ? exp2_fma<kDegree>(x) : exp2_approx(x);
+  }
 }
 
 /// RowSoftmax::update (common/cuda/frag_softmax.cuh) with one exponential in kEvery on

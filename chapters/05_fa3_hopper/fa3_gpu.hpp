@@ -38,7 +38,7 @@ enum class Step {
   v7_persistent,
   v8_head_dims,  ///< the last bf16/fp16 step (chapter 06 builds on it)
   v9_fp8,
-  v10_tile_sizes,  ///< v8 with FA3's key blocks (Bc = 176 at d = 128, 80 at d = 256, not causal)
+  v10_tile_sizes,  ///< v8 with FA3's key blocks (Bc = 192, 176, 80 at d = 64, 128, 256, not causal)
   v11_two_pipe_exp,   ///< v10 with one exponential in four on the FMA pipe
   v12_fp8_two_pipes,  ///< v9 with the scale folded into the exponent's FFMA and 1 in 4 2^x on FMA
   v13_dynamic_tiles,  ///< v11 with tiles taken on demand from a global counter: the last bf16/fp16 step

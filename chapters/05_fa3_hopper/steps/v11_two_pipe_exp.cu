@@ -9,29 +9,35 @@
 //     v7  persistent blocks: one per SM, each walking a longest-first list of tiles
 //     v8  every head dim: d = 64, 128, 256, each with its key block and ring depth
 //     v9  FP8 (E4M3): per-block scales, Hadamard rotation of Q and K, V transposed
-//     v10 key blocks for the tensor cores: Bc = 176 at d = 128, 80 at d = 256 (not causal)
+//     v10 key blocks for the tensor cores: Bc = 192, 176, 80 at d = 64, 128, 256 (not causal)
 //   > v11 exponentials on two pipes: one 2^x in four on the FMA pipe (a polynomial)
 //
-// What changes from v10: the softmax computes one exponential in four with
+// What changes from v10: at d = 64 the softmax computes one exponential in four with
 // exp2_fma<4>() (fa3_common.cuh: a rounding FADD, a degree-4 polynomial in FFMA, an
 // integer add into the exponent field) instead of MUFU.EX2, through
-// softmax_update_two_pipes(), which is RowSoftmax::update with that one line changed.
+// softmax_update_two_pipes(), which is RowSoftmax::update with that one line changed
+// (kExpEvery<D>: 4 at d = 64, 0, i.e. MUFU alone, at d = 128 and 256).
 //
-// Why: an SM computes 16 exponentials a clock and 2048 bf16 multiply-adds, so a block of
-// Br x Bc scores costs Br Bc / 16 clocks of MUFU against 2 Br Bc d / 2048 of GEMM:
+// Why: an SM computes 16 exponentials a clock and about 2048 bf16 multiply-adds, so a
+// block of Br x Bc scores costs Br Bc / 16 clocks of MUFU against 2 Br Bc d / 2048 of GEMM:
 //
-//     d      GEMM clocks / MUFU clocks per score      with 1 in 4 on the FMA pipe
-//     64     1.0                                      1.33
-//     128    2.0                                      2.67
-//     256    4.0                                      5.33
+//     d      GEMM clocks per MUFU clock      with 1 in 4 on the FMA pipe
+//     64     1.0                             1.33
+//     128    2.0                             2.67
+//     256    4.0                             5.33
 //
 // At d = 64 the exponentials alone take as long as both GEMMs, so one consumer's softmax
-// cannot hide behind the other's GEMMs. The FMA pipe (128 lanes a clock) has room: the
-// softmax's own FFMA, FMNMX and FADD are 3 of its slots per score, O's rescale half of
-// one at d = 64, and exp2_fma adds 8 for each exponential it takes. One in four puts
-// MUFU at 3/4 of a score per 16 lanes and the FMA pipe at (3.5 + 2) / 128 per lane-clock,
-// both under the GEMM time. exp2_fma<4> errs by at most 2.9e-6 relative, so the row sums
-// (and the LSE) stay within the fp32 floor of the acceptance rule.
+// cannot hide behind the other's GEMMs. The FMA pipe has room (128 lanes a clock; the
+// softmax's FFMA, FMNMX and FADD take 3 of its slots a score), but each polynomial
+// exponential costs 8 instructions where MUFU costs one, and every instruction takes an
+// issue slot: one in four is about where the MUFU time (3/4) and the issue time
+// (about 5 + 7/4 instructions a score where v10 has 5) meet. exp2_fma<4> errs by at
+// most 2.9e-6 relative, so the row sums (and the LSE) stay within the fp32 floor of the
+// acceptance rule.
+//
+// Measured (H200, 2026-12-01 11:17 UTC, N = 8K, not causal, one exponential in four at
+// every head dim): d = 64 +1.9% (449 -> 458), d = 128 -7.4% (698 -> 647); so the split is
+// kept at d = 64 only, where the exponentials are the bottleneck.
 #include <string>
 
 #include "common/cuda/check.cuh"
@@ -52,12 +58,16 @@ using namespace attn::hopper;
 
 // Key block and K/V ring depth per head dim and mask (the table above).
 template <int D, bool kCausal> struct Config;
-template <bool kCausal> struct Config<64, kCausal> { static constexpr int Bc = 128, kStages = 4; };
+template <> struct Config<64, false> { static constexpr int Bc = 192, kStages = 4; };
+template <> struct Config<64, true> { static constexpr int Bc = 128, kStages = 4; };
 template <> struct Config<128, false> { static constexpr int Bc = 176, kStages = 2; };
 template <> struct Config<128, true> { static constexpr int Bc = 128, kStages = 2; };
 template <> struct Config<256, false> { static constexpr int Bc = 80, kStages = 2; };
 template <> struct Config<256, true> { static constexpr int Bc = 64, kStages = 2; };
-constexpr int kExpEvery = 4, kExpDegree = 4;  // one exponential in four on the FMA pipe, degree 4
+// One exponential in four on the FMA pipe (degree 4) at d = 64; none at d = 128 and 256
+// (measured: see the header).
+template <int D> constexpr int kExpEvery = D == 64 ? 4 : 0;
+constexpr int kExpDegree = 4;
 constexpr int kThreads = 384; // producer + two consumer warpgroups
 constexpr int kConsumerWarps = 8;
 constexpr int kTurnBarrier = 1;  // named barriers 1 and 2: consumer 0's and 1's turn (0 is __syncthreads)
@@ -198,7 +208,7 @@ __device__ __forceinline__ void consumer_tile(const Fa3Params& p, unsigned char*
   fence_operand(s);
   if (lane == 0) mbarrier_arrive(&bar.empty_k[ring.stage]);
   mask(s, j);
-  softmax_update_two_pipes<kExpEvery, kExpDegree>(softmax, s, p.scale_log2, alpha);
+  softmax_update_two_pipes<kExpEvery<D>, kExpDegree>(softmax, s, p.scale_log2, alpha);
   convert_p<T>(s, pr);
   ring_v = ring;
   ring.advance();
@@ -228,7 +238,7 @@ __device__ __forceinline__ void consumer_tile(const Fa3Params& p, unsigned char*
     fence_operand(s);
     if (lane == 0) mbarrier_arrive(&bar.empty_k[ring.stage]);
     mask(s, j);
-    softmax_update_two_pipes<kExpEvery, kExpDegree>(softmax, s, p.scale_log2, alpha);  // overlaps P V
+    softmax_update_two_pipes<kExpEvery<D>, kExpDegree>(softmax, s, p.scale_log2, alpha);  // overlaps P V
 
     wgmma_wait<0>();  // P_i,j+1 V_j+1 is done: O and pr may be touched again
     fence_operand(o);

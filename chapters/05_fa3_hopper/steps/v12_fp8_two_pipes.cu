@@ -9,7 +9,7 @@
 //     v7  persistent blocks: one per SM, each walking a longest-first list of tiles
 //     v8  every head dim: d = 64, 128, 256, each with its key block and ring depth
 //     v9  FP8 (E4M3): per-block scales, Hadamard rotation of Q and K, V transposed
-//     v10 key blocks for the tensor cores: Bc = 176 at d = 128, 80 at d = 256 (not causal)
+//     v10 key blocks for the tensor cores: Bc = 192, 176, 80 at d = 64, 128, 256 (not causal)
 //     v11 exponentials on two pipes: one 2^x in four on the FMA pipe (a polynomial)
 //   > v12 the FP8 softmax on two pipes: K scale folded into the exponent's FFMA, 1 in 4 2^x on FMA
 //

@@ -9,7 +9,7 @@
 //     v7  persistent blocks: one per SM, each walking a longest-first list of tiles
 //     v8  every head dim: d = 64, 128, 256, each with its key block and ring depth
 //     v9  FP8 (E4M3): per-block scales, Hadamard rotation of Q and K, V transposed
-//     v10 key blocks for the tensor cores: Bc = 176 at d = 128, 80 at d = 256 (not causal)
+//     v10 key blocks for the tensor cores: Bc = 192, 176, 80 at d = 64, 128, 256 (not causal)
 //     v11 exponentials on two pipes: one 2^x in four on the FMA pipe (a polynomial)
 //   > v13 dynamic tile scheduler: each block takes its next tile from a global counter
 //
@@ -40,7 +40,9 @@
 // Registers: at d = 256 (Bc = 80) the consumers have none to spare, and the walk's state
 // alone pushed two of the loop's values to local memory; so the consumers rebuild the
 // tile list from the parameters and the pingpong barrier ids from a fresh %tid when
-// they need them, and the main loops stay free of local memory (SASS, every head dim).
+// they need them, and a non-causal block asks whether it runs past Nk from Nk itself
+// ((j + 1) Bc > Nk, the same test as j >= n_full = Nk / Bc, with no register held). The
+// main loops stay free of local memory (SASS, every head dim).
 #include <memory>
 #include <string>
 
@@ -63,12 +65,16 @@ using namespace attn::hopper;
 
 // Key block and K/V ring depth per head dim and mask (the table above).
 template <int D, bool kCausal> struct Config;
-template <bool kCausal> struct Config<64, kCausal> { static constexpr int Bc = 128, kStages = 4; };
+template <> struct Config<64, false> { static constexpr int Bc = 192, kStages = 4; };
+template <> struct Config<64, true> { static constexpr int Bc = 128, kStages = 4; };
 template <> struct Config<128, false> { static constexpr int Bc = 176, kStages = 2; };
 template <> struct Config<128, true> { static constexpr int Bc = 128, kStages = 2; };
 template <> struct Config<256, false> { static constexpr int Bc = 80, kStages = 2; };
 template <> struct Config<256, true> { static constexpr int Bc = 64, kStages = 2; };
-constexpr int kExpEvery = 4, kExpDegree = 4;  // one exponential in four on the FMA pipe, degree 4
+// One exponential in four on the FMA pipe (degree 4) at d = 64; none at d = 128 and 256
+// (measured: see the header).
+template <int D> constexpr int kExpEvery = D == 64 ? 4 : 0;
+constexpr int kExpDegree = 4;
 constexpr int kThreads = 384; // producer + two consumer warpgroups
 constexpr int kConsumerWarps = 8;
 constexpr int kTurnBarrier = 1;  // named barriers 1 and 2: consumer 0's and 1's turn (0 is __syncthreads)
@@ -198,7 +204,7 @@ __device__ __forceinline__ void consumer_tile(const Fa3Params& p, unsigned char*
   const int limit[2] = {key_limit(row[0], p.nq, p.nk, kCausal), key_limit(row[1], p.nq, p.nk, kCausal)};
   // A block needs the mask when j >= n_full: the diagonal, or keys past Nk.
   auto mask = [&](float(&s)[Bc / 2], int j) {
-    if (j >= kv.n_full) apply_mask(s, j * Bc, lane, limit);
+    if (kCausal ? j >= kv.n_full : (j + 1) * Bc > p.nk) apply_mask(s, j * Bc, lane, limit);  // (n_full: see the header)
   };
 
   float o[D / 2];  // O_i: 64 x d per warpgroup, fp32
@@ -238,7 +244,7 @@ __device__ __forceinline__ void consumer_tile(const Fa3Params& p, unsigned char*
   fence_operand(s);
   if (lane == 0) mbarrier_arrive(&bar.empty_k[ring.stage]);
   mask(s, j);
-  softmax_update_two_pipes<kExpEvery, kExpDegree>(softmax, s, p.scale_log2, alpha);
+  softmax_update_two_pipes<kExpEvery<D>, kExpDegree>(softmax, s, p.scale_log2, alpha);
   convert_p<T>(s, pr);
   ring_v = ring;
   ring.advance();
@@ -268,7 +274,7 @@ __device__ __forceinline__ void consumer_tile(const Fa3Params& p, unsigned char*
     fence_operand(s);
     if (lane == 0) mbarrier_arrive(&bar.empty_k[ring.stage]);
     mask(s, j);
-    softmax_update_two_pipes<kExpEvery, kExpDegree>(softmax, s, p.scale_log2, alpha);  // overlaps P V
+    softmax_update_two_pipes<kExpEvery<D>, kExpDegree>(softmax, s, p.scale_log2, alpha);  // overlaps P V
 
     wgmma_wait<0>();  // P_i,j+1 V_j+1 is done: O and pr may be touched again
     fence_operand(o);

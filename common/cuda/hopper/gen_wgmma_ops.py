@@ -15,13 +15,13 @@ The generated file is committed, so building never needs Python.
 # (form, element type, N values). SS: A and B from shared-memory descriptors
 # (S = Q K^T: N = Bc). RS: A from registers, B from a descriptor (O += P V: N = d).
 # Users (chapter 05): S = Q K^T with Bc = 128 (d = 64, 128) and Bc = 64 (d = 256), and
-# in v10 Bc = 176 (d = 128, not causal) and Bc = 80 (d = 256);
+# in v10 Bc = 192 (d = 64, not causal), 176 (d = 128, not causal) and 80 (d = 256);
 # P V with N = d in {64, 128, 256}; the same for e4m3 in the fp8 step; probes.cu
 # checks SS bf16 and e4m3 N = 128, RS bf16 and e4m3 N = 64. SSMN (both operands MN-major):
 # the backward's dQ = dS K with N = d / 2.
 SHAPES = [
-    ("SS", "bf16", [64, 80, 128, 176]),
-    ("SS", "f16", [64, 80, 128, 176]),
+    ("SS", "bf16", [64, 80, 128, 176, 192]),
+    ("SS", "f16", [64, 80, 128, 176, 192]),
     ("RS", "bf16", [64, 128, 256]),
     ("RS", "f16", [64, 128, 256]),
     ("SS", "e4m3", [64, 128]),
