@@ -8,6 +8,7 @@
 #include "common/cuda/check.cuh"
 #include "common/cuda/timing.cuh"
 #include "common/device.hpp"
+#include "common/parallel.hpp"
 
 namespace attn {
 
@@ -56,6 +57,20 @@ std::optional<DeviceInfo> query_device(std::string* why_not) {
 
 // ----------------------------------------------------------------------------- tensors
 
+namespace {
+
+/// fn(begin, end) over [0, n) in chunks of 1M elements, on every host thread (each element is
+/// converted on its own: the same values as one loop). Small tensors stay on this thread.
+template <class F>
+void for_chunks(std::size_t n, F&& fn) {
+  constexpr std::size_t kChunk = std::size_t(1) << 20;
+  if (n <= kChunk) return fn(std::size_t(0), n);
+  parallel_for(long((n + kChunk - 1) / kChunk),
+               [&](long c) { fn(std::size_t(c) * kChunk, std::min(n, std::size_t(c + 1) * kChunk)); });
+}
+
+}  // namespace
+
 DeviceTensor DeviceTensor::from_host(const std::vector<float>& h, DType dtype) {
   DeviceTensor t(dtype, h.size());
   if (h.empty()) return t;
@@ -63,8 +78,10 @@ DeviceTensor DeviceTensor::from_host(const std::vector<float>& h, DType dtype) {
     CUDA_CHECK(cudaMemcpy(t.data(), h.data(), h.size() * 4, cudaMemcpyHostToDevice));
   } else {
     std::vector<uint16_t> bits(h.size());
-    for (std::size_t i = 0; i < h.size(); ++i)
-      bits[i] = dtype == DType::bf16 ? float_to_bf16_bits(h[i]) : float_to_half_bits(h[i]);
+    for_chunks(h.size(), [&](std::size_t b, std::size_t e) {
+      for (std::size_t i = b; i < e; ++i)
+        bits[i] = dtype == DType::bf16 ? float_to_bf16_bits(h[i]) : float_to_half_bits(h[i]);
+    });
     CUDA_CHECK(cudaMemcpy(t.data(), bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
   }
   return t;
@@ -78,8 +95,10 @@ std::vector<float> DeviceTensor::to_host() const {
   } else {
     std::vector<uint16_t> bits(n_);
     CUDA_CHECK(cudaMemcpy(bits.data(), data(), n_ * 2, cudaMemcpyDeviceToHost));
-    for (std::size_t i = 0; i < n_; ++i)
-      h[i] = dtype_ == DType::bf16 ? bf16_bits_to_float(bits[i]) : half_bits_to_float(bits[i]);
+    for_chunks(n_, [&](std::size_t b, std::size_t e) {
+      for (std::size_t i = b; i < e; ++i)
+        h[i] = dtype_ == DType::bf16 ? bf16_bits_to_float(bits[i]) : half_bits_to_float(bits[i]);
+    });
   }
   return h;
 }
