@@ -310,7 +310,8 @@ def main():
     ap.add_argument("--windows", default="128,256,512,1024,2048,4096,8192,16384")
     ap.add_argument("--docs", type=int, default=8)
     ap.add_argument("--window", type=int, default=1024, help="the table's window (L, 0), and the sweep's peer point")
-    ap.add_argument("--workers", type=int, default=4, help="peer processes (compiles run in parallel)")
+    ap.add_argument("--workers", type=int, default=6, help="peer processes (compiles run in parallel)")
+    ap.add_argument("--check-mflops", type=int, default=1000, help="our fp64 check's budget per variant (sampled rows)")
     ap.add_argument("--budget", type=float, default=1e9, help="seconds: peers not done by then are reported so")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: variants,sweep,docs")
@@ -345,7 +346,8 @@ def main():
            "custom": {"seed": 7}}
     tour_args = ["--n", str(n), "--heads", str(heads), "--kv-heads", str(heads), "--d", "128", "--batch", "1",
                  "--window", f"{a.window},0", "--chunk", "1024", "--prefix", str(n // 4),
-                 "--doc-lens", ",".join(map(str, lens)), "--sinks", "4", "--softcap", "30", "--causal"]
+                 "--doc-lens", ",".join(map(str, lens)), "--sinks", "4", "--softcap", "30", "--causal",
+                 "--check-mflops", str(a.check_mflops)]
     kept_table = {"causal": n * (n + 1) / 2 * heads}
 
     import multiprocessing as mp
@@ -413,7 +415,7 @@ def main():
         if err:
             out["sweep_error"] = err
         rep, err = run_ours(a.bin, ["--mask", "causal", "--n", str(sn), "--heads", str(heads), "--kv-heads", str(heads),
-                                    "--d", "128", "--batch", "1"], lock)
+                                    "--d", "128", "--batch", "1", "--check-mflops", str(a.check_mflops)], lock)
         out["sweep_causal"] = ours_rows(rep, "causal") if rep else {"error": err}
         log(f"ours, sweep: {time.time() - t0:.0f} s")
         save(a.save, out)

@@ -187,7 +187,8 @@ void mla_sweep(Report& rep, const Ceilings& ceil) {
 }
 #endif
 
-int run_mla(const Options& opt, const std::string& form, long pos0, int splits, bool sweep, bool no_time) {
+int run_mla(const Options& opt, const std::string& form, long pos0, int splits, bool sweep, bool no_time,
+            int tile16) {
   const Problem& cp = opt.problem;
   if (cp.d != kDQK || cp.dv != kDV)
     throw UsageError("mla uses DeepSeek-V3's head dims (d_qk = 192, d_v = 128, d_c = 512, d_rope = 64); --d/--dv "
@@ -276,7 +277,7 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
     require_device_memory(*dev, mla_device_bytes(s, do_dec), "the MLA tensors");
     if (opt.bench || sweep) rep.ceilings = measure_ceilings(DType::bf16);
     if (do_abs) {
-      const MlaGpuResult g = mla_absorb_gpu(s, in, splits, !no_time);
+      const MlaGpuResult g = mla_absorb_gpu(s, in, splits, !no_time, tile16);
       ResultRow row;
       row.impl = "absorb decode (mma.sync)";
       row.device = "cuda";
@@ -319,6 +320,7 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
   (void)dev;
   (void)sweep;
   (void)no_time;
+  (void)tile16;
 #endif
   rep.notes.push_back("cache per token and layer: latent [c ; k_rope] = 576 x 2 B = 1152 B, shared by all " +
                       std::to_string(s.heads) + " heads; decompressed K + V = " + std::to_string(s.heads) +
@@ -374,9 +376,13 @@ int mla_main(int argc, char** argv) {
   cli.add_int("--pos0", &pos0, "RoPE position of key 0 [1000]", 0, 1 << 30);
   cli.add_int("--splits", &splits, "key splits of the absorbed decode (0: from the SM count) [0]", 0, 1024);
   cli.add_flag("--sweep", &sweep, "GPU: the memory-bound and compute-bound decode tables of the README");
+  std::string tile16 = "wide";
+  cli.add_choice("--tile16", &tile16, {"wide", "ring2x2", "ring4"}, "GPU: the shape of the 16-row decode tile [wide]");
   cli.add_flag("--no-time", &no_time, "GPU: check only, no timing (for compute-sanitizer)");
-  return run_chapter(argc, argv, cli,
-                     [&](const Options& o) { return run_mla(o, form, pos0, splits, sweep, no_time); });
+  return run_chapter(argc, argv, cli, [&](const Options& o) {
+    const int v = tile16 == "ring2x2" ? 1 : tile16 == "ring4" ? 2 : 0;
+    return run_mla(o, form, pos0, splits, sweep, no_time, v);
+  });
 }
 
 }  // namespace attn::ch06

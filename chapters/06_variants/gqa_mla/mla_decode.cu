@@ -6,7 +6,7 @@
 // cache streams through shared memory once per tile of rows, not once per head:
 //
 //     thread block (tile t, key range s, sequence b), two shapes (Shape below):
-//       small: 16 rows (H Nq <= 16), 4 warps, blocks of 32 keys, a ring of 4: 167 KB, one per SM
+//       small: 16 rows (H Nq <= 16), 8 warps, blocks of 64 keys, a ring of 2: 168 KB, one per SM
 //       large: 64 rows (4 row tiles), 8 warps, blocks of 64 keys, a ring of 2: 225 KB, one per SM
 //     Q tile  [rows][576]   loaded once (small: its mma fragments then stay in registers)
 //     K ring  STAGES x [BC][576]  cp.async, zero-filled past Nk; STAGES - 1 blocks in flight
@@ -21,11 +21,13 @@
 //
 // Every warp of a row tile computes the same m (the maxima of all key groups, in the same
 // order), so the O columns of different warps are scaled alike; l is summed over the key
-// groups at the end. The memory-bound case (H = 16) is a matter of bytes in flight: a
-// 32-key block is 36 KB, and the small shape keeps three of them in flight per SM (110 KB;
-// about 6.5 MB over 132 SMs covers the read ceiling at 1.5 us of latency), where two blocks
-// per SM with a ring of two kept at most 74 KB, often half. The compute-bound one (H = 128)
-// needs the 64-row tile's reuse of each key, and its ring of two fills shared memory.
+// groups at the end. The memory-bound case (H = 16) needs bytes in flight and threads to
+// issue them: three shapes of the 16-row tile were measured side by side on the H200
+// (chapter README): 8 warps over 64-key blocks ("wide", the default) reached 93% of the
+// read ceiling at B = 64, Nk = 16K, two 4-warp blocks per SM with 32-key rings of 2
+// ("ring2x2") 88%, one 4-warp block with a ring of 4 ("ring4") 57%: each 16-byte cp.async
+// is a thread's instruction, and 128 threads do not keep 110 KB moving. The compute-bound
+// case (H = 128) needs the 64-row tile's reuse of each key; its ring of two fills shared memory.
 #include <cuda_bf16.h>
 
 #include <cfloat>
@@ -69,8 +71,9 @@ struct Shape {
 using Small = Shape<1, 4, 32, 4>;
 using Large = Shape<4, 8, 64, 2>;
 // The 16-row tile's other shapes, selectable (mla_small_variant(), the sweep times all three):
+//   Wide:   8 warps, 64-key blocks, a ring of 2, 168 KB, one block per SM (the default)
 //   Small2: 4 warps, 32-key blocks, a ring of 2, 93 KB, two blocks per SM (two K streams)
-//   Wide:   8 warps, 64-key blocks, a ring of 2, 168 KB, one block per SM (twice the threads issuing copies)
+//   Small:  4 warps, 32-key blocks, a ring of 4, 167 KB, one block per SM
 using Small2 = Shape<1, 4, 32, 2, 2>;
 using Wide = Shape<1, 8, 64, 2>;
 static_assert(Small::kBytes <= 227 * 1024 && Large::kBytes <= 227 * 1024 && Wide::kBytes <= 227 * 1024 &&
@@ -401,17 +404,17 @@ int launch_shape(const DecodeParams& p) {
 
 int launch_decode(const DecodeParams& p, int rows_per_tile, int small_variant) {
   if (rows_per_tile != kRowsSmall) return launch_shape<Large>(p);
-  return small_variant == 1 ? launch_shape<Small2>(p) : small_variant == 2 ? launch_shape<Wide>(p) : launch_shape<Small>(p);
+  return small_variant == 1 ? launch_shape<Small2>(p) : small_variant == 2 ? launch_shape<Small>(p) : launch_shape<Wide>(p);
 }
 
 int keys_per_block(int rows_per_tile, int v) {
-  return rows_per_tile != kRowsSmall ? Large::kBc : v == 1 ? Small2::kBc : v == 2 ? Wide::kBc : Small::kBc;
+  return rows_per_tile != kRowsSmall ? Large::kBc : v == 1 ? Small2::kBc : v == 2 ? Small::kBc : Wide::kBc;
 }
 int blocks_per_sm(int rows_per_tile, int v) {
   return rows_per_tile != kRowsSmall ? Large::kBlocksPerSm
-         : v == 1 ? Small2::kBlocksPerSm : v == 2 ? Wide::kBlocksPerSm : Small::kBlocksPerSm;
+         : v == 1 ? Small2::kBlocksPerSm : v == 2 ? Small::kBlocksPerSm : Wide::kBlocksPerSm;
 }
-const char* small_variant_name(int v) { return v == 1 ? "ring2x2" : v == 2 ? "wide" : "ring4"; }
+const char* small_variant_name(int v) { return v == 1 ? "ring2x2" : v == 2 ? "ring4" : "wide"; }
 
 void launch_combine(const DecodeParams& p, bf16* o_c) {
   const int warps = p.batch * p.rows, per_block = 8;

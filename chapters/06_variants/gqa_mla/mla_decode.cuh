@@ -22,9 +22,10 @@ struct DecodeParams {
 /// Packed rows per thread block: 16 (one mma row tile) or 64 (four).
 constexpr int kRowsSmall = 16, kRowsLarge = 64;
 /// Keys per block of the kernel for that tile (32 or 64), and its resident blocks per SM (2 or 1).
-/// `small_variant` picks the 16-row tile's shape: 0 ring4 (4 warps, 32-key blocks, a ring
-/// of 4, one block per SM), 1 ring2x2 (a ring of 2, two blocks per SM), 2 wide (8 warps,
-/// 64-key blocks, a ring of 2); the 64-row tile has one shape.
+/// `small_variant` picks the 16-row tile's shape: 0 wide (8 warps, 64-key blocks, a ring
+/// of 2, one block per SM: the default), 1 ring2x2 (4 warps, 32-key blocks, a ring of 2,
+/// two blocks per SM), 2 ring4 (4 warps, a ring of 4, one block per SM); the 64-row tile
+/// has one shape.
 int keys_per_block(int rows_per_tile, int small_variant = 0);
 int blocks_per_sm(int rows_per_tile, int small_variant = 0);
 const char* small_variant_name(int small_variant);

@@ -7,6 +7,7 @@
 // Each variant runs its CPU model (forward and backward) and, with a GPU, the sm_80
 // forward, the sm_90a forward (Hopper) and the backward kernels; every result is
 // judged against the fp64 reference of the same mask.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -87,6 +88,7 @@ struct MaskArgs {
   bool map = false;
   bool no_model = false, no_backward = false, no_time = false;
   bool alone = false;          ///< document: also run each document alone
+  int check_mflops = 4000;     ///< the fp64 check's budget per variant, in MFLOPs (sampled rows)
   std::string gpu_path = "all";  ///< sm80, sm90a or all (the forwards; the backward follows --no-backward)
   TextOptions text;
 };
@@ -175,7 +177,7 @@ void run_variant(const MaskSpec& spec, const Problem& user, const Options& opt, 
   const std::unique_ptr<ScoreMod> mod = reference_mod(spec, p);
   const ForwardOracle oracle(p, in, opt.check_all ? CheckPlan::full(p) : CheckPlan::sampled(p, ro.check_flops), mod.get());
   std::optional<BackwardOracle> boracle;
-  if (!a.no_backward) boracle.emplace(p, in, opt.check_all ? BackwardPlan::full(p) : BackwardPlan::sampled(p), mod.get());
+  if (!a.no_backward) boracle.emplace(p, in, opt.check_all ? BackwardPlan::full(p) : BackwardPlan::sampled(p, 2.0 * ro.check_flops), mod.get());
   if (rep.check_plan.empty())
     rep.check_plan = oracle.plan().describe(p) + (boracle ? "; backward: " + boracle->plan().describe(p) : "");
   const double fwd_flops = mask_flops_forward(spec, p, map);
@@ -297,6 +299,7 @@ int mask_main(int argc, char** argv) {
   cli.add_flag("--no-model", &a.no_model, "skip the CPU model rows");
   cli.add_flag("--no-backward", &a.no_backward, "skip the backward rows");
   cli.add_flag("--no-time", &a.no_time, "check the kernels without timing them (for compute-sanitizer)");
+  cli.add_int("--check-mflops", &a.check_mflops, "fp64 check budget per variant in MFLOPs (sampled rows) [4000]", 1);
   cli.add_flag("--alone", &a.alone, "document: also run each document alone (the cost the packed run should match)");
   cli.add_choice("--gpu-path", &a.gpu_path, {"all", "sm80", "sm90a"}, "which forward kernels run (default: all)");
   return run_chapter(int(args.size()), args.data(), cli, [&](const Options& opt) {
@@ -341,6 +344,7 @@ int mask_main(int argc, char** argv) {
       const AttnInputs in = make_inputs(p, opt.dist, opt.seed, /*with_dout=*/!a.no_backward);
       RunOptions ro;
       ro.inputs = &in;
+      ro.check_flops = 1e6 * a.check_mflops;
       for (const MaskSpec& s : specs) run_variant(s, opt.problem, opt, a, dev, explicit_mask, rep, ro);
     }
     // The window sweep: the same inputs, one window after another (rows "window L=...").
@@ -354,7 +358,7 @@ int mask_main(int argc, char** argv) {
         s.left = w;
         finalize_spec(s, opt.problem);
         RunOptions ro;
-        ro.inputs = &in, ro.check_flops = 5e8, ro.label = "window L=" + std::to_string(w);
+        ro.inputs = &in, ro.check_flops = std::min(5e8, 1e6 * a.check_mflops), ro.label = "window L=" + std::to_string(w);
         run_variant(s, opt.problem, opt, a, dev, false, rep, ro);
       }
     }
@@ -370,7 +374,7 @@ int mask_main(int argc, char** argv) {
         s.doc_lens = {lens[k]};
         finalize_spec(s, one);
         RunOptions ro;
-        ro.check_flops = 5e8, ro.quiet_notes = true;
+        ro.check_flops = std::min(5e8, 1e6 * a.check_mflops), ro.quiet_notes = true;
         ro.label = "document " + std::to_string(k) + " alone (" + std::to_string(lens[k]) + ")";
         run_variant(s, one, opt, a, dev, false, rep, ro);
       }
