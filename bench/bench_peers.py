@@ -241,11 +241,17 @@ class Peers:
                 k = torch.randn(b, hkv, length, d, device="cuda", dtype=torch.bfloat16)
             v = torch.randn_like(k)
             fwd = self._call(peer, q, k, v, False, gqa=hq != hkv)
+            t0 = time.time()
             o = fwd()
             torch.cuda.synchronize()
+            call = {"peer": peer, "what": "decode B=%d H=%d/%d L=%d d=%d" % (b, hq, hkv, length, d),
+                    "first_s": round(time.time() - t0, 2)}
+            self.calls.append(call)
             if not torch.isfinite(o).all():
                 return {"status": "failed", "note": "non-finite output"}
+            t1 = time.time()
             ms = self._time(fwd)
+            call["timed_s"] = round(time.time() - t1, 2)
         except Exception as e:
             return {"status": "unsupported", "note": _first_line(e)}
         finally:
