@@ -249,6 +249,13 @@ class Peers:
             self.calls.append(call)
             if not torch.isfinite(o).all():
                 return {"status": "failed", "note": "non-finite output"}
+            o0 = o[0, :, 0] if bnhd else o[0, 0]
+            ref = self._reference_slice(q, k, v, False, bnhd)
+            err = (o0.float() - ref).abs().max().item()
+            tol = 2e-2 * max(1.0, ref.abs().max().item())
+            if not err <= tol:
+                return {"status": "failed", "max_abs_err": err,
+                        "note": "batch 0, head 0 differs from fp32 by %.3g (> %.3g)" % (err, tol)}
             t1 = time.time()
             ms = self._time(fwd)
             call["timed_s"] = round(time.time() - t1, 2)
@@ -257,8 +264,8 @@ class Peers:
         finally:
             q = k = v = o = None
             self.done()
-        return {"status": "ok", "time_ms": ms, "gbps": kv_bytes / (ms * 1e-3) / 1e9,
-                "note": "K/V contiguous bf16, values from randn"}
+        return {"status": "ok", "time_ms": ms, "gbps": kv_bytes / (ms * 1e-3) / 1e9, "max_abs_err": err,
+                "note": "K/V contiguous bf16, values from randn; batch 0, head 0 checked against fp32"}
 
     # ------------------------------------------------------------------ softmax
     def softmax(self, rows, n, bytes_moved):
