@@ -574,10 +574,12 @@ def plot(json_path, png):
             continue
         ax.plot(xs, ys, style, label=f"{lab} (window L, 0)")
         k = max(ys) / max(xs)  # the line through the largest point: time proportional to tiles
-        ax.plot([0, max(xs)], [0, k * max(xs)], "--", color="gray", linewidth=0.8)
+        ax.plot([min(xs), max(xs)], [k * min(xs), k * max(xs)], "--", color="gray", linewidth=0.8)
         if key == "sm90a":
             for x, y, w in zip(xs, ys, ws):
                 ax.annotate(str(w), (x, y), textcoords="offset points", xytext=(4, -10), fontsize=8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
     ax.set_xlabel("K/V tiles visited (over all heads; sm90a 128 x 128, sm80 128 x 64)")
     ax.set_ylabel("time (ms)")
     ax.set_title(f"sliding window, N = {data['sweep_n']}, H = {data['heads']}, d = 128 "
