@@ -673,7 +673,7 @@ class Bench:
         m = {"gpu": info["gpu"], "driver": info["driver"], "clocks": info["clocks"],
              "power_limit_w": info.get("power_limit_w"), "memory_mib": info.get("memory_mib"),
              "date": self.started, "command": cmd,
-             "git_head": git.stdout.strip() or None, "quick": self.a.quick, "chapters": sorted(self.chapters),
+             "git_head": git.stdout.strip() or None, "git_dirty": self._dirty(), "quick": self.a.quick, "chapters": sorted(self.chapters),
              "python": sys.version.split()[0], "duration_s": round(time.time() - self.t0, 1), "complete": complete}
         if self.peers is not None:
             m["peer_versions"] = self.peers.versions
@@ -686,6 +686,14 @@ class Bench:
         m["launches"] = Binary.launches
         m["tasks"] = self.task_times
         return m
+
+    def _dirty(self):
+        """True when the tree differs from git_head (the binaries then are not that commit's)."""
+        if not hasattr(self, "_dirty_v"):
+            r = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True)
+            self._dirty_v = bool(r.stdout.strip()) if r.returncode == 0 else None
+        return self._dirty_v
 
     def peer_status(self):
         if self.peers is None:
