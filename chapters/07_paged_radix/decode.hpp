@@ -142,7 +142,7 @@ struct KvContents {
   KvDtype dtype = KvDtype::bf16;
   const KvScales* scales = nullptr;
   std::size_t page_elems = 0;
-  /// The value a kernel sees: bf16, or bf16(code * scale).
+  /// The value a kernel sees: bf16, or code * scale.
   float k(std::size_t i) const;
   float v(std::size_t i) const;
 };

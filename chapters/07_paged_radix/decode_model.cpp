@@ -26,7 +26,7 @@ DecodeModelResult decode_model(const DecodeBatch& b, const std::vector<float>& q
   if (kv.dtype != b.kv_dtype) throw std::logic_error("decode_model: the pools' format is not the batch's");
   const std::size_t page_elems = std::size_t(b.page_size) * D;
   // An 8-bit pool: one byte per code, counted here (GlobalTensor counts 2-byte elements).
-  // The row is dequantised on chip, bf16(code * scale), as the kernels do.
+  // The row is dequantised on chip, code * scale (the kernels put the scales on S and P instead).
   auto load_codes = [&](const std::vector<float>& codes, const std::vector<float>& scales, std::size_t at, float* dst) {
     tr.bytes_read += double(D);
     const float sc = scales[at / page_elems];

@@ -32,9 +32,11 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/cuda/cp_async.cuh"
 #include "common/cuda/frag_softmax.cuh"
@@ -223,80 +225,85 @@ __device__ __forceinline__ void load_tile(uint32_t sk, uint32_t sv, const PagedK
   }
 }
 
-/// Four codes (one 32-bit word) as floats: E4M3 through the hardware's fp8x2 -> f16x2
-/// conversion (cuda_fp8.h; exact, as every E4M3 value is an f16 value), INT8 through
-/// the exponent trick: the byte b + 128 placed under the exponent of 2^23 is the
-/// float 2^23 + b + 128, exactly, so one subtraction gives b (no int-to-float unit).
+/// Four codes (one 32-bit word) as two f16x2 words, exactly (every E4M3 value and every
+/// integer in [-127, 127] is an f16): E4M3 through the hardware's fp8x2 -> f16x2
+/// conversion (cuda_fp8.h, one instruction per pair), INT8 through the exponent trick:
+/// the byte b + 128 placed under the f16 exponent of 1024 is the f16 1024 + b + 128,
+/// so one f16x2 subtraction of 1152 gives the pair (no int-to-float unit involved).
 template <KvDtype F>
-__device__ __forceinline__ void codes_to_float(uint32_t w, float (&x)[4]) {
+__device__ __forceinline__ void codes_to_f16(uint32_t w, uint32_t& lo, uint32_t& hi) {
   if constexpr (F == KvDtype::fp8) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(w >> (16 * h)), __NV_E4M3);
-      const float2 f = __half22float2(__half2(r));
-      x[2 * h] = f.x;
-      x[2 * h + 1] = f.y;
-    }
+    const __half2_raw a = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(w & 0xffffu), __NV_E4M3);
+    const __half2_raw b = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(w >> 16), __NV_E4M3);
+    lo = uint32_t(a.x) | (uint32_t(a.y) << 16);
+    hi = uint32_t(b.x) | (uint32_t(b.y) << 16);
   } else {
     const uint32_t u = w ^ 0x80808080u;  // two's complement -> offset binary, byte by byte
-#pragma unroll
-    for (int i = 0; i < 4; ++i) x[i] = __uint_as_float(__byte_perm(u, 0x4b000000u, 0x7440u + i)) - 8388736.f;
+    const __half2 bias = __half2(__ushort_as_half(0x6480u), __ushort_as_half(0x6480u));  // 1152
+    const uint32_t pa = __byte_perm(u, 0x64646464u, 0x5140u);  // f16 pair 1024 + (b0 + 128), 1024 + (b1 + 128)
+    const uint32_t pb = __byte_perm(u, 0x64646464u, 0x5342u);  // the same for b2, b3
+    const __half2 a = __hsub2(*reinterpret_cast<const __half2*>(&pa), bias);
+    const __half2 b = __hsub2(*reinterpret_cast<const __half2*>(&pb), bias);
+    lo = *reinterpret_cast<const uint32_t*>(&a);
+    hi = *reinterpret_cast<const uint32_t*>(&b);
   }
 }
 
 /// Where one warp finds its 16 keys of a tile for the ldmatrix reads. bf16 K/V are read
 /// where they landed: rows k0 .. k0 + 15 of the stage.
 struct StageRows {
+  static constexpr bool kScaled = false;
   uint32_t sk, sv;
   __device__ __forceinline__ uint32_t k() const { return sk; }
   __device__ __forceinline__ uint32_t v() const { return sv; }
   __device__ __forceinline__ int row0(int k0) const { return k0; }
+  __device__ __forceinline__ float scale(int, int) const { return 1.f; }
 };
 
-/// 8-bit K/V: the warp dequantises its own 16 keys, in registers, into its slot of 16
-/// bf16 rows (4 KB at d = 128): K just before S = Q K^T, then V into the same slot
-/// just before O += P V. Each lane converts 16 codes at a time: codes -> fp32 -> times
-/// the row's scale -> bf16 (the same bf16(code * scale) as the host), stored in the
-/// swizzled layout the ldmatrix reads expect. Only the warp itself reads its slot, so
-/// a __syncwarp() orders it, and no warp waits for another.
+/// 8-bit K/V: the warp converts its own 16 keys' codes, in registers, to f16 (exact)
+/// into its slot of 16 rows (4 KB at d = 128): K just before S = Q K^T, V into the same
+/// slot just before O += P V, in the swizzled layout the ldmatrix reads expect. The
+/// scales never enter the tile: S's column j is multiplied by key j's K scale, and P's
+/// column j by key j's V scale (relative to the warp's running V scale, WarpDecode), so
+/// the products are f16 x f16 -> fp32 of the codes themselves. Only the warp reads its
+/// slot, so a __syncwarp() orders it, and no warp waits for another.
 template <int D, KvDtype F>
 struct DequantRows {
-  uint32_t sk, sv, work;  ///< the stage's K and V codes; the warp's bf16 slot
+  static constexpr bool kScaled = true;  ///< S and P take per-key scales
+  uint32_t sk, sv, work;  ///< the stage's K and V codes; the warp's f16 slot
   int k0;                 ///< the warp's first key in the tile
   unsigned char* smem;    ///< the pointer whose shared-window address is s0
   uint32_t s0;
 
-  __device__ __forceinline__ void convert(uint32_t codes, int which) const {
+  __device__ __forceinline__ unsigned char* at(uint32_t a) const { return smem + (a - s0); }
+  /// Key `key` (0..15 of the warp's) K scale (which = 0) or V scale (which = 1).
+  __device__ __forceinline__ float scale(int key, int which) const {
+    return *reinterpret_cast<const float*>(at(sv + uint32_t(Geo::kBc) * D + 4u * uint32_t(which * Geo::kBc + k0 + key)));
+  }
+  __device__ __forceinline__ void convert(uint32_t codes) const {
     constexpr int CH = D / 16;  // 16-code chunks per row
     const int lane = threadIdx.x % 32;
-    const uint32_t scales = sv + uint32_t(Geo::kBc) * D + 4u * uint32_t(which * Geo::kBc);
-    auto at = [&](uint32_t a) { return smem + (a - s0); };
     __syncwarp();  // every lane is done with the slot's previous contents
 #pragma unroll
     for (int i = 0; i < Geo::kWarpKeys * CH / 32; ++i) {
       const int id = i * 32 + lane, row = id / CH, ch = id % CH;
       const uint4 c = *reinterpret_cast<const uint4*>(at(codes + uint32_t(k0 + row) * D + ch * 16));
-      const float sc = *reinterpret_cast<const float*>(at(scales + 4u * uint32_t(k0 + row)));
-      const uint32_t w[4] = {c.x, c.y, c.z, c.w};
       uint32_t out[8];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        float x[4];
-        codes_to_float<F>(w[j], x);
-        out[2 * j] = cuda::pack2<bf16>(x[0] * sc, x[1] * sc);
-        out[2 * j + 1] = cuda::pack2<bf16>(x[2] * sc, x[3] * sc);
-      }
+      codes_to_f16<F>(c.x, out[0], out[1]);
+      codes_to_f16<F>(c.y, out[2], out[3]);
+      codes_to_f16<F>(c.z, out[4], out[5]);
+      codes_to_f16<F>(c.w, out[6], out[7]);
       *reinterpret_cast<uint4*>(at(work + tile_offset<D>(row, 2 * ch))) = make_uint4(out[0], out[1], out[2], out[3]);
       *reinterpret_cast<uint4*>(at(work + tile_offset<D>(row, 2 * ch + 1))) = make_uint4(out[4], out[5], out[6], out[7]);
     }
     __syncwarp();  // the slot is written before any lane reads it
   }
   __device__ __forceinline__ uint32_t k() const {
-    convert(sk, 0);
+    convert(sk);
     return work;
   }
   __device__ __forceinline__ uint32_t v() const {
-    convert(sv, 1);
+    convert(sv);
     return work;
   }
   __device__ __forceinline__ int row0(int) const { return 0; }
@@ -328,12 +335,20 @@ __device__ __forceinline__ float (&acc4(float (&a)[N], int t))[4] {
 ///     O (16 x D)       : o[4n  + 0..1] row r, dims 8n  + 2(l%4) + {0,1};  o[4n  + 2..3] row r + 8
 ///   the (m, l) of both rows in `softmax` (l is this lane's part of the row sum until
 ///   store() adds up the four lanes of the quad)
-template <int D>
+///
+/// T is the element type of the MMAs: bf16 for a bf16 cache; f16 for an 8-bit one, whose
+/// codes are exact in f16 (Q is converted once, bf16 -> f16). With an 8-bit cache O is
+/// kept in units of `vsig`, the largest V scale the warp has seen: P's column j enters
+/// the product as p_j * s_j / vsig (at most p_j, so f16 holds it with its full
+/// precision), and O is rescaled by vsig_old / vsig_new when a larger scale arrives,
+/// the way the online softmax rescales it for a larger max.
+template <int D, class T = bf16>
 struct WarpDecode {
   static constexpr int KS = D / 16;  ///< k-steps of Q K^T
   static constexpr int ND = D / 8;   ///< 8-wide column tiles of O
-  uint32_t qa[KS][4];                ///< Q_i as A fragments, bf16 pairs
+  uint32_t qa[KS][4];                ///< Q_i as A fragments, T pairs
   float o[4 * ND];
+  float vsig;                        ///< 8-bit cache: O's unit, the largest V scale so far (0: none yet)
   cuda::RowSoftmax softmax;          ///< m in score units, l in units of 2^(c (s - m))
 
   /// Q rows of heads h0 .. h0 + rows - 1 (rows <= 16); the others are zero.
@@ -344,10 +359,17 @@ struct WarpDecode {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int row = Frag::a_row(lane, i), col = 16 * ks + Frag::a_col(lane, i);
-        qa[ks][i] = row < rows ? *reinterpret_cast<const uint32_t*>(q + std::size_t(row) * D + col) : 0u;
+        const uint32_t x = row < rows ? *reinterpret_cast<const uint32_t*>(q + std::size_t(row) * D + col) : 0u;
+        if constexpr (std::is_same_v<T, bf16>) {
+          qa[ks][i] = x;
+        } else {  // bf16 -> f16 (exact in f16's normal range)
+          const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x));
+          qa[ks][i] = cuda::pack2<T>(f.x, f.y);
+        }
       }
 #pragma unroll
     for (int i = 0; i < 4 * ND; ++i) o[i] = 0.f;
+    vsig = 0.f;
     softmax.init();
   }
 
@@ -366,8 +388,13 @@ struct WarpDecode {
     for (int ks = 0; ks < KS; ++ks) {
       uint32_t b[4];
       cuda::ldmatrix_x4(b, sk + tile_offset<D>(r0 + Frag::k_key(lane), Frag::k_chunk(lane, ks)));
-      cuda::mma_m16n8k16<bf16>(acc4(s, 0), qa[ks], b[0], b[1]);
-      cuda::mma_m16n8k16<bf16>(acc4(s, 1), qa[ks], b[2], b[3]);
+      cuda::mma_m16n8k16<T>(acc4(s, 0), qa[ks], b[0], b[1]);
+      cuda::mma_m16n8k16<T>(acc4(s, 1), qa[ks], b[2], b[3]);
+    }
+    // 8-bit K: S's column j times key j's K scale (this lane holds 4 keys' columns).
+    if constexpr (Rows::kScaled) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) s[i] *= rows.scale(8 * (i / 4) + Frag::c_col(lane, i % 4), 0);
     }
     // Mask the keys past the end: -inf, which the softmax turns into P = 0.
 #pragma unroll
@@ -378,10 +405,31 @@ struct WarpDecode {
     float alpha[2];
     softmax.update(s, c, alpha);
     cuda::rescale(o, alpha);
-    // P_ij rounded to bf16 as the A operand of P V (the C layout of two n8 tiles is
-    // exactly the A layout of one k16 step).
-    const uint32_t pa[4] = {cuda::pack2<bf16>(s[0], s[1]), cuda::pack2<bf16>(s[2], s[3]),
-                            cuda::pack2<bf16>(s[4], s[5]), cuda::pack2<bf16>(s[6], s[7])};
+    // 8-bit V: P's column j times s_j / vsig, vsig the largest V scale so far (the
+    // warp's 16 keys' maximum joins it first; O is rescaled if it grows).
+    if constexpr (Rows::kScaled) {
+      float sv[8], mx = vsig;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) mx = fmaxf(mx, sv[i] = rows.scale(8 * (i / 4) + Frag::c_col(lane, i % 4), 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+      if (mx > vsig) {  // warp-uniform
+        const float r = vsig / mx;  // 0 while O is still 0
+#pragma unroll
+        for (int i = 0; i < 4 * ND; ++i) o[i] *= r;
+        vsig = mx;
+      }
+      const float inv = mx > 0.f ? 1.f / mx : 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) s[i] *= sv[i] * inv;
+    }
+    // P_ij rounded to T as the A operand of P V (the C layout of two n8 tiles is
+    // exactly the A layout of one k16 step). The row sum l took P before the V scales.
+    const uint32_t pa[4] = {cuda::pack2<T>(s[0], s[1]), cuda::pack2<T>(s[2], s[3]),
+                            cuda::pack2<T>(s[4], s[5]), cuda::pack2<T>(s[6], s[7])};
     const uint32_t sv = rows.v();
     // O_i += P_ij V_j: D/8 MMA tiles of 8 dims. ldmatrix.trans matrices:
     // (keys 0-7, chunk 2n) (keys 8-15, chunk 2n) (keys 0-7, chunk 2n+1) (keys 8-15, chunk 2n+1).
@@ -389,8 +437,8 @@ struct WarpDecode {
     for (int n = 0; n < ND / 2; ++n) {
       uint32_t b[4];
       cuda::ldmatrix_x4_trans(b, sv + tile_offset<D>(r0 + Frag::v_key(lane), Frag::v_chunk(lane, n)));
-      cuda::mma_m16n8k16<bf16>(acc4(o, 2 * n), pa, b[0], b[1]);
-      cuda::mma_m16n8k16<bf16>(acc4(o, 2 * n + 1), pa, b[2], b[3]);
+      cuda::mma_m16n8k16<T>(acc4(o, 2 * n), pa, b[0], b[1]);
+      cuda::mma_m16n8k16<T>(acc4(o, 2 * n + 1), pa, b[2], b[3]);
     }
   }
 
@@ -412,17 +460,22 @@ struct WarpDecode {
       ls[warp * 16 + r] = l[0];
       ls[warp * 16 + r + 8] = l[1];
     }
+    const float u = std::is_same_v<T, bf16> ? 1.f : vsig;  // 8-bit V: O back to value units
 #pragma unroll
     for (int n = 0; n < ND; ++n) {
       float* top = os + std::size_t(warp * 16 + r) * D + 8 * n + cl;
       float* bottom = os + std::size_t(warp * 16 + r + 8) * D + 8 * n + cl;
-      top[0] = o[4 * n];
-      top[1] = o[4 * n + 1];
-      bottom[0] = o[4 * n + 2];
-      bottom[1] = o[4 * n + 3];
+      top[0] = o[4 * n] * u;
+      top[1] = o[4 * n + 1] * u;
+      bottom[0] = o[4 * n + 2] * u;
+      bottom[1] = o[4 * n + 3] * u;
     }
   }
 };
+
+/// The warp's state for a K/V type: bf16 MMAs for a bf16 cache, f16 for an 8-bit one.
+template <int D, class Kv>
+using WarpDecodeFor = WarpDecode<D, std::conditional_t<kv_quantised(Kv::kDtype), __half, bf16>>;
 
 /// Row `i`'s state over the whole block, dims c4 .. c4 + 3: the four warps' states
 /// merged with the shared operator (common/online_softmax.hpp), in base 2.

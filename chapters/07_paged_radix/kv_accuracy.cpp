@@ -82,7 +82,7 @@ KvPools per_page(const DecodeBatch& b, const KvPools& x, KvDtype t) {
 }
 
 /// INT8 K with one scale per (page, KV head, channel), V per page; returned as the
-/// dequantised values bf16(code * scale) in a bf16 pool (the model reads values).
+/// dequantised values code * scale in a value pool (the model reads values).
 KvPools int8_per_channel(const DecodeBatch& b, const KvPools& x) {
   const KvPools v8 = per_page(b, x, KvDtype::int8);
   KvPools out;

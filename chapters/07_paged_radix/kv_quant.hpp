@@ -25,9 +25,11 @@
 /// and the GPU's pools) gets amax / Q of all its slots at once. A fresh page starts at scale 0 with zero codes, and an all-zero
 /// page keeps scale 0: its values are 0, never 0 * inf = NaN.
 ///
-/// **Dequantised value.** The decode kernels convert each code to fp32, multiply by
-/// the scale and round to bf16, the element type their tensor-core products take; the
-/// host does the same, so a kernel and the fp64 check see the same keys and values.
+/// **Dequantised value.** An element's value is code * scale in fp32. The decode
+/// kernels never form it: they convert the codes to f16 (exact), multiply Q by them on
+/// the tensor cores, and put the scales on the products (S's column j times key j's K
+/// scale, P's column j times its V scale), which is the same sum up to fp32 rounding;
+/// the fp64 check uses code * scale.
 
 #include <cstdint>
 #include <string>
@@ -58,7 +60,7 @@ inline float kv_code(KvDtype t, float x_times_inv) {
 inline uint8_t kv_code_byte(KvDtype t, float code) {
   return t == KvDtype::fp8 ? q8::e4m3_encode(code) : uint8_t(int8_t(code));
 }
-/// The value the kernels compute from a code and its page's scale: bf16(code * scale).
-inline float kv_dequant(float code, float scale) { return round_to(DType::bf16, code * scale); }
+/// The value of a code under its page's scale: code * scale (fp32).
+inline float kv_dequant(float code, float scale) { return code * scale; }
 
 }  // namespace attn::ch07

@@ -105,7 +105,7 @@ class PagePool {
   /// A quantised pool quantises them with the page's scale, first growing the scale
   /// (and quantising the page's other slots again) when a value does not fit under it.
   void write_slot(int page, int slot, const float* k, const float* v);
-  /// Reads one token into [kv_heads][head_dim] buffers (dequantised: bf16(code * scale)).
+  /// Reads one token into [kv_heads][head_dim] buffers (dequantised: code * scale).
   void read_slot(int page, int slot, float* k, float* v) const;
   /// Copies every slot of page `src` into page `dst`, with its scales (copy-on-write).
   void copy_page(int dst, int src);

@@ -24,11 +24,11 @@
 // shorter than 512 keys.
 //
 // The K/V may be stored in 8 bits (FP8 E4M3 or INT8 codes with one scale per page
-// and KV head, kv_quant.hpp): the stage then holds the codes and their scales, and
-// each warp dequantises its own 16 keys in registers into a bf16 slot before its MMAs
-// (warp_rows() and DequantRows in decode_tile.cuh); for a bf16 cache the warp reads the
-// stage as before. The stage's size and layout come from the K/V type (kStageBytes,
-// kCodeTileBytes).
+// and KV head, kv_quant.hpp): the stage then holds the codes and their scales; each
+// warp converts its own 16 keys' codes in registers to f16 into its slot, and its MMAs
+// (f16, WarpDecodeFor) take the scales on S and P (warp_rows(), DequantRows and
+// WarpDecode in decode_tile.cuh); for a bf16 cache the warp reads the stage as before.
+// The stage's size and layout come from the K/V type (kStageBytes, kCodeTileBytes).
 //
 // Every change from v1: the block's coordinates gain the split (grid.x); its keys are
 // split `split` of the sequence, whole tiles of it, instead of all of it; after the
@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(Geo::kThreads) decode(DecodeParams p, Kv kv) {
   const int t_begin = min(len, split * per), t_end = min(len, t_begin + per);
 
   const float c = p.scale * float(kLog2e);  // the softmax scale in base 2
-  WarpDecode<D> wd;
+  WarpDecodeFor<D, Kv> wd;  // bf16 MMAs, or f16 ones over 8-bit codes
   wd.init(p.q + (std::size_t(b) * p.heads + h0) * D, rows);
   const uint32_t s0 = cuda::smem_u32(smem);
   auto stage_k = [&](int st) { return s0 + uint32_t(st) * kStageBytes<D, Kv>; };

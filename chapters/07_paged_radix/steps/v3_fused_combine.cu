@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(Geo::kThreads) decode(DecodeParams p, Kv kv) {
   const int t_begin = min(len, split * per), t_end = min(len, t_begin + per);
 
   const float c = p.scale * float(kLog2e);  // the softmax scale in base 2
-  WarpDecode<D> wd;
+  WarpDecodeFor<D, Kv> wd;  // bf16 MMAs, or f16 ones over 8-bit codes
   wd.init(p.q + (std::size_t(b) * p.heads + h0) * D, rows);
   const uint32_t s0 = cuda::smem_u32(smem);
   auto stage_k = [&](int st) { return s0 + uint32_t(st) * kStageBytes<D, Kv>; };
