@@ -301,38 +301,41 @@ __global__ void __launch_bounds__(S::kThreads, S::kBlocksPerSm) decode_kernel(co
   }
 }
 
-/// One warp per (sequence, row): the key ranges merged with ⊕, then O / l in bf16.
+/// The key ranges of a row merged with ⊕, then O / l in bf16. All ranges at once: with
+/// M = max_s m_s, the merged state is (M, sum_s 2^(m_s - M) l_s) and O = sum_s 2^(m_s - M) O_s,
+/// which is what folding them in one by one with merge_weights<Base2> gives (exercise
+/// ch06.6 is that fold on the CPU), but every range's load is independent of the others.
+/// Four warps per (sequence, row), 128 of the 512 columns each (a float4 per lane): with
+/// one sequence there are only 16 rows, and one warp per row walking 64 ranges one load
+/// after another was most of a B = 1 decode step.
+constexpr int kCombineWarpsPerRow = 4;
 __global__ void combine_kernel(const DecodeParams p, bf16* o_c) {
-  const int w = int((blockIdx.x * std::size_t(blockDim.x) + threadIdx.x) / 32), lane = threadIdx.x % 32;
-  if (w >= p.batch * p.rows) return;
-  const int b = w / p.rows, row = w % p.rows;
-  SoftmaxState<float, Base2> st = SoftmaxState<float, Base2>::identity();
-  float acc[16];
+  constexpr int kCols = kDVl / kCombineWarpsPerRow;
+  static_assert(kCols == 4 * 32, "a float4 per lane");
+  const std::size_t w = (blockIdx.x * std::size_t(blockDim.x) + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32, part = int(w % kCombineWarpsPerRow);
+  if (w / kCombineWarpsPerRow >= std::size_t(p.batch) * p.rows) return;
+  const int bw = int(w / kCombineWarpsPerRow), b = bw / p.rows, row = bw % p.rows;
+  auto at = [&](int s) { return (std::size_t(b) * p.splits + s) * p.rows + row; };
+  float m = -INFINITY;
+  for (int s = lane; s < p.splits; s += 32) m = fmaxf(m, p.ml_part[at(s) * 2]);
 #pragma unroll
-  for (int k = 0; k < 16; ++k) acc[k] = 0.f;
+  for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  const float shift = finite_max(m);  // every range empty: weights 2^-inf = 0
+  float l = 0.f;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
   for (int s = 0; s < p.splits; ++s) {
-    const std::size_t at = (std::size_t(b) * p.splits + s) * p.rows + row;
-    const SoftmaxState<float, Base2> part{p.ml_part[at * 2], p.ml_part[at * 2 + 1]};
-    const MergeWeights<float> mw = merge_weights<Base2>(st.m, part.m);
-    st = {mw.m, st.l * mw.wa + part.l * mw.wb};
-    const float4* src = reinterpret_cast<const float4*>(p.o_part + at * kDVl);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float4 v = src[lane + 32 * k];
-      acc[4 * k + 0] = acc[4 * k + 0] * mw.wa + v.x * mw.wb;
-      acc[4 * k + 1] = acc[4 * k + 1] * mw.wa + v.y * mw.wb;
-      acc[4 * k + 2] = acc[4 * k + 2] * mw.wa + v.z * mw.wb;
-      acc[4 * k + 3] = acc[4 * k + 3] * mw.wa + v.w * mw.wb;
-    }
+    const std::size_t a = at(s);
+    const float wgt = exp2_approx(p.ml_part[a * 2] - shift);
+    l += p.ml_part[a * 2 + 1] * wgt;
+    const float4 v = reinterpret_cast<const float4*>(p.o_part + a * kDVl + part * kCols)[lane];
+    acc.x += wgt * v.x, acc.y += wgt * v.y, acc.z += wgt * v.z, acc.w += wgt * v.w;
   }
-  const float inv = st.l > 0.f ? 1.f / st.l : 0.f;
-  bf16* dst = o_c + (std::size_t(b) * p.rows + row) * kDVl;
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const int col = 4 * (lane + 32 * k);
-    *reinterpret_cast<uint2*>(dst + col) =
-        make_uint2(pack2<bf16>(acc[4 * k] * inv, acc[4 * k + 1] * inv), pack2<bf16>(acc[4 * k + 2] * inv, acc[4 * k + 3] * inv));
-  }
+  const float inv = l > 0.f ? 1.f / l : 0.f;
+  bf16* dst = o_c + (std::size_t(b) * p.rows + row) * kDVl + part * kCols + 4 * lane;
+  *reinterpret_cast<uint2*>(dst) =
+      make_uint2(pack2<bf16>(acc.x * inv, acc.y * inv), pack2<bf16>(acc.z * inv, acc.w * inv));
 }
 
 constexpr int kRowsPerGemmBlock = 8;
@@ -417,7 +420,7 @@ int blocks_per_sm(int rows_per_tile, int v) {
 const char* small_variant_name(int v) { return v == 1 ? "ring2x2" : v == 2 ? "ring4" : "wide"; }
 
 void launch_combine(const DecodeParams& p, bf16* o_c) {
-  const int warps = p.batch * p.rows, per_block = 8;
+  const int warps = p.batch * p.rows * kCombineWarpsPerRow, per_block = 8;
   combine_kernel<<<ceil_div(warps, per_block), 32 * per_block>>>(p, o_c);
   CUDA_CHECK_LAUNCH("mla combine_kernel");
 }
