@@ -242,7 +242,7 @@ def main():
     ap.add_argument("--binary", default="build/bin/ch06_variants")
     ap.add_argument("--part", choices=["gqa", "mla", "both"], default="both")
     ap.add_argument("--budget", type=float, default=1e9, help="seconds: peers not done by then are reported so")
-    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--workers", type=int, default=5, help="peer processes (one per FA4 group size)")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--markdown", action="store_true", help="(kept for compatibility: the output is markdown)")
     a = ap.parse_args()
@@ -279,15 +279,16 @@ def main():
             for b, nq in GQA_SIZES:
                 key = (b, hq, hkv, nq, GQA_NK)
                 send(gs.index(hq // hkv), (key, "fa4", b, hq, hkv, nq, GQA_NK))
-        for hq, hkv in GQA_HEADS:
-            for b, nq in GQA_SIZES:
-                key = (b, hq, hkv, nq, GQA_NK)
-                send(rr, (key, "cudnn", b, hq, hkv, nq, GQA_NK))
-                rr += 1
     if a.part in ("mla", "both"):
         for h, b, nk in MLA_CASES:
             if 2.0 * b * h * nk * (192 + 128) <= MLA_MAX_BYTES:
                 send(rr, ((h, b, nk), "mla", h, b, nk))
+                rr += 1
+    if a.part in ("gqa", "both"):
+        for hq, hkv in GQA_HEADS:
+            for b, nq in GQA_SIZES:
+                key = (b, hq, hkv, nq, GQA_NK)
+                send(rr, (key, "cudnn", b, hq, hkv, nq, GQA_NK))
                 rr += 1
 
     # ours, holding the lock (the peers keep setting up meanwhile)
