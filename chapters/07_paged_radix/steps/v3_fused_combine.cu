@@ -17,7 +17,8 @@
 // its (m, l, O) as in v2, then takes a ticket from one arrival counter per (sequence,
 // KV head group); the block that draws the last ticket has every other split's state
 // in memory (each block fences its stores before it takes its ticket) and merges them
-// there, with all 128 threads and eight splits' states loaded before they are folded:
+// there, with all 128 threads: the splits' (m, l) staged in shared memory, sixteen O
+// slices in flight per thread:
 //
 //   grid.z = sequence b, grid.y = KV head hk (x head chunk), grid.x = split s
 //
@@ -40,15 +41,27 @@
 namespace attn::ch07::gpu::v3 {
 
 /// The last block of a (b, KV head group) merges the S split states of its `rows`
-/// heads: thread task (row i, dims c4 .. c4 + 3) folds the splits with merge(), eight
-/// states loaded before they are folded, so eight loads are in flight instead of one.
-/// The states were written by other blocks: read through L2 (__ldcg), not L1.
+/// heads. The states were written by other blocks: read through L2 (__ldcg), not L1.
+/// First every (row, split) m and l goes to shared memory, all loads in flight at once;
+/// then thread task (row i, dims c4 .. c4 + 3) folds the splits with merge(), sixteen
+/// O slices loaded before they are folded: two round trips to L2 for 32 splits, where
+/// v2's merge kernel waits for one per split.
 template <int D>
-__device__ __forceinline__ void merge_states(const DecodeParams& p, int b, int h0, int rows) {
-  constexpr int kBatch = 8;
+__device__ __forceinline__ void merge_states(const DecodeParams& p, int b, int h0, int rows, float* sm,
+                                             int sm_floats) {
+  constexpr int kBatch = 16;
+  const std::size_t row0 = std::size_t(b) * p.heads + h0;
+  const bool staged = 2 * rows * p.splits <= sm_floats;  // always, but for thousands of splits
+  if (staged) {
+    for (int t = threadIdx.x; t < rows * p.splits; t += Geo::kThreads) {
+      sm[2 * t] = __ldcg(p.part_m + row0 * p.splits + t);  // rows are consecutive: (row0 + i) * S + s
+      sm[2 * t + 1] = __ldcg(p.part_l + row0 * p.splits + t);
+    }
+    __syncthreads();
+  }
   for (int task = threadIdx.x; task < rows * (D / 4); task += Geo::kThreads) {
     const int i = task / (D / 4), c4 = task % (D / 4) * 4;
-    const std::size_t row = std::size_t(b) * p.heads + h0 + i;
+    const std::size_t row = row0 + i;
     auto acc = AttnState<4, float, Base2>::identity();
     for (int s0 = 0; s0 < p.splits; s0 += kBatch) {
       AttnState<4, float, Base2> part[kBatch];
@@ -57,7 +70,9 @@ __device__ __forceinline__ void merge_states(const DecodeParams& p, int b, int h
         part[j] = AttnState<4, float, Base2>::identity();
         if (s0 + j < p.splits) {
           const std::size_t at = row * p.splits + s0 + j;
-          part[j].s = {__ldcg(p.part_m + at), __ldcg(p.part_l + at)};
+          const int t = i * p.splits + s0 + j;
+          part[j].s = staged ? SoftmaxState<float, Base2>{sm[2 * t], sm[2 * t + 1]}
+                             : SoftmaxState<float, Base2>{__ldcg(p.part_m + at), __ldcg(p.part_l + at)};
           const float4 v = __ldcg(reinterpret_cast<const float4*>(p.part_o + at * D + c4));
           part[j].o[0] = v.x, part[j].o[1] = v.y, part[j].o[2] = v.z, part[j].o[3] = v.w;
         }
@@ -138,7 +153,7 @@ __global__ void __launch_bounds__(Geo::kThreads) decode(DecodeParams p, Kv kv) {
   __syncthreads();
   if (ticket != p.splits - 1) return;  // another split will merge
   __threadfence();                     // the last: every other split's state is visible
-  merge_states<D>(p, b, h0, rows);
+  merge_states<D>(p, b, h0, rows, reinterpret_cast<float*>(smem), int(decode_smem_bytes(D, Kv::kDtype) / 4));
   if (threadIdx.x == 0) *counter = 0;  // ready for the next step
 }
 
