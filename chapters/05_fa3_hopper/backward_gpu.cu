@@ -1,5 +1,6 @@
 // Chapter 05's backward, host side: the preprocess and postprocess kernels, and one
 // run of a backward step (upload, forward for O and LSE, poison, run, download, time).
+#include <memory>
 #include <string>
 
 #include "backward_gpu.hpp"
@@ -109,63 +110,88 @@ double fa3_backward_device_bytes(const Problem& p) {
          4.0 * double(p.lse_elems()) + 4.0 * rows_pad * (2 + p.d);                          // LSE, lse2, D, dQ acc
 }
 
-GpuBackward fa3_backward_gpu(const Problem& p, const AttnInputs& in, BwdStep step, bool deterministic, bool time,
-                             const std::function<bool(const GpuBackward&)>& judge) {
-  const std::string why = backward_unsupported(p);
-  if (!why.empty()) throw UsageError(std::string(bwd_step_name(step)) + ": not built for " + why);
-  // O and LSE from chapter 05's forward (v8), downloaded and uploaded again: the
-  // backward's inputs, outside the timed region.
-  const GpuForward fwd = fa3_forward_gpu(p, in, Step::v8_head_dims, false);
-  const DeviceTensor q = DeviceTensor::from_host(in.q, p.dtype), k = DeviceTensor::from_host(in.k, p.dtype),
-                     v = DeviceTensor::from_host(in.v, p.dtype), dout = DeviceTensor::from_host(in.dout, p.dtype),
-                     o = DeviceTensor::from_host(fwd.o, p.dtype);
-  DeviceBuffer<float> lse(p.lse_elems());
-  lse.upload(fwd.lse);
-  const int n_qblocks = ceil_div(p.nq, kBwdBr);
-  const std::size_t rows_pad = std::size_t(p.batch) * p.heads * n_qblocks * kBwdBr;
-  DeviceTensor dq(p.dtype, p.q_elems()), dk(p.dtype, p.k_elems()), dv(p.dtype, p.v_elems());
-  DeviceBuffer<float> lse2(rows_pad), delta(rows_pad), dq_accum(rows_pad * p.d);
-  DeviceBuffer<int> order(std::size_t(p.batch) * p.heads * n_qblocks * 2);
+/// The device tensors of one problem: its inputs, O and LSE from the forward, the
+/// gradients and the backward's scratch, allocated and uploaded once.
+struct BackwardRunner::Impl {
+  Problem p;
+  DeviceTensor q, k, v, dout, o, dq, dk, dv;
+  DeviceBuffer<float> lse, lse2, delta, dq_accum;
+  DeviceBuffer<int> order;
+  Fa3BwdParams b;
 
+  Impl(const Problem& prob, const AttnInputs& in) : p(prob) {
+    const std::string why = backward_unsupported(p);
+    if (!why.empty()) throw UsageError("the backward is not built for " + why);
+    // O and LSE from chapter 05's forward (v8), downloaded and uploaded again: the
+    // backward's inputs, outside the timed region.
+    const GpuForward fwd = fa3_forward_gpu(p, in, Step::v8_head_dims, false);
+    q = DeviceTensor::from_host(in.q, p.dtype);
+    k = DeviceTensor::from_host(in.k, p.dtype);
+    v = DeviceTensor::from_host(in.v, p.dtype);
+    dout = DeviceTensor::from_host(in.dout, p.dtype);
+    o = DeviceTensor::from_host(fwd.o, p.dtype);
+    lse = DeviceBuffer<float>(p.lse_elems());
+    lse.upload(fwd.lse);
+    const int n_qblocks = ceil_div(p.nq, kBwdBr);
+    const std::size_t rows_pad = std::size_t(p.batch) * p.heads * n_qblocks * kBwdBr;
+    dq = DeviceTensor(p.dtype, p.q_elems());
+    dk = DeviceTensor(p.dtype, p.k_elems());
+    dv = DeviceTensor(p.dtype, p.v_elems());
+    lse2 = DeviceBuffer<float>(rows_pad);
+    delta = DeviceBuffer<float>(rows_pad);
+    dq_accum = DeviceBuffer<float>(rows_pad * p.d);
+    order = DeviceBuffer<int>(std::size_t(p.batch) * p.heads * n_qblocks * 2);
+    b.o = o.data();
+    b.dout = dout.data();
+    b.lse = lse.get();
+    b.lse2 = lse2.get();
+    b.delta = delta.get();
+    b.dq_accum = dq_accum.get();
+    b.dq_order = order.get();
+    b.dq = dq.data();
+    b.dk = dk.data();
+    b.dv = dv.data();
+    b.batch = p.batch;
+    b.heads = p.heads;
+    b.kv_heads = p.kv_heads;
+    b.nq = p.nq;
+    b.nk = p.nk;
+    b.d = p.d;
+    b.n_qblocks = n_qblocks;
+    b.scale = float(p.softmax_scale());
+    b.scale_log2 = float(p.softmax_scale() * kLog2e);
+    b.causal = p.causal;
+  }
+};
+
+BackwardRunner::BackwardRunner(const Problem& p, const AttnInputs& in) : impl_(std::make_unique<Impl>(p, in)) {}
+BackwardRunner::~BackwardRunner() = default;
+
+GpuBackward BackwardRunner::run(BwdStep step, bool deterministic, bool time,
+                                const std::function<bool(const GpuBackward&)>& judge) {
+  Impl& m = *impl_;
   BwdStepArgs a;
-  a.problem = p;
-  a.q = q.data();
-  a.k = k.data();
-  a.v = v.data();
-  a.dout = dout.data();
-  Fa3BwdParams& b = a.params;
-  b.o = o.data();
-  b.dout = dout.data();
-  b.lse = lse.get();
-  b.lse2 = lse2.get();
-  b.delta = delta.get();
-  b.dq_accum = dq_accum.get();
-  b.dq_order = order.get();
-  b.dq = dq.data();
-  b.dk = dk.data();
-  b.dv = dv.data();
-  b.batch = p.batch;
-  b.heads = p.heads;
-  b.kv_heads = p.kv_heads;
-  b.nq = p.nq;
-  b.nk = p.nk;
-  b.d = p.d;
-  b.n_qblocks = n_qblocks;
-  b.scale = float(p.softmax_scale());
-  b.scale_log2 = float(p.softmax_scale() * kLog2e);
-  b.causal = p.causal;
-  b.deterministic = deterministic;
-  b.dq_fragment_order = step >= BwdStep::b3_dq_fragment_order;
+  a.problem = m.p;
+  a.q = m.q.data();
+  a.k = m.k.data();
+  a.v = m.v.data();
+  a.dout = m.dout.data();
+  a.params = m.b;
+  a.params.deterministic = deterministic;
+  a.params.dq_fragment_order = step >= BwdStep::b3_dq_fragment_order;
+  const Fa3BwdParams& b = a.params;
   const PreparedStep main_kernel = prepare_step(step, a);
 
-  dq.poison();
-  dk.poison();
-  dv.poison();
-  lse2.poison();
-  delta.poison();
-  dq_accum.poison();
+  // Every output and every scratch buffer poisoned: whatever a run leaves unwritten is NaN.
+  m.dq.poison();
+  m.dk.poison();
+  m.dv.poison();
+  m.lse2.poison();
+  m.delta.poison();
+  m.dq_accum.poison();
+  m.order.poison();
   auto run = [&] {
-    if (p.dtype == DType::f16)
+    if (m.p.dtype == DType::f16)
       run_all<__half>(b, main_kernel);
     else
       run_all<__nv_bfloat16>(b, main_kernel);
@@ -173,13 +199,18 @@ GpuBackward fa3_backward_gpu(const Problem& p, const AttnInputs& in, BwdStep ste
   run();
   CUDA_CHECK(cudaDeviceSynchronize());
   GpuBackward r;
-  r.dq = dq.to_host();
-  r.dk = dk.to_host();
-  r.dv = dv.to_host();
+  r.dq = m.dq.to_host();
+  r.dk = m.dk.to_host();
+  r.dv = m.dv.to_host();
   r.grid = main_kernel.grid;
   r.smem_bytes = main_kernel.smem_bytes;
   if (time && (!judge || judge(r))) r.time_ms = time_gpu(run).median_ms;
   return r;
+}
+
+GpuBackward fa3_backward_gpu(const Problem& p, const AttnInputs& in, BwdStep step, bool deterministic, bool time,
+                             const std::function<bool(const GpuBackward&)>& judge) {
+  return BackwardRunner(p, in).run(step, deterministic, time, judge);
 }
 
 }  // namespace attn::ch05

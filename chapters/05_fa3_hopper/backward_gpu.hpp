@@ -15,6 +15,7 @@
 /// over key blocks), and the postprocess (dQ = tau x accumulator, in the input dtype).
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,23 @@ struct GpuBackward {
 /// unsupported problem.
 GpuBackward fa3_backward_gpu(const Problem& p, const AttnInputs& in, BwdStep s, bool deterministic, bool time,
                              const std::function<bool(const GpuBackward&)>& judge = {});
+
+/// One problem on the device for several backward runs: the inputs, O and LSE (from the
+/// forward, v8) and the gradients are uploaded and allocated once, so that the rows of a
+/// report do not pay for them again. Every run poisons the outputs first.
+class BackwardRunner {
+ public:
+  BackwardRunner(const Problem& p, const AttnInputs& in);  ///< UsageError for an unsupported problem
+  ~BackwardRunner();
+  BackwardRunner(const BackwardRunner&) = delete;
+  BackwardRunner& operator=(const BackwardRunner&) = delete;
+  /// As fa3_backward_gpu().
+  GpuBackward run(BwdStep s, bool deterministic, bool time, const std::function<bool(const GpuBackward&)>& judge = {});
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 /// Device bytes the backward allocates (inputs, O, LSE, gradients, accumulators).
 double fa3_backward_device_bytes(const Problem& p);

@@ -76,6 +76,7 @@ void add_backward_model_row(Report& rep, const Problem& p, const AttnInputs& in,
 void add_backward_rows(Report& rep, const Problem& p, const AttnInputs& in, const BackwardOracle& oracle,
                        const DeviceInfo& dev, const std::string& which) {
   require_device_memory(dev, fa3_backward_device_bytes(p), "the backward's tensors");
+  BackwardRunner runner(p, in);  // the tensors uploaded once for every row
   for (BwdStep s : kAllBwdSteps)
     for (bool det : {false, true}) {
       if (which != "all" && std::to_string(int(s)) != which) continue;
@@ -85,7 +86,7 @@ void add_backward_rows(Report& rep, const Problem& p, const AttnInputs& in, cons
       row.flops = flops_backward(p);
       row.bound = Bound::compute;
       CheckResult c;
-      const GpuBackward g = fa3_backward_gpu(p, in, s, det, /*time=*/true, [&](const GpuBackward& r) {
+      const GpuBackward g = runner.run(s, det, /*time=*/true, [&](const GpuBackward& r) {
         c = oracle.judge(r.dq, r.dk, r.dv);
         return c.pass();
       });

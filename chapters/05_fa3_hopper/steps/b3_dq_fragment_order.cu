@@ -306,7 +306,8 @@ __device__ __forceinline__ void consumer(const Fa3BwdParams& p, unsigned char* s
     fence_operand(dq);
     fence_operand(pT);
     fence_operand(dsT);
-    __syncwarp();  // every lane's reads of LSE_i, D_i happen before lane 0's release of the stage
+    fence_proxy_async_shared();  // this thread's reads of LSE_i, D_i before the copy engine's next write
+    __syncwarp();                // every lane's, before lane 0's release of the stage
     if (lane == 0) mbarrier_arrive(&empty[st]);  // Q_i, dO_i, LSE_i, D_i no longer read by this warp
     named_barrier_sync(2, 256);                  // dS^T no longer read by either consumer's dQ
 
