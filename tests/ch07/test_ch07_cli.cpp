@@ -1,6 +1,8 @@
 // The ch07_paged_radix binary as a learner runs it.
 #include <doctest/doctest.h>
 
+#include <string>
+
 #include "support/json_check.hpp"
 #include "support/run_binary.hpp"
 
@@ -63,7 +65,9 @@ TEST_CASE("bad input: one line on stderr and exit code 2") {
         "decode --dtype fp16", "decode --heads 6 --kv-heads 4", "decode --batch 0", "decode --causal",
         "decode --splits -1", "decode --lengths wobbly", "decode --device cpu --sweep",
         "decode --device cpu --sram-bytes 65536", "--page-size 12", "paged --seqs 0", "paged --max-len 1",
-        "radix --workload nope", "radix --requests 5 --pool-pages 4", "radix --draw --json", "radix --page-size 0"}) {
+        "radix --workload nope", "radix --requests 5 --pool-pages 4", "radix --draw --json", "radix --page-size 0",
+        "decode --kv-dtype fp4", "decode --kv-dtype fp8 --d 64", "decode --accuracy --sweep",
+        "decode --sweep-shapes nope", "swap --pool-pages 0", "swap --copy-gbps -1"}) {
     const std::string a = args;
     CAPTURE(a);
     const auto r = run_binary(CH07_BINARY, a);
@@ -74,7 +78,7 @@ TEST_CASE("bad input: one line on stderr and exit code 2") {
 }
 
 TEST_CASE("--help of every subcommand exits 0") {
-  for (const char* args : {"paged --help", "decode --help", "radix --help", "--help"}) {
+  for (const char* args : {"paged --help", "decode --help", "radix --help", "swap --help", "--help"}) {
     const std::string a = args;
     CAPTURE(a);
     const auto r = run_binary(CH07_BINARY, a);
@@ -82,4 +86,41 @@ TEST_CASE("--help of every subcommand exits 0") {
     CHECK(r.out.find("usage") != std::string::npos);
   }
   CHECK(run_binary(CH07_BINARY, "decode --help").out.find("--page-size") != std::string::npos);
+}
+
+TEST_CASE("decode over an 8-bit cache: the models pass, the bytes are about half of bf16's") {
+  double bytes[3] = {0, 0, 0};
+  const char* kinds[3] = {"bf16", "fp8", "int8"};
+  for (int i = 0; i < 3; ++i) {
+    CAPTURE(kinds[i]);
+    const auto r = run_binary(CH07_BINARY, std::string("decode --device cpu --batch 4 --nk 600 --kv-dtype ") + kinds[i]);
+    CHECK(r.exit_code == 0);
+    CHECK(r.out.find("FAIL") == std::string::npos);
+    const std::size_t at = r.out.find("KV bytes per step: ");
+    REQUIRE(at != std::string::npos);
+    bytes[i] = std::stod(r.out.substr(at + 19));
+  }
+  CHECK(bytes[1] < 0.52 * bytes[0]);
+  CHECK(bytes[1] > 0.49 * bytes[0]);
+  CHECK(bytes[2] == bytes[1]);
+}
+
+TEST_CASE("decode --accuracy: bf16 is the most accurate, and the rotation helps INT8 on outlier channels") {
+  const auto r = run_binary(CH07_BINARY, "decode --accuracy --json");
+  CHECK(r.exit_code == 0);
+  CHECK(testing_support::is_valid_json(r.out));
+  CHECK(r.out.find("\"outlier channels\"") != std::string::npos);
+  CHECK(r.out.find("int8 per page + Hadamard") != std::string::npos);
+}
+
+TEST_CASE("swap: counts on any machine, every run sound, and times with given rates") {
+  auto r = run_binary(CH07_BINARY, "swap --requests 60");
+  CHECK(r.exit_code == 0);
+  CHECK(r.out.find("FAIL") == std::string::npos);
+  CHECK(r.out.find("counts only") != std::string::npos);
+  r = run_binary(CH07_BINARY, "swap --requests 60 --copy-gbps 20 --prefill-tflops 500 --json");
+  CHECK(r.exit_code == 0);
+  CHECK(testing_support::is_valid_json(r.out));
+  CHECK(r.out.find("\"swap_s\"") != std::string::npos);
+  CHECK(r.out.find("\"valid\": false") == std::string::npos);
 }

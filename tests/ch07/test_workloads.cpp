@@ -114,3 +114,33 @@ TEST_CASE("bar_chart scales bars to the maximum") {
   CHECK(c.find("|#####     | 50%") != std::string::npos);
   CHECK(c.find("|##########| 100%") != std::string::npos);
 }
+
+TEST_CASE("the serving loop preempts by swap: every step sound, every swapped page comes back") {
+  for (CacheKind c : {CacheKind::radix, CacheKind::none}) {
+    CAPTURE(cache_name(c));
+    SimConfig cfg;
+    cfg.pool_pages = 800;
+    cfg.max_running = 16;
+    cfg.validate_every_step = true;
+    const Trace tr = make_trace(Workload::chat, 120, 1);
+    cfg.preempt = Preemption::recompute;
+    const SimStats rc = simulate(tr, c, cfg);
+    cfg.preempt = Preemption::swap;
+    const SimStats sw = simulate(tr, c, cfg);
+    CHECK(rc.final_validation.empty());
+    CHECK(sw.final_validation.empty());
+    CHECK(rc.preemptions > 0);
+    CHECK(rc.recompute_tokens > 0);
+    CHECK(sw.swap_outs > 0);
+    CHECK(sw.swapped_in_pages == sw.swapped_out_pages);  // nothing is left on the host
+    CHECK(sw.recompute_tokens == 0);                       // the host pool never ran out
+    CHECK(sw.generated_tokens == tr.output_tokens());      // swapped requests resume, not restart
+    CHECK(sw.peak_host_pages > 0);
+    // A host pool of one page: every preemption falls back to recompute.
+    cfg.host_pages = 1;
+    const SimStats tiny = simulate(tr, c, cfg);
+    CHECK(tiny.final_validation.empty());
+    CHECK(tiny.swap_outs == 0);
+    CHECK(tiny.recompute_tokens > 0);
+  }
+}
