@@ -49,7 +49,7 @@ constexpr std::size_t kBackwardModelSram = (228 + 256) * 1024;
 /// its bytes from the formula when the problem is too large for one core.
 void add_backward_model_row(Report& rep, const Problem& p, const AttnInputs& in, const BackwardOracle* oracle) {
   ResultRow row;
-  row.impl = "FA3 backward model (b1, b2 loops)";
+  row.impl = "FA3 backward model (b-step loops)";
   row.device = "cpu";
   row.flops = flops_backward(p);
   const Fa3BackwardTraffic f = fa3_backward_traffic(p);
