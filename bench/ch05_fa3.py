@@ -53,6 +53,9 @@ def time_torch(fn, torch, repeats=20):
     return times[len(times) // 2]
 
 
+PEERS = ["cudnn", "fa4", "flash"]  # --peers
+
+
 def peers(b, h, n, d, causal):
     """TFLOP/s of SDPA's cuDNN and flash backends and of FA4 (None when one refuses the shape)."""
     import torch
@@ -61,6 +64,8 @@ def peers(b, h, n, d, causal):
     q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     out = {}
     try:
+        if "fa4" not in PEERS:
+            raise RuntimeError("not asked for (--peers)")
         from flash_attn.cute import flash_attn_func
         qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))  # FA4 takes [B, N, H, d]
 
@@ -74,6 +79,9 @@ def peers(b, h, n, d, causal):
         print(f"  fa4: {str(e).splitlines()[0][:160] if str(e) else type(e).__name__}", file=sys.stderr)
         out["fa4"] = None
     for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+        if name not in PEERS:
+            out[name] = None
+            continue
         try:
             with sdpa_kernel(backend):
                 fn = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
@@ -170,14 +178,16 @@ def main():
     ap.add_argument("--steps", help="only these steps of the binary, e.g. 8,10 (one run each)")
     ap.add_argument("--no-peers", action="store_true", help="time the steps only")
     ap.add_argument("--extra", default="", help="more flags for the binary, e.g. --no-backward")
+    ap.add_argument("--peers", default="cudnn,fa4,flash", help="which peers to time (cudnn, fa4, flash)")
     a = ap.parse_args()
     a.steps = a.steps.split(",") if a.steps else None
     EXTRA.extend(a.extra.split())
+    PEERS[:] = a.peers.split(",")
     shapes = [(128, False), (128, True), (64, False), (64, True), (256, False), (256, True)]
     if a.shapes == "quick":
         shapes = [(128, False), (128, True)]
-    if a.dims:
-        shapes = [(d, c) for d, c in shapes if str(d) in a.dims.split(",")]
+    if a.dims:  # in the order given
+        shapes = [(int(d), c) for d in a.dims.split(",") for dd, c in shapes if dd == int(d)]
     if a.mask != "both":
         shapes = [(d, c) for d, c in shapes if c == (a.mask == "causal")]
     b = a.batch or max(1, 16384 // a.n)

@@ -72,6 +72,7 @@ PreparedStep prepare_step(Step s, const StepArgs& a) {
     case Step::v11_two_pipe_exp: return v11::prepare(a);
     case Step::v12_fp8_two_pipes: return v12::prepare(a);
     case Step::v13_dynamic_tiles: return v13::prepare(a);
+    case Step::v14_three_consumers: return v14::prepare(a);
   }
   throw UsageError("unknown step");
 }

@@ -20,6 +20,7 @@ const char* step_name(Step s) {
     case Step::v11_two_pipe_exp: return "v11 exponentials on two pipes";
     case Step::v12_fp8_two_pipes: return "v12 fp8 softmax on two pipes";
     case Step::v13_dynamic_tiles: return "v13 dynamic tile scheduler";
+    case Step::v14_three_consumers: return "v14 three consumer warpgroups";
   }
   return "?";
 }
@@ -49,6 +50,7 @@ bool step_supports(Step s, const Problem& p, std::string* why) {
   if (s_index >= 2 && s_index <= 7 && p.d != 128)
     return no("built for d = 128 only (steps 1 and 8-13 take d = 64, 128, 256)");
   if (p.d != 64 && p.d != 128 && p.d != 256) return no("built for d = 64, 128 and 256");
+  if (s == Step::v14_three_consumers && p.d != 64) return no("built for d = 64 only (three consumer warpgroups)");
   return true;
 }
 

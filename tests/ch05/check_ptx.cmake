@@ -61,3 +61,5 @@ require(b4_no_spills.ptx "wgmma.mma_async.sync.aligned.m64n64k16;cp.reduce.async
 require(b5_dq_writer.ptx "wgmma.mma_async.sync.aligned.m64n64k16;cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32;cp.async.bulk.wait_group.read 0;mbarrier.try_wait.parity;setmaxnreg.dec.sync.aligned.u32 24")
 # b6: b5 with the deterministic walk reversed (the same instructions).
 require(b6_deterministic_walk.ptx "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32;ld.acquire.gpu;mbarrier.try_wait.parity")
+# v14: three consumer warpgroups re-divide the registers as 24 / 160; the turn goes round three barriers.
+require(v14_three_consumers.ptx "setmaxnreg.inc.sync.aligned.u32 160;setmaxnreg.dec.sync.aligned.u32 24;bar.sync;bar.arrive;atom.global.add")

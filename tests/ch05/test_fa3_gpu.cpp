@@ -163,6 +163,19 @@ TEST_CASE("every step at the benchmark's causal shape (sampled rows)") {
   }
 }
 
+TEST_CASE("step 14 (three consumer warpgroups, d = 64) at awkward shapes and with more tiles than SMs") {
+  require_hopper();
+  for (DType t : {DType::bf16, DType::f16}) awkward_shapes(Step::v14_three_consumers, 64, t);
+  check_step(Step::v14_three_consumers, shape().batch(2).heads(8, 4).n(2100).d(64).causal().dtype(DType::bf16));
+  check_step(Step::v14_three_consumers, shape().batch(2).heads(8).n(2100, 1900).d(64).dtype(DType::f16));
+  check_step(Step::v14_three_consumers, shape().heads(2).n(500).d(64).causal().dtype(DType::bf16), Dist::outliers);
+  const Problem p = shape().batch(2).heads(8).n(1500, 1700).d(64).causal().dtype(DType::bf16);
+  const AttnInputs in = make_inputs(p, Dist::normal, 9);
+  const GpuForward g = fa3_forward_gpu(p, in, Step::v14_three_consumers, false, 3);  // the counter resets
+  const CheckResult c = ForwardOracle(p, in, CheckPlan::full(p)).judge(g.o, &g.lse);
+  CHECK_MESSAGE(c.pass(), c.failures());
+}
+
 TEST_CASE("step 13's tile counter is back at zero after every launch") {
   // The third of three launches of one prepared kernel, each with the outputs poisoned
   // first: a counter left past zero would leave tiles unwritten (NaN) or skip them.

@@ -14,6 +14,8 @@ the claim that does not depend on the timing method.
 """
 import argparse
 import csv
+import glob
+import shutil
 import io
 import os
 import subprocess
@@ -35,17 +37,28 @@ for spec in sys.argv[1:]:
 '''
 
 
+def ncu_binary():
+    for c in [shutil.which("ncu"), "/usr/local/cuda/bin/ncu", *sorted(glob.glob("/opt/nvidia/nsight-compute/*/ncu"))]:
+        if c and os.path.exists(c):
+            return c
+    raise SystemExit("ncu not found")
+
+
 def ncu(cmd, kernel_regex, timeout):
-    args = ["ncu", "--metrics", "gpu__time_duration.sum", "--clock-control", "none", "--csv", "--print-units", "base",
+    args = [ncu_binary(), "--metrics", "gpu__time_duration.sum", "--clock-control", "none", "--csv", "--print-units", "base",
             "--kernel-name-base", "mangled", "-k", "regex:" + kernel_regex] + cmd
-    r = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    try:
+        r = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        print(f"  ncu: {' '.join(cmd[:3])} ... ran past {timeout} s", flush=True)
+        return []
     rows = []
     text = r.stdout[r.stdout.find('"ID"'):] if '"ID"' in r.stdout else ""
     for row in csv.DictReader(io.StringIO(text)):
         if row.get("Metric Name") == "gpu__time_duration.sum":
             rows.append((row["Kernel Name"], float(row["Metric Value"].replace(",", ""))))
     if not rows:
-        print(f"  ncu found no kernel ({' '.join(cmd[:3])} ...): {r.stderr.strip()[-300:]}", file=sys.stderr)
+        print(f"  ncu found no kernel ({' '.join(cmd[:3])} ...): {(r.stdout + r.stderr).strip()[-400:]}", flush=True)
     return rows
 
 
@@ -63,11 +76,13 @@ def main():
         shapes.append((d, c, step, 2048 // d))
     # cuDNN: one process for every shape; its attention kernel is the longest of each group of three calls.
     specs = [f"{b},{h},{a.n},{d},{c}" for d, c, _, h in shapes]
-    peer = ncu([sys.executable, "-c", CUDNN] + specs, "(?i)sdpa|fmha|attn|flash|cudnn", a.timeout * len(shapes))
-    per_shape = [peer[3 * i: 3 * i + 3] for i in range(len(shapes))] if len(peer) == 3 * len(shapes) else None
+    peer = ncu([sys.executable, "-c", CUDNN] + specs, "sdpa|fmha|attn|Attn|flash|cudnn", a.timeout * len(shapes))
+    # k kernels a call (cuDNN may split one attention into several): the last call's k, summed.
+    k = len(peer) // (3 * len(shapes)) if peer and len(peer) % (3 * len(shapes)) == 0 else 0
+    per_shape = [sum(t for _, t in peer[3 * k * i + 2 * k: 3 * k * (i + 1)]) for i in range(len(shapes))] if k else None
     if per_shape is None and peer:
         print(f"  cuDNN: {len(peer)} kernels for {len(shapes)} shapes; names: {sorted(set(k for k, _ in peer))[:4]}",
-              file=sys.stderr)
+              flush=True)
     print("| shape | our kernel (step) | ours, ncu (us) | cuDNN, ncu (us) | cuDNN / ours | ours TFLOP/s by ncu |")
     print("|---|---|---|---|---|---|")
     for i, (d, c, step, h) in enumerate(shapes):
@@ -75,7 +90,7 @@ def main():
                "--step", str(step), "--no-fp8-table", "--json"] + (["--causal"] if c else [])
         ours = [t for k, t in ncu(cmd, "4ch05.*kernel", a.timeout) if "kernel" in k]
         o = ours[-1] if ours else None
-        p = per_shape[i][-1][1] if per_shape else None
+        p = per_shape[i] if per_shape else None
         fl = 4.0 * b * h * a.n * a.n * d / (2 if c else 1)
         label = f"d={d} N={a.n} B={b} H={h}{' causal' if c else ''}"
         cells = [label, f"v{step}", f"{o / 1e3:.1f}" if o else "-", f"{p / 1e3:.1f}" if p else "-",
