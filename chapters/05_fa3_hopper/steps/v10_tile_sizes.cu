@@ -17,9 +17,9 @@
 // 2 KB + Bc/32 KB, for 64 x Bc x 16 multiply-adds. At about 2048 bf16 multiply-adds
 // and 128 bytes of shared memory a clock per SM, the operand reads take
 //
-//     Bc          64     80     128    176
-//     MACs        32     40     64     88     clocks per wgmma
-//     smem reads  32     36     48     60     clocks per wgmma
+//     Bc          64     80     128    176    192
+//     MACs        32     40     64     88     96     clocks per wgmma
+//     smem reads  32     36     48     60     64     clocks per wgmma
 //
 // so at Bc = 64 (v8's d = 256) Q K^T runs at the speed of shared memory, not of the
 // tensor cores; a wider block spreads each read of Q over more keys. Every key block
@@ -37,7 +37,7 @@
 //     256  causal       64     2      192 KB   v8's: at 80 the causal loop spills 12 words
 //
 // Bc need not divide N: the last block is partial and takes the mask (j >= n_full), as
-// in every step. wgmma_ops.cuh gains the m64n80k16 and m64n176k16 shapes.
+// in every step. wgmma_ops.cuh gains the m64n80k16, m64n176k16 and m64n192k16 shapes.
 #include <string>
 
 #include "common/cuda/check.cuh"
