@@ -60,8 +60,9 @@ __global__ void postprocess(const Fa3BwdParams p) {
     const long long rowg = k / p.d;
     const int r = int(rowg % p.nq);
     const long long bh = rowg / p.nq;
-    const long long at = p.dq_fragment_order ? dq_accum_fragment_index(bh, r, c, p.n_qblocks, kBwdBr, p.d)
-                                             : dq_accum_index(bh, r, c, p.n_qblocks, kBwdBr, p.d);
+    const long long at = p.dq_whole_tiles      ? dq_accum_tile_index(bh, r, c, p.n_qblocks, kBwdBr, p.d)
+                         : p.dq_fragment_order ? dq_accum_fragment_index(bh, r, c, p.n_qblocks, kBwdBr, p.d)
+                                               : dq_accum_index(bh, r, c, p.n_qblocks, kBwdBr, p.d);
     static_cast<T*>(p.dq)[k] = T(p.scale * p.dq_accum[at]);
   }
 }
@@ -74,6 +75,7 @@ PreparedStep prepare_step(BwdStep s, const BwdStepArgs& a) {
     case BwdStep::b4_no_spills: return b4::prepare(a);
     case BwdStep::b5_dq_writer: return b5::prepare(a);
     case BwdStep::b6_deterministic_walk: return b6::prepare(a);
+    case BwdStep::b7_dq_split_by_keys: return b7::prepare(a);
   }
   throw UsageError("unknown backward step");
 }
@@ -99,6 +101,7 @@ const char* bwd_step_name(BwdStep s) {
     case BwdStep::b4_no_spills: return "b4 backward, no spills";
     case BwdStep::b5_dq_writer: return "b5 backward, dQ writer warp";
     case BwdStep::b6_deterministic_walk: return "b6 backward, deterministic walk from the end";
+    case BwdStep::b7_dq_split_by_keys: return "b7 backward, dQ split by keys";
   }
   return "?";
 }
@@ -179,6 +182,7 @@ GpuBackward BackwardRunner::run(BwdStep step, bool deterministic, bool time,
   a.params = m.b;
   a.params.deterministic = deterministic;
   a.params.dq_fragment_order = step >= BwdStep::b3_dq_fragment_order;
+  a.params.dq_whole_tiles = step >= BwdStep::b7_dq_split_by_keys;
   const Fa3BwdParams& b = a.params;
   const PreparedStep main_kernel = prepare_step(step, a);
 

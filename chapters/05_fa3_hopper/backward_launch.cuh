@@ -31,6 +31,7 @@ struct Fa3BwdParams {
   bool causal = false;
   bool deterministic = false;  ///< add dQ tiles in the order of the key blocks
   bool dq_fragment_order = false;  ///< the accumulator's tiles in fragment order (b3), else by rows
+  bool dq_whole_tiles = false;     ///< whole tiles in fragment order (b7), not halves
 };
 
 struct BwdStepArgs {
@@ -49,5 +50,6 @@ namespace b3 { PreparedStep prepare(const BwdStepArgs& a); }
 namespace b4 { PreparedStep prepare(const BwdStepArgs& a); }
 namespace b5 { PreparedStep prepare(const BwdStepArgs& a); }
 namespace b6 { PreparedStep prepare(const BwdStepArgs& a); }
+namespace b7 { PreparedStep prepare(const BwdStepArgs& a); }
 
 }  // namespace attn::ch05

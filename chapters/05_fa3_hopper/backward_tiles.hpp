@@ -67,4 +67,15 @@ ATTN_HD long long dq_accum_fragment_index(long long bh, int row, int col, int n_
   return ((bh * n_qblocks + row / Br) * 2 + half) * (long long)(Br * (d / 2)) + (y * 128 + w) * 2 + cl % 2;
 }
 
+/// Whole tiles in the registers' order (step b7, where each consumer adds a whole 64 x d
+/// partial tile): [B Hq][Tr] tiles of Br x d, float2 y (accumulators 2y, 2y + 1, y < d/4) of
+/// thread w of a consumer at (y x 128 + w) x 2; thread w = 32 warp + 4 g + t holds rows
+/// 16 warp + g + 8h and columns 8c + 2t + e as accumulator 4c + 2h + e.
+ATTN_HD long long dq_accum_tile_index(long long bh, int row, int col, int n_qblocks, int Br, int d) {
+  const int r = row % Br;
+  const int w = (r / 16) * 32 + (r % 8) * 4 + (col % 8) / 2;  // the thread
+  const int y = 2 * (col / 8) + (r % 16) / 8;                 // its float2
+  return (bh * n_qblocks + row / Br) * (long long)(Br * d) + (y * 128 + w) * 2 + col % 2;
+}
+
 }  // namespace attn::ch05

@@ -63,3 +63,5 @@ require(b5_dq_writer.ptx "wgmma.mma_async.sync.aligned.m64n64k16;cp.reduce.async
 require(b6_deterministic_walk.ptx "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32;ld.acquire.gpu;mbarrier.try_wait.parity")
 # v14: three consumer warpgroups re-divide the registers as 24 / 160; the turn goes round three barriers.
 require(v14_three_consumers.ptx "setmaxnreg.inc.sync.aligned.u32 160;setmaxnreg.dec.sync.aligned.u32 24;bar.sync;bar.arrive;atom.global.add")
+# b7: dQ split by keys takes the m64n128 form with both operands transposed at d = 128.
+require(b7_dq_split_by_keys.ptx "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16;cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32;bar.sync")

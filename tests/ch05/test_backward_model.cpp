@@ -72,23 +72,27 @@ TEST_CASE("backward model: the counted traffic equals the formula, causal skippi
   CHECK(fa3_backward_traffic(p).dq_add == doctest::Approx(72.0 * 2 * 64 * 64 * 4));
 }
 
-TEST_CASE("both dQ accumulator layouts place every element of a tile exactly once") {
+TEST_CASE("every dQ accumulator layout places each element of a tile exactly once") {
   for (int d : {64, 128}) {
     CAPTURE(d);
     const int nqb = 3, tile = kBwdBr * d;
-    for (bool frag : {false, true}) {
-      CAPTURE(frag);
+    for (int layout : {0, 1, 2}) {
+      CAPTURE(layout);
       std::vector<int> seen(std::size_t(2) * nqb * tile, 0);
       for (int bh = 0; bh < 2; ++bh)
         for (int row = 0; row < nqb * kBwdBr; ++row)
           for (int col = 0; col < d; ++col) {
-            const long long at = frag ? dq_accum_fragment_index(bh, row, col, nqb, kBwdBr, d)
-                                      : dq_accum_index(bh, row, col, nqb, kBwdBr, d);
+            const long long at = layout == 2   ? dq_accum_tile_index(bh, row, col, nqb, kBwdBr, d)
+                                 : layout == 1 ? dq_accum_fragment_index(bh, row, col, nqb, kBwdBr, d)
+                                               : dq_accum_index(bh, row, col, nqb, kBwdBr, d);
             REQUIRE(at >= 0);
             REQUIRE(at < (long long)seen.size());
-            // inside its own tile half: the one contiguous run that one reduce-add covers
-            const long long half = ((bh * nqb + row / kBwdBr) * 2 + col / (d / 2)) * (tile / 2);
-            CHECK((at >= half && at < half + tile / 2));
+            // inside its own tile (b7) or tile half (b1-b6): the one contiguous run that one
+            // reduce-add covers
+            const long long run = layout == 2 ? tile : tile / 2;
+            const long long first = layout == 2 ? (bh * nqb + row / kBwdBr) * tile
+                                                : ((bh * nqb + row / kBwdBr) * 2 + col / (d / 2)) * (tile / 2);
+            CHECK((at >= first && at < first + run));
             ++seen[std::size_t(at)];
           }
       CHECK(std::count(seen.begin(), seen.end(), 1) == (long)seen.size());

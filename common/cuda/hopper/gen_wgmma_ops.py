@@ -18,7 +18,7 @@ The generated file is committed, so building never needs Python.
 # in v10 Bc = 192 (d = 64, not causal), 176 (d = 128, not causal) and 80 (d = 256);
 # P V with N = d in {64, 128, 256}; the same for e4m3 in the fp8 step; probes.cu
 # checks SS bf16 and e4m3 N = 128, RS bf16 and e4m3 N = 64. SSMN (both operands MN-major):
-# the backward's dQ = dS K with N = d / 2.
+# the backward's dQ = dS K with N = d / 2 (b1-b6) and N = d (b7).
 SHAPES = [
     ("SS", "bf16", [64, 80, 128, 176, 192]),
     ("SS", "f16", [64, 80, 128, 176, 192]),
@@ -28,8 +28,8 @@ SHAPES = [
     ("RS", "e4m3", [64, 128, 256]),
     # Chapter 05's backward, dQ_i = dS K_j: A = dS read from dS^T in shared memory and B = K_j
     # ([keys][d]) are both MN-major (transposed); N = d / 2 per warpgroup (d = 64, 128).
-    ("SSMN", "bf16", [32, 64]),
-    ("SSMN", "f16", [32, 64]),
+    ("SSMN", "bf16", [32, 64, 128]),
+    ("SSMN", "f16", [32, 64, 128]),
 ]
 
 CTYPE = {"bf16": "__nv_bfloat16", "f16": "__half", "e4m3": "__nv_fp8_e4m3"}
