@@ -33,9 +33,9 @@
 // kBr below (192) hides fa3_tiles.hpp's 128 inside this step: every use of the tile
 // height in the kernel is this step's; SmemPlan takes it as its Q-tile height, and the
 // launcher counts the tiles with it (n_qtiles). The pingpong's named barriers are 1-3.
-// With 160 registers the consumers recompute the mask's n_full for each block (from a
-// fresh zero, so that the compiler does not keep it: one register more across the loop
-// spills there).
+// With 160 registers nothing the loop does not need may stay live across it: the
+// consumers recompute the mask's n_full for each block (from a fresh zero, so that the
+// compiler does not keep it) and their rows for the O store after the loop.
 #include <memory>
 #include <string>
 
@@ -293,7 +293,9 @@ __device__ __forceinline__ void consumer_tile(const Fa3Params& p, unsigned char*
 
   float inv_l[2], lse[2];
   softmax.finish(p.scale_log2, inv_l, lse);
-  store_o<T>(p, bh, row, lane, o, inv_l, lse);
+  const int t2 = fresh_thread_index() - 128, r2 = m_block * kBr + 16 * (t2 / 32) + (t2 % 32) / 4;
+  const int row_end[2] = {r2, r2 + 8};  // (afresh: not kept across the loop)
+  store_o<T>(p, bh, row_end, t2 % 32, o, inv_l, lse);
 }
 
 template <class T, int D, bool kCausal>
