@@ -239,7 +239,12 @@ __device__ __forceinline__ void softmax_update_two_pipes(RowSoftmax& sm, float (
 /// take the scale c[h] > 0 (s_q s_k tau log2 e). The row max is taken per half on the
 /// raw scores and scaled once (c > 0 keeps the order), so the only per-score
 /// multiplication left is the FFMA that also subtracts the max.
-template <int kEvery, int kDegree, int NS>
+///
+/// kLazy > 0 (step 15): a row keeps its old max unless the new one is more than kLazy
+/// (in log2 units) above it, so that its alpha is exactly 1 and O need not be rescaled;
+/// P is then at most 2^kLazy (E4M3 holds up to 448), and since l and O share the stale
+/// max, O / l and the LSE come out the same.
+template <int kEvery, int kDegree, int NS, int kLazy = 0>
 __device__ __forceinline__ void softmax_update_scaled_two_pipes(RowSoftmax& sm, float (&s)[NS],
                                                                 const float (&c)[NS / 32], float (&alpha)[2]) {
   constexpr int kHalves = NS / 32;
@@ -257,11 +262,16 @@ __device__ __forceinline__ void softmax_update_scaled_two_pipes(RowSoftmax& sm, 
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
   }
+  if constexpr (kLazy > 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r)  // the same in the four lanes of a row's quad: mx and m are
+      if (sm.m[r] != neg_inf<float>() && mx[r] - sm.m[r] <= float(kLazy)) mx[r] = sm.m[r];
+  }
   float shift[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     shift[r] = finite_max(mx[r]);
-    alpha[r] = exp2_approx(sm.m[r] - finite_max(mx[r]));
+    alpha[r] = kLazy > 0 && mx[r] == sm.m[r] ? 1.f : exp2_approx(sm.m[r] - finite_max(mx[r]));
     sm.m[r] = mx[r];
     sm.l[r] *= alpha[r];
   }

@@ -73,6 +73,7 @@ PreparedStep prepare_step(Step s, const StepArgs& a) {
     case Step::v12_fp8_two_pipes: return v12::prepare(a);
     case Step::v13_dynamic_tiles: return v13::prepare(a);
     case Step::v14_three_consumers: return v14::prepare(a);
+    case Step::v15_fp8_lazy_rescale: return v15::prepare(a);
   }
   throw UsageError("unknown step");
 }

@@ -65,3 +65,5 @@ require(b6_deterministic_walk.ptx "cp.reduce.async.bulk.global.shared::cta.bulk_
 require(v14_three_consumers.ptx "setmaxnreg.inc.sync.aligned.u32 160;setmaxnreg.dec.sync.aligned.u32 24;bar.sync;bar.arrive;atom.global.add")
 # b7: dQ split by keys takes the m64n128 form with both operands transposed at d = 128.
 require(b7_dq_split_by_keys.ptx "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16;cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32;bar.sync")
+# v15: the warp votes whether any row of it needs O rescaled.
+require(v15_fp8_lazy_rescale.ptx "vote.sync.any.pred;wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3;ex2.approx")

@@ -105,9 +105,9 @@ TEST_CASE("steps 1, 8, 10, 11 and 13 at every head dim, causal and not, bf16 and
       }
 }
 
-TEST_CASE("steps 9 and 12 (fp8) at every head dim against the plain FP8 computation") {
+TEST_CASE("steps 9, 12 and 15 (fp8) at every head dim against the plain FP8 computation") {
   require_hopper();
-  for (Step s : {Step::v9_fp8, Step::v12_fp8_two_pipes}) {
+  for (Step s : {Step::v9_fp8, Step::v12_fp8_two_pipes, Step::v15_fp8_lazy_rescale}) {
     for (int d : {64, 128, 256}) {
       CAPTURE(d);
       awkward_shapes(s, d, DType::bf16);
@@ -196,7 +196,7 @@ TEST_CASE("repeated runs give identical bits (no race between producer and consu
   const AttnInputs in = make_inputs(p, Dist::normal, 3);
   for (Step s : {Step::v3_warp_specialized, Step::v5_intra_overlap, Step::v6_masked_first, Step::v7_persistent,
                  Step::v8_head_dims, Step::v9_fp8, Step::v10_tile_sizes, Step::v11_two_pipe_exp,
-                 Step::v12_fp8_two_pipes, Step::v13_dynamic_tiles}) {
+                 Step::v12_fp8_two_pipes, Step::v13_dynamic_tiles, Step::v15_fp8_lazy_rescale}) {
     CAPTURE(step_name(s));
     const GpuForward a = fa3_forward_gpu(p, in, s, false), b = fa3_forward_gpu(p, in, s, false);
     std::size_t diff = 0;
