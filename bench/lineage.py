@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """./tutorial bench: every chapter's kernels next to the peers and the GPU's own ceilings, in one run.
 
-    ./tutorial bench                       the full sweep (the start line says how long: about 11 minutes
-                                           on an H200, estimated from the measured pieces)
-    ./tutorial bench --quick               fewer shapes (about 3 minutes on an H200)
+    ./tutorial bench                       the full sweep (the start line says how long: 10 minutes on
+                                           an H200, estimated from the measured pieces of --quick)
+    ./tutorial bench --quick               fewer shapes (2.5 minutes on an H200, measured)
     ./tutorial bench --n 8192 --d 64,128   only these shapes (--mask causal|none|both, --no-backward)
     ./tutorial bench --chapters 04,05      only these chapters (and the peers on their shapes)
     ./tutorial bench --cpu                 no GPU needed: the CPU models' counted HBM traffic and
@@ -548,19 +548,21 @@ class Bench:
     # and the fp64 reference of the sampled rows: 1.9 s for chapter 04 at N = 8K with one step), the
     # fp64 backward check of the sampled KV groups (10 N^2 d FLOPs each, fp64 and the same-precision
     # yardstick: 6 s at N = 8K, d = 128), and the timed runs (a check, 3 warm-ups, 20 repeats).
-    SETUP_S = {"01": 2, "03": 2, "04": 1.5, "05": 2}
+    SETUP_S = {"01": 4, "03": 2, "04": 1.5, "05": 2}  # chapter 01 at N = 8K: 5.7 s (S and P in HBM)
     BWD_CHECK_FLOP_S = 3e10
-    PEERS_INIT_S = 15  # the first peer: PyTorch's CUDA start, cuDNN, torch.compile's machinery
+    PEERS_INIT_S = 2  # the first peer: PyTorch's CUDA start (the imports, 15-20 s, run in the background)
     RATE = {"01": 50e12, "03": 10e12, "04": 100e12, "05": 300e12}
 
     # Host time per reported kernel row (its inputs uploaded, its outputs copied back, converted and
-    # checked): 0.9 s at the paper shapes (chapter 05's 13 forward and 6 backward rows at N = 8K: 24.5 s).
-    ROW_S = 0.9
-    ROWS = {"01": (2, 0), "03": (3, 1), "04": (9, 2), "05": (13, 6)}  # (forward, backward) rows
+    # checked): about 0.4 s at the paper shapes (chapter 05's 13 forward and 14 backward rows at N = 8K,
+    # causal: 18.9 s in all, H200 round of 11:47 UTC).
+    ROW_S = 0.4
+    ROWS = {"01": (2, 0), "03": (3, 1), "04": (9, 2), "05": (13, 14)}  # (forward, backward) rows
+    ROW_S_OF = {"04": 0.2}  # chapter 04's rows: 9.9 s for 11 rows and the backward check
 
     def estimate(self, c, n, d, causal, bwd, fl):
         fwd_rows, bwd_rows = self.ROWS.get(c, (4, 2))
-        est = self.SETUP_S.get(c, 5) + self.ROW_S * (fwd_rows + (bwd_rows if bwd else 0))
+        est = self.SETUP_S.get(c, 5) + self.ROW_S_OF.get(c, self.ROW_S) * (fwd_rows + (bwd_rows if bwd else 0))
         est += 24 * fl / self.RATE.get(c, 100e12) * (1 + 2.5 if bwd else 1) * (3 if c in ("04", "05") else 1)
         if bwd:
             est += 2 * 10.0 * n * n * d / self.BWD_CHECK_FLOP_S
@@ -594,7 +596,15 @@ class Bench:
                     continue
                 first = p not in self._peer_seen
                 self._peer_seen.add(p)
-                est = 1.0 + ({"flex": 4, "fa4": 8}.get(p, 0) if first else {"flex": 3, "fa4": 2}.get(p, 0))
+                # measured at 11:47 UTC: FA4 compiles each (pass, mask, head dim) once, in 2-4 s (a
+                # backward 4-6 s); FlexAttention every shape, in 2-4 s; cuDNN's first backward of a shape
+                # and its fp32 check take 1-2 s; the rest of a peer's call is a few tenths of a second
+                key = (p, bwd, causal, d)
+                compiles = p == "flex" or (p == "fa4" and key not in self._peer_keys)
+                self._peer_keys.add(key)
+                est = (0.4 if bwd else 0.2) + (1.5 if p == "sdpa_cudnn" and bwd else 0.0)
+                if compiles:
+                    est += {"flex": (4.5 if bwd else 2.5), "fa4": (5.5 if bwd else 3.0)}[p] + (1.5 if first else 0)
                 if not self._peers_init_counted:
                     est += self.PEERS_INIT_S
                     self._peers_init_counted = True
@@ -607,13 +617,13 @@ class Bench:
         --quick: d = 128 at N = 8K, causal and not (chapter 03 at 2K), chapter 07's sweep,
         chapter 02's longest rows, chapter 06's masks and GQA; the full sweep: d = 128 at
         N = 512 ... 16K, d = 64 and 256 at 2K and 8K, everything else."""
-        self._causal_only, self._peer_seen, self._peers_init_counted = {}, set(), False
+        self._causal_only, self._peer_seen, self._peers_init_counted, self._peer_keys = {}, set(), False, set()
         q = self.a.quick
         self.prune_from = 8192 if q else 4096
         tasks = [Task("ceilings", "ceilings: read bandwidth, bf16 and FP8 GEMM", 2, self.ceilings_task)]
         extras = []
         if "07" in self.chapters:
-            extras.append(Task("ours", "ch07 decode sweep + peers", 20, self.decode_task))
+            extras.append(Task("ours", "ch07 decode sweep + peers", 14, self.decode_task))
             if not q:
                 extras.append(Task("ours", "ch07 decode sweep of the 8-bit caches", 15,
                                    lambda: self.decode_task("quant")))
@@ -623,7 +633,7 @@ class Bench:
         if "06" in self.chapters:
             masks = ["--no-model"] + (["--mask", "causal"] if q else [])
             for sub, extra in (("mask", masks), ("gqa", []), ("mla", []), ("ring", []))[:2 if q else 4]:
-                extras.append(Task("ours", "ch06 %s" % sub, 10, lambda sub=sub, extra=extra:
+                extras.append(Task("ours", "ch06 %s" % sub, 8, lambda sub=sub, extra=extra:
                                    self.ch06_task(sub, 128, 8192, sub != "mask", extra)))
         self._no_bwd = bool(self.a.no_backward)
         if self.a.n or self.a.d or self.a.mask != "both":
@@ -645,7 +655,8 @@ class Bench:
             tasks += extras
             tasks += self.attention_group(128, 2048, False, ("03",), no_flex, no_flex)  # FA1: minutes at 8K
             return tasks
-        # d = 128 over every N; d = 64 and 256 at 2K and 8K; the backward at d = 128 and at d = 64, N = 8K.
+        # d = 128 over every N; d = 64 and 256 at 2K and 8K; the backward at d = 128, N = 2K ... 8K and at
+        # d = 64, N = 8K.
         # The binaries' set-up (inputs and the fp64 reference on the host) is 1.5-2 s a launch, the
         # backward's fp64 check 6 s at N = 8K and 4x that at 16K (1 KV group of 10 N^2 d FLOPs).
         shapes = [(128, n, c) for n in FULL_N for c in (True, False)]
@@ -653,7 +664,10 @@ class Bench:
         for i, (d, n, causal) in enumerate(shapes):
             chs = ["04", "05"] + (["01"] if not causal and d == 128 else []) + \
                   (["03"] if not causal and d == 128 and n <= 2048 else [])
-            self._no_bwd = bool(self.a.no_backward) or not (d == 128 or (d == 64 and n == 8192))
+            # the backward at N = 2K ... 8K (its fp64 check grows as N^2: 23 s a launch at 16K; ask
+            # for --n 16384 to have it) and at d = 64, N = 8K
+            self._no_bwd = bool(self.a.no_backward) or not ((d == 128 and 2048 <= n <= 8192) or
+                                                            (d == 64 and n == 8192))
             # FlexAttention compiles every shape anew (4-7 s): at N = 2K and 8K only
             peers = PEERS if n in (2048, 8192) else [p for p in PEERS if p != "flex"]
             tasks += self.attention_group(d, n, causal, chs, peers, peers)
@@ -811,7 +825,8 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(prog="./tutorial bench", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
-    ap.add_argument("--quick", action="store_true", help="d=128 at N=8K, the decode sweep, softmax, FA1 at 2K: about 3 minutes")
+    ap.add_argument("--quick", action="store_true",
+                    help="d=128 at N=8K, the decode sweep, softmax, masks and GQA, FA1 at 2K: 2.5 minutes on an H200")
     ap.add_argument("--chapters", help="comma-separated chapter numbers, e.g. 04,05 (default: every chapter)")
     ap.add_argument("--cpu", action="store_true", help="no GPU: the CPU models' counted traffic, plotted")
     ap.add_argument("--report", metavar="RESULTS_JSON", help="write the tables and plots from this file, run nothing")
