@@ -7,8 +7,12 @@ computation of one (batch, head) slice first, then times it: 3 warm-ups, an L2 f
 A peer that cannot be imported, has no kernel for a shape or does not compile is a
 row with status "unsupported" and the reason; it never stops the run.
 """
+import os
 import statistics
 import time
+
+# No pool of torch.compile workers (their processes would share the CPU with the timings; see lineage.py).
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 from bench_common import PEER_LABEL, attention_flops
 

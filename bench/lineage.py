@@ -37,6 +37,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+# No pool of torch.compile workers: its processes (each importing PyTorch) would share the CPU with
+# the timing of the peers and of our binaries; FlexAttention compiles in this process instead.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 import bench_report  # noqa: E402
 from bench_common import (DECODE_PEERS, PEERS, attention_flops, clean_row, paper_shape,  # noqa: E402
