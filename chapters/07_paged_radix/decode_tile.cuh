@@ -161,11 +161,16 @@ struct Frag {
 template <int D>
 constexpr uint32_t kTileBytes = uint32_t(Geo::kBc) * D * 2;  ///< one K_j or V_j tile
 
+/// Pipeline stages for K/V stored as Kv says: an 8-bit stage holds half the bytes, so it
+/// takes more of them (kStages8) to keep as many bytes in flight per SM.
+template <class Kv>
+constexpr int kStagesFor = kv_quantised(Kv::kDtype) ? Geo::kStages8 : Geo::kStages;
+
 /// One pipeline stage in shared memory, for K/V stored as Kv says:
 ///
 ///     bf16:   [ K_j (64 x D bf16, swizzled) | V_j ]                       the MMAs read it as it is
 ///     8-bit:  [ K_j codes (64 x D) | V_j codes | K scales (64) | V scales (64) ]
-///             then, after the kStages stages, one slot of 16 bf16 rows per warp that
+///             then, after the kStages8 stages, one slot of 16 f16 rows per warp that
 ///             the warp dequantises its keys into (DequantRows) and its MMAs read
 template <int D, class Kv>
 constexpr uint32_t kCodeTileBytes = uint32_t(Geo::kBc) * D * kv_elem_bytes(Kv::kDtype);
@@ -173,7 +178,7 @@ template <int D, class Kv>
 constexpr uint32_t kStageBytes = 2 * kCodeTileBytes<D, Kv> + (kv_quantised(Kv::kDtype) ? 2 * Geo::kBc * 4 : 0);
 /// Where the warps' bf16 slots of an 8-bit cache start.
 template <int D, class Kv>
-constexpr uint32_t kWorkOffset = Geo::kStages * kStageBytes<D, Kv>;
+constexpr uint32_t kWorkOffset = kStagesFor<Kv> * kStageBytes<D, Kv>;
 
 /// Issues the cp.async loads of keys [t0, t0 + 64) of (b, hk) into one stage. Rows at
 /// or past t_end are zero-filled without touching HBM.
@@ -314,7 +319,7 @@ template <int D, class Kv>
 __device__ __forceinline__ StageRows warp_rows(const Kv&, uint32_t sk, uint32_t sv, int, unsigned char*, uint32_t) {
   return {sk, sv};
 }
-/// 8-bit K/V: dequantised by the warp into its slot after the kStages stages.
+/// 8-bit K/V: dequantised by the warp into its slot after the kStages8 stages.
 template <int D, KvDtype F>
 __device__ __forceinline__ DequantRows<D, F> warp_rows(const PagedKv8<F>&, uint32_t sk, uint32_t sv, int warp,
                                                        unsigned char* smem, uint32_t s0) {

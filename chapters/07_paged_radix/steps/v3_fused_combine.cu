@@ -109,22 +109,22 @@ __global__ void __launch_bounds__(Geo::kThreads) decode(DecodeParams p, Kv kv) {
   const int n_tiles = cuda::ceil_div(t_end - t_begin, Geo::kBc);
 
   // Fill the pipeline: kStages - 1 tiles in flight before the first is used.
-  for (int st = 0; st < Geo::kStages - 1; ++st) {
+  for (int st = 0; st < kStagesFor<Kv> - 1; ++st) {
     if (st < n_tiles) load_tile<D>(stage_k(st), stage_v(st), kv, b, hk, t_begin + st * Geo::kBc, t_end);
     cuda::cp_async_commit();
   }
   for (int it = 0; it < n_tiles; ++it) {
-    cuda::cp_async_wait<Geo::kStages - 2>();  // tile `it` has landed for this thread...
+    cuda::cp_async_wait<kStagesFor<Kv> - 2>();  // tile `it` has landed for this thread...
     __syncthreads();                    // ...for all threads, and every warp is done with tile it - 1
-    const int next = it + Geo::kStages - 1;  // refill the stage that tile it - 1 used
+    const int next = it + kStagesFor<Kv> - 1;  // refill the stage that tile it - 1 used
     if (next < n_tiles)
-      load_tile<D>(stage_k(next % Geo::kStages), stage_v(next % Geo::kStages), kv, b, hk, t_begin + next * Geo::kBc,
+      load_tile<D>(stage_k(next % kStagesFor<Kv>), stage_v(next % kStagesFor<Kv>), kv, b, hk, t_begin + next * Geo::kBc,
                    t_end);
     cuda::cp_async_commit();
     const int t0 = t_begin + it * Geo::kBc;
     const int valid = min(Geo::kWarpKeys, t_end - t0 - warp * Geo::kWarpKeys);  // this warp's keys in the tile
     // The warp's rows of the stage (8-bit K/V: dequantised by the warp as it needs them).
-    const auto rows = warp_rows<D>(kv, stage_k(it % Geo::kStages), stage_v(it % Geo::kStages), warp, smem, s0);
+    const auto rows = warp_rows<D>(kv, stage_k(it % kStagesFor<Kv>), stage_v(it % kStagesFor<Kv>), warp, smem, s0);
     if (valid > 0) wd.tile(rows, warp * Geo::kWarpKeys, valid, c);
   }
   cuda::cp_async_wait<0>();
