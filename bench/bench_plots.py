@@ -342,11 +342,18 @@ def fig_decode(res, rows, out_dir):
     if not any(speed(r) for r in ours):
         return None
     bw = res.get("ceilings", {}).get("read_gbps")
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 5.2), gridspec_kw={"width_ratios": [2.2, 1]})
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 6.0), gridspec_kw={"width_ratios": [2.2, 1]})
     cfgs = sorted({shape_key(r) for r in dec if r.get("page_size") == 16}, key=lambda k: (k[3], k[4], k[5] / k[6]))
     labels = ["L=%dK\nB=%d %d/%d" % (k[3] // 1024, k[4], k[5], k[6]) for k in cfgs]
     kernels = bench_report.chapter_kernels(rows, "07", "decode")
-    colors = kernel_colors(kernels, "07")
+    # a colour per kernel (v1, v2, ...), a line style per layout: paged solid, contiguous dashed
+    versions = []
+    for k in kernels:
+        if k.split()[1] not in versions:
+            versions.append(k.split()[1])
+    palette = ["#e377c2", "#9467bd", "#17becf", "#bcbd22", "#8c564b", "#1f77b4"]
+    colors = {k: palette[versions.index(k.split()[1]) % len(palette)] for k in kernels}
+    styles = {k: ("--" if "contiguous" in k else "-") for k in kernels}
     by = {(shape_key(r), r["kernel"]): r for r in dec}
     for k in kernels:
         xs, ys = [], []
@@ -356,7 +363,7 @@ def fig_decode(res, rows, out_dir):
                 xs.append(i)
                 ys.append(speed(r))
         if xs:
-            ax.plot(xs, ys, marker="o", lw=1.4, color=colors[k], label=k[5:])
+            ax.plot(xs, ys, marker="o", ms=4, lw=1.4, ls=styles[k], color=colors[k], label=k[5:])
     for p in DECODE_PEERS:
         xs, ys = [], []
         for i, c in enumerate(cfgs):
@@ -375,15 +382,17 @@ def fig_decode(res, rows, out_dir):
     ax.set_xlabel("context length L, batch B, query/KV heads (page size 16), sorted by L")
     ax.set_title("Decode: one query token per sequence, d = 128", fontsize=10)
     ax.grid(True, alpha=0.25)
-    ax.legend(fontsize=7.5, ncol=2)
-    # page size at one long sequence
+    ax.legend(fontsize=7.5, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
+    # page size at one long sequence (paged layouts: contiguous K/V has no page size)
     pg = sorted({r.get("page_size") for r in ours if r.get("page_size")})
     one = [r for r in ours if r["B"] == 1 and r["nk"] == max(x["nk"] for x in ours if x["B"] == 1) and
            r["Hkv"] != r["H"]] if any(x["B"] == 1 for x in ours) else []
     for k in kernels:
+        if "contiguous" in k:
+            continue
         pts = sorted((r["page_size"], speed(r)) for r in one if r["kernel"] == k and speed(r))
         if pts:
-            ax2.plot(*zip(*pts), marker="o", color=colors[k], label=k[5:])
+            ax2.plot(*zip(*pts), marker="o", color=colors[k], ls=styles[k], label=k[5:])
     ax2.set_xscale("log", base=2)
     ax2.set_xticks(pg or [16])
     ax2.set_xticklabels([str(p) for p in (pg or [16])])
@@ -393,7 +402,9 @@ def fig_decode(res, rows, out_dir):
     ax2.grid(True, alpha=0.25)
     if bw:
         ax2.axhline(bw, color="#bbbbbb", lw=1)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    ax2.set_ylabel("KV GB/s")
+    ax2.legend(fontsize=7.5)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     footer(fig, res)
     path = os.path.join(out_dir, "decode_gbps.png")
     fig.savefig(path, dpi=110)
@@ -408,8 +419,8 @@ def fig_lineage(res, rows, out_dir):
     ce = res.get("ceilings", {})
     comp = [e for e in ents if e["shape"].get("unit") == "TFLOP/s"]
     mem = [e for e in ents if e["shape"].get("unit") == "GB/s"]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 5), gridspec_kw={"width_ratios": [max(1, len(comp)),
-                                                                                  max(1, len(mem))]})
+    fig, axes = plt.subplots(1, 2, figsize=(max(12, 2.3 * (len(comp) + len(mem)) + 1), 5.6),
+                             gridspec_kw={"width_ratios": [max(1, len(comp)), max(1, len(mem))]})
     for ax, group, ceil, unit in ((axes[0], comp, ce.get("bf16_gemm_tflops"), "TFLOP/s"),
                                   (axes[1], mem, ce.get("read_gbps"), "GB/s")):
         top = max([speed(e["best"]) for e in group if e["best"]] + [speed(e["peer"]) for e in group if e["peer"]] +
@@ -429,17 +440,17 @@ def fig_lineage(res, rows, out_dir):
                 ax.bar(i + 0.18, speed(p), 0.36, color="#777777")
                 ax.text(i + 0.18, speed(p) * 0.98, "%.0f" % speed(p), ha="center", va="top", fontsize=8,
                         color="white", fontweight="bold")
-                ax.text(i + 0.18, speed(p) * 1.01, PEER_LABEL.get(p["kernel"], p["kernel"]), ha="center",
-                        va="bottom", fontsize=7)
+                ax.text(i + 0.18, speed(p) * 1.01, "\n".join(textwrap.wrap(PEER_LABEL.get(p["kernel"], p["kernel"]), 12, break_long_words=False)),
+                        ha="center", va="bottom", fontsize=7)
             else:
                 ax.text(i + 0.18, 0, "peer\nabsent", ha="center", va="bottom", fontsize=7, color="#777777")
             if b and p:
-                ax.text(i, max(speed(b), speed(p)) * 1.07, "%.2fx" % (speed(b) / speed(p)), ha="center",
+                ax.text(i, max(speed(b), speed(p)) * 1.09, "%.2fx" % (speed(b) / speed(p)), ha="center",
                         va="bottom", fontsize=9, fontweight="bold")
         names = []
         for e in group:
             s = e["shape"]
-            what = b["kernel"][5:] if (b := e["best"]) else "-"
+            what = "\n".join(textwrap.wrap(b["kernel"][5:], 22)) if (b := e["best"]) else "-"
             if s.get("pass") == "decode":
                 names.append("ch%s %s\nB=%d L=%dK" % (e["chapter"], what, s["B"], s["nk"] // 1024))
             elif s.get("pass") == "softmax":
@@ -449,11 +460,11 @@ def fig_lineage(res, rows, out_dir):
                                                         " causal" if s.get("causal") else ""))
         ax.set_xticks(range(len(group)))
         ax.set_xticklabels(names, fontsize=7.5)
-        ax.set_ylim(0, top * 1.22)
+        ax.set_ylim(0, top * 1.3)
         if ceil:
             ax.axhline(ceil, color="black", lw=1, ls="--")
-            ax.text(0.99, ceil, "same-run ceiling %.0f %s" % (ceil, unit), fontsize=7.5, va="bottom", ha="right",
-                    transform=ax.get_yaxis_transform())
+            ax.text(0.01, 1.0, "- - same-run ceiling %.0f %s" % (ceil, unit), fontsize=7.5, va="top", ha="left",
+                    transform=ax.transAxes, bbox=dict(facecolor="white", edgecolor="none", pad=1.5))
         ax.set_ylabel(unit)
         ax.grid(True, axis="y", alpha=0.25)
     axes[0].set_title("compute-bound chapters: best kernel (colour) and best peer (grey)", fontsize=10)
