@@ -23,6 +23,12 @@
 /// shared merge() of common/online_softmax.hpp: the same operator that v2 uses
 /// across blocks.
 ///
+/// An 8-bit cache (PagedKv8, kv_quant.hpp) changes three things here and nothing in the
+/// steps' structure: the stage holds codes and one K and one V scale per row (load_tile
+/// for PagedKv8, five stages instead of three); each warp converts its 16 keys' codes to
+/// f16 in registers into its own slot (DequantRows, codes_to_f16); and its MMAs run in
+/// f16 with the K scales on S's columns and the V scales on P's (WarpDecode<D, __half>).
+///
 /// The instructions are the project's wrappers, taught in chapter 04: `cp.async`
 /// (common/cuda/cp_async.cuh), `ldmatrix` (ldmatrix.cuh), `mma.sync.m16n8k16` and
 /// `pack2` (mma_sync.cuh), the XOR-swizzled tile (smem_tiles.cuh); the online softmax
