@@ -27,7 +27,7 @@ void require_hopper() {
 using testing_support::shape;
 
 void check_backward(BwdStep s, const Problem& p, bool det, Dist dist = Dist::normal) {
-  CAPTURE(bwd_step_name(s));
+  CAPTURE(std::string(bwd_step_name(s)));
   CAPTURE(p.describe());
   CAPTURE(det);
   CAPTURE(dist_name(dist));
@@ -136,15 +136,18 @@ TEST_CASE("backward, deterministic mode: bitwise repeatable; dK and dV in either
     CAPTURE(p.describe());
     const AttnInputs in = make_inputs(p, Dist::normal, 5, true);
     for (BwdStep s : kAllBwdSteps) {
-      CAPTURE(bwd_step_name(s));
+      CAPTURE(std::string(bwd_step_name(s)));
       const GpuBackward a = fa3_backward_gpu(p, in, s, true, false), b = fa3_backward_gpu(p, in, s, true, false);
       CHECK(a.dq == b.dq);
       CHECK(a.dk == b.dk);
       CHECK(a.dv == b.dv);
-      // dK and dV are summed on chip in a fixed order in both modes.
-      const GpuBackward c = fa3_backward_gpu(p, in, s, false, false);
-      CHECK(c.dk == a.dk);
-      CHECK(c.dv == a.dv);
+      // dK and dV are summed on chip in a fixed order in both modes, the same order up to b5
+      // (from b6 on the deterministic mode walks the query blocks the other way round).
+      if (s < BwdStep::b6_deterministic_walk) {
+        const GpuBackward c = fa3_backward_gpu(p, in, s, false, false);
+        CHECK(c.dk == a.dk);
+        CHECK(c.dv == a.dv);
+      }
     }
   }
 }
@@ -158,7 +161,7 @@ TEST_CASE("backward at the benchmark's shape (sampled KV groups)") {
     const AttnInputs in = make_inputs(p, Dist::normal, 1, true);
     const BackwardOracle oracle(p, in, BackwardPlan::sampled(p, 2e9));
     for (BwdStep s : kAllBwdSteps) {
-      CAPTURE(bwd_step_name(s));
+      CAPTURE(std::string(bwd_step_name(s)));
       CAPTURE(causal);
       const GpuBackward g = fa3_backward_gpu(p, in, s, false, false);
       const CheckResult c = oracle.judge(g.dq, g.dk, g.dv);
