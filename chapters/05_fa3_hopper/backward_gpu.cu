@@ -76,6 +76,7 @@ PreparedStep prepare_step(BwdStep s, const BwdStepArgs& a) {
     case BwdStep::b5_dq_writer: return b5::prepare(a);
     case BwdStep::b6_deterministic_walk: return b6::prepare(a);
     case BwdStep::b7_dq_split_by_keys: return b7::prepare(a);
+    case BwdStep::b8_named_barrier_release: return b8::prepare(a);
   }
   throw UsageError("unknown backward step");
 }
@@ -102,6 +103,7 @@ const char* bwd_step_name(BwdStep s) {
     case BwdStep::b5_dq_writer: return "b5 backward, dQ writer warp";
     case BwdStep::b6_deterministic_walk: return "b6 backward, deterministic walk from the end";
     case BwdStep::b7_dq_split_by_keys: return "b7 backward, dQ split by keys";
+    case BwdStep::b8_named_barrier_release: return "b8 backward, stages released on named barriers";
   }
   return "?";
 }
@@ -182,7 +184,7 @@ GpuBackward BackwardRunner::run(BwdStep step, bool deterministic, bool time,
   a.params = m.b;
   a.params.deterministic = deterministic;
   a.params.dq_fragment_order = step >= BwdStep::b3_dq_fragment_order;
-  a.params.dq_whole_tiles = step >= BwdStep::b7_dq_split_by_keys;
+  a.params.dq_whole_tiles = step == BwdStep::b7_dq_split_by_keys;  // b8 derives from b6: halves
   const Fa3BwdParams& b = a.params;
   const PreparedStep main_kernel = prepare_step(step, a);
 

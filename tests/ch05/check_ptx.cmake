@@ -67,3 +67,7 @@ require(v14_three_consumers.ptx "setmaxnreg.inc.sync.aligned.u32 160;setmaxnreg.
 require(b7_dq_split_by_keys.ptx "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16;cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32;bar.sync")
 # v15: the warp votes whether any row of it needs O rescaled.
 require(v15_fp8_lazy_rescale.ptx "vote.sync.any.pred;wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3;ex2.approx")
+# v16: v11's kernel (only the launch grid differs).
+require(v16_causal_grid.ptx "wgmma.mma_async.sync.aligned.m64n176k16;wgmma.mma_async.sync.aligned.m64n80k16;ex2.approx;setmaxnreg")
+# b8: the stages released on named barriers (bar.arrive by the consumers, bar.sync by the producer's warp).
+require(b8_named_barrier_release.ptx "bar.arrive;bar.sync;cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32;mbarrier.try_wait.parity")

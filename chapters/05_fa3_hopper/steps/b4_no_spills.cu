@@ -1,4 +1,4 @@
-// Chapter 05, backward step 4 of 7: descriptors rebuilt every step, no spills.
+// Chapter 05, backward step 4 of 8: descriptors rebuilt every step, no spills.
 //
 //     b1  wgmma backward: S^T, dP^T, dV, dK and dQ on wgmma; TMA loads; dQ through shared
 //         memory and one bulk reduce-add per tile
@@ -14,6 +14,8 @@
 //         its query blocks from the last one down, so that the blocks reach a tile together
 //     b7  dQ split by keys: each consumer multiplies its own 64 keys' dS by its own rows of
 //         K_j and hands over a whole 64 x d tile; no barrier between the two consumers
+//     b8  stages released on named barriers (from b6): the consumers arrive, the producer's
+//         warp waits, and compute-sanitizer's racecheck can see the order
 //
 // What changes from b3. K_j and V_j stay put for the whole walk, so the compiler computes
 // their 24 descriptors (8 K-steps of K_j K-major for S^T, 8 of K_j MN-major for dQ, 8 of

@@ -1,4 +1,4 @@
-// Chapter 05, backward step 5 of 7: a dQ writer warp.
+// Chapter 05, backward step 5 of 8: a dQ writer warp.
 //
 //     b1  wgmma backward: S^T, dP^T, dV, dK and dQ on wgmma; TMA loads; dQ through shared
 //         memory and one bulk reduce-add per tile
@@ -14,6 +14,8 @@
 //         its query blocks from the last one down, so that the blocks reach a tile together
 //     b7  dQ split by keys: each consumer multiplies its own 64 keys' dS by its own rows of
 //         K_j and hands over a whole 64 x d tile; no barrier between the two consumers
+//     b8  stages released on named barriers (from b6): the consumers arrive, the producer's
+//         warp waits, and compute-sanitizer's racecheck can see the order
 //
 // What changes from b4. In b4 one consumer thread per warpgroup issues each step's
 // reduce-add, and the whole warpgroup waits for it at the next step: for the copy engine to
