@@ -74,6 +74,7 @@ PreparedStep prepare_step(Step s, const StepArgs& a) {
     case Step::v13_dynamic_tiles: return v13::prepare(a);
     case Step::v14_three_consumers: return v14::prepare(a);
     case Step::v15_fp8_lazy_rescale: return v15::prepare(a);
+    case Step::v16_causal_grid: return v16::prepare(a);
   }
   throw UsageError("unknown step");
 }

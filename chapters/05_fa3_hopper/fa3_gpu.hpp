@@ -20,6 +20,7 @@
 ///     v13 dynamic tile scheduler: each block takes its next tile from a global counter (from v11)
 ///     v14 three consumer warpgroups at d = 64: Br = 192, the pingpong a ring of three
 ///     v15 FP8, lazy rescaling: O *= alpha only when a row's max grew by 2^8 (from v12)
+///     v16 causal tiles as a grid: one block per tile, heaviest first (from v11)
 
 #include <cstdint>
 #include <string>
@@ -46,13 +47,15 @@ enum class Step {
   v13_dynamic_tiles,  ///< v11 with tiles taken on demand from a global counter: the last bf16/fp16 step
   v14_three_consumers,  ///< v13 at d = 64 with three consumer warpgroups (Br = 192)
   v15_fp8_lazy_rescale,  ///< v12 with O rescaled only when some row's max grows by more than 2^8
+  v16_causal_grid,       ///< v11 with causal problems launched as a grid of one block per tile
 };
 
 constexpr Step kAllSteps[] = {Step::v1_tma,         Step::v2_wgmma,       Step::v3_warp_specialized,
                               Step::v4_pingpong,    Step::v5_intra_overlap, Step::v6_masked_first,
                               Step::v7_persistent,  Step::v8_head_dims,   Step::v9_fp8,
                               Step::v10_tile_sizes, Step::v11_two_pipe_exp, Step::v12_fp8_two_pipes,
-                              Step::v13_dynamic_tiles, Step::v14_three_consumers, Step::v15_fp8_lazy_rescale};
+                              Step::v13_dynamic_tiles, Step::v14_three_consumers, Step::v15_fp8_lazy_rescale,
+                              Step::v16_causal_grid};
 
 /// True for the steps that compute in E4M3 (their inputs go through fp8_prepare first).
 constexpr bool step_is_fp8(Step s) {
@@ -61,11 +64,11 @@ constexpr bool step_is_fp8(Step s) {
 
 /// "v3 warp-specialised" etc.
 const char* step_name(Step s);
-/// Parses "1".."15" or "v1".."v15"; false otherwise.
+/// Parses "1".."16" or "v1".."v16"; false otherwise.
 bool parse_step(const std::string& text, Step* out);
 
 /// Whether step `s` has a kernel for this problem (head dim, dtype, d == dv); the
-/// reason when not. Steps 2-7 are built for d = 128, steps 1, 8-13 and 15 for d in {64, 128, 256}, step 14 for d = 64.
+/// reason when not. Steps 2-7 are built for d = 128, steps 1, 8-13, 15 and 16 for d in {64, 128, 256}, step 14 for d = 64.
 bool step_supports(Step s, const Problem& p, std::string* why = nullptr);
 
 /// True when this binary carries the sm_90a kernels and the current GPU is sm_90;

@@ -22,6 +22,7 @@ const char* step_name(Step s) {
     case Step::v13_dynamic_tiles: return "v13 dynamic tile scheduler";
     case Step::v14_three_consumers: return "v14 three consumer warpgroups";
     case Step::v15_fp8_lazy_rescale: return "v15 fp8 lazy rescaling";
+    case Step::v16_causal_grid: return "v16 causal tiles as a grid";
   }
   return "?";
 }

@@ -155,7 +155,8 @@ TEST_CASE("every step at the benchmark's causal shape (sampled rows)") {
   const AttnInputs in = make_inputs(p, Dist::normal, 1);
   const ForwardOracle oracle(p, in, CheckPlan::sampled(p, 2e9));
   for (Step s : {Step::v1_tma, Step::v2_wgmma, Step::v5_intra_overlap, Step::v6_masked_first, Step::v7_persistent,
-                 Step::v8_head_dims, Step::v10_tile_sizes, Step::v11_two_pipe_exp, Step::v13_dynamic_tiles}) {
+                 Step::v8_head_dims, Step::v10_tile_sizes, Step::v11_two_pipe_exp, Step::v13_dynamic_tiles,
+                 Step::v16_causal_grid}) {
     CAPTURE(step_name(s));
     const GpuForward g = fa3_forward_gpu(p, in, s, false);
     const CheckResult c = oracle.judge(g.o, &g.lse);
@@ -174,6 +175,16 @@ TEST_CASE("step 14 (three consumer warpgroups, d = 64) at awkward shapes and wit
   const GpuForward g = fa3_forward_gpu(p, in, Step::v14_three_consumers, false, 3);  // the counter resets
   const CheckResult c = ForwardOracle(p, in, CheckPlan::full(p)).judge(g.o, &g.lse);
   CHECK_MESSAGE(c.pass(), c.failures());
+}
+
+TEST_CASE("step 16 (causal tiles as a grid) at every head dim, causal and not, bf16 and fp16") {
+  require_hopper();
+  for (int d : {64, 128, 256})
+    for (DType t : {DType::bf16, DType::f16}) {
+      CAPTURE(d);
+      awkward_shapes(Step::v16_causal_grid, d, t);
+    }
+  check_step(Step::v16_causal_grid, shape().batch(2).heads(8, 4).n(2100).d(128).causal().dtype(DType::bf16));
 }
 
 TEST_CASE("step 13's tile counter is back at zero after every launch") {
