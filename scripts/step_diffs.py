@@ -94,6 +94,7 @@ CROSS: dict[str, Last | File | New] = {
     "chapters/05_fa3_hopper/steps/b6_deterministic_walk.cu": File("chapters/05_fa3_hopper/steps/b5_dq_writer.cu"),
     "chapters/05_fa3_hopper/steps/b7_dq_split_by_keys.cu": File("chapters/05_fa3_hopper/steps/b6_deterministic_walk.cu"),
     "chapters/05_fa3_hopper/steps/b8_named_barrier_release.cu": File("chapters/05_fa3_hopper/steps/b6_deterministic_walk.cu"),
+    "chapters/05_fa3_hopper/steps/b9_two_ds_buffers.cu": File("chapters/05_fa3_hopper/steps/b8_named_barrier_release.cu"),
     "chapters/07_paged_radix/steps": New("a decode (one query row per head), built on common/cuda/, not on an earlier loop"),
 }
 

@@ -77,6 +77,7 @@ PreparedStep prepare_step(BwdStep s, const BwdStepArgs& a) {
     case BwdStep::b6_deterministic_walk: return b6::prepare(a);
     case BwdStep::b7_dq_split_by_keys: return b7::prepare(a);
     case BwdStep::b8_named_barrier_release: return b8::prepare(a);
+    case BwdStep::b9_two_ds_buffers: return b9::prepare(a);
   }
   throw UsageError("unknown backward step");
 }
@@ -104,6 +105,7 @@ const char* bwd_step_name(BwdStep s) {
     case BwdStep::b6_deterministic_walk: return "b6 backward, deterministic walk from the end";
     case BwdStep::b7_dq_split_by_keys: return "b7 backward, dQ split by keys";
     case BwdStep::b8_named_barrier_release: return "b8 backward, stages released on named barriers";
+    case BwdStep::b9_two_ds_buffers: return "b9 backward, two dS^T buffers";
   }
   return "?";
 }

@@ -52,5 +52,6 @@ namespace b5 { PreparedStep prepare(const BwdStepArgs& a); }
 namespace b6 { PreparedStep prepare(const BwdStepArgs& a); }
 namespace b7 { PreparedStep prepare(const BwdStepArgs& a); }
 namespace b8 { PreparedStep prepare(const BwdStepArgs& a); }
+namespace b9 { PreparedStep prepare(const BwdStepArgs& a); }
 
 }  // namespace attn::ch05

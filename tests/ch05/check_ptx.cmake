@@ -71,3 +71,5 @@ require(v15_fp8_lazy_rescale.ptx "vote.sync.any.pred;wgmma.mma_async.sync.aligne
 require(v16_causal_grid.ptx "wgmma.mma_async.sync.aligned.m64n176k16;wgmma.mma_async.sync.aligned.m64n80k16;ex2.approx;setmaxnreg")
 # b8: the stages released on named barriers (bar.arrive by the consumers, bar.sync by the producer's warp).
 require(b8_named_barrier_release.ptx "bar.arrive;bar.sync;cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32;mbarrier.try_wait.parity")
+# b9: b8 with two dS^T buffers (the same instructions).
+require(b9_two_ds_buffers.ptx "bar.arrive;bar.sync;cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32")

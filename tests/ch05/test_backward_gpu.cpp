@@ -128,6 +128,15 @@ TEST_CASE("backward b8 (named-barrier release) at awkward shapes, both modes") {
   }
 }
 
+TEST_CASE("backward b9 (two dS^T buffers) at awkward shapes, both modes") {
+  require_hopper();
+  for (int d : {64, 128}) {
+    CAPTURE(d);
+    awkward_shapes(BwdStep::b9_two_ds_buffers, d, DType::bf16, false);
+    awkward_shapes(BwdStep::b9_two_ds_buffers, d, DType::f16, true);
+  }
+}
+
 TEST_CASE("backward, deterministic mode: correct at awkward shapes") {
   require_hopper();
   for (BwdStep s : kAllBwdSteps)
@@ -193,3 +202,4 @@ TEST_CASE("backward sanitizer shape b5") { sanitizer_shape(BwdStep::b5_dq_writer
 TEST_CASE("backward sanitizer shape b6") { sanitizer_shape(BwdStep::b6_deterministic_walk); }
 TEST_CASE("backward sanitizer shape b7") { sanitizer_shape(BwdStep::b7_dq_split_by_keys); }
 TEST_CASE("backward sanitizer shape b8") { sanitizer_shape(BwdStep::b8_named_barrier_release); }
+TEST_CASE("backward sanitizer shape b9") { sanitizer_shape(BwdStep::b9_two_ds_buffers); }

@@ -1,4 +1,4 @@
-// Chapter 05, backward step 1 of 8: all five products of the backward on wgmma.
+// Chapter 05, backward step 1 of 9: all five products of the backward on wgmma.
 //
 //   > b1  wgmma backward: S^T, dP^T, dV, dK and dQ on wgmma; TMA loads; dQ through shared
 //         memory and one bulk reduce-add per tile
@@ -16,6 +16,7 @@
 //         K_j and hands over a whole 64 x d tile; no barrier between the two consumers
 //     b8  stages released on named barriers (from b6): the consumers arrive, the producer's
 //         warp waits, and compute-sanitizer's racecheck can see the order
+//     b9  two dS^T buffers: step s writes buffer s % 2, and the consumers meet once a step
 //
 // FA2's Algorithm 2, as chapter 04's backward.cu runs it, with Hopper's machinery. What
 // changes from chapter 04's last backward (chapters/04_fa2/backward.cu, fa2_bwd_main):

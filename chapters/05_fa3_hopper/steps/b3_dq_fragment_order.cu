@@ -1,4 +1,4 @@
-// Chapter 05, backward step 3 of 8: dQ in the accumulator's own order.
+// Chapter 05, backward step 3 of 9: dQ in the accumulator's own order.
 //
 //     b1  wgmma backward: S^T, dP^T, dV, dK and dQ on wgmma; TMA loads; dQ through shared
 //         memory and one bulk reduce-add per tile
@@ -16,6 +16,7 @@
 //         K_j and hands over a whole 64 x d tile; no barrier between the two consumers
 //     b8  stages released on named barriers (from b6): the consumers arrive, the producer's
 //         warp waits, and compute-sanitizer's racecheck can see the order
+//     b9  two dS^T buffers: step s writes buffer s % 2, and the consumers meet once a step
 //
 // What changes from b2. b2 writes a warpgroup's 64 x d/2 fp32 dQ tile to shared memory
 // row by row. A store instruction of a warp covers 8 rows x 4 pairs of columns, and rows

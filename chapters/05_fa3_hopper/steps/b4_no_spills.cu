@@ -1,4 +1,4 @@
-// Chapter 05, backward step 4 of 8: descriptors rebuilt every step, no spills.
+// Chapter 05, backward step 4 of 9: descriptors rebuilt every step, no spills.
 //
 //     b1  wgmma backward: S^T, dP^T, dV, dK and dQ on wgmma; TMA loads; dQ through shared
 //         memory and one bulk reduce-add per tile
@@ -16,6 +16,7 @@
 //         K_j and hands over a whole 64 x d tile; no barrier between the two consumers
 //     b8  stages released on named barriers (from b6): the consumers arrive, the producer's
 //         warp waits, and compute-sanitizer's racecheck can see the order
+//     b9  two dS^T buffers: step s writes buffer s % 2, and the consumers meet once a step
 //
 // What changes from b3. K_j and V_j stay put for the whole walk, so the compiler computes
 // their 24 descriptors (8 K-steps of K_j K-major for S^T, 8 of K_j MN-major for dQ, 8 of

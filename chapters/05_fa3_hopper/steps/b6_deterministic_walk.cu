@@ -1,4 +1,4 @@
-// Chapter 05, backward step 6 of 8: the deterministic walk starts at the last query block.
+// Chapter 05, backward step 6 of 9: the deterministic walk starts at the last query block.
 //
 //     b1  wgmma backward: S^T, dP^T, dV, dK and dQ on wgmma; TMA loads; dQ through shared
 //         memory and one bulk reduce-add per tile
@@ -16,6 +16,7 @@
 //         K_j and hands over a whole 64 x d tile; no barrier between the two consumers
 //     b8  stages released on named barriers (from b6): the consumers arrive, the producer's
 //         warp waits, and compute-sanitizer's racecheck can see the order
+//     b9  two dS^T buffers: step s writes buffer s % 2, and the consumers meet once a step
 //
 // What changes from b5. The deterministic mode adds into each dQ tile in the order of the
 // key blocks, j = 0, 1, 2, ... With the causal mask key block j starts its walk at query

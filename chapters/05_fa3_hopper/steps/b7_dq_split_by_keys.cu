@@ -1,4 +1,4 @@
-// Chapter 05, backward step 7 of 8: dQ split by keys, the consumers never meet.
+// Chapter 05, backward step 7 of 9: dQ split by keys, the consumers never meet.
 //
 //     b1  wgmma backward: S^T, dP^T, dV, dK and dQ on wgmma; TMA loads; dQ through shared
 //         memory and one bulk reduce-add per tile
@@ -16,6 +16,7 @@
 //         K_j and hands over a whole 64 x d tile; no barrier between the two consumers
 //     b8  stages released on named barriers (from b6): the consumers arrive, the producer's
 //         warp waits, and compute-sanitizer's racecheck can see the order
+//     b9  two dS^T buffers: step s writes buffer s % 2, and the consumers meet once a step
 //
 // What changes from b6. Up to b6 each consumer computes half of dQ_i's *columns* over all
 // 128 keys, so it needs the other consumer's half of dS^T: the two meet on a named barrier

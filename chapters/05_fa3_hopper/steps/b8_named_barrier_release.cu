@@ -1,4 +1,4 @@
-// Chapter 05, backward step 8 of 8: the stages released on named barriers.
+// Chapter 05, backward step 8 of 9: the stages released on named barriers.
 //
 //     b1  wgmma backward: S^T, dP^T, dV, dK and dQ on wgmma; TMA loads; dQ through shared
 //         memory and one bulk reduce-add per tile
@@ -16,6 +16,7 @@
 //         K_j and hands over a whole 64 x d tile; no barrier between the two consumers
 //   > b8  stages released on named barriers (from b6): the consumers arrive, the producer's
 //         warp waits, and compute-sanitizer's racecheck can see the order
+//     b9  two dS^T buffers: step s writes buffer s % 2, and the consumers meet once a step
 //
 // What changes from b6 (b8 is a branch: b7 split dQ by keys, b8 keeps b6's dQ). Since b2 a
 // stage of the ring is released through an "empty" mbarrier: each consumer warp arrives,
