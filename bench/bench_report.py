@@ -347,8 +347,8 @@ def markdown(res):
     t = decode_table(res, rows)
     if t:
         out.append(section("ch07-decode", "Chapter 07: paged decode (KV GB/s)", t,
-                           "Bytes of every cached key and value (bf16) over the median time; d = 128; S: key "
-                           "splits of v2. Peers read contiguous K/V (page 16 rows only)."))
+                           "Bytes of every cached key and value over the median time; d = 128; S: the key "
+                           "splits a kernel used; chosen: the kernel the split heuristic picks. Peers read contiguous bf16 K/V (page 16 rows only)."))
     notes = res.get("notes") or []
     if notes:
         out += ["### Notes", ""] + ["- " + n for n in notes] + [""]
