@@ -42,7 +42,7 @@ struct DecodeGeometry {
   static constexpr int kWarpKeys = 16;               ///< keys per warp per tile
   static constexpr int kBc = kWarps * kWarpKeys;     ///< keys per tile: 64
   static constexpr int kStages = 3;                  ///< tiles in flight (cp.async pipeline)
-  static constexpr int kStages8 = 5;                 ///< the same for an 8-bit cache (tiles of half the bytes)
+  static constexpr int kStages8 = 3;                 ///< the same for an 8-bit cache (5 measured slower: NOTES.md)
   static constexpr int kRows = 16;                   ///< query rows per block (the MMA's M)
   static constexpr int kMinSplitKeys = 512;          ///< v2 never cuts a split shorter than this
 };
@@ -52,9 +52,8 @@ constexpr std::size_t decode_smem_bytes(int d) {
   return std::size_t(DecodeGeometry::kStages) * DecodeGeometry::kBc * std::size_t(d) * 2 * 2;
 }
 /// An 8-bit cache: kStages8 tiles of K and V codes and their scales (one per key), and
-/// one slot of 16 f16 rows per warp that the warp converts its keys into: 98.5 KB at
-/// d = 128, two blocks per SM, each with four 16 KB tiles in flight: the 128 KB per SM
-/// of the bf16 kernel's two blocks of two 32 KB tiles.
+/// one slot of 16 f16 rows per warp that the warp converts its keys into: 65.5 KB at
+/// d = 128, so three blocks fit an SM where two bf16 ones do.
 constexpr std::size_t decode_smem_bytes(int d, KvDtype kv) {
   return !kv_quantised(kv) ? decode_smem_bytes(d)
                            : std::size_t(DecodeGeometry::kStages8) * DecodeGeometry::kBc * (std::size_t(d) * 2 + 8) +

@@ -25,7 +25,7 @@
 ///
 /// An 8-bit cache (PagedKv8, kv_quant.hpp) changes three things here and nothing in the
 /// steps' structure: the stage holds codes and one K and one V scale per row (load_tile
-/// for PagedKv8, five stages instead of three); each warp converts its 16 keys' codes to
+/// for PagedKv8); each warp converts its 16 keys' codes to
 /// f16 in registers into its own slot (DequantRows, codes_to_f16); and its MMAs run in
 /// f16 with the K scales on S's columns and the V scales on P's (WarpDecode<D, __half>).
 ///
@@ -167,8 +167,8 @@ struct Frag {
 template <int D>
 constexpr uint32_t kTileBytes = uint32_t(Geo::kBc) * D * 2;  ///< one K_j or V_j tile
 
-/// Pipeline stages for K/V stored as Kv says: an 8-bit stage holds half the bytes, so it
-/// takes more of them (kStages8) to keep as many bytes in flight per SM.
+/// Pipeline stages for K/V stored as Kv says (kStages8 for an 8-bit cache: three, as
+/// for bf16; five, for as many bytes in flight per SM as bf16 keeps, measured slower).
 template <class Kv>
 constexpr int kStagesFor = kv_quantised(Kv::kDtype) ? Geo::kStages8 : Geo::kStages;
 
