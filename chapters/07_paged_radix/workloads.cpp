@@ -434,13 +434,22 @@ SimStats simulate(const Trace& trace, CacheKind kind, const SimConfig& cfg) {
     for (std::size_t i = 0; i < running.list.size(); ++i) {
       if (running.list[i].len % P == 0) {
         std::vector<int> got;
+        bool self = false;
         while (!take(1, got)) {
-          // No page and nothing evictable: preempt the newest other request.
+          // No page and nothing evictable: preempt the newest request, which may be this
+          // one. The list is in admission order, so the oldest running request is never
+          // preempted while another runs: it finishes, and the loop always progresses
+          // (preempting an older request for a newer one can livelock, each restart
+          // undoing the other's progress).
           if (running.list.size() == 1) throw too_small(running.list[i].idx);
-          const std::size_t victim = i + 1 == running.list.size() ? i - 1 : running.list.size() - 1;
+          const std::size_t victim = running.list.size() - 1;
           preempt(victim);
-          if (victim < i) --i;
+          if (victim == i) {
+            self = true;
+            break;
+          }
         }
+        if (self) break;  // it was the last of the list: the step is over
         running.list[i].pages.push_back(got[0]);
       }
       ++running.list[i].len;
