@@ -69,7 +69,16 @@ function(tutorial_tests name)
   target_link_libraries(${name} PRIVATE attn::common doctest::doctest ${A_LINK})
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
   tutorial_warnings(${name})
-  # Test names become ctest names: keep ';' out of TEST_CASE names (CMake splits lists on it).
+  # Test names become ctest names: keep ';' out of TEST_CASE names. CMake splits lists on
+  # it, so the ctest entry would carry half the name, its doctest filter would match no test
+  # case, and the entry would pass without running anything. Refused at configure time.
+  foreach(src ${A_SOURCES})
+    get_filename_component(abs "${src}" ABSOLUTE)
+    file(STRINGS "${abs}" bad REGEX "TEST_CASE\\(\"[^\"]*;")
+    if(bad)
+      message(FATAL_ERROR "${abs}: a TEST_CASE name holds ';' (its ctest entry would never run it): ${bad}")
+    endif()
+  endforeach()
   doctest_discover_tests(${name} TEST_PREFIX "${A_LABEL}.${kind}:" TEST_LIST ${name}_TESTS)
   # doctest's module writes one LABELS property of its own, so the labels and the
   # skip code are set by a second include file that runs after its discovery file.

@@ -146,7 +146,7 @@ TEST_CASE("backward, deterministic mode: correct at awkward shapes") {
     }
 }
 
-TEST_CASE("backward, deterministic mode: bitwise repeatable; dK and dV in either mode") {
+TEST_CASE("backward, deterministic mode: bitwise repeatable, and dK and dV in either mode") {
   require_hopper();
   // Many key blocks add into every dQ tile (Nk = 1500: 12 blocks), several heads per group.
   for (const Problem p : {shape().batch(2).heads(8, 2).n(1000, 1500).d(128).causal().dtype(DType::bf16),

@@ -16,7 +16,7 @@
 using namespace attn;
 using namespace attn::ch07;
 
-TEST_CASE("E4M3: every code decodes and encodes back to itself; rounding, saturation, subnormals") {
+TEST_CASE("E4M3: every code decodes and encodes back to itself, with rounding, saturation and subnormals") {
   int finite = 0;
   for (int b = 0; b < 256; ++b) {
     const float x = q8::e4m3_decode(uint8_t(b));
@@ -40,7 +40,7 @@ TEST_CASE("E4M3: every code decodes and encodes back to itself; rounding, satura
   CHECK(q8::e4m3_encode(std::ldexp(1.f, -11)) == 0x00);  // a quarter of the smallest subnormal: 0
 }
 
-TEST_CASE("INT8: round to nearest even, clamped to [-127, 127]; an all-zero block has scale 0 and inverse 0") {
+TEST_CASE("INT8: round to nearest even, clamped to [-127, 127], and an all-zero block has scale 0 and inverse 0") {
   CHECK(q8::int8_encode(2.5f) == 2);
   CHECK(q8::int8_encode(3.5f) == 4);
   CHECK(q8::int8_encode(-200.f) == -127);
@@ -102,7 +102,7 @@ TEST_CASE("exercise ch07.7: a quantised page: scale from the first token, double
   }
 }
 
-TEST_CASE("exercise ch07.6: swap out moves the private pages to the host and back; fork shares scales, copy-on-write copies them") {
+TEST_CASE("exercise ch07.6: swap out moves the private pages to the host and back, fork shares scales, copy-on-write copies them") {
   for (KvDtype t : {KvDtype::fp8, KvDtype::int8}) {
     CAPTURE(kv_dtype_name(t));
     PagePool pool(8, 4, kH, kD, t), host(8, 4, kH, kD, t);

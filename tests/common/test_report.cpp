@@ -38,7 +38,7 @@ Report sample() {
 
 }  // namespace
 
-TEST_CASE("rates follow from time, flops and bytes; shares from the ceiling") {
+TEST_CASE("rates follow from time, flops and bytes, and shares from the ceiling") {
   const Report r = sample();
   CHECK(*r.rows[1].tflops == doctest::Approx(500.0));
   CHECK(*r.rows[1].gbps == doctest::Approx(500.0));
