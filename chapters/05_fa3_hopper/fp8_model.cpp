@@ -7,6 +7,7 @@
 
 #include "common/compare.hpp"
 #include "common/errors.hpp"
+#include "common/hadamard.hpp"
 #include "common/online_softmax.hpp"
 #include "common/parallel.hpp"
 
@@ -48,19 +49,15 @@ float e4m3_value(uint8_t b) {
 
 void hadamard_inplace(float* x, int d) {
   if (d <= 0 || (d & (d - 1)) != 0) throw UsageError("the Hadamard rotation needs a power-of-two head dim");
-  for (int h = 1; h < d; h *= 2)
-    for (int i = 0; i < d; i += 2 * h)
-      for (int k = i; k < i + h; ++k) {
-        // EXERCISE ch05.2: one butterfly of the fast Walsh-Hadamard transform
-        //| const float a = x[k], b = x[k + h];  // TODO: x[k] and x[k + h] from a and b
-        //| (void)a, (void)b;
-        const float a = x[k], b = x[k + h];
-        x[k] = a + b;
-        x[k + h] = a - b;
-        // END EXERCISE
-      }
-  const float r = float(1.0 / std::sqrt(double(d)));
-  for (int k = 0; k < d; ++k) x[k] *= r;
+  walsh_hadamard(x, d, [](float& x_k, float& x_kh) {
+    // EXERCISE ch05.2: one butterfly of the fast Walsh-Hadamard transform
+    //| const float a = x_k, b = x_kh;  // TODO: x_k and x_kh from a and b
+    //| (void)a, (void)b;
+    const float a = x_k, b = x_kh;
+    x_k = a + b;
+    x_kh = a - b;
+    // END EXERCISE
+  });
 }
 
 // ----------------------------------------------------------------------------- quantisation

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "common/hadamard.hpp"
 #include "common/parallel.hpp"
 #include "decode.hpp"
 #include "decode_model.hpp"
@@ -13,20 +14,6 @@
 namespace attn::ch07 {
 
 namespace {
-
-/// x <- H x / sqrt(d), H the Sylvester-Hadamard matrix (d a power of two): the fast
-/// Walsh-Hadamard transform, d log2 d additions.
-void hadamard(float* x, int d) {
-  for (int h = 1; h < d; h *= 2)
-    for (int i = 0; i < d; i += 2 * h)
-      for (int k = i; k < i + h; ++k) {
-        const float a = x[k], b = x[k + h];
-        x[k] = a + b;
-        x[k + h] = a - b;
-      }
-  const float r = float(1.0 / std::sqrt(double(d)));
-  for (int k = 0; k < d; ++k) x[k] *= r;
-}
 
 /// fp64 decode of every (sequence, head): o = softmax(tau q K^T) V.
 std::vector<double> reference(const DecodeBatch& b, const std::vector<float>& q, const KvPools& kv) {
@@ -107,11 +94,11 @@ KvPools int8_per_channel(const DecodeBatch& b, const KvPools& x) {
 /// Rotates every row of K (in the pool) and of Q by H / sqrt(d), rounded to bf16.
 void rotate(const DecodeBatch& b, KvPools& kv, std::vector<float>& q) {
   for (std::size_t r = 0; r < kv.k.size() / b.d; ++r) {
-    hadamard(kv.k.data() + r * b.d, b.d);
+    walsh_hadamard(kv.k.data() + r * b.d, b.d);
     for (int c = 0; c < b.d; ++c) kv.k[r * b.d + c] = round_to(DType::bf16, kv.k[r * b.d + c]);
   }
   for (std::size_t r = 0; r < q.size() / b.d; ++r) {
-    hadamard(q.data() + r * b.d, b.d);
+    walsh_hadamard(q.data() + r * b.d, b.d);
     for (int c = 0; c < b.d; ++c) q[r * b.d + c] = round_to(DType::bf16, q[r * b.d + c]);
   }
 }
