@@ -16,7 +16,9 @@ namespace attn::ch07 {
 
 const char* layout_name(KvLayout l) { return l == KvLayout::paged ? "paged" : "contiguous"; }
 
-const char* kernel_name(DecodeKernel k) { return k == DecodeKernel::v1 ? "v1" : k == DecodeKernel::v2 ? "v2" : "v3"; }
+const char* kernel_name(DecodeKernel k) {
+  return k == DecodeKernel::v1 ? "v1" : k == DecodeKernel::v2 ? "v2" : k == DecodeKernel::v3 ? "v3" : "v4";
+}
 
 namespace {
 
@@ -159,6 +161,9 @@ struct GpuDecoder::Impl {
     dispatch_head_dim(b.d, [&](auto dc) {
       constexpr int D = decltype(dc)::value;
       auto go = [&](const auto& kv) {
+        if constexpr (!std::is_same_v<std::decay_t<decltype(kv)>, gpu::ContiguousKv>) {
+          if (kernel == DecodeKernel::v4) return gpu::v4::launch<D>(p, kv, b.batch(), b.kv_heads);
+        }
         if (kernel == DecodeKernel::v3) gpu::v3::launch<D>(p, kv, b.batch(), b.kv_heads);
         else if (kernel == DecodeKernel::v2) gpu::v2::launch<D>(p, kv, b.batch(), b.kv_heads);
         else gpu::v1::launch<D>(p, kv, b.batch(), b.kv_heads);
@@ -181,9 +186,11 @@ struct GpuDecoder::Impl {
 
   void prepare(DecodeKernel kernel, int splits, KvLayout layout) {
     if (splits < 1) throw UsageError("the split count must be >= 1");
+    if (kernel == DecodeKernel::v4 && layout == KvLayout::contiguous)
+      throw UsageError("v4 reads paged K/V only");
     if (layout == KvLayout::contiguous) ensure_contiguous();
     if (kernel != DecodeKernel::v1) ensure_partials(splits);
-    if (kernel == DecodeKernel::v3 && !arrivals.size()) {
+    if ((kernel == DecodeKernel::v3 || kernel == DecodeKernel::v4) && !arrivals.size()) {
       arrivals = DeviceBuffer<int>(std::size_t(batch.batch()) * batch.kv_heads * head_chunks(batch.group()));
       arrivals.zero();
     }

@@ -1,9 +1,10 @@
 /// \file decode_steps.cuh
 /// \brief Chapter 07: the launchers of the decode steps, one name in each step's
 ///        namespace: `gpu::v1::launch` (steps/v1_paged_decode.cu), `gpu::v2::launch`
-///        (steps/v2_split_k.cu) and `gpu::v3::launch` (steps/v3_fused_combine.cu), each
+///        (steps/v2_split_k.cu), `gpu::v3::launch` (steps/v3_fused_combine.cu), each
 ///        instantiated for d = 64 and 128 over paged and contiguous bf16 K/V, and for
-///        d = 128 over 8-bit pages (PagedKv8, FP8 and INT8).
+///        d = 128 over 8-bit pages (PagedKv8, FP8 and INT8); and `gpu::v4::launch`
+///        (steps/v4_codes_to_fragments.cu), for paged K/V only.
 #pragma once
 
 #include "decode_tile.cuh"
@@ -27,5 +28,11 @@ namespace v3 {
 template <int D, class Kv>
 void launch(const DecodeParams& p, const Kv& kv, int batch, int kv_heads);
 }  // namespace v3
+
+namespace v4 {
+/// v3 with an 8-bit cache's codes converted straight into MMA fragments (paged K/V only).
+template <int D, class Kv>
+void launch(const DecodeParams& p, const Kv& kv, int batch, int kv_heads);
+}  // namespace v4
 
 }  // namespace attn::ch07::gpu

@@ -16,7 +16,7 @@ using namespace attn::ch07;
 namespace {
 
 /// Runs every kernel on the batch and checks each against the reference: v1 for a
-/// split count of 1, v2 and v3 for the others; an 8-bit batch paged only, after its
+/// split count of 1, v2, v3 and v4 (paged only) for the others; an 8-bit batch paged only, after its
 /// device scales are compared with the host's.
 void check_kernels(const DecodeBatch& b, const std::vector<int>& splits, Dist dist = Dist::normal,
                    uint64_t seed = 7, bool contiguous = true) {
@@ -35,8 +35,9 @@ void check_kernels(const DecodeBatch& b, const std::vector<int>& splits, Dist di
   for (KvLayout layout : {KvLayout::paged, KvLayout::contiguous}) {
     if (layout == KvLayout::contiguous && !contiguous) continue;
     for (int s : splits)
-      for (DecodeKernel k : {DecodeKernel::v1, DecodeKernel::v2, DecodeKernel::v3}) {
+      for (DecodeKernel k : {DecodeKernel::v1, DecodeKernel::v2, DecodeKernel::v3, DecodeKernel::v4}) {
         if ((k == DecodeKernel::v1) != (s == 1)) continue;
+        if (k == DecodeKernel::v4 && layout == KvLayout::contiguous) continue;  // v4 reads pages only
         CAPTURE(layout_name(layout));
         CAPTURE(kernel_name(k));
         CAPTURE(s);
@@ -153,22 +154,25 @@ TEST_CASE("decode kernels, bf16 and 8-bit: page sizes 1, 16, 256, L not a multip
   }
 }
 
-TEST_CASE("v3 resets its arrival counters: steps in a row, and after v2, give the right answer") {
+TEST_CASE("v3 and v4 reset their arrival counters: steps in a row, and after v2, give the right answer") {
   const DecodeBatch b = build_batch(32, 8, 128, 16, {5000, 17, 4097}, 0, 41);
   const std::vector<float> q = make_queries(b, 41, Dist::normal);
   const KvContents kv{41, Dist::normal, nullptr};
   const DecodeOracle oracle(b, q, kv, true);
   GpuDecoder gpu(b, q, kv);
   for (int rep = 0; rep < 3; ++rep)
-    for (DecodeKernel k : {DecodeKernel::v3, DecodeKernel::v2, DecodeKernel::v3}) {
+    for (DecodeKernel k : {DecodeKernel::v3, DecodeKernel::v2, DecodeKernel::v4, DecodeKernel::v3}) {
       const GpuDecodeOutput out = gpu.run(k, 9, KvLayout::paged);
       const CheckResult c = oracle.judge(out.o, out.lse);
       CHECK_MESSAGE(c.pass(), c.failures());
     }
-  CHECK(gpu.time_ms(DecodeKernel::v3, 9, KvLayout::paged) > 0);  // timing runs many steps back to back
-  const GpuDecodeOutput out = gpu.run(DecodeKernel::v3, 9, KvLayout::paged);
-  const CheckResult c = oracle.judge(out.o, out.lse);
-  CHECK_MESSAGE(c.pass(), c.failures());
+  for (DecodeKernel k : {DecodeKernel::v3, DecodeKernel::v4}) {
+    CAPTURE(kernel_name(k));
+    CHECK(gpu.time_ms(k, 9, KvLayout::paged) > 0);  // timing runs many steps back to back
+    const GpuDecodeOutput out = gpu.run(k, 9, KvLayout::paged);
+    const CheckResult c = oracle.judge(out.o, out.lse);
+    CHECK_MESSAGE(c.pass(), c.failures());
+  }
 }
 
 TEST_CASE("8-bit kernels read exactly what the block manager stored (scales grown token by token, copy-on-write)") {
@@ -203,7 +207,7 @@ TEST_CASE("8-bit kernels read exactly what the block manager stored (scales grow
     const KvContents kv = pooled_contents(batch, &pools);
     const DecodeOracle oracle(batch, q, kv, true);
     GpuDecoder gpu(batch, q, kv);
-    for (DecodeKernel kk : {DecodeKernel::v1, DecodeKernel::v2, DecodeKernel::v3}) {
+    for (DecodeKernel kk : {DecodeKernel::v1, DecodeKernel::v2, DecodeKernel::v3, DecodeKernel::v4}) {
       const GpuDecodeOutput out = gpu.run(kk, 3, KvLayout::paged);
       const CheckResult r = oracle.judge(out.o, out.lse);
       CHECK_MESSAGE(r.pass(), r.failures());
