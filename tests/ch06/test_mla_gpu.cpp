@@ -67,12 +67,42 @@ TEST_CASE("MLA absorbed decode kernel: every shape of the 16-row tile (ring4, ri
   }
 }
 
+TEST_CASE("MLA absorbed decode kernel: the 64-row tile on wgmma + TMA and on mma.sync") {
+  std::string why;
+  const bool hopper = hopper_ready(&why);
+  if (!hopper) MESSAGE("wgmma tile not run: " << why);
+  // rows = H Nq: 17 (one row past the 16-row tile), 60, 64 (exactly one tile), 65, 128, 256;
+  // Nk = 1, one key past a block, off the block, one block, long; 1 to 3 new tokens (causal
+  // rows at three positions); positions up to 100,000 (RoPE).
+  const MlaShape cases[] = {mla(1, 17, 1, 1),       mla(2, 20, 3, 65, 0),   mla(1, 64, 1, 64),
+                            mla(3, 65, 1, 333),     mla(1, 128, 1, 4097),   mla(2, 128, 2, 517, 100000),
+                            mla(1, 30, 2, 129)};
+  for (const MlaShape& s : cases) {
+    const MlaInputs in = make_mla_inputs(s, Dist::normal, 7);
+    const Oracle oracle(s, in);
+    for (int tile64 : {kTile64Wgmma, kTile64Mma}) {
+      if (tile64 == kTile64Wgmma && !hopper) continue;
+      for (int splits : {0, 1, 3}) {
+        const MlaGpuResult g = mla_absorb_gpu(s, in, splits, false, 0, tile64);
+        CAPTURE(s.describe());
+        CAPTURE(g.what);
+        CAPTURE(splits);
+        // the kernel asked for is the kernel that ran
+        CHECK((g.what.find("wgmma") != std::string::npos) == (tile64 == kTile64Wgmma));
+        CHECK(oracle.pass(g.o, s.output().o_elems()));
+      }
+    }
+  }
+}
+
 TEST_CASE("MLA absorbed decode kernel: mean-shifted and outlier inputs") {
   for (Dist d : {Dist::mean_shifted, Dist::outliers}) {
-    const MlaShape s = mla(2, 16, 1, 517);
-    const MlaInputs in = make_mla_inputs(s, d, 4);
-    const Oracle oracle(s, in);
-    CHECK(oracle.pass(mla_absorb_gpu(s, in, 0, false).o, s.output().o_elems()));
+    for (const MlaShape& s : {mla(2, 16, 1, 517), mla(1, 128, 1, 517)}) {  // both tiles
+      const MlaInputs in = make_mla_inputs(s, d, 4);
+      const Oracle oracle(s, in);
+      CAPTURE(s.describe());
+      CHECK(oracle.pass(mla_absorb_gpu(s, in, 0, false).o, s.output().o_elems()));
+    }
   }
 }
 

@@ -215,8 +215,11 @@ TEST_CASE("MLA decode split count: whole waves of blocks, the fewest ranges, who
   CHECK(mla_pick_splits(1, 64, 512, 264) == 4);
   // B = 8 at H = 128: 2 x 8 x 8 = 128 blocks.
   CHECK(mla_pick_splits(2, 8, 64, 132) == 8);
-  // One short sequence cannot fill the machine: as many ranges as allowed (64), whole blocks.
-  CHECK(mla_pick_splits(1, 1, 128, 264) == 64);
+  // One short sequence cannot fill the machine: one range per key block.
+  CHECK(mla_pick_splits(1, 1, 128, 264) == 128);
+  // One long sequence at H = 16 (64K keys, 1024 blocks, one block per SM): 128 ranges of 8
+  // blocks, so that 128 of the 132 SMs read (at most 64 ranges left half of them idle).
+  CHECK(mla_pick_splits(1, 1, 1024, 132) == 128);
   CHECK(mla_pick_splits(1, 1, 3, 264) == 3);
   for (int tiles : {1, 2, 3})
     for (int batch : {1, 5, 17, 64})
@@ -226,7 +229,7 @@ TEST_CASE("MLA decode split count: whole waves of blocks, the fewest ranges, who
         CAPTURE(batch);
         CAPTURE(nblocks);
         CHECK(c >= 1);
-        CHECK(c <= std::min(nblocks, 64));
+        CHECK(c <= std::min(nblocks, kMlaMaxSplits));
         const int per_range = (nblocks + c - 1) / c;
         CHECK((nblocks + per_range - 1) / per_range == c);  // no empty range
       }

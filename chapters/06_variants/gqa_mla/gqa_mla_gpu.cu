@@ -209,7 +209,7 @@ double mla_device_bytes(const MlaShape& s, bool decompress) {
   const double B = s.batch, H = s.heads, nq = s.nq, nk = s.nk;
   double bytes = 2 * (B * nk * kDLatentKey + B * H * nq * (kDNope + kDRope + kDLatentKey + kDC + kDV) +
                       2 * H * kDC * kDNope);
-  bytes += 4 * B * H * nq * (kDC + 2) * 64;  // split partials, at most 64 ranges
+  bytes += 4 * B * H * nq * (kDC + 2) * kMlaMaxSplits;  // split partials, at most kMlaMaxSplits ranges
   if (decompress) bytes += 2 * B * H * (nk * (kDQK + kDV) + nq * kDQK) + 4 * B * H * nq;
   return bytes;
 }
@@ -218,27 +218,31 @@ namespace {
 
 /// The absorbed decode on uploaded tensors `d`: checked once (outputs poisoned), then
 /// timed when `time`.
-MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool time, int variant);
+MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool time, int variant, int tile64);
 
 }  // namespace
 
-MlaGpuResult mla_absorb_gpu(const MlaShape& s, const MlaInputs& in, int splits, bool time, int small_variant) {
+MlaGpuResult mla_absorb_gpu(const MlaShape& s, const MlaInputs& in, int splits, bool time, int small_variant,
+                            int tile64) {
   validate(s);
-  return absorb_run(s, MlaDevice(s, in), splits, time, small_variant);
+  return absorb_run(s, MlaDevice(s, in), splits, time, small_variant, tile64);
 }
 
 const char* small_variant_label(int small_variant) { return mla::small_variant_name(small_variant); }
 
-MlaGpuResult mla_absorb_bench(const MlaShape& s, int splits, int small_variant) {
+MlaGpuResult mla_absorb_bench(const MlaShape& s, int splits, int small_variant, int tile64) {
   validate(s);
-  return absorb_run(s, MlaDevice(s), splits, true, small_variant);
+  return absorb_run(s, MlaDevice(s), splits, true, small_variant, tile64);
 }
 
 namespace {
 
-MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool time, int variant) {
+MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool time, int variant, int tile64) {
   const int rows = s.heads * s.nq;
   const int per_tile = rows <= mla::kRowsSmall ? mla::kRowsSmall : mla::kRowsLarge;
+  // The 64-row tile: wgmma + TMA (mla_decode_sm90.cu) where the GPU is sm_90 and the
+  // binary carries the Hopper kernels, unless mma.sync is asked for; mma.sync elsewhere.
+  const bool wgmma = per_tile == mla::kRowsLarge && tile64 == kTile64Wgmma && hopper_ready(nullptr);
   const int tiles = ceil_div(rows, per_tile), nblocks = ceil_div(s.nk, mla::keys_per_block(per_tile, variant));
   // Split-K: whole waves of (tile, range, sequence) blocks (mla_pick_splits(), mla_model.hpp).
   if (splits <= 0) splits = mla_pick_splits(tiles, s.batch, nblocks, sm_count() * mla::blocks_per_sm(per_tile, variant));
@@ -259,7 +263,12 @@ MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool 
                          q.as<__nv_bfloat16>(), s.batch, s.heads, s.nq);
   };
   auto attend = [&] {
-    mla::launch_decode(p, per_tile, variant);
+#if CH06_HAVE_HOPPER
+    if (wgmma)
+      mla::launch_decode_sm90(p);
+    else
+#endif
+      mla::launch_decode(p, per_tile, variant);
     mla::launch_combine(p, o_c.as<__nv_bfloat16>());
   };
   auto project = [&] {
@@ -281,7 +290,8 @@ MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool 
   r.head_tile = per_tile;
   r.what = "q_c GEMM, decode (" + std::to_string(tiles) + " x " + std::to_string(splits) + " x " +
            std::to_string(s.batch) + " blocks of " + std::to_string(per_tile) + " rows" +
-           (per_tile == mla::kRowsSmall ? std::string(", ") + mla::small_variant_name(variant) : std::string()) +
+           (per_tile == mla::kRowsSmall ? std::string(", ") + mla::small_variant_name(variant)
+                                        : std::string(wgmma ? ", wgmma" : ", mma.sync")) +
            "), combine, W_UV GEMM";
   if (time) {
     r.attn_ms = time_gpu(attend).median_ms;

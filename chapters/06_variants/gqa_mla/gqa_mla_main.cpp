@@ -154,7 +154,7 @@ int run_gqa(const Options& opt, bool sweep, bool no_table, bool no_time) {
 
 #if TUTORIAL_HAVE_CUDA && CH06_GQA_MLA_KERNELS
 /// The two regimes of the README, on the GPU (absorbed decode kernel, Nq = 1).
-void mla_sweep(Report& rep, const Ceilings& ceil) {
+void mla_sweep(Report& rep, const Ceilings& ceil, int tile64, int only_heads) {
   rep.notes.push_back("sweep: absorbed decode, Nq = 1 (time of decode + combine; cache GB/s = latent bytes read / time)");
   rep.notes.push_back("  H    B     Nk     splits  attn ms   total ms   cache GB/s  of read ceil   TFLOP/s  of GEMM ceil");
   struct Case { int h, b, nk; };
@@ -162,9 +162,10 @@ void mla_sweep(Report& rep, const Ceilings& ceil) {
                         {16, 8, 65536},  {16, 32, 32768}, {16, 64, 16384}, {16, 64, 65536},
                         {128, 1, 4096},  {128, 8, 4096}, {128, 32, 4096}, {128, 8, 16384}, {128, 64, 8192}};
   for (const Case& c : cases) {
+    if (only_heads > 0 && c.h != only_heads) continue;
     MlaShape s;
     s.batch = c.b, s.heads = c.h, s.nq = 1, s.nk = c.nk;
-    const MlaGpuResult g = mla_absorb_bench(s, 0);
+    const MlaGpuResult g = mla_absorb_bench(s, 0, 0, tile64);
     const MlaCost cost = mla_cost_absorb(s, g.head_tile);
     const double gbps = cost.cache_bytes / (g.attn_ms * 1e-3) / 1e9;
     const double attn_flops = 2.0 * s.batch * s.heads * s.nq * double(s.nk) * (kDLatentKey + kDC);
@@ -183,12 +184,22 @@ void mla_sweep(Report& rep, const Ceilings& ceil) {
                       c.h, c.b, c.nk, gv.splits, gv.attn_ms, gb, 100 * gb / ceil.read_gbps.value_or(1));
         rep.notes.push_back(line);
       }
+    // The 64-row tile's other kernel on the same case (wgmma against mma.sync, one process).
+    if (c.h * s.nq > 16) {
+      const int other = tile64 == kTile64Wgmma ? kTile64Mma : kTile64Wgmma;
+      const MlaGpuResult gv = mla_absorb_bench(s, 0, 0, other);
+      const double tv = attn_flops / (gv.attn_ms * 1e-3) / 1e12;
+      std::snprintf(line, sizeof line, "  tile64 %-8s %3d %4d %6d  %6d  %8.4f  %8.1f TFLOP/s  %6.1f%% of GEMM ceil",
+                    gv.what.find("wgmma") != std::string::npos ? "wgmma" : "mma", c.h, c.b, c.nk, gv.splits,
+                    gv.attn_ms, tv, 100 * tv / ceil.gemm_tflops.value_or(1));
+      rep.notes.push_back(line);
+    }
   }
 }
 #endif
 
 int run_mla(const Options& opt, const std::string& form, long pos0, int splits, bool sweep, bool no_time,
-            int tile16) {
+            int tile16, int tile64, int sweep_heads) {
   const Problem& cp = opt.problem;
   if (cp.d != kDQK || cp.dv != kDV)
     throw UsageError("mla uses DeepSeek-V3's head dims (d_qk = 192, d_v = 128, d_c = 512, d_rope = 64); --d/--dv "
@@ -277,9 +288,9 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
     require_device_memory(*dev, mla_device_bytes(s, do_dec), "the MLA tensors");
     if (opt.bench || sweep) rep.ceilings = measure_ceilings(DType::bf16);
     if (do_abs) {
-      const MlaGpuResult g = mla_absorb_gpu(s, in, splits, !no_time, tile16);
+      const MlaGpuResult g = mla_absorb_gpu(s, in, splits, !no_time, tile16, tile64);
       ResultRow row;
-      row.impl = "absorb decode (mma.sync)";
+      row.impl = g.what.find("wgmma") != std::string::npos ? "absorb decode (wgmma)" : "absorb decode (mma.sync)";
       row.device = "cuda";
       const MlaCost c = mla_cost_absorb(s, g.head_tile);
       row.flops = c.flops;
@@ -314,13 +325,15 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
       rep.rows.push_back(row);
     }
     rep.apply_ceilings();
-    if (sweep) mla_sweep(rep, rep.ceilings);
+    if (sweep) mla_sweep(rep, rep.ceilings, tile64, sweep_heads);
   }
 #else
   (void)dev;
   (void)sweep;
   (void)no_time;
   (void)tile16;
+  (void)tile64;
+  (void)sweep_heads;
 #endif
   rep.notes.push_back("cache per token and layer: latent [c ; k_rope] = 576 x 2 B = 1152 B, shared by all " +
                       std::to_string(s.heads) + " heads; decompressed K + V = " + std::to_string(s.heads) +
@@ -376,12 +389,18 @@ int mla_main(int argc, char** argv) {
   cli.add_int("--pos0", &pos0, "RoPE position of key 0 [1000]", 0, 1 << 30);
   cli.add_int("--splits", &splits, "key splits of the absorbed decode (0: from the SM count) [0]", 0, 1024);
   cli.add_flag("--sweep", &sweep, "GPU: the memory-bound and compute-bound decode tables of the README");
+  int sweep_heads = 0;
+  cli.add_int("--sweep-heads", &sweep_heads, "GPU: only the sweep's rows with this H (16 or 128; 0: all) [0]", 0, 128);
   std::string tile16 = "wide";
   cli.add_choice("--tile16", &tile16, {"wide", "ring2x2", "ring4"}, "GPU: the shape of the 16-row decode tile [wide]");
+  std::string tile64 = "wgmma";
+  cli.add_choice("--tile64", &tile64, {"wgmma", "mma"},
+                 "GPU: the 64-row decode tile's kernel (wgmma + TMA on sm_90, else mma.sync) [wgmma]");
   cli.add_flag("--no-time", &no_time, "GPU: check only, no timing (for compute-sanitizer)");
   return run_chapter(argc, argv, cli, [&](const Options& o) {
     const int v = tile16 == "ring2x2" ? 1 : tile16 == "ring4" ? 2 : 0;
-    return run_mla(o, form, pos0, splits, sweep, no_time, v);
+    return run_mla(o, form, pos0, splits, sweep, no_time, v, tile64 == "mma" ? kTile64Mma : kTile64Wgmma,
+                   sweep_heads);
   });
 }
 

@@ -34,6 +34,11 @@ constexpr int kSmallVariants = 3;
 /// Launches the decode kernel with tiles of `rows_per_tile` (16 or 64) packed rows;
 /// grid = (tiles, splits, batch). Returns the dynamic shared memory it uses.
 int launch_decode(const DecodeParams& p, int rows_per_tile, int small_variant = 0);
+/// The 64-row tile on wgmma and TMA (mla_decode_sm90.cu, sm_90a only: built into the
+/// Hopper library, called where hopper_ready()): the same grid, key blocks and partials as
+/// launch_decode(p, kRowsLarge), so launch_combine() merges its ranges.
+constexpr int kSm90KeysPerBlock = 64;
+int launch_decode_sm90(const DecodeParams& p);
 /// The ⊕ of every row's key ranges: o_c = merged O / l, bf16 [B][rows][512].
 void launch_combine(const DecodeParams& p, __nv_bfloat16* o_c);
 /// q = [q_nope W_UK^T ; q_rope] per head: [B][H][Nq][128] + [B][H][Nq][64] -> [B][H][Nq][576].

@@ -290,7 +290,7 @@ ErrorStats mla_naive_error(const MlaShape& s, const MlaInputs& in, const CheckPl
 }
 
 int mla_pick_splits(int tiles, int batch, int nblocks, int slots) {
-  const int max_splits = std::max(1, std::min(nblocks, 64));
+  const int max_splits = std::max(1, std::min(nblocks, kMlaMaxSplits));
   int splits = 1;
   double best = -1;
   for (int c0 = 1; c0 <= max_splits; ++c0) {

@@ -130,9 +130,11 @@ ErrorStats mla_naive_error(const MlaShape& s, const MlaInputs& in, const CheckPl
 /// The split-K count of the absorbed decode: `tiles` x `batch` x splits thread blocks should
 /// fill whole waves of `slots` (SMs x blocks resident per SM): the fewest key ranges (fewer
 /// partial states to write and merge) that give at least 0.9 of a wave with every wave at
-/// least 0.9 full, else the fullest; ranges are whole key blocks, at most 64 and at most
-/// `nblocks`. 64 sequences of two 64-row tiles on 132 slots: 1 range (128 blocks, 0.97 of
-/// a wave), not 2 or 3 (a last wave half full).
+/// least 0.9 full, else the fullest; ranges are whole key blocks, at most kMlaMaxSplits and
+/// at most `nblocks`. 64 sequences of two 64-row tiles on 132 slots: 1 range (128 blocks,
+/// 0.97 of a wave), not 2 or 3 (a last wave half full). One sequence of 64K keys at H = 16
+/// (1024 blocks, 132 slots): 128 ranges of 8 blocks, so that every SM reads.
+constexpr int kMlaMaxSplits = 256;
 int mla_pick_splits(int tiles, int batch, int nblocks, int slots);
 
 /// Bytes and FLOPs of one step of each form (a counted model of the kernels' traffic;

@@ -1,0 +1,313 @@
+// MLA's absorbed decode on Hopper (sm_90a): the 64-row tile of mla_decode.cu rebuilt on
+// wgmma and TMA, in the structure of FlashMLA.
+//
+// Why a second kernel. At H = 128 the decode is compute-bound (242 FLOP per latent byte,
+// the balance of the H200 is about 185), and the mma.sync tile (mla_decode.cu, "Large")
+// stalls on shared memory: every warp re-reads its Q and K fragments with ldmatrix for
+// each 16 x 32 piece of S, and four warps read each V fragment. wgmma reads both operands
+// of S = Q K^T straight from shared memory through descriptors, once per warpgroup, and
+// TMA brings each 72 KB key block with one thread's nine instructions.
+//
+//     thread block (tile of 64 packed rows, key range s, sequence b): two warpgroups
+//       | Q [64][576] 72 KB | K ring 2 x [64][576] 144 KB | P 8 KB | alpha 1 KB | mbarriers |
+//       Q and K arrive by TMA as nine 128-byte-wide boxes (the 128-byte swizzle)
+//
+//     warpgroup 0 (rows 0..63, O columns 0..255)     warpgroup 1 (O columns 256..511)
+//       wait K_j                                      .
+//       S = Q K_j^T   36 wgmma m64n64k16 (SS)         .
+//       mask, online softmax, P_j in bf16             .
+//       P_j, alpha_j -> shared, arrive "P full" ----> sync "P full": P_j, alpha_j -> registers
+//       O_L = alpha O_L + P_j V_j[:, 0:256]           arrive "P empty"; O_R = alpha O_R + P_j V_j[:, 256:512]
+//         (4 wgmma m64n256k16, P from registers)        (the same, on the right half of V)
+//       S_{j+1} issued behind P_j V_j                 when both halves are done: TMA K_{j+2} into the stage
+//
+// V is the first 512 columns of the same key tile (the latent c): no bytes of its own.
+// The S of a row block is computed once and shared through 8 KB of shared memory, and
+// each warpgroup accumulates a 64 x 256 half of O in 128 registers a thread. Each key
+// range writes the same (m, l, O) partials as mla_decode.cu, so combine_kernel is shared.
+//
+// New instructions: none. wgmma (SS and RS forms), TMA and mbarriers are chapter 05's
+// (common/cuda/hopper/: wgmma.cuh, tma.cuh, mbarrier.cuh, named_barrier.cuh).
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "common/cuda/check.cuh"
+#include "common/cuda/fast_math.cuh"
+#include "common/cuda/frag_softmax.cuh"
+#include "common/cuda/hopper/mbarrier.cuh"
+#include "common/cuda/hopper/named_barrier.cuh"
+#include "common/cuda/hopper/tma.cuh"
+#include "common/cuda/hopper/wgmma.cuh"
+#include "common/cuda/mma_sync.cuh"
+#include "common/index.hpp"
+#include "gqa_mla/mla_decode.cuh"
+
+namespace attn::ch06::mla {
+namespace {
+
+using namespace attn::hopper;
+using attn::cuda::RowSoftmax;
+using attn::cuda::pack2;
+using attn::cuda::rescale;
+using bf16 = __nv_bfloat16;
+
+constexpr int kM = 64;                           // packed rows per tile (one wgmma M)
+constexpr int kBc = kSm90KeysPerBlock;           // keys per block (the N of S = Q K^T)
+constexpr int kStages = 2;                       // the K ring
+constexpr int kDK = 576, kDVl = 512;             // latent key [c ; k_rope], latent value c
+constexpr int kRowBytes = 128, kBoxCols = 64;    // one TMA box row: 64 bf16 (the 128-byte swizzle)
+constexpr int kBoxes = kDK / kBoxCols;           // 9 boxes across a key row
+constexpr int kHalf = kDVl / 2;                  // O columns per warpgroup (256)
+constexpr int kBoxBytes = kBc * kRowBytes;       // 8 KB: one box of 64 rows
+constexpr int kQBytes = kBoxes * kM * kRowBytes;     // 72 KB
+constexpr int kStageBytes = kBoxes * kBoxBytes;      // 72 KB
+constexpr int kThreads = 256;                        // two warpgroups
+constexpr int kPWords = (kBc / 16) * 4 * 128;        // P as 4 k-slices x 4 registers x 128 threads
+// Shared memory: | Q | K ring | P | alpha | mbarriers: full_q, full[2], empty[2] |
+constexpr int kQ = 0;
+constexpr int kK = kQ + kQBytes;
+constexpr int kP = kK + kStages * kStageBytes;
+constexpr int kAlpha = kP + kPWords * 4;
+constexpr int kBars = kAlpha + 128 * 2 * 4;
+constexpr int kBytes = kBars + 8 * (1 + 2 * kStages) + 1024;  // + 1024: the base aligned up to 1024
+static_assert(kQBytes % 1024 == 0 && kStageBytes % 1024 == 0, "TMA's 128-byte swizzle needs 1024-aligned tiles");
+static_assert(kBytes <= 227 * 1024, "one block per SM");
+// Named barriers between the two warpgroups (0 is __syncthreads): P_j written, P_j read.
+constexpr int kBarPFull = 1, kBarPEmpty = 2;
+constexpr int kEmptyArrivals = 8;  // lane 0 of every warp releases a stage
+
+__device__ __forceinline__ unsigned char* align_1024(unsigned char* p) {
+  return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(p) + 1023) & ~uintptr_t(1023));
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    decode_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv,
+                       const DecodeParams p) {
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = align_1024(smem_raw);
+  uint64_t* full_q = reinterpret_cast<uint64_t*>(smem + kBars);
+  uint64_t* full = full_q + 1;
+  uint64_t* empty = full + kStages;
+  uint32_t* sp = reinterpret_cast<uint32_t*>(smem + kP);
+  float* salpha = reinterpret_cast<float*>(smem + kAlpha);
+
+  const int tile = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
+  const int wg = threadIdx.x / 128, t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+  const int m0 = tile * kM;
+  const int nblocks = ceil_div(p.nk, kBc);
+  const int lo = min(nblocks, split * p.blocks_per_split), hi = min(nblocks, lo + p.blocks_per_split);
+  const int n = hi - lo;  // key blocks of this range
+
+  if (threadIdx.x == 0) {
+    mbarrier_init(full_q, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(&full[s], 1);
+      mbarrier_init(&empty[s], kEmptyArrivals);
+    }
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+
+  // Block lo + i into stage i % kStages: nine boxes of [64 keys][64 columns]. Keys past
+  // Nk arrive as zeros (and count towards the transaction).
+  auto load_kv = [&](int i) {
+    const int st = i % kStages;
+    mbarrier_arrive_expect_tx(&full[st], kStageBytes);
+    for (int bx = 0; bx < kBoxes; ++bx)
+      tma_load_3d(smem + kK + st * kStageBytes + bx * kBoxBytes, &tm_kv, &full[st], bx * kBoxCols, (lo + i) * kBc, b);
+  };
+  if (threadIdx.x == 0 && n > 0) {
+    mbarrier_arrive_expect_tx(full_q, kQBytes);
+    for (int bx = 0; bx < kBoxes; ++bx)
+      tma_load_3d(smem + kQ + bx * kM * kRowBytes, &tm_q, full_q, bx * kBoxCols, m0, b);  // rows past H Nq: zeros
+    for (int i = 0; i < n && i < kStages; ++i) load_kv(i);
+  }
+
+  // Descriptors. K-step k (16 columns, 32 bytes) of Q or K: box k / 4, 32 (k % 4) bytes into its rows.
+  auto q_desc = [&](int k) {
+    return desc_k_major(smem + kQ + (k / 4) * kM * kRowBytes + (32 * k) % kRowBytes, kRowBytes);
+  };
+  auto k_desc = [&](int st, int k) {
+    return desc_k_major(smem + kK + st * kStageBytes + (k / 4) * kBoxBytes + (32 * k) % kRowBytes, kRowBytes);
+  };
+  // V = columns [256 h, 256 h + 256) of the key tile, N-major: boxes 4h..4h+3 are its
+  // four 64-column slabs (kBoxBytes apart); K-step kk is keys 16 kk.. (16 rows down).
+  auto v_desc = [&](int st, int kk, int h) {
+    return desc_mn_major(smem + kK + st * kStageBytes + 4 * h * kBoxBytes + kk * 16 * kRowBytes, kBoxBytes);
+  };
+
+  // This thread's two rows of the tile (the accumulator layout of wgmma.cuh), and the
+  // keys they may see: causal, bottom-right, by query position i = row % Nq.
+  const int row[2] = {16 * warp + lane / 4, 16 * warp + lane / 4 + 8};
+  int limit[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) limit[r] = causal_key_end((m0 + row[r]) % p.nq + 1, p.nq, p.nk);
+
+  float o[kHalf / 2];  // this warpgroup's 64 x 256 half of O
+#pragma unroll
+  for (int i = 0; i < kHalf / 2; ++i) o[i] = 0.f;
+  RowSoftmax sm;
+  sm.init();
+
+  if (wg == 0) {
+    // ---------------------------------------------------------------- warpgroup 0: S, softmax, left half of O
+    float s[kBc / 2];
+    uint32_t pr[kBc / 4];
+    auto issue_s = [&](int st) {
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kDK / 16; ++k) WgmmaSS<bf16, kBc>::mma(s, q_desc(k), k_desc(st, k), k > 0);
+      wgmma_commit();
+    };
+    if (n > 0) {
+      mbarrier_wait(full_q, 0);
+      mbarrier_wait(&full[0], 0);
+      issue_s(0);
+      wgmma_wait<0>();
+      fence_operand(s);
+    }
+    // Block i: mask and softmax of S_i, P_i out to warpgroup 1, then O_L += P_i V_i issued.
+    auto softmax_and_pv = [&](int i) {
+      const int st = i % kStages, j = lo + i;
+      // Mask the keys a row may not see (past Nk, or a causal diagonal with Nq > 1). A
+      // select on every score, not a branch around the loop: accumulator registers
+      // written on a divergent path make ptxas serialise the wgmma of this warpgroup.
+#pragma unroll
+      for (int e = 0; e < kBc / 2; ++e) {
+        const int key = j * kBc + 8 * (e / 4) + 2 * (lane % 4) + (e & 1);
+        s[e] = key < limit[(e >> 1) & 1] ? s[e] : -INFINITY;
+      }
+      float alpha[2];
+      sm.update(s, p.scale_log2, alpha);
+#pragma unroll
+      for (int q = 0; q < kBc / 4; ++q) pr[q] = pack2<bf16>(s[2 * q], s[2 * q + 1]);
+      // P_i and alpha_i to warpgroup 1 (it has read P_{i-1} once "P empty" completes).
+      if (i > 0) named_barrier_sync(kBarPEmpty, kThreads);
+#pragma unroll
+      for (int q = 0; q < kBc / 4; ++q) sp[q * 128 + t] = pr[q];
+      salpha[2 * t] = alpha[0];
+      salpha[2 * t + 1] = alpha[1];
+      named_barrier_arrive(kBarPFull, kThreads);
+      // O_L = alpha O_L + P_i V_i[:, 0:256]
+      rescale(o, alpha);
+      fence_operand(o);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBc / 16; ++kk) {
+        const uint32_t a[4] = {pr[4 * kk], pr[4 * kk + 1], pr[4 * kk + 2], pr[4 * kk + 3]};
+        WgmmaRS<bf16, kHalf>::mma(o, a, v_desc(st, kk, 0), 1);
+      }
+      wgmma_commit();
+    };
+    // Every block but the last: S_{i+1} is issued behind P_i V_i, so the tensor cores
+    // have the next product queued while this warpgroup waits. (The last block is peeled
+    // off: a wgmma under a condition inside the loop would be serialised by ptxas.)
+    for (int i = 0; i + 1 < n; ++i) {
+      softmax_and_pv(i);
+      const int st1 = (i + 1) % kStages;
+      mbarrier_wait(&full[st1], ((i + 1) / kStages) & 1);
+      issue_s(st1);
+      wgmma_wait<1>();  // P_i V_i is done; S_{i+1} may still run
+      fence_operand(o);
+      fence_operand(pr);
+      if (lane == 0) mbarrier_arrive(&empty[i % kStages]);  // this warp is done with the stage
+      wgmma_wait<0>();
+      fence_operand(s);
+    }
+    if (n > 0) {
+      softmax_and_pv(n - 1);
+      wgmma_wait<0>();
+      fence_operand(o);
+      fence_operand(pr);
+      if (lane == 0) mbarrier_arrive(&empty[(n - 1) % kStages]);
+    }
+  } else {
+    // ---------------------------------------------------------------- warpgroup 1: right half of O, the loads
+    for (int i = 0; i < n; ++i) {
+      const int st = i % kStages;
+      const uint32_t ph = (i / kStages) & 1;
+      named_barrier_sync(kBarPFull, kThreads);
+      uint32_t pr[kBc / 4];
+#pragma unroll
+      for (int q = 0; q < kBc / 4; ++q) pr[q] = sp[q * 128 + t];
+      const float alpha[2] = {salpha[2 * t], salpha[2 * t + 1]};
+      if (i + 1 < n) named_barrier_arrive(kBarPEmpty, kThreads);
+      mbarrier_wait(&full[st], ph);  // complete already (warpgroup 0 waited); makes the TMA bytes visible here
+      rescale(o, alpha);
+      fence_operand(o);
+      fence_operand(pr);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBc / 16; ++kk) {
+        const uint32_t a[4] = {pr[4 * kk], pr[4 * kk + 1], pr[4 * kk + 2], pr[4 * kk + 3]};
+        WgmmaRS<bf16, kHalf>::mma(o, a, v_desc(st, kk, 1), 1);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_operand(o);
+      if (lane == 0) mbarrier_arrive(&empty[st]);
+      // The producer: once all eight warps have released stage st, block i + 2 goes into it.
+      if (t == 0 && i + kStages < n) {
+        mbarrier_wait(&empty[st], ph);
+        load_kv(i + kStages);
+      }
+    }
+  }
+
+  // ---- this key range's (m, l, O): the same partials as mla_decode.cu (m in base-2 units of
+  // the scaled score, l summed over the quad, O not normalised)
+  float l[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] = sm.l[r];
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+  const std::size_t part = (std::size_t(b) * p.splits + split) * p.rows;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int grow = m0 + row[r];
+    if (grow >= p.rows) continue;
+    float* dst = p.o_part + (part + grow) * kDVl + wg * kHalf + 2 * (lane % 4);
+#pragma unroll
+    for (int c = 0; c < kHalf / 8; ++c)
+      *reinterpret_cast<float2*>(dst + 8 * c) = make_float2(o[4 * c + 2 * r], o[4 * c + 2 * r + 1]);
+    if (wg == 0 && lane % 4 == 0) {
+      p.ml_part[(part + grow) * 2] = sm.m[r] == -INFINITY ? -INFINITY : sm.m[r] * p.scale_log2;
+      p.ml_part[(part + grow) * 2 + 1] = l[r];
+    }
+  }
+}
+
+/// The two tensor maps of a launch, kept while the tensors stay the same (encoding one is
+/// a driver call: not something to repeat in every timed launch).
+struct Maps {
+  const void* q = nullptr;
+  const void* kv = nullptr;
+  int batch = 0, rows = 0, nk = 0;
+  CUtensorMap tq{}, tkv{};
+};
+
+}  // namespace
+
+int launch_decode_sm90(const DecodeParams& p) {
+  static const bool configured = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(decode_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
+    return true;
+  }();
+  (void)configured;
+  static Maps maps;
+  if (maps.q != p.q || maps.kv != p.kv || maps.batch != p.batch || maps.rows != p.rows || maps.nk != p.nk) {
+    const CUtensorMapDataType ty = tma_type<bf16>();
+    maps.tq = make_tensor_map_3d(p.q, ty, 2, kDK, uint64_t(p.rows), uint64_t(p.batch), kBoxCols, kM);
+    maps.tkv = make_tensor_map_3d(p.kv, ty, 2, kDK, uint64_t(p.nk), uint64_t(p.batch), kBoxCols, kBc);
+    maps.q = p.q, maps.kv = p.kv, maps.batch = p.batch, maps.rows = p.rows, maps.nk = p.nk;
+  }
+  const dim3 grid(ceil_div(p.rows, kM), p.splits, p.batch);
+  decode_sm90_kernel<<<grid, kThreads, kBytes>>>(maps.tq, maps.tkv, p);
+  CUDA_CHECK_LAUNCH("mla decode_sm90_kernel");
+  return kBytes;
+}
+
+}  // namespace attn::ch06::mla
