@@ -663,9 +663,14 @@ int run_swap(int argc, char** argv, bool dry = false) {
     cfg.pool_pages = so.pool_pages;
     cfg.max_running = so.max_running;
     cfg.host_pages = so.host_pages;
+    cfg.cost = model;  // with rates, a third run chooses per victim (Preemption::cheaper)
     const std::vector<SwapComparison> rows = swap_vs_recompute(so.requests, cfg, opt.seed);
+    auto valid = [&](const SwapComparison& r) {
+      return r.recompute.final_validation.empty() && r.swap.final_validation.empty() &&
+             r.cheaper.final_validation.empty();
+    };
     bool sound = true;
-    for (const auto& r : rows) sound = sound && r.recompute.final_validation.empty() && r.swap.final_validation.empty();
+    for (const auto& r : rows) sound = sound && valid(r);
     auto secs = [](double s) { return std::isfinite(s) ? fmt("%.3f", s) : std::string("-"); };
     if (opt.json) {
       std::ostringstream j;
@@ -685,10 +690,10 @@ int run_swap(int argc, char** argv, bool dry = false) {
           << r.recompute.steps << ", \"steps_swap\": " << r.swap.steps;
         if (model.valid())
           j << ", \"recompute_s\": " << jnum(model.recompute_s(r.recompute.recompute_tokens)) << ", \"swap_s\": "
-            << jnum(model.swap_s(r.swap.swapped_out_pages, r.swap.swapped_in_pages, cfg.page_size) +
-                    model.recompute_s(r.swap.recompute_tokens));
-        j << ", \"valid\": " << (r.recompute.final_validation.empty() && r.swap.final_validation.empty() ? "true" : "false")
-          << "}";
+            << jnum(r.seconds(r.swap, model, cfg.page_size)) << ", \"cheaper_swap_outs\": " << r.cheaper.swap_outs
+            << ", \"cheaper_priced_recomputes\": " << r.cheaper.priced_recomputes << ", \"cheaper_preemptions\": "
+            << r.cheaper.preemptions << ", \"cheaper_s\": " << jnum(r.seconds(r.cheaper, model, cfg.page_size));
+        j << ", \"valid\": " << (valid(r) ? "true" : "false") << "}";
       }
       j << "]}\n";
       std::cout << j.str();
@@ -702,22 +707,29 @@ int run_swap(int argc, char** argv, bool dry = false) {
               << "model: " << format_bytes(model.kv_bytes_per_token) << " of KV per token (32 layers, 8 KV heads, d 128, bf16), "
               << fmt("%.0f", model.prefill_flops_per_token / 1e9) << " GFLOP of prefill per token (2 x 8B parameters)\n"
               << "rates: " << (model.valid() ? model.source : std::string("none (no GPU): counts only; give --copy-gbps and --prefill-tflops for times")) << "\n\n";
-    std::printf("%-12s %-6s | %8s %12s %12s | %8s %9s %9s %9s %11s | %8s\n", "workload", "cache", "preempt",
-                "recompute", "recompute s", "preempt", "pages out", "pages in", "fallback", "swap s", "check");
+    std::printf("%-12s %-6s | %8s %12s %12s | %8s %9s %9s %9s %11s | %7s %7s %11s | %8s\n", "workload", "cache",
+                "preempt", "recompute", "recompute s", "preempt", "pages out", "pages in", "fallback", "swap s", "swaps",
+                "recomp", "cheaper s", "check");
     for (const auto& r : rows) {
       const double rs = model.valid() ? model.recompute_s(r.recompute.recompute_tokens) : NAN;
-      const double ss = model.valid() ? model.swap_s(r.swap.swapped_out_pages, r.swap.swapped_in_pages, cfg.page_size) +
-                                            model.recompute_s(r.swap.recompute_tokens)
-                                      : NAN;
-      const bool ok = r.recompute.final_validation.empty() && r.swap.final_validation.empty();
-      std::printf("%-12s %-6s | %8d %12ld %12s | %8d %9ld %9ld %9ld %11s | %8s\n", workload_name(r.workload),
-                  cache_name(r.cache), r.recompute.preemptions, r.recompute.recompute_tokens, secs(rs).c_str(),
-                  r.swap.preemptions, r.swap.swapped_out_pages, r.swap.swapped_in_pages, r.swap.recompute_tokens,
-                  secs(ss).c_str(), ok ? "ok" : ("FAIL: " + r.recompute.final_validation + r.swap.final_validation).c_str());
+      const double ss = model.valid() ? r.seconds(r.swap, model, cfg.page_size) : NAN;
+      const double cs = model.valid() ? r.seconds(r.cheaper, model, cfg.page_size) : NAN;
+      const std::string sw = model.valid() ? std::to_string(r.cheaper.swap_outs) : "-";
+      const std::string rc = model.valid() ? std::to_string(r.cheaper.preemptions - r.cheaper.swap_outs) : "-";
+      std::printf("%-12s %-6s | %8d %12ld %12s | %8d %9ld %9ld %9ld %11s | %7s %7s %11s | %8s\n",
+                  workload_name(r.workload), cache_name(r.cache), r.recompute.preemptions, r.recompute.recompute_tokens,
+                  secs(rs).c_str(), r.swap.preemptions, r.swap.swapped_out_pages, r.swap.swapped_in_pages,
+                  r.swap.recompute_tokens, secs(ss).c_str(), sw.c_str(), rc.c_str(), secs(cs).c_str(),
+                  valid(r) ? "ok"
+                           : ("FAIL: " + r.recompute.final_validation + r.swap.final_validation +
+                              r.cheaper.final_validation)
+                                 .c_str());
     }
     std::cout << "\n(recompute: tokens whose KV a preemption threw away, prefilled again, priced at the GEMM ceiling (a\n"
                  " lower bound). swap: pages copied to the host and back, priced at the measured pinned copy rate;\n"
-                 " fallback = tokens recomputed when the host pool was full or nothing else could run.)\n";
+                 " fallback = tokens recomputed when the host pool was full or nothing else could run. cheaper: each\n"
+                 " victim swapped or recomputed, whichever these prices make cheaper for it: its swaps, its recomputes,\n"
+                 " its time; needs rates.)\n";
     return sound ? 0 : kExitCheckFailed;
   });
 }

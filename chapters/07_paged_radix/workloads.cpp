@@ -299,7 +299,9 @@ SimStats simulate(const Trace& trace, CacheKind kind, const SimConfig& cfg) {
   PagePool pool(cfg.pool_pages, P);
   RunningSet running;
   pool.attach(&running);
-  const bool swap = cfg.preempt == Preemption::swap;
+  const bool swap = cfg.preempt == Preemption::swap || cfg.preempt == Preemption::cheaper;
+  if (cfg.preempt == Preemption::cheaper && !cfg.cost.valid())
+    throw UsageError("preemption by the cheaper of swap and recompute needs measured copy and prefill rates");
   PagePool host(swap ? (cfg.host_pages > 0 ? cfg.host_pages : cfg.pool_pages) : 0, P);
   HostSet host_refs;
   host_refs.rs = &running;
@@ -333,14 +335,25 @@ SimStats simulate(const Trace& trace, CacheKind kind, const SimConfig& cfg) {
   };
 
   // Preempts running.list[victim]: to the host pool when swapping and it has room,
-  // else by recompute (pages freed, queued again at the front).
+  // else by recompute (pages freed, queued again at the front). Preemption::cheaper
+  // prices both for this victim first: its private pages copied out and back in,
+  // against prefilling again the tokens it would lose (those the cache did not serve).
   auto preempt = [&](std::size_t victim) {
     Running& v = running.list[victim];
     ++st.preemptions;
+    PreemptionRecord rec;
+    rec.request = v.idx;
+    rec.lost_tokens = long(v.len) - v.cached;
+    for (int p : v.pages) rec.private_pages += pool.refcount(p) == 1 ? 1 : 0;
+    rec.host_room = swap && rec.private_pages <= host.free_pages();
     if (swap) {
-      int priv = 0;
-      for (int p : v.pages) priv += pool.refcount(p) == 1 ? 1 : 0;
-      if (priv <= host.free_pages()) {
+      const int priv = rec.private_pages;
+      const bool by_price = cfg.preempt != Preemption::cheaper ||
+                            cfg.cost.swap_s(priv, priv, P) < cfg.cost.recompute_s(rec.lost_tokens);
+      if (!by_price) ++st.priced_recomputes;
+      if (by_price && rec.host_room) {
+        rec.swapped = true;
+        if (cfg.log_preemptions) st.log.push_back(rec);
         v.host.assign(v.pages.size(), 0);
         for (std::size_t i = 0; i < v.pages.size(); ++i) {
           if (pool.refcount(v.pages[i]) != 1) continue;  // shared with the cache: stays, with its lock
@@ -358,6 +371,7 @@ SimStats simulate(const Trace& trace, CacheKind kind, const SimConfig& cfg) {
         return;
       }
     }
+    if (cfg.log_preemptions) st.log.push_back(rec);
     st.recompute_tokens += v.len - v.cached;
     drop(v);
     waiting.push_front(v.idx);
@@ -502,7 +516,13 @@ SimStats simulate(const Trace& trace, CacheKind kind, const SimConfig& cfg) {
   return st;
 }
 
-const char* preemption_name(Preemption p) { return p == Preemption::swap ? "swap" : "recompute"; }
+const char* preemption_name(Preemption p) {
+  return p == Preemption::swap ? "swap" : p == Preemption::cheaper ? "cheaper" : "recompute";
+}
+
+double SwapComparison::seconds(const SimStats& s, const SwapCostModel& m, int page_size) const {
+  return m.swap_s(s.swapped_out_pages, s.swapped_in_pages, page_size) + m.recompute_s(s.recompute_tokens);
+}
 
 double SwapCostModel::swap_s(long out, long in, int page_size) const {
   const double per_page = kv_bytes_per_token * page_size;
@@ -524,6 +544,11 @@ std::vector<SwapComparison> swap_vs_recompute(int requests, const SimConfig& cfg
       sc.preempt = Preemption::swap;
       x.recompute = simulate(tr, c, rc);
       x.swap = simulate(tr, c, sc);
+      if (cfg.cost.valid()) {
+        SimConfig cc = cfg;
+        cc.preempt = Preemption::cheaper;
+        x.cheaper = simulate(tr, c, cc);
+      }
       out.push_back(x);
     }
   }

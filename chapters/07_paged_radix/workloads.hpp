@@ -53,45 +53,12 @@ Trace make_trace(Workload w, int requests, uint64_t seed);
 enum class CacheKind { none, radix, hash };
 const char* cache_name(CacheKind c);
 
-/// What the scheduler does with a request it must preempt.
-enum class Preemption { recompute, swap };
+/// What the scheduler does with a request it must preempt: always recompute, always
+/// swap (recompute when the host pool is full), or, per victim, whichever the cost model
+/// prices lower (`cheaper`): copying its private pages out and back, against prefilling
+/// again the tokens it would lose.
+enum class Preemption { recompute, swap, cheaper };
 const char* preemption_name(Preemption p);
-
-struct SimConfig {
-  int page_size = 16;
-  int pool_pages = 4096;
-  int max_running = 8;
-  Eviction radix_policy = Eviction::lru;
-  Preemption preempt = Preemption::recompute;
-  int host_pages = 0;  ///< host pool for swap (0: as many pages as the device pool)
-  bool validate_every_step = false;  ///< run every validate() after every step (tests)
-};
-
-struct SimStats {
-  int requests = 0;
-  long prompt_tokens = 0;    ///< over every prefill (a preempted request prefills again)
-  long cached_tokens = 0;    ///< prompt tokens served from the cache: prefill saved
-  long computed_tokens = 0;  ///< prompt tokens prefilled
-  long generated_tokens = 0;
-  int peak_pages = 0;          ///< pool pages in use at once, running and cached
-  int peak_running_pages = 0;  ///< distinct pages referenced by running requests
-  long evicted_pages = 0;
-  int preemptions = 0;
-  long recompute_tokens = 0;    ///< tokens whose KV a preemption by recompute threw away (prefilled again)
-  int swap_outs = 0;            ///< preemptions by swap
-  long swapped_out_pages = 0, swapped_in_pages = 0;  ///< pages copied device -> host and back
-  int peak_host_pages = 0;
-  int steps = 0;
-  int cached_pages_at_end = 0;
-  int unreachable_pages_at_end = 0;  ///< hash cache: cached blocks no lookup can reach
-  std::string final_validation;      ///< validate() after the last request: empty when sound
-  double hit_rate() const { return prompt_tokens ? double(cached_tokens) / double(prompt_tokens) : 0.0; }
-};
-
-/// Runs the trace. Throws UsageError when one request alone cannot fit in the pool.
-SimStats simulate(const Trace& trace, CacheKind cache, const SimConfig& cfg);
-
-// ----------------------------------------------------------------------------- swap or recompute
 
 /// The rates that turn the simulator's counts into time. The model's shape fixes the
 /// bytes and FLOPs of a token; the rates are measured (ch07_paged_radix swap on a GPU:
@@ -109,14 +76,68 @@ struct SwapCostModel {
   double recompute_s(long tokens) const;
 };
 
+
+struct SimConfig {
+  int page_size = 16;
+  int pool_pages = 4096;
+  int max_running = 8;
+  Eviction radix_policy = Eviction::lru;
+  Preemption preempt = Preemption::recompute;
+  int host_pages = 0;  ///< host pool for swap (0: as many pages as the device pool)
+  SwapCostModel cost;  ///< the prices of Preemption::cheaper (must be valid() for it)
+  bool validate_every_step = false;  ///< run every validate() after every step (tests)
+  bool log_preemptions = false;      ///< keep one PreemptionRecord per preemption in SimStats (tests)
+};
+
+/// One preemption, as the scheduler saw it (SimConfig::log_preemptions).
+struct PreemptionRecord {
+  int request = -1;
+  int private_pages = 0;  ///< pages only the victim held: what a swap copies out (and back)
+  long lost_tokens = 0;   ///< tokens a recompute prefills again (those the cache did not serve)
+  bool host_room = false; ///< the host pool had room for its private pages
+  bool swapped = false;   ///< what was done
+};
+
+struct SimStats {
+  int requests = 0;
+  long prompt_tokens = 0;    ///< over every prefill (a preempted request prefills again)
+  long cached_tokens = 0;    ///< prompt tokens served from the cache: prefill saved
+  long computed_tokens = 0;  ///< prompt tokens prefilled
+  long generated_tokens = 0;
+  int peak_pages = 0;          ///< pool pages in use at once, running and cached
+  int peak_running_pages = 0;  ///< distinct pages referenced by running requests
+  long evicted_pages = 0;
+  int preemptions = 0;
+  long recompute_tokens = 0;    ///< tokens whose KV a preemption by recompute threw away (prefilled again)
+  int swap_outs = 0;            ///< preemptions by swap
+  int priced_recomputes = 0;    ///< Preemption::cheaper: victims the prices sent to recompute (host room or not)
+  long swapped_out_pages = 0, swapped_in_pages = 0;  ///< pages copied device -> host and back
+  int peak_host_pages = 0;
+  int steps = 0;
+  int cached_pages_at_end = 0;
+  int unreachable_pages_at_end = 0;  ///< hash cache: cached blocks no lookup can reach
+  std::string final_validation;      ///< validate() after the last request: empty when sound
+  std::vector<PreemptionRecord> log; ///< with SimConfig::log_preemptions (victims of the decode loop)
+  double hit_rate() const { return prompt_tokens ? double(cached_tokens) / double(prompt_tokens) : 0.0; }
+};
+
+/// Runs the trace. Throws UsageError when one request alone cannot fit in the pool.
+SimStats simulate(const Trace& trace, CacheKind cache, const SimConfig& cfg);
+
+// ----------------------------------------------------------------------------- swap or recompute
+
 struct SwapComparison {
   Workload workload;
   CacheKind cache;
   SimStats recompute, swap;
+  SimStats cheaper;  ///< Preemption::cheaper, when cfg.cost is valid (else default)
+  /// Modelled seconds of each policy's preemptions: copies plus recomputed prefill.
+  double seconds(const SimStats& s, const SwapCostModel& m, int page_size) const;
 };
 
 /// Every workload with the radix cache and with none (plain paging), each run twice:
-/// preemption by recompute and by swap, on the same pool.
+/// preemption by recompute and by swap, on the same pool; and a third time, per victim
+/// the cheaper of the two at cfg.cost's prices, when those are valid.
 std::vector<SwapComparison> swap_vs_recompute(int requests, const SimConfig& cfg, uint64_t seed);
 
 // ----------------------------------------------------------------------------- fragmentation

@@ -167,3 +167,80 @@ TEST_CASE("the serving loop preempts by swap: every step sound, every swapped pa
     CHECK(tiny.recompute_tokens > 0);
   }
 }
+
+namespace {
+/// Rates for the cost model: copies at `gbps` both ways, prefill at 805 TFLOP/s.
+SwapCostModel rates(double gbps) {
+  SwapCostModel m;
+  m.d2h_gbps = m.h2d_gbps = gbps;
+  m.gemm_tflops = 805;
+  return m;
+}
+}  // namespace
+
+TEST_CASE("per-victim choice: every preemption takes the cheaper of swap and recompute at the given prices") {
+  // 14 GB/s puts the break-even near a full page per 16 lost tokens, so the chat trace
+  // has victims of both kinds; 1e6 GB/s makes every copy free, 1e-3 GB/s dear.
+  for (double gbps : {14.0, 1e6, 1e-3}) {
+    CAPTURE(gbps);
+    SimConfig cfg;
+    cfg.pool_pages = 800;
+    cfg.max_running = 16;
+    cfg.log_preemptions = true;
+    cfg.cost = rates(gbps);
+    cfg.preempt = Preemption::cheaper;
+    const Trace tr = make_trace(Workload::chat, 120, 1);
+    const SimStats ch = simulate(tr, CacheKind::radix, cfg);
+    CHECK(ch.final_validation.empty());
+    CHECK(ch.generated_tokens >= tr.output_tokens());
+    REQUIRE(ch.preemptions > 0);
+    REQUIRE(int(ch.log.size()) == ch.preemptions);
+    int swaps = 0, priced = 0;
+    for (const PreemptionRecord& r : ch.log) {
+      const bool cheaper_to_swap = cfg.cost.swap_s(r.private_pages, r.private_pages, cfg.page_size) <
+                                   cfg.cost.recompute_s(r.lost_tokens);
+      CHECK(r.swapped == (cheaper_to_swap && r.host_room));
+      swaps += r.swapped;
+      priced += !cheaper_to_swap;
+    }
+    CHECK(swaps == ch.swap_outs);
+    CHECK(priced == ch.priced_recomputes);
+    SimConfig other = cfg;
+    if (gbps == 14.0) {
+      CHECK(ch.swap_outs > 0);  // both kinds of victim
+      CHECK(ch.priced_recomputes > 0);
+    } else if (gbps > 1e5) {  // copies free: the swap policy, decision for decision
+      other.preempt = Preemption::swap;
+      const SimStats sw = simulate(tr, CacheKind::radix, other);
+      CHECK(ch.priced_recomputes == 0);
+      CHECK(ch.swap_outs == sw.swap_outs);
+      CHECK(ch.swapped_out_pages == sw.swapped_out_pages);
+      CHECK(ch.steps == sw.steps);
+    } else {  // copies dear: the recompute policy
+      other.preempt = Preemption::recompute;
+      const SimStats rc = simulate(tr, CacheKind::radix, other);
+      CHECK(ch.swap_outs == 0);
+      CHECK(ch.preemptions == rc.preemptions);
+      CHECK(ch.recompute_tokens == rc.recompute_tokens);
+      CHECK(ch.steps == rc.steps);
+    }
+  }
+}
+
+TEST_CASE("per-victim choice needs rates, and swap_vs_recompute runs it only with them") {
+  SimConfig cfg;
+  cfg.pool_pages = 800;
+  cfg.max_running = 16;
+  cfg.preempt = Preemption::cheaper;
+  const Trace tr = make_trace(Workload::chat, 40, 1);
+  CHECK_THROWS_AS(simulate(tr, CacheKind::radix, cfg), UsageError);
+  cfg.preempt = Preemption::recompute;
+  const auto none = swap_vs_recompute(40, cfg, 1);
+  for (const auto& r : none) CHECK(r.cheaper.steps == 0);  // not run
+  cfg.cost = rates(18);
+  const auto rows = swap_vs_recompute(40, cfg, 1);
+  for (const auto& r : rows) {
+    CHECK(r.cheaper.steps > 0);
+    CHECK(r.cheaper.final_validation.empty());
+  }
+}
