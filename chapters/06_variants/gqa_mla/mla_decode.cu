@@ -30,6 +30,7 @@
 // case (H = 128) needs the 64-row tile's reuse of each key; its ring of two fills shared memory.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cfloat>
 
 #include "common/cuda/check.cuh"
@@ -305,17 +306,18 @@ __global__ void __launch_bounds__(S::kThreads, S::kBlocksPerSm) decode_kernel(co
 /// M = max_s m_s, the merged state is (M, sum_s 2^(m_s - M) l_s) and O = sum_s 2^(m_s - M) O_s,
 /// which is what folding them in one by one with merge_weights<Base2> gives (exercise
 /// ch06.6 is that fold on the CPU), but every range's load is independent of the others.
-/// Four warps per (sequence, row), 128 of the 512 columns each (a float4 per lane): with
-/// one sequence there are only 16 rows, and one warp per row walking 64 ranges one load
-/// after another was most of a B = 1 decode step.
-constexpr int kCombineWarpsPerRow = 4;
+/// One thread block per (sequence, row, quarter of the 512 columns): a float4 per lane,
+/// and the ranges dealt out to the block's warps (up to 8), whose sums meet in shared
+/// memory. One sequence of 64K keys has 16 rows and 128 ranges: one warp per (row,
+/// quarter) walking all 128 ranges one load after another took longer than the decode.
+constexpr int kCombineParts = 4, kCombineMaxWarps = 8;
 __global__ void combine_kernel(const DecodeParams p, bf16* o_c) {
-  constexpr int kCols = kDVl / kCombineWarpsPerRow;
+  constexpr int kCols = kDVl / kCombineParts;
   static_assert(kCols == 4 * 32, "a float4 per lane");
-  const std::size_t w = (blockIdx.x * std::size_t(blockDim.x) + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32, part = int(w % kCombineWarpsPerRow);
-  if (w / kCombineWarpsPerRow >= std::size_t(p.batch) * p.rows) return;
-  const int bw = int(w / kCombineWarpsPerRow), b = bw / p.rows, row = bw % p.rows;
+  __shared__ float4 acc_w[kCombineMaxWarps][32];
+  __shared__ float l_w[kCombineMaxWarps];
+  const int bw = blockIdx.x, part = blockIdx.y, b = bw / p.rows, row = bw % p.rows;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
   auto at = [&](int s) { return (std::size_t(b) * p.splits + s) * p.rows + row; };
   float m = -INFINITY;
   for (int s = lane; s < p.splits; s += 32) m = fmaxf(m, p.ml_part[at(s) * 2]);
@@ -325,12 +327,21 @@ __global__ void combine_kernel(const DecodeParams p, bf16* o_c) {
   float l = 0.f;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll 4
-  for (int s = 0; s < p.splits; ++s) {
+  for (int s = warp; s < p.splits; s += warps) {
     const std::size_t a = at(s);
     const float wgt = exp2_approx(p.ml_part[a * 2] - shift);
     l += p.ml_part[a * 2 + 1] * wgt;
     const float4 v = reinterpret_cast<const float4*>(p.o_part + a * kDVl + part * kCols)[lane];
     acc.x += wgt * v.x, acc.y += wgt * v.y, acc.z += wgt * v.z, acc.w += wgt * v.w;
+  }
+  acc_w[warp][lane] = acc;
+  if (lane == 0) l_w[warp] = l;
+  __syncthreads();
+  if (warp != 0) return;
+  for (int w = 1; w < warps; ++w) {
+    const float4 v = acc_w[w][lane];
+    acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
+    l += l_w[w];
   }
   const float inv = l > 0.f ? 1.f / l : 0.f;
   bf16* dst = o_c + (std::size_t(b) * p.rows + row) * kDVl + part * kCols + 4 * lane;
@@ -420,8 +431,8 @@ int blocks_per_sm(int rows_per_tile, int v) {
 const char* small_variant_name(int v) { return v == 1 ? "ring2x2" : v == 2 ? "ring4" : "wide"; }
 
 void launch_combine(const DecodeParams& p, bf16* o_c) {
-  const int warps = p.batch * p.rows * kCombineWarpsPerRow, per_block = 8;
-  combine_kernel<<<ceil_div(warps, per_block), 32 * per_block>>>(p, o_c);
+  const int warps = std::min(kCombineMaxWarps, p.splits);  // a warp per range, up to 8
+  combine_kernel<<<dim3(p.batch * p.rows, kCombineParts), 32 * warps>>>(p, o_c);
   CUDA_CHECK_LAUNCH("mla combine_kernel");
 }
 
