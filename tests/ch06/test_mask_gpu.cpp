@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
+#include <vector>
 
 #include "chapters/06_variants/masks/mask_gpu.hpp"
 #include "chapters/06_variants/masks/mask_model.hpp"
@@ -65,15 +66,27 @@ Inputs inputs(const MaskSpec& s, const Problem& user, Dist dist) {
   return r;
 }
 
-void check_forward(GpuPath path, const MaskSpec& s, const Problem& user, Dist dist = Dist::normal) {
+void check_forward(GpuPath path, const MaskSpec& s, const Problem& user, Dist dist = Dist::normal,
+                   std::vector<GpuForwardOptions> runs = {GpuForwardOptions{}}) {
   CAPTURE(s.describe());
   CAPTURE(user.describe());
   const Inputs x = inputs(s, user, dist);
   const auto mod = reference_mod(s, x.p);
   const ForwardOracle oracle(x.p, x.in, CheckPlan::full(x.p), mod.get());
-  const GpuMaskForward f = mask_forward_gpu(x.p, s, x.L, x.lin, path, false);
-  const CheckResult c = oracle.judge(from_layout(f.o, x.p.heads, x.p.nq, x.p.dv, x.L.packed), &f.lse);
-  CHECK_MESSAGE(c.pass(), c.failures());
+  for (const GpuForwardOptions& o : runs) {  // one reference, several kernels (or grids)
+    CAPTURE(hopper_step_file(o.hopper_step));
+    CAPTURE(o.ctas);
+    const GpuMaskForward f = mask_forward_gpu(x.p, s, x.L, x.lin, path, false, o);
+    const CheckResult c = oracle.judge(from_layout(f.o, x.p.heads, x.p.nq, x.p.dv, x.L.packed), &f.lse);
+    CHECK_MESSAGE(c.pass(), c.failures());
+  }
+}
+
+/// Every sm90a step, each with its grid (0: one block per SM), on one reference.
+std::vector<GpuForwardOptions> every_hopper_step(int ctas = 0) {
+  std::vector<GpuForwardOptions> v;
+  for (int step = 0; step < kHopperSteps; ++step) v.push_back({step, ctas});
+  return v;
 }
 
 void check_backward(const MaskSpec& s, const Problem& user, Dist dist = Dist::normal, bool deterministic = false) {
@@ -123,9 +136,26 @@ TEST_CASE("sm80 forward: every variant passes the fp64 reference at awkward shap
   every_variant([](const MaskSpec& s, const Problem& p, Dist d) { check_forward(GpuPath::sm80, s, p, d); });
 }
 
-TEST_CASE("sm90a forward: every variant passes the fp64 reference at awkward shapes") {
+TEST_CASE("sm90a forward: every variant passes the fp64 reference at awkward shapes, in every step") {
   require_path(GpuPath::sm90a);
-  every_variant([](const MaskSpec& s, const Problem& p, Dist d) { check_forward(GpuPath::sm90a, s, p, d); });
+  every_variant(
+      [](const MaskSpec& s, const Problem& p, Dist d) { check_forward(GpuPath::sm90a, s, p, d, every_hopper_step()); });
+}
+
+TEST_CASE("sm90a forward: a few thread blocks, each walking many tiles, in every step") {
+  // At the shapes above every block gets one tile; here 2 or 3 blocks walk 16 to 64 tiles
+  // each, so tile boundaries (v1's two Q buffers, v2's pipeline across tiles), tiles with
+  // no kept block between tiles with work (Nq > Nk, causal), and the ring's phases running
+  // on over many tiles are all exercised.
+  require_path(GpuPath::sm90a);
+  for (MaskKind k : all_mask_kinds()) {
+    const bool doc = k == MaskKind::document;
+    const Problem many = shape().batch(doc ? 1 : 2).heads(4, 2).n(doc ? 1000 : 400).d(128);
+    for (const int ctas : {2, 3}) check_forward(GpuPath::sm90a, spec_of(k, many, true), many, Dist::normal, every_hopper_step(ctas));
+    if (doc) continue;
+    const Problem tall = shape().heads(4, 2).n(500, 200).d(128);  // rows 0-299 see no key: empty tiles
+    check_forward(GpuPath::sm90a, spec_of(k, tall, true), tall, Dist::normal, every_hopper_step(2));
+  }
 }
 
 TEST_CASE("backward: every variant passes the fp64 reference at awkward shapes") {
@@ -195,7 +225,8 @@ TEST_CASE("GPU edge cases: window 0, a window wider than the sequence, 1000 docu
   finalize_spec(docs, packed);
   for (const auto& [s, prob] : {std::pair{w0, p}, std::pair{wide, p}, std::pair{docs, packed}}) {
     check_forward(GpuPath::sm80, s, prob);
-    if (hopper) check_forward(GpuPath::sm90a, s, prob);
+    if (hopper) check_forward(GpuPath::sm90a, s, prob, Dist::normal, every_hopper_step());
+    if (hopper) check_forward(GpuPath::sm90a, s, prob, Dist::normal, every_hopper_step(1));  // one block: every tile
     check_backward(s, prob);
     check_backward(s, prob, Dist::normal, true);
   }

@@ -31,6 +31,15 @@ std::string mask_gpu_unsupported(const Problem& p, GpuPath path, const DeviceInf
   return "";
 }
 
+const char* hopper_step_file(int step) {
+  switch (step) {
+    case 0: return "steps/hopper_mask.cu";
+    case 1: return "steps/v1_two_q_buffers.cu";
+    case 2: return "steps/v2_tile_overlap.cu";
+  }
+  return "?";
+}
+
 int ampere_tile_keys() { return ampere_mask::Bc; }
 int hopper_tile_keys() { return hopper_mask::Bc; }
 
@@ -81,7 +90,7 @@ DevicePolicyData upload_policy_data(const MaskSpec& s) {
 }  // namespace
 
 GpuMaskForward mask_forward_gpu(const Problem& p, const MaskSpec& s, const TokenLayout& layout, const AttnInputs& in,
-                                GpuPath path, bool time) {
+                                GpuPath path, bool time, const GpuForwardOptions& opt) {
   const bool hopper = path == GpuPath::sm90a;
   const BlockMap map = hopper ? build_block_map(s, p, hopper_mask::Br, hopper_mask::Bc)
                               : build_block_map(s, p, ampere_mask::Br, ampere_mask::Bc);
@@ -100,8 +109,14 @@ GpuMaskForward mask_forward_gpu(const Problem& p, const MaskSpec& s, const Token
   f.scale_log2 = float(p.softmax_scale() * kLog2e);
   f.sq = dev(layout.q), f.sk = dev(layout.k), f.sv = dev(layout.v), f.so = dev(layout.o);
   f.map = dmap.view(map, false);
+  f.ctas = opt.ctas;
   // sm90a: the tensor maps are encoded once, outside the timed launches.
-  const std::function<void()> hopper_run = hopper ? hopper_mask::prepare(f, s, p, pd.view(), 0) : nullptr;
+  if (hopper && (opt.hopper_step < 0 || opt.hopper_step >= kHopperSteps))
+    throw std::runtime_error("no sm90a step " + std::to_string(opt.hopper_step));
+  const std::function<void()> hopper_run = !hopper              ? nullptr
+                                           : opt.hopper_step == 0 ? hopper_mask::prepare(f, s, p, pd.view(), 0)
+                                           : opt.hopper_step == 1 ? hopper_v1::prepare(f, s, p, pd.view(), 0)
+                                                                  : hopper_v2::prepare(f, s, p, pd.view(), 0);
   if (hopper && !hopper_run) throw std::runtime_error("no masked kernel for this problem");
   auto run = [&] {
     if (hopper) return hopper_run();

@@ -5,6 +5,8 @@
 ///
 ///     steps/ampere_mask.cu    sm_80+: chapter 04's final forward step + the policy
 ///     steps/hopper_mask.cu    sm_90a: chapter 05's final bf16 step + the policy
+///     steps/v1_two_q_buffers.cu   sm_90a step 1: the next tile's Q loads while this one runs
+///     steps/v2_tile_overlap.cu    sm_90a step 2: one pipeline across tiles (the default)
 ///     steps/backward_mask.cu  chapter 04's backward + the policy (score' included)
 ///
 /// Every kernel is instantiated for d = 128 and bf16 only, once per policy.
@@ -40,9 +42,21 @@ struct GpuMaskBackward {
 int ampere_tile_keys();
 int hopper_tile_keys();
 
+/// The sm90a forward's steps: 0 steps/hopper_mask.cu, 1 steps/v1_two_q_buffers.cu,
+/// 2 steps/v2_tile_overlap.cu.
+constexpr int kHopperSteps = 3;
+const char* hopper_step_file(int step);  ///< "steps/v2_tile_overlap.cu", ...
+
+/// How a forward runs besides its problem: which sm90a step, and how many thread blocks
+/// its persistent grid has (0: one per SM; a test gives a few, so each walks many tiles).
+struct GpuForwardOptions {
+  int hopper_step = kHopperSteps - 1;
+  int ctas = 0;
+};
+
 /// Forward on the GPU (`path` sm80 or sm90a). Inputs in the layout's order.
 GpuMaskForward mask_forward_gpu(const Problem& p, const MaskSpec& s, const TokenLayout& layout, const AttnInputs& in,
-                                GpuPath path, bool time);
+                                GpuPath path, bool time, const GpuForwardOptions& opt = {});
 /// Backward on the GPU from the forward's O and LSE.
 /// `deterministic`: dQ from chapter 04's fixed-order dQ kernel instead of fp32 atomics
 /// (the same bits on every run).

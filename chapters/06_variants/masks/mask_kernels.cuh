@@ -46,6 +46,7 @@ struct FwdParams {
   float scale, scale_log2;
   DevStrides sq, sk, sv, so;  ///< element strides (standard [B][H][N][d] or packed [N][H][d])
   DevMap map;                 ///< key blocks of each query block
+  int ctas = 0;               ///< sm90a: thread blocks of the persistent grid (0: one per SM)
 };
 
 struct BwdParams {
@@ -83,6 +84,22 @@ std::function<void()> prepare(const FwdParams& p, const MaskSpec& s, const Probl
 bool available();
 constexpr int Br = 128, Bc = 128;
 }  // namespace hopper_mask
+/// The sm90a steps after it (steps/v1_two_q_buffers.cu, steps/v2_tile_overlap.cu): the
+/// same interface and tiles.
+namespace hopper_v1 {
+bool available();
+bool launch(const FwdParams& p, const MaskSpec& s, const Problem& prob, const PolicyData& d, cudaStream_t st);
+std::function<void()> prepare(const FwdParams& p, const MaskSpec& s, const Problem& prob, const PolicyData& d,
+                              cudaStream_t st);
+constexpr int Br = hopper_mask::Br, Bc = hopper_mask::Bc;
+}  // namespace hopper_v1
+namespace hopper_v2 {
+bool available();
+bool launch(const FwdParams& p, const MaskSpec& s, const Problem& prob, const PolicyData& d, cudaStream_t st);
+std::function<void()> prepare(const FwdParams& p, const MaskSpec& s, const Problem& prob, const PolicyData& d,
+                              cudaStream_t st);
+constexpr int Br = hopper_mask::Br, Bc = hopper_mask::Bc;
+}  // namespace hopper_v2
 namespace backward_mask {
 bool launch(const BwdParams& p, const MaskSpec& s, const Problem& prob, const PolicyData& d, cudaStream_t st);
 constexpr int Br = 64, Bc = 128;

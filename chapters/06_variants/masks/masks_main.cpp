@@ -90,6 +90,7 @@ struct MaskArgs {
   bool alone = false;          ///< document: also run each document alone
   int check_mflops = 4000;     ///< the fp64 check's budget per variant, in MFLOPs (sampled rows)
   std::string gpu_path = "all";  ///< sm80, sm90a or all (the forwards; the backward follows --no-backward)
+  int hopper_step = kHopperSteps - 1;  ///< which sm90a step runs (mask_gpu.hpp: 0 hopper_mask.cu, ...)
   TextOptions text;
 };
 
@@ -252,10 +253,13 @@ void run_variant(const MaskSpec& spec, const Problem& user, const Options& opt, 
           }
         }
       } else {
-        const GpuMaskForward f = mask_forward_gpu(p, spec, layout, lin, path, !a.no_time);
+        GpuForwardOptions fo;
+        fo.hopper_step = a.hopper_step;
+        const GpuMaskForward f = mask_forward_gpu(p, spec, layout, lin, path, !a.no_time, fo);
         row.set_check(oracle.judge(from_layout(f.o, p.heads, p.nq, p.dv, layout.packed), &f.lse));
         if (!a.no_time) row.set_time(f.time_ms);
         row.note = fmt("%.0f", f.tiles) + " tiles visited";
+        if (path == GpuPath::sm90a) row.note += std::string(", ") + hopper_step_file(a.hopper_step);
         // The kernel's own count: Q read once per query block, K and V once per visited tile, O and LSE written once.
         const double e = dtype_bytes(p.dtype), bc = path == GpuPath::sm80 ? ampere_tile_keys() : hopper_tile_keys();
         row.hbm_read_bytes = e * (double(p.q_elems()) + f.tiles * bc * (p.d + p.dv));
@@ -302,6 +306,9 @@ int mask_main(int argc, char** argv) {
   cli.add_int("--check-mflops", &a.check_mflops, "fp64 check budget per variant in MFLOPs (sampled rows) [4000]", 1);
   cli.add_flag("--alone", &a.alone, "document: also run each document alone (the cost the packed run should match)");
   cli.add_choice("--gpu-path", &a.gpu_path, {"all", "sm80", "sm90a"}, "which forward kernels run (default: all)");
+  cli.add_int("--hopper-step", &a.hopper_step,
+              "the sm90a forward's step: 0 hopper_mask.cu, 1 v1_two_q_buffers.cu, 2 v2_tile_overlap.cu [2]", 0,
+              kHopperSteps - 1);
   return run_chapter(int(args.size()), args.data(), cli, [&](const Options& opt) {
     if (!a.text.error.empty()) throw UsageError(a.text.error);
     const bool explicit_mask = !a.mask.empty();

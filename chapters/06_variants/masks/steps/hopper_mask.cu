@@ -19,6 +19,7 @@
 //   6. The packed varlen layout [tokens][heads][d]: the tensor map sees a tensor of
 //      rows of heads * d elements, and a head is a column offset (tensor_coords()).
 //   7. d = 128 and bf16 only, one instantiation per policy.
+//   8. FwdParams::ctas caps the persistent grid (tests: a few blocks, each walking many tiles).
 //
 // Chapter 05's shared header is included by path: chapters/05_fa3_hopper/fa3_common.cuh.
 #include <functional>
@@ -387,6 +388,7 @@ std::function<void()> prepare_policy(const FwdParams& p, const Policy& pol, cuda
   (void)configured;
   int sms = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  if (p.ctas > 0) sms = p.ctas;  // fewer blocks (tests): each walks more tiles
   const long tiles = long(p.map.outer) * p.batch * p.heads;
   const int grid = int(tiles < sms ? tiles : sms);  // one block per SM, each walking its tiles
   // The tensor maps are encoded here, once; the launch alone is what a timed repeat runs.
