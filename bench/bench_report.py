@@ -11,8 +11,10 @@ import csv
 import io
 import json
 import os
+import re
 
-from bench_common import DECODE_PEERS, PEER_LABEL, PEERS, SOFTMAX_PEERS, clean_row, read_json, shape_key, speed
+from bench_common import (DECODE_PEERS, PEER_LABEL, PEERS, SOFTMAX_PEERS, clean_row, read_json, shape_key,
+                          shape_text, speed)
 
 CEILING_KEY = {"bf16_gemm": "bf16_gemm_tflops", "fp8_gemm": "fp8_gemm_tflops", "read": "read_gbps"}
 CEILING_NAME = {"bf16_gemm": "bf16 GEMM", "fp8_gemm": "FP8 GEMM", "read": "read bandwidth"}
@@ -301,6 +303,30 @@ def softmax_table(res, rows):
     return md_table(head, body)
 
 
+def before_after_table(res, rows):
+    """--before: each kernel of ours next to the same kernel of the older build, on every shape both
+    ran (best of --rounds each). A kernel only one build has is listed with a dash on the other side."""
+    before = {(r["kernel"][len("before: "):], shape_key(r)): r for r in rows if r.get("kind") == "before"}
+    if not before:
+        return None
+    ours = {(r["kernel"], shape_key(r)): r for r in rows if r.get("kind") == "ours"}
+    def natural(k):  # v2 before v10
+        return (str(k[1]), [int(x) if x.isdigit() else x for x in re.split(r"(\d+)", k[0])])
+    keys = sorted(set(before) | set(ours), key=natural)
+    head = ["shape", "pass", "kernel", "before", "after", "after / before"]
+    body = []
+    for k in keys:
+        b, a = before.get(k), ours.get(k)
+        if a is None and b is None:
+            continue
+        r = a or b
+        vb, va = speed(b) if b else None, speed(a) if a else None
+        ratio = fmt_ratio(va / vb) if va and vb else ("- (new)" if b is None else "-")
+        body.append([shape_text(r), r.get("pass", ""), k[0], fmt_speed(b, False) if b else "-",
+                     fmt_speed(a, False) if a else "-", ratio])
+    return md_table(head, body)
+
+
 def markdown(res):
     rows = enrich(res)
     run = res.get("run", {})
@@ -338,6 +364,13 @@ def markdown(res):
             if t:
                 out.append(section("ch%s-%s" % (c, pss), "%s, %s (TFLOP/s)" % (title, what), t,
                                    "best / peer: the fastest bf16 kernel of the row over the peer."))
+    t = before_after_table(res, rows)
+    if t:
+        ba = res.get("run", {}).get("before") or {}
+        out.append(section("before-after", "This build against an older one (TFLOP/s)", t,
+                           "--before %s: every launch of ours ran in both builds, alternating, %s round(s); "
+                           "each kernel's best time of the rounds; a kernel that failed in any round is FAIL." % (
+                               ba.get("build", "?"), ba.get("rounds", 1))))
     t = softmax_table(res, rows)
     if t:
         out.append(section("ch02-softmax", "Chapter 02: online softmax (GB/s)", t,

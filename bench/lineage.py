@@ -29,6 +29,7 @@ import glob
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -120,10 +121,53 @@ def gpu_info():
 
 # ============================================================================ running a binary
 
+def before_binaries(before, chapters):
+    """--before: an older build folder (its bin/ holds the chapter binaries) or one binary of it.
+    Returns (the folder or binary as given, {chapter: Binary})."""
+    path = os.path.abspath(before)
+    if os.path.isfile(path):
+        name = os.path.basename(path)
+        return before, {c: Binary.at(path) for c, n in chapters.items() if n == name}
+    if not os.path.isdir(os.path.join(path, "bin")):
+        sys.exit("bench: --before %s: neither a build folder (with bin/) nor a binary" % before)
+    out = {}
+    for c, n in chapters.items():
+        b = Binary.at(os.path.join(path, "bin", n))
+        if b.exists():
+            out[c] = b
+    return before, out
+
+
+# The chapter binaries' host memory. Every kernel row of a binary allocates its uploads and
+# downloads anew (three 67 MB bf16 staging buffers in, a 134 MB fp32 O and its staging buffer out, at
+# the papers' 16K tokens x 2048 features), and glibc hands each block above 32 MB to mmap and back to
+# the kernel at free: every row paid its page faults and the kernel's zeroing again (about 0.2 s of a
+# row's 0.4 s, measured on the CPU alone: bench/README.md, "Where the time goes"). With mmap off and
+# no trimming, freed blocks stay in the heap and the next row reuses pages already mapped. Nothing
+# else changes: the same allocations, the same numbers. A GLIBC_TUNABLES in the caller's environment
+# (empty included) is kept as it is.
+HEAP_TUNABLES = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=%d" % (1 << 40)
+
+
+def binary_env():
+    env = dict(os.environ)
+    env.setdefault("GLIBC_TUNABLES", HEAP_TUNABLES)
+    return env
+
+
 class Binary:
+    paths = {}  # chapter binary name -> a path given on the command line (--binary), else BUILD/bin/name
+
     def __init__(self, build_dir, name):
         self.name = name
-        self.path = os.path.join(build_dir, "bin", name)
+        self.path = Binary.paths.get(name) or os.path.join(build_dir, "bin", name)
+
+    @staticmethod
+    def at(path):
+        """A binary at this exact path (an older build's, for --before)."""
+        b = Binary.__new__(Binary)
+        b.name, b.path = os.path.basename(path), path
+        return b
 
     def exists(self):
         return os.access(self.path, os.X_OK)
@@ -148,9 +192,16 @@ class Binary:
         failed), unsupported (exit 2: the binary refused the problem, with its one-line reason),
         error (anything else)."""
         t0 = time.time()
+        ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         st, rep, msg = self._run(args, timeout)
         secs = time.time() - t0
-        Binary.launches.append({"binary": self.name, "args": " ".join(args), "s": round(secs, 2), "status": st})
+        ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        # the launch's own CPU time and page faults (the peers' compilers run in this process, not as children)
+        Binary.launches.append({"binary": self.name, "args": " ".join(args), "s": round(secs, 2), "status": st,
+                                "user_s": round(ru1.ru_utime - ru0.ru_utime, 2),
+                                "sys_s": round(ru1.ru_stime - ru0.ru_stime, 2),
+                                "minflt": ru1.ru_minflt - ru0.ru_minflt,
+                                "rows": len(rep.get("results", [])) if isinstance(rep, dict) else None})
         if Binary.verbose:
             log("    %5.1f s  %s %s  [%s]" % (secs, self.name, " ".join(args), st))
         return st, rep, msg
@@ -160,7 +211,7 @@ class Binary:
         if Binary.deadline is not None:
             timeout = max(5, min(timeout, int(Binary.deadline - time.time())))
         try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=binary_env())
         except subprocess.TimeoutExpired:
             return "error", None, "timed out after %d s" % timeout
         if r.returncode == 2:
@@ -224,6 +275,16 @@ def report_rows(rep, chapter, shape):
     return out
 
 
+def better(r, old):
+    """The row to keep of two runs of one kernel on one shape (--before --rounds): a failure stays
+    a failure; of two passing runs, the faster."""
+    if old.get("status") == "failed" or r.get("status") == "failed":
+        return r.get("status") == "failed" and old.get("status") != "failed"
+    if old.get("status") != "ok":
+        return r.get("status") == "ok"
+    return r.get("status") == "ok" and (r.get("time_ms") or 1e30) < (old.get("time_ms") or 1e30)
+
+
 # ============================================================================ the plan
 
 class Task:
@@ -251,6 +312,12 @@ class Bench:
         self.started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
         self.ours_at = {}  # (chapter, d, causal, N) -> {kernel: tflops}: the step-pruning rule
         self.task_times = []
+        # --peers / --no-peers / --before: which peers run (a peer left out is a column that says so)
+        self.use_peers = set() if (args.no_peers or args.before) else set(args.peers or PEERS + ["torch_softmax"])
+        self.extra_args = (args.extra or "").split()
+        self.before_dir, self.before_bins = None, None
+        if args.before:
+            self.before_dir, self.before_bins = before_binaries(args.before, self.chapters)
         Binary.launches = []
         Binary.verbose = bool(getattr(args, "verbose", False))
 
@@ -298,8 +365,13 @@ class Bench:
         any later one) has one too."""
         return chapter == "03" or (chapter in self.bins and "--no-backward" in self.bins[chapter].flags())
 
-    def ours_task(self, chapter, d, n, causal, backward):
+    def shape_bh(self, n, d):
+        """B and H of a shape: the papers' (B*N = 16K tokens, H*d = 2048), or --batch."""
         b, h = paper_shape(n, d)
+        return (self.a.batch or b), h
+
+    def ours_task(self, chapter, d, n, causal, backward):
+        b, h = self.shape_bh(n, d)
         args = ["--n", str(n), "--batch", str(b), "--heads", str(h), "--kv-heads", str(h), "--d", str(d),
                 "--device", "cuda", "--json"]
         if causal:
@@ -308,9 +380,19 @@ class Bench:
         for f in ("--no-model", "--no-fp8-table"):  # CPU-side extras the bench does not report
             if f in flags:
                 args.append(f)
+        args += self.extra_args
         no_bwd = ["--no-backward"] if "--no-backward" in flags else []
+        bwd_all = ["--backward-step", "all"] if "--backward-step" in flags else []
         shape = {"d": d, "N": n, "causal": causal}
         runs = [args + ([] if backward else no_bwd)]
+        if self.a.steps and "--step" in flags:
+            # --steps: one launch per step (a binary takes one --step K); the backward, when the plan
+            # has it here, beside the last (chapter 05 runs it beside one --step only when asked)
+            ks = self.a.steps
+            runs = [args + ["--step", str(k)] + (bwd_all if backward and i == len(ks) - 1 else no_bwd)
+                    for i, k in enumerate(ks)]
+            self.launch_rows(chapter, runs, d, n, causal, shape)
+            return
         # Step pruning: from N = prune_from on, a step more than 4x slower than the chapter's best
         # at the previous N is not timed again (its line in the plots stops there), when the time it
         # would take here is more than the extra launches cost (the binaries take one --step K per
@@ -329,35 +411,58 @@ class Bench:
                 pruned = True
                 # the backward runs with the last kept step (chapter 05 runs it beside one --step
                 # only when --backward-step asks)
-                bwd_all = ["--backward-step", "all"] if "--backward-step" in flags else []
                 runs = [args + ["--step", str(k)] + (bwd_all if backward and k == kept[-1] else no_bwd)
                         for k in kept]
                 for k in slow:
                     self.rows.append(self.base_row(chapter, k, "fwd", d, n, causal, status="not run",
                                                    note="more than 4x slower than the chapter's best step at "
                                                         "N = %d: timed up to there" % n_prev))
-        got = []
-        for a in runs:
-            st, rep, msg = self.bins[chapter].run(a, timeout=self.a.timeout)
-            if st != "ok":
-                self.rows.append(self.base_row(chapter, "ch%s (%s)" % (chapter, self.bins[chapter].name),
-                                               "fwd", d, n, causal, status=st, note=msg))
-                continue
-            pr = rep.get("problem", {})
-            if bool(pr.get("causal")) != causal or pr.get("nq") != n or pr.get("d") != d:
-                self.rows.append(self.base_row(chapter, "ch%s (%s)" % (chapter, self.bins[chapter].name), "fwd", d,
-                                               n, causal, status="error", note="the binary ran another problem "
-                                               "(%s) than asked" % json.dumps(pr)))
-                continue
-            got += report_rows(rep, chapter, shape)
-        self.rows += got
+        got = self.launch_rows(chapter, runs, d, n, causal, shape)
         if not pruned:
             self.ours_at[(chapter, d, causal, n)] = {
                 r["kernel"]: r.get("tflops") for r in got
                 if r["pass"] == "fwd" and r.get("status") in ("ok", "failed", "unchecked")}
 
+    def launch_rows(self, chapter, runs, d, n, causal, shape):
+        """Runs each argument list of `runs` with the chapter's binary and keeps the rows of its
+        report; with --before, the older build too, alternating --rounds times (each kernel's best
+        time kept; a kernel that fails in any round is failed). Returns the rows of this build."""
+        builds = [("ours", self.bins[chapter])]
+        if self.before_bins is not None:
+            if chapter in self.before_bins:
+                builds.append(("before", self.before_bins[chapter]))
+            else:
+                self.notes.append("--before: %s is not in the older build" % self.bins[chapter].name)
+        best = {kind: {} for kind, _ in builds}  # kind -> {(kernel, pass): row}
+        for rnd in range(max(1, self.a.rounds) if self.before_bins is not None else 1):
+            for kind, binary in (builds if rnd % 2 == 0 else builds[::-1]):
+                for a in runs:
+                    for r in self.one_launch(chapter, binary, a, d, n, causal, shape):
+                        key = (r["kernel"], r["pass"])
+                        old = best[kind].get(key)
+                        if old is None or better(r, old):
+                            best[kind][key] = r
+        got = list(best["ours"].values())
+        self.rows += got
+        for r in best.get("before", {}).values():
+            r = dict(r, kind="before", kernel="before: " + r["kernel"], build=self.before_dir)
+            self.rows.append(r)
+        return got
+
+    def one_launch(self, chapter, binary, a, d, n, causal, shape):
+        st, rep, msg = binary.run(a, timeout=self.a.timeout)
+        if st != "ok":
+            return [self.base_row(chapter, "ch%s (%s)" % (chapter, binary.name), "fwd", d, n, causal, status=st,
+                                  note=msg)]
+        pr = rep.get("problem", {})
+        if bool(pr.get("causal")) != causal or pr.get("nq") != n or pr.get("d") != d:
+            return [self.base_row(chapter, "ch%s (%s)" % (chapter, binary.name), "fwd", d, n, causal,
+                                  status="error", note="the binary ran another problem (%s) than asked" %
+                                  json.dumps(pr))]
+        return report_rows(rep, chapter, shape)
+
     def base_row(self, chapter, kernel, pss, d, n, causal, **kw):
-        b, h = paper_shape(n, d)
+        b, h = self.shape_bh(n, d)
         row = {"chapter": chapter, "kernel": kernel, "kind": "ours", "pass": pss, "d": d, "N": n, "nk": n,
                "B": b, "H": h, "Hkv": h, "causal": causal, "dtype": "bf16", "unit": "TFLOP/s",
                "ceiling": "bf16_gemm"}
@@ -366,7 +471,7 @@ class Bench:
 
     def peer_task(self, peer, d, n, causal, backward, b=None, h=None, hkv=None):
         if b is None:
-            b, h = paper_shape(n, d)
+            b, h = self.shape_bh(n, d)
         hkv = hkv or h
         r = self.get_peers().attention(peer, b, h, hkv, n, n, d, causal, backward)
         row = {"chapter": "peer", "kernel": peer, "kind": "peer", "pass": "bwd" if backward else "fwd", "d": d,
@@ -437,6 +542,8 @@ class Bench:
                     row["status"] = "failed" if r.get("pass") is False else "unchecked"
                 self.rows.append(clean_row(row))
         # torch.softmax on the same scores: reads S and writes P (fp32)
+        if "torch_softmax" not in self.use_peers:
+            return
         pr = self.get_peers().softmax(rows_total, n, 8.0 * rows_total * n)
         self.rows.append(clean_row(dict(base, chapter="peer", kind="peer", kernel="torch_softmax",
                                         bytes=8.0 * rows_total * n, **pr)))
@@ -458,7 +565,6 @@ class Bench:
         if st != "ok" or not isinstance(rep, dict):
             self.notes.append("ch07 decode sweep%s: %s: %s" % (" " + shapes if shapes else "", st, msg))
             return
-        peers = self.get_peers()
         for cfg in rep.get("configs", []):
             kvt = cfg.get("kv_dtype") or "bf16"
             base = {"chapter": c, "kind": "ours", "pass": "decode", "d": cfg.get("d", rep.get("d")), "N": 1,
@@ -482,10 +588,12 @@ class Bench:
                 self.rows.append(clean_row(row))
             if cfg.get("page_size") == 16 and kvt == "bf16":  # the peers read contiguous bf16 K/V
                 for p in DECODE_PEERS:
+                    if p not in self.use_peers:
+                        continue
                     if any(x.get("kind") == "peer" and x["kernel"] == p and x["pass"] == "decode" and
                            shape_key(x) == shape_key(dict(base, kernel=p)) for x in self.rows):
                         continue  # already measured on this shape in this run
-                    pr = peers.decode(p, cfg["batch"], cfg["heads"], cfg["kv_heads"], cfg["len"], base["d"],
+                    pr = self.get_peers().decode(p, cfg["batch"], cfg["heads"], cfg["kv_heads"], cfg["len"], base["d"],
                                       cfg["kv_bytes"])
                     self.rows.append(clean_row(dict(base, chapter="peer", kind="peer", kernel=p, **pr)))
 
@@ -528,6 +636,8 @@ class Bench:
             if nq != nk:
                 continue
             for p in PEERS:
+                if p not in self.use_peers:
+                    continue
                 if any(x.get("kind") == "peer" and x["kernel"] == p and x["pass"] == pss and x["d"] == dd and
                        x["N"] == nq and x["B"] == bb and x["H"] == hh and x["Hkv"] == hkv and x["causal"] == cz
                        for x in self.rows):
@@ -579,7 +689,7 @@ class Bench:
             if c not in self.chapters or not self.supports(c, d):
                 continue
             bwd = self.has_backward(c) and not getattr(self, "_no_bwd", False)
-            fl = attention_flops(*paper_shape(n, d), n, n, d, causal)
+            fl = attention_flops(*self.shape_bh(n, d), n, n, d, causal)
             # seconds, from the H200 run of 2026-12-01: host-side set-up (inputs, fp64 reference) dominates
             est = self.estimate(c, n, d, causal, bwd, fl)
 
@@ -595,7 +705,7 @@ class Bench:
             return tasks
         for p in PEERS:
             for bwd in (False, True):
-                if p not in (peers_bwd if bwd else peers_fwd) or (bwd and not bwd_here):
+                if p not in self.use_peers or p not in (peers_bwd if bwd else peers_fwd) or (bwd and not bwd_here):
                     continue
                 first = p not in self._peer_seen
                 self._peer_seen.add(p)
@@ -700,6 +810,9 @@ class Bench:
             m["peer_init_s"] = getattr(self.peers, "init_s", {})  # cumulative seconds inside Peers()
             m["peer_calls"] = self.peers.calls
         # where the time went: every binary launch and every task, in seconds
+        if self.before_dir:
+            m["before"] = {"build": self.before_dir, "rounds": max(1, self.a.rounds)}
+        m["binary_env"] = {"GLIBC_TUNABLES": binary_env().get("GLIBC_TUNABLES")}
         m["launches"] = Binary.launches
         m["tasks"] = self.task_times
         return m
@@ -713,9 +826,11 @@ class Bench:
         return self._dirty_v
 
     def peer_status(self):
+        asked = {p: "not asked for (%s)" % ("--before" if self.a.before else "--peers" if self.a.peers else "--no-peers")
+                 for p in PEERS + ["torch_softmax"] if p not in self.use_peers}
         if self.peers is None:
-            return {p: "not run" for p in PEERS}
-        return {p: (self.peers.avail.get(p) or "available") for p in PEERS + ["torch_softmax"]}
+            return dict({p: "not run" for p in PEERS}, **asked)
+        return dict({p: (self.peers.avail.get(p) or "available") for p in PEERS + ["torch_softmax"]}, **asked)
 
     def save(self, complete):
         os.makedirs(self.out_dir, exist_ok=True)
@@ -734,8 +849,12 @@ class Bench:
         self.bins = {c: b for c, b in self.bins.items() if b.exists()}
         self.chapters = {c: n for c, n in self.chapters.items() if c in self.bins}
         tasks = self.plan()
-        if any(t.kind == "peer" or "+ peers" in t.label or "softmax" in t.label for t in tasks):
+        if self.use_peers and any(t.kind == "peer" or "+ peers" in t.label or "softmax" in t.label for t in tasks):
             self.start_preimport()
+        if self.before_bins is not None:  # every launch of ours runs in both builds, --rounds times
+            for t in tasks:
+                if t.kind == "ours":
+                    t.est *= 2 * max(1, self.a.rounds)
         total = sum(t.est for t in tasks)
         log("bench: %d tasks, about %d:%02d on an H200%s" % (len(tasks), total // 60, total % 60,
                                                             " (--budget %d s)" % self.a.budget if self.a.budget else ""))
@@ -824,6 +943,23 @@ def int_list(text):
     return out
 
 
+PEER_ALIASES = {"cudnn": "sdpa_cudnn", "flash": "sdpa_flash", "fa2": "sdpa_flash", "efficient": "sdpa_efficient",
+                "softmax": "torch_softmax"}
+
+
+def peer_list(text):
+    out = []
+    for x in text.split(","):
+        x = x.strip()
+        if not x:
+            continue
+        p = PEER_ALIASES.get(x, x)
+        if p not in PEERS + ["torch_softmax"]:
+            raise argparse.ArgumentTypeError("no peer %r (peers: fa4, cudnn, flash, efficient, flex, softmax)" % x)
+        out.append(p)
+    return out
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(prog="./tutorial bench", description=__doc__.split("\n\n")[0],
@@ -842,15 +978,35 @@ def main(argv=None):
     ap.add_argument("--mask", choices=["both", "causal", "none"], default="both",
                     help="with --n or --d: causal shapes, non-causal ones, or both (default)")
     ap.add_argument("--no-backward", action="store_true", help="forward passes only")
+    ap.add_argument("--steps", type=int_list,
+                    help="only these forward steps of each chapter whose binary takes --step, e.g. 11,16 (one "
+                         "launch each; the backward, where the plan has it, beside the last)")
+    ap.add_argument("--peers", type=peer_list,
+                    help="only these peers: fa4, cudnn, flash, efficient, flex, softmax (default: all)")
+    ap.add_argument("--no-peers", action="store_true", help="time our kernels only")
+    ap.add_argument("--before", metavar="BUILD_OR_BINARY",
+                    help="compare with an older build (its folder, or one binary): every launch of ours runs in "
+                         "both, alternating; results.md gets a before/after table; no peers")
+    ap.add_argument("--rounds", type=int, default=1, help="with --before: runs of each build, best time kept")
+    ap.add_argument("--batch", type=int, help="B of every attention shape (default: 16K tokens / N)")
+    ap.add_argument("--extra", help="more flags for every chapter binary of the attention shapes, e.g. "
+                                    "--extra=--check-all")
+    ap.add_argument("--binary", action="append", default=[], metavar="PATH",
+                    help="use this chapter binary (e.g. elsewhere/bin/ch05_fa3_hopper) instead of BUILD/bin's")
     ap.add_argument("--repeats", type=int, default=20, help="timed repeats of each peer (median; default 20)")
     ap.add_argument("--timeout", type=int, default=300, help="seconds one chapter binary may run")
     ap.add_argument("--verbose", action="store_true", help="print each task's time")
+    ap.add_argument("--no-plots", action="store_true", help="the JSON, CSV and tables only (plot later with --report)")
     ap.add_argument("--gpu", action="store_true", help=argparse.SUPPRESS)  # run the GPU plan even without one
     a = ap.parse_args(argv)
     a.build_dir_given = "--build-dir" in argv and os.path.realpath(a.build_dir) != os.path.realpath(
         os.path.join(ROOT, "build"))
     a.user_args = [x for i, x in enumerate(argv) if x != "--build-dir" and (i == 0 or argv[i - 1] != "--build-dir")]
     a.build_dir = os.path.abspath(a.build_dir)
+    for path in a.binary:
+        if not os.access(path, os.X_OK):
+            sys.exit("bench: --binary %s: not an executable" % path)
+        Binary.paths[os.path.basename(path)] = os.path.abspath(path)
     out = a.out or os.path.join(a.build_dir, "bench")
 
     if a.report:
@@ -873,7 +1029,7 @@ def main(argv=None):
         build(a.build_dir, [n for n in sel.values() if n], cuda_option())
     b = Bench(a)
     res = b.run()
-    for p in write_outputs(res, b.out_dir):
+    for p in write_outputs(res, b.out_dir, plots=not a.no_plots):
         print(p)
     fails = [r for r in res["rows"] if r.get("status") == "failed"]
     if fails:

@@ -300,6 +300,83 @@ class Runner(unittest.TestCase):
             self.assertEqual(read_json(os.path.join(d, "results.json")), load())
 
 
+FAKE = os.path.join(HERE, "testdata", "fake_ch05.py")
+
+
+class Modes(unittest.TestCase):
+    """./tutorial bench --steps, --before, --no-peers on a stand-in chapter binary (testdata/fake_ch05.py)."""
+
+    def build(self, root, name, slow=1.0, fail=None):
+        os.makedirs(os.path.join(root, name, "bin"))
+        path = os.path.join(root, name, "bin", "ch05_fa3_hopper")
+        with open(path, "w") as f:
+            f.write("#!/bin/sh\nFAKE_SLOW=%s FAKE_FAIL=%s exec %s %s \"$@\"\n" % (slow, fail or "", sys.executable, FAKE))
+        os.chmod(path, 0o755)
+        return os.path.join(root, name)
+
+    def run_bench(self, args, log):
+        os.environ["FAKE_LOG"] = log
+        try:
+            err = io.StringIO()
+            old, sys.stderr = sys.stderr, err
+            try:
+                lineage.main(args + ["--gpu", "--no-build", "--no-plots", "--chapters", "05"])
+            finally:
+                sys.stderr = old
+        finally:
+            del os.environ["FAKE_LOG"]
+        return [l for l in open(log).read().splitlines() if "--device cuda" in l and "--bench" not in l]
+
+    def test_steps_run_one_launch_each_and_only_those_steps(self):
+        with tempfile.TemporaryDirectory() as d:
+            new = self.build(d, "new")
+            out = os.path.join(d, "out")
+            launches = self.run_bench(["--build-dir", new, "--out", out, "--n", "2048", "--d", "128", "--mask",
+                                       "causal", "--steps", "8,10", "--no-peers"], os.path.join(d, "log"))
+            self.assertEqual(len(launches), 2, launches)
+            self.assertIn("--step 8 --no-backward", launches[0])
+            self.assertIn("--step 10 --backward-step all", launches[1])  # the backward beside the last step
+            res = read_json(os.path.join(out, "results.json"))
+            ks = sorted({r["kernel"] for r in res["rows"] if r["kind"] == "ours"})
+            self.assertEqual(ks, ["ch05 b9 backward", "ch05 v10 step 10", "ch05 v8 step 8"])
+            self.assertEqual(res["peers"]["fa4"], "not asked for (--no-peers)")
+            self.assertIn("absent", bench_report.extract_section(open(os.path.join(out, "results.md")).read(),
+                                                                 "ch05-fwd"))
+
+    def test_binaries_get_the_heap_tunables_unless_the_caller_set_them(self):
+        with tempfile.TemporaryDirectory() as d:
+            new = self.build(d, "new")
+            args = ["--build-dir", new, "--out", os.path.join(d, "o"), "--n", "2048", "--d", "128", "--mask",
+                    "causal", "--steps", "8", "--no-peers", "--no-backward"]
+            self.assertIn("GLIBC_TUNABLES=" + lineage.HEAP_TUNABLES, self.run_bench(args, os.path.join(d, "l1"))[0])
+            os.environ["GLIBC_TUNABLES"] = ""
+            try:
+                self.assertTrue(self.run_bench(args, os.path.join(d, "l2"))[0].endswith("GLIBC_TUNABLES="))
+            finally:
+                del os.environ["GLIBC_TUNABLES"]
+
+    def test_before_alternates_builds_keeps_the_best_and_a_failure(self):
+        with tempfile.TemporaryDirectory() as d:
+            new = self.build(d, "new")
+            old = self.build(d, "old", slow=1.25, fail="1")
+            out = os.path.join(d, "out")
+            launches = self.run_bench(["--build-dir", new, "--out", out, "--n", "8192", "--d", "128", "--mask",
+                                       "causal", "--no-backward", "--before", old, "--rounds", "2"],
+                                      os.path.join(d, "log"))
+            self.assertEqual(len(launches), 4)  # two builds, two rounds
+            res = read_json(os.path.join(out, "results.json"))
+            self.assertFalse([r for r in res["rows"] if r["kind"] == "peer"])  # no peers with --before
+            head, body = table_rows(open(os.path.join(out, "results.md")).read(), "before-after")
+            by = {r[head.index("kernel")]: r for r in body}
+            self.assertEqual(by["ch05 v8 step 8"][head.index("after / before")], "1.25x")
+            self.assertEqual(by["ch05 v8 step 8"][head.index("after")], "600")
+            self.assertEqual(by["ch05 v1 step 1"][head.index("before")], "FAIL")  # failed in the old build
+            self.assertEqual(by["ch05 v1 step 1"][head.index("after / before")], "-")
+            # the before rows never enter the chapter's own table or the lineage
+            self.assertNotIn("before:", bench_report.extract_section(open(os.path.join(out, "results.md")).read(),
+                                                                     "ch05-fwd"))
+
+
 class Recorded(unittest.TestCase):
     def test_readme_sections_match_the_recorded_run(self):
         import bench_readme
