@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "common/cuda/buffer.cuh"
 #include "common/cuda/check.cuh"
@@ -14,6 +15,7 @@
 #include "common/index.hpp"
 #include "common/online_softmax.hpp"
 #include "gqa_mla/gqa_mla_gpu.hpp"
+#include "gqa_mla/ampere_packed.cuh"
 #include "gqa_mla/mla_decode.cuh"
 #if CH06_HAVE_HOPPER
 #include "gqa_mla/packed_fwd.cuh"
@@ -44,6 +46,16 @@ bool packed_fwd_supports(const Problem& p, std::string* why) {
   };
   if (p.dtype != DType::bf16) return no("bf16 only");
   if (!((p.d == 128 && p.dv == 128) || (p.d == 192 && p.dv == 128))) return no("(d, dv) = (128, 128) or (192, 128) only");
+  return true;
+}
+
+bool packed_sm80_supports(const Problem& p, std::string* why) {
+  auto no = [&](const std::string& w) {
+    if (why) *why = "packed sm_80 forward: " + w;
+    return false;
+  };
+  if (p.dtype != DType::bf16 && p.dtype != DType::f16) return no("bf16 or fp16 only");
+  if (p.d != p.dv || (p.d != 64 && p.d != 128 && p.d != 256)) return no("d = dv in {64, 128, 256} only");
   return true;
 }
 
@@ -167,6 +179,62 @@ GpuResult packed_forward_gpu(const Problem& p, const AttnInputs& in, bool pack, 
   (void)in, (void)pack, (void)time;
   throw UsageError("built without the sm_90a kernels");
 #endif
+}
+
+// ----------------------------------------------------------------------------- packed, sm_80
+
+namespace {
+
+/// The launch of the sm_80 packed forward on uploaded tensors.
+std::function<void()> sm80_launch(const Problem& p, const void* q, const void* k, const void* v, void* o, float* lse,
+                                  bool pack) {
+  ch04::FwdParams f{};
+  f.q = q, f.k = k, f.v = v, f.o = o, f.lse = lse;
+  f.batch = p.batch, f.heads = p.heads, f.kv_heads = p.kv_heads, f.nq = p.nq, f.nk = p.nk, f.d = p.d;
+  f.scale = float(p.softmax_scale());
+  f.scale_log2 = float(p.softmax_scale() * kLog2e);
+  f.causal = p.causal;
+  const DType t = p.dtype;
+  return [f, t, pack] {
+    if (!ampere_packed::launch(f, t, nullptr, pack)) throw UsageError("packed sm_80 forward: no kernel for this problem");
+    CUDA_CHECK_LAUNCH("ampere_packed fwd_kernel");
+  };
+}
+
+}  // namespace
+
+GpuResult packed_forward_sm80_gpu(const Problem& p, const AttnInputs& in, bool pack, bool time) {
+  std::string why;
+  if (!packed_sm80_supports(p, &why)) throw UsageError(why);
+  const DeviceTensor q = DeviceTensor::from_host(in.q, p.dtype), k = DeviceTensor::from_host(in.k, p.dtype),
+                     v = DeviceTensor::from_host(in.v, p.dtype);
+  DeviceTensor o(p.dtype, p.o_elems());
+  DeviceBuffer<float> lse(p.lse_elems());
+  const auto launch = sm80_launch(p, q.data(), k.data(), v.data(), o.data(), lse.get(), pack);
+  o.poison();
+  lse.poison();
+  launch();
+  CUDA_CHECK(cudaDeviceSynchronize());
+  GpuResult r;
+  r.o = o.to_host();
+  r.lse = lse.download();
+  r.grid = ceil_div(p.nq * (pack ? p.group() : 1), 128) * p.batch * (pack ? p.kv_heads : p.heads);
+  if (time) r.time_ms = time_gpu(launch).median_ms;
+  return r;
+}
+
+GpuResult packed_forward_sm80_bench(const Problem& p, bool pack) {
+  std::string why;
+  if (!packed_sm80_supports(p, &why)) throw UsageError(why);
+  DeviceTensor q(p.dtype, p.q_elems()), k(p.dtype, p.k_elems()), v(p.dtype, p.v_elems()), o(p.dtype, p.o_elems());
+  DeviceBuffer<float> lse(p.lse_elems());
+  fill_hash(q, 1);
+  fill_hash(k, 2);
+  fill_hash(v, 3);
+  GpuResult r;
+  r.grid = ceil_div(p.nq * (pack ? p.group() : 1), 128) * p.batch * (pack ? p.kv_heads : p.heads);
+  r.time_ms = time_gpu(sm80_launch(p, q.data(), k.data(), v.data(), o.data(), lse.get(), pack)).median_ms;
+  return r;
 }
 
 // ----------------------------------------------------------------------------- MLA

@@ -36,6 +36,15 @@ struct GpuResult {
 /// (pack = false: chapter 05's GQA). Throws UsageError when unsupported.
 GpuResult packed_forward_gpu(const Problem& p, const AttnInputs& in, bool pack, bool time);
 
+/// Whether the packed sm_80 forward (steps/ampere_packed.cu, chapter 04's v9 packed) has a
+/// kernel for `p` (bf16 or fp16; d = dv in {64, 128, 256}); the reason when not.
+bool packed_sm80_supports(const Problem& p, std::string* why = nullptr);
+/// That kernel, packed (pack = true) or with one query head per tile (chapter 04's v9), on
+/// any CUDA GPU of sm_80 or later. Throws UsageError when unsupported.
+GpuResult packed_forward_sm80_gpu(const Problem& p, const AttnInputs& in, bool pack, bool time);
+/// The same, timed on device-generated inputs (the sweeps).
+GpuResult packed_forward_sm80_bench(const Problem& p, bool pack);
+
 /// The same kernel timed on device-generated inputs (for the sweeps: no host tensors,
 /// no check; the tests and the checked rows cover correctness).
 GpuResult packed_forward_bench(const Problem& p, bool pack);

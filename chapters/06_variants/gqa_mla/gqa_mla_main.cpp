@@ -60,6 +60,11 @@ void gqa_sweep(Report& rep) {
       std::snprintf(line, sizeof line, "  sweep %-33s  %9.4f  %11.4f  %8.2fx   %s / %s", shape_of(p).c_str(), a.time_ms,
                     b.time_ms, b.time_ms / a.time_ms, format_bytes(kp).c_str(), format_bytes(ku).c_str());
       rep.notes.push_back(line);
+      // The chapter 04-derived kernel (steps/ampere_packed.cu, no split-K) on the same shape.
+      const GpuResult c = packed_forward_sm80_bench(p, true), d = packed_forward_sm80_bench(p, false);
+      std::snprintf(line, sizeof line, "  sweep80 %-33s  %9.4f  %11.4f  %8.2fx", shape_of(p).c_str(), c.time_ms, d.time_ms,
+                    d.time_ms / c.time_ms);
+      rep.notes.push_back(line);
     }
 }
 #endif
@@ -109,6 +114,29 @@ int run_gqa(const Options& opt, bool sweep, bool no_table, bool no_time) {
 
 #if TUTORIAL_HAVE_CUDA && CH06_GQA_MLA_KERNELS
   std::string why;
+  // The chapter 04-derived packed forward (steps/ampere_packed.cu): any CUDA GPU of sm_80 on.
+  if (dev && packed_sm80_supports(p, &why)) {
+    rep.device = dev->name;
+    for (bool pack : {true, false}) {
+      ResultRow row;
+      row.impl = pack ? "packed (sm_80, ch04 v9)" : "unpacked (sm_80, ch04 v9)";
+      row.device = "cuda";
+      row.flops = flops_forward(p);
+      GroupedOptions go;
+      go.pack = pack;
+      row.hbm_read_bytes = grouped_kv_bytes(p, go) + double(p.q_elems()) * dtype_bytes(p.dtype);
+      row.hbm_write_bytes = double(p.o_elems()) * dtype_bytes(p.dtype) + 4.0 * p.lse_elems();
+      const GpuResult g = packed_forward_sm80_gpu(p, in, pack, !no_time);
+      const CheckResult c = oracle.judge(g.o, &g.lse);
+      row.set_check(c);
+      row.note = c.pass() ? std::to_string(g.grid) + " blocks of 128 packed rows" : c.failures();
+      row.bound = p.nq * p.group() <= 128 ? Bound::memory : Bound::compute;
+      if (!no_time) row.set_time(g.time_ms);
+      rep.rows.push_back(row);
+    }
+  } else if (dev) {
+    rep.notes.push_back("sm_80 rows not run: " + why);
+  }
   if (dev && !hopper_ready(&why)) {
     rep.notes.push_back(why);
   } else if (dev && !packed_fwd_supports(p, &why)) {
