@@ -4,12 +4,15 @@
     python3 bench/ch06_gqa_mla.py --binary build/bin/ch06_variants [--budget 55] [--part gqa|mla|both]
 
 1. GQA/MQA. `ch06_variants gqa --sweep --json`: the packed and unpacked Hopper forward
-   (packed_fwd.cu) over G in {1, 2, 4, 8} (8 KV heads) and MQA (32 query heads, 1 KV
+   (packed_fwd.cu), and the chapter 04-derived packed forward (steps/ampere_packed.cu,
+   "sm_80" columns), over G in {1, 2, 4, 8} (8 KV heads) and MQA (32 query heads, 1 KV
    head), Nq in {1, 4, 16, 64, 128, 4096}, Nk = 8192, d = 128, bf16, not causal, with the
    K/V bytes each one streams. The peers on the same shapes: SDPA's cuDNN backend with
    enable_gqa=True and FlashAttention-4 (flash_attn.cute.flash_attn_func, pack_gqa=True).
-2. MLA. `ch06_variants mla --sweep --json`: the absorbed decode (mla_decode.cu) in the
-   memory-bound (H = 16) and compute-bound (H = 128) regimes, with the read and bf16 GEMM
+2. MLA. `ch06_variants mla --sweep --json`: the absorbed decode (mla_decode.cu; at H = 128
+   the 64-row tile on wgmma + TMA, mla_decode_sm90.cu, with the mma.sync tile of the same
+   process in the "other 64-row kernel" column) in the memory-bound (H = 16) and
+   compute-bound (H = 128) regimes, with the read and bf16 GEMM
    ceilings measured in the same process. The peer: SDPA (the fastest of its cuDNN, flash
    and efficient backends) on the decompressed tensors, q [B][H][1][192], K [B][H][Nk][192],
    V [B][H][Nk][128]: what a user without an MLA kernel runs; alone, and with the
@@ -62,6 +65,8 @@ def run_binary(binary, args, lock, timeout=240):
 
 
 GQA_RE = re.compile(r"sweep B=(\d+) Hq=(\d+) Hkv=(\d+) G=(\d+) Nq=(\d+) Nk=(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x\s+(.+) / (.+)$")
+GQA80_RE = re.compile(r"sweep80 B=(\d+) Hq=(\d+) Hkv=(\d+) G=(\d+) Nq=(\d+) Nk=(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x")
+TILE64_RE = re.compile(r"tile64 (\S+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+) TFLOP/s\s+([\d.]+)% of GEMM")
 MLA_RE = re.compile(r"sweep\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)%\s+([\d.]+)\s+([\d.]+)%")
 
 
@@ -295,19 +300,35 @@ def main():
     if a.part in ("gqa", "both"):
         rep, err = run_binary(a.binary, ["gqa", "--device", "cuda", "--sweep", "--no-table"], lock)
         out["gqa"], out["gqa_error"] = [], err
+        sm80 = {}
         for line in (rep or {}).get("notes", []):
+            m = GQA80_RE.search(line.strip())
+            if m:
+                b, hq, hkv, g, nq, nk = (int(m.group(i)) for i in range(1, 7))
+                sm80[(b, hq, hkv, nq, nk)] = {"packed_ms": float(m.group(7)), "unpacked_ms": float(m.group(8)),
+                                              "speedup": float(m.group(9))}
+                continue
             m = GQA_RE.search(line.strip())
             if m:
                 b, hq, hkv, g, nq, nk = (int(m.group(i)) for i in range(1, 7))
                 out["gqa"].append({"key": [b, hq, hkv, nq, nk], "G": g, "packed_ms": float(m.group(7)),
                                    "unpacked_ms": float(m.group(8)), "speedup": float(m.group(9)),
                                    "kv_packed": m.group(10).strip(), "kv_unpacked": m.group(11).strip()})
+        for row in out["gqa"]:
+            row["sm80"] = sm80.get(tuple(row["key"]), {})
         log(f"ours, gqa: {time.time() - t0:.0f} s")
     if a.part in ("mla", "both"):
         rep, err = run_binary(a.binary, ["mla", "--device", "cuda", "--sweep", "--form", "absorb"], lock)
         out["mla"], out["mla_error"] = [], err
         out["ceilings"] = (rep or {}).get("ceilings", {})
+        other = {}
         for line in (rep or {}).get("notes", []):
+            m = TILE64_RE.search(line)
+            if m:
+                h, b, nk = (int(m.group(i)) for i in range(2, 5))
+                other[(h, b, nk)] = {"kernel": m.group(1), "attn_ms": float(m.group(6)), "tflops": float(m.group(7)),
+                                     "gemm_share": float(m.group(8))}
+                continue
             m = MLA_RE.search(line)
             if m:
                 h, b, nk, splits = (int(m.group(i)) for i in range(1, 5))
@@ -315,6 +336,8 @@ def main():
                                    "total_ms": float(m.group(6)), "gbps": float(m.group(7)),
                                    "read_share": float(m.group(8)), "tflops": float(m.group(9)),
                                    "gemm_share": float(m.group(10))})
+        for row in out["mla"]:
+            row["tile64_other"] = other.get(tuple(row["key"]), {})
         log(f"ours, mla: {time.time() - t0:.0f} s")
 
     # Without our rows (the binary failed) the peers' rows still print.
@@ -370,15 +393,17 @@ def print_tables(out):
             print("ours, gqa: " + out["gqa_error"])
         print("\n## GQA/MQA, Nk = 8192, d = 128, bf16, not causal (ms; K/V bytes streamed; peer / packed > 1: ours faster)\n")
         print("| B | Hq | Hkv | G | Nq | packed | unpacked | speed-up | K/V packed | K/V unpacked | cuDNN enable_gqa "
-              "| FA4 pack_gqa | cuDNN / packed | FA4 / packed |")
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+              "| FA4 pack_gqa | cuDNN / packed | FA4 / packed | sm_80 packed | sm_80 unpacked | sm_80 speed-up |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         f4 = lambda x, f="%.4f": f % x if isinstance(x, (int, float)) else "-"
         for r in out["gqa"]:
             b, hq, hkv, nq, _ = r["key"]
             rat = lambda p: "%.2fx" % (p["ms"] / r["packed_ms"]) if p.get("ms") and r.get("packed_ms") else "-"
             print(f"| {b} | {hq} | {hkv} | {r['G']} | {nq} | {f4(r.get('packed_ms'))} | {f4(r.get('unpacked_ms'))} | "
                   f"{f4(r.get('speedup'), '%.2fx')} | {r.get('kv_packed', '-')} | {r.get('kv_unpacked', '-')} | "
-                  f"{cell(r['cudnn'])} | {cell(r['fa4'])} | {rat(r['cudnn'])} | {rat(r['fa4'])} |")
+                  f"{cell(r['cudnn'])} | {cell(r['fa4'])} | {rat(r['cudnn'])} | {rat(r['fa4'])} | "
+                  f"{f4(r.get('sm80', {}).get('packed_ms'))} | {f4(r.get('sm80', {}).get('unpacked_ms'))} | "
+                  f"{f4(r.get('sm80', {}).get('speedup'), '%.2fx')} |")
     if "mla" in out:
         if out.get("mla_error"):
             print("ours, mla: " + out["mla_error"])
@@ -387,8 +412,9 @@ def print_tables(out):
               % (c.get("read_gbps") and "%.0f" % c["read_gbps"], c.get("gemm_what", "GEMM"),
                  c.get("gemm_tflops") and "%.0f" % c["gemm_tflops"]))
         print("| H | B | Nk | splits | ours attn ms | ours total ms | latent GB/s | of read ceiling | TFLOP/s | of GEMM "
-              "ceiling | SDPA decompressed ms (backend) | SDPA + decompression ms | SDPA / ours attn | (SDPA + decompr.) / ours total |")
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|")
+              "ceiling | SDPA decompressed ms (backend) | SDPA + decompression ms | SDPA / ours attn | (SDPA + decompr.) / ours total "
+              "| other 64-row kernel attn ms (TFLOP/s) | ours / other |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---:|")
         f = lambda x, spec: spec % x if isinstance(x, (int, float)) else "-"
         for r in out["mla"]:
             h, b, nk = r["key"]
@@ -400,7 +426,9 @@ def print_tables(out):
                   if s.get("with_decompress_ms") and r.get("total_ms") else "-")
             print(f"| {h} | {b} | {nk} | {f(r.get('splits'), '%d')} | {f(r.get('attn_ms'), '%.4f')} | "
                   f"{f(r.get('total_ms'), '%.4f')} | {f(r.get('gbps'), '%.0f')} | {f(r.get('read_share'), '%.1f%%')} | "
-                  f"{f(r.get('tflops'), '%.1f')} | {f(r.get('gemm_share'), '%.1f%%')} | {sd} | {wd} | {r1} | {r2} |")
+                  f"{f(r.get('tflops'), '%.1f')} | {f(r.get('gemm_share'), '%.1f%%')} | {sd} | {wd} | {r1} | {r2} | "
+                  + (f"{t['attn_ms']:.4f} ({t['tflops']:.1f}, {t['kernel']}) | {t['attn_ms'] / r['attn_ms']:.2f}x |"
+                     if (t := r.get("tile64_other")) and r.get("attn_ms") else "- | - |"))
 
 
 if __name__ == "__main__":
