@@ -6,6 +6,9 @@
     ./tutorial bench --quick               fewer shapes (2.5 minutes on an H200, measured)
     ./tutorial bench --n 8192 --d 64,128   only these shapes (--mask causal|none|both, --no-backward)
     ./tutorial bench --chapters 04,05      only these chapters (and the peers on their shapes)
+    ./tutorial bench --steps 11,16 --peers cudnn,fa4   only these steps, only these peers (--no-peers: none)
+    ./tutorial bench --before OLD_BUILD    this build against an older one, kernel by kernel (--rounds R)
+    ./tutorial bench --plan                the tasks and their estimated seconds, nothing run
     ./tutorial bench --cpu                 no GPU needed: the CPU models' counted HBM traffic and
                                            extra memory against N and the on-chip budget M
     ./tutorial bench --report FILE.json    tables and plots again from a recorded results.json
@@ -405,7 +408,7 @@ class Bench:
             slow = [k for k, v in speeds.items() if v is not None and v < best / 4]
             fl = attention_flops(b, h, n, n, d, causal)
             # a row costs its runs (a check, 3 warm-ups, 20 repeats) and its host time; a launch, its set-up
-            slow_s = sum(24 * fl / (speeds[k] * 1e12) + self.ROW_S for k in slow)
+            slow_s = sum(24 * fl / (speeds[k] * 1e12) + self.row_s(chapter) for k in slow)
             kept = [int(nums[k].group(1)) for k in speeds if k not in slow] if all(nums.values()) else []
             if slow and kept and slow_s > (len(kept) - 1) * self.SETUP_S.get(chapter, 2):
                 pruned = True
@@ -657,26 +660,38 @@ class Bench:
             self._causal_only[chapter] = bool(st == "ok" and rep.get("problem", {}).get("causal"))
         return self._causal_only[chapter]
 
-    # Seconds, from the H200 runs of 2026-12-01 (16 host threads): each launch's host set-up (inputs
-    # and the fp64 reference of the sampled rows: 1.9 s for chapter 04 at N = 8K with one step), the
-    # fp64 backward check of the sampled KV groups (10 N^2 d FLOPs each, fp64 and the same-precision
-    # yardstick: 6 s at N = 8K, d = 128), and the timed runs (a check, 3 warm-ups, 20 repeats).
-    SETUP_S = {"01": 4, "03": 2, "04": 1.5, "05": 2}  # chapter 01 at N = 8K: 5.7 s (S and P in HBM)
+    # The cost model of one launch of a chapter binary at a paper shape, in seconds, from the H200
+    # runs of 2026-12-01 (16 host threads; `bench/bench_timing.py` prints a run's launches):
+    #   SETUP_S     the launch's host set-up: the seeded inputs and the fp64 reference of the sampled
+    #               rows (1.9 s for chapter 04 at N = 8K with one step; chapter 01 also allocates S, P)
+    #   ROW_S       host time per reported kernel row: its uploads, its outputs copied back, converted
+    #               and checked. Every tensor is 16K tokens x 2048 wide at every N, so it does not grow
+    #               with N: 0.39 s (chapter 05 at 8K causal, 33 rows, 12:32 UTC) with glibc's default
+    #               heap, which maps and zeroes each block above 32 MB anew (see HEAP_TUNABLES)
+    #   GPU_S       the kernels' own runs (a check, 3 warm-ups, 20 repeats per row): seconds per
+    #               forward FLOP summed over the chapter's rows (forward, backward), from the rows'
+    #               times of the 12:32 run
+    #   the backward's fp64 check: one KV group of 10 N^2 d FLOPs, in fp64 and the same-precision
+    #               yardstick, at 3e10 FLOP/s (6 s at N = 8K, d = 128; 23 s at 16K)
+    SETUP_S = {"01": 4, "03": 2, "04": 1.5, "05": 1.7}
+    ROW_S = {"01": 0.4, "03": 0.4, "04": 0.2, "05": 0.39}
+    ROW_S_DEFAULT = 0.4
+    ROWS = {"01": (2, 0), "03": (1, 1), "04": (9, 2), "05": (15, 18)}  # (forward, backward) rows
+    GPU_S = {"01": (7.2e-14, 0.0), "03": (1.1e-13, 2.8e-13), "04": (1.0e-13, 2.3e-14), "05": (2.5e-14, 1.5e-13)}
     BWD_CHECK_FLOP_S = 3e10
     PEERS_INIT_S = 2  # the first peer: PyTorch's CUDA start (the imports, 15-20 s, run in the background)
-    RATE = {"01": 50e12, "03": 10e12, "04": 100e12, "05": 300e12}
 
-    # Host time per reported kernel row (its inputs uploaded, its outputs copied back, converted and
-    # checked): about 0.4 s at the paper shapes (chapter 05's 13 forward and 14 backward rows at N = 8K,
-    # causal: 18.9 s in all, H200 round of 11:47 UTC).
-    ROW_S = 0.4
-    ROWS = {"01": (2, 0), "03": (3, 1), "04": (9, 2), "05": (13, 14)}  # (forward, backward) rows
-    ROW_S_OF = {"04": 0.2}  # chapter 04's rows: 9.9 s for 11 rows and the backward check
+    def row_s(self, c):
+        return self.ROW_S.get(c, self.ROW_S_DEFAULT)
 
     def estimate(self, c, n, d, causal, bwd, fl):
         fwd_rows, bwd_rows = self.ROWS.get(c, (4, 2))
-        est = self.SETUP_S.get(c, 5) + self.ROW_S_OF.get(c, self.ROW_S) * (fwd_rows + (bwd_rows if bwd else 0))
-        est += 24 * fl / self.RATE.get(c, 100e12) * (1 + 2.5 if bwd else 1) * (3 if c in ("04", "05") else 1)
+        launches = 1
+        if self.a.steps and c in self.bins and "--step" in self.bins[c].flags():
+            fwd_rows, launches = len(self.a.steps), len(self.a.steps)
+        gf, gb = self.GPU_S.get(c, (1e-13, 1e-13))
+        est = launches * self.SETUP_S.get(c, 5) + self.row_s(c) * (fwd_rows + (bwd_rows if bwd else 0))
+        est += 24 * fl * (gf * fwd_rows / self.ROWS.get(c, (4, 2))[0] + (gb if bwd else 0.0))
         if bwd:
             est += 2 * 10.0 * n * n * d / self.BWD_CHECK_FLOP_S
         return est
@@ -842,6 +857,23 @@ class Bench:
         os.replace(path + ".tmp", path)
         return res
 
+    def print_plan(self):
+        """--plan: the tasks in order with the seconds the progress bar would expect (the costs
+        measured on the H200, see the constants above `estimate`), and the total by kind."""
+        self.bins = {c: b for c, b in self.bins.items() if b.exists()}
+        self.chapters = {c: n for c, n in self.chapters.items() if c in self.bins}
+        tasks = self.plan()
+        by = {}
+        for t in tasks:
+            print("%6.1f s  %s" % (t.est, t.label))
+            k = t.label.split()[0] if t.kind != "peer" else "peer " + t.label.split()[0]
+            by[k] = by.get(k, 0.0) + t.est
+        total = sum(t.est for t in tasks)
+        print("total: %d tasks, %.0f s (%d:%02d) on an H200" % (len(tasks), total, total // 60, total % 60))
+        for k, v in sorted(by.items(), key=lambda kv: -kv[1]):
+            print("  %-22s %6.1f s" % (k, v))
+        return 0
+
     def run(self):
         missing = [b.name for b in self.bins.values() if not b.exists()]
         for m in missing:
@@ -997,6 +1029,7 @@ def main(argv=None):
     ap.add_argument("--timeout", type=int, default=300, help="seconds one chapter binary may run")
     ap.add_argument("--verbose", action="store_true", help="print each task's time")
     ap.add_argument("--no-plots", action="store_true", help="the JSON, CSV and tables only (plot later with --report)")
+    ap.add_argument("--plan", action="store_true", help="print the tasks and their estimated seconds, run nothing")
     ap.add_argument("--gpu", action="store_true", help=argparse.SUPPRESS)  # run the GPU plan even without one
     a = ap.parse_args(argv)
     a.build_dir_given = "--build-dir" in argv and os.path.realpath(a.build_dir) != os.path.realpath(
@@ -1014,7 +1047,7 @@ def main(argv=None):
         for p in write_outputs(res, out):
             print(p)
         return 0
-    gpu = has_gpu() or a.gpu
+    gpu = has_gpu() or a.gpu or a.plan  # --plan: the GPU plan, even here
     if not a.cpu and not gpu:
         log("bench: no NVIDIA GPU here: plotting the CPU models' traffic instead (./tutorial bench --cpu)")
         a.cpu = True
@@ -1024,10 +1057,12 @@ def main(argv=None):
         if not a.no_build:
             build(a.build_dir, list(chapters.values()), cuda_option())
         return bench_cpu.main(a.build_dir, os.path.join(out, "cpu"), chapters, quick=a.quick)
-    if not a.no_build:
+    if not a.no_build and not a.plan:
         sel = chapters if not a.chapters else {c.zfill(2): chapters.get(c.zfill(2)) for c in a.chapters.split(",")}
         build(a.build_dir, [n for n in sel.values() if n], cuda_option())
     b = Bench(a)
+    if a.plan:
+        return b.print_plan()
     res = b.run()
     for p in write_outputs(res, b.out_dir, plots=not a.no_plots):
         print(p)
