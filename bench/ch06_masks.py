@@ -16,12 +16,20 @@ Measures, on one GPU in one run:
 TFLOP/s are counted over kept pairs (4 d FLOPs per kept pair, the project's halved count
 for causal).
 
-How it stays fast: the peers compile in --workers processes while our binary runs (the
-Flex and FA4 compiles, 3-8 s each, are the slow part); every timed loop, ours or a peer's,
-holds one lock, so no two timings overlap. A worker's compile or check may still launch a
-short kernel during a timing; the median of 20 absorbs it. A peer that is missing, does not
-support a variant, fails or is not reached within --budget seconds is a cell saying so.
-Prints the tables, then one line `BENCH_JSON {...}` (for the plot: --plot FILE.json OUT.png).
+How it stays fast, and how the peers' times are made to repeat: the peers compile in
+--workers processes while our binary runs (the Flex and FA4 compiles, 3-8 s each, are the
+slow part). Each peer is *prepared* first (inputs, block mask, compile, one call), then
+checked, and only then timed. Our binary's runs, every peer check and every timed loop
+(with its warm-up) hold one lock, so no two of them overlap; a compile's own first call
+may still run one kernel beside a timing. The peers are timed after every preparation is
+done, in --rounds interleaved rounds: round r times every prepared peer once (3 warm-up
+calls, then the median of 20 with the L2 flushed), in an order rotated by r, one at a time
+as the main process asks. A peer's time is the median of its round medians, and its
+spread, (max - min) / median over the rounds, is printed and saved. A peer that is
+missing, does not support a variant, fails or is not reached within --budget seconds is a
+cell saying so. Prints the tables, then one line `BENCH_JSON {...}` (for the plot: --plot
+FILE.json OUT.png). `--fake-peers` replaces torch in the workers by sleeps (to try the
+orchestration on a machine with no GPU; it measures nothing).
 """
 import argparse
 import json
@@ -191,9 +199,12 @@ def peer_time(torch, fn, flush, reps=20):
     return statistics.median(times)
 
 
-def peer_worker(wid, tasks, results, lock):
-    """One process: imports torch (and FA4), then compiles, checks and times peer tasks."""
+def peer_worker(wid, tasks, results, lock, fake=False):
+    """One process: imports torch (and FA4); then prepares (compiles and checks) the peer
+    tasks it is sent, keeping each prepared call, and times one when the main process asks."""
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # no compile pool per worker
+    if fake:
+        return fake_worker(wid, tasks, results, lock)
     info = {"flex_why": "", "fa4_why": ""}
     try:
         import torch
@@ -225,11 +236,21 @@ def peer_worker(wid, tasks, results, lock):
         info["fa4_why"] = f"FA4 not importable ({type(e).__name__})"
     results.put(("ready", wid, info))
     flush = torch.empty(512 * 1024 * 1024 // 4, dtype=torch.float32, device="cuda")
+    prepared = {}  # (key, peer) -> the call, with its inputs alive
     while True:
         task = tasks.get()
         if task is None:
             return
-        key, peer, name, prm, n, heads, d, kept_pairs = task
+        if task[0] == "time":
+            _, key, peer, rnd = task
+            try:
+                with lock:
+                    ms = peer_time(torch, prepared[(key, peer)], flush)
+                results.put(("timed", wid, key, peer, rnd, ms, None))
+            except Exception as e:  # noqa: BLE001
+                results.put(("timed", wid, key, peer, rnd, None, f"{type(e).__name__}: {str(e)[:80]}"))
+            continue
+        _, key, peer, name, prm, n, heads, d, kept_pairs = task
         t0 = time.time()
         r = {"flops": 4.0 * kept_pairs * d}
         try:
@@ -245,7 +266,6 @@ def peer_worker(wid, tasks, results, lock):
                 hc = [0, heads - 1]
                 rows = torch.unique(torch.cat([torch.tensor([0, 1, n - 2, n - 1]),
                                                torch.randint(0, n, (60,), generator=torch.Generator().manual_seed(2))])).to(dev)
-                ref = reference_rows(torch, q, k, v, mm, sm, sink, hc, rows)
                 fn = None
                 if peer == "flex":
                     bm = create_block_mask(mm, 1, None, n, n, device=dev) if mm is not None else None
@@ -256,7 +276,8 @@ def peer_worker(wid, tasks, results, lock):
                             o_, lse = flex(q, k, v, score_mod=sm, block_mask=bm, return_lse=True)
                             return o_ * torch.sigmoid(lse - sink[None, :, None]).unsqueeze(-1).to(o_.dtype)
                         r["note"] = "sink applied as O sigmoid(LSE - sink), one more kernel"
-                    o = fn()
+                    fn()  # the compile (outside the lock: CPU work, and this one call)
+                    out_of = lambda: fn()
                 else:
                     kw = {"causal": {"causal": True}, "window": {"window_size": (prm.get("left"), prm.get("right"))},
                           "softcap": {"softcap": prm.get("softcap"), "causal": prm.get("causal")},
@@ -271,20 +292,42 @@ def peer_worker(wid, tasks, results, lock):
                         def fn():
                             out = fa4(qt, kt, vt, **kw)
                             return out[0] if isinstance(out, tuple) else out
-                        o = fn().transpose(1, 2)
+                        fn()  # the compile
+                        out_of = lambda: fn().transpose(1, 2)
                 if fn is not None and "why" not in r:
-                    got = o[0][hc][:, rows].float()
-                    err = (got - ref).abs().max().item()
-                    ok = not torch.isnan(got).any().item() and err <= 2e-2 * max(1.0, ref.abs().max().item())
+                    with lock:  # the check runs kernels: never beside a timing
+                        ref = reference_rows(torch, q, k, v, mm, sm, sink, hc, rows)
+                        got = out_of()[0][hc][:, rows].float()
+                        err = (got - ref).abs().max().item()
+                        ok = not torch.isnan(got).any().item() and err <= 2e-2 * max(1.0, ref.abs().max().item())
+                        del ref, got
                     r.update({"pass": bool(ok), "err": err, "compile_check_s": round(time.time() - t0, 1)})
                     if ok:
-                        with lock:
-                            r["ms"] = peer_time(torch, fn, flush)
-                        r["tflops"] = r["flops"] / (r["ms"] * 1e-3) / 1e12
-                del q, k, v
+                        prepared[(key, peer)] = fn
         except Exception as e:  # noqa: BLE001
             r["why"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:90] if str(e) else ''}"
-        results.put(("result", key, peer, r))
+        results.put(("prepared", wid, key, peer, r))
+
+
+def fake_worker(wid, tasks, results, lock):
+    """--fake-peers: the protocol of peer_worker with sleeps for compiles and times (no GPU)."""
+    rnd_ = random.Random(wid)
+    results.put(("ready", wid, {"flex_why": "", "fa4_why": "", "fake": True}))
+    while True:
+        task = tasks.get()
+        if task is None:
+            return
+        if task[0] == "time":
+            with lock:
+                time.sleep(0.02)
+            results.put(("timed", wid, task[1], task[2], task[3], 1.0 + 0.05 * rnd_.random(), None))
+            continue
+        _, key, peer, name, prm, n, heads, d, kept_pairs = task
+        time.sleep(0.1 + 0.2 * rnd_.random())
+        if peer == "fa4" and name not in FA4_VARIANTS:
+            results.put(("prepared", wid, key, peer, {"why": "not in FA4's interface"}))
+        else:
+            results.put(("prepared", wid, key, peer, {"flops": 4.0 * kept_pairs * d, "pass": True, "err": 0.0}))
 
 
 # ----------------------------------------------------------------------------- main
@@ -297,7 +340,7 @@ def fmt_cell(r):
     if r.get("pass") is False:
         return "FAIL (check)"
     if r.get("ms") is None:
-        return "-"
+        return "checked, not timed (time budget)" if r.get("pass") else "-"
     return f"{r['ms']:.3f} ms / {r.get('tflops', 0):.0f}"
 
 
@@ -314,6 +357,8 @@ def main():
     ap.add_argument("--check-mflops", type=int, default=1000, help="our fp64 check's budget per variant (sampled rows)")
     ap.add_argument("--budget", type=float, default=1e9, help="seconds: peers not done by then are reported so")
     ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds of the peers (median of the rounds)")
+    ap.add_argument("--fake-peers", action="store_true", help="workers sleep instead of running torch (tries the orchestration)")
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: variants,sweep,docs")
     ap.add_argument("--save", default="/tmp/ch06_masks.json", help="partial results after every stage")
     ap.add_argument("--plot", nargs=2, metavar=("JSON", "PNG"), help="plot time against kept tiles from a BENCH_JSON line")
@@ -353,12 +398,14 @@ def main():
     import multiprocessing as mp
     ctx = mp.get_context("spawn")
     lock = ctx.Lock()
-    workers, tasks, results = [], ctx.Queue(), ctx.Queue()
+    workers, queues, results = [], [], ctx.Queue()
     if not a.no_peers:
         for w in range(a.workers):
-            p = ctx.Process(target=peer_worker, args=(w, tasks, results, lock), daemon=True)
+            q_ = ctx.Queue()
+            p = ctx.Process(target=peer_worker, args=(w, q_, results, lock, a.fake_peers), daemon=True)
             p.start()
             workers.append(p)
+            queues.append(q_)
 
     def kept(nn, name, pr):
         """Kept pairs of one head x heads, computed like the binary (for the peers' FLOPs)."""
@@ -368,12 +415,13 @@ def main():
             L = pr["left"]
             return sum(min(i, L) + 1 for i in range(nn)) * heads
         return None
-    sent = {}
+    sent = {}  # (key, peer) -> the worker that prepares (and later times) it
 
     def send(key, peer, name, pr, nn, kp):
         if workers:
-            tasks.put((key, peer, name, pr, nn, heads, d, kp))
-            sent[(key, peer)] = True
+            w = len(sent) % len(workers)  # round robin
+            queues[w].put(("prepare", key, peer, name, pr, nn, heads, d, kp))
+            sent[(key, peer)] = w
     # peers of the sweep's goal points first (they are the headline), then the table in order
     if "sweep" not in skip:
         for name, pr in (("causal", {}), ("window", {"left": a.window, "right": 0})):
@@ -434,27 +482,71 @@ def main():
         log(f"ours, docs: {time.time() - t0:.0f} s")
         save(a.save, out)
 
-    # 4. collect the peers until every task is back or the budget is spent
+    # 4. collect the preparations (compile + check) until every task is back or the budget is spent
     ready = {}
     got = {}
+
+    def take(msg):
+        if msg[0] == "ready":
+            ready[msg[1]] = msg[2]
+        elif msg[0] == "prepared":
+            got[(msg[2], msg[3])] = msg[4]
+        elif msg[0] == "timed":
+            timed.setdefault((msg[2], msg[3]), []).append((msg[4], msg[5], msg[6]))
+    timed = {}
     while workers and len(got) < len(sent) and time.time() - t0 < a.budget:
         if not any(w.is_alive() for w in workers):
             break
         try:
-            msg = results.get(timeout=max(0.1, min(1.0, a.budget - (time.time() - t0))))
+            take(results.get(timeout=max(0.1, min(1.0, a.budget - (time.time() - t0)))))
         except queue.Empty:
             continue
-        if msg[0] == "ready":
-            ready[msg[1]] = msg[2]
+    log(f"peers prepared: {sum(1 for r in got.values() if r.get('pass'))} of {len(sent)}: {time.time() - t0:.0f} s")
+    # 5. the timing rounds: every prepared peer once per round, one at a time, in a rotated order
+    todo = [kp for kp in sent if got.get(kp, {}).get("pass")]
+    rounds_done = 0
+    for rnd in range(a.rounds if todo else 0):
+        order = todo[rnd % len(todo):] + todo[:rnd % len(todo)]
+        for kp in order:
+            if time.time() - t0 > a.budget:
+                break
+            queues[sent[kp]].put(("time", kp[0], kp[1], rnd))
+            while time.time() - t0 < a.budget + 5:
+                try:
+                    msg = results.get(timeout=1.0)
+                except queue.Empty:
+                    if not workers[sent[kp]].is_alive():
+                        break
+                    continue
+                take(msg)
+                if msg[0] == "timed" and (msg[2], msg[3]) == kp and msg[4] == rnd:
+                    break
         else:
-            got[(msg[1], msg[2])] = msg[3]
+            rounds_done += 1
+            continue
+        break
+    out["peer_rounds"] = rounds_done
+    for kp, runs in timed.items():
+        ms = sorted(m for _, m, e in runs if m is not None)
+        r = got.setdefault(kp, {})
+        r["ms_rounds"] = [m for _, m, e in sorted(runs) if m is not None]
+        if ms:
+            r["ms"] = statistics.median(ms)
+            r["spread"] = (ms[-1] - ms[0]) / r["ms"] if len(ms) > 1 else None
+            r["tflops"] = r["flops"] / (r["ms"] * 1e-3) / 1e12 if r.get("flops") else None
+        errs = [e for _, m, e in runs if e]
+        if errs:
+            r["time_error"] = errs[0]
+    log(f"peers timed, {rounds_done} of {a.rounds} rounds: {time.time() - t0:.0f} s")
     while True:  # what is left in the queue (a worker that stopped early said why)
         try:
-            msg = results.get(timeout=0.2)
+            take(results.get(timeout=0.2))
         except queue.Empty:
             break
-        (ready.__setitem__(msg[1], msg[2]) if msg[0] == "ready" else got.__setitem__((msg[1], msg[2]), msg[3]))
+    for q_ in queues:
+        q_.put(None)
     for w in workers:  # done: stop them (a worker still compiling is not waited for)
+        w.join(timeout=0.5)
         if w.is_alive():
             w.terminate()
     info = next(iter(ready.values()), {})
@@ -543,6 +635,23 @@ def print_table(out):
                 c, w = sp.get("causal", {}).get(peer, {}), sp.get("window", {}).get(peer, {})
                 r = f"{c['ms'] / w['ms']:.2f}x" if c.get("ms") and w.get("ms") else "-"
                 print(f"| {peer} | {fmt_cell(c)} | {fmt_cell(w)} | {r} |")
+    stab = []  # every timed peer point: its round medians and spread
+    for name, row in (out.get("variants") or {}).items():
+        for peer, r in (row.get("peers") or {}).items():
+            if r.get("ms_rounds"):
+                stab.append((f"{peer} {name} (N = {out['n']})", r))
+    for name, pe in (out.get("sweep_peers") or {}).items():
+        for peer, r in pe.items():
+            if r.get("ms_rounds"):
+                stab.append((f"{peer} {name} (N = {out['sweep_n']})", r))
+    if stab:
+        print(f"\nPeer stability: {out.get('peer_rounds', '?')} interleaved rounds, each the median of 20 "
+              "(the tables give the median of the rounds)\n")
+        print("| peer, mask | round medians (ms) | spread (max - min) / median |")
+        print("|---|---|---|")
+        for label, r in stab:
+            sp = f"{100 * r['spread']:.1f}%" if r.get("spread") is not None else "-"
+            print(f"| {label} | {' '.join(f'{m:.3f}' for m in r['ms_rounds'])} | {sp} |")
     dd = out.get("docs") or {}
     if dd.get("packed"):
         pk = dd["packed"].get("sm90a", {})
