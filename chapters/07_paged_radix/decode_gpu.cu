@@ -17,7 +17,14 @@ namespace attn::ch07 {
 const char* layout_name(KvLayout l) { return l == KvLayout::paged ? "paged" : "contiguous"; }
 
 const char* kernel_name(DecodeKernel k) {
-  return k == DecodeKernel::v1 ? "v1" : k == DecodeKernel::v2 ? "v2" : k == DecodeKernel::v3 ? "v3" : "v4";
+  switch (k) {
+    case DecodeKernel::v1: return "v1";
+    case DecodeKernel::v2: return "v2";
+    case DecodeKernel::v3: return "v3";
+    case DecodeKernel::v4: return "v4";
+    case DecodeKernel::v5: return "v5";
+  }
+  return "?";
 }
 
 namespace {
@@ -152,6 +159,7 @@ struct GpuDecoder::Impl {
     p.scale = float(b.softmax_scale());
     if (kernel == DecodeKernel::v1) splits = 1;
     p.splits = splits;
+    p.split_keys = keys_per_split(b.max_len(), splits);  // v5's fixed split size
     if (kernel != DecodeKernel::v1) {
       p.part_m = part_m.get();
       p.part_l = part_l.get();
@@ -163,6 +171,7 @@ struct GpuDecoder::Impl {
       auto go = [&](const auto& kv) {
         if constexpr (!std::is_same_v<std::decay_t<decltype(kv)>, gpu::ContiguousKv>) {
           if (kernel == DecodeKernel::v4) return gpu::v4::launch<D>(p, kv, b.batch(), b.kv_heads);
+          if (kernel == DecodeKernel::v5) return gpu::v5::launch<D>(p, kv, b.batch(), b.kv_heads);
         }
         if (kernel == DecodeKernel::v3) gpu::v3::launch<D>(p, kv, b.batch(), b.kv_heads);
         else if (kernel == DecodeKernel::v2) gpu::v2::launch<D>(p, kv, b.batch(), b.kv_heads);
@@ -186,11 +195,11 @@ struct GpuDecoder::Impl {
 
   void prepare(DecodeKernel kernel, int splits, KvLayout layout) {
     if (splits < 1) throw UsageError("the split count must be >= 1");
-    if (kernel == DecodeKernel::v4 && layout == KvLayout::contiguous)
-      throw UsageError("v4 reads paged K/V only");
+    if ((kernel == DecodeKernel::v4 || kernel == DecodeKernel::v5) && layout == KvLayout::contiguous)
+      throw UsageError(std::string(kernel_name(kernel)) + " reads paged K/V only");
     if (layout == KvLayout::contiguous) ensure_contiguous();
     if (kernel != DecodeKernel::v1) ensure_partials(splits);
-    if ((kernel == DecodeKernel::v3 || kernel == DecodeKernel::v4) && !arrivals.size()) {
+    if (kernel != DecodeKernel::v1 && kernel != DecodeKernel::v2 && !arrivals.size()) {
       arrivals = DeviceBuffer<int>(std::size_t(batch.batch()) * batch.kv_heads * head_chunks(batch.group()));
       arrivals.zero();
     }

@@ -4,7 +4,8 @@
 ///        (steps/v2_split_k.cu), `gpu::v3::launch` (steps/v3_fused_combine.cu), each
 ///        instantiated for d = 64 and 128 over paged and contiguous bf16 K/V, and for
 ///        d = 128 over 8-bit pages (PagedKv8, FP8 and INT8); and `gpu::v4::launch`
-///        (steps/v4_codes_to_fragments.cu), for paged K/V only.
+///        (steps/v4_codes_to_fragments.cu) and `gpu::v5::launch` (steps/v5_table_lookahead.cu),
+///        for paged K/V only.
 #pragma once
 
 #include "decode_tile.cuh"
@@ -34,5 +35,11 @@ namespace v4 {
 template <int D, class Kv>
 void launch(const DecodeParams& p, const Kv& kv, int batch, int kv_heads);
 }  // namespace v4
+
+namespace v5 {
+/// v4 with fixed-size splits and the block-table entries read ahead (paged K/V only).
+template <int D, class Kv>
+void launch(const DecodeParams& p, const Kv& kv, int batch, int kv_heads);
+}  // namespace v5
 
 }  // namespace attn::ch07::gpu

@@ -74,6 +74,8 @@ struct DecodeParams {
   int splits;        ///< S
   // v3 only: one arrival counter per (sequence, KV head group), zero between launches
   int* arrivals;     ///< [B][Hkv x chunks]
+  // v5 only: every sequence's splits are this many keys (whole tiles), whatever its length
+  int split_keys;    ///< keys_per_split(max_len, S)
 };
 
 // ----------------------------------------------------------------------------- K/V addressing

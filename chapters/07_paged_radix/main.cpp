@@ -249,6 +249,7 @@ int run_sweep(const Options& opt, const DecodeOptions& dopt, const DeviceInfo& d
                              {DecodeKernel::v3, v2_splits, KvLayout::paged}};
     // v4 changes the 8-bit path only (for bf16 it is v3's code): on 8-bit pools and the quant set's bf16 rows.
     if (kv_quantised(c.kv) || dopt.sweep_set == "quant") runs.push_back({DecodeKernel::v4, v2_splits, KvLayout::paged});
+    if (dopt.sweep_set != "quant") runs.push_back({DecodeKernel::v5, v2_splits, KvLayout::paged});  // table lookahead
     if (contiguous)
       runs.insert(runs.end(), {{DecodeKernel::v1, 1, KvLayout::contiguous}, {DecodeKernel::v2, v2_splits, KvLayout::contiguous}});
     for (const Run& r : runs) {
@@ -324,7 +325,7 @@ int run_decode(int argc, char** argv, bool dry = false) {
     }
     Report rep;
     rep.chapter = kChapter;
-    rep.title = std::string("decode over a paged KV cache: v1, split-K v2, fused-combine v3, codes-to-fragments v4; K/V ") + kv_dtype_name(kv_dtype);
+    rep.title = std::string("decode over a paged KV cache: v1, split-K v2, fused-combine v3, codes-to-fragments v4, table lookahead v5; K/V ") + kv_dtype_name(kv_dtype);
     const auto dev = select_device(opt.device, &rep.mode);
     if (dopt.sweep) {
 #if TUTORIAL_HAVE_CUDA
@@ -404,7 +405,8 @@ int run_decode(int argc, char** argv, bool dry = false) {
       std::vector<Run> runs = {{"v1 paged", DecodeKernel::v1, 1, KvLayout::paged},
                                {"v2 paged, S=" + std::to_string(v2_splits), DecodeKernel::v2, v2_splits, KvLayout::paged},
                                {"v3 paged, S=" + std::to_string(v2_splits), DecodeKernel::v3, v2_splits, KvLayout::paged},
-                               {"v4 paged, S=" + std::to_string(v2_splits), DecodeKernel::v4, v2_splits, KvLayout::paged}};
+                               {"v4 paged, S=" + std::to_string(v2_splits), DecodeKernel::v4, v2_splits, KvLayout::paged},
+                               {"v5 paged, S=" + std::to_string(v2_splits), DecodeKernel::v5, v2_splits, KvLayout::paged}};
       if (!kv_quantised(b.kv_dtype))
         runs.insert(runs.end(),
                     {{"v1 contiguous", DecodeKernel::v1, 1, KvLayout::contiguous},
