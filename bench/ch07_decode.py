@@ -15,8 +15,8 @@ Other options pass through to ./tutorial bench (--quick, --out, ...).
     python3 bench/ch07_decode.py --focus quant --binary B/bin/ch07_paged_radix
 
 The two focused tables of the chapter README, each from one run of this script: `b1` runs
-`decode --sweep --sweep-shapes b1` (one GQA 32/8 sequence of 32K, 64K, 128K tokens: v1, v2,
-v3) and times SDPA's cuDNN and flash backends and FlashAttention-4 (where importable) on the
+`decode --sweep --sweep-shapes b1` (one GQA 32/8 sequence of 32K, 64K, 128K tokens: every
+kernel of the sweep) and times SDPA's cuDNN and flash backends and FlashAttention-4 (where importable) on the
 same shapes in the same process; `quant` runs `--sweep-shapes quant` (bf16, FP8 and INT8 pools
 at batch 8 x 32K and 1 x 64K) and prints tokens per second and each format's ratio to bf16.
 Both print markdown with the GPU, the date, the versions and the command.
@@ -53,24 +53,27 @@ def focus(kind, binary):
     ok = r.returncode == 0
     if kind == "b1":
         names = ["sdpa_cudnn", "sdpa_flash", "fa4"]
-        print("| B | L | Hq/Hkv | P | v1 GB/s | v2 GB/s (S) | v3 GB/s (S) | v3 share | " +
-              " | ".join("%s GB/s (share)" % n for n in names) + " | v3 / cuDNN | v3 / v2 | check |")
-        print("|" + "---|" * (11 + len(names) - 3 + 3))
+        kernels = [k for k in ("v1", "v2", "v3", "v4", "v5", "v6")
+                   if any(x["kernel"] == k for c in rep["configs"] for x in c["results"])]
+        last = kernels[-1]
+        print("| B | L | Hq/Hkv | P | " + " | ".join("%s GB/s (S)" % k for k in kernels) + " | %s share | " % last +
+              " | ".join("%s GB/s (share)" % n for n in names) + " | %s / cuDNN | %s / v3 | check |" % (last, last))
+        print("|" + "---|" * (4 + len(kernels) + 1 + len(names) + 3))
         for c in rep["configs"]:
             res = {x["kernel"]: x for x in c["results"] if x["layout"] == "paged"}
-            cells = []
+            cells, cudnn = [], None
             for n in names:
                 pr = peers.decode(n, c["batch"], c["heads"], c["kv_heads"], c["len"], c["d"], c["kv_bytes"])
                 cells.append("%.0f (%.0f%%)" % (pr["gbps"], 100 * pr["gbps"] / ceil) if pr.get("status") == "ok"
                              else "- (%s)" % pr.get("note", pr.get("status"))[:60])
-                if n == "sdpa_cudnn":
+                if n == "sdpa_cudnn" and pr.get("status") == "ok":
                     cudnn = pr.get("gbps")
-            v1, v2, v3 = res["v1"], res["v2"], res["v3"]
+            ours = ["%.0f (%d)" % (res[k]["kv_gbps"], res[k]["splits"]) if k in res else "-" for k in kernels]
+            top = res[last]["kv_gbps"]
             check = "pass" if all(x["pass"] for x in c["results"]) else "FAIL"
-            print("| %d | %d | %d/%d | %d | %.0f | %.0f (%d) | %.0f (%d) | %.0f%% | %s | %s | %.2f | %s |" % (
-                c["batch"], c["len"], c["heads"], c["kv_heads"], c["page_size"], v1["kv_gbps"], v2["kv_gbps"],
-                v2["splits"], v3["kv_gbps"], v3["splits"], 100 * v3["kv_gbps"] / ceil, " | ".join(cells),
-                "%.2f" % (v3["kv_gbps"] / cudnn) if cudnn else "-", v3["kv_gbps"] / v2["kv_gbps"], check))
+            print("| %d | %d | %d/%d | %d | %s | %.0f%% | %s | %s | %.2f | %s |" % (
+                c["batch"], c["len"], c["heads"], c["kv_heads"], c["page_size"], " | ".join(ours), 100 * top / ceil,
+                " | ".join(cells), "%.2f" % (top / cudnn) if cudnn else "-", top / res["v3"]["kv_gbps"], check))
     else:
         # Each 8-bit row against bf16 with the same kernel, and against bf16's fastest kernel
         # on the same shape (the goal: FP8/INT8 >= 1.8x bf16's tokens/s).
