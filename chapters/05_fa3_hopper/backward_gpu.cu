@@ -1,5 +1,6 @@
 // Chapter 05's backward, host side: the preprocess and postprocess kernels, and one
 // run of a backward step (upload, forward for O and LSE, poison, run, download, time).
+#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -17,7 +18,8 @@ namespace attn::ch05 {
 namespace {
 
 constexpr int kPrepThreads = 256;  // one warp per row, 8 rows per block
-constexpr int kPostThreads = 256, kPostBlocks = 1024;
+constexpr int kPostThreads = 256;  // the postprocess: one query block's tile per block
+constexpr int kPostOldBlocks = 1024;  // postprocess_by_element's grid
 
 /// One warp per padded row r of one query head (r < Tr Br): D_r = dO_r . O_r and the
 /// LSE in base 2 (+inf where the row is empty or padding: 2^(s - inf) = 0, never NaN);
@@ -51,9 +53,47 @@ __global__ void preprocess(const Fa3BwdParams p) {
   }
 }
 
-/// dQ = tau x accumulator, converted to the input dtype and laid out [B][Hq][Nq][d].
+/// dQ = tau x accumulator, in the input dtype, laid out [B][Hq][Nq][d]: one thread block
+/// per query block of one head (Br x d floats, one contiguous run in every layout,
+/// backward_tiles.hpp). The run is read in order, a float4 per thread and load, and each
+/// float4 (four columns of one row in every layout: dq_tile_position()) is stored scaled
+/// to its place in a row-major shared tile; then each thread converts four columns of a
+/// row and writes them as 8 bytes, a warp 256 contiguous bytes of one row. Every float
+/// read once, every dQ element written once, no division by a run-time number. (It
+/// replaces a grid-stride loop of one element per thread, which read the fragment-ordered
+/// layouts in scattered 4-byte pieces: postprocess_by_element, below.)
+template <class T, int D>
+__global__ void __launch_bounds__(kPostThreads) postprocess(const Fa3BwdParams p) {
+  constexpr int kLd = D + 8;  // 8 floats of padding: a quarter-warp's float4 stores hit 32 banks
+  __shared__ __align__(16) float tile[kBwdBr * kLd];
+  const long long t = blockIdx.x;  // (head bh, query block i)
+  const long long bh = t / p.n_qblocks;
+  const int i = int(t % p.n_qblocks);
+  const DqLayout layout = p.dq_whole_tiles ? DqLayout::whole_tiles
+                          : p.dq_fragment_order ? DqLayout::fragments : DqLayout::rows;
+  const float4* src = reinterpret_cast<const float4*>(p.dq_accum + t * (kBwdBr * D));
+  for (int v = threadIdx.x; v < kBwdBr * D / 4; v += kPostThreads) {
+    int r, c;
+    dq_tile_position(layout, 4 * v, kBwdBr, D, &r, &c);
+    const float4 x = __ldcs(src + v);  // read once: streaming, evict first
+    *reinterpret_cast<float4*>(&tile[r * kLd + c]) = make_float4(p.scale * x.x, p.scale * x.y, p.scale * x.z, p.scale * x.w);
+  }
+  __syncthreads();
+  T* dq = static_cast<T*>(p.dq) + (bh * p.nq + (long long)i * kBwdBr) * D;
+  const int rows = min(kBwdBr, p.nq - i * kBwdBr);  // the padding rows past nq stay behind
+  for (int v = threadIdx.x; v < rows * (D / 4); v += kPostThreads) {
+    const int r = v / (D / 4), c = 4 * (v % (D / 4));
+    const float4 x = *reinterpret_cast<const float4*>(&tile[r * kLd + c]);
+    *reinterpret_cast<uint2*>(dq + r * D + c) = make_uint2(pack2<T>(x.x, x.y), pack2<T>(x.z, x.w));
+  }
+}
+
+/// The first postprocess, one element per thread of a grid-stride loop (a 64-bit division
+/// and a layout lookup per element; 4-byte reads scattered over the fragment order). Kept
+/// only so that one run can time both (ATTN_CH05_BWD_POSTPROCESS=element); the README's
+/// before/after comes from there.
 template <class T>
-__global__ void postprocess(const Fa3BwdParams p) {
+__global__ void postprocess_by_element(const Fa3BwdParams p) {
   const long long n = (long long)p.batch * p.heads * p.nq * p.d;
   for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += (long long)gridDim.x * blockDim.x) {
     const int c = int(k % p.d);
@@ -78,18 +118,24 @@ PreparedStep prepare_step(BwdStep s, const BwdStepArgs& a) {
     case BwdStep::b7_dq_split_by_keys: return b7::prepare(a);
     case BwdStep::b8_named_barrier_release: return b8::prepare(a);
     case BwdStep::b9_two_ds_buffers: return b9::prepare(a);
+    case BwdStep::b10_consumer_offset: return b10::prepare(a);
   }
   throw UsageError("unknown backward step");
 }
 
 template <class T>
-void run_all(const Fa3BwdParams& p, const PreparedStep& main_kernel) {
+void run_all(const Fa3BwdParams& p, const PreparedStep& main_kernel, bool by_element) {
   const long long rows = (long long)p.batch * p.heads * p.n_qblocks * kBwdBr;
   const int per_block = kPrepThreads / 32;
   preprocess<T><<<unsigned((rows + per_block - 1) / per_block), kPrepThreads>>>(p);
   CUDA_CHECK_LAUNCH("backward preprocess");
   main_kernel.launch();
-  postprocess<T><<<kPostBlocks, kPostThreads>>>(p);
+  if (by_element)
+    postprocess_by_element<T><<<kPostOldBlocks, kPostThreads>>>(p);
+  else if (p.d == 64)
+    postprocess<T, 64><<<unsigned(rows / kBwdBr), kPostThreads>>>(p);
+  else
+    postprocess<T, 128><<<unsigned(rows / kBwdBr), kPostThreads>>>(p);
   CUDA_CHECK_LAUNCH("backward postprocess");
 }
 
@@ -106,6 +152,7 @@ const char* bwd_step_name(BwdStep s) {
     case BwdStep::b7_dq_split_by_keys: return "b7 backward, dQ split by keys";
     case BwdStep::b8_named_barrier_release: return "b8 backward, stages released on named barriers";
     case BwdStep::b9_two_ds_buffers: return "b9 backward, two dS^T buffers";
+    case BwdStep::b10_consumer_offset: return "b10 backward, the consumers a dQ apart";
   }
   return "?";
 }
@@ -198,11 +245,13 @@ GpuBackward BackwardRunner::run(BwdStep step, bool deterministic, bool time,
   m.delta.poison();
   m.dq_accum.poison();
   m.order.poison();
+  const char* post = std::getenv("ATTN_CH05_BWD_POSTPROCESS");  // "element": the first postprocess
+  const bool by_element = post != nullptr && std::string(post) == "element";
   auto run = [&] {
     if (m.p.dtype == DType::f16)
-      run_all<__half>(b, main_kernel);
+      run_all<__half>(b, main_kernel, by_element);
     else
-      run_all<__nv_bfloat16>(b, main_kernel);
+      run_all<__nv_bfloat16>(b, main_kernel, by_element);
   };
   run();
   CUDA_CHECK(cudaDeviceSynchronize());

@@ -12,6 +12,7 @@
 ///     b7  dQ split by keys: each consumer adds a whole partial tile; the consumers never meet
 ///     b8  (from b6) the stages released on named barriers, an order racecheck can follow
 ///     b9  two dS^T buffers: the consumers meet once a step instead of twice
+///     b10 consumer offset: consumer 0 multiplies each dQ a step late, the consumers run apart
 ///
 /// Each run is three kernels: the preprocess (D_i = rowsum(dO_i o O_i), LSE in base 2,
 /// dQ's accumulator and the order counters zeroed), the step's main kernel (parallel
@@ -28,11 +29,11 @@
 namespace attn::ch05 {
 
 enum class BwdStep { b1_wgmma = 1, b2_warp_specialized, b3_dq_fragment_order, b4_no_spills, b5_dq_writer, b6_deterministic_walk, b7_dq_split_by_keys,
-                     b8_named_barrier_release, b9_two_ds_buffers };
+                     b8_named_barrier_release, b9_two_ds_buffers, b10_consumer_offset };
 constexpr BwdStep kAllBwdSteps[] = {BwdStep::b1_wgmma, BwdStep::b2_warp_specialized, BwdStep::b3_dq_fragment_order,
                                     BwdStep::b4_no_spills, BwdStep::b5_dq_writer, BwdStep::b6_deterministic_walk,
                                     BwdStep::b7_dq_split_by_keys, BwdStep::b8_named_barrier_release,
-                                    BwdStep::b9_two_ds_buffers};
+                                    BwdStep::b9_two_ds_buffers, BwdStep::b10_consumer_offset};
 
 /// "b1 wgmma backward" etc.
 const char* bwd_step_name(BwdStep s);

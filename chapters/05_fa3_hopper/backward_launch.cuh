@@ -53,5 +53,6 @@ namespace b6 { PreparedStep prepare(const BwdStepArgs& a); }
 namespace b7 { PreparedStep prepare(const BwdStepArgs& a); }
 namespace b8 { PreparedStep prepare(const BwdStepArgs& a); }
 namespace b9 { PreparedStep prepare(const BwdStepArgs& a); }
+namespace b10 { PreparedStep prepare(const BwdStepArgs& a); }
 
 }  // namespace attn::ch05

@@ -78,4 +78,33 @@ ATTN_HD long long dq_accum_tile_index(long long bh, int row, int col, int n_qblo
   return (bh * n_qblocks + row / Br) * (long long)(Br * d) + (y * 128 + w) * 2 + col % 2;
 }
 
+/// The accumulator's three layouts. In all three, query block i of head bh keeps its Br x d
+/// floats together, from (bh Tr + i) Br d on; only the order inside that run differs.
+enum class DqLayout { rows, fragments, whole_tiles };
+
+/// Where element (r, c) of a query block's tile lives inside the tile's run (r < Br).
+ATTN_HD int dq_tile_offset(DqLayout l, int r, int c, int Br, int d) {
+  return int(l == DqLayout::whole_tiles ? dq_accum_tile_index(0, r, c, 1, Br, d)
+             : l == DqLayout::fragments ? dq_accum_fragment_index(0, r, c, 1, Br, d)
+                                        : dq_accum_index(0, r, c, 1, Br, d));
+}
+
+/// The inverse, for the postprocess, which reads a tile's run in order (Br = 64): the row and
+/// column of the float at `offset`. For an offset that is a multiple of 4, the four floats from
+/// there are columns col .. col + 3 of that one row in every layout.
+ATTN_HD void dq_tile_position(DqLayout l, int offset, int Br, int d, int* row, int* col) {
+  const int half_elems = Br * (d / 2);
+  const int half = l == DqLayout::whole_tiles ? 0 : offset / half_elems;
+  const int rem = l == DqLayout::whole_tiles ? offset : offset % half_elems;
+  if (l == DqLayout::rows) {
+    *row = rem / (d / 2);
+    *col = half * (d / 2) + rem % (d / 2);
+    return;
+  }
+  // Float2 y of thread w = 32 warp + 4 g + t: row 16 warp + g + 8 (y % 2), column 8 (y / 2) + 2 t + e.
+  const int pair = rem / 2, e = rem % 2, y = pair / 128, w = pair % 128;
+  *row = 16 * (w / 32) + (w % 32) / 4 + 8 * (y % 2);
+  *col = half * (d / 2) + 8 * (y / 2) + 2 * (w % 4) + e;
+}
+
 }  // namespace attn::ch05

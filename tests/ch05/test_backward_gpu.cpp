@@ -137,6 +137,18 @@ TEST_CASE("backward b9 (two dS^T buffers) at awkward shapes, both modes") {
   }
 }
 
+TEST_CASE("backward b10 (the consumers a dQ apart) at awkward shapes, both modes") {
+  require_hopper();
+  for (int d : {64, 128}) {
+    CAPTURE(d);
+    awkward_shapes(BwdStep::b10_consumer_offset, d, DType::bf16, false);
+    awkward_shapes(BwdStep::b10_consumer_offset, d, DType::f16, true);
+    // one step per key block, and two: consumer 0's late dQ is all it multiplies, then the last too
+    check_backward(BwdStep::b10_consumer_offset, shape().heads(2).n(64, 128).d(d).dtype(DType::bf16), false);
+    check_backward(BwdStep::b10_consumer_offset, shape().heads(2).n(128, 200).d(d).causal().dtype(DType::bf16), true);
+  }
+}
+
 TEST_CASE("backward, deterministic mode: correct at awkward shapes") {
   require_hopper();
   for (BwdStep s : kAllBwdSteps)
@@ -203,3 +215,4 @@ TEST_CASE("backward sanitizer shape b6") { sanitizer_shape(BwdStep::b6_determini
 TEST_CASE("backward sanitizer shape b7") { sanitizer_shape(BwdStep::b7_dq_split_by_keys); }
 TEST_CASE("backward sanitizer shape b8") { sanitizer_shape(BwdStep::b8_named_barrier_release); }
 TEST_CASE("backward sanitizer shape b9") { sanitizer_shape(BwdStep::b9_two_ds_buffers); }
+TEST_CASE("backward sanitizer shape b10") { sanitizer_shape(BwdStep::b10_consumer_offset); }

@@ -109,6 +109,36 @@ TEST_CASE("every dQ accumulator layout places each element of a tile exactly onc
   CHECK(dq_accum_fragment_index(0, 0, 64, 1, kBwdBr, 128) == 64 * 64);  // the second half
 }
 
+TEST_CASE("the postprocess's inverse of every dQ layout: each float4 is four columns of one row") {
+  for (int d : {64, 128})
+    for (DqLayout l : {DqLayout::rows, DqLayout::fragments, DqLayout::whole_tiles}) {
+      CAPTURE(d);
+      CAPTURE(int(l));
+      for (int r = 0; r < kBwdBr; ++r)
+        for (int c = 0; c < d; ++c) {
+          const int at = dq_tile_offset(l, r, c, kBwdBr, d);
+          REQUIRE(at >= 0);
+          REQUIRE(at < kBwdBr * d);
+          int row = -1, col = -1;
+          dq_tile_position(l, at, kBwdBr, d, &row, &col);
+          REQUIRE(row == r);
+          REQUIRE(col == c);
+        }
+      // the postprocess's float4 reads: offset 4v .. 4v + 3 are columns col .. col + 3 of one row
+      for (int v = 0; v < kBwdBr * d / 4; ++v) {
+        int row0 = 0, col0 = 0;
+        dq_tile_position(l, 4 * v, kBwdBr, d, &row0, &col0);
+        REQUIRE(col0 % 4 == 0);
+        for (int e = 1; e < 4; ++e) {
+          int row = 0, col = 0;
+          dq_tile_position(l, 4 * v + e, kBwdBr, d, &row, &col);
+          REQUIRE(row == row0);
+          REQUIRE(col == col0 + e);
+        }
+      }
+    }
+}
+
 TEST_CASE("exercise ch05.5: a key block's walk starts at the first query block that sees it") {
   for (const Problem p : {shape().n(1000).d(64).causal(), shape().n(300, 1000).d(64).causal(),
                           shape().n(1000, 300).d(64).causal(), shape().n(129, 130).d(64).causal(),
