@@ -52,18 +52,22 @@ TEST_CASE("MLA absorbed decode kernel: decode, MTP, Nk = 1, H off the tile, spli
   }
 }
 
-TEST_CASE("MLA absorbed decode kernel: every shape of the 16-row tile (ring4, ring2x2, wide)") {
+TEST_CASE("MLA absorbed decode kernel: every shape of the 16-row tile (ring4, ring2x2, wide), fused or separate combine") {
   const MlaShape cases[] = {mla(2, 16, 1, 300), mla(1, 3, 1, 1), mla(3, 5, 2, 67, 100000), mla(1, 13, 1, 4097)};
   for (const MlaShape& s : cases) {
     const MlaInputs in = make_mla_inputs(s, Dist::normal, 5);
     const Oracle oracle(s, in);
     for (int v = 0; v < 3; ++v)
-      for (int splits : {0, 1, 3}) {
-        CAPTURE(s.describe());
-        CAPTURE(v);
-        CAPTURE(splits);
-        CHECK(oracle.pass(mla_absorb_gpu(s, in, splits, false, v).o, s.output().o_elems()));
-      }
+      for (int splits : {0, 1, 3, 6})
+        for (int combine : {kCombineAuto, kCombineSeparate}) {
+          const MlaGpuResult g = mla_absorb_gpu(s, in, splits, false, v, kTile64Wgmma, combine);
+          CAPTURE(s.describe());
+          CAPTURE(g.what);
+          CAPTURE(splits);
+          // up to 4 ranges the decode kernel merges them itself, unless asked not to
+          CHECK((g.what.find("fused") != std::string::npos) == (combine == kCombineAuto && g.splits <= 4));
+          CHECK(oracle.pass(g.o, s.output().o_elems()));
+        }
   }
 }
 

@@ -286,26 +286,28 @@ namespace {
 
 /// The absorbed decode on uploaded tensors `d`: checked once (outputs poisoned), then
 /// timed when `time`.
-MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool time, int variant, int tile64);
+MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool time, int variant, int tile64,
+                        int combine);
 
 }  // namespace
 
 MlaGpuResult mla_absorb_gpu(const MlaShape& s, const MlaInputs& in, int splits, bool time, int small_variant,
-                            int tile64) {
+                            int tile64, int combine) {
   validate(s);
-  return absorb_run(s, MlaDevice(s, in), splits, time, small_variant, tile64);
+  return absorb_run(s, MlaDevice(s, in), splits, time, small_variant, tile64, combine);
 }
 
 const char* small_variant_label(int small_variant) { return mla::small_variant_name(small_variant); }
 
-MlaGpuResult mla_absorb_bench(const MlaShape& s, int splits, int small_variant, int tile64) {
+MlaGpuResult mla_absorb_bench(const MlaShape& s, int splits, int small_variant, int tile64, int combine) {
   validate(s);
-  return absorb_run(s, MlaDevice(s), splits, true, small_variant, tile64);
+  return absorb_run(s, MlaDevice(s), splits, true, small_variant, tile64, combine);
 }
 
 namespace {
 
-MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool time, int variant, int tile64) {
+MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool time, int variant, int tile64,
+                        int combine) {
   const int rows = s.heads * s.nq;
   const int per_tile = rows <= mla::kRowsSmall ? mla::kRowsSmall : mla::kRowsLarge;
   // The 64-row tile: wgmma + TMA (mla_decode_sm90.cu) where the GPU is sm_90 and the
@@ -326,6 +328,14 @@ MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool 
   p.ml_part = ml_part.get();
   p.batch = s.batch, p.rows = rows, p.nq = s.nq, p.nk = s.nk, p.splits = splits, p.blocks_per_split = bps;
   p.scale_log2 = float(s.scale() * kLog2e);
+  // The fused combine: the mma.sync kernels, at most kFuseMaxSplits ranges (mla_decode.cuh).
+  const bool fused = !wgmma && combine != kCombineSeparate && splits <= mla::kFuseMaxSplits;
+  DeviceBuffer<int> counters(fused ? std::size_t(s.batch) * tiles : 1);
+  if (fused) {
+    CUDA_CHECK(cudaMemset(counters.get(), 0, std::size_t(s.batch) * tiles * sizeof(int)));
+    p.counters = counters.get();
+    p.o_c = o_c.as<__nv_bfloat16>();
+  }
   auto absorb_q = [&] {
     mla::launch_absorb_q(d.q_nope.as<__nv_bfloat16>(), d.q_rope.as<__nv_bfloat16>(), d.w_uk.as<__nv_bfloat16>(),
                          q.as<__nv_bfloat16>(), s.batch, s.heads, s.nq);
@@ -337,7 +347,7 @@ MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool 
     else
 #endif
       mla::launch_decode(p, per_tile, variant);
-    mla::launch_combine(p, o_c.as<__nv_bfloat16>());
+    if (!fused) mla::launch_combine(p, o_c.as<__nv_bfloat16>());
   };
   auto project = [&] {
     mla::launch_project(o_c.as<__nv_bfloat16>(), d.w_uv.as<__nv_bfloat16>(), o.as<__nv_bfloat16>(), s.batch, s.heads,
@@ -360,7 +370,7 @@ MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool 
            std::to_string(s.batch) + " blocks of " + std::to_string(per_tile) + " rows" +
            (per_tile == mla::kRowsSmall ? std::string(", ") + mla::small_variant_name(variant)
                                         : std::string(wgmma ? ", wgmma" : ", mma.sync")) +
-           "), combine, W_UV GEMM";
+           (fused ? "), fused combine" : "), combine") + ", W_UV GEMM";
   if (time) {
     r.attn_ms = time_gpu(attend).median_ms;
     r.total_ms = time_gpu([&] {

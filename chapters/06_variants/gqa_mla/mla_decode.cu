@@ -300,6 +300,42 @@ __global__ void __launch_bounds__(S::kThreads, S::kBlocksPerSm) decode_kernel(co
       p.ml_part[(part + grow) * 2 + 1] = l;
     }
   }
+  if (p.counters == nullptr) return;
+
+  // ---- the fused combine: the last range of this (sequence, tile) to finish merges all of
+  // them (at most kFuseMaxSplits), so no second kernel runs. Each block makes its partials
+  // visible device-wide before it counts itself; the last one reads the others' through L2.
+  __shared__ int is_last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int* counter = &p.counters[b * gridDim.x + tile];
+    is_last = atomicAdd(counter, 1) == p.splits - 1;
+    if (is_last) *counter = 0;  // ready for the next launch
+  }
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  for (int idx = threadIdx.x; idx < kM * (kDVl / 4); idx += kThreads) {
+    const int grow = m0 + idx / (kDVl / 4), c4 = idx % (kDVl / 4);
+    if (grow >= p.rows) continue;
+    auto at = [&](int sp) { return (std::size_t(b) * p.splits + sp) * p.rows + grow; };
+    float m = -INFINITY;
+    for (int sp = 0; sp < p.splits; ++sp) m = fmaxf(m, __ldcg(&p.ml_part[at(sp) * 2]));
+    const float shift = finite_max(m);  // every range empty: weights 2^-inf = 0
+    float l = 0.f;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int sp = 0; sp < p.splits; ++sp) {
+      const std::size_t a = at(sp);
+      const float wgt = exp2_approx(__ldcg(&p.ml_part[a * 2]) - shift);
+      l += __ldcg(&p.ml_part[a * 2 + 1]) * wgt;
+      const float4 v = __ldcg(reinterpret_cast<const float4*>(p.o_part + a * kDVl) + c4);
+      acc.x += wgt * v.x, acc.y += wgt * v.y, acc.z += wgt * v.z, acc.w += wgt * v.w;
+    }
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    *reinterpret_cast<uint2*>(p.o_c + (std::size_t(b) * p.rows + grow) * kDVl + 4 * c4) =
+        make_uint2(pack2<bf16>(acc.x * inv, acc.y * inv), pack2<bf16>(acc.z * inv, acc.w * inv));
+  }
 }
 
 /// The key ranges of a row merged with ⊕, then O / l in bf16. All ranges at once: with

@@ -17,7 +17,14 @@ struct DecodeParams {
   int batch = 1, rows = 0, nq = 1, nk = 0;
   int splits = 1, blocks_per_split = 1;  ///< key range s = key blocks [s bps, (s + 1) bps)
   float scale_log2 = 0;               ///< tau log2(e), tau = 1 / sqrt(192)
+  /// The fused combine (launch_decode only; nullptr: launch_combine() merges afterwards):
+  /// one counter per (sequence, tile), zero before the launch and zero again after it; the
+  /// last range of a tile to finish merges the tile's ranges into o_c itself.
+  int* counters = nullptr;
+  __nv_bfloat16* o_c = nullptr;
 };
+/// The most ranges the fused combine merges in one thread block (more: a separate combine).
+constexpr int kFuseMaxSplits = 4;
 
 /// Packed rows per thread block: 16 (one mma row tile) or 64 (four).
 constexpr int kRowsSmall = 16, kRowsLarge = 64;
