@@ -95,6 +95,7 @@ CROSS: dict[str, Last | File | New] = {
     "chapters/05_fa3_hopper/steps/b7_dq_split_by_keys.cu": File("chapters/05_fa3_hopper/steps/b6_deterministic_walk.cu"),
     "chapters/05_fa3_hopper/steps/b8_named_barrier_release.cu": File("chapters/05_fa3_hopper/steps/b6_deterministic_walk.cu"),
     "chapters/05_fa3_hopper/steps/b9_two_ds_buffers.cu": File("chapters/05_fa3_hopper/steps/b8_named_barrier_release.cu"),
+    "chapters/05_fa3_hopper/steps/b10_consumer_offset.cu": File("chapters/05_fa3_hopper/steps/b9_two_ds_buffers.cu"),
     "chapters/07_paged_radix/steps": New("a decode (one query row per head), built on common/cuda/, not on an earlier loop"),
 }
 
@@ -240,7 +241,8 @@ def all_series() -> list[str]:
             keys.add(rel(folder))
         keys |= {rel(p) for p in folder.glob("*.cu") if not STEP_RE.match(p.name)}
     keys |= {k for k in CROSS if (ROOT / k).is_file()}
-    return sorted(keys)
+    # numbers in names compare as numbers: b9 before b10
+    return sorted(keys, key=lambda k: [int(x) if x.isdigit() else x for x in re.split(r"(\d+)", k)])
 
 
 def readme_of(key: str) -> Path | None:

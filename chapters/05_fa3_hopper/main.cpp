@@ -122,8 +122,8 @@ int main(int argc, char** argv) {
   bool backward_only = false;
   cli.add_flag("--backward-only", &backward_only, "run the backward rows and no forward step (the backward still runs v8 for O and LSE)");
   std::string bwd_step_text = "auto";
-  cli.add_choice("--backward-step", &bwd_step_text, {"auto", "all", "1", "2", "3", "4", "5", "6", "7", "8", "9"},
-                 "run one backward step (b1-b9) or all; auto: all with --step all, none with one forward step");
+  cli.add_choice("--backward-step", &bwd_step_text, {"auto", "all", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10"},
+                 "run one backward step (b1-b10) or all; auto: all with --step all, none with one forward step");
 
   return run_chapter(argc, argv, cli, [&](const Options& opt) {
     const Problem& p = opt.problem;

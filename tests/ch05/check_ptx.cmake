@@ -73,3 +73,5 @@ require(v16_causal_grid.ptx "wgmma.mma_async.sync.aligned.m64n176k16;wgmma.mma_a
 require(b8_named_barrier_release.ptx "bar.arrive;bar.sync;cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32;mbarrier.try_wait.parity")
 # b9: b8 with two dS^T buffers (the same instructions).
 require(b9_two_ds_buffers.ptx "bar.arrive;bar.sync;cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32")
+# b10: b9 with consumer 0's dQ a step late (the meeting as one-way bar.arrive / bar.sync signals).
+require(b10_consumer_offset.ptx "bar.arrive;bar.sync;cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32")
