@@ -205,33 +205,18 @@ __device__ __forceinline__ float exp2_two_pipes(float x, int i) {
   }
 }
 
-/// RowSoftmax::update (common/cuda/frag_softmax.cuh) with one exponential in kEvery on
-/// the FMA pipe: the same (m, l) state, the same alpha, the same P up to exp2_fma's error.
+/// exp2_two_pipes as RowSoftmax::update's exponential policy (common/cuda/frag_softmax.cuh).
+template <int kEvery, int kDegree>
+struct Exp2TwoPipes {
+  __device__ __forceinline__ float operator()(float x, int i) const { return exp2_two_pipes<kEvery, kDegree>(x, i); }
+};
+
+/// RowSoftmax::update with one exponential in kEvery on the FMA pipe: the same (m, l)
+/// state, the same alpha, the same P up to exp2_fma's error.
 template <int kEvery, int kDegree, int NS>
 __device__ __forceinline__ void softmax_update_two_pipes(RowSoftmax& sm, float (&s)[NS], float c,
                                                          float (&alpha)[2]) {
-  float mx[2] = {sm.m[0], sm.m[1]};
-#pragma unroll
-  for (int i = 0; i < NS; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-  }
-  float shift[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    shift[r] = finite_max(mx[r]) * c;
-    alpha[r] = exp2_approx((sm.m[r] - finite_max(mx[r])) * c);  // as RowSoftmax: 1 when m did not change
-    sm.m[r] = mx[r];
-    sm.l[r] *= alpha[r];
-  }
-#pragma unroll
-  for (int i = 0; i < NS; ++i) {
-    const int r = (i >> 1) & 1;
-    s[i] = exp2_two_pipes<kEvery, kDegree>(fmaf(s[i], c, -shift[r]), i);
-    sm.l[r] += s[i];
-  }
+  sm.update(s, c, alpha, Exp2TwoPipes<kEvery, kDegree>{});
 }
 
 /// The same for FP8 scores with their dequantisation folded into the exponent's FFMA:

@@ -34,6 +34,16 @@
 
 namespace attn::cuda {
 
+/// The exponential that RowSoftmax::update applies to each shifted score: MUFU.EX2
+/// (exp2_approx) for every one. The policy is any callable `float(float x, int i)`,
+/// i the score's index in the thread's fragment (a compile-time constant after
+/// unrolling), so that a kernel can send some exponentials to another pipe (chapter 05's
+/// Exp2TwoPipes: one in four as a polynomial on the FMA pipe) and keep the rest of the
+/// update, and α's exponential, as they are here.
+struct Exp2Mufu {
+  __device__ __forceinline__ float operator()(float x, int /*i*/) const { return exp2_approx(x); }
+};
+
 /// The running (m, ℓ) of the two rows a thread holds in an accumulator fragment.
 struct RowSoftmax {
   float m[2];
@@ -46,8 +56,9 @@ struct RowSoftmax {
 
   /// s: this thread's scores of one block (NS floats, the layout above), replaced by
   /// P. alpha: the factor each row's O must be multiplied by before adding P V.
-  template <int NS>
-  __device__ __forceinline__ void update(float (&s)[NS], float c, float (&alpha)[2]) {
+  /// exp2: the exponential of P (Exp2Mufu above unless a kernel passes its own).
+  template <int NS, class Exp2 = Exp2Mufu>
+  __device__ __forceinline__ void update(float (&s)[NS], float c, float (&alpha)[2], Exp2 exp2 = {}) {
     float mx[2] = {m[0], m[1]};
 #pragma unroll
     for (int i = 0; i < NS; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
@@ -72,7 +83,7 @@ struct RowSoftmax {
 #pragma unroll
     for (int i = 0; i < NS; ++i) {
       const int r = (i >> 1) & 1;
-      s[i] = exp2_approx(fmaf(s[i], c, -shift[r]));  // a masked score is -inf: P = 0
+      s[i] = exp2(fmaf(s[i], c, -shift[r]), i);  // a masked score is -inf: P = 0
       l[r] += s[i];
     }
   }
