@@ -75,8 +75,61 @@ PreparedStep prepare_step(Step s, const StepArgs& a) {
     case Step::v14_three_consumers: return v14::prepare(a);
     case Step::v15_fp8_lazy_rescale: return v15::prepare(a);
     case Step::v16_causal_grid: return v16::prepare(a);
+    case Step::v17_causal_key_blocks: return v17::prepare(a);
   }
   throw UsageError("unknown step");
+}
+
+}  // namespace
+
+namespace {
+
+/// A step's kernel prepared on device tensors (and, for an fp8 step, their E4M3 copies).
+struct Prepared {
+  PreparedStep step;
+  std::unique_ptr<Fp8Device> fp8;
+};
+
+Prepared prepare_on(const Problem& p, Step s, const DeviceTensor& q, const DeviceTensor& k, const DeviceTensor& v,
+                    DeviceTensor& o, DeviceBuffer<float>& lse) {
+  Prepared r;
+  if (step_is_fp8(s)) {
+    r.fp8 = std::make_unique<Fp8Device>(p);
+    fp8_prepare(p, q.data(), k.data(), v.data(), *r.fp8);
+    StepArgs a = make_args(p, r.fp8->q8.get(), r.fp8->k8.get(), r.fp8->vt8.get(), o.data(), lse.get());
+    a.nk_pad = r.fp8->nk_pad;
+    a.params.q_scale = r.fp8->q_scale.get();
+    a.params.k_scale = r.fp8->k_scale.get();
+    a.params.v_scale = r.fp8->v_scale.get();
+    r.step = prepare_step(s, a);
+  } else {
+    r.step = prepare_step(s, make_args(p, q.data(), k.data(), v.data(), o.data(), lse.get()));
+  }
+  return r;
+}
+
+/// Unit normals (Box-Muller on a hashed index) as 16-bit floats, written on the device:
+/// inputs for fa3_launch_only() without a host upload.
+__global__ void fill_normal_16bit(uint16_t* x, std::size_t n, unsigned seed, bool bf16) {
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
+    auto hash = [](unsigned h) {
+      h ^= h >> 16;
+      h *= 0x7feb352du;
+      h ^= h >> 15;
+      h *= 0x846ca68bu;
+      return h ^ (h >> 16);
+    };
+    const unsigned a = hash(unsigned(i) * 2u + seed * 0x9e3779b9u), b = hash(unsigned(i) * 2u + 1u + seed * 0x9e3779b9u);
+    const float u1 = (float(a >> 8) + 1.f) * (1.f / 16777216.f), u2 = float(b >> 8) * (1.f / 16777216.f);
+    const float z = sqrtf(-2.f * __logf(u1)) * __cosf(6.2831853f * u2);
+    x[i] = bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(z)) : __half_as_ushort(__float2half_rn(z));
+  }
+}
+
+void fill_normal(DeviceTensor& t, unsigned seed) {
+  constexpr int kThreads = 256, kBlocks = 1024;  // a grid-stride loop
+  fill_normal_16bit<<<kBlocks, kThreads>>>(t.as<uint16_t>(), t.size(), seed, t.dtype() == DType::bf16);
+  CUDA_CHECK_LAUNCH("fill_normal_16bit");
 }
 
 }  // namespace
@@ -90,20 +143,8 @@ GpuForward fa3_forward_gpu(const Problem& p, const AttnInputs& in, Step s, bool 
   DeviceTensor o(p.dtype, p.o_elems());
   DeviceBuffer<float> lse(p.lse_elems());
 
-  PreparedStep step;
-  std::unique_ptr<Fp8Device> fp8;
-  if (step_is_fp8(s)) {
-    fp8 = std::make_unique<Fp8Device>(p);
-    fp8_prepare(p, q.data(), k.data(), v.data(), *fp8);
-    StepArgs a = make_args(p, fp8->q8.get(), fp8->k8.get(), fp8->vt8.get(), o.data(), lse.get());
-    a.nk_pad = fp8->nk_pad;
-    a.params.q_scale = fp8->q_scale.get();
-    a.params.k_scale = fp8->k_scale.get();
-    a.params.v_scale = fp8->v_scale.get();
-    step = prepare_step(s, a);
-  } else {
-    step = prepare_step(s, make_args(p, q.data(), k.data(), v.data(), o.data(), lse.get()));
-  }
+  Prepared prep = prepare_on(p, s, q, k, v, o, lse);
+  PreparedStep& step = prep.step;
   r.grid = step.grid;
   r.smem_bytes = step.smem_bytes;
 
@@ -119,9 +160,23 @@ GpuForward fa3_forward_gpu(const Problem& p, const AttnInputs& in, Step s, bool 
 
   if (time) {
     r.time_ms = time_gpu(step.launch).median_ms;
-    if (fp8) r.prep_ms = time_gpu([&] { fp8_prepare(p, q.data(), k.data(), v.data(), *fp8); }).median_ms;
+    if (prep.fp8) r.prep_ms = time_gpu([&] { fp8_prepare(p, q.data(), k.data(), v.data(), *prep.fp8); }).median_ms;
   }
   return r;
+}
+
+void fa3_launch_only(const Problem& p, Step s, int launches) {
+  std::string why;
+  if (!step_supports(s, p, &why)) throw UsageError(why);
+  DeviceTensor q(p.dtype, p.q_elems()), k(p.dtype, p.k_elems()), v(p.dtype, p.v_elems());
+  fill_normal(q, 1);
+  fill_normal(k, 2);
+  fill_normal(v, 3);
+  DeviceTensor o(p.dtype, p.o_elems());
+  DeviceBuffer<float> lse(p.lse_elems());
+  Prepared prep = prepare_on(p, s, q, k, v, o, lse);
+  for (int i = 0; i < launches; ++i) prep.step.launch();
+  CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 Fp8Prepared fp8_prepare_gpu(const Problem& p, const AttnInputs& in) {

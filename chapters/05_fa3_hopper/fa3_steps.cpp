@@ -23,6 +23,7 @@ const char* step_name(Step s) {
     case Step::v14_three_consumers: return "v14 three consumer warpgroups";
     case Step::v15_fp8_lazy_rescale: return "v15 fp8 lazy rescaling";
     case Step::v16_causal_grid: return "v16 causal tiles as a grid";
+    case Step::v17_causal_key_blocks: return "v17 causal key blocks";
   }
   return "?";
 }
@@ -53,6 +54,7 @@ bool step_supports(Step s, const Problem& p, std::string* why) {
     return no("built for d = 128 only (steps 1 and 8-13 take d = 64, 128, 256)");
   if (p.d != 64 && p.d != 128 && p.d != 256) return no("built for d = 64, 128 and 256");
   if (s == Step::v14_three_consumers && p.d != 64) return no("built for d = 64 only (three consumer warpgroups)");
+  if (s == Step::v17_causal_key_blocks && p.d != 64) return no("built for d = 64 only (its other kernels would be v11's)");
   return true;
 }
 

@@ -113,14 +113,17 @@ int main(int argc, char** argv) {
           "FlashAttention-3 on Hopper: TMA, wgmma, warp specialisation, pingpong, overlap, persistent tiles, FP8.");
   cli.defaults(defaults).head_dims({64, 128, 256}).dtypes({DType::bf16, DType::f16});
   std::string step_text = "all";
-  cli.add_choice("--step", &step_text, {"all", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16"},
-                 "run one step's kernel (1-16) or all that support the problem");
+  cli.add_choice("--step", &step_text, {"all", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16", "17"},
+                 "run one step's kernel (1-17) or all that support the problem");
   bool no_table = false;
   cli.add_flag("--no-fp8-table", &no_table, "skip the CPU FP8 accuracy table");
   bool no_backward = false;
   cli.add_flag("--no-backward", &no_backward, "skip the backward rows (steps b1, b2; dQ added in any order, then deterministically)");
   bool backward_only = false;
   cli.add_flag("--backward-only", &backward_only, "run the backward rows and no forward step (the backward still runs v8 for O and LSE)");
+  int launch_only = 0;
+  cli.add_int("--launch-only", &launch_only,
+              "launch the chosen steps K times each on device-made inputs, nothing checked or timed (for a profiler)", 1, 100);
   std::string bwd_step_text = "auto";
   cli.add_choice("--backward-step", &bwd_step_text, {"auto", "all", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10"},
                  "run one backward step (b1-b10) or all; auto: all with --step all, none with one forward step");
@@ -137,6 +140,17 @@ int main(int argc, char** argv) {
     for (Step s : kAllSteps)
       if (step_text == "all" || std::to_string(int(s)) == step_text) steps.push_back(s);
     if (backward_only) steps.clear();
+    if (launch_only > 0) {  // the kernels alone, for Nsight Compute (scripts/ncu_fwd.py)
+#if TUTORIAL_HAVE_CUDA
+      std::string why;
+      if (!dev || !hopper_ready(&why)) throw UsageError("--launch-only needs an sm_90 GPU" + (why.empty() ? "" : ": " + why));
+      for (Step s : steps)
+        if (step_supports(s, p)) fa3_launch_only(p, s, launch_only);
+      return 0;
+#else
+      throw UsageError("--launch-only needs the CUDA build");
+#endif
+    }
 
     const ScheduleConfig cfg = schedule_for(Step::v8_head_dims, p.d, p.causal);
     const bool run_model = flops_forward(p) <= kModelFlopBudget || opt.device == DeviceChoice::cpu;

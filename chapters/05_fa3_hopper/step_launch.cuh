@@ -53,5 +53,6 @@ namespace v13 { PreparedStep prepare(const StepArgs& a); }
 namespace v14 { PreparedStep prepare(const StepArgs& a); }
 namespace v15 { PreparedStep prepare(const StepArgs& a); }
 namespace v16 { PreparedStep prepare(const StepArgs& a); }
+namespace v17 { PreparedStep prepare(const StepArgs& a); }
 
 }  // namespace attn::ch05

@@ -75,3 +75,6 @@ require(b8_named_barrier_release.ptx "bar.arrive;bar.sync;cp.reduce.async.bulk.g
 require(b9_two_ds_buffers.ptx "bar.arrive;bar.sync;cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32")
 # b10: b9 with consumer 0's dQ a step late (the meeting as one-way bar.arrive / bar.sync signals).
 require(b10_consumer_offset.ptx "bar.arrive;bar.sync;cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32")
+# v17: v11 at d = 64 only, the causal kernel with key blocks of 192 too.
+require(v17_causal_key_blocks.ptx "wgmma.mma_async.sync.aligned.m64n192k16;ex2.approx;setmaxnreg")
+forbid(v17_causal_key_blocks.ptx "wgmma.mma_async.sync.aligned.m64n128k16")

@@ -187,6 +187,15 @@ TEST_CASE("step 16 (causal tiles as a grid) at every head dim, causal and not, b
   check_step(Step::v16_causal_grid, shape().batch(2).heads(8, 4).n(2100).d(128).causal().dtype(DType::bf16));
 }
 
+TEST_CASE("step 17 (causal key blocks of 192 at d = 64) at awkward shapes and with more tiles than SMs") {
+  require_hopper();
+  for (DType t : {DType::bf16, DType::f16}) awkward_shapes(Step::v17_causal_key_blocks, 64, t);
+  // Diagonals that cross one and two key blocks of 192, N not a multiple of 192 or 128.
+  check_step(Step::v17_causal_key_blocks, shape().batch(2).heads(8, 4).n(2100).d(64).causal().dtype(DType::bf16));
+  check_step(Step::v17_causal_key_blocks, shape().heads(4).n(700, 1000).d(64).causal().dtype(DType::f16));
+  check_step(Step::v17_causal_key_blocks, shape().heads(2).n(500).d(64).causal().dtype(DType::bf16), Dist::outliers);
+}
+
 TEST_CASE("step 13's tile counter is back at zero after every launch") {
   // The third of three launches of one prepared kernel, each with the outputs poisoned
   // first: a counter left past zero would leave tiles unwritten (NaN) or skip them.

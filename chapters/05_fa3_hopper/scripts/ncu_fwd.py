@@ -2,39 +2,56 @@
 """Chapter 05's forward next to cuDNN by kernel duration (Nsight Compute), not by events.
 
     python3 chapters/05_fa3_hopper/scripts/ncu_fwd.py --bin build/bin/ch05_fa3_hopper \\
-        --shape 128:0:13 --shape 128:1:13 ...      # d:causal:step, B = 16384 / N, H = 2048 / d
+        --shape 128:0:10 --shape 128:1:6,11 --shape 64:1:11 ...   # d:causal:steps
+        [--n 8192] [--launches 3]                                 # B = 16384 / N, H = 2048 / d
 
-For each shape it runs, under `ncu --metrics gpu__time_duration.sum --clock-control none`
-(the GPU at its own clocks; caches flushed before every profiled kernel, as the chapter's
-event timing flushes the L2), the chapter binary with that one step (`--step S`, one
-checked launch) and PyTorch SDPA with the cuDNN backend (three calls, the last one kept),
-and prints both kernels' durations and their ratio. A rate from events and one from
-ncu's duration differ by the launch gaps and the clocks; the ratio of the two kernels is
-the claim that does not depend on the timing method.
+Two Nsight Compute processes (`ncu --metrics gpu__time_duration.sum --clock-control none`:
+the GPU at its own clocks, the caches flushed before every profiled kernel, as the
+chapter's event timing flushes the L2) run
+
+  * a shell that starts the chapter binary once per (shape, step) with `--launch-only K`:
+    the step's kernel launched K times on inputs written on the device, nothing uploaded,
+    checked or timed (so a process takes a second, not the minutes of an fp64 check
+    under the profiler);
+  * one Python process with PyTorch SDPA's cuDNN backend, K calls per shape (second, so
+    that our durations are printed even if PyTorch's start runs out of time).
+
+Only the attention kernels are profiled (`-k regex:`): ours are `attn::ch05::vN::kernel`,
+cuDNN's carry "sdpa", "fmha" or "flash" in their names. Each shape's duration is the
+median of its K launches; the table shows both, their ratio and ours as TFLOP/s by the
+kernel's duration (FlashAttention's FLOP count). A rate from events and one from ncu
+differ by launch gaps and clocks; the ratio of the two kernels is the claim that does
+not depend on the timing method.
 """
 import argparse
 import csv
 import glob
-import shutil
 import io
 import os
+import shlex
+import shutil
+import statistics
 import subprocess
 import sys
+import time
 
 CUDNN = r'''
 import sys, torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
-for spec in sys.argv[1:]:
+k = int(sys.argv[1])
+for spec in sys.argv[2:]:
     b, h, n, d, causal = (int(x) for x in spec.split(","))
-    q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    torch.cuda.nvtx.range_push(spec)
+    q, kk, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        for _ in range(3):
-            torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
+        for _ in range(k):
+            torch.nn.functional.scaled_dot_product_attention(q, kk, v, is_causal=bool(causal))
     torch.cuda.synchronize()
-    torch.cuda.nvtx.range_pop()
-    del q, k, v
+    print(f"cudnn-done {spec}", file=sys.stderr, flush=True)
+    del q, kk, v
 '''
+
+OURS = r"4ch05.*6kernelI"          # attn::ch05::vN::(anonymous)::kernel<...>, mangled
+PEER = r"sdpa|fmha|flash|cudnn"   # cuDNN's generated attention kernels
 
 
 def ncu_binary():
@@ -44,59 +61,97 @@ def ncu_binary():
     raise SystemExit("ncu not found")
 
 
-def ncu(cmd, kernel_regex, timeout):
-    args = [ncu_binary(), "--metrics", "gpu__time_duration.sum", "--clock-control", "none", "--csv", "--print-units", "base",
-            "--kernel-name-base", "mangled", "-k", "regex:" + kernel_regex] + cmd
+def ncu(cmd, regex, timeout, what):
+    """The gpu__time_duration.sum rows of every kernel matching `regex` that `cmd` runs."""
+    args = [ncu_binary(), "--metrics", "gpu__time_duration.sum", "--clock-control", "none", "--csv",
+            "--print-units", "base", "--kernel-name-base", "mangled", "--target-processes", "all",
+            "-k", "regex:" + regex] + cmd
+    t0 = time.time()
     try:
         r = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        print(f"  ncu: {' '.join(cmd[:3])} ... ran past {timeout} s", flush=True)
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        print(f"# ncu ({what}) ran past {timeout} s; its last output: {out[-600:]}", flush=True)
         return []
-    rows = []
+    print(f"# ncu ({what}): rc {r.returncode}, {time.time() - t0:.1f} s: {' '.join(args[1:14])}", flush=True)
     text = r.stdout[r.stdout.find('"ID"'):] if '"ID"' in r.stdout else ""
-    for row in csv.DictReader(io.StringIO(text)):
-        if row.get("Metric Name") == "gpu__time_duration.sum":
-            rows.append((row["Kernel Name"], float(row["Metric Value"].replace(",", ""))))
-    if not rows:
-        print(f"  ncu found no kernel ({' '.join(cmd[:3])} ...): {(r.stdout + r.stderr).strip()[-400:]}", flush=True)
+    rows = [row for row in csv.DictReader(io.StringIO(text)) if row.get("Metric Name") == "gpu__time_duration.sum"]
+    if not rows or r.returncode != 0:
+        print(f"# ncu ({what}) profiled {len(rows)} kernels; its last output:\n" + (r.stdout + r.stderr)[-1500:], flush=True)
     return rows
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", required=True)
-    ap.add_argument("--shape", action="append", required=True, help="d:causal:step, e.g. 128:1:13")
+    ap.add_argument("--shape", action="append", required=True, help="d:causal:steps, e.g. 128:1:6,11")
     ap.add_argument("--n", type=int, default=8192)
-    ap.add_argument("--timeout", type=int, default=60)
+    ap.add_argument("--batch", type=int, help="default 16384 / N")
+    ap.add_argument("--launches", type=int, default=3, help="launches of each kernel (the median is kept)")
+    ap.add_argument("--no-peer", action="store_true", help="our kernels only")
+    ap.add_argument("--timeout", type=int, default=60, help="seconds for our kernels' profiler run")
+    ap.add_argument("--peer-timeout", type=int, default=60, help="seconds for cuDNN's profiler run")
     a = ap.parse_args()
-    b = max(1, 16384 // a.n)
+    b = a.batch or max(1, 16384 // a.n)
     shapes = []
     for s in a.shape:
-        d, c, step = (int(x) for x in s.split(":"))
-        shapes.append((d, c, step, 2048 // d))
-    # cuDNN: one process for every shape; its attention kernel is the longest of each group of three calls.
-    specs = [f"{b},{h},{a.n},{d},{c}" for d, c, _, h in shapes]
-    peer = ncu([sys.executable, "-c", CUDNN] + specs, "sdpa|fmha|attn|Attn|flash|cudnn", a.timeout * len(shapes))
-    # k kernels a call (cuDNN may split one attention into several): the last call's k, summed.
-    k = len(peer) // (3 * len(shapes)) if peer and len(peer) % (3 * len(shapes)) == 0 else 0
-    per_shape = [sum(t for _, t in peer[3 * k * i + 2 * k: 3 * k * (i + 1)]) for i in range(len(shapes))] if k else None
-    if per_shape is None and peer:
-        print(f"  cuDNN: {len(peer)} kernels for {len(shapes)} shapes; names: {sorted(set(k for k, _ in peer))[:4]}",
-              flush=True)
-    print("| shape | our kernel (step) | ours, ncu (us) | cuDNN, ncu (us) | cuDNN / ours | ours TFLOP/s by ncu |")
-    print("|---|---|---|---|---|---|")
-    for i, (d, c, step, h) in enumerate(shapes):
-        cmd = [a.bin, "--n", str(a.n), "--batch", str(b), "--heads", str(h), "--kv-heads", str(h), "--d", str(d),
-               "--step", str(step), "--no-fp8-table", "--json"] + (["--causal"] if c else [])
-        ours = [t for k, t in ncu(cmd, "4ch05.*kernel", a.timeout) if "kernel" in k]
-        o = ours[-1] if ours else None
-        p = per_shape[i] if per_shape else None
+        d, c, steps = s.split(":")
+        shapes.append((int(d), int(c), [int(x) for x in steps.split(",")], 2048 // int(d)))
+
+    cmds = []  # our processes: one line of the shell each, in the order of the table
+    for d, c, steps, h in shapes:
+        for st in steps:
+            cmd = [a.bin, "--n", str(a.n), "--batch", str(b), "--heads", str(h), "--kv-heads", str(h), "--d", str(d),
+                   "--step", str(st), "--no-fp8-table", "--no-backward", "--launch-only", str(a.launches)]
+            cmds.append(" ".join(shlex.quote(x) for x in cmd + (["--causal"] if c else [])))
+    # Two profiler processes, ours first: if the peer's (PyTorch's start under the
+    # profiler) runs out of time, our durations are still printed.
+    rows = ncu(["bash", "-c", "set -e\n" + "\n".join(cmds) + "\n"], OURS, a.timeout, f"{len(cmds)} processes")
+    if not a.no_peer:
+        specs = [f"{b},{h},{a.n},{d},{c}" for d, c, _, h in shapes]
+        rows += ncu([sys.executable, "-c", CUDNN, str(a.launches)] + specs, PEER, a.peer_timeout, "cuDNN")
+    if not rows:
+        return 1
+    # Our processes in the order they ran (one per (shape, step)), then the peer's.
+    procs = []
+    for row in rows:
+        pid = row.get("Process ID") or row.get("PID") or "?"
+        if not procs or procs[-1][0] != pid:
+            procs.append((pid, row.get("Process Name", ""), []))
+        procs[-1][2].append((row["Kernel Name"], float(row["Metric Value"].replace(",", ""))))
+    ours_procs = [p for p in procs if "ch05" in p[1] or all("4ch05" in k for k, _ in p[2])]
+    peer_procs = [p for p in procs if p not in ours_procs]
+    ours = iter(ours_procs)
+    peer_kernels = [x for p in peer_procs for x in p[2]]
+    names = sorted({k[:60] for k, _ in peer_kernels})
+    print(f"# {len(rows)} kernels profiled: ours {sum(len(p[2]) for p in ours_procs)} in {len(ours_procs)} processes, "
+          f"cuDNN {len(peer_kernels)} ({', '.join(names[:3])})", flush=True)
+    # cuDNN: k kernels a call (one, unless cuDNN splits the attention): a call's durations summed.
+    per = len(peer_kernels) // (a.launches * len(shapes)) if peer_kernels else 0
+    peer_ns = []
+    if per and len(peer_kernels) == per * a.launches * len(shapes):
+        for i in range(len(shapes)):
+            calls = [sum(t for _, t in peer_kernels[(i * a.launches + j) * per:(i * a.launches + j + 1) * per])
+                     for j in range(a.launches)]
+            peer_ns.append(statistics.median(calls))
+    elif peer_kernels:
+        print(f"# cuDNN: {len(peer_kernels)} kernels for {len(shapes)} shapes x {a.launches} calls: not split by shape")
+    print(f"| shape | step | ours, ncu (us) | cuDNN, ncu (us) | cuDNN / ours | ours TFLOP/s by ncu | cuDNN TFLOP/s by ncu |")
+    print("|---|---|---|---|---|---|---|")
+    for i, (d, c, steps, h) in enumerate(shapes):
         fl = 4.0 * b * h * a.n * a.n * d / (2 if c else 1)
+        p = peer_ns[i] if peer_ns else None
         label = f"d={d} N={a.n} B={b} H={h}{' causal' if c else ''}"
-        cells = [label, f"v{step}", f"{o / 1e3:.1f}" if o else "-", f"{p / 1e3:.1f}" if p else "-",
-                 f"{p / o:.3f}" if o and p else "-", f"{fl / (o * 1e-9) / 1e12:.0f}" if o else "-"]
-        print("| " + " | ".join(cells) + " |", flush=True)
+        for st in steps:
+            proc = next(ours, None)
+            ks = [t for _, t in proc[2]] if proc else []
+            o = statistics.median(ks) if ks else None
+            cells = [label, f"v{st}", f"{o / 1e3:.1f}" if o else "-", f"{p / 1e3:.1f}" if p else "-",
+                     f"{p / o:.3f}" if o and p else "-", f"{fl / (o * 1e-9) / 1e12:.0f}" if o else "-",
+                     f"{fl / (p * 1e-9) / 1e12:.0f}" if p else "-"]
+            print("| " + " | ".join(cells) + " |", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
