@@ -23,6 +23,7 @@ const char* kernel_name(DecodeKernel k) {
     case DecodeKernel::v3: return "v3";
     case DecodeKernel::v4: return "v4";
     case DecodeKernel::v5: return "v5";
+    case DecodeKernel::v6: return "v6";
   }
   return "?";
 }
@@ -172,6 +173,9 @@ struct GpuDecoder::Impl {
         if constexpr (!std::is_same_v<std::decay_t<decltype(kv)>, gpu::ContiguousKv>) {
           if (kernel == DecodeKernel::v4) return gpu::v4::launch<D>(p, kv, b.batch(), b.kv_heads);
           if (kernel == DecodeKernel::v5) return gpu::v5::launch<D>(p, kv, b.batch(), b.kv_heads);
+          if constexpr (kv_quantised(std::decay_t<decltype(kv)>::kDtype)) {
+            if (kernel == DecodeKernel::v6) return gpu::v6::launch<D>(p, kv, b.batch(), b.kv_heads);
+          }
         }
         if (kernel == DecodeKernel::v3) gpu::v3::launch<D>(p, kv, b.batch(), b.kv_heads);
         else if (kernel == DecodeKernel::v2) gpu::v2::launch<D>(p, kv, b.batch(), b.kv_heads);
@@ -197,6 +201,8 @@ struct GpuDecoder::Impl {
     if (splits < 1) throw UsageError("the split count must be >= 1");
     if ((kernel == DecodeKernel::v4 || kernel == DecodeKernel::v5) && layout == KvLayout::contiguous)
       throw UsageError(std::string(kernel_name(kernel)) + " reads paged K/V only");
+    if (kernel == DecodeKernel::v6 && !kv_quantised(batch.kv_dtype))
+      throw UsageError("v6 is built for the 8-bit caches only (its bf16 path would be v5's)");
     if (layout == KvLayout::contiguous) ensure_contiguous();
     if (kernel != DecodeKernel::v1) ensure_partials(splits);
     if (kernel != DecodeKernel::v1 && kernel != DecodeKernel::v2 && !arrivals.size()) {

@@ -39,7 +39,8 @@
 // Every change from v4: DecodeParams' split_keys; TilePages, tile_pages() and row_at();
 // load_stage() takes the pages instead of reading the table; the kernel's split bounds
 // come from split_keys, the prologue reads the entries of the first tiles before it
-// needs the length, and the loop keeps one tile's entries ahead; the launcher's name.
+// needs the length, and the loop keeps one tile's entries ahead; kMinBlocks in the
+// launch bounds (three 8-bit blocks per SM, as v4 runs); the launcher's name.
 #include "common/cuda/check.cuh"
 #include "decode_steps.cuh"
 
@@ -368,8 +369,13 @@ __device__ __forceinline__ void merge_states(const DecodeParams& p, int b, int h
   }
 }
 
+/// Blocks per SM the launch bounds ask for: an 8-bit block keeps v4's three (without
+/// the bound ptxas gives v5's 8-bit kernel 224 registers, and two blocks run per SM).
+template <class Kv>
+constexpr int kMinBlocks = kv_quantised(Kv::kDtype) ? 3 : 1;
+
 template <int D, class Kv>
-__global__ void __launch_bounds__(Geo::kThreads) decode(DecodeParams p, Kv kv) {
+__global__ void __launch_bounds__(Geo::kThreads, kMinBlocks<Kv>) decode(DecodeParams p, Kv kv) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int b = blockIdx.z, hk = blockIdx.y / p.chunks, chunk = blockIdx.y % p.chunks, split = blockIdx.x;
   const int h0 = hk * p.group + chunk * Geo::kRows;  // the block's first query head
