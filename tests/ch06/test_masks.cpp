@@ -3,8 +3,10 @@
 // backward) passes the acceptance rule at awkward shapes, for every variant.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "chapters/06_variants/masks/mask_model.hpp"
 #include "chapters/06_variants/masks/mask_spec.hpp"
@@ -284,6 +286,72 @@ TEST_CASE("document masking: documents of length 1, and 1000 documents in one pa
     CHECK(m.kept_tiles() <= double(m.tq) * p.heads * (kModelBr / kModelBc + 1));
     check_model(s, p);
   }
+}
+
+TEST_CASE("the document map: tiles from each document's start cover every kept pair once, partial only where needed") {
+  for (const bool causal : {true, false})
+    for (const std::vector<int>& lens : {std::vector<int>{300, 200, 1, 128, 129, 42},
+                                         random_doc_lens(3000, 9, 4), random_doc_lens(1500, 1000, 5)}) {
+      int n = 0;
+      for (int l : lens) n += l;
+      const Problem p = masked_problem(shape().heads(2).n(n).d(128));
+      MaskSpec s;
+      s.kind = MaskKind::document;
+      s.causal = causal;
+      s.doc_lens = lens;
+      finalize_spec(s, p);
+      CAPTURE(s.describe());
+      const int Br = 128, Bc = 128;
+      const BlockMap m = build_document_block_map(s, p, Br, Bc);
+      const std::vector<int> doc = doc_of_tokens(lens);
+      auto keep = [&](int i, int j) { return j < n && doc[i] == doc[j] && (!causal || j <= i); };
+      // Every row in exactly one query tile, which lies inside one document.
+      std::vector<int> covered(n, 0);
+      REQUIRE(int(m.q_row0.size()) == m.tq);
+      for (int q = 0; q < m.tq; ++q) {
+        REQUIRE(m.q_row0[q] < m.q_row1[q]);
+        CHECK(m.q_row1[q] - m.q_row0[q] <= Br);
+        CHECK(doc[m.q_row0[q]] == doc[m.q_row1[q] - 1]);
+        for (int i = m.q_row0[q]; i < m.q_row1[q]; ++i) ++covered[i];
+      }
+      CHECK(std::count(covered.begin(), covered.end(), 1) == n);
+      // Each kept pair in exactly one listed tile; full tiles keep every pair (no mask there).
+      std::vector<long> seen(n, 0);
+      long partial = 0, tiles = 0, bad_full = 0;
+      for (int q = 0; q < m.tq; ++q)
+        for (int part = 0; part < 2; ++part) {
+          const int cnt = part ? m.n_part[q] : m.n_full[q];
+          const int* list = (part ? m.part.data() : m.full.data()) + std::size_t(q) * m.tk;
+          for (int t = 0; t < cnt; ++t, ++tiles) {
+            partial += part;
+            for (int i = m.q_row0[q]; i < m.q_row1[q]; ++i)
+              for (int j = list[t]; j < list[t] + Bc; ++j) {
+                seen[i] += keep(i, j);
+                bad_full += !part && !keep(i, j);
+              }
+          }
+        }
+      CHECK(bad_full == 0);
+      long lost = 0;
+      for (int i = 0; i < n; ++i) {
+        long want = 0;
+        for (int j = 0; j < n; ++j) want += keep(i, j);
+        lost += seen[i] != want;
+      }
+      CHECK(lost == 0);
+      // The work of each document alone: T (T + 1) / 2 tiles causal, T^2 not, T = ceil(l / 128);
+      // partial only on the diagonal (causal) or in the last key tile of a ragged document.
+      long alone = 0, alone_partial = 0;
+      for (int l : lens) {
+        const long T = (l + Bc - 1) / Bc;
+        alone += causal ? T * (T + 1) / 2 : T * T;
+        alone_partial += causal ? T : (l % Bc ? T : 0);
+      }
+      CHECK(tiles == alone);
+      CHECK(partial == alone_partial);
+      CHECK(m.kept_tiles() == doctest::Approx(double(alone) * p.heads));
+      CHECK(m.kept_pairs == doctest::Approx(build_block_map(s, p, Br, Bc).kept_pairs));
+    }
 }
 
 TEST_CASE("document masking reads the packed varlen layout [tokens][heads][d] (no padding)") {

@@ -53,6 +53,10 @@ struct BlockMap {
   std::vector<int> order;
   /// Exact number of kept (i, j) pairs summed over every batch and head.
   double kept_pairs = 0;
+  /// A document map (build_document_block_map) only: query tile q covers rows
+  /// [q_row0[q], q_row1[q]), and the forward lists hold each key tile's first key (not its
+  /// block index). Empty for a grid map. (Its backward lists are empty too.)
+  std::vector<int> q_row0, q_row1;
 
   int maps() const { return map_batch * map_heads; }
   /// Which map (batch, head) uses.
@@ -150,6 +154,62 @@ BlockMap build_block_map(const P& pol, int batch, int heads, int nq, int nk, int
       for (int j = t.j0; j < t.j1; ++j) c += pol.keep(b, h, i, j);
     return c;
   });
+  return m;
+}
+
+/// The document map, FlashAttention's varlen tiling, for one packed batch of documents
+/// with boundaries `cu` (cu_seqlens: 0, l0, l0 + l1, ..., N): each document's queries in
+/// tiles of Br rows from its own start, each tile's keys in tiles of Bc from the
+/// document's start, each tile asked of pol.classify() with its true ranges. A key tile
+/// that runs past its document (or past N) is partial: the keys after the document's end
+/// belong to the next one and are masked. No tile straddles two documents, so only the
+/// diagonal tiles (causal) and the ragged last key tiles are partial.
+///
+///     packed tokens:   | doc 0 (300)        | doc 1 (200)  |
+///     grid map:        [ 0-127 ][128-255][256-383][384-511]   tile 256-383 holds both
+///     document map:    [0-127][128-255][256-299] [300-427][428-499]
+template <class P>
+BlockMap build_document_block_map(const P& pol, const std::vector<int>& cu, int heads, int Br, int Bc) {
+  static_assert(!P::kPerHead, "one map for every head");
+  BlockMap m;
+  const int n = cu.back();
+  m.Br = Br, m.Bc = Bc, m.nq = m.nk = n, m.batch = 1, m.heads = heads;
+  struct QTile { int r0, r1, s, e; };
+  std::vector<QTile> tiles;
+  m.tk = 0;
+  for (std::size_t d = 0; d + 1 < cu.size(); ++d) {
+    const int s = cu[d], e = cu[d + 1];
+    for (int r0 = s; r0 < e; r0 += Br) tiles.push_back({r0, std::min(e, r0 + Br), s, e});
+    m.tk = std::max(m.tk, (e - s + Bc - 1) / Bc);
+  }
+  m.tq = int(tiles.size());
+  m.n_full.assign(m.tq, 0), m.n_part.assign(m.tq, 0);
+  m.full.assign(std::size_t(m.tq) * m.tk, 0), m.part.assign(std::size_t(m.tq) * m.tk, 0);
+  m.kinds.assign(std::size_t(m.tq) * m.tk, TileKind::skip);
+  double pairs = 0;
+  for (int q = 0; q < m.tq; ++q) {
+    const QTile& t = tiles[q];
+    m.q_row0.push_back(t.r0), m.q_row1.push_back(t.r1);
+    for (int k0 = t.s, kb = 0; k0 < t.e; k0 += Bc, ++kb) {
+      const TileRange r{t.r0, t.r1, k0, std::min(n, k0 + Bc)};
+      TileKind k = pol.classify(0, 0, r);
+      if (k == TileKind::full && k0 + Bc > t.e) k = TileKind::partial;  // keys past the document
+      m.kinds[std::size_t(q) * m.tk + kb] = k;
+      if (k == TileKind::full) {
+        m.full[std::size_t(q) * m.tk + m.n_full[q]++] = k0;
+        pairs += double(t.r1 - t.r0) * Bc;
+      } else if (k == TileKind::partial) {
+        m.part[std::size_t(q) * m.tk + m.n_part[q]++] = k0;
+        for (int i = r.i0; i < r.i1; ++i)
+          for (int j = r.j0; j < r.j1; ++j) pairs += pol.keep(0, 0, i, j);
+      }
+    }
+  }
+  m.kept_pairs = pairs * heads;
+  m.order.resize(std::size_t(heads) * m.tq);
+  std::iota(m.order.begin(), m.order.end(), 0);
+  auto work = [&](int t) { return m.n_full[t % m.tq] + m.n_part[t % m.tq]; };
+  std::stable_sort(m.order.begin(), m.order.end(), [&](int a, int c) { return work(a) > work(c); });
   return m;
 }
 

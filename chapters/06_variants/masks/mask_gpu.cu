@@ -36,6 +36,7 @@ const char* hopper_step_file(int step) {
     case 0: return "steps/hopper_mask.cu";
     case 1: return "steps/v1_two_q_buffers.cu";
     case 2: return "steps/v2_tile_overlap.cu";
+    case 3: return "steps/v3_document_tiles.cu";
   }
   return "?";
 }
@@ -49,10 +50,12 @@ DevStrides dev(const Strides& s) { return {s.batch, s.head, s.row}; }
 
 /// The block map in device memory (forward or backward lists).
 struct DeviceMap {
-  DeviceBuffer<int> n_part, part, n_full, full, order;
+  DeviceBuffer<int> n_part, part, n_full, full, order, q_row0, q_row1;
   DevMap view(const BlockMap& m, bool backward) const {
+    const bool docs = !backward && !m.q_row0.empty();  // a document map: its tiles' rows
     return {n_part.get(), part.get(), n_full.get(), full.get(), order.get(), backward ? m.tk : m.tq,
-            backward ? m.tq : m.tk, m.map_batch, m.map_heads};
+            backward ? m.tq : m.tk, m.map_batch, m.map_heads, docs ? q_row0.get() : nullptr,
+            docs ? q_row1.get() : nullptr};
   }
 };
 
@@ -70,6 +73,8 @@ DeviceMap upload_map(const BlockMap& m, bool backward) {
   d.n_full = upload(backward ? m.q_n_full : m.n_full);
   d.full = upload(backward ? m.q_full : m.full);
   d.order = upload(m.order);
+  d.q_row0 = upload(m.q_row0);
+  d.q_row1 = upload(m.q_row1);
   return d;
 }
 
@@ -92,8 +97,11 @@ DevicePolicyData upload_policy_data(const MaskSpec& s) {
 GpuMaskForward mask_forward_gpu(const Problem& p, const MaskSpec& s, const TokenLayout& layout, const AttnInputs& in,
                                 GpuPath path, bool time, const GpuForwardOptions& opt) {
   const bool hopper = path == GpuPath::sm90a;
-  const BlockMap map = hopper ? build_block_map(s, p, hopper_mask::Br, hopper_mask::Bc)
-                              : build_block_map(s, p, ampere_mask::Br, ampere_mask::Bc);
+  // sm90a from v3 on: documents are tiled from each document's start (the document map).
+  const bool doc_tiles = hopper && opt.hopper_step >= 3 && s.kind == MaskKind::document && p.batch == 1 && p.nq == p.nk;
+  const BlockMap map = doc_tiles ? build_document_block_map(s, p, hopper_v3::Br, hopper_v3::Bc)
+                       : hopper  ? build_block_map(s, p, hopper_mask::Br, hopper_mask::Bc)
+                                 : build_block_map(s, p, ampere_mask::Br, ampere_mask::Bc);
   const DeviceTensor q = DeviceTensor::from_host(in.q, p.dtype), k = DeviceTensor::from_host(in.k, p.dtype),
                      v = DeviceTensor::from_host(in.v, p.dtype);
   DeviceTensor o(p.dtype, p.o_elems());
@@ -116,7 +124,8 @@ GpuMaskForward mask_forward_gpu(const Problem& p, const MaskSpec& s, const Token
   const std::function<void()> hopper_run = !hopper              ? nullptr
                                            : opt.hopper_step == 0 ? hopper_mask::prepare(f, s, p, pd.view(), 0)
                                            : opt.hopper_step == 1 ? hopper_v1::prepare(f, s, p, pd.view(), 0)
-                                                                  : hopper_v2::prepare(f, s, p, pd.view(), 0);
+                                           : opt.hopper_step == 2 ? hopper_v2::prepare(f, s, p, pd.view(), 0)
+                                                                  : hopper_v3::prepare(f, s, p, pd.view(), 0);
   if (hopper && !hopper_run) throw std::runtime_error("no masked kernel for this problem");
   auto run = [&] {
     if (hopper) return hopper_run();

@@ -30,6 +30,10 @@ struct DevMap {
   const int* order;
   int outer, inner;          ///< blocks per list owner, and the list capacity
   int map_batch, map_heads;  ///< 1 when shared by every batch / head
+  /// A document map (sm90a v3; null for a grid map): the rows [q_row0, q_row1) of each
+  /// query tile, and lists that hold each key block's first key instead of its index.
+  const int* q_row0 = nullptr;
+  const int* q_row1 = nullptr;
   __device__ __forceinline__ int owner(int b, int h, int blk) const {
     return ((map_batch > 1 ? b : 0) * map_heads + (map_heads > 1 ? h : 0)) * outer + blk;
   }
@@ -84,8 +88,8 @@ std::function<void()> prepare(const FwdParams& p, const MaskSpec& s, const Probl
 bool available();
 constexpr int Br = 128, Bc = 128;
 }  // namespace hopper_mask
-/// The sm90a steps after it (steps/v1_two_q_buffers.cu, steps/v2_tile_overlap.cu): the
-/// same interface and tiles.
+/// The sm90a steps after it (steps/v1_two_q_buffers.cu, v2_tile_overlap.cu,
+/// v3_document_tiles.cu): the same interface and tiles.
 namespace hopper_v1 {
 bool available();
 bool launch(const FwdParams& p, const MaskSpec& s, const Problem& prob, const PolicyData& d, cudaStream_t st);
@@ -100,6 +104,13 @@ std::function<void()> prepare(const FwdParams& p, const MaskSpec& s, const Probl
                               cudaStream_t st);
 constexpr int Br = hopper_mask::Br, Bc = hopper_mask::Bc;
 }  // namespace hopper_v2
+namespace hopper_v3 {
+bool available();
+bool launch(const FwdParams& p, const MaskSpec& s, const Problem& prob, const PolicyData& d, cudaStream_t st);
+std::function<void()> prepare(const FwdParams& p, const MaskSpec& s, const Problem& prob, const PolicyData& d,
+                              cudaStream_t st);
+constexpr int Br = hopper_mask::Br, Bc = hopper_mask::Bc;
+}  // namespace hopper_v3
 namespace backward_mask {
 bool launch(const BwdParams& p, const MaskSpec& s, const Problem& prob, const PolicyData& d, cudaStream_t st);
 constexpr int Br = 64, Bc = 128;

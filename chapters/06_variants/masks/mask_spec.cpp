@@ -1,5 +1,7 @@
 #include "mask_spec.hpp"
 
+#include <stdexcept>
+
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -152,6 +154,15 @@ BlockMap build_block_map(const MaskSpec& s, const Problem& p, int Br, int Bc) {
   return visit_policy(s, p, d, [&](const auto& pol) {
     return build_block_map(pol, p.batch, p.heads, p.nq, p.nk, Br, Bc);
   });
+}
+
+BlockMap build_document_block_map(const MaskSpec& s, const Problem& p, int Br, int Bc) {
+  if (s.kind != MaskKind::document || p.batch != 1 || p.nq != p.nk)
+    throw std::invalid_argument("the document map is for document masking of one packed batch");
+  const std::vector<int> doc = doc_of_tokens(s.doc_lens);
+  Document pol;
+  pol.doc = doc.data(), pol.n = p.nq, pol.causal = s.causal;
+  return build_document_block_map(pol, cu_seqlens(s.doc_lens), p.heads, Br, Bc);
 }
 
 double mask_flops_forward(const MaskSpec& s, const Problem& p, const BlockMap& m) {

@@ -80,6 +80,9 @@ decltype(auto) visit_policy(const MaskSpec& s, const Problem& p, const PolicyDat
 
 /// The block map of a spec at tile sizes Br x Bc (host data).
 BlockMap build_block_map(const MaskSpec& s, const Problem& p, int Br, int Bc);
+/// Document masking, one packed batch: the document map (tiles from each document's
+/// start, block_map.hpp), which the sm90a step v3 walks.
+BlockMap build_document_block_map(const MaskSpec& s, const Problem& p, int Br, int Bc);
 
 /// The fp64 reference's view of a mask: written from the definitions directly (not
 /// through the policies), so the reference checks the policies too. Give it to

@@ -35,8 +35,8 @@ namespace {
 
 /// The mask options that take text (the shared Cli parses numbers and choices only).
 struct TextOptions {
-  std::string window, doc_lens, softcap, svg, windows;
-  bool window_set = false, doc_lens_set = false, softcap_set = false, windows_set = false;
+  std::string window, doc_lens, softcap, svg, windows, hopper_steps;
+  bool window_set = false, doc_lens_set = false, softcap_set = false, windows_set = false, hopper_steps_set = false;
   std::string error;  // reported as a UsageError once the Cli has parsed the rest
 };
 
@@ -51,7 +51,7 @@ std::vector<char*> take_text_options(int argc, char** argv, TextOptions* t) {
     }
     std::string* target = arg == "--window" ? &t->window : arg == "--doc-lens" ? &t->doc_lens
                         : arg == "--softcap" ? &t->softcap : arg == "--svg" ? &t->svg
-                        : arg == "--windows" ? &t->windows : nullptr;
+                        : arg == "--windows" ? &t->windows : arg == "--hopper-step" ? &t->hopper_steps : nullptr;
     if (a == 0 || !target) {
       rest.push_back(argv[a]);
       continue;
@@ -68,6 +68,7 @@ std::vector<char*> take_text_options(int argc, char** argv, TextOptions* t) {
     if (arg == "--doc-lens") t->doc_lens_set = true;
     if (arg == "--softcap") t->softcap_set = true;
     if (arg == "--windows") t->windows_set = true;
+    if (arg == "--hopper-step") t->hopper_steps_set = true;
   }
   return rest;
 }
@@ -90,7 +91,8 @@ struct MaskArgs {
   bool alone = false;          ///< document: also run each document alone
   int check_mflops = 4000;     ///< the fp64 check's budget per variant, in MFLOPs (sampled rows)
   std::string gpu_path = "all";  ///< sm80, sm90a or all (the forwards; the backward follows --no-backward)
-  int hopper_step = kHopperSteps - 1;  ///< which sm90a step runs (mask_gpu.hpp: 0 hopper_mask.cu, ...)
+  std::vector<int> hopper_steps = {kHopperSteps - 1};  ///< the sm90a steps that run (mask_gpu.hpp: 0 hopper_mask.cu, ...)
+  int ctas = 0;                ///< sm90a: thread blocks of the persistent grid (0: one per SM)
   TextOptions text;
 };
 
@@ -215,12 +217,17 @@ void run_variant(const MaskSpec& spec, const Problem& user, const Options& opt, 
   }
 #if TUTORIAL_HAVE_CUDA
   if (dev) {
-    for (const GpuPath path : {GpuPath::sm80, GpuPath::sm90a, GpuPath::backward}) {
-      if (path == GpuPath::backward && a.no_backward) continue;
-      if (path == GpuPath::sm80 && a.gpu_path == "sm90a") continue;
-      if (path == GpuPath::sm90a && a.gpu_path == "sm80") continue;
+    // The forward kernels to run: sm80, each sm90a step asked for, the backward.
+    std::vector<std::pair<GpuPath, int>> runs;
+    if (a.gpu_path != "sm90a") runs.push_back({GpuPath::sm80, 0});
+    if (a.gpu_path != "sm80")
+      for (int step : a.hopper_steps) runs.push_back({GpuPath::sm90a, step});
+    if (!a.no_backward) runs.push_back({GpuPath::backward, 0});
+    for (const auto& [path, step] : runs) {
       ResultRow row;
       row.impl = name + ": " + gpu_path_name(path);
+      // Several sm90a steps: one row each, named by step (one step: "sm90a forward").
+      if (path == GpuPath::sm90a && a.hopper_steps.size() > 1) row.impl += ", step " + std::to_string(step);
       row.device = "cuda";
       row.flops = path == GpuPath::backward ? 2.5 * fwd_flops : fwd_flops;
       row.bound = Bound::compute;
@@ -254,12 +261,13 @@ void run_variant(const MaskSpec& spec, const Problem& user, const Options& opt, 
         }
       } else {
         GpuForwardOptions fo;
-        fo.hopper_step = a.hopper_step;
+        fo.hopper_step = step;
+        fo.ctas = a.ctas;
         const GpuMaskForward f = mask_forward_gpu(p, spec, layout, lin, path, !a.no_time, fo);
         row.set_check(oracle.judge(from_layout(f.o, p.heads, p.nq, p.dv, layout.packed), &f.lse));
         if (!a.no_time) row.set_time(f.time_ms);
         row.note = fmt("%.0f", f.tiles) + " tiles visited";
-        if (path == GpuPath::sm90a) row.note += std::string(", ") + hopper_step_file(a.hopper_step);
+        if (path == GpuPath::sm90a) row.note += std::string(", ") + hopper_step_file(step);
         // The kernel's own count: Q read once per query block, K and V once per visited tile, O and LSE written once.
         const double e = dtype_bytes(p.dtype), bc = path == GpuPath::sm80 ? ampere_tile_keys() : hopper_tile_keys();
         row.hbm_read_bytes = e * (double(p.q_elems()) + f.tiles * bc * (p.d + p.dv));
@@ -291,7 +299,9 @@ int mask_main(int argc, char** argv) {
   Cli cli(argv[0],
           "masks and score modifiers through one policy interface (keep / score / classify) and a block map.\n"
           "Text-valued mask options: --window L[,R] (window; L for sink), --doc-lens a,b,c (document),\n"
-          "--softcap C (softcap), --svg PATH (with --map). With no --mask: every variant at a small size.");
+          "--softcap C (softcap), --svg PATH (with --map), --hopper-step K[,K...] (the sm90a steps: 0 hopper_mask.cu,\n"
+          "1 v1_two_q_buffers.cu, 2 v2_tile_overlap.cu, 3 v3_document_tiles.cu; default 3). With no --mask: every\n"
+          "variant at a small size.");
   cli.defaults(defaults).head_dims({32, 64, 128}).dtypes({DType::bf16, DType::f16});
   cli.sram_default(224 * 1024);
   cli.add_choice("--mask", &a.mask, names, "the variant (default: every one)");
@@ -306,11 +316,16 @@ int mask_main(int argc, char** argv) {
   cli.add_int("--check-mflops", &a.check_mflops, "fp64 check budget per variant in MFLOPs (sampled rows) [4000]", 1);
   cli.add_flag("--alone", &a.alone, "document: also run each document alone (the cost the packed run should match)");
   cli.add_choice("--gpu-path", &a.gpu_path, {"all", "sm80", "sm90a"}, "which forward kernels run (default: all)");
-  cli.add_int("--hopper-step", &a.hopper_step,
-              "the sm90a forward's step: 0 hopper_mask.cu, 1 v1_two_q_buffers.cu, 2 v2_tile_overlap.cu [2]", 0,
-              kHopperSteps - 1);
+  cli.add_int("--ctas", &a.ctas, "sm90a: thread blocks of the persistent grid (0: one per SM) [0]", 0);
   return run_chapter(int(args.size()), args.data(), cli, [&](const Options& opt) {
     if (!a.text.error.empty()) throw UsageError(a.text.error);
+    if (a.text.hopper_steps_set) {
+      a.hopper_steps = parse_int_list("--hopper-step", a.text.hopper_steps);
+      for (int st : a.hopper_steps)
+        if (st < 0 || st >= kHopperSteps)
+          throw UsageError("--hopper-step: a step is in [0, " + std::to_string(kHopperSteps - 1) + "], got " +
+                           std::to_string(st));
+    }
     const bool explicit_mask = !a.mask.empty();
     std::vector<MaskSpec> specs;
     if (explicit_mask) {

@@ -20,7 +20,10 @@
 //      one turn; that tile's softmax is finished before this one's state starts (l never
 //      waits for P V), and its O is stored once its P V is done.
 //   3. The epilogue runs only for the block's last tile with work (consumer() looks ahead
-//      in the walk past tiles with no kept block); every other tile leaves it owed.
+//      in the walk past tiles with no kept block); every other tile leaves it owed, with
+//      O already rescaled by its last alpha. (Rescaling O inside the prologue's owed branch
+//      made ptxas serialize every wgmma of the kernel: warning C7518, "wgmma.mma_async
+//      instructions are serialized due to ... WG.DP in divergent path".)
 //   4. A tile with no kept block stores zeros from a state of its own (O holds the owed tile).
 //   5. The namespace (hopper_v2), for a step of its own.
 //
@@ -282,18 +285,20 @@ __device__ __forceinline__ void consumer_tile(const FwdParams& p, const Policy& 
 
   // Prologue: the first block of the list, S = Q_i K_j^T and its P. The block's first key
   // (col0) is read from the map before its GEMM is issued, so the load hides behind it.
-  // With a tile owed, its last P V goes out in the same turn (O_c = alpha O_c + P_c V_c).
+  // With a tile owed, its last P V goes out in the same turn (O_c += P_c V_c; O_c was
+  // rescaled when the tile was deferred: a rescale of the accumulator inside this branch
+  // made ptxas serialize every wgmma of the kernel, its warning C7518).
   int n = 0;
   int col0 = kv.block(0) * Bc;
+  float inv_l[2], lse[2];
   mbarrier_wait(&bar.full_k[ring.stage], ring.phase);
-  if (c.owed) mbarrier_wait(&bar.full_v[ring_v.stage], ring_v.phase);
-  my_turn();
-  wgmma_fence();
-#pragma unroll
-  for (int k = 0; k < D / 16; ++k) WgmmaSS<T, Bc>::mma(s, q_desc(k), k_desc(ring.stage, k), k > 0);
-  wgmma_commit();
   if (c.owed) {
-    rescale(o, alpha);
+    mbarrier_wait(&bar.full_v[ring_v.stage], ring_v.phase);
+    my_turn();
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < D / 16; ++k) WgmmaSS<T, Bc>::mma(s, q_desc(k), k_desc(ring.stage, k), k > 0);
+    wgmma_commit();
     fence_operand(o);
     wgmma_fence();
 #pragma unroll
@@ -302,26 +307,32 @@ __device__ __forceinline__ void consumer_tile(const FwdParams& p, const Policy& 
       WgmmaRS<T, D>::mma(o, a, v_desc(ring_v.stage, kk), 1);
     }
     wgmma_commit();
-  }
-  your_turn();
-  if (c.owed) {
+    your_turn();
     wgmma_wait<1>();  // S is ready; the owed P V is still running
-  } else {
-    wgmma_wait<0>();
-  }
-  fence_operand(s);
-  if (lane == 0) mbarrier_arrive(&bar.empty_k[ring.stage]);
-  float inv_l[2], lse[2];
-  if (c.owed) softmax.finish(scale_log2, inv_l, lse);  // the owed tile's l is complete
-  softmax = start;
-  mask(s, n, col0);
-  softmax.update(s, scale_log2, alpha);
-  if (c.owed) {
+    fence_operand(s);
+    if (lane == 0) mbarrier_arrive(&bar.empty_k[ring.stage]);
+    softmax.finish(scale_log2, inv_l, lse);  // the owed tile's l is complete (it never waits for P V)
+    softmax = start;
+    mask(s, n, col0);
+    softmax.update(s, scale_log2, alpha);
     wgmma_wait<0>();  // the owed tile's O is done
     fence_operand(o);
     if (lane == 0) mbarrier_arrive(&bar.empty_v[ring_v.stage]);
     store_o_ld<T>(p, c.b, c.h, c.row, lane, o, inv_l, lse);
     c.owed = false;
+  } else {
+    my_turn();
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < D / 16; ++k) WgmmaSS<T, Bc>::mma(s, q_desc(k), k_desc(ring.stage, k), k > 0);
+    wgmma_commit();
+    your_turn();
+    wgmma_wait<0>();
+    fence_operand(s);
+    if (lane == 0) mbarrier_arrive(&bar.empty_k[ring.stage]);
+    softmax = start;
+    mask(s, n, col0);
+    softmax.update(s, scale_log2, alpha);
   }
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
@@ -364,6 +375,7 @@ __device__ __forceinline__ void consumer_tile(const FwdParams& p, const Policy& 
   }
   if (lane == 0) mbarrier_arrive(qb::empty(smem, buf));  // every Q K^T of this tile is done
   if (!last) {  // the epilogue is owed to the next tile's prologue
+    rescale(o, alpha);  // O_c = alpha O_c now; the prologue adds P_c V_c
     c.owed = true;
     c.b = b, c.h = h, c.row[0] = row[0], c.row[1] = row[1];
     return;
