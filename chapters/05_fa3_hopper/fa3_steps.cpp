@@ -24,6 +24,7 @@ const char* step_name(Step s) {
     case Step::v15_fp8_lazy_rescale: return "v15 fp8 lazy rescaling";
     case Step::v16_causal_grid: return "v16 causal tiles as a grid";
     case Step::v17_causal_key_blocks: return "v17 causal key blocks";
+    case Step::v18_causal_blocks_registers: return "v18 causal key blocks, every head dim";
   }
   return "?";
 }

@@ -78,3 +78,5 @@ require(b10_consumer_offset.ptx "bar.arrive;bar.sync;cp.reduce.async.bulk.global
 # v17: v11 at d = 64 only, the causal kernel with key blocks of 192 too.
 require(v17_causal_key_blocks.ptx "wgmma.mma_async.sync.aligned.m64n192k16;ex2.approx;setmaxnreg")
 forbid(v17_causal_key_blocks.ptx "wgmma.mma_async.sync.aligned.m64n128k16")
+# v18: v17 at every head dim, the causal kernels with key blocks of 176 and 80 too.
+require(v18_causal_blocks_registers.ptx "wgmma.mma_async.sync.aligned.m64n192k16;wgmma.mma_async.sync.aligned.m64n176k16;wgmma.mma_async.sync.aligned.m64n80k16;setmaxnreg")

@@ -196,6 +196,19 @@ TEST_CASE("step 17 (causal key blocks of 192 at d = 64) at awkward shapes and wi
   check_step(Step::v17_causal_key_blocks, shape().heads(2).n(500).d(64).causal().dtype(DType::bf16), Dist::outliers);
 }
 
+TEST_CASE("step 18 (causal key blocks at every head dim) at awkward shapes, bf16 and fp16") {
+  require_hopper();
+  for (int d : {64, 128, 256})
+    for (DType t : {DType::bf16, DType::f16}) {
+      CAPTURE(d);
+      awkward_shapes(Step::v18_causal_blocks_registers, d, t);
+    }
+  // More tiles than SMs, diagonals crossing one and two key blocks of 176 and 80.
+  check_step(Step::v18_causal_blocks_registers, shape().batch(2).heads(8, 4).n(2100).d(128).causal().dtype(DType::bf16));
+  check_step(Step::v18_causal_blocks_registers, shape().heads(4).n(700, 1000).d(256).causal().dtype(DType::f16));
+  check_step(Step::v18_causal_blocks_registers, shape().heads(2).n(500).d(256).causal().dtype(DType::bf16), Dist::outliers);
+}
+
 TEST_CASE("step 13's tile counter is back at zero after every launch") {
   // The third of three launches of one prepared kernel, each with the outputs poisoned
   // first: a counter left past zero would leave tiles unwritten (NaN) or skip them.

@@ -9,10 +9,10 @@ Two Nsight Compute processes (`ncu --metrics gpu__time_duration.sum --clock-cont
 the GPU at its own clocks, the caches flushed before every profiled kernel, as the
 chapter's event timing flushes the L2) run
 
-  * a shell that starts the chapter binary once per (shape, step) with `--launch-only K`:
-    the step's kernel launched K times on inputs written on the device, nothing uploaded,
-    checked or timed (so a process takes a second, not the minutes of an fp64 check
-    under the profiler);
+  * a shell that starts the chapter binary once per shape with `--step all --launch-only
+    K`: every step's kernel launched K times on inputs written on the device, nothing
+    uploaded, checked or timed (a process takes seconds, not the minutes of an fp64
+    check under the profiler), the chosen steps' kernels profiled;
   * one Python process with PyTorch SDPA's cuDNN backend, K calls per shape (second, so
     that our durations are printed even if PyTorch's start runs out of time).
 
@@ -27,6 +27,7 @@ import argparse
 import csv
 import glob
 import io
+import re
 import os
 import shlex
 import shutil
@@ -50,7 +51,6 @@ for spec in sys.argv[2:]:
     del q, kk, v
 '''
 
-OURS = r"4ch05.*6kernelI"          # attn::ch05::vN::(anonymous)::kernel<...>, mangled
 PEER = r"sdpa|fmha|flash|cudnn"   # cuDNN's generated attention kernels
 
 
@@ -98,15 +98,18 @@ def main():
         d, c, steps = s.split(":")
         shapes.append((int(d), int(c), [int(x) for x in steps.split(",")], 2048 // int(d)))
 
-    cmds = []  # our processes: one line of the shell each, in the order of the table
+    # Our processes: one per shape (a process start under the profiler costs about 2 s), each
+    # launching every step built for the shape (`--step all`); the regex profiles the chosen ones.
+    cmds = []
     for d, c, steps, h in shapes:
-        for st in steps:
-            cmd = [a.bin, "--n", str(a.n), "--batch", str(b), "--heads", str(h), "--kv-heads", str(h), "--d", str(d),
-                   "--step", str(st), "--no-fp8-table", "--no-backward", "--launch-only", str(a.launches)]
-            cmds.append(" ".join(shlex.quote(x) for x in cmd + (["--causal"] if c else [])))
+        cmd = [a.bin, "--n", str(a.n), "--batch", str(b), "--heads", str(h), "--kv-heads", str(h), "--d", str(d),
+               "--step", "all", "--no-fp8-table", "--no-backward", "--launch-only", str(a.launches)]
+        cmds.append(" ".join(shlex.quote(x) for x in cmd + (["--causal"] if c else [])))
+    wanted = sorted({st for _, _, steps, _ in shapes for st in steps})
+    ours_regex = "4ch05(" + "|".join(f"{len('v' + str(st))}v{st}" for st in wanted) + r")[0-9]+_GLOBAL.*6kernelI"
     # Two profiler processes, ours first: if the peer's (PyTorch's start under the
     # profiler) runs out of time, our durations are still printed.
-    rows = ncu(["bash", "-c", "set -e\n" + "\n".join(cmds) + "\n"], OURS, a.timeout, f"{len(cmds)} processes")
+    rows = ncu(["bash", "-c", "set -e\n" + "\n".join(cmds) + "\n"], ours_regex, a.timeout, f"{len(cmds)} processes")
     if not a.no_peer:
         specs = [f"{b},{h},{a.n},{d},{c}" for d, c, _, h in shapes]
         rows += ncu([sys.executable, "-c", CUDNN, str(a.launches)] + specs, PEER, a.peer_timeout, "cuDNN")
@@ -142,9 +145,9 @@ def main():
         fl = 4.0 * b * h * a.n * a.n * d / (2 if c else 1)
         p = peer_ns[i] if peer_ns else None
         label = f"d={d} N={a.n} B={b} H={h}{' causal' if c else ''}"
+        proc = next(ours, None)
         for st in steps:
-            proc = next(ours, None)
-            ks = [t for _, t in proc[2]] if proc else []
+            ks = [t for k, t in proc[2] if re.search(f"4ch05{len('v' + str(st))}v{st}[0-9]", k)] if proc else []
             o = statistics.median(ks) if ks else None
             cells = [label, f"v{st}", f"{o / 1e3:.1f}" if o else "-", f"{p / 1e3:.1f}" if p else "-",
                      f"{p / o:.3f}" if o and p else "-", f"{fl / (o * 1e-9) / 1e12:.0f}" if o else "-",
