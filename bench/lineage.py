@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """./tutorial bench: every chapter's kernels next to the peers and the GPU's own ceilings, in one run.
 
-    ./tutorial bench                       the full sweep (the start line says how long: 10 minutes on
-                                           an H200, estimated from the measured pieces of --quick)
+    ./tutorial bench                       the full sweep (the start line says how long: 7.7 minutes on
+                                           an H200, estimated from the measured pieces; --plan lists them)
     ./tutorial bench --quick               fewer shapes (2.5 minutes on an H200, measured)
     ./tutorial bench --n 8192 --d 64,128   only these shapes (--mask causal|none|both, --no-backward)
     ./tutorial bench --chapters 04,05      only these chapters (and the peers on their shapes)
@@ -666,19 +666,21 @@ class Bench:
     #               rows (1.9 s for chapter 04 at N = 8K with one step; chapter 01 also allocates S, P)
     #   ROW_S       host time per reported kernel row: its uploads, its outputs copied back, converted
     #               and checked. Every tensor is 16K tokens x 2048 wide at every N, so it does not grow
-    #               with N: 0.39 s (chapter 05 at 8K causal, 33 rows, 12:32 UTC) with glibc's default
-    #               heap, which maps and zeroes each block above 32 MB anew (see HEAP_TUNABLES)
+    #               with N. With glibc's default heap, which maps and zeroes each block above 32 MB
+    #               anew, 0.39 s (chapter 05 at 8K causal, 12:32 UTC); with HEAP_TUNABLES the same
+    #               launch took 17.5 s instead of 30.0 s and chapter 04's 8.6 instead of 12.4 (14:36
+    #               UTC, one request), which this model meets with the values below
     #   GPU_S       the kernels' own runs (a check, 3 warm-ups, 20 repeats per row): seconds per
     #               forward FLOP summed over the chapter's rows (forward, backward), from the rows'
     #               times of the 12:32 run
     #   the backward's fp64 check: one KV group of 10 N^2 d FLOPs, in fp64 and the same-precision
-    #               yardstick, at 3e10 FLOP/s (6 s at N = 8K, d = 128; 23 s at 16K)
+    #               yardstick, at BWD_CHECK_FLOP_S (4.5 s at N = 8K, d = 128; 18 s at 16K)
     SETUP_S = {"01": 4, "03": 2, "04": 1.5, "05": 1.7}
-    ROW_S = {"01": 0.4, "03": 0.4, "04": 0.2, "05": 0.39}
-    ROW_S_DEFAULT = 0.4
-    ROWS = {"01": (2, 0), "03": (1, 1), "04": (9, 2), "05": (15, 18)}  # (forward, backward) rows
+    ROW_S = {"01": 0.25, "03": 0.25, "04": 0.09, "05": 0.25}
+    ROW_S_DEFAULT = 0.25
+    ROWS = {"01": (2, 0), "03": (1, 1), "04": (9, 2), "05": (16, 20)}  # (forward, backward) rows
     GPU_S = {"01": (7.2e-14, 0.0), "03": (1.1e-13, 2.8e-13), "04": (1.0e-13, 2.3e-14), "05": (2.5e-14, 1.5e-13)}
-    BWD_CHECK_FLOP_S = 3e10
+    BWD_CHECK_FLOP_S = 3.8e10
     PEERS_INIT_S = 2  # the first peer: PyTorch's CUDA start (the imports, 15-20 s, run in the background)
 
     def row_s(self, c):
@@ -744,7 +746,7 @@ class Bench:
         """Tasks in priority order: with --budget, what does not fit is left off the end.
         --quick: d = 128 at N = 8K, causal and not (chapter 03 at 2K), chapter 07's sweep,
         chapter 02's longest rows, chapter 06's masks and GQA; the full sweep: d = 128 at
-        N = 512 ... 16K, d = 64 and 256 at 2K and 8K, everything else."""
+        N = 512 ... 16K, d = 64 and 256 at 2K and 8K, the backward at 8K, everything else."""
         self._causal_only, self._peer_seen, self._peers_init_counted, self._peer_keys = {}, set(), False, set()
         q = self.a.quick
         self.prune_from = 8192 if q else 4096
@@ -756,7 +758,7 @@ class Bench:
                 extras.append(Task("ours", "ch07 decode sweep of the 8-bit caches", 15,
                                    lambda: self.decode_task("quant")))
         if "02" in self.chapters:
-            for sn in ([32768] if q else [4096, 8192, 16384, 32768]):
+            for sn in ([32768] if q else [4096, 32768]):  # short and long rows (6 s a launch)
                 extras.append(Task("ours", "ch02 softmax, rows of %d" % sn, 6, lambda sn=sn: self.softmax_task(sn)))
         if "06" in self.chapters:
             masks = ["--no-model"] + (["--mask", "causal"] if q else [])
@@ -783,25 +785,33 @@ class Bench:
             tasks += extras
             tasks += self.attention_group(128, 2048, False, ("03",), no_flex, no_flex)  # FA1: minutes at 8K
             return tasks
-        # d = 128 over every N; d = 64 and 256 at 2K and 8K; the backward at d = 128, N = 2K ... 8K and at
-        # d = 64, N = 8K.
-        # The binaries' set-up (inputs and the fp64 reference on the host) is 1.5-2 s a launch, the
-        # backward's fp64 check 6 s at N = 8K and 4x that at 16K (1 KV group of 10 N^2 d FLOPs).
+        # d = 128 over every N; d = 64 and 256 at 2K and 8K; the backward, FlexAttention and chapter 01
+        # where FULL_BWD, FULL_FLEX and FULL_CH01_N say (below, with what each choice saves).
         shapes = [(128, n, c) for n in FULL_N for c in (True, False)]
         shapes += [(d, n, c) for d in (64, 256) for n in (2048, 8192) for c in (True, False)]
         for i, (d, n, causal) in enumerate(shapes):
-            chs = ["04", "05"] + (["01"] if not causal and d == 128 else []) + \
+            chs = ["04", "05"] + (["01"] if not causal and d == 128 and n in self.FULL_CH01_N else []) + \
                   (["03"] if not causal and d == 128 and n <= 2048 else [])
-            # the backward at N = 2K ... 8K (its fp64 check grows as N^2: 23 s a launch at 16K; ask
-            # for --n 16384 to have it) and at d = 64, N = 8K
-            self._no_bwd = bool(self.a.no_backward) or not ((d == 128 and 2048 <= n <= 8192) or
-                                                            (d == 64 and n == 8192))
-            # FlexAttention compiles every shape anew (4-7 s): at N = 2K and 8K only
-            peers = PEERS if n in (2048, 8192) else [p for p in PEERS if p != "flex"]
-            tasks += self.attention_group(d, n, causal, chs, peers, peers)
+            self._no_bwd = bool(self.a.no_backward) or (d, n) not in self.FULL_BWD
+            peers = PEERS if (d, n) in self.FULL_FLEX else [p for p in PEERS if p != "flex"]
+            peers_bwd = PEERS if d == 128 and (d, n) in self.FULL_FLEX else [p for p in PEERS if p != "flex"]
+            tasks += self.attention_group(d, n, causal, chs, peers, peers_bwd)
             if i == 1:
                 tasks += extras
         return tasks
+
+    # The full sweep's choices, where a shape costs more than it teaches:
+    # the backward at these (d, N) only: its fp64 check grows as N^2 (23 s a launch at 16K; ask for
+    # --n 16384 to have it);
+    # the backward rows (20 of chapter 05's 36) and the check are most of a launch, and the peers'
+    # backward compiles per shape: at the papers' N = 8K, d = 64 and 128 (2K cost 29 s, 4K 25 s);
+    FULL_BWD = {(128, 8192), (64, 8192)}
+    # FlexAttention compiles every shape anew (2-5 s a pass): at d = 128, N = 2K and 8K, and at the
+    # other head dims at 8K only (forward only there);
+    FULL_FLEX = {(128, 2048), (128, 8192), (64, 8192), (256, 8192)}
+    # chapter 01 (naive: S and P in HBM, 4 s of set-up a launch) at 2K, 8K and 16K, where its S and P
+    # take 17 GB each.
+    FULL_CH01_N = {2048, 8192, 16384}
 
     # ----------------------------------------------------------------- run
     def meta(self, complete):
