@@ -15,7 +15,7 @@
 // What changes from v10: at d = 64 the softmax computes one exponential in four with
 // exp2_fma<4>() (fa3_common.cuh: a rounding FADD, a degree-4 polynomial in FFMA, an
 // integer add into the exponent field) instead of MUFU.EX2, through
-// softmax_update_two_pipes(), which is RowSoftmax::update with that one line changed
+// softmax_update_two_pipes(): RowSoftmax::update with its exponential policy Exp2TwoPipes
 // (kExpEvery<D>: 4 at d = 64, 0, i.e. MUFU alone, at d = 128 and 256).
 //
 // Why: an SM computes 16 exponentials a clock and about 2048 bf16 multiply-adds, so a
