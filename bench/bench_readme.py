@@ -7,7 +7,8 @@
                                                        from what the recorded run gives (CI runs this)
     ... --run bench/recorded/OTHER.json                use another recorded run (default: the newest)
     /usr/bin/python3 bench/bench_readme.py --record LOG  copy a run (results.json, or a GPU log holding it
-                                                       on one line) to bench/recorded/<gpu>-<date>-<HHMM>.json,
+                                                       on one line, as JSON or after BENCH_RESULTS_B64GZ as
+                                                       gzip+base64) to bench/recorded/<gpu>-<date>-<HHMM>.json,
                                                        then --write
 
 The recorded run is a results.json written by `./tutorial bench` on a GPU, copied to
@@ -121,6 +122,10 @@ def record(source):
             line = line.strip()
             if line.startswith("{") and '"rows"' in line and '"run"' in line:
                 res = json.loads(line)
+            elif line.startswith("BENCH_RESULTS_B64GZ "):  # the GPU requests' form: gzip, then base64
+                import base64
+                import gzip
+                res = json.loads(gzip.decompress(base64.b64decode(line.split(None, 1)[1])))
         if res is None:
             sys.exit("bench_readme: no results.json in %s" % source)
     for old in glob.glob(os.path.join(RECORDED, "*.json")):  # an older run named by its date only

@@ -377,6 +377,26 @@ class Modes(unittest.TestCase):
                                                                      "ch05-fwd"))
 
 
+class Record(unittest.TestCase):
+    def test_a_gpu_log_with_the_run_in_gzip_base64_is_recorded_whole(self):
+        import base64
+        import gzip
+        import json
+        import bench_readme
+        with tempfile.TemporaryDirectory() as d:
+            log = os.path.join(d, "bench.log")
+            with open(log, "w") as f:
+                f.write("ninja rc=0\nBENCH_RESULTS_B64GZ %s\ndone\n" % base64.b64encode(
+                    gzip.compress(json.dumps(load()).encode())).decode())
+            old, bench_readme.RECORDED = bench_readme.RECORDED, d
+            try:
+                path = bench_readme.record(log)
+            finally:
+                bench_readme.RECORDED = old
+            self.assertEqual(os.path.dirname(path), d)
+            self.assertEqual(read_json(path), load())
+
+
 class Recorded(unittest.TestCase):
     def test_readme_sections_match_the_recorded_run(self):
         import bench_readme
