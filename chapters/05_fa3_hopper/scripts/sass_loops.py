@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Local memory inside the main loops of chapter 05's kernels, from their SASS (no GPU).
 
-    cuobjdump -sass build/.../v11_two_pipe_exp.cu.o | python3 chapters/05_fa3_hopper/scripts/sass_loops.py
+    cuobjdump -sass build/.../v11_two_pipe_exp.cu.o | python3 chapters/05_fa3_hopper/scripts/sass_loops.py [--mix]
 
 For every kernel it prints the HGMMA / QGMMA count, the LDL / STL count in the whole
 kernel, and the LDL / STL inside its tensor-core loops: the address ranges closed by a
@@ -9,7 +9,8 @@ backward branch (`BRA` to a lower address) that contain a wgmma (HGMMA or QGMMA)
 no other such range (the key-block loops, not the persistent walk around them). The
 project's SASS check asks for wgmma in every main loop and no local memory there; local
 memory in a tile's set-up (outside those ranges) costs a few loads per tile, not per
-key block.
+key block. --mix adds the instructions of the key-block loop by opcode: what one key block
+costs a consumer thread in issue slots (a warp issues one instruction a clock).
 """
 import re
 import sys
@@ -26,6 +27,9 @@ def short(name):
     args = re.sub(r"EEEv14CUtensorMap.*|EEEv.*", "", m.group(3)[len("6kernelI"):])
     args = args.replace("13__nv_bfloat16", "bf16").replace("6__half", "fp16").replace("Li", " d=").replace("ELb", " causal=")
     return f"{m.group(2)}<{args}>"
+
+
+MIX = False
 
 
 def analyse(name, ins):
@@ -51,10 +55,22 @@ def analyse(name, ins):
     q = sum("QGMMA" in t for _, t in ins)
     print(f"HGMMA {h:4d}  QGMMA {q:4d}  LDL/STL {len(lmem):3d}  in wgmma loops {len(in_loop):3d}  "
           f"({len(mma_loops)} key-block loops)  {short(name)}")
+    if MIX:
+        for lo, hi in mma_loops:
+            ops = {}
+            for a, t in ins:
+                if lo <= a <= hi:
+                    op = re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0]
+                    ops[op] = ops.get(op, 0) + 1
+            top = sorted(ops.items(), key=lambda kv: -kv[1])
+            print(f"    loop 0x{lo:x}-0x{hi:x}: {sum(ops.values())} instructions: " +
+                  ", ".join(f"{k} {v}" for k, v in top[:14]))
     return len(in_loop)
 
 
 def main():
+    global MIX
+    MIX = "--mix" in sys.argv[1:]
     name, ins, bad = None, [], 0
     for line in sys.stdin:
         m = FUNC.search(line)
