@@ -45,7 +45,6 @@ struct DecodeGeometry {
   static constexpr int kStages8 = 3;                 ///< the same for an 8-bit cache (5 measured slower: NOTES.md)
   static constexpr int kRows = 16;                   ///< query rows per block (the MMA's M)
   static constexpr int kMinSplitKeys = 512;          ///< v2 never cuts a split shorter than this
-  static constexpr int kBlocks8 = 4;                 ///< v6: 8-bit blocks per SM (its launch bounds: <= 128 registers)
 };
 
 /// Shared memory of one decode block: kStages tiles of K and of V, bf16.
@@ -178,9 +177,8 @@ struct SplitPlan {
 /// Picks the split count: enough blocks to fill every SM, but never splits shorter
 /// than DecodeGeometry::kMinSplitKeys keys. `sms` is the GPU's SM count (132 on H200).
 /// `kv` sets the shared memory of a block, hence how many an SM holds.
-/// `blocks_per_sm` overrides the shared-memory count (v6's 8-bit blocks: kBlocks8).
 SplitPlan choose_splits(int batch, int kv_heads, int group, int max_len, int d, int sms,
-                        KvDtype kv = KvDtype::bf16, int blocks_per_sm = 0);
+                        KvDtype kv = KvDtype::bf16);
 inline SplitPlan choose_splits(const DecodeBatch& b, int sms) {
   return choose_splits(b.batch(), b.kv_heads, b.group(), b.max_len(), b.d, sms, b.kv_dtype);
 }

@@ -5,7 +5,7 @@
 ///        instantiated for d = 64 and 128 over paged and contiguous bf16 K/V, and for
 ///        d = 128 over 8-bit pages (PagedKv8, FP8 and INT8); and `gpu::v4::launch`
 ///        (steps/v4_codes_to_fragments.cu) and `gpu::v5::launch` (steps/v5_table_lookahead.cu),
-///        for paged K/V only; `gpu::v6::launch` (steps/v6_four_blocks8.cu), for 8-bit pages only.
+///        for paged K/V only; `gpu::v6::launch` (steps/v6_lazy_rescale.cu), for 8-bit pages only.
 #pragma once
 
 #include "decode_tile.cuh"
@@ -43,7 +43,7 @@ void launch(const DecodeParams& p, const Kv& kv, int batch, int kv_heads);
 }  // namespace v5
 
 namespace v6 {
-/// v5 with four 8-bit blocks per SM (launch bounds: <= 128 registers); 8-bit pages only.
+/// v5 with O rescaled only when a row maximum grew; 8-bit pages only.
 template <int D, class Kv>
 void launch(const DecodeParams& p, const Kv& kv, int batch, int kv_heads);
 }  // namespace v6

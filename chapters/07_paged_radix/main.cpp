@@ -210,11 +210,6 @@ void set_traffic(ResultRow& row, const DecodeTraffic& t) {
   row.extra_bytes = t.partial_write;  // v2's partial states
 }
 
-/// v6's split count: the heuristic for four 8-bit blocks per SM (DecodeGeometry::kBlocks8).
-SplitPlan v6_plan(const DecodeBatch& b, int sms) {
-  return choose_splits(b.batch(), b.kv_heads, b.group(), b.max_len(), b.d, sms, b.kv_dtype, DecodeGeometry::kBlocks8);
-}
-
 #if TUTORIAL_HAVE_CUDA
 /// The README's bandwidth table: every kernel on each shape, checked against the
 /// fp64 reference (sampled at these sizes), then timed.
@@ -232,15 +227,12 @@ int run_sweep(const Options& opt, const DecodeOptions& dopt, const DeviceInfo& d
     b.kv_dtype = c.kv;
     const SplitPlan plan = choose_splits(b, dev.sms);
     const int v2_splits = std::max(2, dopt.splits > 0 ? dopt.splits : plan.splits);
-    // v6 runs four 8-bit blocks per SM: its own split count.
-    const int v6_splits = std::max(2, dopt.splits > 0 ? dopt.splits : v6_plan(b, dev.sms).splits);
     const bool contiguous = c.page_size == 16 && c.kv == KvDtype::bf16 && dopt.sweep_set == "all";
     res.kv_bytes = b.kv_bytes();
     res.tokens = b.total_tokens();
     res.plan_splits = plan.splits;
     res.plan_why = plan.why;
-    require_device_memory(dev, GpuDecoder::device_bytes(b, std::max(v2_splits, v6_splits), contiguous),
-                          "the decode sweep");
+    require_device_memory(dev, GpuDecoder::device_bytes(b, v2_splits, contiguous), "the decode sweep");
     const std::vector<float> q = make_queries(b, opt.seed, opt.dist);
     GpuDecoder gpu(b, q, KvContents{opt.seed, opt.dist, nullptr});  // the device fills (and quantises) the pool
     // An 8-bit pool's scales come from the device (a GPU test holds them equal to pool_scales()).
@@ -258,7 +250,7 @@ int run_sweep(const Options& opt, const DecodeOptions& dopt, const DeviceInfo& d
     // v4 changes the 8-bit path only (for bf16 it is v3's code): on 8-bit pools and the quant set's bf16 rows.
     if (kv_quantised(c.kv) || dopt.sweep_set == "quant") runs.push_back({DecodeKernel::v4, v2_splits, KvLayout::paged});
     runs.push_back({DecodeKernel::v5, v2_splits, KvLayout::paged});  // v4 with the table entries read ahead
-    if (kv_quantised(c.kv)) runs.push_back({DecodeKernel::v6, v6_splits, KvLayout::paged});
+    if (kv_quantised(c.kv)) runs.push_back({DecodeKernel::v6, v2_splits, KvLayout::paged});  // lazy rescale
     if (contiguous)
       runs.insert(runs.end(), {{DecodeKernel::v1, 1, KvLayout::contiguous}, {DecodeKernel::v2, v2_splits, KvLayout::contiguous}});
     for (const Run& r : runs) {
@@ -338,7 +330,7 @@ int run_decode(int argc, char** argv, bool dry = false) {
     }
     Report rep;
     rep.chapter = kChapter;
-    rep.title = std::string("decode over a paged KV cache: v1, split-K v2, fused-combine v3, codes-to-fragments v4, table lookahead v5, four 8-bit blocks v6; K/V ") + kv_dtype_name(kv_dtype);
+    rep.title = std::string("decode over a paged KV cache: v1, split-K v2, fused-combine v3, codes-to-fragments v4, table lookahead v5, lazy rescale v6; K/V ") + kv_dtype_name(kv_dtype);
     const auto dev = select_device(opt.device, &rep.mode);
     if (dopt.sweep) {
 #if TUTORIAL_HAVE_CUDA
@@ -362,7 +354,6 @@ int run_decode(int argc, char** argv, bool dry = false) {
     const int sms = dopt.sms > 0 ? dopt.sms : dev ? dev->sms : kDefaultSms;
     const SplitPlan plan = choose_splits(b, sms);
     const int v2_splits = std::max(2, dopt.splits > 0 ? dopt.splits : plan.splits);
-    const int v6_splits = std::max(2, dopt.splits > 0 ? dopt.splits : v6_plan(b, sms).splits);
     const std::vector<float> q = make_queries(b, opt.seed, opt.dist);
     // An 8-bit pool: the scales of its pages, computed on the host as the device does.
     const KvScales scales = pool_scales(b, opt.seed, opt.dist);
@@ -401,7 +392,7 @@ int run_decode(int argc, char** argv, bool dry = false) {
 #if TUTORIAL_HAVE_CUDA
     if (dev) {
       if (!decode_head_dim_supported(b.d)) throw UsageError("the decode kernels support head dims 64 and 128");
-      require_device_memory(*dev, GpuDecoder::device_bytes(b, std::max(v2_splits, v6_splits), true), "the decode batch");
+      require_device_memory(*dev, GpuDecoder::device_bytes(b, v2_splits, true), "the decode batch");
       if (opt.bench) rep.ceilings = measure_ceilings(DType::bf16);
       rep.device = dev->name;
       GpuDecoder gpu(b, q, KvContents{opt.seed, opt.dist, nullptr});
@@ -422,7 +413,7 @@ int run_decode(int argc, char** argv, bool dry = false) {
                                {"v4 paged, S=" + std::to_string(v2_splits), DecodeKernel::v4, v2_splits, KvLayout::paged},
                                {"v5 paged, S=" + std::to_string(v2_splits), DecodeKernel::v5, v2_splits, KvLayout::paged}};
       if (kv_quantised(b.kv_dtype))
-        runs.push_back({"v6 paged, S=" + std::to_string(v6_splits), DecodeKernel::v6, v6_splits, KvLayout::paged});
+        runs.push_back({"v6 paged, S=" + std::to_string(v2_splits), DecodeKernel::v6, v2_splits, KvLayout::paged});
       if (!kv_quantised(b.kv_dtype))
         runs.insert(runs.end(),
                     {{"v1 contiguous", DecodeKernel::v1, 1, KvLayout::contiguous},

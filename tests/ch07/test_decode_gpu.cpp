@@ -16,7 +16,7 @@ using namespace attn::ch07;
 namespace {
 
 /// Runs every kernel on the batch and checks each against the reference: v1 for a
-/// split count of 1, v2, v3 and v4 (paged only) for the others; an 8-bit batch paged only, after its
+/// split count of 1, v2-v6 for the others (v4-v6 paged only, v6 8-bit only); an 8-bit batch paged only, after its
 /// device scales are compared with the host's.
 void check_kernels(const DecodeBatch& b, const std::vector<int>& splits, Dist dist = Dist::normal,
                    uint64_t seed = 7, bool contiguous = true) {
@@ -35,9 +35,12 @@ void check_kernels(const DecodeBatch& b, const std::vector<int>& splits, Dist di
   for (KvLayout layout : {KvLayout::paged, KvLayout::contiguous}) {
     if (layout == KvLayout::contiguous && !contiguous) continue;
     for (int s : splits)
-      for (DecodeKernel k : {DecodeKernel::v1, DecodeKernel::v2, DecodeKernel::v3, DecodeKernel::v4}) {
+      for (DecodeKernel k : {DecodeKernel::v1, DecodeKernel::v2, DecodeKernel::v3, DecodeKernel::v4, DecodeKernel::v5,
+                             DecodeKernel::v6}) {
         if ((k == DecodeKernel::v1) != (s == 1)) continue;
-        if (k == DecodeKernel::v4 && layout == KvLayout::contiguous) continue;  // v4 reads pages only
+        const bool pages_only = k == DecodeKernel::v4 || k == DecodeKernel::v5 || k == DecodeKernel::v6;
+        if (pages_only && layout == KvLayout::contiguous) continue;
+        if (k == DecodeKernel::v6 && !kv_quantised(b.kv_dtype)) continue;  // v6 is the 8-bit path only
         CAPTURE(layout_name(layout));
         CAPTURE(kernel_name(k));
         CAPTURE(s);
@@ -154,19 +157,19 @@ TEST_CASE("decode kernels, bf16 and 8-bit: page sizes 1, 16, 256, L not a multip
   }
 }
 
-TEST_CASE("v3 and v4 reset their arrival counters: steps in a row, and after v2, give the right answer") {
+TEST_CASE("v3, v4 and v5 reset their arrival counters: steps in a row, and after v2, give the right answer") {
   const DecodeBatch b = build_batch(32, 8, 128, 16, {5000, 17, 4097}, 0, 41);
   const std::vector<float> q = make_queries(b, 41, Dist::normal);
   const KvContents kv{41, Dist::normal, nullptr};
   const DecodeOracle oracle(b, q, kv, true);
   GpuDecoder gpu(b, q, kv);
   for (int rep = 0; rep < 3; ++rep)
-    for (DecodeKernel k : {DecodeKernel::v3, DecodeKernel::v2, DecodeKernel::v4, DecodeKernel::v3}) {
+    for (DecodeKernel k : {DecodeKernel::v3, DecodeKernel::v2, DecodeKernel::v4, DecodeKernel::v5, DecodeKernel::v3}) {
       const GpuDecodeOutput out = gpu.run(k, 9, KvLayout::paged);
       const CheckResult c = oracle.judge(out.o, out.lse);
       CHECK_MESSAGE(c.pass(), c.failures());
     }
-  for (DecodeKernel k : {DecodeKernel::v3, DecodeKernel::v4}) {
+  for (DecodeKernel k : {DecodeKernel::v3, DecodeKernel::v4, DecodeKernel::v5}) {
     CAPTURE(kernel_name(k));
     CHECK(gpu.time_ms(k, 9, KvLayout::paged) > 0);  // timing runs many steps back to back
     const GpuDecodeOutput out = gpu.run(k, 9, KvLayout::paged);
@@ -207,7 +210,8 @@ TEST_CASE("8-bit kernels read exactly what the block manager stored (scales grow
     const KvContents kv = pooled_contents(batch, &pools);
     const DecodeOracle oracle(batch, q, kv, true);
     GpuDecoder gpu(batch, q, kv);
-    for (DecodeKernel kk : {DecodeKernel::v1, DecodeKernel::v2, DecodeKernel::v3, DecodeKernel::v4}) {
+    for (DecodeKernel kk : {DecodeKernel::v1, DecodeKernel::v2, DecodeKernel::v3, DecodeKernel::v4, DecodeKernel::v5,
+                            DecodeKernel::v6}) {
       const GpuDecodeOutput out = gpu.run(kk, 3, KvLayout::paged);
       const CheckResult r = oracle.judge(out.o, out.lse);
       CHECK_MESSAGE(r.pass(), r.failures());
@@ -221,4 +225,21 @@ TEST_CASE("timing gives a positive median") {
   GpuDecoder gpu(b, q, KvContents{1, Dist::normal, nullptr});
   CHECK(gpu.time_ms(1, KvLayout::paged) > 0);
   CHECK(gpu.time_ms(4, KvLayout::contiguous) > 0);
+}
+
+TEST_CASE("v6 skips only multiplies by exactly 1: its output is v5's, bit for bit") {
+  for (KvDtype t : {KvDtype::fp8, KvDtype::int8}) {
+    CAPTURE(kv_dtype_name(t));
+    DecodeBatch b = build_batch(32, 8, 128, 16, {4000, 17, 1, 2100}, 0, 51);
+    b.kv_dtype = t;
+    const std::vector<float> q = make_queries(b, 51, Dist::outliers);
+    GpuDecoder gpu(b, q, KvContents{51, Dist::outliers, nullptr});
+    const GpuDecodeOutput v5 = gpu.run(DecodeKernel::v5, 3, KvLayout::paged);
+    const GpuDecodeOutput v6 = gpu.run(DecodeKernel::v6, 3, KvLayout::paged);
+    REQUIRE(v5.o.size() == v6.o.size());
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < v5.o.size(); ++i) differ += v5.o[i] != v6.o[i];
+    CHECK(differ == 0);
+    CHECK(v5.lse == v6.lse);
+  }
 }

@@ -6,25 +6,27 @@
 //   steps/v3_fused_combine.cu       v3: the merge done by the last split to finish, in the same kernel
 //   steps/v4_codes_to_fragments.cu  v4: 8-bit codes straight from the stage into MMA fragments
 //   steps/v5_table_lookahead.cu     v5: block-table entries fetched ahead of the loads that need them
-//   steps/v6_four_blocks8.cu        <- this file: v6, four 8-bit blocks per SM
+//   steps/v6_lazy_rescale.cu        <- this file: v6, O rescaled only when a maximum grew (8-bit)
 //
-// An 8-bit v5 block needs 49.5 KB of shared memory, so four would fit an SM (228 KB),
-// but its launch bounds ask for three, and ptxas spends the registers that allows (up
-// to 170 a thread; 4 blocks x 128 threads need <= 128): 12 warps, each block with two
-// 16 KB tiles in flight, 96 KB per SM (bf16: two blocks, 128 KB). The 8-bit loop is
-// latency-bound (NOTES.md), so it wants more warps and more bytes in flight, and a
-// fourth block gives both: 16 warps and 128 KB.
+// After v4 and v5 the 8-bit loop is bound by its instructions and their latencies, not
+// by the memory (ncu at B = 8, L = 32K, FP8: DRAM 58% of peak, issue slots 52% busy,
+// about 680 instructions per warp per tile). 64 of them are the online softmax's
+// rescale of O, o[i] *= alpha, run on every tile. But alpha is exactly 1 when a row's
+// maximum did not change (frag_softmax.cuh computes it as 2^((m - m_new) c)), and in a
+// long split the maxima settle after a few tiles: the padding rows of the MMA (G = 4
+// query heads in 16 rows) never move, and a real row gets a new maximum in tile j with
+// probability about 1/j. v6 rescales O only when some lane of the warp has alpha != 1
+// (one vote, __any_sync: the branch is warp-uniform); otherwise the multiplies by
+// exactly 1 are skipped, with bit-identical results. (FA4 goes further and skips the
+// rescale until the maximum has grown by a threshold; that changes the arithmetic,
+// this does not.)
 //
-// v6 asks for it: kMinBlocks = kBlocks8 = 4 in the launch bounds of an 8-bit kernel
-// caps a thread at 128 registers (ptxas spills 76 bytes, outside the loop), and the
-// split count is chosen for four blocks per SM (choose_splits(..., kBlocks8): at B = 8,
-// GQA 32/8, 8 splits fill 512 of 528 slots where v4 and v5 take 6 for 396). The bf16
-// path would be v5's (two bf16 blocks per SM are set by shared memory, not registers),
-// so v6 is built for the 8-bit caches only.
+// The bf16 path is v5's: its loop is at the memory ceiling at B >= 8, and its rescale
+// lives in WarpDecode (decode_tile.cuh), which every step shares. So v6 is built for
+// the 8-bit caches only.
 //
-// Every change from v5: kMinBlocks (3 -> kBlocks8); the launcher's name and its
-// instantiations (8-bit only). The split count is the caller's: decode_gpu.cu's users
-// (main.cpp, the sweep) pass v6 its own plan.
+// Every change from v5: the vote before cuda::rescale in WarpCodes::tile; the
+// launcher's name and its instantiations (8-bit only).
 #include "common/cuda/check.cuh"
 #include "decode_steps.cuh"
 
@@ -205,7 +207,8 @@ struct WarpCodes : WarpDecode<D, __half> {
       if (8 * (i / 4) + Frag::c_col(lane, i % 4) >= valid) s[i] = neg_inf<float>();
     float alpha[2];
     softmax.update(s, c, alpha);
-    cuda::rescale(o, alpha);
+    // O rescaled only if some row's maximum grew (alpha is exactly 1 otherwise).
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) cuda::rescale(o, alpha);
     // P's column j times s_j / vsig, vsig the largest V scale so far (WarpDecode::tile).
     float sv[8], mx = vsig;
 #pragma unroll
@@ -353,9 +356,10 @@ __device__ __forceinline__ void merge_states(const DecodeParams& p, int b, int h
   }
 }
 
-/// Blocks per SM the launch bounds ask for: four 8-bit blocks (<= 128 registers).
+/// Blocks per SM the launch bounds ask for: an 8-bit block keeps v4's three (without
+/// the bound ptxas gives v5's 8-bit kernel 224 registers, and two blocks run per SM).
 template <class Kv>
-constexpr int kMinBlocks = kv_quantised(Kv::kDtype) ? Geo::kBlocks8 : 1;
+constexpr int kMinBlocks = kv_quantised(Kv::kDtype) ? 3 : 1;
 
 template <int D, class Kv>
 __global__ void __launch_bounds__(Geo::kThreads, kMinBlocks<Kv>) decode(DecodeParams p, Kv kv) {
