@@ -59,13 +59,13 @@ TEST_CASE("MLA absorbed decode kernel: every shape of the 16-row tile (ring4, ri
     const Oracle oracle(s, in);
     for (int v = 0; v < 3; ++v)
       for (int splits : {0, 1, 3, 6})
-        for (int combine : {kCombineAuto, kCombineSeparate}) {
+        for (int combine : {kCombineSeparate, kCombineFused}) {
           const MlaGpuResult g = mla_absorb_gpu(s, in, splits, false, v, kTile64Wgmma, combine);
           CAPTURE(s.describe());
           CAPTURE(g.what);
           CAPTURE(splits);
-          // up to 4 ranges the decode kernel merges them itself, unless asked not to
-          CHECK((g.what.find("fused") != std::string::npos) == (combine == kCombineAuto && g.splits <= 4));
+          // asked for, and with up to 4 ranges, the decode kernel merges them itself
+          CHECK((g.what.find("fused") != std::string::npos) == (combine == kCombineFused && g.splits <= 4));
           CHECK(oracle.pass(g.o, s.output().o_elems()));
         }
   }

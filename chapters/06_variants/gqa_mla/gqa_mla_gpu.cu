@@ -329,7 +329,7 @@ MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool 
   p.batch = s.batch, p.rows = rows, p.nq = s.nq, p.nk = s.nk, p.splits = splits, p.blocks_per_split = bps;
   p.scale_log2 = float(s.scale() * kLog2e);
   // The fused combine: the mma.sync kernels, at most kFuseMaxSplits ranges (mla_decode.cuh).
-  const bool fused = !wgmma && combine != kCombineSeparate && splits <= mla::kFuseMaxSplits;
+  const bool fused = !wgmma && combine == kCombineFused && splits <= mla::kFuseMaxSplits;
   DeviceBuffer<int> counters(fused ? std::size_t(s.batch) * tiles : 1);
   if (fused) {
     CUDA_CHECK(cudaMemset(counters.get(), 0, std::size_t(s.batch) * tiles * sizeof(int)));

@@ -62,18 +62,19 @@ struct MlaGpuResult {
 /// The 64-row tile's kernel: wgmma + TMA (mla_decode_sm90.cu; where hopper_ready(), else
 /// mma.sync) or mma.sync (mla_decode.cu) everywhere.
 constexpr int kTile64Wgmma = 0, kTile64Mma = 1;
-/// How the key ranges are merged: auto (fused into the mma.sync decode kernel, whose last
-/// range merges them, when there are at most 4; else a separate combine kernel), or always
-/// the separate combine kernel.
-constexpr int kCombineAuto = 0, kCombineSeparate = 1;
+/// How the key ranges are merged: by the separate combine kernel (the default), or fused into
+/// the mma.sync decode kernel, whose last range of a tile merges them (at most 4 ranges;
+/// otherwise, and on the wgmma tile, the separate kernel). Fused was measured slower on the
+/// H200 (chapter README): the last block's merge is a serial tail.
+constexpr int kCombineSeparate = 0, kCombineFused = 1;
 /// Absorbed decode. `splits` = 0 picks the split count from the SM count. Timed when `time`.
 /// `small_variant`: the 16-row tile's shape (mla_decode.cuh; 0 is the default); `tile64`:
 /// the 64-row tile's kernel.
 MlaGpuResult mla_absorb_gpu(const MlaShape& s, const MlaInputs& in, int splits, bool time, int small_variant = 0,
-                            int tile64 = kTile64Wgmma, int combine = kCombineAuto);
+                            int tile64 = kTile64Wgmma, int combine = kCombineSeparate);
 /// Absorbed decode timed on device-generated inputs (the sweeps).
 MlaGpuResult mla_absorb_bench(const MlaShape& s, int splits, int small_variant = 0, int tile64 = kTile64Wgmma,
-                              int combine = kCombineAuto);
+                              int combine = kCombineSeparate);
 /// The name of a 16-row tile shape: "ring4", "ring2x2", "wide".
 const char* small_variant_label(int small_variant);
 /// Decompressed form: K/V GEMMs (cuBLAS) and the packed Hopper forward with d = 192, dv = 128.

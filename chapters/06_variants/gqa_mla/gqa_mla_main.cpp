@@ -212,11 +212,11 @@ void mla_sweep(Report& rep, const Ceilings& ceil, int tile64, int only_heads) {
                       c.h, c.b, c.nk, gv.splits, gv.attn_ms, gb, 100 * gb / ceil.read_gbps.value_or(1));
         rep.notes.push_back(line);
       }
-    // The separate combine kernel where the sweep's row fused it (the same process).
-    if (g.what.find("fused") != std::string::npos) {
-      const MlaGpuResult gs = mla_absorb_bench(s, 0, 0, tile64, kCombineSeparate);
+    // The combine fused into the decode kernel where it can be (the same process).
+    if (c.h * s.nq <= 16 && g.splits <= 4) {
+      const MlaGpuResult gs = mla_absorb_bench(s, 0, 0, tile64, kCombineFused);
       const double gb = cost.cache_bytes / (gs.attn_ms * 1e-3) / 1e9;
-      std::snprintf(line, sizeof line, "  combine separate %3d %4d %6d  %6d  %8.4f  %10.1f  %11.1f%%", c.h, c.b, c.nk,
+      std::snprintf(line, sizeof line, "  combine fused %3d %4d %6d  %6d  %8.4f  %10.1f  %11.1f%%", c.h, c.b, c.nk,
                     gs.splits, gs.attn_ms, gb, 100 * gb / ceil.read_gbps.value_or(1));
       rep.notes.push_back(line);
     }
