@@ -288,6 +288,26 @@ TEST_CASE("document masking: documents of length 1, and 1000 documents in one pa
   }
 }
 
+TEST_CASE("the map's order puts the tiles with work first, and tiles_with_work() counts them") {
+  const Problem p = masked_problem(shape().heads(3).n(700, 300).d(64));  // rows 0-399 see no key
+  for (const MaskKind k : {MaskKind::causal, MaskKind::window, MaskKind::sink}) {
+    MaskSpec s;
+    s.kind = k;
+    s.causal = true;
+    finalize_spec(s, p);
+    const BlockMap m = build_block_map(s, p, 128, 128);
+    const int w = m.tiles_with_work();
+    CAPTURE(s.describe());
+    CHECK(w > 0);
+    CHECK(w < int(m.order.size()));  // some tiles have no kept block
+    for (std::size_t t = 0; t < m.order.size(); ++t) {
+      const int bh = m.order[t] / m.tq, qb = m.order[t] % m.tq;
+      const std::size_t f = std::size_t(m.map_of(bh / m.heads, bh % m.heads)) * m.tq + qb;
+      CHECK((m.n_full[f] + m.n_part[f] > 0) == (int(t) < w));
+    }
+  }
+}
+
 TEST_CASE("the document map: tiles from each document's start cover every kept pair once, partial only where needed") {
   for (const bool causal : {true, false})
     for (const std::vector<int>& lens : {std::vector<int>{300, 200, 1, 128, 129, 42},
@@ -351,6 +371,7 @@ TEST_CASE("the document map: tiles from each document's start cover every kept p
       CHECK(partial == alone_partial);
       CHECK(m.kept_tiles() == doctest::Approx(double(alone) * p.heads));
       CHECK(m.kept_pairs == doctest::Approx(build_block_map(s, p, Br, Bc).kept_pairs));
+      CHECK(m.tiles_with_work() == m.tq * p.heads);  // every query tile of a document has its diagonal
     }
 }
 

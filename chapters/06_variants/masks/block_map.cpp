@@ -16,6 +16,16 @@ double BlockMap::count(TileKind k) const {
   return n;
 }
 
+int BlockMap::tiles_with_work() const {
+  int n = 0;
+  for (const int t : order) {
+    const int bh = t / tq, qb = t % tq;
+    const std::size_t f = std::size_t(map_of(bh / heads, bh % heads)) * tq + qb;
+    n += n_full[f] + n_part[f] > 0;
+  }
+  return n;
+}
+
 std::string BlockMap::text(int b, int h, int max_cols) const {
   std::ostringstream s;
   const int cols = std::min(tk, max_cols);

@@ -68,6 +68,8 @@ struct BlockMap {
   double count(TileKind k) const;
   double total_tiles() const { return double(batch) * heads * tq * tk; }
   double kept_tiles() const { return count(TileKind::full) + count(TileKind::partial); }
+  /// Entries of `order` with at least one kept tile (they come first: heaviest first).
+  int tiles_with_work() const;
 
   /// keep / skip / partial per tile of (b, h) as text: '#' full, '+' partial, '.' skip.
   std::string text(int b = 0, int h = 0, int max_cols = 128) const;

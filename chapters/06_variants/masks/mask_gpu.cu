@@ -55,7 +55,7 @@ struct DeviceMap {
     const bool docs = !backward && !m.q_row0.empty();  // a document map: its tiles' rows
     return {n_part.get(), part.get(), n_full.get(), full.get(), order.get(), backward ? m.tk : m.tq,
             backward ? m.tq : m.tk, m.map_batch, m.map_heads, docs ? q_row0.get() : nullptr,
-            docs ? q_row1.get() : nullptr};
+            docs ? q_row1.get() : nullptr, backward ? 0 : m.tiles_with_work()};
   }
 };
 

@@ -34,6 +34,8 @@ struct DevMap {
   /// query tile, and lists that hold each key block's first key instead of its index.
   const int* q_row0 = nullptr;
   const int* q_row1 = nullptr;
+  /// Tiles with at least one kept block: the first n_work entries of `order` (heaviest first).
+  int n_work = 0;
   __device__ __forceinline__ int owner(int b, int h, int blk) const {
     return ((map_batch > 1 ? b : 0) * map_heads + (map_heads > 1 ? h : 0)) * outer + blk;
   }

@@ -19,8 +19,8 @@
 //   2. The prologue: with a tile owed, S of this tile's first block and the owed P V in
 //      one turn; that tile's softmax is finished before this one's state starts (l never
 //      waits for P V), and its O is stored once its P V is done.
-//   3. The epilogue runs only for the block's last tile with work (consumer() looks ahead
-//      in the walk past tiles with no kept block); every other tile leaves it owed, with
+//   3. The epilogue runs only for the block's last tile with work (the map's order puts
+//      the DevMap::n_work tiles with work first); every other tile leaves it owed, with
 //      O already rescaled by its last alpha. (Rescaling O inside the prologue's owed branch
 //      made ptxas serialize every wgmma of the kernel: warning C7518, "wgmma.mma_async
 //      instructions are serialized due to ... WG.DP in divergent path".)
@@ -413,19 +413,12 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const Policy& pol, 
   RingState<kStages> ring;   // the stage of K_j, running on from tile to tile
   int loaded = 0;            // tiles with work so far: the Q buffer and its phase
   Carry<D> c;
-  // Does tile (m, t) have work, and does a tile with work follow round r? (A tile with no
-  // kept block owes nothing. The scan past such tiles runs once per block: the map's order
-  // is heaviest first, so they come last.)
-  auto has_work = [&](int m, int t) { return key_list(p, t / p.heads, t % p.heads, m).n > 0; };
-  auto work_after = [&](int r) {
-    int m, t;
-    for (++r; walk.next(r, &m, &t); ++r)
-      if (has_work(m, t)) return true;
-    return false;
-  };
+  // Has the tile of round r work? The map's order is heaviest first, so the tiles with work
+  // are its first n_work entries: arithmetic, no load on the way into a tile.
+  auto work = [&](int r) { return snake_tile(walk.cta, r, walk.ctas) < p.map.n_work; };
   int m_block, bh;
   for (int round = 0; walk.next(round, &m_block, &bh); ++round) {
-    const bool last = has_work(m_block, bh) && !work_after(round);
+    const bool last = work(round) && !work(round + 1);
     consumer_tile<T, D>(p, pol, smem, m_block, bh, ring, loaded, c, last);
   }
   if (wg == 0) my_turn();  // warpgroup 1 takes back warpgroup 2's last hand-over
