@@ -143,7 +143,7 @@ def fig_chapter(res, rows, chapter, pss, out_dir):
     if not kernels:
         return None
     ns = {r["N"] for r in rows if r["kernel"] in kernels}
-    if len(ns) == 1:
+    if len(ns) == 1 or chapter == "06":  # chapter 06: variants and head groups, a panel each, not an N sweep
         return fig_chapter_bars(res, rows, chapter, pss, kernels, out_dir)
     dims = sorted({r["d"] for r in rows if r["kernel"] in kernels})
     fig, axes = plt.subplots(len(dims), 2, figsize=(11, 3.3 * len(dims) + 1.6), squeeze=False)
@@ -152,8 +152,11 @@ def fig_chapter(res, rows, chapter, pss, out_dir):
     for i, d in enumerate(dims):
         for j, causal in enumerate((False, True)):
             ax = axes[i][j]
+            # the papers' shapes only: no variant, every query head its own KV head (a GQA shape of
+            # chapter 06, with its peers, has its own plot)
             drawn = line_panel(ax, rows, lambda r: r.get("pass") == pss and r.get("d") == d and
-                               bool(r.get("causal")) == causal, kernels, colors, res)
+                               bool(r.get("causal")) == causal and not r.get("variant") and
+                               r.get("Hkv") == r.get("H"), kernels, colors, res)
             if gemm:
                 ax.axhline(gemm, color="#bbbbbb", lw=1, ls="-")
                 ax.text(0.01, gemm, " bf16 GEMM %.0f (same run)" % gemm, fontsize=7, va="bottom", color="#888888",
@@ -173,8 +176,11 @@ def fig_chapter(res, rows, chapter, pss, out_dir):
     title = {"fwd": "forward", "bwd": "backward"}[pss]
     fig.suptitle("Chapter %s, %s: every step and every peer, one run" % (chapter, title), y=1 - 0.12 / fig.get_size_inches()[1],
                  va="top", fontsize=11)
-    y = frame(fig, labels, ncol=min(6, len(labels)))
-    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, y), ncol=min(6, len(labels)), fontsize=8,
+    # as many columns as the figure's width holds at the longest label (8 pt: about 0.075 in a character)
+    width = fig.get_size_inches()[0]
+    ncol = max(1, min(6, len(labels), int(width / (0.075 * max(len(l) for l in labels) + 0.5))))
+    y = frame(fig, labels, ncol=ncol)
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, y), ncol=ncol, fontsize=8,
                frameon=False)
     footer(fig, res)
     path = os.path.join(out_dir, "tflops_ch%s_%s.png" % (chapter, pss))
@@ -187,11 +193,11 @@ def fig_chapter_bars(res, rows, chapter, pss, kernels, out_dir):
     """One N: a panel per shape (head dim, mask, and chapter 06's variants and GQA groups), a bar per
     kernel measured on it and per peer on the same shape."""
     all_k = bench_report.chapter_kernels(rows, chapter, pss)
-    n = next(r["N"] for r in rows if r["kernel"] in kernels)
-    mine = [r for r in rows if r.get("chapter") == chapter and r.get("pass") == pss and r.get("N") == n]
-    shapes = sorted({(r["d"], bool(r.get("causal")), r.get("variant") or "", r.get("H"), r.get("Hkv")) for r in mine},
-                    key=lambda k: (k[2] != "", k[2], k[0], k[1], -(k[4] or 0)))
-    ncol = min(3, len(shapes)) if len(shapes) > 2 else len(shapes)
+    mine = [r for r in rows if r.get("chapter") == chapter and r.get("pass") == pss]
+    shapes = sorted({(r["d"], bool(r.get("causal")), r.get("variant") or "", r.get("H"), r.get("Hkv"), r.get("N"),
+                      r.get("nk"))
+                     for r in mine}, key=lambda k: (k[2] != "", k[2], k[0], k[1], -(k[4] or 0), k[5] or 0))
+    ncol = 2 if len(shapes) == 4 else min(3, len(shapes))
     nrow = -(-len(shapes) // ncol)
     nbars = max(len([k for k in all_k if any(r["kernel"] == k and r.get("variant", "") == sh[2] for r in mine)])
                 for sh in shapes) + len(PEERS)
@@ -199,10 +205,10 @@ def fig_chapter_bars(res, rows, chapter, pss, kernels, out_dir):
                              squeeze=False)
     colors = kernel_colors(all_k, chapter)
     gemm = res.get("ceilings", {}).get("bf16_gemm_tflops")
-    for ax, (d, causal, variant, h, hkv) in zip(axes.flat, shapes):
-        def f(r, d=d, causal=causal, variant=variant, hkv=hkv):
-            return (r.get("pass") == pss and r.get("N") == n and r.get("d") == d and bool(r.get("causal")) == causal
-                    and (r.get("variant") or "") == variant and r.get("Hkv") == hkv)
+    for ax, (d, causal, variant, h, hkv, n, nk) in zip(axes.flat, shapes):
+        def f(r, d=d, causal=causal, variant=variant, hkv=hkv, n=n, nk=nk):
+            return (r.get("pass") == pss and r.get("N") == n and r.get("nk") == nk and r.get("d") == d and
+                    bool(r.get("causal")) == causal and (r.get("variant") or "") == variant and r.get("Hkv") == hkv)
         ks = [k for k in all_k if any(r["kernel"] == k and f(r) and r.get("status") != "unsupported" for r in rows)]
         if ks:
             bar_panel(ax, rows, f, ks, colors, gemm)
@@ -212,7 +218,8 @@ def fig_chapter_bars(res, rows, chapter, pss, kernels, out_dir):
                     fontsize=9, color="#aa0000")
             ax.set_xticks([])
             ax.set_yticks([])
-        title = "d = %d, N = %s, %s" % (d, n_label(n), "causal" if causal else "not causal")
+        title = "d = %d, N = %s%s, %s" % (d, n_label(n), "" if nk in (None, n) else ", context %s" % n_label(nk),
+                                          "causal" if causal else "not causal")
         if variant:
             title += ", " + variant
         if h and hkv and h != hkv:
@@ -259,9 +266,8 @@ def fig_lineage_lines(res, rows, out_dir):
         for j, causal in enumerate((False, True)):
             ax = axes[i][j]
             line_panel(ax, allrows, lambda r: r.get("pass") == "fwd" and r.get("d") == d and
-                       bool(r.get("causal")) == causal, kernels, colors, res,
-                       labels={k: "chapter %s (best step)" % k[2:4] for k in kernels})
-            ax.set_yscale("log")
+                       bool(r.get("causal")) == causal and not r.get("variant") and r.get("Hkv") == r.get("H"),
+                       kernels, colors, res, labels={k: "chapter %s (best step)" % k[2:4] for k in kernels})
             ax.set_title("d = %d, %s" % (d, "causal" if causal else "not causal"), fontsize=10)
             ax.set_ylabel("TFLOP/s")
             if i == len(dims) - 1:
