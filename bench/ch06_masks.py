@@ -53,9 +53,12 @@ def log(*a):
 
 # ----------------------------------------------------------------------------- ours
 
+OURS_EXTRA = []  # --hopper-step K: the sm90a step every run of ours uses (default: the binary's)
+
+
 def run_ours(binary, args, lock, timeout=120):
     """Runs `ch06_variants mask ... --json` holding the GPU lock; returns (report, error)."""
-    cmd = [binary, "mask"] + args + ["--device", "cuda", "--no-model", "--no-backward", "--json"]
+    cmd = [binary, "mask"] + args + ["--device", "cuda", "--no-model", "--no-backward", "--json"] + OURS_EXTRA
     try:
         with lock:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -357,6 +360,7 @@ def main():
     ap.add_argument("--check-mflops", type=int, default=1000, help="our fp64 check's budget per variant (sampled rows)")
     ap.add_argument("--budget", type=float, default=1e9, help="seconds: peers not done by then are reported so")
     ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--hopper-step", type=int, default=None, help="the sm90a step of ours (default: the binary's last)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds of the peers (median of the rounds)")
     ap.add_argument("--fake-peers", action="store_true", help="workers sleep instead of running torch (tries the orchestration)")
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: variants,sweep,docs")
@@ -366,6 +370,8 @@ def main():
     a = ap.parse_args()
     if a.plot:
         return plot(*a.plot)
+    if a.hopper_step is not None:
+        OURS_EXTRA.extend(["--hopper-step", str(a.hopper_step)])
     if a.table:
         line = open(a.table).read()
         print_table(json.loads(line[line.index("{"):]))
