@@ -198,7 +198,7 @@ struct Carry {
 template <class T, int D, class Policy>
 __device__ __forceinline__ void consumer_tile(const FwdParams& p, const Policy& pol, unsigned char* smem, int m_block,
                                               int bh, RingState<Config<D>::kStages>& ring, int& loaded, Carry<D>& c,
-                                              bool last) {
+                                              bool work, bool last) {
   constexpr int Bc = Config<D>::Bc, kStages = Config<D>::kStages;
   using Plan = SmemPlan<T, D, Bc, kStages, Bc, 2 * kBr>;
   const Barriers<kStages> bar(smem + Plan::kBars);
@@ -263,7 +263,7 @@ __device__ __forceinline__ void consumer_tile(const FwdParams& p, const Policy& 
     start.m[0] = start.m[1] = pol.sink(h) * float(kLog2e) / scale_log2;  // m is in score units
     start.l[0] = start.l[1] = lane % 4 == 0 ? 1.f : 0.f;
   }
-  if (kv.n == 0) {  // no kept block: O = 0, LSE = -inf (or the sink)
+  if (!work) {  // no kept block: O = 0, LSE = -inf (or the sink); known without kv's loads
     float zero[D / 2], inv_l[2], lse[2];
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) zero[i] = 0.f;
@@ -416,10 +416,15 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const Policy& pol, 
   // Has the tile of round r work? The map's order is heaviest first, so the tiles with work
   // are its first n_work entries: arithmetic, no load on the way into a tile.
   auto work = [&](int r) { return snake_tile(walk.cta, r, walk.ctas) < p.map.n_work; };
+  // The next tile's entry of the order is read while this tile runs (its first use is a
+  // round later), so no load waits on the way into a tile.
   int m_block, bh;
-  for (int round = 0; walk.next(round, &m_block, &bh); ++round) {
-    const bool last = work(round) && !work(round + 1);
-    consumer_tile<T, D>(p, pol, smem, m_block, bh, ring, loaded, c, last);
+  bool more = walk.next(0, &m_block, &bh);
+  for (int round = 0; more; ++round) {
+    int m_next = 0, bh_next = 0;
+    const bool more_next = walk.next(round + 1, &m_next, &bh_next);
+    consumer_tile<T, D>(p, pol, smem, m_block, bh, ring, loaded, c, work(round), work(round) && !work(round + 1));
+    more = more_next, m_block = m_next, bh = bh_next;
   }
   if (wg == 0) my_turn();  // warpgroup 1 takes back warpgroup 2's last hand-over
 }
