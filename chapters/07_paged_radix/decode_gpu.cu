@@ -7,6 +7,7 @@
 
 #include "common/cuda/buffer.cuh"
 #include "common/cuda/check.cuh"
+#include "common/cuda/hopper/tma.cuh"
 #include "common/cuda/timing.cuh"
 #include "common/errors.hpp"
 #include "kv_values.hpp"
@@ -24,6 +25,7 @@ const char* kernel_name(DecodeKernel k) {
     case DecodeKernel::v4: return "v4";
     case DecodeKernel::v5: return "v5";
     case DecodeKernel::v6: return "v6";
+    case DecodeKernel::v7: return "v7";
   }
   return "?";
 }
@@ -138,6 +140,22 @@ struct GpuDecoder::Impl {
     CUDA_CHECK_LAUNCH("gather_contiguous_kernel");
   }
 
+  /// v7's tensor maps over the 8-bit pools (made on first use).
+  std::unique_ptr<gpu::v7::CodeMaps> maps;
+  const gpu::v7::CodeMaps& code_maps() {
+    if (!maps) {
+      const DecodeBatch& b = batch;
+      const uint32_t box = uint32_t(std::min(b.page_size, 64));
+      const uint64_t outer = uint64_t(b.num_pages) * b.kv_heads;
+      maps = std::make_unique<gpu::v7::CodeMaps>();
+      maps->k = hopper::make_tensor_map_3d(k8.get(), CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, uint64_t(b.d),
+                                           uint64_t(b.page_size), outer, uint32_t(b.d), box);
+      maps->v = hopper::make_tensor_map_3d(v8.get(), CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, uint64_t(b.d),
+                                           uint64_t(b.page_size), outer, uint32_t(b.d), box);
+    }
+    return *maps;
+  }
+
   void ensure_partials(int splits) {
     if (splits <= part_splits) return;
     const std::size_t rows = std::size_t(batch.batch()) * batch.heads * splits;
@@ -175,6 +193,7 @@ struct GpuDecoder::Impl {
           if (kernel == DecodeKernel::v5) return gpu::v5::launch<D>(p, kv, b.batch(), b.kv_heads);
           if constexpr (kv_quantised(std::decay_t<decltype(kv)>::kDtype)) {
             if (kernel == DecodeKernel::v6) return gpu::v6::launch<D>(p, kv, b.batch(), b.kv_heads);
+            if (kernel == DecodeKernel::v7) return gpu::v7::launch<D>(p, kv, code_maps(), b.batch(), b.kv_heads);
           }
         }
         if (kernel == DecodeKernel::v3) gpu::v3::launch<D>(p, kv, b.batch(), b.kv_heads);
@@ -201,8 +220,8 @@ struct GpuDecoder::Impl {
     if (splits < 1) throw UsageError("the split count must be >= 1");
     if ((kernel == DecodeKernel::v4 || kernel == DecodeKernel::v5) && layout == KvLayout::contiguous)
       throw UsageError(std::string(kernel_name(kernel)) + " reads paged K/V only");
-    if (kernel == DecodeKernel::v6 && !kv_quantised(batch.kv_dtype))
-      throw UsageError("v6 is built for the 8-bit caches only (its bf16 path would be v5's)");
+    if ((kernel == DecodeKernel::v6 || kernel == DecodeKernel::v7) && !kv_quantised(batch.kv_dtype))
+      throw UsageError(std::string(kernel_name(kernel)) + " is built for the 8-bit caches only (its bf16 path would be v5's)");
     if (layout == KvLayout::contiguous) ensure_contiguous();
     if (kernel != DecodeKernel::v1) ensure_partials(splits);
     if (kernel != DecodeKernel::v1 && kernel != DecodeKernel::v2 && !arrivals.size()) {

@@ -5,8 +5,11 @@
 ///        instantiated for d = 64 and 128 over paged and contiguous bf16 K/V, and for
 ///        d = 128 over 8-bit pages (PagedKv8, FP8 and INT8); and `gpu::v4::launch`
 ///        (steps/v4_codes_to_fragments.cu) and `gpu::v5::launch` (steps/v5_table_lookahead.cu),
-///        for paged K/V only; `gpu::v6::launch` (steps/v6_lazy_rescale.cu), for 8-bit pages only.
+///        for paged K/V only; `gpu::v6::launch` (steps/v6_lazy_rescale.cu) and
+///        `gpu::v7::launch` (steps/v7_tma_pages.cu), for 8-bit pages only.
 #pragma once
+
+#include <cuda.h>  // CUtensorMap (v7)
 
 #include "decode_tile.cuh"
 
@@ -47,5 +50,15 @@ namespace v6 {
 template <int D, class Kv>
 void launch(const DecodeParams& p, const Kv& kv, int batch, int kv_heads);
 }  // namespace v6
+
+namespace v7 {
+/// The 8-bit pools as TMA tensors, [page x KV head][slot][128 bytes], boxes of min(P, 64) slots.
+struct CodeMaps {
+  CUtensorMap k, v;
+};
+/// v6 with the pages copied by the TMA; 8-bit pages only.
+template <int D, class Kv>
+void launch(const DecodeParams& p, const Kv& kv, const CodeMaps& maps, int batch, int kv_heads);
+}  // namespace v7
 
 }  // namespace attn::ch07::gpu

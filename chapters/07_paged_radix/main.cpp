@@ -250,7 +250,10 @@ int run_sweep(const Options& opt, const DecodeOptions& dopt, const DeviceInfo& d
     // v4 changes the 8-bit path only (for bf16 it is v3's code): on 8-bit pools and the quant set's bf16 rows.
     if (kv_quantised(c.kv) || dopt.sweep_set == "quant") runs.push_back({DecodeKernel::v4, v2_splits, KvLayout::paged});
     runs.push_back({DecodeKernel::v5, v2_splits, KvLayout::paged});  // v4 with the table entries read ahead
-    if (kv_quantised(c.kv)) runs.push_back({DecodeKernel::v6, v2_splits, KvLayout::paged});  // lazy rescale
+    if (kv_quantised(c.kv)) {
+      runs.push_back({DecodeKernel::v6, v2_splits, KvLayout::paged});  // lazy rescale
+      runs.push_back({DecodeKernel::v7, v2_splits, KvLayout::paged});  // pages by TMA
+    }
     if (contiguous)
       runs.insert(runs.end(), {{DecodeKernel::v1, 1, KvLayout::contiguous}, {DecodeKernel::v2, v2_splits, KvLayout::contiguous}});
     for (const Run& r : runs) {
@@ -330,7 +333,7 @@ int run_decode(int argc, char** argv, bool dry = false) {
     }
     Report rep;
     rep.chapter = kChapter;
-    rep.title = std::string("decode over a paged KV cache: v1, split-K v2, fused-combine v3, codes-to-fragments v4, table lookahead v5, lazy rescale v6; K/V ") + kv_dtype_name(kv_dtype);
+    rep.title = std::string("decode over a paged KV cache: v1, split-K v2, fused-combine v3, codes-to-fragments v4, table lookahead v5, lazy rescale v6, TMA pages v7; K/V ") + kv_dtype_name(kv_dtype);
     const auto dev = select_device(opt.device, &rep.mode);
     if (dopt.sweep) {
 #if TUTORIAL_HAVE_CUDA
@@ -413,7 +416,9 @@ int run_decode(int argc, char** argv, bool dry = false) {
                                {"v4 paged, S=" + std::to_string(v2_splits), DecodeKernel::v4, v2_splits, KvLayout::paged},
                                {"v5 paged, S=" + std::to_string(v2_splits), DecodeKernel::v5, v2_splits, KvLayout::paged}};
       if (kv_quantised(b.kv_dtype))
-        runs.push_back({"v6 paged, S=" + std::to_string(v2_splits), DecodeKernel::v6, v2_splits, KvLayout::paged});
+        runs.insert(runs.end(),
+                    {{"v6 paged, S=" + std::to_string(v2_splits), DecodeKernel::v6, v2_splits, KvLayout::paged},
+                     {"v7 paged, S=" + std::to_string(v2_splits), DecodeKernel::v7, v2_splits, KvLayout::paged}});
       if (!kv_quantised(b.kv_dtype))
         runs.insert(runs.end(),
                     {{"v1 contiguous", DecodeKernel::v1, 1, KvLayout::contiguous},

@@ -16,10 +16,14 @@ using namespace attn::ch07;
 namespace {
 
 /// Runs every kernel on the batch and checks each against the reference: v1 for a
-/// split count of 1, v2-v6 for the others (v4-v6 paged only, v6 8-bit only); an 8-bit batch paged only, after its
+/// split count of 1, v2-v6 (or the kernels given) for the others (v4-v7 paged only, v6 and
+/// v7 8-bit only); an 8-bit batch paged only, after its
 /// device scales are compared with the host's.
+const std::vector<DecodeKernel> kSteps1to6 = {DecodeKernel::v1, DecodeKernel::v2, DecodeKernel::v3,
+                                              DecodeKernel::v4, DecodeKernel::v5, DecodeKernel::v6};
+
 void check_kernels(const DecodeBatch& b, const std::vector<int>& splits, Dist dist = Dist::normal,
-                   uint64_t seed = 7, bool contiguous = true) {
+                   uint64_t seed = 7, bool contiguous = true, const std::vector<DecodeKernel>& kernels = kSteps1to6) {
   CAPTURE(b.describe());
   const std::vector<float> q = make_queries(b, seed, dist);
   const KvScales scales = pool_scales(b, seed, dist);
@@ -35,12 +39,12 @@ void check_kernels(const DecodeBatch& b, const std::vector<int>& splits, Dist di
   for (KvLayout layout : {KvLayout::paged, KvLayout::contiguous}) {
     if (layout == KvLayout::contiguous && !contiguous) continue;
     for (int s : splits)
-      for (DecodeKernel k : {DecodeKernel::v1, DecodeKernel::v2, DecodeKernel::v3, DecodeKernel::v4, DecodeKernel::v5,
-                             DecodeKernel::v6}) {
+      for (DecodeKernel k : kernels) {
         if ((k == DecodeKernel::v1) != (s == 1)) continue;
-        const bool pages_only = k == DecodeKernel::v4 || k == DecodeKernel::v5 || k == DecodeKernel::v6;
+        const bool eight_bit_only = k == DecodeKernel::v6 || k == DecodeKernel::v7;
+        const bool pages_only = eight_bit_only || k == DecodeKernel::v4 || k == DecodeKernel::v5;
         if (pages_only && layout == KvLayout::contiguous) continue;
-        if (k == DecodeKernel::v6 && !kv_quantised(b.kv_dtype)) continue;  // v6 is the 8-bit path only
+        if (eight_bit_only && !kv_quantised(b.kv_dtype)) continue;
         CAPTURE(layout_name(layout));
         CAPTURE(kernel_name(k));
         CAPTURE(s);
@@ -242,4 +246,32 @@ TEST_CASE("v6 skips only multiplies by exactly 1: its output is v5's, bit for bi
     CHECK(differ == 0);
     CHECK(v5.lse == v6.lse);
   }
+}
+
+TEST_CASE("v7 (8-bit pages by TMA): page sizes 1, 16, 64, 256, ragged lengths, B = 1 and B = 33, GQA and MQA") {
+  // Its own test case, last: a TMA or mbarrier fault shows here without taking the others with it.
+  const std::vector<DecodeKernel> v7 = {DecodeKernel::v7};
+  for (KvDtype t : {KvDtype::fp8, KvDtype::int8}) {
+    CAPTURE(kv_dtype_name(t));
+    for (int P : {1, 16, 64, 256}) {
+      CAPTURE(P);
+      check_kernels(with_kv(build_batch(32, 8, 128, P, {P * 5 + 3}, 0, 31), t), {2, 3}, Dist::normal, 7, false, v7);
+      check_kernels(with_kv(build_batch(8, 1, 128, P, ragged_lengths(33, 700, P, 4), 0, 32), t), {2}, Dist::normal, 7,
+                    false, v7);
+    }
+    check_kernels(with_kv(build_batch(16, 4, 128, 16, {900, 31, 1, 257}, 0, 7), t), {5}, Dist::outliers, 7, false, v7);
+    check_kernels(with_kv(build_batch(8, 2, 128, 16, {100, 1, 64, 65}, 0, 8), t), {16, 64}, Dist::normal, 7, false, v7);
+  }
+  // Steps in a row (the mbarrier phases start again at every launch), and v7's output is v6's bit for bit.
+  DecodeBatch b = build_batch(32, 8, 128, 16, {5000, 17, 4097}, 0, 41);
+  b.kv_dtype = KvDtype::fp8;
+  const std::vector<float> q = make_queries(b, 41, Dist::normal);
+  GpuDecoder gpu(b, q, KvContents{41, Dist::normal, nullptr});
+  const GpuDecodeOutput v6 = gpu.run(DecodeKernel::v6, 9, KvLayout::paged);
+  for (int rep = 0; rep < 3; ++rep) {
+    const GpuDecodeOutput out = gpu.run(DecodeKernel::v7, 9, KvLayout::paged);
+    CHECK(out.o == v6.o);
+    CHECK(out.lse == v6.lse);
+  }
+  CHECK(gpu.time_ms(DecodeKernel::v7, 9, KvLayout::paged) > 0);
 }
