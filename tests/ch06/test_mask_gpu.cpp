@@ -82,10 +82,12 @@ void check_forward(GpuPath path, const MaskSpec& s, const Problem& user, Dist di
   }
 }
 
-/// Every sm90a step, each with its grid (0: one block per SM), on one reference.
+/// Every sm90a step, each with its grid (0: one block per SM), on one reference; and the
+/// last step once more with every tile partial (--all-partial: the same output).
 std::vector<GpuForwardOptions> every_hopper_step(int ctas = 0) {
   std::vector<GpuForwardOptions> v;
-  for (int step = 0; step < kHopperSteps; ++step) v.push_back({step, ctas});
+  for (int step = 0; step < kHopperSteps; ++step) v.push_back({step, ctas, false});
+  v.push_back({kHopperSteps - 1, ctas, true});
   return v;
 }
 

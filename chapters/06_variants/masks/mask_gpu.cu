@@ -99,9 +99,16 @@ GpuMaskForward mask_forward_gpu(const Problem& p, const MaskSpec& s, const Token
   const bool hopper = path == GpuPath::sm90a;
   // sm90a from v3 on: documents are tiled from each document's start (the document map).
   const bool doc_tiles = hopper && opt.hopper_step >= 3 && s.kind == MaskKind::document && p.batch == 1 && p.nq == p.nk;
-  const BlockMap map = doc_tiles ? build_document_block_map(s, p, hopper_v3::Br, hopper_v3::Bc)
-                       : hopper  ? build_block_map(s, p, hopper_mask::Br, hopper_mask::Bc)
-                                 : build_block_map(s, p, ampere_mask::Br, ampere_mask::Bc);
+  BlockMap map = doc_tiles ? build_document_block_map(s, p, hopper_v3::Br, hopper_v3::Bc)
+                 : hopper  ? build_block_map(s, p, hopper_mask::Br, hopper_mask::Bc)
+                           : build_block_map(s, p, ampere_mask::Br, ampere_mask::Bc);
+  if (opt.all_partial) {  // every full tile moves to the partial list (forward lists only)
+    for (std::size_t f = 0; f < map.n_full.size(); ++f) {
+      for (int k = 0; k < map.n_full[f]; ++k) map.part[f * map.tk + map.n_part[f] + k] = map.full[f * map.tk + k];
+      map.n_part[f] += map.n_full[f];
+      map.n_full[f] = 0;
+    }
+  }
   const DeviceTensor q = DeviceTensor::from_host(in.q, p.dtype), k = DeviceTensor::from_host(in.k, p.dtype),
                      v = DeviceTensor::from_host(in.v, p.dtype);
   DeviceTensor o(p.dtype, p.o_elems());

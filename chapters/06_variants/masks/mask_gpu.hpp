@@ -53,6 +53,9 @@ const char* hopper_step_file(int step);  ///< "steps/v2_tile_overlap.cu", ...
 struct GpuForwardOptions {
   int hopper_step = kHopperSteps - 1;
   int ctas = 0;
+  /// A measurement: every visited tile is listed as partial, so each takes the element
+  /// mask (the same output; the time says what the mask costs per tile).
+  bool all_partial = false;
 };
 
 /// Forward on the GPU (`path` sm80 or sm90a). Inputs in the layout's order.

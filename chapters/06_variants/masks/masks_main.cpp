@@ -93,6 +93,7 @@ struct MaskArgs {
   std::string gpu_path = "all";  ///< sm80, sm90a or all (the forwards; the backward follows --no-backward)
   std::vector<int> hopper_steps = {kHopperSteps - 1};  ///< the sm90a steps that run (mask_gpu.hpp: 0 hopper_mask.cu, ...)
   int ctas = 0;                ///< sm90a: thread blocks of the persistent grid (0: one per SM)
+  bool all_partial = false;    ///< forwards: every visited tile takes the element mask (a measurement)
   TextOptions text;
 };
 
@@ -263,10 +264,11 @@ void run_variant(const MaskSpec& spec, const Problem& user, const Options& opt, 
         GpuForwardOptions fo;
         fo.hopper_step = step;
         fo.ctas = a.ctas;
+        fo.all_partial = a.all_partial;
         const GpuMaskForward f = mask_forward_gpu(p, spec, layout, lin, path, !a.no_time, fo);
         row.set_check(oracle.judge(from_layout(f.o, p.heads, p.nq, p.dv, layout.packed), &f.lse));
         if (!a.no_time) row.set_time(f.time_ms);
-        row.note = fmt("%.0f", f.tiles) + " tiles visited";
+        row.note = fmt("%.0f", f.tiles) + " tiles visited" + (a.all_partial ? " (all partial: --all-partial)" : "");
         if (path == GpuPath::sm90a) row.note += std::string(", ") + hopper_step_file(step);
         // The kernel's own count: Q read once per query block, K and V once per visited tile, O and LSE written once.
         const double e = dtype_bytes(p.dtype), bc = path == GpuPath::sm80 ? ampere_tile_keys() : hopper_tile_keys();
@@ -316,6 +318,8 @@ int mask_main(int argc, char** argv) {
   cli.add_int("--check-mflops", &a.check_mflops, "fp64 check budget per variant in MFLOPs (sampled rows) [4000]", 1);
   cli.add_flag("--alone", &a.alone, "document: also run each document alone (the cost the packed run should match)");
   cli.add_choice("--gpu-path", &a.gpu_path, {"all", "sm80", "sm90a"}, "which forward kernels run (default: all)");
+  cli.add_flag("--all-partial", &a.all_partial,
+               "GPU forwards: every visited tile takes the element mask (what the mask costs per tile)");
   cli.add_int("--ctas", &a.ctas, "sm90a: thread blocks of the persistent grid (0: one per SM) [0]", 0);
   return run_chapter(int(args.size()), args.data(), cli, [&](const Options& opt) {
     if (!a.text.error.empty()) throw UsageError(a.text.error);
