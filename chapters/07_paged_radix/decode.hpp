@@ -45,6 +45,7 @@ struct DecodeGeometry {
   static constexpr int kStages8 = 3;                 ///< the same for an 8-bit cache (5 measured slower: NOTES.md)
   static constexpr int kRows = 16;                   ///< query rows per block (the MMA's M)
   static constexpr int kMinSplitKeys = 512;          ///< v2 never cuts a split shorter than this
+  static constexpr int kTmaMinPage = 8;              ///< v7 copies pages of at least this many tokens (TMA boxes)
 };
 
 /// Shared memory of one decode block: kStages tiles of K and of V, bf16.

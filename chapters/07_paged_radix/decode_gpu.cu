@@ -220,6 +220,10 @@ struct GpuDecoder::Impl {
     if (splits < 1) throw UsageError("the split count must be >= 1");
     if ((kernel == DecodeKernel::v4 || kernel == DecodeKernel::v5) && layout == KvLayout::contiguous)
       throw UsageError(std::string(kernel_name(kernel)) + " reads paged K/V only");
+    if (kernel == DecodeKernel::v7 && batch.page_size < gpu::v7::kMinPageSize)
+      throw UsageError("v7 copies whole pages of at least " + std::to_string(gpu::v7::kMinPageSize) +
+                       " tokens (a swizzled TMA box starts on a 1024-byte boundary), got " +
+                       std::to_string(batch.page_size));
     if ((kernel == DecodeKernel::v6 || kernel == DecodeKernel::v7) && !kv_quantised(batch.kv_dtype))
       throw UsageError(std::string(kernel_name(kernel)) + " is built for the 8-bit caches only (its bf16 path would be v5's)");
     if (layout == KvLayout::contiguous) ensure_contiguous();

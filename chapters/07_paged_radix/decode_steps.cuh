@@ -52,6 +52,9 @@ void launch(const DecodeParams& p, const Kv& kv, int batch, int kv_heads);
 }  // namespace v6
 
 namespace v7 {
+/// Pages below 8 tokens are not for v7: a box of P rows of 128 bytes lands at a multiple of
+/// P x 128 bytes, and a box with the 128-byte swizzle must start on a 1024-byte boundary.
+constexpr int kMinPageSize = DecodeGeometry::kTmaMinPage;
 /// The 8-bit pools as TMA tensors, [page x KV head][slot][128 bytes], boxes of min(P, 64) slots.
 struct CodeMaps {
   CUtensorMap k, v;

@@ -252,7 +252,7 @@ int run_sweep(const Options& opt, const DecodeOptions& dopt, const DeviceInfo& d
     runs.push_back({DecodeKernel::v5, v2_splits, KvLayout::paged});  // v4 with the table entries read ahead
     if (kv_quantised(c.kv)) {
       runs.push_back({DecodeKernel::v6, v2_splits, KvLayout::paged});  // lazy rescale
-      runs.push_back({DecodeKernel::v7, v2_splits, KvLayout::paged});  // pages by TMA
+      if (c.page_size >= DecodeGeometry::kTmaMinPage) runs.push_back({DecodeKernel::v7, v2_splits, KvLayout::paged});  // TMA
     }
     if (contiguous)
       runs.insert(runs.end(), {{DecodeKernel::v1, 1, KvLayout::contiguous}, {DecodeKernel::v2, v2_splits, KvLayout::contiguous}});
@@ -419,6 +419,7 @@ int run_decode(int argc, char** argv, bool dry = false) {
         runs.insert(runs.end(),
                     {{"v6 paged, S=" + std::to_string(v2_splits), DecodeKernel::v6, v2_splits, KvLayout::paged},
                      {"v7 paged, S=" + std::to_string(v2_splits), DecodeKernel::v7, v2_splits, KvLayout::paged}});
+      if (b.page_size < DecodeGeometry::kTmaMinPage) runs.pop_back();  // v7 copies whole pages of >= 8 tokens
       if (!kv_quantised(b.kv_dtype))
         runs.insert(runs.end(),
                     {{"v1 contiguous", DecodeKernel::v1, 1, KvLayout::contiguous},

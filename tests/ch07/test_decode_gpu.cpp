@@ -9,6 +9,7 @@
 #include "chapters/07_paged_radix/decode_gpu.hpp"
 #include "chapters/07_paged_radix/paged_kv_cache.hpp"
 #include "common/check.hpp"
+#include "common/errors.hpp"
 
 using namespace attn;
 using namespace attn::ch07;
@@ -248,12 +249,12 @@ TEST_CASE("v6 skips only multiplies by exactly 1: its output is v5's, bit for bi
   }
 }
 
-TEST_CASE("v7 (8-bit pages by TMA): page sizes 1, 16, 64, 256, ragged lengths, B = 1 and B = 33, GQA and MQA") {
+TEST_CASE("v7 (8-bit pages by TMA): page sizes 8, 16, 64, 256, ragged lengths, B = 1 and B = 33, GQA and MQA") {
   // Its own test case, last: a TMA or mbarrier fault shows here without taking the others with it.
   const std::vector<DecodeKernel> v7 = {DecodeKernel::v7};
   for (KvDtype t : {KvDtype::fp8, KvDtype::int8}) {
     CAPTURE(kv_dtype_name(t));
-    for (int P : {1, 16, 64, 256}) {
+    for (int P : {8, 16, 64, 256}) {
       CAPTURE(P);
       check_kernels(with_kv(build_batch(32, 8, 128, P, {P * 5 + 3}, 0, 31), t), {2, 3}, Dist::normal, 7, false, v7);
       check_kernels(with_kv(build_batch(8, 1, 128, P, ragged_lengths(33, 700, P, 4), 0, 32), t), {2}, Dist::normal, 7,
@@ -274,4 +275,9 @@ TEST_CASE("v7 (8-bit pages by TMA): page sizes 1, 16, 64, 256, ragged lengths, B
     CHECK(out.lse == v6.lse);
   }
   CHECK(gpu.time_ms(DecodeKernel::v7, 9, KvLayout::paged) > 0);
+  // Pages below kTmaMinPage tokens are refused, not read wrong.
+  DecodeBatch small = build_batch(8, 2, 128, 4, {100}, 0, 3);
+  small.kv_dtype = KvDtype::int8;
+  GpuDecoder g4(small, make_queries(small, 3, Dist::normal), KvContents{3, Dist::normal, nullptr});
+  CHECK_THROWS_AS(g4.run(DecodeKernel::v7, 2, KvLayout::paged), UsageError);
 }

@@ -36,7 +36,10 @@
 //                          read the entries and scales of tile it + 3's boxes
 //                  every warp: tile it, as in v6
 //
-// The bf16 path would be v6's, so v7 is built for the 8-bit caches only.
+// A box lands at a multiple of P x 128 bytes, and a swizzled box must start on a
+// 1024-byte boundary, so v7 takes pages of 8 tokens or more (kMinPageSize; the
+// launcher's caller refuses smaller ones). The bf16 path would be v6's, so v7 is built
+// for the 8-bit caches only.
 //
 // Every change from v6: CodeMaps (the two tensor maps) and the kernel's __grid_constant__
 // parameter; BoxPages (a lane's boxes read ahead) and issue_boxes(), which replace
