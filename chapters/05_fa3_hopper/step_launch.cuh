@@ -55,5 +55,6 @@ namespace v15 { PreparedStep prepare(const StepArgs& a); }
 namespace v16 { PreparedStep prepare(const StepArgs& a); }
 namespace v17 { PreparedStep prepare(const StepArgs& a); }
 namespace v18 { PreparedStep prepare(const StepArgs& a); }
+namespace v19 { PreparedStep prepare(const StepArgs& a); }
 
 }  // namespace attn::ch05

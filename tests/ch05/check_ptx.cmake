@@ -80,3 +80,5 @@ require(v17_causal_key_blocks.ptx "wgmma.mma_async.sync.aligned.m64n192k16;ex2.a
 forbid(v17_causal_key_blocks.ptx "wgmma.mma_async.sync.aligned.m64n128k16")
 # v18: v17 at every head dim, the causal kernels with key blocks of 176 and 80 too.
 require(v18_causal_blocks_registers.ptx "wgmma.mma_async.sync.aligned.m64n192k16;wgmma.mma_async.sync.aligned.m64n176k16;wgmma.mma_async.sync.aligned.m64n80k16;setmaxnreg")
+# v19: v18's kernel at d = 128 and 256 (only the launch grid differs).
+require(v19_causal_grid_wide_blocks.ptx "wgmma.mma_async.sync.aligned.m64n176k16;wgmma.mma_async.sync.aligned.m64n80k16;setmaxnreg")

@@ -209,6 +209,17 @@ TEST_CASE("step 18 (causal key blocks at every head dim) at awkward shapes, bf16
   check_step(Step::v18_causal_blocks_registers, shape().heads(2).n(500).d(256).causal().dtype(DType::bf16), Dist::outliers);
 }
 
+TEST_CASE("step 19 (v18's causal tiles as a grid, d = 128 and 256) at awkward shapes, bf16 and fp16") {
+  require_hopper();
+  for (int d : {128, 256})
+    for (DType t : {DType::bf16, DType::f16}) {
+      CAPTURE(d);
+      awkward_shapes(Step::v19_causal_grid_wide_blocks, d, t);
+    }
+  check_step(Step::v19_causal_grid_wide_blocks, shape().batch(2).heads(8, 4).n(2100).d(128).causal().dtype(DType::bf16));
+  check_step(Step::v19_causal_grid_wide_blocks, shape().heads(4).n(700, 1000).d(256).causal().dtype(DType::f16));
+}
+
 TEST_CASE("step 13's tile counter is back at zero after every launch") {
   // The third of three launches of one prepared kernel, each with the outputs poisoned
   // first: a counter left past zero would leave tiles unwritten (NaN) or skip them.
