@@ -69,7 +69,7 @@ TEST_CASE("mask CLI: bad mask options exit 2 with one line") {
       {"--mask", "window", "--alone"},                          // --alone belongs to --mask document
       {"--mask", "window", "--gpu-path", "sm70"},
       {"--mask", "causal", "--d", "96"},
-      {"--mask", "causal", "--hopper-step", "4"},               // the sm90a steps are 0 to 3
+      {"--mask", "causal", "--hopper-step", "5"},               // the sm90a steps are 0 to 4
       {"--mask", "causal", "--hopper-step", "0,-1"},
       {"--mask", "causal", "--hopper-step"},
       {"--mask", "causal", "--ctas", "-1"},

@@ -37,6 +37,7 @@ const char* hopper_step_file(int step) {
     case 1: return "steps/v1_two_q_buffers.cu";
     case 2: return "steps/v2_tile_overlap.cu";
     case 3: return "steps/v3_document_tiles.cu";
+    case 4: return "steps/v4_row_spans.cu";
   }
   return "?";
 }
@@ -132,7 +133,8 @@ GpuMaskForward mask_forward_gpu(const Problem& p, const MaskSpec& s, const Token
                                            : opt.hopper_step == 0 ? hopper_mask::prepare(f, s, p, pd.view(), 0)
                                            : opt.hopper_step == 1 ? hopper_v1::prepare(f, s, p, pd.view(), 0)
                                            : opt.hopper_step == 2 ? hopper_v2::prepare(f, s, p, pd.view(), 0)
-                                                                  : hopper_v3::prepare(f, s, p, pd.view(), 0);
+                                           : opt.hopper_step == 3 ? hopper_v3::prepare(f, s, p, pd.view(), 0)
+                                                                  : hopper_v4::prepare(f, s, p, pd.view(), 0);
   if (hopper && !hopper_run) throw std::runtime_error("no masked kernel for this problem");
   auto run = [&] {
     if (hopper) return hopper_run();

@@ -7,7 +7,8 @@
 ///     steps/hopper_mask.cu    sm_90a: chapter 05's final bf16 step + the policy
 ///     steps/v1_two_q_buffers.cu   sm_90a step 1: the next tile's Q loads while this one runs
 ///     steps/v2_tile_overlap.cu    sm_90a step 2: one pipeline across tiles
-///     steps/v3_document_tiles.cu  sm_90a step 3: documents tiled from their own starts (the default)
+///     steps/v3_document_tiles.cu  sm_90a step 3: documents tiled from their own starts
+///     steps/v4_row_spans.cu       sm_90a step 4: partial tiles masked from each row's span (the default)
 ///     steps/backward_mask.cu  chapter 04's backward + the policy (score' included)
 ///
 /// Every kernel is instantiated for d = 128 and bf16 only, once per policy.
@@ -44,8 +45,8 @@ int ampere_tile_keys();
 int hopper_tile_keys();
 
 /// The sm90a forward's steps: 0 steps/hopper_mask.cu, 1 steps/v1_two_q_buffers.cu,
-/// 2 steps/v2_tile_overlap.cu, 3 steps/v3_document_tiles.cu.
-constexpr int kHopperSteps = 4;
+/// 2 steps/v2_tile_overlap.cu, 3 steps/v3_document_tiles.cu, 4 steps/v4_row_spans.cu.
+constexpr int kHopperSteps = 5;
 const char* hopper_step_file(int step);  ///< "steps/v2_tile_overlap.cu", ...
 
 /// How a forward runs besides its problem: which sm90a step, and how many thread blocks

@@ -91,7 +91,7 @@ bool available();
 constexpr int Br = 128, Bc = 128;
 }  // namespace hopper_mask
 /// The sm90a steps after it (steps/v1_two_q_buffers.cu, v2_tile_overlap.cu,
-/// v3_document_tiles.cu): the same interface and tiles.
+/// v3_document_tiles.cu, v4_row_spans.cu): the same interface and tiles.
 namespace hopper_v1 {
 bool available();
 bool launch(const FwdParams& p, const MaskSpec& s, const Problem& prob, const PolicyData& d, cudaStream_t st);
@@ -113,6 +113,13 @@ std::function<void()> prepare(const FwdParams& p, const MaskSpec& s, const Probl
                               cudaStream_t st);
 constexpr int Br = hopper_mask::Br, Bc = hopper_mask::Bc;
 }  // namespace hopper_v3
+namespace hopper_v4 {
+bool available();
+bool launch(const FwdParams& p, const MaskSpec& s, const Problem& prob, const PolicyData& d, cudaStream_t st);
+std::function<void()> prepare(const FwdParams& p, const MaskSpec& s, const Problem& prob, const PolicyData& d,
+                              cudaStream_t st);
+constexpr int Br = hopper_mask::Br, Bc = hopper_mask::Bc;
+}  // namespace hopper_v4
 namespace backward_mask {
 bool launch(const BwdParams& p, const MaskSpec& s, const Problem& prob, const PolicyData& d, cudaStream_t st);
 constexpr int Br = 64, Bc = 128;

@@ -51,6 +51,15 @@ struct TileRange {
   int i0, i1, j0, j1;
 };
 
+/// The keys one row keeps, as intervals [lo, hi] (inclusive; empty when lo > hi): the
+/// optional `span(b, h, i)` of a policy with kSpans = 1 or 2, which must agree with
+/// keep(b, h, i, j) for every key j >= 0. A kernel masks a partial tile from the row's
+/// span with a subtraction and an unsigned compare per element, instead of keep().
+struct Span {
+  int lo0, hi0;
+  int lo1 = 1, hi1 = 0;  ///< the second interval (kSpans = 2), else empty
+};
+
 namespace mask_math {
 /// On the device, one MUFU instruction (tanh.approx.f32, common/cuda/fast_math.cuh):
 /// tanhf there cost the softcap kernels 2.5x their causal time on the H200.
@@ -77,6 +86,7 @@ ATTN_HD unsigned hash3(unsigned a, unsigned b, unsigned c) {
 /// The defaults every policy inherits: no score modifier, no sink, one block map for
 /// every batch and head. A variant overrides only what it changes.
 struct PolicyBase {
+  static constexpr int kSpans = 0;  ///< 0: no span(), the kernels ask keep() per element
   static constexpr bool kScore = false;
   static constexpr bool kSink = false;
   static constexpr bool kPerBatch = false;
@@ -119,8 +129,10 @@ struct Dense : PolicyBase {
 /// Causal, bottom-right aligned: row i sees keys j <= i + (Nk - Nq). The project's one
 /// causal rule (common/index.hpp's CausalMask) as a policy.
 struct Causal : PolicyBase {
+  static constexpr int kSpans = 1;
   CausalMask rule;
   ATTN_HD bool keep(int, int, int i, int j) const { return rule.visible(i, j); }
+  ATTN_HD Span span(int, int, int i) const { return {0, i + rule.diag}; }
   ATTN_HD TileKind classify(int, int, const TileRange& t) const {
     const TileMask m = rule.tile(t.i0, t.i1, t.j0, t.j1);
     return m == TileMask::skip ? TileKind::skip : m == TileMask::full ? TileKind::full : TileKind::partial;
@@ -130,11 +142,13 @@ struct Causal : PolicyBase {
 /// Sliding window (left, right) around the aligned diagonal: q - left <= j <= q + right.
 /// (left, 0) is the causal sliding window of Mistral / Gemma; window 0 sees only j = q.
 struct Window : PolicyBase {
+  static constexpr int kSpans = 1;
   int diag, left, right;
   ATTN_HD bool keep(int, int, int i, int j) const {
     const int q = i + diag;
     return j >= q - left && j <= q + right;
   }
+  ATTN_HD Span span(int, int, int i) const { return {i + diag - left, i + diag + right}; }
   ATTN_HD TileKind classify(int, int, const TileRange& t) const {
     // EXERCISE ch06.1: classify a window tile: skip, full or partial from the four corners
     //| return TileKind::partial;  // TODO: your code here (partial is correct, but skips nothing)
@@ -148,10 +162,15 @@ struct Window : PolicyBase {
 
 /// Chunked local attention (Llama 4): causal inside fixed chunks of C positions.
 struct Chunked : PolicyBase {
+  static constexpr int kSpans = 1;
   int diag, chunk;
   ATTN_HD bool keep(int, int, int i, int j) const {
     const int q = i + diag;
     return j <= q && q / chunk == j / chunk;  // j >= 0, so j <= q implies q >= 0
+  }
+  ATTN_HD Span span(int, int, int i) const {
+    const int q = i + diag;
+    return q < 0 ? Span{1, 0} : Span{q / chunk * chunk, q};
   }
   ATTN_HD TileKind classify(int, int, const TileRange& t) const {
     const int q0 = t.i0 + diag, q1 = t.i1 - 1 + diag;
@@ -166,8 +185,10 @@ struct Chunked : PolicyBase {
 
 /// Prefix-LM: the first P keys are visible to every row (bidirectional prefix), causal after.
 struct PrefixLM : PolicyBase {
+  static constexpr int kSpans = 1;
   int diag, prefix;
   ATTN_HD bool keep(int, int, int i, int j) const { return j < prefix || j <= i + diag; }
+  ATTN_HD Span span(int, int, int i) const { return {0, i + diag > prefix - 1 ? i + diag : prefix - 1}; }
   ATTN_HD TileKind classify(int, int, const TileRange& t) const {
     if (t.j1 - 1 < prefix) return TileKind::full;
     const TileKind c = classify_causal(true, diag, t);
@@ -199,10 +220,15 @@ struct Document : PolicyBase {
 /// StreamingLLM: the first `sinks` keys (attention sinks) plus a causal window of
 /// `window` keys to the left: j <= q and (j < sinks or q - j <= window).
 struct SinkWindow : PolicyBase {
+  static constexpr int kSpans = 2;
   int diag, sinks, window;
   ATTN_HD bool keep(int, int, int i, int j) const {
     const int q = i + diag;
     return j <= q && (j < sinks || q - j <= window);
+  }
+  ATTN_HD Span span(int, int, int i) const {
+    const int q = i + diag;
+    return {0, sinks - 1 < q ? sinks - 1 : q, q - window, q};
   }
   ATTN_HD TileKind classify(int, int, const TileRange& t) const {
     const int q0 = t.i0 + diag, q1 = t.i1 - 1 + diag;
@@ -219,10 +245,12 @@ struct SinkWindow : PolicyBase {
 /// (m, l) = (sink, 1) instead of (-inf, 0). The mask is causal or none.
 struct LearnedSink : PolicyBase {
   static constexpr bool kSink = true;
+  static constexpr int kSpans = 1;
   const float* sinks;  // [heads], natural-log units
   int diag;
   bool causal;
   ATTN_HD bool keep(int, int, int i, int j) const { return !causal || j <= i + diag; }
+  ATTN_HD Span span(int, int, int i) const { return {0, causal ? i + diag : 0x7fffffff}; }
   ATTN_HD TileKind classify(int, int, const TileRange& t) const { return classify_causal(causal, diag, t); }
   ATTN_HD float sink(int h) const { return sinks[h]; }
 };
@@ -231,8 +259,10 @@ struct LearnedSink : PolicyBase {
 /// score = s - slope_h |q - j|. Its derivative is 1.
 struct Alibi : PolicyBase {
   static constexpr bool kScore = true;
+  static constexpr int kSpans = 1;
   int diag, heads;
   bool causal;
+  ATTN_HD Span span(int, int, int i) const { return {0, causal ? i + diag : 0x7fffffff}; }
   ATTN_HD float slope(int h) const { return ::exp2f(-8.f * float(h + 1) / float(heads)); }
   ATTN_HD bool keep(int, int, int i, int j) const { return !causal || j <= i + diag; }
   template <class T> ATTN_HD T score(T s, int, int h, int i, int j) const {
@@ -245,9 +275,11 @@ struct Alibi : PolicyBase {
 /// Softcap (Gemma 2, Grok): score = cap tanh(s / cap), derivative 1 - tanh^2(s / cap).
 struct Softcap : PolicyBase {
   static constexpr bool kScore = true;
+  static constexpr int kSpans = 1;
   float cap;
   int diag;
   bool causal;
+  ATTN_HD Span span(int, int, int i) const { return {0, causal ? i + diag : 0x7fffffff}; }
   ATTN_HD bool keep(int, int, int i, int j) const { return !causal || j <= i + diag; }
   template <class T> ATTN_HD T score(T s, int, int, int, int) const { return T(cap) * mask_math::tanh_(s * (T(1) / T(cap))); }
   template <class T> ATTN_HD T dscore(T s, int, int, int, int) const {

@@ -302,8 +302,8 @@ int mask_main(int argc, char** argv) {
           "masks and score modifiers through one policy interface (keep / score / classify) and a block map.\n"
           "Text-valued mask options: --window L[,R] (window; L for sink), --doc-lens a,b,c (document),\n"
           "--softcap C (softcap), --svg PATH (with --map), --hopper-step K[,K...] (the sm90a steps: 0 hopper_mask.cu,\n"
-          "1 v1_two_q_buffers.cu, 2 v2_tile_overlap.cu, 3 v3_document_tiles.cu; default 3). With no --mask: every\n"
-          "variant at a small size.");
+          "1 v1_two_q_buffers.cu, 2 v2_tile_overlap.cu, 3 v3_document_tiles.cu, 4 v4_row_spans.cu; default 4).\n"
+          "With no --mask: every variant at a small size.");
   cli.defaults(defaults).head_dims({32, 64, 128}).dtypes({DType::bf16, DType::f16});
   cli.sram_default(224 * 1024);
   cli.add_choice("--mask", &a.mask, names, "the variant (default: every one)");
