@@ -78,6 +78,7 @@ PreparedStep prepare_step(Step s, const StepArgs& a) {
     case Step::v17_causal_key_blocks: return v17::prepare(a);
     case Step::v18_causal_blocks_registers: return v18::prepare(a);
     case Step::v19_causal_grid_wide_blocks: return v19::prepare(a);
+    case Step::v20_exp_one_in_eight: return v20::prepare(a);
   }
   throw UsageError("unknown step");
 }

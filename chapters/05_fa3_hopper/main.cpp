@@ -113,8 +113,8 @@ int main(int argc, char** argv) {
           "FlashAttention-3 on Hopper: TMA, wgmma, warp specialisation, pingpong, overlap, persistent tiles, FP8.");
   cli.defaults(defaults).head_dims({64, 128, 256}).dtypes({DType::bf16, DType::f16});
   std::string step_text = "all";
-  cli.add_choice("--step", &step_text, {"all", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16", "17", "18", "19"},
-                 "run one step's kernel (1-19) or all that support the problem");
+  cli.add_choice("--step", &step_text, {"all", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16", "17", "18", "19", "20"},
+                 "run one step's kernel (1-20) or all that support the problem");
   bool no_table = false;
   cli.add_flag("--no-fp8-table", &no_table, "skip the CPU FP8 accuracy table");
   bool no_backward = false;

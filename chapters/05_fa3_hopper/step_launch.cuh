@@ -56,5 +56,6 @@ namespace v16 { PreparedStep prepare(const StepArgs& a); }
 namespace v17 { PreparedStep prepare(const StepArgs& a); }
 namespace v18 { PreparedStep prepare(const StepArgs& a); }
 namespace v19 { PreparedStep prepare(const StepArgs& a); }
+namespace v20 { PreparedStep prepare(const StepArgs& a); }
 
 }  // namespace attn::ch05

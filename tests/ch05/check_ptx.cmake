@@ -82,3 +82,5 @@ forbid(v17_causal_key_blocks.ptx "wgmma.mma_async.sync.aligned.m64n128k16")
 require(v18_causal_blocks_registers.ptx "wgmma.mma_async.sync.aligned.m64n192k16;wgmma.mma_async.sync.aligned.m64n176k16;wgmma.mma_async.sync.aligned.m64n80k16;setmaxnreg")
 # v19: v18's kernel at d = 128 and 256 (only the launch grid differs).
 require(v19_causal_grid_wide_blocks.ptx "wgmma.mma_async.sync.aligned.m64n176k16;wgmma.mma_async.sync.aligned.m64n80k16;setmaxnreg")
+# v20: v17 with one exponential in eight on the FMA pipe (still ex2.approx for the others).
+require(v20_exp_one_in_eight.ptx "wgmma.mma_async.sync.aligned.m64n192k16;ex2.approx;setmaxnreg")

@@ -220,6 +220,13 @@ TEST_CASE("step 19 (v18's causal tiles as a grid, d = 128 and 256) at awkward sh
   check_step(Step::v19_causal_grid_wide_blocks, shape().heads(4).n(700, 1000).d(256).causal().dtype(DType::f16));
 }
 
+TEST_CASE("step 20 (one exponential in eight on the FMA pipe, d = 64) at awkward shapes, bf16 and fp16") {
+  require_hopper();
+  for (DType t : {DType::bf16, DType::f16}) awkward_shapes(Step::v20_exp_one_in_eight, 64, t);
+  check_step(Step::v20_exp_one_in_eight, shape().batch(2).heads(8, 4).n(2100).d(64).causal().dtype(DType::bf16));
+  check_step(Step::v20_exp_one_in_eight, shape().heads(2).n(500).d(64).dtype(DType::bf16), Dist::outliers);
+}
+
 TEST_CASE("step 13's tile counter is back at zero after every launch") {
   // The third of three launches of one prepared kernel, each with the outputs poisoned
   // first: a counter left past zero would leave tiles unwritten (NaN) or skip them.
