@@ -235,7 +235,7 @@ void mla_sweep(Report& rep, const Ceilings& ceil, int tile64, int only_heads) {
 #endif
 
 int run_mla(const Options& opt, const std::string& form, long pos0, int splits, bool sweep, bool no_time,
-            int tile16, int tile64, int sweep_heads) {
+            int tile16, int tile64, int sweep_heads, int combine) {
   const Problem& cp = opt.problem;
   if (cp.d != kDQK || cp.dv != kDV)
     throw UsageError("mla uses DeepSeek-V3's head dims (d_qk = 192, d_v = 128, d_c = 512, d_rope = 64); --d/--dv "
@@ -324,7 +324,7 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
     require_device_memory(*dev, mla_device_bytes(s, do_dec), "the MLA tensors");
     if (opt.bench || sweep) rep.ceilings = measure_ceilings(DType::bf16);
     if (do_abs) {
-      const MlaGpuResult g = mla_absorb_gpu(s, in, splits, !no_time, tile16, tile64);
+      const MlaGpuResult g = mla_absorb_gpu(s, in, splits, !no_time, tile16, tile64, combine);
       ResultRow row;
       row.impl = g.what.find("wgmma") != std::string::npos ? "absorb decode (wgmma)" : "absorb decode (mma.sync)";
       row.device = "cuda";
@@ -370,6 +370,7 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
   (void)tile16;
   (void)tile64;
   (void)sweep_heads;
+  (void)combine;
 #endif
   rep.notes.push_back("cache per token and layer: latent [c ; k_rope] = 576 x 2 B = 1152 B, shared by all " +
                       std::to_string(s.heads) + " heads; decompressed K + V = " + std::to_string(s.heads) +
@@ -400,6 +401,10 @@ int gqa_main(int argc, char** argv) {
   bool sweep = false, no_table = false, no_time = false;
   cli.add_flag("--sweep", &sweep, "GPU: packed vs unpacked over G and Nq (the README's table)");
   cli.add_flag("--no-table", &no_table, "leave out the cache table of real models");
+  std::string combine = "separate";
+  cli.add_choice("--combine", &combine, {"separate", "fused"},
+                 "GPU: merge the key ranges in a second kernel, or in the decode kernel's last range "
+                 "(mma.sync tiles, at most 4 ranges) [separate]");
   cli.add_flag("--no-time", &no_time, "GPU: check only, no timing (for compute-sanitizer)");
   return run_chapter(argc, argv, cli, [&](const Options& o) { return run_gqa(o, sweep, no_table, no_time); });
 }
@@ -432,11 +437,15 @@ int mla_main(int argc, char** argv) {
   std::string tile64 = "wgmma";
   cli.add_choice("--tile64", &tile64, {"wgmma", "mma"},
                  "GPU: the 64-row decode tile's kernel (wgmma + TMA on sm_90, else mma.sync) [wgmma]");
+  std::string combine = "separate";
+  cli.add_choice("--combine", &combine, {"separate", "fused"},
+                 "GPU: merge the key ranges in a second kernel, or in the decode kernel's last range "
+                 "(mma.sync tiles, at most 4 ranges) [separate]");
   cli.add_flag("--no-time", &no_time, "GPU: check only, no timing (for compute-sanitizer)");
   return run_chapter(argc, argv, cli, [&](const Options& o) {
     const int v = tile16 == "ring2x2" ? 1 : tile16 == "ring4" ? 2 : 0;
     return run_mla(o, form, pos0, splits, sweep, no_time, v, tile64 == "mma" ? kTile64Mma : kTile64Wgmma,
-                   sweep_heads);
+                   sweep_heads, combine == "fused" ? kCombineFused : kCombineSeparate);
   });
 }
 
