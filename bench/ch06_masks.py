@@ -240,19 +240,10 @@ def peer_worker(wid, tasks, results, lock, fake=False):
     results.put(("ready", wid, info))
     flush = torch.empty(512 * 1024 * 1024 // 4, dtype=torch.float32, device="cuda")
     prepared = {}  # (key, peer) -> the call, with its inputs alive
-    while True:
-        task = tasks.get()
-        if task is None:
-            return
-        if task[0] == "time":
-            _, key, peer, rnd = task
-            try:
-                with lock:
-                    ms = peer_time(torch, prepared[(key, peer)], flush)
-                results.put(("timed", wid, key, peer, rnd, ms, None))
-            except Exception as e:  # noqa: BLE001
-                results.put(("timed", wid, key, peer, rnd, None, f"{type(e).__name__}: {str(e)[:80]}"))
-            continue
+    def prepare(task):
+        """One peer task: inputs, mask, compile, check. A function of its own, so that each
+        prepared call closes over its own tensors (a closure in the loop would see the last
+        task's: Python binds a closure's variables late)."""
         _, key, peer, name, prm, n, heads, d, kept_pairs = task
         t0 = time.time()
         r = {"flops": 4.0 * kept_pairs * d}
@@ -309,7 +300,22 @@ def peer_worker(wid, tasks, results, lock, fake=False):
                         prepared[(key, peer)] = fn
         except Exception as e:  # noqa: BLE001
             r["why"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:90] if str(e) else ''}"
-        results.put(("prepared", wid, key, peer, r))
+        return r
+
+    while True:
+        task = tasks.get()
+        if task is None:
+            return
+        if task[0] == "time":
+            _, key, peer, rnd = task
+            try:
+                with lock:
+                    ms = peer_time(torch, prepared[(key, peer)], flush)
+                results.put(("timed", wid, key, peer, rnd, ms, None))
+            except Exception as e:  # noqa: BLE001
+                results.put(("timed", wid, key, peer, rnd, None, f"{type(e).__name__}: {str(e)[:80]}"))
+            continue
+        results.put(("prepared", wid, task[1], task[2], prepare(task)))
 
 
 def fake_worker(wid, tasks, results, lock):
