@@ -476,6 +476,11 @@ class Bench:
         if b is None:
             b, h = self.shape_bh(n, d)
         hkv = hkv or h
+        pss = "bwd" if backward else "fwd"
+        if any(x.get("kind") == "peer" and x["kernel"] == peer and x["pass"] == pss and x["d"] == d and x["N"] == n
+               and x["nk"] == n and x["B"] == b and x["H"] == h and x["Hkv"] == hkv and x["causal"] == causal and
+               not x.get("variant") for x in self.rows):
+            return  # measured on this shape already in this run
         r = self.get_peers().attention(peer, b, h, hkv, n, n, d, causal, backward)
         row = {"chapter": "peer", "kernel": peer, "kind": "peer", "pass": "bwd" if backward else "fwd", "d": d,
                "N": n, "nk": n, "B": b, "H": h, "Hkv": hkv, "causal": causal, "dtype": "bf16", "unit": "TFLOP/s",
@@ -660,31 +665,32 @@ class Bench:
             self._causal_only[chapter] = bool(st == "ok" and rep.get("problem", {}).get("causal"))
         return self._causal_only[chapter]
 
-    # The cost model of one launch of a chapter binary at a paper shape, in seconds, from the H200
-    # runs of 2026-12-01 (16 host threads; `bench/bench_timing.py` prints a run's launches):
+    # The cost model of one launch of a chapter binary at a paper shape, in seconds, fitted to the
+    # launches of the H200 runs of 2026-12-01 (16 host threads; `bench/bench_timing.py` prints them):
     #   SETUP_S     the launch's host set-up: the seeded inputs and the fp64 reference of the sampled
-    #               rows (1.9 s for chapter 04 at N = 8K with one step; chapter 01 also allocates S, P)
-    #   ROW_S       host time per reported kernel row: its uploads, its outputs copied back, converted
-    #               and checked. Every tensor is 16K tokens x 2048 wide at every N, so it does not grow
-    #               with N. With glibc's default heap, which maps and zeroes each block above 32 MB
-    #               anew, 0.39 s (chapter 05 at 8K causal, 12:32 UTC); with HEAP_TUNABLES the same
-    #               launch took 17.5 s instead of 30.0 s and chapter 04's 8.6 instead of 12.4 (14:36
-    #               UTC, one request), which this model meets with the values below
+    #               rows (chapter 01 also allocates S and P; chapter 03 re-times chapter 01's pipelines)
+    #   ROW_S       host time per reported kernel row, (forward, backward): the uploads, the outputs
+    #               copied back, converted and scanned (a backward row brings back dQ, dK and dV). Every
+    #               tensor is 16K tokens x 2048 wide at every N, so it does not grow with N. With
+    #               HEAP_TUNABLES; glibc's default heap, which maps and zeroes each block above 32 MB
+    #               anew, cost chapter 05's launch at 8K causal 30.0 s instead of 17.5 (14:36 UTC)
     #   GPU_S       the kernels' own runs (a check, 3 warm-ups, 20 repeats per row): seconds per
-    #               forward FLOP summed over the chapter's rows (forward, backward), from the rows'
-    #               times of the 12:32 run
+    #               forward FLOP summed over the chapter's rows (forward, backward), from the rows' times
     #   the backward's fp64 check: one KV group of 10 N^2 d FLOPs, in fp64 and the same-precision
-    #               yardstick, at BWD_CHECK_FLOP_S (4.5 s at N = 8K, d = 128; 18 s at 16K)
-    SETUP_S = {"01": 4, "03": 2, "04": 1.5, "05": 1.7}
-    ROW_S = {"01": 0.25, "03": 0.25, "04": 0.09, "05": 0.25}
-    ROW_S_DEFAULT = 0.25
-    ROWS = {"01": (2, 0), "03": (1, 1), "04": (9, 2), "05": (16, 20)}  # (forward, backward) rows
-    GPU_S = {"01": (7.2e-14, 0.0), "03": (1.1e-13, 2.8e-13), "04": (1.0e-13, 2.3e-14), "05": (2.5e-14, 1.5e-13)}
+    #               yardstick, at BWD_CHECK_FLOP_S (4.5 s at N = 8K, d = 128)
+    # Round of 15:01 UTC (./tutorial bench --quick, 134.7 s): chapter 05 at 8K, 17 forward and 20
+    # backward rows, 15.2 s causal and 17.1 s not (the model: 15.4, 17.0); chapter 04 7.9 and 9.5 s
+    # (8.3, 9.9); chapter 01 5.5 s (5.4); chapter 03 at 2K 6.4 s.
+    SETUP_S = {"01": 3.4, "03": 3.3, "04": 1.2, "05": 1.2}
+    ROW_S = {"01": (0.06, 0.2), "03": (0.06, 0.2), "04": (0.06, 0.2), "05": (0.12, 0.25)}
+    ROW_S_DEFAULT = (0.12, 0.25)
+    ROWS = {"01": (2, 0), "03": (1, 1), "04": (9, 2), "05": (17, 20)}  # (forward, backward) rows
+    GPU_S = {"01": (7.2e-14, 0.0), "03": (1.04e-13, 2.75e-13), "04": (1.02e-13, 2.3e-14), "05": (2.8e-14, 1.55e-13)}
     BWD_CHECK_FLOP_S = 3.8e10
-    PEERS_INIT_S = 2  # the first peer: PyTorch's CUDA start (the imports, 15-20 s, run in the background)
+    PEERS_INIT_S = 0.5  # the first peer: PyTorch's CUDA start (the imports, 15-20 s, run in the background)
 
-    def row_s(self, c):
-        return self.ROW_S.get(c, self.ROW_S_DEFAULT)
+    def row_s(self, c, pss="fwd"):
+        return self.ROW_S.get(c, self.ROW_S_DEFAULT)[0 if pss == "fwd" else 1]
 
     def estimate(self, c, n, d, causal, bwd, fl):
         fwd_rows, bwd_rows = self.ROWS.get(c, (4, 2))
@@ -692,7 +698,7 @@ class Bench:
         if self.a.steps and c in self.bins and "--step" in self.bins[c].flags():
             fwd_rows, launches = len(self.a.steps), len(self.a.steps)
         gf, gb = self.GPU_S.get(c, (1e-13, 1e-13))
-        est = launches * self.SETUP_S.get(c, 5) + self.row_s(c) * (fwd_rows + (bwd_rows if bwd else 0))
+        est = launches * self.SETUP_S.get(c, 5) + self.row_s(c) * fwd_rows + (self.row_s(c, "bwd") * bwd_rows if bwd else 0)
         est += 24 * fl * (gf * fwd_rows / self.ROWS.get(c, (4, 2))[0] + (gb if bwd else 0.0))
         if bwd:
             est += 2 * 10.0 * n * n * d / self.BWD_CHECK_FLOP_S
@@ -726,15 +732,17 @@ class Bench:
                     continue
                 first = p not in self._peer_seen
                 self._peer_seen.add(p)
-                # measured at 11:47 UTC: FA4 compiles each (pass, mask, head dim) once, in 2-4 s (a
-                # backward 4-6 s); FlexAttention every shape, in 2-4 s; cuDNN's first backward of a shape
-                # and its fp32 check take 1-2 s; the rest of a peer's call is a few tenths of a second
+                # measured at 11:47 and 15:01 UTC: FA4 compiles each (pass, mask, head dim) once, in 2-3 s
+                # (a backward 5-7 s, with its fp32 check); FlexAttention every shape, in 1.5-5 s; cuDNN's
+                # first backward of a (mask, head dim) and its fp32 check take 1.5-2 s (0.2 s at the next
+                # N); the rest of a peer's call is a few tenths of a second
                 key = (p, bwd, causal, d)
-                compiles = p == "flex" or (p == "fa4" and key not in self._peer_keys)
+                new_key = key not in self._peer_keys
+                compiles = p == "flex" or (p == "fa4" and new_key)
                 self._peer_keys.add(key)
-                est = (0.4 if bwd else 0.2) + (1.5 if p == "sdpa_cudnn" and bwd else 0.0)
+                est = (0.4 if bwd else 0.2) + (1.5 if p == "sdpa_cudnn" and bwd and new_key else 0.0)
                 if compiles:
-                    est += {"flex": (4.5 if bwd else 2.5), "fa4": (5.5 if bwd else 3.0)}[p] + (1.5 if first else 0)
+                    est += {"flex": (4.0 if bwd else 2.0), "fa4": (5.5 if bwd else 2.6)}[p] + (1.0 if first else 0)
                 if not self._peers_init_counted:
                     est += self.PEERS_INIT_S
                     self._peers_init_counted = True
@@ -750,7 +758,7 @@ class Bench:
         self._causal_only, self._peer_seen, self._peers_init_counted, self._peer_keys = {}, set(), False, set()
         q = self.a.quick
         self.prune_from = 8192 if q else 4096
-        tasks = [Task("ceilings", "ceilings: read bandwidth, bf16 and FP8 GEMM", 2, self.ceilings_task)]
+        tasks = [Task("ceilings", "ceilings: read bandwidth, bf16 and FP8 GEMM", 1, self.ceilings_task)]
         extras = []
         if "07" in self.chapters:
             extras.append(Task("ours", "ch07 decode sweep + peers", 14, self.decode_task))
@@ -763,7 +771,10 @@ class Bench:
         if "06" in self.chapters:
             masks = ["--no-model"] + (["--mask", "causal"] if q else [])
             for sub, extra in (("mask", masks), ("gqa", []), ("mla", []), ("ring", []))[:2 if q else 4]:
-                extras.append(Task("ours", "ch06 %s" % sub, 8, lambda sub=sub, extra=extra:
+                # the mask part runs every variant (about 5 s each: 6.3 s for causal alone at 15:01) unless
+                # --quick asks for causal only
+                est = (7 if q else 50) if sub == "mask" else 8
+                extras.append(Task("ours", "ch06 %s" % sub, est, lambda sub=sub, extra=extra:
                                    self.ch06_task(sub, 128, 8192, sub != "mask", extra)))
         self._no_bwd = bool(self.a.no_backward)
         if self.a.n or self.a.d or self.a.mask != "both":
@@ -796,7 +807,7 @@ class Bench:
             peers = PEERS if (d, n) in self.FULL_FLEX else [p for p in PEERS if p != "flex"]
             peers_bwd = PEERS if d == 128 and (d, n) in self.FULL_FLEX else [p for p in PEERS if p != "flex"]
             tasks += self.attention_group(d, n, causal, chs, peers, peers_bwd)
-            if i == 1:
+            if (d, n, causal) == (128, 8192, False):  # after the peers at the papers' shape, which they reuse
                 tasks += extras
         return tasks
 
@@ -835,6 +846,8 @@ class Bench:
             m["peer_init_s"] = getattr(self.peers, "init_s", {})  # cumulative seconds inside Peers()
             m["peer_calls"] = self.peers.calls
         # where the time went: every binary launch and every task, in seconds
+        if os.environ.get("BENCH_COMMIT"):  # the commit the tree was copied from, where .git is not that tree's
+            m["commit"] = os.environ["BENCH_COMMIT"]
         if self.before_dir:
             m["before"] = {"build": self.before_dir, "rounds": max(1, self.a.rounds)}
         m["binary_env"] = {"GLIBC_TUNABLES": binary_env().get("GLIBC_TUNABLES")}
