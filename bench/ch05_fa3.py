@@ -127,7 +127,7 @@ def tables(res):
     return "\n".join(out)
 
 
-def main():
+def parser():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", required=True, help="path to ch05_fa3_hopper")
@@ -145,6 +145,11 @@ def main():
     ap.add_argument("--extra", default="", help="more flags for the binary, e.g. --no-backward")
     ap.add_argument("--peers", default="cudnn,fa4,flash", help="which peers to time (cudnn, fa4, flash, efficient, flex)")
     ap.add_argument("--print-command", action="store_true", help=argparse.SUPPRESS)
+    return ap
+
+
+def main():
+    ap = parser()
     a, rest = ap.parse_known_args()
     cmd = [sys.executable, os.path.join(HERE, "lineage.py")] + bench_command(a, rest)
     if a.print_command:

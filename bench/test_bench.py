@@ -377,6 +377,40 @@ class Modes(unittest.TestCase):
                                                                      "ch05-fwd"))
 
 
+class Ch05Script(unittest.TestCase):
+    """bench/ch05_fa3.py keeps its command line and becomes ./tutorial bench's."""
+
+    def cmd(self, argv):
+        import ch05_fa3
+        a, rest = ch05_fa3.parser().parse_known_args(argv)
+        return ch05_fa3.bench_command(a, rest)
+
+    def test_modes_map_onto_the_bench(self):
+        c = self.cmd(["--bin", "/b/bin/ch05_fa3_hopper", "--extra=--no-backward", "--dims", "64,256", "--mask",
+                      "causal", "--steps", "11,16", "--peers", "cudnn,fa4"])
+        self.assertEqual(c[c.index("--build-dir") + 1], "/b")
+        self.assertIn("--no-backward", c)
+        self.assertFalse([x for x in c if x.startswith("--extra")])
+        self.assertEqual(c[c.index("--steps") + 1], "11,16")
+        self.assertEqual(c[c.index("--peers") + 1], "cudnn,fa4")
+        self.assertEqual(c[c.index("--d") + 1], "64,256")
+        c = self.cmd(["--bin", "/b/bin/ch05_fa3_hopper", "--before", "/old/bin/ch05_fa3_hopper", "--rounds", "2",
+                      "--shapes", "quick", "--out", "/tmp/x"])
+        self.assertEqual(c[c.index("--before") + 1], "/old/bin/ch05_fa3_hopper")
+        self.assertEqual(c[c.index("--rounds") + 1], "2")
+        self.assertEqual(c[c.index("--d") + 1], "128")
+        self.assertNotIn("--peers", c)  # --before: no peers
+        self.assertEqual(c[-2:], ["--out", "/tmp/x"])  # other options pass through
+        c = self.cmd(["--bin", "/b/bin/ch05_fa3_hopper", "--no-peers"])
+        self.assertIn("--no-peers", c)
+        # every option of the chapter's own script is still accepted by the script itself
+        r = __import__("subprocess").run([sys.executable, os.path.join(HERE, "ch05_fa3.py"), "--bin", "/b/bin/x",
+                                          "--n", "4096", "--batch", "4", "--json", "o.json", "--timeout", "9",
+                                          "--print-command"], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("--batch 4", r.stdout)
+
+
 class Record(unittest.TestCase):
     def test_a_gpu_log_with_the_run_in_gzip_base64_is_recorded_whole(self):
         import base64
