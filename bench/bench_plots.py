@@ -66,8 +66,11 @@ def frame(fig, legend_labels, ncol=6, title_lines=1):
 
 
 def footer(fig, res):
-    fig.text(0.01, 0.005, bench_report.run_line(res).replace("`", ""), fontsize=6.5, color="#444444",
-             ha="left", va="bottom")
+    """The run's GPU, clocks, date and command, wrapped to the figure's width (6.5 pt: about 20
+    characters an inch)."""
+    text = bench_report.run_line(res).replace("`", "")
+    lines = textwrap.wrap(text, max(60, int(fig.get_size_inches()[0] * 20)))
+    fig.text(0.01, 0.005, "\n".join(lines[:3]), fontsize=6.5, color="#444444", ha="left", va="bottom")
 
 
 def kernel_colors(kernels, chapter):
