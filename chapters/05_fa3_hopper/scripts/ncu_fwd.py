@@ -61,6 +61,16 @@ def ncu_binary():
     raise SystemExit("ncu not found")
 
 
+def step_of(kernel):
+    """The step of one of our kernel names, mangled (`_ZN4attn4ch053v1050_GLOBAL...`: the
+    namespace `v10` after its length 3) or demangled (`void v10::<unnamed>::kernel<...>`)."""
+    m = re.search(r"4ch05(\d)(v\d+)", kernel)
+    if m:
+        return int(m.group(2)[1:int(m.group(1))])
+    m = re.search(r"\bv(\d+)::", kernel)
+    return int(m.group(1)) if m else None
+
+
 def ncu(cmd, regex, timeout, what):
     """The gpu__time_duration.sum rows of every kernel matching `regex` that `cmd` runs."""
     args = [ncu_binary(), "--metrics", "gpu__time_duration.sum", "--clock-control", "none", "--csv",
@@ -110,6 +120,13 @@ def main():
     # Two profiler processes, ours first: if the peer's (PyTorch's start under the
     # profiler) runs out of time, our durations are still printed.
     rows = ncu(["bash", "-c", "set -e\n" + "\n".join(cmds) + "\n"], ours_regex, a.timeout, f"{len(cmds)} processes")
+    # Ours at once (median us per process and step), in case the peer's run does not end in time.
+    seen = {}
+    for row in rows:
+        key = (row.get("Process ID", "?"), step_of(row.get("Kernel Name", "")))
+        seen.setdefault(key, []).append(float(row["Metric Value"].replace(",", "")))
+    print("# ours by ncu (process, step: median us): " +
+          "; ".join(f"{pid} v{st}: {statistics.median(v) / 1e3:.1f}" for (pid, st), v in seen.items()), flush=True)
     if not a.no_peer:
         specs = [f"{b},{h},{a.n},{d},{c}" for d, c, _, h in shapes]
         rows += ncu([sys.executable, "-c", CUDNN, str(a.launches)] + specs, PEER, a.peer_timeout, "cuDNN")
@@ -147,7 +164,7 @@ def main():
         label = f"d={d} N={a.n} B={b} H={h}{' causal' if c else ''}"
         proc = next(ours, None)
         for st in steps:
-            ks = [t for k, t in proc[2] if re.search(f"4ch05{len('v' + str(st))}v{st}[0-9]", k)] if proc else []
+            ks = [t for k, t in proc[2] if step_of(k) == st] if proc else []
             o = statistics.median(ks) if ks else None
             cells = [label, f"v{st}", f"{o / 1e3:.1f}" if o else "-", f"{p / 1e3:.1f}" if p else "-",
                      f"{p / o:.3f}" if o and p else "-", f"{fl / (o * 1e-9) / 1e12:.0f}" if o else "-",

@@ -12,7 +12,8 @@ FlashAttention-4 (CPU work only: no peer touches the GPU until ours are done). T
 on the same shapes: PyTorch SDPA with the cuDNN backend and `flash_attn.cute.flash_attn_func`
 ([B, N, H, d]), each checked finite, then 3 warm-ups and the median of 20 event-timed calls
 with a 256 MB buffer written before each (the L2 flushed, as for ours). TFLOP/s by
-FlashAttention's count (4 B H N^2 d, halved when causal). Prints one Markdown table.
+FlashAttention's count (4 B H N^2 d, halved when causal). Prints one Markdown table, a row
+as soon as its peers are timed.
 """
 import argparse
 import json
@@ -93,19 +94,22 @@ def main():
     print(f"# imports {time.time() - t0:.1f} s", file=sys.stderr, flush=True)
     worker.join()
     print(f"# ours done at {time.time() - t0:.1f} s", file=sys.stderr, flush=True)
-    peers = {}
-    for n, d, c, _ in shapes:
+    dev = torch.cuda.get_device_name()
+    print(f"# {dev}, torch {torch.__version__}; each row printed as soon as its peers are timed")
+    print("| shape | FA4 | cuDNN | " + "ours (step: TFLOP/s) | best | best / cuDNN | best / FA4 |")
+    print("|---|---|---|---|---|---|---|", flush=True)
+    for n, d, c, steps in shapes:
         b, h = max(1, 16384 // n), 2048 // d
         q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         f = flops(b, h, n, d, c)
-        res = {}
+        p = {}
         if "cudnn" in a.peers:
             try:
                 with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                     call = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=bool(c))
                     if not torch.isfinite(call()).all():
                         raise RuntimeError("non-finite output")
-                    res["cudnn"] = f / (time_call(call, torch) * 1e-3) / 1e12
+                    p["cudnn"] = f / (time_call(call, torch) * 1e-3) / 1e12
             except Exception as e:
                 print(f"# cudnn N={n} d={d}: {str(e)[:200]}", file=sys.stderr)
         if fa4 is not None:
@@ -117,20 +121,11 @@ def main():
                     return o[0] if isinstance(o, tuple) else o
                 if not torch.isfinite(call()).all():
                     raise RuntimeError("non-finite output")
-                res["fa4"] = f / (time_call(call, torch) * 1e-3) / 1e12
+                p["fa4"] = f / (time_call(call, torch) * 1e-3) / 1e12
                 del qt, kt, vt
             except Exception as e:
                 print(f"# fa4 N={n} d={d}: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}", file=sys.stderr)
-        peers[(n, d, c)] = res
         del q, k, v
-        print(f"# peers N={n} d={d} causal={c}: {res} ({time.time() - t0:.1f} s)", file=sys.stderr, flush=True)
-    dev = torch.cuda.get_device_name()
-    print(f"# {dev}, torch {torch.__version__}, {time.time() - t0:.1f} s in all")
-    print("| shape | FA4 | cuDNN | " + "ours (step: TFLOP/s) | best | best / cuDNN | best / FA4 |")
-    print("|---|---|---|---|---|---|---|")
-    for n, d, c, steps in shapes:
-        b, h = max(1, 16384 // n), 2048 // d
-        p = peers.get((n, d, c), {})
         mine = {st: ours.get((n, d, c, st), (None, False)) for st in steps}
         cells = ", ".join(f"v{st}: {t:.1f}" if t else f"v{st}: {'FAIL' if not ok else '-'}" for st, (t, ok) in mine.items())
         good = [(t, st) for st, (t, ok) in mine.items() if t and ok]
@@ -141,6 +136,7 @@ def main():
                f"{best[0] / p['cudnn']:.3f}" if best and p.get("cudnn") else "-",
                f"{best[0] / p['fa4']:.3f}" if best and p.get("fa4") else "-"]
         print("| " + " | ".join(row) + " |", flush=True)
+    print(f"# {time.time() - t0:.1f} s in all")
     return 0
 
 
