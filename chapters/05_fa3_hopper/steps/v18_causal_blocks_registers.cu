@@ -267,7 +267,8 @@ __device__ __forceinline__ void consumer_tile(const Fa3Params& p, unsigned char*
   float inv_l[2], lse[2];
   softmax.finish(p.scale_log2, inv_l, lse);
   const int tid_out = fresh_thread_index() - 128, lane_out = tid_out % 32;  // the rows again, after the loop
-  const int row_out[2] = {m_block * kBr + 16 * (tid_out / 32) + lane_out / 4, m_block * kBr + 16 * (tid_out / 32) + lane_out / 4 + 8};
+  const int row_out[2] = {m_block * kBr + 16 * (tid_out / 32) + lane_out / 4,
+                          m_block * kBr + 16 * (tid_out / 32) + lane_out / 4 + 8};
   store_o<T>(p, bh, row_out, lane_out, o, inv_l, lse);
 }
 
