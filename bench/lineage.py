@@ -3,7 +3,7 @@
 
     ./tutorial bench                       the full sweep (the start line says how long: 7.7 minutes on
                                            an H200, estimated from the measured pieces; --plan lists them)
-    ./tutorial bench --quick               fewer shapes (2:15 on an H200, measured at 15:01 UTC)
+    ./tutorial bench --quick               fewer shapes (2:01 on an H200, measured at 15:30 UTC)
     ./tutorial bench --n 8192 --d 64,128   only these shapes (--mask causal|none|both, --no-backward)
     ./tutorial bench --chapters 04,05      only these chapters (and the peers on their shapes)
     ./tutorial bench --steps 11,16 --peers cudnn,fa4   only these steps, only these peers (--no-peers: none)
@@ -1020,7 +1020,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="./tutorial bench", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("--quick", action="store_true",
-                    help="d=128 at N=8K, the decode sweep, softmax, masks and GQA, FA1 at 2K: 2:15 on an H200")
+                    help="d=128 at N=8K, the decode sweep, softmax, masks and GQA, FA1 at 2K: 2:01 on an H200")
     ap.add_argument("--chapters", help="comma-separated chapter numbers, e.g. 04,05 (default: every chapter)")
     ap.add_argument("--cpu", action="store_true", help="no GPU: the CPU models' counted traffic, plotted")
     ap.add_argument("--report", metavar="RESULTS_JSON", help="write the tables and plots from this file, run nothing")
