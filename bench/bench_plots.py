@@ -455,7 +455,8 @@ def fig_lineage(res, rows, out_dir):
                 ax.text(i + 0.18, 0, "peer\nabsent", ha="center", va="bottom", fontsize=7, color="#777777")
             if b and p:
                 ax.text(i, max(speed(b), speed(p)) * 1.09, "%.2fx" % (speed(b) / speed(p)), ha="center",
-                        va="bottom", fontsize=9, fontweight="bold")
+                        va="bottom", fontsize=9, fontweight="bold",  # readable where it meets the ceiling's line
+                        bbox=dict(boxstyle="round,pad=0.15", facecolor="white", edgecolor="none"))
         names = []
         for e in group:
             s = e["shape"]
