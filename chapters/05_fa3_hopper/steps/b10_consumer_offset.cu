@@ -54,6 +54,12 @@
 // kernel has b9's registers and no local memory; the extra product is one of the ~65 a
 // block computes at N = 8K.
 //
+// Measured (NVIDIA H200, 2026-12-01, the README's same-run table, 15:32 UTC): 429 TFLOP/s
+// causal and 455 not causal at d = 128, N = 8K, against b9's 425 and 450 in the same run
+// (+0.9%, +1.1%; +4-8% was predicted). The lockstep was not what limited a step: ncu finds
+// the tensor pipe active half the time and a third of the issue slots used, the warps
+// waiting on latencies that a larger step (more queries) would amortise (README, next steps).
+//
 // What b9 changed from b8. The consumers meet twice a step: on named barrier 1 once both
 // halves of dS^T are written (dQ reads all 128 keys), and on named barrier 2 once both dQ
 // products are done with them (the next step overwrites dS^T). With two buffers (16 KB more:
