@@ -19,7 +19,7 @@ enum class KvLayout {
 const char* layout_name(KvLayout l);
 
 /// Which decode step runs.
-enum class DecodeKernel { v1, v2, v3, v4, v5, v6, v7, v8 };  ///< v4, v5: paged K/V only; v6-v8: 8-bit pages only
+enum class DecodeKernel { v1, v2, v3, v4, v5, v6, v7 };  ///< v4, v5: paged K/V only; v6, v7: 8-bit pages only
 const char* kernel_name(DecodeKernel k);
 
 struct GpuDecodeOutput {
@@ -40,7 +40,7 @@ class GpuDecoder {
 
   /// One step with O and the LSE poisoned (NaN) first: `splits == 1` runs v1, more runs v2.
   GpuDecodeOutput run(int splits, KvLayout layout);
-  /// One step of the given kernel (v2-v8 with `splits` splits; v1 ignores it).
+  /// One step of the given kernel (v2-v7 with `splits` splits; v1 ignores it).
   GpuDecodeOutput run(DecodeKernel k, int splits, KvLayout layout);
   /// Median time of the step in ms: warm-up, L2 flushed before each of >= 20 repeats.
   double time_ms(int splits, KvLayout layout);

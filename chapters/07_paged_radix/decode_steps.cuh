@@ -6,8 +6,7 @@
 ///        d = 128 over 8-bit pages (PagedKv8, FP8 and INT8); and `gpu::v4::launch`
 ///        (steps/v4_codes_to_fragments.cu) and `gpu::v5::launch` (steps/v5_table_lookahead.cu),
 ///        for paged K/V only; `gpu::v6::launch` (steps/v6_lazy_rescale.cu) and
-///        `gpu::v7::launch` (steps/v7_tma_pages.cu) and `gpu::v8::launch` (steps/v8_four_stages.cu),
-///        for 8-bit pages only.
+///        `gpu::v7::launch` (steps/v7_tma_pages.cu), for 8-bit pages only.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (v7)
@@ -64,12 +63,5 @@ struct CodeMaps {
 template <int D, class Kv>
 void launch(const DecodeParams& p, const Kv& kv, const CodeMaps& maps, int batch, int kv_heads);
 }  // namespace v7
-
-namespace v8 {
-using v7::CodeMaps;
-/// v7 with four TMA stages per block; 8-bit pages only.
-template <int D, class Kv>
-void launch(const DecodeParams& p, const Kv& kv, const CodeMaps& maps, int batch, int kv_heads);
-}  // namespace v8
 
 }  // namespace attn::ch07::gpu

@@ -253,7 +253,7 @@ int run_sweep(const Options& opt, const DecodeOptions& dopt, const DeviceInfo& d
     if (kv_quantised(c.kv)) {
       runs.push_back({DecodeKernel::v6, v2_splits, KvLayout::paged});  // lazy rescale
       if (c.page_size >= DecodeGeometry::kTmaMinPage)  // pages by TMA
-        runs.insert(runs.end(), {{DecodeKernel::v7, v2_splits, KvLayout::paged}, {DecodeKernel::v8, v2_splits, KvLayout::paged}});
+        runs.push_back({DecodeKernel::v7, v2_splits, KvLayout::paged});
     }
     if (contiguous)
       runs.insert(runs.end(), {{DecodeKernel::v1, 1, KvLayout::contiguous}, {DecodeKernel::v2, v2_splits, KvLayout::contiguous}});
@@ -334,7 +334,7 @@ int run_decode(int argc, char** argv, bool dry = false) {
     }
     Report rep;
     rep.chapter = kChapter;
-    rep.title = std::string("decode over a paged KV cache: v1, split-K v2, fused-combine v3, codes-to-fragments v4, table lookahead v5, lazy rescale v6, TMA pages v7, four TMA stages v8; K/V ") + kv_dtype_name(kv_dtype);
+    rep.title = std::string("decode over a paged KV cache: v1, split-K v2, fused-combine v3, codes-to-fragments v4, table lookahead v5, lazy rescale v6, TMA pages v7; K/V ") + kv_dtype_name(kv_dtype);
     const auto dev = select_device(opt.device, &rep.mode);
     if (dopt.sweep) {
 #if TUTORIAL_HAVE_CUDA
@@ -419,9 +419,8 @@ int run_decode(int argc, char** argv, bool dry = false) {
       if (kv_quantised(b.kv_dtype))
         runs.insert(runs.end(),
                     {{"v6 paged, S=" + std::to_string(v2_splits), DecodeKernel::v6, v2_splits, KvLayout::paged},
-                     {"v7 paged, S=" + std::to_string(v2_splits), DecodeKernel::v7, v2_splits, KvLayout::paged},
-                     {"v8 paged, S=" + std::to_string(v2_splits), DecodeKernel::v8, v2_splits, KvLayout::paged}});
-      if (b.page_size < DecodeGeometry::kTmaMinPage) runs.resize(runs.size() - 2);  // v7, v8: pages of >= 8 tokens
+                     {"v7 paged, S=" + std::to_string(v2_splits), DecodeKernel::v7, v2_splits, KvLayout::paged}});
+      if (b.page_size < DecodeGeometry::kTmaMinPage) runs.pop_back();  // v7 copies whole pages of >= 8 tokens
       if (!kv_quantised(b.kv_dtype))
         runs.insert(runs.end(),
                     {{"v1 contiguous", DecodeKernel::v1, 1, KvLayout::contiguous},

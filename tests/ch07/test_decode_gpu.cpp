@@ -249,9 +249,9 @@ TEST_CASE("v6 skips only multiplies by exactly 1: its output is v5's, bit for bi
   }
 }
 
-TEST_CASE("v7 and v8 (8-bit pages by TMA): page sizes 8, 16, 64, 256, ragged lengths, B = 1 and B = 33, GQA and MQA") {
+TEST_CASE("v7 (8-bit pages by TMA): page sizes 8, 16, 64, 256, ragged lengths, B = 1 and B = 33, GQA and MQA") {
   // Its own test case, last: a TMA or mbarrier fault shows here without taking the others with it.
-  const std::vector<DecodeKernel> v7 = {DecodeKernel::v7, DecodeKernel::v8};
+  const std::vector<DecodeKernel> v7 = {DecodeKernel::v7};
   for (KvDtype t : {KvDtype::fp8, KvDtype::int8}) {
     CAPTURE(kv_dtype_name(t));
     for (int P : {8, 16, 64, 256}) {
@@ -269,7 +269,7 @@ TEST_CASE("v7 and v8 (8-bit pages by TMA): page sizes 8, 16, 64, 256, ragged len
   const std::vector<float> q = make_queries(b, 41, Dist::normal);
   GpuDecoder gpu(b, q, KvContents{41, Dist::normal, nullptr});
   const GpuDecodeOutput v6 = gpu.run(DecodeKernel::v6, 9, KvLayout::paged);
-  for (DecodeKernel k : {DecodeKernel::v7, DecodeKernel::v8}) {
+  for (DecodeKernel k : {DecodeKernel::v7}) {
     CAPTURE(kernel_name(k));
     for (int rep = 0; rep < 3; ++rep) {
       const GpuDecodeOutput out = gpu.run(k, 9, KvLayout::paged);
@@ -285,5 +285,4 @@ TEST_CASE("v7 and v8 (8-bit pages by TMA): page sizes 8, 16, 64, 256, ragged len
   small.kv_dtype = KvDtype::int8;
   GpuDecoder g4(small, make_queries(small, 3, Dist::normal), KvContents{3, Dist::normal, nullptr});
   CHECK_THROWS_AS(g4.run(DecodeKernel::v7, 2, KvLayout::paged), UsageError);
-  CHECK_THROWS_AS(g4.run(DecodeKernel::v8, 2, KvLayout::paged), UsageError);
 }
