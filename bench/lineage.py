@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """./tutorial bench: every chapter's kernels next to the peers and the GPU's own ceilings, in one run.
 
-    ./tutorial bench                       the full sweep (the start line says how long: 7.7 minutes on
+    ./tutorial bench                       the full sweep (the start line says how long: 7:14 on
                                            an H200, estimated from the measured pieces; --plan lists them)
     ./tutorial bench --quick               fewer shapes (2:01 on an H200, measured at 15:30 UTC)
     ./tutorial bench --n 8192 --d 64,128   only these shapes (--mask causal|none|both, --no-backward)
