@@ -5,14 +5,15 @@
         --shape 128:0:10 --shape 128:1:6,11 --shape 64:1:11 ...   # d:causal:steps
         [--n 8192] [--launches 3]                                 # B = 16384 / N, H = 2048 / d
 
-Two Nsight Compute processes (`ncu --metrics gpu__time_duration.sum --clock-control none`:
+Nsight Compute (`ncu --metrics gpu__time_duration.sum --clock-control none`:
 the GPU at its own clocks, the caches flushed before every profiled kernel, as the
 chapter's event timing flushes the L2) run
 
-  * a shell that starts the chapter binary once per shape with `--step all --launch-only
-    K`: every step's kernel launched K times on inputs written on the device, nothing
-    uploaded, checked or timed (a process takes seconds, not the minutes of an fp64
-    check under the profiler), the chosen steps' kernels profiled;
+  * per shape, the chapter binary with `--step all --launch-only K`: every step's kernel
+    launched K times on inputs written on the device, nothing uploaded, checked or timed
+    (a process takes seconds, not the minutes of an fp64 check under the profiler), the
+    chosen steps' kernels profiled (one profiler run per shape: ncu's CSV does not list
+    processes in the order they ran);
   * one Python process with PyTorch SDPA's cuDNN backend, K calls per shape (second, so
     that our durations are printed even if PyTorch's start runs out of time).
 
@@ -108,44 +109,35 @@ def main():
         d, c, steps = s.split(":")
         shapes.append((int(d), int(c), [int(x) for x in steps.split(",")], 2048 // int(d)))
 
-    # Our processes: one per shape (a process start under the profiler costs about 2 s), each
-    # launching every step built for the shape (`--step all`); the regex profiles the chosen ones.
-    cmds = []
+    # Ours: one profiler run per shape (ncu's CSV does not list processes in the order they ran),
+    # each over one process launching every step built for the shape (`--step all`); the regex
+    # profiles the chosen ones. A process start under the profiler costs about 2 s.
+    rows, per_shape = [], []
     for d, c, steps, h in shapes:
         cmd = [a.bin, "--n", str(a.n), "--batch", str(b), "--heads", str(h), "--kv-heads", str(h), "--d", str(d),
                "--step", "all", "--no-fp8-table", "--no-backward", "--launch-only", str(a.launches)]
-        cmds.append(" ".join(shlex.quote(x) for x in cmd + (["--causal"] if c else [])))
-    wanted = sorted({st for _, _, steps, _ in shapes for st in steps})
-    ours_regex = "4ch05(" + "|".join(f"{len('v' + str(st))}v{st}" for st in wanted) + r")[0-9]+_GLOBAL.*6kernelI"
-    # Two profiler processes, ours first: if the peer's (PyTorch's start under the
-    # profiler) runs out of time, our durations are still printed.
-    rows = ncu(["bash", "-c", "set -e\n" + "\n".join(cmds) + "\n"], ours_regex, a.timeout, f"{len(cmds)} processes")
-    # Ours at once (median us per process and step), in case the peer's run does not end in time.
-    seen = {}
-    for row in rows:
-        key = (row.get("Process ID", "?"), step_of(row.get("Kernel Name", "")))
-        seen.setdefault(key, []).append(float(row["Metric Value"].replace(",", "")))
-    print("# ours by ncu (process, step: median us): " +
-          "; ".join(f"{pid} v{st}: {statistics.median(v) / 1e3:.1f}" for (pid, st), v in seen.items()), flush=True)
+        regex = "4ch05(" + "|".join(f"{len('v' + str(st))}v{st}" for st in steps) + r")[0-9]+_GLOBAL.*6kernelI"
+        got = ncu(cmd + (["--causal"] if c else []), regex, a.timeout, f"d={d}{' causal' if c else ''}")
+        per_shape.append(got)
+        rows += got
+    # Ours at once (median us per shape and step), in case the peer's run does not end in time.
+    print("# ours by ncu (median us): " + "; ".join(
+        f"d={d}{' causal' if c else ''} v{st}: " +
+        (f"{statistics.median(ts) / 1e3:.1f}" if (ts := [float(r['Metric Value'].replace(',', '')) for r in got
+                                                        if step_of(r.get('Kernel Name', '')) == st]) else "-")
+        for (d, c, steps, _), got in zip(shapes, per_shape) for st in steps), flush=True)
     if not a.no_peer:
         specs = [f"{b},{h},{a.n},{d},{c}" for d, c, _, h in shapes]
-        rows += ncu([sys.executable, "-c", CUDNN, str(a.launches)] + specs, PEER, a.peer_timeout, "cuDNN")
+        peer_rows = ncu([sys.executable, "-c", CUDNN, str(a.launches)] + specs, PEER, a.peer_timeout, "cuDNN")
+    else:
+        peer_rows = []
+    rows += peer_rows
     if not rows:
         return 1
-    # Our processes in the order they ran (one per (shape, step)), then the peer's.
-    procs = []
-    for row in rows:
-        pid = row.get("Process ID") or row.get("PID") or "?"
-        if not procs or procs[-1][0] != pid:
-            procs.append((pid, row.get("Process Name", ""), []))
-        procs[-1][2].append((row["Kernel Name"], float(row["Metric Value"].replace(",", ""))))
-    ours_procs = [p for p in procs if "ch05" in p[1] or all("4ch05" in k for k, _ in p[2])]
-    peer_procs = [p for p in procs if p not in ours_procs]
-    ours = iter(ours_procs)
-    peer_kernels = [x for p in peer_procs for x in p[2]]
+    peer_kernels = [(r["Kernel Name"], float(r["Metric Value"].replace(",", ""))) for r in peer_rows]
     names = sorted({k[:60] for k, _ in peer_kernels})
-    print(f"# {len(rows)} kernels profiled: ours {sum(len(p[2]) for p in ours_procs)} in {len(ours_procs)} processes, "
-          f"cuDNN {len(peer_kernels)} ({', '.join(names[:3])})", flush=True)
+    print(f"# {len(rows)} kernels profiled: ours {len(rows) - len(peer_rows)}, cuDNN {len(peer_kernels)} "
+          f"({', '.join(names[:3])})", flush=True)
     # cuDNN: k kernels a call (one, unless cuDNN splits the attention): a call's durations summed.
     per = len(peer_kernels) // (a.launches * len(shapes)) if peer_kernels else 0
     peer_ns = []
@@ -162,9 +154,8 @@ def main():
         fl = 4.0 * b * h * a.n * a.n * d / (2 if c else 1)
         p = peer_ns[i] if peer_ns else None
         label = f"d={d} N={a.n} B={b} H={h}{' causal' if c else ''}"
-        proc = next(ours, None)
         for st in steps:
-            ks = [t for k, t in proc[2] if step_of(k) == st] if proc else []
+            ks = [float(r["Metric Value"].replace(",", "")) for r in per_shape[i] if step_of(r.get("Kernel Name", "")) == st]
             o = statistics.median(ks) if ks else None
             cells = [label, f"v{st}", f"{o / 1e3:.1f}" if o else "-", f"{p / 1e3:.1f}" if p else "-",
                      f"{p / o:.3f}" if o and p else "-", f"{fl / (o * 1e-9) / 1e12:.0f}" if o else "-",
