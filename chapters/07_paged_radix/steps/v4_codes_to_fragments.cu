@@ -44,6 +44,8 @@
 // WarpDecodeV4 and warp_rows_v4() pick them for an 8-bit cache; smem_bytes() sizes the
 // stage without the slots; the kernel calls load_stage, warp_rows_v4 and WarpDecodeV4;
 // and the launcher takes smem_bytes(), for PagedKv and PagedKv8 only.
+// Measured (NVIDIA H200, 2026-12-01, NOTES.md): B = 8, L = 32K, GQA 32/8, FP8 0.2525 ->
+// 0.1964 ms against v3 (1.01x -> 1.30x bf16's tokens/s), INT8 1.00x -> 1.25x.
 #include "common/cuda/check.cuh"
 #include "decode_steps.cuh"
 

@@ -27,6 +27,8 @@
 //
 // Every change from v5: the vote before cuda::rescale in WarpCodes::tile; the
 // launcher's name and its instantiations (8-bit only).
+// Measured (NVIDIA H200, 2026-12-01, NOTES.md): FP8 at B = 8, L = 32K: 7.2% fewer
+// instructions than v5, 0.1868 -> 0.1852 ms (1.38x bf16).
 #include "common/cuda/check.cuh"
 #include "decode_steps.cuh"
 
