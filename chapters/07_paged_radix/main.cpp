@@ -296,7 +296,9 @@ int run_decode(int argc, char** argv, bool dry = false) {
   defaults.dtype = DType::bf16;
   Cli cli(std::string(kChapter) + " decode",
           "One decode step (one query token per sequence) over a paged KV cache with GQA: v1 (one block per\n"
-          "sequence and KV head) and v2 (split-K, flash-decoding), against the fp64 reference.\n"
+          "sequence and KV head), v2 (split-K, flash-decoding), v3 (the merge fused), v4 (8-bit codes into\n"
+          "MMA fragments), v5 (block table read ahead), v6 and v7 (8-bit: lazy rescale, pages by TMA), each\n"
+          "against the fp64 reference.\n"
           "--nk is the longest cached length; --batch the number of sequences.");
   cli.defaults(defaults).head_dims({64, 128}).dtypes({DType::bf16});
   cli.add_int("--page-size", &dopt.page_size, "tokens per page, a power of two in [1, 256]", 1, 256);
