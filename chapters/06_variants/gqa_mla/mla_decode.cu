@@ -342,17 +342,15 @@ __global__ void __launch_bounds__(S::kThreads, S::kBlocksPerSm) decode_kernel(co
 /// M = max_s m_s, the merged state is (M, sum_s 2^(m_s - M) l_s) and O = sum_s 2^(m_s - M) O_s,
 /// which is what folding them in one by one with merge_weights<Base2> gives (exercise
 /// ch06.6 is that fold on the CPU), but every range's load is independent of the others.
-/// One thread block per (sequence, row, eighth of the 512 columns): a float2 per lane,
-/// and the ranges dealt out to the block's warps (up to 16), whose sums meet in shared
+/// One thread block per (sequence, row, quarter of the 512 columns): a float4 per lane,
+/// and the ranges dealt out to the block's warps (up to 8), whose sums meet in shared
 /// memory. One sequence of 64K keys has 16 rows and 128 ranges: one warp per (row,
-/// quarter) walking all 128 ranges one load after another took longer than the decode,
-/// and with 4 quarters and 8 warps it still took 10.7 us (ncu, H200) against 26.6 us of
-/// decode: every range is a chain of two dependent loads, and a warp had 16 of them.
-constexpr int kCombineParts = 8, kCombineMaxWarps = 16;
+/// quarter) walking all 128 ranges one load after another took longer than the decode.
+constexpr int kCombineParts = 4, kCombineMaxWarps = 8;
 __global__ void combine_kernel(const DecodeParams p, bf16* o_c) {
   constexpr int kCols = kDVl / kCombineParts;
-  static_assert(kCols == 2 * 32, "a float2 per lane");
-  __shared__ float2 acc_w[kCombineMaxWarps][32];
+  static_assert(kCols == 4 * 32, "a float4 per lane");
+  __shared__ float4 acc_w[kCombineMaxWarps][32];
   __shared__ float l_w[kCombineMaxWarps];
   const int bw = blockIdx.x, part = blockIdx.y, b = bw / p.rows, row = bw % p.rows;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
@@ -363,27 +361,28 @@ __global__ void combine_kernel(const DecodeParams p, bf16* o_c) {
   for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
   const float shift = finite_max(m);  // every range empty: weights 2^-inf = 0
   float l = 0.f;
-  float2 acc = make_float2(0.f, 0.f);
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll 4
   for (int s = warp; s < p.splits; s += warps) {
     const std::size_t a = at(s);
     const float wgt = exp2_approx(p.ml_part[a * 2] - shift);
     l += p.ml_part[a * 2 + 1] * wgt;
-    const float2 v = reinterpret_cast<const float2*>(p.o_part + a * kDVl + part * kCols)[lane];
-    acc.x += wgt * v.x, acc.y += wgt * v.y;
+    const float4 v = reinterpret_cast<const float4*>(p.o_part + a * kDVl + part * kCols)[lane];
+    acc.x += wgt * v.x, acc.y += wgt * v.y, acc.z += wgt * v.z, acc.w += wgt * v.w;
   }
   acc_w[warp][lane] = acc;
   if (lane == 0) l_w[warp] = l;
   __syncthreads();
   if (warp != 0) return;
   for (int w = 1; w < warps; ++w) {
-    const float2 v = acc_w[w][lane];
-    acc.x += v.x, acc.y += v.y;
+    const float4 v = acc_w[w][lane];
+    acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
     l += l_w[w];
   }
   const float inv = l > 0.f ? 1.f / l : 0.f;
-  bf16* dst = o_c + (std::size_t(b) * p.rows + row) * kDVl + part * kCols + 2 * lane;
-  *reinterpret_cast<uint32_t*>(dst) = pack2<bf16>(acc.x * inv, acc.y * inv);
+  bf16* dst = o_c + (std::size_t(b) * p.rows + row) * kDVl + part * kCols + 4 * lane;
+  *reinterpret_cast<uint2*>(dst) =
+      make_uint2(pack2<bf16>(acc.x * inv, acc.y * inv), pack2<bf16>(acc.z * inv, acc.w * inv));
 }
 
 constexpr int kRowsPerGemmBlock = 8;
@@ -468,7 +467,7 @@ int blocks_per_sm(int rows_per_tile, int v) {
 const char* small_variant_name(int v) { return v == 1 ? "ring2x2" : v == 2 ? "ring4" : "wide"; }
 
 void launch_combine(const DecodeParams& p, bf16* o_c) {
-  const int warps = std::min(kCombineMaxWarps, p.splits);  // a warp per range, up to 16
+  const int warps = std::min(kCombineMaxWarps, p.splits);  // a warp per range, up to 8
   combine_kernel<<<dim3(p.batch * p.rows, kCombineParts), 32 * warps>>>(p, o_c);
   CUDA_CHECK_LAUNCH("mla combine_kernel");
 }

@@ -9,30 +9,35 @@
 // TMA brings each 72 KB key block with one thread's nine instructions.
 //
 //     thread block (tile of 64 packed rows, key range s, sequence b): two warpgroups
-//       | Q [64][576] 72 KB | K ring 2 x [64][576] 144 KB | alpha 2 x 256 B | mbarriers |
-//       Q and K arrive by TMA as nine 128-byte-wide boxes (the 128-byte swizzle); P_j goes
-//       into box 8 of K_j's stage (k_rope, read by S_j alone) once S_j is done
+//       | Q [64][576] 72 KB | K ring 2 x [64][576] 144 KB | P 8 KB | alpha 1 KB | mbarriers |
+//       Q and K arrive by TMA as nine 128-byte-wide boxes (the 128-byte swizzle)
 //
 //     warpgroup 0 (rows 0..63, O columns 0..255)     warpgroup 1 (O columns 256..511)
 //       wait K_j                                      .
 //       S = Q K_j^T   36 wgmma m64n64k16 (SS)         .
 //       mask, online softmax, P_j in bf16             .
 //       P_j, alpha_j -> shared, arrive "P full" ----> sync "P full": P_j, alpha_j -> registers
-//       O_L = alpha O_L + P_j V_j[:, 0:256]           O_R = alpha O_R + P_j V_j[:, 256:512]
+//       O_L = alpha O_L + P_j V_j[:, 0:256]           arrive "P empty"; O_R = alpha O_R + P_j V_j[:, 256:512]
 //         (4 wgmma m64n256k16, P from registers)        (the same, on the right half of V)
 //       S_{j+1} issued behind P_j V_j                 when both halves are done: TMA K_{j+2} into the stage
 //
 // V is the first 512 columns of the same key tile (the latent c): no bytes of its own.
-// The S of a row block is computed once and shared through shared memory: P_j overwrites
-// the k_rope box of its own stage (8 KB, exactly a 64 x 64 bf16 tile), which the ring then
-// refills with K_{j+2} only after warpgroup 1 has read it, so P needs no buffer and no
-// "P empty" handshake of its own (a single P buffer released with bar.arrive was reported
-// by racecheck). Each warpgroup accumulates a 64 x 256 half of O in 128 registers a thread. Each key
+// The S of a row block is computed once and shared through 8 KB of shared memory, and
+// each warpgroup accumulates a 64 x 256 half of O in 128 registers a thread. Each key
 // range writes the same (m, l, O) partials as mla_decode.cu, so combine_kernel is shared.
 //
-// New instructions: none. wgmma (SS and RS forms), TMA, mbarriers and the proxy fence are
-// chapter 05's (common/cuda/hopper/: wgmma.cuh, tma.cuh, mbarrier.cuh, named_barrier.cuh,
-// bulk_copy.cuh).
+// racecheck. compute-sanitizer's racecheck reports 17 hazards on warpgroup 1's loads of P
+// once a range has two key blocks or more (none with one): the single P buffer is released
+// by warpgroup 1's bar.arrive ("P empty") and rewritten by warpgroup 0 after its bar.sync,
+// the producer/consumer use of named barriers that CUTLASS and FA3 make, but not an order
+// racecheck accepts between ordinary loads and stores. An alternative (P into the k_rope box
+// of its own stage, one "P full" barrier per stage, a proxy fence before the refill; round
+// of 15:34 UTC, 2026-12-01) was clean up to two blocks, still reported 18 hazards through the
+// ring's mbarrier order, and ran 9-11% slower (463 against 517 TFLOP/s at B = 64, Nk = 8K in
+// the rounds of 15:34 and 15:08), so this is the kernel kept. Tests pass on both.
+//
+// New instructions: none. wgmma (SS and RS forms), TMA and mbarriers are chapter 05's
+// (common/cuda/hopper/: wgmma.cuh, tma.cuh, mbarrier.cuh, named_barrier.cuh).
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -40,7 +45,6 @@
 #include "common/cuda/check.cuh"
 #include "common/cuda/fast_math.cuh"
 #include "common/cuda/frag_softmax.cuh"
-#include "common/cuda/hopper/bulk_copy.cuh"
 #include "common/cuda/hopper/mbarrier.cuh"
 #include "common/cuda/hopper/named_barrier.cuh"
 #include "common/cuda/hopper/tma.cuh"
@@ -70,23 +74,17 @@ constexpr int kQBytes = kBoxes * kM * kRowBytes;     // 72 KB
 constexpr int kStageBytes = kBoxes * kBoxBytes;      // 72 KB
 constexpr int kThreads = 256;                        // two warpgroups
 constexpr int kPWords = (kBc / 16) * 4 * 128;        // P as 4 k-slices x 4 registers x 128 threads
-constexpr int kPBox = kBoxes - 1;                    // P_j's place: the k_rope box of K_j's stage
-static_assert(kPWords * 4 == kBoxBytes, "P (64 x 64 bf16) fills the k_rope box exactly");
-// Shared memory: | Q | K ring | alpha of each stage (one per row) | mbarriers: full_q, full[2], empty[2] |
+// Shared memory: | Q | K ring | P | alpha | mbarriers: full_q, full[2], empty[2] |
 constexpr int kQ = 0;
 constexpr int kK = kQ + kQBytes;
-constexpr int kAlpha = kK + kStages * kStageBytes;
-constexpr int kBars = kAlpha + kStages * kM * 4;
+constexpr int kP = kK + kStages * kStageBytes;
+constexpr int kAlpha = kP + kPWords * 4;
+constexpr int kBars = kAlpha + 128 * 2 * 4;
 constexpr int kBytes = kBars + 8 * (1 + 2 * kStages) + 1024;  // + 1024: the base aligned up to 1024
 static_assert(kQBytes % 1024 == 0 && kStageBytes % 1024 == 0, "TMA's 128-byte swizzle needs 1024-aligned tiles");
 static_assert(kBytes <= 227 * 1024, "one block per SM");
-// Named barriers (0 is __syncthreads). "P full" of stage st (ids 1 and 3: both warpgroups):
-// P_j of that stage is written. One per stage, so that warpgroup 0's arrivals for blocks j
-// and j + 1 never count towards one barrier before warpgroup 1 has waited (a third
-// arrival on a stage needs that stage's refill, which needs warpgroup 1). "P read" (id 2,
-// warpgroup 1 alone): all its threads have read P_j before its thread 0 refills the stage.
-__device__ __forceinline__ int bar_p_full(int st) { return 1 + 2 * st; }
-constexpr int kBarPRead = 2;
+// Named barriers between the two warpgroups (0 is __syncthreads): P_j written, P_j read.
+constexpr int kBarPFull = 1, kBarPEmpty = 2;
 constexpr int kEmptyArrivals = 8;  // lane 0 of every warp releases a stage
 
 __device__ __forceinline__ unsigned char* align_1024(unsigned char* p) {
@@ -101,9 +99,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* full_q = reinterpret_cast<uint64_t*>(smem + kBars);
   uint64_t* full = full_q + 1;
   uint64_t* empty = full + kStages;
-  // P_j of stage st, and alpha_j of stage st's rows
-  auto sp = [&](int st) { return reinterpret_cast<uint32_t*>(smem + kK + st * kStageBytes + kPBox * kBoxBytes); };
-  auto salpha = [&](int st) { return reinterpret_cast<float*>(smem + kAlpha) + st * kM; };
+  uint32_t* sp = reinterpret_cast<uint32_t*>(smem + kP);
+  float* salpha = reinterpret_cast<float*>(smem + kAlpha);
 
   const int tile = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
@@ -195,17 +192,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       sm.update(s, p.scale_log2, alpha);
 #pragma unroll
       for (int q = 0; q < kBc / 4; ++q) pr[q] = pack2<bf16>(s[2 * q], s[2 * q + 1]);
-      // P_i and alpha_i to warpgroup 1, into the k_rope box of stage st (S_i, its only
-      // reader, is done: waited for before this call).
-      uint32_t* p_out = sp(st);
+      // P_i and alpha_i to warpgroup 1 (it has read P_{i-1} once "P empty" completes).
+      if (i > 0) named_barrier_sync(kBarPEmpty, kThreads);
 #pragma unroll
-      for (int q = 0; q < kBc / 4; ++q) p_out[q * 128 + t] = pr[q];
-      if (lane % 4 == 0) {
-        salpha(st)[row[0]] = alpha[0];
-        salpha(st)[row[1]] = alpha[1];
-      }
-      fence_proxy_async_shared();  // these writes are ordered before the TMA that later refills the box
-      named_barrier_arrive(bar_p_full(st), kThreads);
+      for (int q = 0; q < kBc / 4; ++q) sp[q * 128 + t] = pr[q];
+      salpha[2 * t] = alpha[0];
+      salpha[2 * t + 1] = alpha[1];
+      named_barrier_arrive(kBarPFull, kThreads);
       // O_L = alpha O_L + P_i V_i[:, 0:256]
       rescale(o, alpha);
       fence_operand(o);
@@ -244,13 +237,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < n; ++i) {
       const int st = i % kStages;
       const uint32_t ph = (i / kStages) & 1;
-      named_barrier_sync(bar_p_full(st), kThreads);
-      mbarrier_wait(&full[st], ph);  // complete already (warpgroup 0 waited); makes the TMA bytes visible here
+      named_barrier_sync(kBarPFull, kThreads);
       uint32_t pr[kBc / 4];
-      const uint32_t* p_in = sp(st);
 #pragma unroll
-      for (int q = 0; q < kBc / 4; ++q) pr[q] = p_in[q * 128 + t];
-      const float alpha[2] = {salpha(st)[row[0]], salpha(st)[row[1]]};
+      for (int q = 0; q < kBc / 4; ++q) pr[q] = sp[q * 128 + t];
+      const float alpha[2] = {salpha[2 * t], salpha[2 * t + 1]};
+      if (i + 1 < n) named_barrier_arrive(kBarPEmpty, kThreads);
+      mbarrier_wait(&full[st], ph);  // complete already (warpgroup 0 waited); makes the TMA bytes visible here
       rescale(o, alpha);
       fence_operand(o);
       fence_operand(pr);
@@ -264,9 +257,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_wait<0>();
       fence_operand(o);
       if (lane == 0) mbarrier_arrive(&empty[st]);
-      // The producer: once all eight warps have released stage st (and this warpgroup's
-      // threads have all read P_i out of it), block i + 2 goes into it.
-      named_barrier_sync(kBarPRead, 128);
+      // The producer: once all eight warps have released stage st, block i + 2 goes into it.
       if (t == 0 && i + kStages < n) {
         mbarrier_wait(&empty[st], ph);
         load_kv(i + kStages);
