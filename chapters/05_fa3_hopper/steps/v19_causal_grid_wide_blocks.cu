@@ -23,6 +23,11 @@
 //
 // Why: at d = 128 v6's grid ran causal problems at 635 TFLOP/s where every persistent
 // step (v7-v11) ran 607-609; v18 has the wider causal blocks on the persistent walk.
+//
+// Measured (H200, 2026-12-01 15:36 UTC): d = 128 causal 917.3 us against v18's 901.9 and v6's
+// 888.0 by kernel duration (-1.7%, -3.2%; predicted +2% over v6); by events 602.8 TFLOP/s
+// against v6's 619.9 at N = 8K and 390.4 against 476.2 at N = 2K; d = 256 causal 810.4 against
+// 803.9. A loss: v6's grid wins with v6's own kernel, not with v18's.
 #include <string>
 
 #include "common/cuda/check.cuh"

@@ -25,6 +25,12 @@
 // pair against 1,536 clocks of tensor work: the loop is bound by issue, not by MUFU. One in
 // eight gives back about 85 of those slots a block for 12 more MUFU.EX2 (MUFU then 7/8 of
 // the GEMM time: 1,344 of 1,536 clocks).
+//
+// Measured (H200, 2026-12-01 15:36 UTC, d = 64 causal, N = 8K): 1306.2 us against v17's 1297.5
+// by kernel duration (-0.7%) and 423.6 against 427.7 TFLOP/s by events (-1.0%), where +3% was
+// predicted. The profile of 15:08 (Nsight Compute, v17): issue slots 55% busy, no eligible warp
+// in 44% of the cycles: the loop is bound by latency, not by issue, and the premise above
+// (static instruction counts) does not hold. Kept as a measured negative.
 #include <string>
 
 #include "common/cuda/check.cuh"
