@@ -85,6 +85,10 @@ CROSS: dict[str, Last | File | New] = {
     # (chapter 05's v8: its later bf16 steps came after chapter 06 was derived from it)
     "chapters/06_variants/masks/steps/hopper_mask.cu": File("chapters/05_fa3_hopper/steps/v8_head_dims.cu"),
     "chapters/06_variants/masks/steps/backward_mask.cu": File("chapters/04_fa2/backward.cu"),
+    # the sm90a mask steps v1, v2, ... improve hopper_mask.cu
+    "chapters/06_variants/masks/steps": File("chapters/06_variants/masks/steps/hopper_mask.cu"),
+    # chapter 06's packed GQA for non-Hopper GPUs: chapter 04's last step with the packed view
+    "chapters/06_variants/gqa_mla/steps/ampere_packed.cu": Last("chapters/04_fa2/steps"),
     # chapter 05's backward: b1 is chapter 04's backward on Hopper's machinery, b2 warp-specialises b1
     "chapters/05_fa3_hopper/steps/b1_wgmma_backward.cu": File("chapters/04_fa2/backward.cu"),
     "chapters/05_fa3_hopper/steps/b2_warp_specialized.cu": File("chapters/05_fa3_hopper/steps/b1_wgmma_backward.cu"),
