@@ -17,41 +17,32 @@
 namespace attn::ch05 {
 namespace {
 
-constexpr int kPrepThreads = 256;  // the preprocess: D/8 threads per row, 16 or 32 rows per block
+constexpr int kPrepThreads = 256;  // one warp per row, 8 rows per block
 constexpr int kPostThreads = 256;  // the postprocess: one query block's tile per block
 constexpr int kPostOldBlocks = 1024;  // postprocess_by_element's grid
 
-/// D/8 threads per padded row r of one query head (r < Tr Br), 8 elements (16 bytes) of O and
-/// dO each: D_r = dO_r . O_r and the LSE in base 2 (+inf where the row is empty or padding:
-/// 2^(s - inf) = 0, never NaN); zeroes the row's d floats of dQ's accumulator (its share of
-/// it, as two float4) and the order counters. (One warp per row read 2 bytes a lane and load:
-/// 142 us at d = 64, N = 8K, H = 32, where d = 128 with the same bytes took 76.5 us.)
-template <class T, int D>
-__global__ void __launch_bounds__(kPrepThreads) preprocess(const Fa3BwdParams p) {
-  constexpr int kLanes = D / 8;  // threads of a row: 16 or 8, consecutive lanes of one warp
+/// One warp per padded row r of one query head (r < Tr Br): D_r = dO_r . O_r and the
+/// LSE in base 2 (+inf where the row is empty or padding: 2^(s - inf) = 0, never NaN);
+/// zeroes d floats of dQ's accumulator (the rows' share of it) and the order counters.
+template <class T>
+__global__ void preprocess(const Fa3BwdParams p) {
   const int rows_pad = p.n_qblocks * kBwdBr;
   const long long rows = (long long)p.batch * p.heads * rows_pad;
-  const long long row = (long long)blockIdx.x * (kPrepThreads / kLanes) + threadIdx.x / kLanes;
-  const int c8 = threadIdx.x % kLanes;
-  const bool live = row < rows;  // every lane takes part in the shuffles below
-  const long long bh = live ? row / rows_pad : 0;
-  const int r = live ? int(row % rows_pad) : p.nq;
+  const long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const long long bh = row / rows_pad;
+  const int r = int(row % rows_pad);
   float acc = 0.f;
   if (r < p.nq) {
-    const long long at = (bh * p.nq + r) * D + 8 * c8;
-    const uint4 vo = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.o) + at);
-    const uint4 vd = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.dout) + at);
-    const T* o = reinterpret_cast<const T*>(&vo);
-    const T* dout = reinterpret_cast<const T*>(&vd);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc += float(o[e]) * float(dout[e]);
+    const T* o = static_cast<const T*>(p.o) + (bh * p.nq + r) * p.d;
+    const T* dout = static_cast<const T*>(p.dout) + (bh * p.nq + r) * p.d;
+    for (int c = lane; c < p.d; c += 32) acc += float(o[c]) * float(dout[c]);
   }
 #pragma unroll
-  for (int off = kLanes / 2; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-  if (!live) return;
-  float4* z = reinterpret_cast<float4*>(p.dq_accum + row * D + 8 * c8);
-  z[0] = z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
-  if (c8 == 0) {
+  for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  for (int c = lane; c < p.d; c += 32) p.dq_accum[row * p.d + c] = 0.f;
+  if (lane == 0) {
     p.delta[row] = acc;
     const float l = r < p.nq ? p.lse[bh * p.nq + r] : -INFINITY;
     p.lse2[row] = l == -INFINITY ? INFINITY : l * float(kLog2e);
@@ -135,12 +126,8 @@ PreparedStep prepare_step(BwdStep s, const BwdStepArgs& a) {
 template <class T>
 void run_all(const Fa3BwdParams& p, const PreparedStep& main_kernel, bool by_element) {
   const long long rows = (long long)p.batch * p.heads * p.n_qblocks * kBwdBr;
-  const int per_block = kPrepThreads / (p.d / 8);
-  const unsigned prep_blocks = unsigned((rows + per_block - 1) / per_block);
-  if (p.d == 64)
-    preprocess<T, 64><<<prep_blocks, kPrepThreads>>>(p);
-  else
-    preprocess<T, 128><<<prep_blocks, kPrepThreads>>>(p);
+  const int per_block = kPrepThreads / 32;
+  preprocess<T><<<unsigned((rows + per_block - 1) / per_block), kPrepThreads>>>(p);
   CUDA_CHECK_LAUNCH("backward preprocess");
   main_kernel.launch();
   if (by_element)
