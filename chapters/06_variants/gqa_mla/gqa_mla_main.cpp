@@ -34,6 +34,26 @@ void push_lines(Report& rep, const std::string& text) {
 }
 
 #if TUTORIAL_HAVE_CUDA && CH06_GQA_MLA_KERNELS
+/// One GPU row of the packed forward (pack) or of the same kernel unpacked: its counted
+/// bytes, its check against the oracle, and its time. `note_ok` describes the launch.
+ResultRow packed_row(const Problem& p, const ForwardOracle& oracle, const std::string& impl, bool pack,
+                     const GpuResult& g, const std::string& note_ok, bool timed) {
+  ResultRow row;
+  row.impl = impl;
+  row.device = "cuda";
+  row.flops = flops_forward(p);
+  GroupedOptions go;
+  go.pack = pack;
+  row.hbm_read_bytes = grouped_kv_bytes(p, go) + double(p.q_elems()) * dtype_bytes(p.dtype);
+  row.hbm_write_bytes = double(p.o_elems()) * dtype_bytes(p.dtype) + 4.0 * p.lse_elems();
+  const CheckResult c = oracle.judge(g.o, &g.lse);
+  row.set_check(c);
+  row.note = c.pass() ? note_ok : c.failures();
+  row.bound = p.nq * p.group() <= 128 ? Bound::memory : Bound::compute;
+  if (timed) row.set_time(g.time_ms);
+  return row;
+}
+
 std::string shape_of(const Problem& p) {
   return "B=" + std::to_string(p.batch) + " Hq=" + std::to_string(p.heads) + " Hkv=" + std::to_string(p.kv_heads) + " G=" + std::to_string(p.group()) +
          " Nq=" + std::to_string(p.nq) + " Nk=" + std::to_string(p.nk);
@@ -118,21 +138,9 @@ int run_gqa(const Options& opt, bool sweep, bool no_table, bool no_time) {
   if (dev && packed_sm80_supports(p, &why)) {
     rep.device = dev->name;
     for (bool pack : {true, false}) {
-      ResultRow row;
-      row.impl = pack ? "packed (sm_80, ch04 v9)" : "unpacked (sm_80, ch04 v9)";
-      row.device = "cuda";
-      row.flops = flops_forward(p);
-      GroupedOptions go;
-      go.pack = pack;
-      row.hbm_read_bytes = grouped_kv_bytes(p, go) + double(p.q_elems()) * dtype_bytes(p.dtype);
-      row.hbm_write_bytes = double(p.o_elems()) * dtype_bytes(p.dtype) + 4.0 * p.lse_elems();
       const GpuResult g = packed_forward_sm80_gpu(p, in, pack, !no_time);
-      const CheckResult c = oracle.judge(g.o, &g.lse);
-      row.set_check(c);
-      row.note = c.pass() ? std::to_string(g.grid) + " blocks of 128 packed rows" : c.failures();
-      row.bound = p.nq * p.group() <= 128 ? Bound::memory : Bound::compute;
-      if (!no_time) row.set_time(g.time_ms);
-      rep.rows.push_back(row);
+      rep.rows.push_back(packed_row(p, oracle, pack ? "packed (sm_80, ch04 v9)" : "unpacked (sm_80, ch04 v9)", pack, g,
+                                    std::to_string(g.grid) + " blocks of 128 packed rows", !no_time));
     }
   } else if (dev) {
     rep.notes.push_back("sm_80 rows not run: " + why);
@@ -147,22 +155,10 @@ int run_gqa(const Options& opt, bool sweep, bool no_table, bool no_time) {
                                     4.0 * p.lse_elems(), "the problem's tensors");
     if (opt.bench) rep.ceilings = measure_ceilings(p.dtype);
     for (bool pack : {true, false}) {
-      ResultRow row;
-      row.impl = pack ? "packed (sm_90a)" : "unpacked (sm_90a)";
-      row.device = "cuda";
-      row.flops = flops_forward(p);
-      GroupedOptions go;
-      go.pack = pack;
-      row.hbm_read_bytes = grouped_kv_bytes(p, go) + double(p.q_elems()) * dtype_bytes(p.dtype);
-      row.hbm_write_bytes = double(p.o_elems()) * dtype_bytes(p.dtype) + 4.0 * p.lse_elems();
       const GpuResult g = packed_forward_gpu(p, in, pack, !no_time);
-      const CheckResult c = oracle.judge(g.o, &g.lse);
-      row.set_check(c);
-      row.note = c.pass() ? std::to_string(g.grid) + " blocks, " + std::to_string(g.smem_bytes / 1024) + " KB smem each"
-                          : c.failures();
-      row.bound = p.nq * p.group() <= 128 ? Bound::memory : Bound::compute;
-      if (!no_time) row.set_time(g.time_ms);
-      rep.rows.push_back(row);
+      rep.rows.push_back(packed_row(p, oracle, pack ? "packed (sm_90a)" : "unpacked (sm_90a)", pack, g,
+                                    std::to_string(g.grid) + " blocks, " + std::to_string(g.smem_bytes / 1024) + " KB smem each",
+                                    !no_time));
     }
     rep.apply_ceilings();
     if (sweep) gqa_sweep(rep);
