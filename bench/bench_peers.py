@@ -1,20 +1,20 @@
 """The peers, timed in the same process and the same way as the chapter binaries time ours.
 
 Each peer is a callable on a shape; `Peers.run()` checks its output against an fp32
-computation of one (batch, head) slice first, then times it: 3 warm-ups, an L2 flush
-(a buffer twice the L2 written) before every repeat, CUDA events, the median.
+computation of one (batch, head) slice first, then times it with peer_timer.PeerTimer: 3
+warm-ups, an L2 flush that leaves the cache clean before every repeat, CUDA events, the median.
 
 A peer that cannot be imported, has no kernel for a shape or does not compile is a
 row with status "unsupported" and the reason; it never stops the run.
 """
 import os
-import statistics
 import time
 
 # No pool of torch.compile workers (their processes would share the CPU with the timings; see lineage.py).
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 from bench_common import PEER_LABEL, attention_flops
+from peer_timer import PeerTimer
 
 
 def _first_line(e):
@@ -44,8 +44,7 @@ class Peers:
         self.init_s = {"import torch": round(time.time() - t_import, 2)}
         self.versions["torch"] = torch.__version__
         self.versions["cudnn"] = str(torch.backends.cudnn.version())
-        l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20) or (64 << 20)
-        self.flush = torch.empty(max(2 * l2, 128 << 20), dtype=torch.uint8, device="cuda")
+        self.timer = PeerTimer(torch, repeats=repeats)
         for p in ("sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "torch_softmax"):
             self.avail[p] = None
         self.init_s["cuda and cudnn"] = round(time.time() - t_import, 2)
@@ -81,20 +80,7 @@ class Peers:
 
     # ------------------------------------------------------------------ timing
     def _time(self, fn):
-        torch = self.torch
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        ms = []
-        for r in range(self.repeats):
-            self.flush.fill_(r & 0xFF)
-            start.record()
-            fn()
-            stop.record()
-            stop.synchronize()
-            ms.append(start.elapsed_time(stop))
-        return statistics.median(ms)
+        return self.timer(fn)
 
     def done(self):
         if self.torch is not None:

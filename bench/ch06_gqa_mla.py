@@ -24,14 +24,13 @@ speed. A peer that is missing, fails, or is not reached within --budget seconds 
 cell saying so. The peers are set up in --workers processes while our sweeps run (FA4
 compiles a kernel for each group size, 3-8 s each); every timed loop, ours or a peer's,
 holds one lock, so no two timings overlap. Times are medians of 20 with the L2 flushed
-before each repeat (ours: common/cuda/timing.cuh; the peers: the same protocol here).
+and left clean before each repeat (ours: common/cuda/timing.cuh; the peers: bench/peer_timer.py).
 Prints markdown tables, then one line `BENCH_JSON {...}`.
 """
 import argparse
 import json
 import queue
 import re
-import statistics
 import subprocess
 import sys
 import time
@@ -71,22 +70,6 @@ MLA_RE = re.compile(r"sweep\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+
 
 
 # ----------------------------------------------------------------------------- peer workers
-
-def peer_time(torch, fn, flush, reps=20, warmup=3):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for r in range(reps):
-        flush.fill_(r & 0xFF)
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
-
 
 def ref_rows(torch, q, k, v, scale, heads, rows):
     """fp32 attention of batch 0, query heads `heads`, query rows `rows`; K/V head h // G."""
@@ -131,8 +114,8 @@ def worker(wid, tasks, results, lock):
     backends = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
                 "efficient": SDPBackend.EFFICIENT_ATTENTION}
     results.put(("ready", wid, info))
-    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
-    flush = torch.empty(max(2 * l2, 64 << 20), dtype=torch.uint8, device="cuda")
+    from peer_timer import PeerTimer  # the peers' shared timer (bench/peer_timer.py)
+    timer = PeerTimer(torch)
     gen = torch.Generator(device="cuda").manual_seed(1)
 
     def sdpa(backend, q, k, v, **kw):
@@ -172,7 +155,7 @@ def worker(wid, tasks, results, lock):
                 r.update({"pass": ok, "err": err, "setup_s": round(time.time() - t0, 1)})
                 if ok:
                     with lock:
-                        r["ms"] = peer_time(torch, fn, flush)
+                        r["ms"] = timer(fn)
             elif kind == "mla":
                 _, _, h, b, nk = task
                 # decompressed tensors, DeepSeek-V3 dims: d_qk = 192 (128 nope + 64 rope), d_v = 128
@@ -202,7 +185,7 @@ def worker(wid, tasks, results, lock):
                         r.setdefault("tried", {})[be] = "FAIL (check)"
                         continue
                     with lock:
-                        ms = peer_time(torch, fn, flush)
+                        ms = timer(fn)
                     r.setdefault("tried", {})[be] = round(ms, 4)
                     if best is None or ms < best[1]:
                         best = (be, ms, err)
@@ -216,7 +199,7 @@ def worker(wid, tasks, results, lock):
                         with sdpa_kernel([backends[best[0]]]):
                             return F.scaled_dot_product_attention(q, kk, vv, scale=192 ** -0.5)
                     with lock:
-                        r["with_decompress_ms"] = peer_time(torch, both, flush)
+                        r["with_decompress_ms"] = timer(both)
                 del c, k, v, q
                 torch.cuda.empty_cache()
         except LookupError as e:

@@ -23,7 +23,7 @@ checked, and only then timed. Our binary's runs, every peer check and every time
 (with its warm-up) hold one lock, so no two of them overlap; a compile's own first call
 may still run one kernel beside a timing. The peers are timed after every preparation is
 done, in --rounds interleaved rounds: round r times every prepared peer once (3 warm-up
-calls, then the median of 20 with the L2 flushed), in an order rotated by r, one at a time
+calls, then the median of 20 with the L2 flushed and left clean: bench/peer_timer.py), in an order rotated by r, one at a time
 as the main process asks. A peer's time is the median of its round medians, and its
 spread, (max - min) / median over the rounds, is printed and saved. A peer that is
 missing, does not support a variant, fails or is not reached within --budget seconds is a
@@ -186,22 +186,6 @@ def reference_rows(torch, q, k, v, mm, sm, sink, heads_to_check, rows):
     return torch.stack(out)
 
 
-def peer_time(torch, fn, flush, reps=20):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        flush.zero_()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
-
-
 def peer_worker(wid, tasks, results, lock, fake=False):
     """One process: imports torch (and FA4); then prepares (compiles and checks) the peer
     tasks it is sent, keeping each prepared call, and times one when the main process asks."""
@@ -238,7 +222,8 @@ def peer_worker(wid, tasks, results, lock, fake=False):
     except Exception as e:  # noqa: BLE001
         info["fa4_why"] = f"FA4 not importable ({type(e).__name__})"
     results.put(("ready", wid, info))
-    flush = torch.empty(512 * 1024 * 1024 // 4, dtype=torch.float32, device="cuda")
+    from peer_timer import PeerTimer  # the peers' shared timer (bench/peer_timer.py)
+    timer = PeerTimer(torch)
     prepared = {}  # (key, peer) -> the call, with its inputs alive
     def prepare(task):
         """One peer task: inputs, mask, compile, check. A function of its own, so that each
@@ -310,7 +295,7 @@ def peer_worker(wid, tasks, results, lock, fake=False):
             _, key, peer, rnd = task
             try:
                 with lock:
-                    ms = peer_time(torch, prepared[(key, peer)], flush)
+                    ms = timer(prepared[(key, peer)])
                 results.put(("timed", wid, key, peer, rnd, ms, None))
             except Exception as e:  # noqa: BLE001
                 results.put(("timed", wid, key, peer, rnd, None, f"{type(e).__name__}: {str(e)[:80]}"))

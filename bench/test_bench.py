@@ -446,5 +446,92 @@ class Recorded(unittest.TestCase):
         self.assertIn("Measured on one", m.group(1))
 
 
+class FakeTorch:
+    """Just enough of torch for PeerTimer: tensors, events and a log of the device calls."""
+
+    def __init__(self, times):
+        self.log, self.times = [], list(times)
+        torch = self
+
+        class Props:
+            L2_cache_size = 50 << 20
+
+        class Tensor:
+            def __init__(self, name, n):
+                self.name, self.n = name, n
+
+            def fill_(self, v):
+                torch.log.append(("write", self.name, self.n, v))
+
+            def sum(self):
+                torch.log.append(("read", self.name, self.n))
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                pass
+
+            def record(self):
+                torch.log.append(("event",))
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, other):
+                return torch.times.pop(0)
+
+        class Cuda:
+            @staticmethod
+            def current_device():
+                return 0
+
+            @staticmethod
+            def get_device_properties(dev):
+                return Props()
+
+            @staticmethod
+            def synchronize():
+                torch.log.append(("sync",))
+
+        Cuda.Event = Event
+        self.cuda = Cuda
+        self.uint8, self.int64 = "uint8", "int64"
+        self.empty = lambda n, dtype, device: Tensor("scrap", n)
+        self.zeros = lambda n, dtype, device: Tensor("second", n * 8)
+
+
+class PeerTimerFlush(unittest.TestCase):
+    def run_timer(self, env):
+        import peer_timer
+        old = os.environ.pop("TUTORIAL_L2_FLUSH", None)
+        if env is not None:
+            os.environ["TUTORIAL_L2_FLUSH"] = env
+        try:
+            torch = FakeTorch([float(x) for x in range(20, 0, -1)])
+            calls = []
+            ms = peer_timer.PeerTimer(torch)(lambda: (calls.append(1), torch.log.append(("call",))))
+            return torch, calls, ms
+        finally:
+            os.environ.pop("TUTORIAL_L2_FLUSH", None)
+            if old is not None:
+                os.environ["TUTORIAL_L2_FLUSH"] = old
+
+    def test_clean_flush_writes_then_reads_a_second_buffer_before_every_timed_call(self):
+        torch, calls, ms = self.run_timer(None)
+        self.assertEqual(len(calls), 23)  # 3 warm-ups, 20 timed
+        self.assertEqual(ms, 10.5)  # the median of 20, 19, ..., 1
+        timed = torch.log[torch.log.index(("sync",)) + 1:]
+        self.assertEqual(len(timed), 20 * 5)
+        for r in range(20):
+            w, rd, e0, call, e1 = timed[5 * r:5 * r + 5]
+            self.assertEqual(w, ("write", "scrap", 100 << 20, r & 0xFF))
+            self.assertEqual(rd, ("read", "second", 100 << 20))  # twice L2, not the scrap buffer
+            self.assertEqual((e0, call, e1), (("event",), ("call",), ("event",)))
+
+    def test_write_only_flush_is_the_old_one(self):
+        torch, calls, ms = self.run_timer("write")
+        self.assertFalse([x for x in torch.log if x[0] == "read"])
+        self.assertEqual(len([x for x in torch.log if x[0] == "write"]), 20)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=1)

@@ -11,12 +11,13 @@ L2 flushed before each). They run first, in a thread, while this process imports
 FlashAttention-4 (CPU work only: no peer touches the GPU until ours are done). Then the peers
 on the same shapes: PyTorch SDPA with the cuDNN backend and `flash_attn.cute.flash_attn_func`
 ([B, N, H, d]), each checked finite, then 3 warm-ups and the median of 20 event-timed calls
-with a 256 MB buffer written before each (the L2 flushed, as for ours). TFLOP/s by
+with the L2 flushed and left clean before each, as for ours (bench/peer_timer.py). TFLOP/s by
 FlashAttention's count (4 B H N^2 d, halved when causal). Prints one Markdown table, a row
 as soon as its peers are timed.
 """
 import argparse
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -50,22 +51,16 @@ def run_ours(a, shapes, out):
                   file=sys.stderr, flush=True)
 
 
+_TIMER = []  # the shared peer timer (bench/peer_timer.py), made on first use
+
+
 def time_call(fn, torch, repeats=20):
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for r in range(repeats):
-        flush.fill_(r & 0xFF)
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    times.sort()
-    return times[len(times) // 2]
+    """The median (ms) by the bench's peer timer: 3 warm-ups, L2 flushed and left clean, events."""
+    if not _TIMER:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "bench"))
+        from peer_timer import PeerTimer
+        _TIMER.append(PeerTimer(torch, repeats=repeats))
+    return _TIMER[0](fn)
 
 
 def main():
