@@ -341,6 +341,40 @@ __device__ __forceinline__ float (&acc4(float (&a)[N], int t))[4] {
   return *reinterpret_cast<float(*)[4]>(&a[4 * t]);
 }
 
+/// 8-bit V: P's column j times s_j / vsig before P V, where s_j is key j's V scale and
+/// vsig the largest V scale the warp has seen (O's unit). The warp's 16 keys' largest
+/// scale joins vsig first (a max over the 32 lanes, warp-uniform); if it is larger, O is
+/// rescaled by vsig_old / vsig_new, as the online softmax rescales O for a larger maximum
+/// (vsig_old = 0 while O is still 0). So p_j s_j / vsig <= p_j: f16 holds it with its full
+/// precision, and the products are f16 x f16 of the codes themselves.
+///
+///   s:        P of the warp's 16 keys, two n8 tiles in the C layout (s[i] is key 8 (i / 4) + c_col(lane, i % 4))
+///   o:        the warp's O accumulator, in units of vsig
+///   v_scale:  key (0..15 of the warp's) -> its V scale
+///
+/// WarpDecode::tile (the 8-bit path of v1-v3) and the 8-bit steps from v4 on call it.
+template <int N, class VScale>
+__device__ __forceinline__ void p_times_v_scales(float (&s)[8], float (&o)[N], float& vsig, const VScale& v_scale) {
+  const int lane = threadIdx.x % 32;
+  float sv[8], mx = vsig;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) mx = fmaxf(mx, sv[i] = v_scale(8 * (i / 4) + Frag::c_col(lane, i % 4)));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+  if (mx > vsig) {  // warp-uniform
+    const float r = vsig / mx;  // 0 while O is still 0
+#pragma unroll
+    for (int i = 0; i < N; ++i) o[i] *= r;
+    vsig = mx;
+  }
+  const float inv = mx > 0.f ? 1.f / mx : 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) s[i] *= sv[i] * inv;
+}
+
 /// One warp's share of a block: the 16 query rows against its 16 keys of every tile.
 ///
 ///   lane l holds rows r = l/4 and r + 8 of every MMA fragment (common/cuda/mma_sync.cuh):
@@ -420,25 +454,7 @@ struct WarpDecode {
     cuda::rescale(o, alpha);
     // 8-bit V: P's column j times s_j / vsig, vsig the largest V scale so far (the
     // warp's 16 keys' maximum joins it first; O is rescaled if it grows).
-    if constexpr (Rows::kScaled) {
-      float sv[8], mx = vsig;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) mx = fmaxf(mx, sv[i] = rows.scale(8 * (i / 4) + Frag::c_col(lane, i % 4), 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-      if (mx > vsig) {  // warp-uniform
-        const float r = vsig / mx;  // 0 while O is still 0
-#pragma unroll
-        for (int i = 0; i < 4 * ND; ++i) o[i] *= r;
-        vsig = mx;
-      }
-      const float inv = mx > 0.f ? 1.f / mx : 0.f;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) s[i] *= sv[i] * inv;
-    }
+    if constexpr (Rows::kScaled) p_times_v_scales(s, o, vsig, [&](int key) { return rows.scale(key, 1); });
     // P_ij rounded to T as the A operand of P V (the C layout of two n8 tiles is
     // exactly the A layout of one k16 step). The row sum l took P before the V scales.
     const uint32_t pa[4] = {cuda::pack2<T>(s[0], s[1]), cuda::pack2<T>(s[2], s[3]),

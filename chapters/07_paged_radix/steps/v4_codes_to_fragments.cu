@@ -173,24 +173,8 @@ struct WarpCodes : WarpDecode<D, __half> {
     float alpha[2];
     softmax.update(s, c, alpha);
     cuda::rescale(o, alpha);
-    // P's column j times s_j / vsig, vsig the largest V scale so far (WarpDecode::tile).
-    float sv[8], mx = vsig;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) mx = fmaxf(mx, sv[i] = rows.scale(k0 + 8 * (i / 4) + Frag::c_col(lane, i % 4), 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-    if (mx > vsig) {  // warp-uniform
-      const float r = vsig / mx;  // 0 while O is still 0
-#pragma unroll
-      for (int i = 0; i < 4 * ND; ++i) o[i] *= r;
-      vsig = mx;
-    }
-    const float inv = mx > 0.f ? 1.f / mx : 0.f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) s[i] *= sv[i] * inv;
+    // P's column j times s_j / vsig, vsig the largest V scale so far (p_times_v_scales()).
+    p_times_v_scales(s, o, vsig, [&](int key) { return rows.scale(k0 + key, 1); });
     const uint32_t pa[4] = {cuda::pack2<__half>(s[0], s[1]), cuda::pack2<__half>(s[2], s[3]),
                             cuda::pack2<__half>(s[4], s[5]), cuda::pack2<__half>(s[6], s[7])};
     // V: keys 2q, 2q + 1 (b0) and 2q + 8, 2q + 9 (b1), dims 16n .. 16n + 15: chunk n.
