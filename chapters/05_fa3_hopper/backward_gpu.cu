@@ -17,15 +17,57 @@
 namespace attn::ch05 {
 namespace {
 
-constexpr int kPrepThreads = 256;  // one warp per row, 8 rows per block
+constexpr int kPrepThreads = 256;  // the preprocess: D/8 threads per row, 32 or 16 rows per block
 constexpr int kPostThreads = 256;  // the postprocess: one query block's tile per block
 constexpr int kPostOldBlocks = 1024;  // postprocess_by_element's grid
 
-/// One warp per padded row r of one query head (r < Tr Br): D_r = dO_r . O_r and the
-/// LSE in base 2 (+inf where the row is empty or padding: 2^(s - inf) = 0, never NaN);
-/// zeroes d floats of dQ's accumulator (the rows' share of it) and the order counters.
+/// D/8 threads per padded row r of one query head (r < Tr Br), 8 elements (16 bytes) of O and
+/// dO each: D_r = dO_r . O_r and the LSE in base 2 (+inf where the row is empty or padding:
+/// 2^(s - inf) = 0, never NaN); zeroes the row's d floats of dQ's accumulator (its share of
+/// it, as two float4 a thread) and the order counters. The first version, one warp per row
+/// (preprocess_by_warp, below), read 2 bytes a lane and load: 142 us at d = 64, N = 8K,
+/// H = 32, where d = 128 with the same bytes took 76.5 us.
+template <class T, int D>
+__global__ void __launch_bounds__(kPrepThreads) preprocess(const Fa3BwdParams p) {
+  constexpr int kLanes = D / 8;  // threads of a row: 8 or 16 consecutive lanes of one warp
+  const int rows_pad = p.n_qblocks * kBwdBr;
+  const long long rows = (long long)p.batch * p.heads * rows_pad;
+  const long long row = (long long)blockIdx.x * (kPrepThreads / kLanes) + threadIdx.x / kLanes;
+  const int c8 = threadIdx.x % kLanes;
+  const bool live = row < rows;  // every lane takes part in the shuffles below
+  const long long bh = live ? row / rows_pad : 0;
+  const int r = live ? int(row % rows_pad) : p.nq;
+  float acc = 0.f;
+  if (r < p.nq) {
+    const long long at = (bh * p.nq + r) * D + 8 * c8;
+    const uint4 vo = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.o) + at);
+    const uint4 vd = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.dout) + at);
+    const T* o = reinterpret_cast<const T*>(&vo);
+    const T* dout = reinterpret_cast<const T*>(&vd);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc += float(o[e]) * float(dout[e]);
+  }
+#pragma unroll
+  for (int off = kLanes / 2; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (!live) return;
+  float4* z = reinterpret_cast<float4*>(p.dq_accum + row * D + 8 * c8);
+  z[0] = z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (c8 == 0) {
+    p.delta[row] = acc;
+    const float l = r < p.nq ? p.lse[bh * p.nq + r] : -INFINITY;
+    p.lse2[row] = l == -INFINITY ? INFINITY : l * float(kLog2e);
+    if (r % kBwdBr == 0) {
+      p.dq_order[(row / kBwdBr) * 2] = 0;
+      p.dq_order[(row / kBwdBr) * 2 + 1] = 0;
+    }
+  }
+}
+
+/// The first preprocess, one warp per padded row (2 bytes a lane and load at d = 64). Kept
+/// only so that one run can time both (ATTN_CH05_BWD_PREPROCESS=warp); the README's
+/// before/after comes from there.
 template <class T>
-__global__ void preprocess(const Fa3BwdParams p) {
+__global__ void preprocess_by_warp(const Fa3BwdParams p) {
   const int rows_pad = p.n_qblocks * kBwdBr;
   const long long rows = (long long)p.batch * p.heads * rows_pad;
   const long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
@@ -107,6 +149,15 @@ __global__ void postprocess_by_element(const Fa3BwdParams p) {
   }
 }
 
+/// Query blocks of 64 rows a step walks: b12 takes them in pairs, so it gets an even count
+/// (the extra block is padding: the preprocess gives it LSE +inf and D 0).
+int query_blocks(BwdStep s, int nq) {
+  const int tr = ceil_div(nq, kBwdBr);
+  return s == BwdStep::b12_pairs_of_query_blocks ? tr + tr % 2 : tr;
+}
+/// The most any step needs: what the scratch buffers are allocated for.
+int query_blocks_allocated(int nq) { return query_blocks(BwdStep::b12_pairs_of_query_blocks, nq); }
+
 PreparedStep prepare_step(BwdStep s, const BwdStepArgs& a) {
   switch (s) {
     case BwdStep::b1_wgmma: return b1::prepare(a);
@@ -119,15 +170,23 @@ PreparedStep prepare_step(BwdStep s, const BwdStepArgs& a) {
     case BwdStep::b8_named_barrier_release: return b8::prepare(a);
     case BwdStep::b9_two_ds_buffers: return b9::prepare(a);
     case BwdStep::b10_consumer_offset: return b10::prepare(a);
+    case BwdStep::b11_longest_walks_first: return b11::prepare(a);
+    case BwdStep::b12_pairs_of_query_blocks: return b12::prepare(a);
   }
   throw UsageError("unknown backward step");
 }
 
 template <class T>
-void run_all(const Fa3BwdParams& p, const PreparedStep& main_kernel, bool by_element) {
+void run_all(const Fa3BwdParams& p, const PreparedStep& main_kernel, bool by_element, bool prep_by_warp) {
   const long long rows = (long long)p.batch * p.heads * p.n_qblocks * kBwdBr;
-  const int per_block = kPrepThreads / 32;
-  preprocess<T><<<unsigned((rows + per_block - 1) / per_block), kPrepThreads>>>(p);
+  const int per_block = prep_by_warp ? kPrepThreads / 32 : kPrepThreads / (p.d / 8);
+  const unsigned prep_blocks = unsigned((rows + per_block - 1) / per_block);
+  if (prep_by_warp)
+    preprocess_by_warp<T><<<prep_blocks, kPrepThreads>>>(p);
+  else if (p.d == 64)
+    preprocess<T, 64><<<prep_blocks, kPrepThreads>>>(p);
+  else
+    preprocess<T, 128><<<prep_blocks, kPrepThreads>>>(p);
   CUDA_CHECK_LAUNCH("backward preprocess");
   main_kernel.launch();
   if (by_element)
@@ -153,13 +212,15 @@ const char* bwd_step_name(BwdStep s) {
     case BwdStep::b8_named_barrier_release: return "b8 backward, stages released on named barriers";
     case BwdStep::b9_two_ds_buffers: return "b9 backward, two dS^T buffers";
     case BwdStep::b10_consumer_offset: return "b10 backward, the consumers a dQ apart";
+    case BwdStep::b11_longest_walks_first: return "b11 backward, longest walks first";
+    case BwdStep::b12_pairs_of_query_blocks: return "b12 backward, 128 queries a step";
   }
   return "?";
 }
 
 double fa3_backward_device_bytes(const Problem& p) {
   const double e = dtype_bytes(p.dtype);
-  const double rows_pad = double(p.batch) * p.heads * ceil_div(p.nq, kBwdBr) * kBwdBr;
+  const double rows_pad = double(p.batch) * p.heads * query_blocks_allocated(p.nq) * kBwdBr;
   return e * double(2 * p.q_elems() + 2 * p.k_elems() + 2 * p.v_elems() + 2 * p.o_elems()) +  // Q K V O dO dQ dK dV
          4.0 * double(p.lse_elems()) + 4.0 * rows_pad * (2 + p.d);                          // LSE, lse2, D, dQ acc
 }
@@ -186,7 +247,7 @@ struct BackwardRunner::Impl {
     o = DeviceTensor::from_host(fwd.o, p.dtype);
     lse = DeviceBuffer<float>(p.lse_elems());
     lse.upload(fwd.lse);
-    const int n_qblocks = ceil_div(p.nq, kBwdBr);
+    const int n_qblocks = query_blocks_allocated(p.nq);
     const std::size_t rows_pad = std::size_t(p.batch) * p.heads * n_qblocks * kBwdBr;
     dq = DeviceTensor(p.dtype, p.q_elems());
     dk = DeviceTensor(p.dtype, p.k_elems());
@@ -233,7 +294,9 @@ GpuBackward BackwardRunner::run(BwdStep step, bool deterministic, bool time,
   a.params = m.b;
   a.params.deterministic = deterministic;
   a.params.dq_fragment_order = step >= BwdStep::b3_dq_fragment_order;
-  a.params.dq_whole_tiles = step == BwdStep::b7_dq_split_by_keys;  // b8 derives from b6: halves
+  a.params.dq_whole_tiles = step == BwdStep::b7_dq_split_by_keys ||  // b8 derives from b6: halves
+                            step == BwdStep::b12_pairs_of_query_blocks;  // a consumer's whole block
+  a.params.n_qblocks = query_blocks(step, m.p.nq);
   const Fa3BwdParams& b = a.params;
   const PreparedStep main_kernel = prepare_step(step, a);
 
@@ -247,11 +310,13 @@ GpuBackward BackwardRunner::run(BwdStep step, bool deterministic, bool time,
   m.order.poison();
   const char* post = std::getenv("ATTN_CH05_BWD_POSTPROCESS");  // "element": the first postprocess
   const bool by_element = post != nullptr && std::string(post) == "element";
+  const char* pre = std::getenv("ATTN_CH05_BWD_PREPROCESS");  // "warp": the first preprocess
+  const bool prep_by_warp = pre != nullptr && std::string(pre) == "warp";
   auto run = [&] {
     if (m.p.dtype == DType::f16)
-      run_all<__half>(b, main_kernel, by_element);
+      run_all<__half>(b, main_kernel, by_element, prep_by_warp);
     else
-      run_all<__nv_bfloat16>(b, main_kernel, by_element);
+      run_all<__nv_bfloat16>(b, main_kernel, by_element, prep_by_warp);
   };
   run();
   CUDA_CHECK(cudaDeviceSynchronize());

@@ -54,5 +54,7 @@ namespace b7 { PreparedStep prepare(const BwdStepArgs& a); }
 namespace b8 { PreparedStep prepare(const BwdStepArgs& a); }
 namespace b9 { PreparedStep prepare(const BwdStepArgs& a); }
 namespace b10 { PreparedStep prepare(const BwdStepArgs& a); }
+namespace b11 { PreparedStep prepare(const BwdStepArgs& a); }
+namespace b12 { PreparedStep prepare(const BwdStepArgs& a); }
 
 }  // namespace attn::ch05

@@ -75,6 +75,12 @@ require(b8_named_barrier_release.ptx "bar.arrive;bar.sync;cp.reduce.async.bulk.g
 require(b9_two_ds_buffers.ptx "bar.arrive;bar.sync;cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32")
 # b10: b9 with consumer 0's dQ a step late (the meeting as one-way bar.arrive / bar.sync signals).
 require(b10_consumer_offset.ptx "bar.arrive;bar.sync;cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32")
+# b11: b10's kernel (only the causal grid's order differs).
+require(b11_longest_walks_first.ptx "bar.arrive;bar.sync;cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32")
+# b12: 128 queries a step, d = 64 only (S^T and dP^T m64n128; dV, dK and a whole block's dQ m64n64),
+# so no m64n32 (b11's dQ half at d = 64).
+require(b12_pairs_of_query_blocks.ptx "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16;wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16;cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32;bar.arrive;bar.sync;setmaxnreg")
+forbid(b12_pairs_of_query_blocks.ptx "wgmma.mma_async.sync.aligned.m64n32k16")
 # v17: v11 at d = 64 only, the causal kernel with key blocks of 192 too.
 require(v17_causal_key_blocks.ptx "wgmma.mma_async.sync.aligned.m64n192k16;ex2.approx;setmaxnreg")
 forbid(v17_causal_key_blocks.ptx "wgmma.mma_async.sync.aligned.m64n128k16")

@@ -10,6 +10,7 @@
 #include "chapters/05_fa3_hopper/backward_gpu.hpp"
 #include "chapters/05_fa3_hopper/fa3_gpu.hpp"
 #include "common/check.hpp"
+#include "common/errors.hpp"
 #include "support/shapes.hpp"
 
 using namespace attn;
@@ -149,11 +150,44 @@ TEST_CASE("backward b10 (the consumers a dQ apart) at awkward shapes, both modes
   }
 }
 
+TEST_CASE("backward b11 (longest walks first) at awkward shapes, both modes") {
+  require_hopper();
+  for (int d : {64, 128}) {
+    CAPTURE(d);
+    awkward_shapes(BwdStep::b11_longest_walks_first, d, DType::bf16, false);
+    awkward_shapes(BwdStep::b11_longest_walks_first, d, DType::f16, true);
+    // the causal grid is (KV head, key block): several heads and key blocks in both modes, GQA
+    check_backward(BwdStep::b11_longest_walks_first, shape().batch(2).heads(6, 3).n(700, 900).d(d).causal(), false);
+    check_backward(BwdStep::b11_longest_walks_first, shape().batch(2).heads(6, 3).n(700, 900).d(d).causal(), true);
+  }
+}
+
+TEST_CASE("backward b12 (pairs of query blocks, d = 64) at awkward shapes, both modes") {
+  require_hopper();
+  awkward_shapes(BwdStep::b12_pairs_of_query_blocks, 64, DType::bf16, false);
+  awkward_shapes(BwdStep::b12_pairs_of_query_blocks, 64, DType::f16, true);
+  // an odd and an even number of 64-row blocks (the padding block of the last pair, and none);
+  // one pair per key block, and several; GQA over two batches
+  for (int nq : {64, 192, 256, 448})
+    for (bool det : {false, true}) {
+      check_backward(BwdStep::b12_pairs_of_query_blocks, shape().heads(2).n(nq, 300).d(64).causal(), det);
+      check_backward(BwdStep::b12_pairs_of_query_blocks, shape().batch(2).heads(4, 2).n(nq, 130).d(64), det);
+    }
+  // not built at d = 128: refused as bad input, never run wrong
+  CHECK_FALSE(bwd_step_supports(BwdStep::b12_pairs_of_query_blocks, shape().n(128).d(128)));
+  CHECK(bwd_step_supports(BwdStep::b12_pairs_of_query_blocks, shape().n(128).d(64)));
+  const Problem p128 = shape().n(128).d(128);
+  CHECK_THROWS_AS(fa3_backward_gpu(p128, make_inputs(p128, Dist::normal, 1, true), BwdStep::b12_pairs_of_query_blocks,
+                                   false, false),
+                  UsageError);
+}
+
 TEST_CASE("backward, deterministic mode: correct at awkward shapes") {
   require_hopper();
   for (BwdStep s : kAllBwdSteps)
     for (int d : {64, 128}) {
       CAPTURE(d);
+      if (!bwd_step_supports(s, shape().d(d))) continue;
       awkward_shapes(s, d, DType::bf16, true);
     }
 }
@@ -166,6 +200,7 @@ TEST_CASE("backward, deterministic mode: bitwise repeatable, and dK and dV in ei
     CAPTURE(p.describe());
     const AttnInputs in = make_inputs(p, Dist::normal, 5, true);
     for (BwdStep s : kAllBwdSteps) {
+      if (!bwd_step_supports(s, p)) continue;
       CAPTURE(std::string(bwd_step_name(s)));
       const GpuBackward a = fa3_backward_gpu(p, in, s, true, false), b = fa3_backward_gpu(p, in, s, true, false);
       CHECK(a.dq == b.dq);
@@ -191,6 +226,7 @@ TEST_CASE("backward at the benchmark's shape (sampled KV groups)") {
     const AttnInputs in = make_inputs(p, Dist::normal, 1, true);
     const BackwardOracle oracle(p, in, BackwardPlan::sampled(p, 2e9));
     for (BwdStep s : kAllBwdSteps) {
+      if (!bwd_step_supports(s, p)) continue;  // b12: d = 64 only
       CAPTURE(std::string(bwd_step_name(s)));
       CAPTURE(causal);
       const GpuBackward g = fa3_backward_gpu(p, in, s, false, false);
@@ -202,9 +238,9 @@ TEST_CASE("backward at the benchmark's shape (sampled KV groups)") {
 
 // What scripts run under compute-sanitizer, one step per case: tails, empty rows, GQA,
 // causal, both modes.
-void sanitizer_shape(BwdStep s) {
+void sanitizer_shape(BwdStep s, int d = 128) {
   require_hopper();
-  for (bool det : {false, true}) check_backward(s, shape().heads(2, 1).n(200, 333).d(128).causal(), det);
+  for (bool det : {false, true}) check_backward(s, shape().heads(2, 1).n(200, 333).d(d).causal(), det);
 }
 TEST_CASE("backward sanitizer shape b1") { sanitizer_shape(BwdStep::b1_wgmma); }
 TEST_CASE("backward sanitizer shape b2") { sanitizer_shape(BwdStep::b2_warp_specialized); }
@@ -216,3 +252,5 @@ TEST_CASE("backward sanitizer shape b7") { sanitizer_shape(BwdStep::b7_dq_split_
 TEST_CASE("backward sanitizer shape b8") { sanitizer_shape(BwdStep::b8_named_barrier_release); }
 TEST_CASE("backward sanitizer shape b9") { sanitizer_shape(BwdStep::b9_two_ds_buffers); }
 TEST_CASE("backward sanitizer shape b10") { sanitizer_shape(BwdStep::b10_consumer_offset); }
+TEST_CASE("backward sanitizer shape b11") { sanitizer_shape(BwdStep::b11_longest_walks_first); }
+TEST_CASE("backward sanitizer shape b12") { sanitizer_shape(BwdStep::b12_pairs_of_query_blocks, 64); }
