@@ -79,6 +79,8 @@ PreparedStep prepare_step(Step s, const StepArgs& a) {
     case Step::v18_causal_blocks_registers: return v18::prepare(a);
     case Step::v19_causal_grid_wide_blocks: return v19::prepare(a);
     case Step::v20_exp_one_in_eight: return v20::prepare(a);
+    case Step::v21_softmax_chains: return v21::prepare(a);
+    case Step::v22_three_consumers_chains: return v22::prepare(a);
   }
   throw UsageError("unknown step");
 }

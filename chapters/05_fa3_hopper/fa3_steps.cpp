@@ -27,6 +27,8 @@ const char* step_name(Step s) {
     case Step::v18_causal_blocks_registers: return "v18 causal key blocks, every head dim";
     case Step::v19_causal_grid_wide_blocks: return "v19 causal grid, wide blocks";
     case Step::v20_exp_one_in_eight: return "v20 one exponential in eight on FMA";
+    case Step::v21_softmax_chains: return "v21 row reductions in four chains";
+    case Step::v22_three_consumers_chains: return "v22 three consumers, reductions in chains";
   }
   return "?";
 }
@@ -59,6 +61,7 @@ bool step_supports(Step s, const Problem& p, std::string* why) {
   if (s == Step::v14_three_consumers && p.d != 64) return no("built for d = 64 only (three consumer warpgroups)");
   if (s == Step::v17_causal_key_blocks && p.d != 64) return no("built for d = 64 only (its other kernels would be v11's)");
   if (s == Step::v20_exp_one_in_eight && p.d != 64) return no("built for d = 64 only (as v17)");
+  if (s == Step::v22_three_consumers_chains && p.d != 64) return no("built for d = 64 only (as v14)");
   if (s == Step::v19_causal_grid_wide_blocks && p.d == 64) return no("built for d = 128 and 256 (the grid lost at d = 64: v16)");
   return true;
 }

@@ -57,5 +57,7 @@ namespace v17 { PreparedStep prepare(const StepArgs& a); }
 namespace v18 { PreparedStep prepare(const StepArgs& a); }
 namespace v19 { PreparedStep prepare(const StepArgs& a); }
 namespace v20 { PreparedStep prepare(const StepArgs& a); }
+namespace v21 { PreparedStep prepare(const StepArgs& a); }
+namespace v22 { PreparedStep prepare(const StepArgs& a); }
 
 }  // namespace attn::ch05

@@ -227,6 +227,34 @@ TEST_CASE("step 20 (one exponential in eight on the FMA pipe, d = 64) at awkward
   check_step(Step::v20_exp_one_in_eight, shape().heads(2).n(500).d(64).dtype(DType::bf16), Dist::outliers);
 }
 
+TEST_CASE("step 21 (the softmax's row reductions in four chains) at awkward shapes, every head dim, bf16 and fp16") {
+  require_hopper();
+  for (int d : {64, 128, 256})
+    for (DType t : {DType::bf16, DType::f16}) {
+      CAPTURE(d);
+      awkward_shapes(Step::v21_softmax_chains, d, t);
+    }
+  // More tiles than SMs; outliers, whose row maximum lands in one chain of four (the others
+  // then hold smaller partial maxima, and their P must still be scaled by the row's).
+  check_step(Step::v21_softmax_chains, shape().batch(2).heads(8, 4).n(2100).d(64).causal().dtype(DType::bf16));
+  check_step(Step::v21_softmax_chains, shape().batch(2).heads(8, 4).n(2100).d(128).causal().dtype(DType::bf16));
+  check_step(Step::v21_softmax_chains, shape().heads(4).n(700, 1000).d(256).causal().dtype(DType::f16));
+  for (int d : {64, 128, 256}) {
+    CAPTURE(d);
+    check_step(Step::v21_softmax_chains, shape().heads(2).n(500).d(d).causal().dtype(DType::bf16), Dist::outliers);
+    check_step(Step::v21_softmax_chains, shape().heads(2).n(333, 777).d(d).dtype(DType::bf16), Dist::outliers);
+  }
+}
+
+TEST_CASE("step 22 (v14's three consumers, reductions in chains, d = 64) at awkward shapes, bf16 and fp16") {
+  require_hopper();
+  for (DType t : {DType::bf16, DType::f16}) awkward_shapes(Step::v22_three_consumers_chains, 64, t);
+  // More tiles of 192 rows than SMs, causal and not; outliers.
+  check_step(Step::v22_three_consumers_chains, shape().batch(2).heads(8, 4).n(2100).d(64).causal().dtype(DType::bf16));
+  check_step(Step::v22_three_consumers_chains, shape().batch(2).heads(8).n(1500, 1700).d(64).dtype(DType::f16));
+  check_step(Step::v22_three_consumers_chains, shape().heads(2).n(500).d(64).causal().dtype(DType::bf16), Dist::outliers);
+}
+
 TEST_CASE("step 13's tile counter is back at zero after every launch") {
   // The third of three launches of one prepared kernel, each with the outputs poisoned
   // first: a counter left past zero would leave tiles unwritten (NaN) or skip them.

@@ -14,11 +14,14 @@ chapter's event timing flushes the L2) run
     (a process takes seconds, not the minutes of an fp64 check under the profiler), the
     chosen steps' kernels profiled (one profiler run per shape: ncu's CSV does not list
     processes in the order they ran);
-  * one Python process with PyTorch SDPA's cuDNN backend, K calls per shape (second, so
-    that our durations are printed even if PyTorch's start runs out of time).
+  * one Python process per peer, K calls per shape (after ours, so that our durations are
+    printed even if PyTorch's start runs out of time): PyTorch SDPA's cuDNN backend, and
+    with `--peers cudnn,fa4` FlashAttention-4 (`flash_attn.cute.flash_attn_func`, [B, N, H, d];
+    its JIT compilation runs on the host before the first launch, so it does not touch the
+    kernel's duration).
 
 Only the attention kernels are profiled (`-k regex:`): ours are `attn::ch05::vN::kernel`,
-cuDNN's carry "sdpa", "fmha" or "flash" in their names. Each shape's duration is the
+cuDNN's and FA4's carry "sdpa", "fmha" or "flash" in their names (every name is printed). Each shape's duration is the
 median of its K launches; the table shows both, their ratio and ours as TFLOP/s by the
 kernel's duration (FlashAttention's FLOP count). A rate from events and one from ncu
 differ by launch gaps and clocks; the ratio of the two kernels is the claim that does
@@ -52,7 +55,22 @@ for spec in sys.argv[2:]:
     del q, kk, v
 '''
 
-PEER = r"sdpa|fmha|flash|cudnn"   # cuDNN's generated attention kernels
+FA4 = r'''
+import sys, torch
+from flash_attn.cute import flash_attn_func
+k = int(sys.argv[1])
+for spec in sys.argv[2:]:
+    b, h, n, d, causal = (int(x) for x in spec.split(","))
+    q, kk, v = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    for _ in range(k):
+        flash_attn_func(q, kk, v, causal=bool(causal))
+    torch.cuda.synchronize()
+    print(f"fa4-done {spec}", file=sys.stderr, flush=True)
+    del q, kk, v
+'''
+
+PEERS = {"cudnn": ("cuDNN", CUDNN), "fa4": ("FA4", FA4)}
+PEER = r"sdpa|fmha|flash|cudnn"   # cuDNN's generated attention kernels, FA4's CuTe DSL kernels
 
 
 def ncu_binary():
@@ -100,6 +118,7 @@ def main():
     ap.add_argument("--batch", type=int, help="default 16384 / N")
     ap.add_argument("--launches", type=int, default=3, help="launches of each kernel (the median is kept)")
     ap.add_argument("--no-peer", action="store_true", help="our kernels only")
+    ap.add_argument("--peers", default="cudnn", help="peers to profile after ours: cudnn, fa4 (comma-separated)")
     ap.add_argument("--timeout", type=int, default=60, help="seconds for our kernels' profiler run")
     ap.add_argument("--peer-timeout", type=int, default=60, help="seconds for cuDNN's profiler run")
     a = ap.parse_args()
@@ -126,40 +145,46 @@ def main():
         (f"{statistics.median(ts) / 1e3:.1f}" if (ts := [float(r['Metric Value'].replace(',', '')) for r in got
                                                         if step_of(r.get('Kernel Name', '')) == st]) else "-")
         for (d, c, steps, _), got in zip(shapes, per_shape) for st in steps), flush=True)
-    if not a.no_peer:
+    peers = [] if a.no_peer else [x for x in a.peers.split(",") if x]
+    peer_ns = {}  # peer -> [median ns per shape] (None where its kernels could not be split by shape)
+    for peer in peers:
+        label, script = PEERS[peer]
         specs = [f"{b},{h},{a.n},{d},{c}" for d, c, _, h in shapes]
-        peer_rows = ncu([sys.executable, "-c", CUDNN, str(a.launches)] + specs, PEER, a.peer_timeout, "cuDNN")
-    else:
-        peer_rows = []
-    rows += peer_rows
+        got = ncu([sys.executable, "-c", script, str(a.launches)] + specs, PEER, a.peer_timeout, label)
+        rows += got
+        kernels = [(r["Kernel Name"], float(r["Metric Value"].replace(",", ""))) for r in got]
+        names = sorted({k[:90] for k, _ in kernels})
+        print(f"# {label}: {len(kernels)} kernels ({'; '.join(names[:3])})", flush=True)
+        # k kernels a call (one, unless the peer splits the attention): a call's durations summed.
+        per = len(kernels) // (a.launches * len(shapes)) if kernels else 0
+        if per and len(kernels) == per * a.launches * len(shapes):
+            peer_ns[peer] = [statistics.median(
+                sum(t for _, t in kernels[(i * a.launches + j) * per:(i * a.launches + j + 1) * per])
+                for j in range(a.launches)) for i in range(len(shapes))]
+        elif kernels:
+            print(f"# {label}: {len(kernels)} kernels for {len(shapes)} shapes x {a.launches} calls: not split by shape")
     if not rows:
         return 1
-    peer_kernels = [(r["Kernel Name"], float(r["Metric Value"].replace(",", ""))) for r in peer_rows]
-    names = sorted({k[:60] for k, _ in peer_kernels})
-    print(f"# {len(rows)} kernels profiled: ours {len(rows) - len(peer_rows)}, cuDNN {len(peer_kernels)} "
-          f"({', '.join(names[:3])})", flush=True)
-    # cuDNN: k kernels a call (one, unless cuDNN splits the attention): a call's durations summed.
-    per = len(peer_kernels) // (a.launches * len(shapes)) if peer_kernels else 0
-    peer_ns = []
-    if per and len(peer_kernels) == per * a.launches * len(shapes):
-        for i in range(len(shapes)):
-            calls = [sum(t for _, t in peer_kernels[(i * a.launches + j) * per:(i * a.launches + j + 1) * per])
-                     for j in range(a.launches)]
-            peer_ns.append(statistics.median(calls))
-    elif peer_kernels:
-        print(f"# cuDNN: {len(peer_kernels)} kernels for {len(shapes)} shapes x {a.launches} calls: not split by shape")
-    print(f"| shape | step | ours, ncu (us) | cuDNN, ncu (us) | cuDNN / ours | ours TFLOP/s by ncu | cuDNN TFLOP/s by ncu |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"# {len(rows)} kernels profiled", flush=True)
+    head = ["shape", "step", "ours, ncu (us)"]
+    for peer in peers:
+        head += [f"{PEERS[peer][0]}, ncu (us)", f"{PEERS[peer][0]} / ours"]
+    head += ["ours TFLOP/s by ncu"] + [f"{PEERS[peer][0]} TFLOP/s by ncu" for peer in peers]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
     for i, (d, c, steps, h) in enumerate(shapes):
         fl = 4.0 * b * h * a.n * a.n * d / (2 if c else 1)
-        p = peer_ns[i] if peer_ns else None
+        pv = {peer: (peer_ns[peer][i] if peer in peer_ns else None) for peer in peers}
         label = f"d={d} N={a.n} B={b} H={h}{' causal' if c else ''}"
         for st in steps:
             ks = [float(r["Metric Value"].replace(",", "")) for r in per_shape[i] if step_of(r.get("Kernel Name", "")) == st]
             o = statistics.median(ks) if ks else None
-            cells = [label, f"v{st}", f"{o / 1e3:.1f}" if o else "-", f"{p / 1e3:.1f}" if p else "-",
-                     f"{p / o:.3f}" if o and p else "-", f"{fl / (o * 1e-9) / 1e12:.0f}" if o else "-",
-                     f"{fl / (p * 1e-9) / 1e12:.0f}" if p else "-"]
+            cells = [label, f"v{st}", f"{o / 1e3:.1f}" if o else "-"]
+            for peer in peers:
+                p = pv[peer]
+                cells += [f"{p / 1e3:.1f}" if p else "-", f"{p / o:.3f}" if o and p else "-"]
+            cells += [f"{fl / (o * 1e-9) / 1e12:.0f}" if o else "-"]
+            cells += [f"{fl / (pv[peer] * 1e-9) / 1e12:.0f}" if pv[peer] else "-" for peer in peers]
             print("| " + " | ".join(cells) + " |", flush=True)
     return 0
 
