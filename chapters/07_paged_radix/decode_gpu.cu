@@ -26,6 +26,7 @@ const char* kernel_name(DecodeKernel k) {
     case DecodeKernel::v5: return "v5";
     case DecodeKernel::v6: return "v6";
     case DecodeKernel::v7: return "v7";
+    case DecodeKernel::v8: return "v8";
   }
   return "?";
 }
@@ -194,6 +195,7 @@ struct GpuDecoder::Impl {
           if constexpr (kv_quantised(std::decay_t<decltype(kv)>::kDtype)) {
             if (kernel == DecodeKernel::v6) return gpu::v6::launch<D>(p, kv, b.batch(), b.kv_heads);
             if (kernel == DecodeKernel::v7) return gpu::v7::launch<D>(p, kv, code_maps(), b.batch(), b.kv_heads);
+            if (kernel == DecodeKernel::v8) return gpu::v8::launch<D>(p, kv, code_maps(), b.batch(), b.kv_heads);
           }
         }
         if (kernel == DecodeKernel::v3) gpu::v3::launch<D>(p, kv, b.batch(), b.kv_heads);
@@ -220,7 +222,7 @@ struct GpuDecoder::Impl {
     if (splits < 1) throw UsageError("the split count must be >= 1");
     if ((kernel == DecodeKernel::v4 || kernel == DecodeKernel::v5) && layout == KvLayout::contiguous)
       throw UsageError(std::string(kernel_name(kernel)) + " reads paged K/V only");
-    const bool tma = kernel == DecodeKernel::v7;
+    const bool tma = kernel == DecodeKernel::v7 || kernel == DecodeKernel::v8;
     if (tma && batch.page_size < gpu::v7::kMinPageSize)
       throw UsageError(std::string(kernel_name(kernel)) + " copies whole pages of at least " + std::to_string(gpu::v7::kMinPageSize) +
                        " tokens (a swizzled TMA box starts on a 1024-byte boundary), got " +

@@ -6,7 +6,8 @@
 ///        d = 128 over 8-bit pages (PagedKv8, FP8 and INT8); and `gpu::v4::launch`
 ///        (steps/v4_codes_to_fragments.cu) and `gpu::v5::launch` (steps/v5_table_lookahead.cu),
 ///        for paged K/V only; `gpu::v6::launch` (steps/v6_lazy_rescale.cu) and
-///        `gpu::v7::launch` (steps/v7_tma_pages.cu), for 8-bit pages only.
+///        `gpu::v7::launch` (steps/v7_tma_pages.cu) and `gpu::v8::launch`
+///        (steps/v8_empty_barriers.cu), for 8-bit pages only.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (v7)
@@ -63,5 +64,13 @@ struct CodeMaps {
 template <int D, class Kv>
 void launch(const DecodeParams& p, const Kv& kv, const CodeMaps& maps, int batch, int kv_heads);
 }  // namespace v7
+
+namespace v8 {
+using v7::CodeMaps;
+using v7::kMinPageSize;
+/// v7 with one "empty" mbarrier per stage in place of the loop's block barrier; 8-bit pages only.
+template <int D, class Kv>
+void launch(const DecodeParams& p, const Kv& kv, const CodeMaps& maps, int batch, int kv_heads);
+}  // namespace v8
 
 }  // namespace attn::ch07::gpu

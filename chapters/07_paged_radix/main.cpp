@@ -175,9 +175,14 @@ int run_paged(int argc, char** argv, bool tour, bool dry = false) {
 
 struct DecodeOptions {
   int page_size = 16, shared_prefix = 0, splits = 0, sms = 0;
-  std::string lengths = "ragged", kv_dtype = "bf16", sweep_set = "all";
+  std::string lengths = "ragged", kv_dtype = "bf16", sweep_set = "all", since = "v1";
   bool sweep = false, accuracy = false, untimed = false;
 };
+
+#if TUTORIAL_HAVE_CUDA
+/// `--since vN`: the GPU runs keep kernel vN and the steps after it (v1 by default: every one).
+bool kernel_kept(const std::string& since, DecodeKernel k) { return int(k) + 1 >= std::stoi(since.substr(1)); }
+#endif
 
 DecodeBatch make_batch(const Options& opt, const DecodeOptions& dopt) {
   const Problem& p = opt.problem;
@@ -252,12 +257,13 @@ int run_sweep(const Options& opt, const DecodeOptions& dopt, const DeviceInfo& d
     runs.push_back({DecodeKernel::v5, v2_splits, KvLayout::paged});  // v4 with the table entries read ahead
     if (kv_quantised(c.kv)) {
       runs.push_back({DecodeKernel::v6, v2_splits, KvLayout::paged});  // lazy rescale
-      if (c.page_size >= DecodeGeometry::kTmaMinPage)  // pages by TMA
-        runs.push_back({DecodeKernel::v7, v2_splits, KvLayout::paged});
+      if (c.page_size >= DecodeGeometry::kTmaMinPage)  // pages by TMA; v8: with per-stage empty barriers
+        runs.insert(runs.end(), {{DecodeKernel::v7, v2_splits, KvLayout::paged}, {DecodeKernel::v8, v2_splits, KvLayout::paged}});
     }
     if (contiguous)
       runs.insert(runs.end(), {{DecodeKernel::v1, 1, KvLayout::contiguous}, {DecodeKernel::v2, v2_splits, KvLayout::contiguous}});
     for (const Run& r : runs) {
+      if (!kernel_kept(dopt.since, r.kernel)) continue;
       SweepRun x;
       x.kernel = kernel_name(r.kernel);
       x.layout = layout_name(r.layout);
@@ -297,8 +303,8 @@ int run_decode(int argc, char** argv, bool dry = false) {
   Cli cli(std::string(kChapter) + " decode",
           "One decode step (one query token per sequence) over a paged KV cache with GQA: v1 (one block per\n"
           "sequence and KV head), v2 (split-K, flash-decoding), v3 (the merge fused), v4 (8-bit codes into\n"
-          "MMA fragments), v5 (block table read ahead), v6 and v7 (8-bit: lazy rescale, pages by TMA), each\n"
-          "against the fp64 reference.\n"
+          "MMA fragments), v5 (block table read ahead), v6, v7 and v8 (8-bit: lazy rescale, pages by TMA,\n"
+          "per-stage empty barriers), each against the fp64 reference.\n"
           "--nk is the longest cached length; --batch the number of sequences.");
   cli.defaults(defaults).head_dims({64, 128}).dtypes({DType::bf16});
   cli.add_int("--page-size", &dopt.page_size, "tokens per page, a power of two in [1, 256]", 1, 256);
@@ -313,6 +319,8 @@ int run_decode(int argc, char** argv, bool dry = false) {
                  "with --sweep: all (the README's table), b1 (one sequence, 32K-128K) or quant (bf16/fp8/int8)");
   cli.add_choice("--kv-dtype", &dopt.kv_dtype, {"bf16", "fp8", "int8"},
                  "how the cache stores K and V: bf16, or 8-bit codes (E4M3 / INT8) with a scale per page and KV head");
+  cli.add_choice("--since", &dopt.since, {"v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8"},
+                 "run (and time) only this GPU kernel and the later steps, e.g. v7: v7 and v8 (default v1: all)");
   cli.add_flag("--untimed", &dopt.untimed, "run and check each GPU kernel once, without timing it (for a profiler)");
   cli.add_flag("--accuracy", &dopt.accuracy,
                "the accuracy table of the 8-bit caches against bf16 and fp64 (CPU model; any machine)");
@@ -336,7 +344,7 @@ int run_decode(int argc, char** argv, bool dry = false) {
     }
     Report rep;
     rep.chapter = kChapter;
-    rep.title = std::string("decode over a paged KV cache: v1, split-K v2, fused-combine v3, codes-to-fragments v4, table lookahead v5, lazy rescale v6, TMA pages v7; K/V ") + kv_dtype_name(kv_dtype);
+    rep.title = std::string("decode over a paged KV cache: v1, split-K v2, fused-combine v3, codes-to-fragments v4, table lookahead v5, lazy rescale v6, TMA pages v7, empty barriers v8; K/V ") + kv_dtype_name(kv_dtype);
     const auto dev = select_device(opt.device, &rep.mode);
     if (dopt.sweep) {
 #if TUTORIAL_HAVE_CUDA
@@ -421,13 +429,16 @@ int run_decode(int argc, char** argv, bool dry = false) {
       if (kv_quantised(b.kv_dtype))
         runs.insert(runs.end(),
                     {{"v6 paged, S=" + std::to_string(v2_splits), DecodeKernel::v6, v2_splits, KvLayout::paged},
-                     {"v7 paged, S=" + std::to_string(v2_splits), DecodeKernel::v7, v2_splits, KvLayout::paged}});
-      if (b.page_size < DecodeGeometry::kTmaMinPage) runs.pop_back();  // v7 copies whole pages of >= 8 tokens
+                     {"v7 paged, S=" + std::to_string(v2_splits), DecodeKernel::v7, v2_splits, KvLayout::paged},
+                     {"v8 paged, S=" + std::to_string(v2_splits), DecodeKernel::v8, v2_splits, KvLayout::paged}});
+      if (kv_quantised(b.kv_dtype) && b.page_size < DecodeGeometry::kTmaMinPage)
+        runs.resize(runs.size() - 2);  // v7 and v8 copy whole pages of >= 8 tokens
       if (!kv_quantised(b.kv_dtype))
         runs.insert(runs.end(),
                     {{"v1 contiguous", DecodeKernel::v1, 1, KvLayout::contiguous},
                      {"v2 contiguous, S=" + std::to_string(v2_splits), DecodeKernel::v2, v2_splits, KvLayout::contiguous}});
       for (const Run& r : runs) {
+        if (!kernel_kept(dopt.since, r.kernel)) continue;
         ResultRow row;
         row.impl = r.name;
         row.device = "cuda";
@@ -685,7 +696,7 @@ int run_swap(int argc, char** argv, bool dry = false) {
     const std::vector<SwapComparison> rows = swap_vs_recompute(so.requests, cfg, opt.seed);
     auto valid = [&](const SwapComparison& r) {
       return r.recompute.final_validation.empty() && r.swap.final_validation.empty() &&
-             r.cheaper.final_validation.empty();
+             r.cheaper.final_validation.empty() && r.lookahead.final_validation.empty();
     };
     bool sound = true;
     for (const auto& r : rows) sound = sound && valid(r);
@@ -710,7 +721,9 @@ int run_swap(int argc, char** argv, bool dry = false) {
           j << ", \"recompute_s\": " << jnum(model.recompute_s(r.recompute.recompute_tokens)) << ", \"swap_s\": "
             << jnum(r.seconds(r.swap, model, cfg.page_size)) << ", \"cheaper_swap_outs\": " << r.cheaper.swap_outs
             << ", \"cheaper_priced_recomputes\": " << r.cheaper.priced_recomputes << ", \"cheaper_preemptions\": "
-            << r.cheaper.preemptions << ", \"cheaper_s\": " << jnum(r.seconds(r.cheaper, model, cfg.page_size));
+            << r.cheaper.preemptions << ", \"cheaper_s\": " << jnum(r.seconds(r.cheaper, model, cfg.page_size))
+            << ", \"lookahead_swap_outs\": " << r.lookahead.swap_outs << ", \"lookahead_preemptions\": "
+            << r.lookahead.preemptions << ", \"lookahead_s\": " << jnum(r.seconds(r.lookahead, model, cfg.page_size));
         j << ", \"valid\": " << (valid(r) ? "true" : "false") << "}";
       }
       j << "]}\n";
@@ -725,29 +738,35 @@ int run_swap(int argc, char** argv, bool dry = false) {
               << "model: " << format_bytes(model.kv_bytes_per_token) << " of KV per token (32 layers, 8 KV heads, d 128, bf16), "
               << fmt("%.0f", model.prefill_flops_per_token / 1e9) << " GFLOP of prefill per token (2 x 8B parameters)\n"
               << "rates: " << (model.valid() ? model.source : std::string("none (no GPU): counts only; give --copy-gbps and --prefill-tflops for times")) << "\n\n";
-    std::printf("%-12s %-6s | %8s %12s %12s | %8s %9s %9s %9s %11s | %7s %7s %11s | %8s\n", "workload", "cache",
-                "preempt", "recompute", "recompute s", "preempt", "pages out", "pages in", "fallback", "swap s", "swaps",
-                "recomp", "cheaper s", "check");
+    std::printf("%-12s %-6s | %8s %12s %12s | %8s %9s %9s %9s %11s | %7s %7s %11s | %7s %7s %11s | %8s\n",
+                "workload", "cache", "preempt", "recompute", "recompute s", "preempt", "pages out", "pages in", "fallback",
+                "swap s", "swaps", "recomp", "cheaper s", "swaps", "recomp", "lookahead s", "check");
     for (const auto& r : rows) {
       const double rs = model.valid() ? model.recompute_s(r.recompute.recompute_tokens) : NAN;
       const double ss = model.valid() ? r.seconds(r.swap, model, cfg.page_size) : NAN;
       const double cs = model.valid() ? r.seconds(r.cheaper, model, cfg.page_size) : NAN;
       const std::string sw = model.valid() ? std::to_string(r.cheaper.swap_outs) : "-";
       const std::string rc = model.valid() ? std::to_string(r.cheaper.preemptions - r.cheaper.swap_outs) : "-";
-      std::printf("%-12s %-6s | %8d %12ld %12s | %8d %9ld %9ld %9ld %11s | %7s %7s %11s | %8s\n",
+      const double ls = model.valid() ? r.seconds(r.lookahead, model, cfg.page_size) : NAN;
+      const std::string lsw = model.valid() ? std::to_string(r.lookahead.swap_outs) : "-";
+      const std::string lrc = model.valid() ? std::to_string(r.lookahead.preemptions - r.lookahead.swap_outs) : "-";
+      std::printf("%-12s %-6s | %8d %12ld %12s | %8d %9ld %9ld %9ld %11s | %7s %7s %11s | %7s %7s %11s | %8s\n",
                   workload_name(r.workload), cache_name(r.cache), r.recompute.preemptions, r.recompute.recompute_tokens,
                   secs(rs).c_str(), r.swap.preemptions, r.swap.swapped_out_pages, r.swap.swapped_in_pages,
-                  r.swap.recompute_tokens, secs(ss).c_str(), sw.c_str(), rc.c_str(), secs(cs).c_str(),
+                  r.swap.recompute_tokens, secs(ss).c_str(), sw.c_str(), rc.c_str(), secs(cs).c_str(), lsw.c_str(),
+                  lrc.c_str(), secs(ls).c_str(),
                   valid(r) ? "ok"
                            : ("FAIL: " + r.recompute.final_validation + r.swap.final_validation +
-                              r.cheaper.final_validation)
+                              r.cheaper.final_validation + r.lookahead.final_validation)
                                  .c_str());
     }
     std::cout << "\n(recompute: tokens whose KV a preemption threw away, prefilled again, priced at the GEMM ceiling (a\n"
                  " lower bound). swap: pages copied to the host and back, priced at the measured pinned copy rate;\n"
                  " fallback = tokens recomputed when the host pool was full or nothing else could run. cheaper: each\n"
                  " victim swapped or recomputed, whichever these prices make cheaper for it: its swaps, its recomputes,\n"
-                 " its time; needs rates.)\n";
+                 " its time; needs rates. lookahead: each victim's choice priced by the whole rest of the trace after\n"
+                 " it (a swapped victim returns with all its pages, and the next page fault preempts again): its swaps,\n"
+                 " its recomputes, its time; never more than cheaper's.)\n";
     return sound ? 0 : kExitCheckFailed;
   });
 }

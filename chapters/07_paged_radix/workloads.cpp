@@ -299,8 +299,9 @@ SimStats simulate(const Trace& trace, CacheKind kind, const SimConfig& cfg) {
   PagePool pool(cfg.pool_pages, P);
   RunningSet running;
   pool.attach(&running);
-  const bool swap = cfg.preempt == Preemption::swap || cfg.preempt == Preemption::cheaper;
-  if (cfg.preempt == Preemption::cheaper && !cfg.cost.valid())
+  const bool priced = cfg.preempt == Preemption::cheaper || cfg.preempt == Preemption::lookahead;
+  const bool swap = cfg.preempt == Preemption::swap || priced;
+  if (priced && !cfg.cost.valid())
     throw UsageError("preemption by the cheaper of swap and recompute needs measured copy and prefill rates");
   PagePool host(swap ? (cfg.host_pages > 0 ? cfg.host_pages : cfg.pool_pages) : 0, P);
   HostSet host_refs;
@@ -337,9 +338,11 @@ SimStats simulate(const Trace& trace, CacheKind kind, const SimConfig& cfg) {
   // Preempts running.list[victim]: to the host pool when swapping and it has room,
   // else by recompute (pages freed, queued again at the front). Preemption::cheaper
   // prices both for this victim first: its private pages copied out and back in,
-  // against prefilling again the tokens it would lose (those the cache did not serve).
+  // against prefilling again the tokens it would lose (those the cache did not serve);
+  // Preemption::lookahead takes the first cfg.forced.size() choices as given.
   auto preempt = [&](std::size_t victim) {
     Running& v = running.list[victim];
+    const std::size_t nth = std::size_t(st.preemptions);
     ++st.preemptions;
     PreemptionRecord rec;
     rec.request = v.idx;
@@ -348,8 +351,10 @@ SimStats simulate(const Trace& trace, CacheKind kind, const SimConfig& cfg) {
     rec.host_room = swap && rec.private_pages <= host.free_pages();
     if (swap) {
       const int priv = rec.private_pages;
-      const bool by_price = cfg.preempt != Preemption::cheaper ||
-                            cfg.cost.swap_s(priv, priv, P) < cfg.cost.recompute_s(rec.lost_tokens);
+      const bool forced = cfg.preempt == Preemption::lookahead && nth < cfg.forced.size();
+      const bool by_price = forced   ? cfg.forced[nth] != 0
+                            : !priced ? true
+                                      : cfg.cost.swap_s(priv, priv, P) < cfg.cost.recompute_s(rec.lost_tokens);
       if (!by_price) ++st.priced_recomputes;
       if (by_price && rec.host_room) {
         rec.swapped = true;
@@ -517,11 +522,47 @@ SimStats simulate(const Trace& trace, CacheKind kind, const SimConfig& cfg) {
 }
 
 const char* preemption_name(Preemption p) {
-  return p == Preemption::swap ? "swap" : p == Preemption::cheaper ? "cheaper" : "recompute";
+  return p == Preemption::swap        ? "swap"
+         : p == Preemption::cheaper   ? "cheaper"
+         : p == Preemption::lookahead ? "lookahead"
+                                      : "recompute";
+}
+
+double preemption_seconds(const SimStats& s, const SwapCostModel& m, int page_size) {
+  return m.swap_s(s.swapped_out_pages, s.swapped_in_pages, page_size) + m.recompute_s(s.recompute_tokens);
 }
 
 double SwapComparison::seconds(const SimStats& s, const SwapCostModel& m, int page_size) const {
-  return m.swap_s(s.swapped_out_pages, s.swapped_in_pages, page_size) + m.recompute_s(s.recompute_tokens);
+  return preemption_seconds(s, m, page_size);
+}
+
+SimStats simulate_lookahead(const Trace& trace, CacheKind cache, const SimConfig& cfg) {
+  SimConfig c = cfg;
+  c.preempt = Preemption::lookahead;
+  c.log_preemptions = true;  // the choices of a run, in order
+  c.forced.clear();
+  SimStats best = simulate(trace, cache, c);
+  double best_s = preemption_seconds(best, c.cost, c.page_size);
+  // best.log grows or shrinks as choices change; each pass fixes one more preemption.
+  for (std::size_t k = 0; k < best.log.size(); ++k) {
+    const bool swapped = best.log[k].swapped;
+    if (!best.log[k].host_room) {  // no room on the host: recompute either way
+      c.forced.push_back(0);
+      continue;
+    }
+    SimConfig other = c;
+    other.forced.push_back(swapped ? 0 : 1);
+    SimStats s = simulate(trace, cache, other);
+    const double t = preemption_seconds(s, c.cost, c.page_size);
+    if (t < best_s && s.final_validation.empty()) {
+      best = std::move(s);
+      best_s = t;
+      c.forced = std::move(other.forced);
+    } else {
+      c.forced.push_back(swapped ? 1 : 0);
+    }
+  }
+  return best;
 }
 
 double SwapCostModel::swap_s(long out, long in, int page_size) const {
@@ -538,7 +579,7 @@ std::vector<SwapComparison> swap_vs_recompute(int requests, const SimConfig& cfg
   for (Workload w : all_workloads()) {
     const Trace tr = make_trace(w, requests, seed);
     for (CacheKind c : {CacheKind::radix, CacheKind::none}) {
-      SwapComparison x{w, c, {}, {}};
+      SwapComparison x{w, c, {}, {}, {}, {}};
       SimConfig rc = cfg, sc = cfg;
       rc.preempt = Preemption::recompute;
       sc.preempt = Preemption::swap;
@@ -548,6 +589,7 @@ std::vector<SwapComparison> swap_vs_recompute(int requests, const SimConfig& cfg
         SimConfig cc = cfg;
         cc.preempt = Preemption::cheaper;
         x.cheaper = simulate(tr, c, cc);
+        x.lookahead = simulate_lookahead(tr, c, cfg);
       }
       out.push_back(x);
     }

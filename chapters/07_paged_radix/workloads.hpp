@@ -56,8 +56,12 @@ const char* cache_name(CacheKind c);
 /// What the scheduler does with a request it must preempt: always recompute, always
 /// swap (recompute when the host pool is full), or, per victim, whichever the cost model
 /// prices lower (`cheaper`): copying its private pages out and back, against prefilling
-/// again the tokens it would lose.
-enum class Preemption { recompute, swap, cheaper };
+/// again the tokens it would lose. `lookahead` prices what follows the choice as well:
+/// the victim's own price leaves out that a swapped request comes back with all its
+/// pages (before any new request is admitted), so the pool stays as full as it was and
+/// the next page fault preempts again; simulate_lookahead() chooses each preemption by
+/// the modelled time of the whole rest of the trace after it (SimConfig::forced).
+enum class Preemption { recompute, swap, cheaper, lookahead };
 const char* preemption_name(Preemption p);
 
 /// The rates that turn the simulator's counts into time. The model's shape fixes the
@@ -87,6 +91,10 @@ struct SimConfig {
   SwapCostModel cost;  ///< the prices of Preemption::cheaper (must be valid() for it)
   bool validate_every_step = false;  ///< run every validate() after every step (tests)
   bool log_preemptions = false;      ///< keep one PreemptionRecord per preemption in SimStats (tests)
+  /// Preemption::lookahead: the choices of the first forced.size() preemptions, in the
+  /// order they happen (1: swap, if the host pool has room; 0: recompute); the later
+  /// ones are priced per victim, as Preemption::cheaper does.
+  std::vector<char> forced;
 };
 
 /// One preemption, as the scheduler saw it (SimConfig::log_preemptions).
@@ -124,20 +132,35 @@ struct SimStats {
 /// Runs the trace. Throws UsageError when one request alone cannot fit in the pool.
 SimStats simulate(const Trace& trace, CacheKind cache, const SimConfig& cfg);
 
+/// Modelled seconds of a run's preemptions: its copies (out and in) plus its recomputed
+/// prefill, at m's prices.
+double preemption_seconds(const SimStats& s, const SwapCostModel& m, int page_size);
+
+/// Preemption::lookahead (a rollout of the per-victim rule): starting from the run that
+/// prices every victim alone, each preemption in turn (the k-th, with the first k - 1
+/// fixed) is tried the other way, the rest of the trace priced per victim, and the other
+/// way is kept when the whole run's preemption_seconds() is lower. Every kept change
+/// lowers the total, so the result never costs more than Preemption::cheaper. Runs the
+/// simulator about twice per preemption; `stats.log` holds the choices made, and
+/// simulating with them as SimConfig::forced gives the same run.
+SimStats simulate_lookahead(const Trace& trace, CacheKind cache, const SimConfig& cfg);
+
 // ----------------------------------------------------------------------------- swap or recompute
 
 struct SwapComparison {
   Workload workload;
   CacheKind cache;
   SimStats recompute, swap;
-  SimStats cheaper;  ///< Preemption::cheaper, when cfg.cost is valid (else default)
+  SimStats cheaper;    ///< Preemption::cheaper, when cfg.cost is valid (else default)
+  SimStats lookahead;  ///< Preemption::lookahead (simulate_lookahead()), when cfg.cost is valid
   /// Modelled seconds of each policy's preemptions: copies plus recomputed prefill.
   double seconds(const SimStats& s, const SwapCostModel& m, int page_size) const;
 };
 
 /// Every workload with the radix cache and with none (plain paging), each run twice:
 /// preemption by recompute and by swap, on the same pool; and a third time, per victim
-/// the cheaper of the two at cfg.cost's prices, when those are valid.
+/// the cheaper of the two at cfg.cost's prices, and a fourth with what follows each choice
+/// priced too (simulate_lookahead()), when those are valid.
 std::vector<SwapComparison> swap_vs_recompute(int requests, const SimConfig& cfg, uint64_t seed);
 
 // ----------------------------------------------------------------------------- fragmentation

@@ -244,3 +244,65 @@ TEST_CASE("per-victim choice needs rates, and swap_vs_recompute runs it only wit
     CHECK(r.cheaper.final_validation.empty());
   }
 }
+
+TEST_CASE("lookahead: each choice priced by the rest of the trace, never dearer than the per-victim rule") {
+  // The swap command's pool (800 pages of 16 tokens, 16 running) at 18 GB/s and 788 TFLOP/s,
+  // the rates measured on the H200: on the agent trace the per-victim rule swaps every
+  // victim and costs more than recomputing them all, because a swapped victim comes back
+  // with all its pages and the next page fault preempts again.
+  SimConfig cfg;
+  cfg.pool_pages = 800;
+  cfg.max_running = 16;
+  cfg.cost = rates(18);
+  cfg.cost.gemm_tflops = 788;
+  bool beat_somewhere = false;
+  for (Workload w : {Workload::chat, Workload::agent, Workload::few_shot}) {
+    const Trace tr = make_trace(w, 200, 1);
+    for (CacheKind c : {CacheKind::radix, CacheKind::none}) {
+      CAPTURE(workload_name(w));
+      CAPTURE(cache_name(c));
+      SimConfig each = cfg;
+      each.preempt = Preemption::cheaper;
+      const SimStats per_victim = simulate(tr, c, each);
+      const SimStats ahead = simulate_lookahead(tr, c, cfg);
+      CHECK(ahead.final_validation.empty());
+      CHECK(ahead.generated_tokens >= tr.output_tokens());
+      const double t_victim = preemption_seconds(per_victim, cfg.cost, cfg.page_size);
+      const double t_ahead = preemption_seconds(ahead, cfg.cost, cfg.page_size);
+      CHECK(t_ahead <= t_victim);
+      beat_somewhere |= t_ahead < t_victim;
+      // The choices it logged, replayed as forced choices, are the same run.
+      REQUIRE(int(ahead.log.size()) == ahead.preemptions);
+      SimConfig replay = cfg;
+      replay.preempt = Preemption::lookahead;
+      for (const PreemptionRecord& r : ahead.log) replay.forced.push_back(r.swapped ? 1 : 0);
+      const SimStats again = simulate(tr, c, replay);
+      CHECK(again.steps == ahead.steps);
+      CHECK(again.swap_outs == ahead.swap_outs);
+      CHECK(again.swapped_out_pages == ahead.swapped_out_pages);
+      CHECK(again.recompute_tokens == ahead.recompute_tokens);
+      if (w == Workload::agent) {
+        // Where the per-victim rule lost to recomputing everything, the lookahead does not.
+        SimConfig rc = cfg;
+        rc.preempt = Preemption::recompute;
+        const double t_rc = preemption_seconds(simulate(tr, c, rc), cfg.cost, cfg.page_size);
+        CHECK(t_victim > t_rc);
+        CHECK(t_ahead <= t_rc);
+      }
+    }
+  }
+  CHECK(beat_somewhere);
+  // Forced choices override the prices: all-recompute forced is the recompute policy's run.
+  const Trace tr = make_trace(Workload::agent, 200, 1);
+  SimConfig rc = cfg;
+  rc.preempt = Preemption::recompute;
+  const SimStats base = simulate(tr, CacheKind::radix, rc);
+  SimConfig forced = cfg;
+  forced.preempt = Preemption::lookahead;
+  forced.forced.assign(std::size_t(base.preemptions) + 8, 0);
+  const SimStats f = simulate(tr, CacheKind::radix, forced);
+  CHECK(f.swap_outs == 0);
+  CHECK(f.preemptions == base.preemptions);
+  CHECK(f.recompute_tokens == base.recompute_tokens);
+  CHECK(f.steps == base.steps);
+}
