@@ -71,7 +71,7 @@ TEST_CASE("MLA absorbed decode kernel: every shape of the 16-row tile (ring4, ri
   }
 }
 
-TEST_CASE("MLA absorbed decode kernel: the 64-row tile on wgmma + TMA and on mma.sync") {
+TEST_CASE("MLA absorbed decode kernel: the 64-row tile on wgmma + TMA (both releases of P) and on mma.sync") {
   std::string why;
   const bool hopper = hopper_ready(&why);
   if (!hopper) MESSAGE("wgmma tile not run: " << why);
@@ -84,15 +84,16 @@ TEST_CASE("MLA absorbed decode kernel: the 64-row tile on wgmma + TMA and on mma
   for (const MlaShape& s : cases) {
     const MlaInputs in = make_mla_inputs(s, Dist::normal, 7);
     const Oracle oracle(s, in);
-    for (int tile64 : {kTile64Wgmma, kTile64Mma}) {
-      if (tile64 == kTile64Wgmma && !hopper) continue;
+    for (int tile64 : {kTile64Wgmma, kTile64WgmmaArrive, kTile64Mma}) {
+      if (tile64 != kTile64Mma && !hopper) continue;
       for (int splits : {0, 1, 3}) {
         const MlaGpuResult g = mla_absorb_gpu(s, in, splits, false, 0, tile64);
         CAPTURE(s.describe());
         CAPTURE(g.what);
         CAPTURE(splits);
         // the kernel asked for is the kernel that ran
-        CHECK((g.what.find("wgmma") != std::string::npos) == (tile64 == kTile64Wgmma));
+        CHECK((g.what.find("wgmma") != std::string::npos) == (tile64 != kTile64Mma));
+        CHECK((g.what.find("bar.arrive") != std::string::npos) == (tile64 == kTile64WgmmaArrive));
         CHECK(oracle.pass(g.o, s.output().o_elems()));
       }
     }

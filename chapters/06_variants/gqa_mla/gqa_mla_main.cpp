@@ -5,6 +5,7 @@
 #include <cmath>
 #include <iostream>
 #include <sstream>
+#include <vector>
 
 #include "common/check.hpp"
 #include "common/cli.hpp"
@@ -178,7 +179,7 @@ int run_gqa(const Options& opt, bool sweep, bool no_table, bool no_time) {
 
 #if TUTORIAL_HAVE_CUDA && CH06_GQA_MLA_KERNELS
 /// The two regimes of the README, on the GPU (absorbed decode kernel, Nq = 1).
-void mla_sweep(Report& rep, const Ceilings& ceil, int tile64, int only_heads) {
+void mla_sweep(Report& rep, const Ceilings& ceil, int tile64, int only_heads, const std::vector<int>& more_splits) {
   rep.notes.push_back("sweep: absorbed decode, Nq = 1 (time of decode + combine; cache GB/s = latent bytes read / time)");
   rep.notes.push_back("  H    B     Nk     splits  attn ms   total ms   cache GB/s  of read ceil   TFLOP/s  of GEMM ceil");
   struct Case { int h, b, nk; };
@@ -216,14 +217,28 @@ void mla_sweep(Report& rep, const Ceilings& ceil, int tile64, int only_heads) {
                     gs.splits, gs.attn_ms, gb, 100 * gb / ceil.read_gbps.value_or(1));
       rep.notes.push_back(line);
     }
-    // The 64-row tile's other kernel on the same case (wgmma against mma.sync, one process).
-    if (c.h * s.nq > 16) {
-      const int other = tile64 == kTile64Wgmma ? kTile64Mma : kTile64Wgmma;
-      const MlaGpuResult gv = mla_absorb_bench(s, 0, 0, other);
-      const double tv = attn_flops / (gv.attn_ms * 1e-3) / 1e12;
-      std::snprintf(line, sizeof line, "  tile64 %-8s %3d %4d %6d  %6d  %8.4f  %8.1f TFLOP/s  %6.1f%% of GEMM ceil",
-                    gv.what.find("wgmma") != std::string::npos ? "wgmma" : "mma", c.h, c.b, c.nk, gv.splits,
-                    gv.attn_ms, tv, 100 * tv / ceil.gemm_tflops.value_or(1));
+    // The 64-row tile's other kernels on the same case (wgmma against mma.sync, and the
+    // wgmma kernel with P released by bar.arrive; one process).
+    if (c.h * s.nq > 16)
+      for (int other : {kTile64Mma, kTile64Wgmma, kTile64WgmmaArrive}) {
+        if (other == tile64) continue;
+        const MlaGpuResult gv = mla_absorb_bench(s, 0, 0, other);
+        const double tv = attn_flops / (gv.attn_ms * 1e-3) / 1e12;
+        const char* name = gv.what.find("bar.arrive") != std::string::npos ? "wgmma-arrive"
+                           : gv.what.find("wgmma") != std::string::npos    ? "wgmma"
+                                                                           : "mma";
+        std::snprintf(line, sizeof line, "  tile64 %-12s %3d %4d %6d  %6d  %8.4f  %8.1f TFLOP/s  %6.1f%% of GEMM ceil", name,
+                      c.h, c.b, c.nk, gv.splits, gv.attn_ms, tv, 100 * tv / ceil.gemm_tflops.value_or(1));
+        rep.notes.push_back(line);
+      }
+    // Other split counts on the same case (--sweep-splits), for the choice of mla_pick_splits().
+    for (int k : more_splits) {
+      const MlaGpuResult gk = mla_absorb_bench(s, k, 0, tile64);
+      if (gk.splits == g.splits && k != g.splits) continue;  // rounded to the same ranges
+      const double gb = cost.cache_bytes / (gk.attn_ms * 1e-3) / 1e9, tk = attn_flops / (gk.attn_ms * 1e-3) / 1e12;
+      std::snprintf(line, sizeof line, "  splits %3d %4d %6d  %6d  %8.4f  %10.1f  %11.1f%%  %8.1f  %11.1f%%", c.h, c.b, c.nk,
+                    gk.splits, gk.attn_ms, gb, 100 * gb / ceil.read_gbps.value_or(1), tk,
+                    100 * tk / ceil.gemm_tflops.value_or(1));
       rep.notes.push_back(line);
     }
   }
@@ -231,7 +246,7 @@ void mla_sweep(Report& rep, const Ceilings& ceil, int tile64, int only_heads) {
 #endif
 
 int run_mla(const Options& opt, const std::string& form, long pos0, int splits, bool sweep, bool no_time,
-            int tile16, int tile64, int sweep_heads, int combine) {
+            int tile16, int tile64, int sweep_heads, int combine, const std::vector<int>& sweep_splits) {
   const Problem& cp = opt.problem;
   if (cp.d != kDQK || cp.dv != kDV)
     throw UsageError("mla uses DeepSeek-V3's head dims (d_qk = 192, d_v = 128, d_c = 512, d_rope = 64); --d/--dv "
@@ -357,7 +372,7 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
       rep.rows.push_back(row);
     }
     rep.apply_ceilings();
-    if (sweep) mla_sweep(rep, rep.ceilings, tile64, sweep_heads);
+    if (sweep) mla_sweep(rep, rep.ceilings, tile64, sweep_heads, sweep_splits);
   }
 #else
   (void)dev;
@@ -367,6 +382,7 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
   (void)tile64;
   (void)sweep_heads;
   (void)combine;
+  (void)sweep_splits;
 #endif
   rep.notes.push_back("cache per token and layer: latent [c ; k_rope] = 576 x 2 B = 1152 B, shared by all " +
                       std::to_string(s.heads) + " heads; decompressed K + V = " + std::to_string(s.heads) +
@@ -430,9 +446,13 @@ int mla_main(int argc, char** argv) {
   cli.add_int("--sweep-heads", &sweep_heads, "GPU: only the sweep's rows with this H (16 or 128; 0: all) [0]", 0, 128);
   std::string tile16 = "wide";
   cli.add_choice("--tile16", &tile16, {"wide", "ring2x2", "ring4"}, "GPU: the shape of the 16-row decode tile [wide]");
+  int sweep_splits = 0;
+  cli.add_int("--sweep-splits", &sweep_splits,
+              "GPU: also time each sweep row with 1, 2, 4, ... up to this many key ranges (0: none) [0]", 0, 1024);
   std::string tile64 = "wgmma";
-  cli.add_choice("--tile64", &tile64, {"wgmma", "mma"},
-                 "GPU: the 64-row decode tile's kernel (wgmma + TMA on sm_90, else mma.sync) [wgmma]");
+  cli.add_choice("--tile64", &tile64, {"wgmma", "wgmma-arrive", "mma"},
+                 "GPU: the 64-row decode tile's kernel (wgmma + TMA on sm_90, else mma.sync; wgmma-arrive: P "
+                 "released by bar.arrive, the form racecheck misreads) [wgmma]");
   std::string combine = "separate";
   cli.add_choice("--combine", &combine, {"separate", "fused"},
                  "GPU: merge the key ranges in a second kernel, or in the decode kernel's last range "
@@ -440,8 +460,11 @@ int mla_main(int argc, char** argv) {
   cli.add_flag("--no-time", &no_time, "GPU: check only, no timing (for compute-sanitizer)");
   return run_chapter(argc, argv, cli, [&](const Options& o) {
     const int v = tile16 == "ring2x2" ? 1 : tile16 == "ring4" ? 2 : 0;
-    return run_mla(o, form, pos0, splits, sweep, no_time, v, tile64 == "mma" ? kTile64Mma : kTile64Wgmma,
-                   sweep_heads, combine == "fused" ? kCombineFused : kCombineSeparate);
+    const int t64 = tile64 == "mma" ? kTile64Mma : tile64 == "wgmma-arrive" ? kTile64WgmmaArrive : kTile64Wgmma;
+    std::vector<int> more_splits;
+    for (int k = 1; k <= sweep_splits; k *= 2) more_splits.push_back(k);
+    return run_mla(o, form, pos0, splits, sweep, no_time, v, t64, sweep_heads,
+                   combine == "fused" ? kCombineFused : kCombineSeparate, more_splits);
   });
 }
 

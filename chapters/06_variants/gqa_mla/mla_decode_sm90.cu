@@ -26,15 +26,23 @@
 // each warpgroup accumulates a 64 x 256 half of O in 128 registers a thread. Each key
 // range writes the same (m, l, O) partials as mla_decode.cu, so combine_kernel is shared.
 //
-// racecheck. compute-sanitizer's racecheck reports 17 hazards on warpgroup 1's loads of P
-// once a range has two key blocks or more (none with one): the single P buffer is released
-// by warpgroup 1's bar.arrive ("P empty") and rewritten by warpgroup 0 after its bar.sync,
-// the producer/consumer use of named barriers that CUTLASS and FA3 make, but not an order
-// racecheck accepts between ordinary loads and stores. An alternative (P into the k_rope box
-// of its own stage, one "P full" barrier per stage, a proxy fence before the refill; round
-// of 15:34 UTC, 2026-12-01) was clean up to two blocks, still reported 18 hazards through the
-// ring's mbarrier order, and ran 9-11% slower (463 against 517 TFLOP/s at B = 64, Nk = 8K in
-// the rounds of 15:34 and 15:08), so this is the kernel kept. Tests pass on both.
+// Releasing P. Warpgroup 1 reads P_j and alpha_j into registers; warpgroup 0 may then
+// overwrite the single P buffer with P_{j+1}. Two ways to say "read", both correct by the
+// PTX ISA ("bar, barrier": bar.sync and bar.arrive guarantee that when the barrier
+// completes, the thread's prior memory accesses are performed for every participant; a
+// read is performed once its value has been transmitted and can no longer be changed by
+// another participant):
+//   kReleaseArrive  bar.arrive "P empty" right after the loads (the form first measured):
+//                   warpgroup 1 goes on at once. compute-sanitizer's racecheck reports a
+//                   hazard on every P and alpha load (17) whenever a range has two or more
+//                   key blocks: it does not order a load before a bar.arrive with a store
+//                   after the matching bar.sync (a write-after-read it cannot see through).
+//   kReleaseSync    bar.sync "P empty" once warpgroup 1's own P_j V_j and its producer's
+//                   refill are done, where warpgroup 1 would otherwise wait at "P full"
+//                   anyway: racecheck sees two bar.sync and accepts it. The default.
+// (An earlier alternative, P in the k_rope box of its own stage, released through the
+// ring's mbarriers, was also flagged by racecheck and ran 9-11% slower: rounds of 15:08 and
+// 15:34 UTC, 2026-12-01.)
 //
 // New instructions: none. wgmma (SS and RS forms), TMA and mbarriers are chapter 05's
 // (common/cuda/hopper/: wgmma.cuh, tma.cuh, mbarrier.cuh, named_barrier.cuh).
@@ -50,6 +58,7 @@
 #include "common/cuda/hopper/tma.cuh"
 #include "common/cuda/hopper/wgmma.cuh"
 #include "common/cuda/mma_sync.cuh"
+#include "common/errors.hpp"
 #include "common/index.hpp"
 #include "gqa_mla/mla_decode.cuh"
 
@@ -91,6 +100,7 @@ __device__ __forceinline__ unsigned char* align_1024(unsigned char* p) {
   return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(p) + 1023) & ~uintptr_t(1023));
 }
 
+template <int kRelease>
 __global__ void __launch_bounds__(kThreads, 1)
     decode_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv,
                        const DecodeParams p) {
@@ -242,7 +252,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int q = 0; q < kBc / 4; ++q) pr[q] = sp[q * 128 + t];
       const float alpha[2] = {salpha[2 * t], salpha[2 * t + 1]};
-      if (i + 1 < n) named_barrier_arrive(kBarPEmpty, kThreads);
+      if (kRelease == kReleaseArrive && i + 1 < n) named_barrier_arrive(kBarPEmpty, kThreads);
       mbarrier_wait(&full[st], ph);  // complete already (warpgroup 0 waited); makes the TMA bytes visible here
       rescale(o, alpha);
       fence_operand(o);
@@ -262,6 +272,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbarrier_wait(&empty[st], ph);
         load_kv(i + kStages);
       }
+      // P_j was read (its values are in this thread's registers and P_j V_j is complete):
+      // warpgroup 0 may write P_{j+1}, after its softmax of block j + 1.
+      if (kRelease == kReleaseSync && i + 1 < n) named_barrier_sync(kBarPEmpty, kThreads);
     }
   }
 
@@ -301,9 +314,13 @@ struct Maps {
 
 }  // namespace
 
-int launch_decode_sm90(const DecodeParams& p) {
+int launch_decode_sm90(const DecodeParams& p, int release) {
+  if (release != kReleaseSync && release != kReleaseArrive) throw UsageError("launch_decode_sm90: no such release of P");
   static const bool configured = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(decode_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
+    CUDA_CHECK(cudaFuncSetAttribute(decode_sm90_kernel<kReleaseSync>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    kBytes));
+    CUDA_CHECK(cudaFuncSetAttribute(decode_sm90_kernel<kReleaseArrive>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    kBytes));
     return true;
   }();
   (void)configured;
@@ -315,7 +332,10 @@ int launch_decode_sm90(const DecodeParams& p) {
     maps.q = p.q, maps.kv = p.kv, maps.batch = p.batch, maps.rows = p.rows, maps.nk = p.nk;
   }
   const dim3 grid(ceil_div(p.rows, kM), p.splits, p.batch);
-  decode_sm90_kernel<<<grid, kThreads, kBytes>>>(maps.tq, maps.tkv, p);
+  if (release == kReleaseSync)
+    decode_sm90_kernel<kReleaseSync><<<grid, kThreads, kBytes>>>(maps.tq, maps.tkv, p);
+  else
+    decode_sm90_kernel<kReleaseArrive><<<grid, kThreads, kBytes>>>(maps.tq, maps.tkv, p);
   CUDA_CHECK_LAUNCH("mla decode_sm90_kernel");
   return kBytes;
 }
