@@ -158,6 +158,27 @@ def binary_env():
     return env
 
 
+def split_step_list(binary, args):
+    """`args` as launches of `binary`: as they are when its --step takes a list (or no list is
+    asked), else one launch per step of the list, the backward (whatever args ask of it) beside
+    the last and --no-backward beside the others."""
+    if "--step" not in args or "," not in args[args.index("--step") + 1] or binary.step_list():
+        return [args]
+    i = args.index("--step")
+    ks = args[i + 1].split(",")
+    quiet = list(args)
+    if "--backward-step" in quiet:
+        j = quiet.index("--backward-step")
+        del quiet[j:j + 2]
+    quiet = [a for a in quiet if a != "--no-backward"] + (["--no-backward"] if "--no-backward" in binary.flags() else [])
+    out = []
+    for k in ks:
+        a = list(args if k == ks[-1] else quiet)
+        a[a.index("--step") + 1] = k
+        out.append(a)
+    return out
+
+
 class Binary:
     paths = {}  # chapter binary name -> a path given on the command line (--binary), else BUILD/bin/name
 
@@ -186,9 +207,25 @@ class Binary:
             try:
                 r = subprocess.run([self.path, "--help"], capture_output=True, text=True, timeout=30)
                 self._flags = set(re.findall(r"(--[a-z0-9][a-z0-9-]*)", r.stdout + r.stderr))
+                self._step_list = bool(re.search(r"--step K\[,K\]", r.stdout + r.stderr))
+                m = re.search(r"--step K\[,K\][^(\n]*\((\d+)-(\d+)", r.stdout + r.stderr)
+                self._step_range = (int(m.group(1)), int(m.group(2))) if m else None
             except (OSError, subprocess.TimeoutExpired):
-                self._flags = set()
+                self._flags, self._step_list, self._step_range = set(), False, None
         return self._flags
+
+    def steps_of(self, ks):
+        """The steps of `ks` this binary has (all of them when its --help gives no range): a list
+        with a step the binary does not have would be refused whole."""
+        self.flags()
+        r = getattr(self, "_step_range", None)
+        return [k for k in ks if r is None or r[0] <= k <= r[1]]
+
+    def step_list(self):
+        """Whether --step takes a list (K[,K...]: one launch, the inputs uploaded once, for every
+        step asked); an older build's binary takes one step a launch."""
+        self.flags()
+        return self._step_list
 
     def run(self, args, timeout=300):
         """(status, report or None, message). status: ok (exit 0 or 1: the JSON says which rows
@@ -389,17 +426,22 @@ class Bench:
         shape = {"d": d, "N": n, "causal": causal}
         runs = [args + ([] if backward else no_bwd)]
         if self.a.steps and "--step" in flags:
-            # --steps: one launch per step (a binary takes one --step K); the backward, when the plan
-            # has it here, beside the last (chapter 05 runs it beside one --step only when asked)
-            ks = self.a.steps
-            runs = [args + ["--step", str(k)] + (bwd_all if backward and i == len(ks) - 1 else no_bwd)
-                    for i, k in enumerate(ks)]
+            # --steps: one launch with the list (the backward, when the plan has it here, beside it:
+            # chapter 05 runs it beside a --step list only when asked); launch_rows splits the list
+            # for a binary that takes one --step K a launch
+            ks = self.bins[chapter].steps_of(self.a.steps)
+            if not ks:
+                self.notes.append("--steps %s: %s has none of them" % (",".join(map(str, self.a.steps)),
+                                                                       self.bins[chapter].name))
+                return
+            runs = [args + ["--step", ",".join(map(str, ks))] + (bwd_all if backward else no_bwd)]
             self.launch_rows(chapter, runs, d, n, causal, shape)
             return
         # Step pruning: from N = prune_from on, a step more than 4x slower than the chapter's best
         # at the previous N is not timed again (its line in the plots stops there), when the time it
-        # would take here is more than the extra launches cost (the binaries take one --step K per
-        # launch, and each launch builds its inputs and fp64 reference again).
+        # would take here is more than the extra launches cost (a binary whose --step takes a list
+        # runs the kept steps in one launch; an older one takes one --step K a launch, and each
+        # launch builds its inputs and fp64 reference again).
         n_prev, speeds = self.previous_run(chapter, d, causal, n)
         pruned = False
         if n >= self.prune_from and speeds and "--step" in flags:
@@ -410,12 +452,12 @@ class Bench:
             # a row costs its runs (a check, 3 warm-ups, 20 repeats) and its host time; a launch, its set-up
             slow_s = sum(24 * fl / (speeds[k] * 1e12) + self.row_s(chapter) for k in slow)
             kept = [int(nums[k].group(1)) for k in speeds if k not in slow] if all(nums.values()) else []
-            if slow and kept and slow_s > (len(kept) - 1) * self.SETUP_S.get(chapter, 2):
+            extra_launches = 0 if self.bins[chapter].step_list() else len(kept) - 1
+            if slow and kept and slow_s > extra_launches * self.SETUP_S.get(chapter, 2):
                 pruned = True
-                # the backward runs with the last kept step (chapter 05 runs it beside one --step
+                # the backward runs beside the kept steps (chapter 05 runs it beside a --step list
                 # only when --backward-step asks)
-                runs = [args + ["--step", str(k)] + (bwd_all if backward and k == kept[-1] else no_bwd)
-                        for k in kept]
+                runs = [args + ["--step", ",".join(map(str, kept))] + (bwd_all if backward else no_bwd)]
                 for k in slow:
                     self.rows.append(self.base_row(chapter, k, "fwd", d, n, causal, status="not run",
                                                    note="more than 4x slower than the chapter's best step at "
@@ -439,7 +481,7 @@ class Bench:
         best = {kind: {} for kind, _ in builds}  # kind -> {(kernel, pass): row}
         for rnd in range(max(1, self.a.rounds) if self.before_bins is not None else 1):
             for kind, binary in (builds if rnd % 2 == 0 else builds[::-1]):
-                for a in runs:
+                for a in [x for run in runs for x in split_step_list(binary, run)]:
                     for r in self.one_launch(chapter, binary, a, d, n, causal, shape):
                         key = (r["kernel"], r["pass"])
                         old = best[kind].get(key)
@@ -696,7 +738,8 @@ class Bench:
         fwd_rows, bwd_rows = self.ROWS.get(c, (4, 2))
         launches = 1
         if self.a.steps and c in self.bins and "--step" in self.bins[c].flags():
-            fwd_rows, launches = len(self.a.steps), len(self.a.steps)
+            fwd_rows = len(self.bins[c].steps_of(self.a.steps))
+            launches = 1 if self.bins[c].step_list() else fwd_rows
         gf, gb = self.GPU_S.get(c, (1e-13, 1e-13))
         est = launches * self.SETUP_S.get(c, 5) + self.row_s(c) * fwd_rows + (self.row_s(c, "bwd") * bwd_rows if bwd else 0)
         est += 24 * fl * (gf * fwd_rows / self.ROWS.get(c, (4, 2))[0] + (gb if bwd else 0.0))

@@ -306,11 +306,12 @@ FAKE = os.path.join(HERE, "testdata", "fake_ch05.py")
 class Modes(unittest.TestCase):
     """./tutorial bench --steps, --before, --no-peers on a stand-in chapter binary (testdata/fake_ch05.py)."""
 
-    def build(self, root, name, slow=1.0, fail=None):
+    def build(self, root, name, slow=1.0, fail=None, step_list=False):
         os.makedirs(os.path.join(root, name, "bin"))
         path = os.path.join(root, name, "bin", "ch05_fa3_hopper")
         with open(path, "w") as f:
-            f.write("#!/bin/sh\nFAKE_SLOW=%s FAKE_FAIL=%s exec %s %s \"$@\"\n" % (slow, fail or "", sys.executable, FAKE))
+            f.write("#!/bin/sh\nFAKE_SLOW=%s FAKE_FAIL=%s FAKE_LIST=%s exec %s %s \"$@\"\n" % (
+                slow, fail or "", "1" if step_list else "", sys.executable, FAKE))
         os.chmod(path, 0o755)
         return os.path.join(root, name)
 
@@ -342,6 +343,31 @@ class Modes(unittest.TestCase):
             self.assertEqual(res["peers"]["fa4"], "not asked for (--no-peers)")
             self.assertIn("absent", bench_report.extract_section(open(os.path.join(out, "results.md")).read(),
                                                                  "ch05-fwd"))
+
+    def test_a_binary_whose_step_takes_a_list_runs_every_step_in_one_launch(self):
+        with tempfile.TemporaryDirectory() as d:
+            new = self.build(d, "new", step_list=True)
+            out = os.path.join(d, "out")
+            launches = self.run_bench(["--build-dir", new, "--out", out, "--n", "2048", "--d", "128", "--mask",
+                                       "causal", "--steps", "8,10", "--no-peers"], os.path.join(d, "log"))
+            self.assertEqual(len(launches), 1, launches)
+            self.assertIn("--step 8,10 --backward-step all", launches[0])
+            res = read_json(os.path.join(out, "results.json"))
+            ks = sorted({r["kernel"] for r in res["rows"] if r["kind"] == "ours"})
+            self.assertEqual(ks, ["ch05 b9 backward", "ch05 v10 step 10", "ch05 v8 step 8"])
+
+    def test_split_step_list_for_a_binary_of_one_step_a_launch(self):
+        one = lineage.Binary.at("/nonexistent/ch04_fa2")
+        one._flags, one._step_list = {"--step", "--no-backward"}, False
+        many = lineage.Binary.at("/nonexistent/ch04_fa2")
+        many._flags, many._step_list = {"--step", "--no-backward"}, True
+        a = ["--n", "8192", "--step", "6,9", "--json"]
+        self.assertEqual(lineage.split_step_list(many, a), [a])
+        self.assertEqual(lineage.split_step_list(one, a), [["--n", "8192", "--step", "6", "--json", "--no-backward"],
+                                                           ["--n", "8192", "--step", "9", "--json"]])
+        b = a + ["--no-backward"]
+        self.assertEqual(lineage.split_step_list(one, b), [["--n", "8192", "--step", "6", "--json", "--no-backward"],
+                                                           ["--n", "8192", "--step", "9", "--json", "--no-backward"]])
 
     def test_binaries_get_the_heap_tunables_unless_the_caller_set_them(self):
         with tempfile.TemporaryDirectory() as d:

@@ -69,6 +69,12 @@ void Cli::add_choice(const std::string& flag, std::string* target, std::vector<s
   extras_.push_back(e);
 }
 
+void Cli::add_int_list(const std::string& flag, std::vector<int>* target, const std::string& help, int lo, int hi) {
+  Extra e;
+  e.flag = flag, e.help = help, e.kind = "list", e.list = target, e.lo = lo, e.hi = hi;
+  extras_.push_back(e);
+}
+
 std::string Cli::usage() const {
   std::ostringstream s;
   const Problem& d = defaults_;
@@ -100,7 +106,7 @@ std::string Cli::usage() const {
   if (!extras_.empty()) {
     s << "chapter options:\n";
     for (const auto& e : extras_) {
-      std::string f = e.flag + (e.kind == "int" ? " N" : e.kind == "choice" ? " X" : "");
+      std::string f = e.flag + (e.kind == "int" ? " N" : e.kind == "choice" ? " X" : e.kind == "list" ? " K[,K]" : "");
       s << "  " << f << std::string(f.size() < 17 ? 17 - f.size() : 1, ' ') << e.help;
       if (e.kind == "choice") {
         s << " (";
@@ -199,6 +205,22 @@ bool Cli::parse(int argc, char** argv, Options* out) const {
         *it->b = true;
       } else if (it->kind == "int") {
         *it->i = int(parse_integer(arg, next(), it->lo, it->hi));
+      } else if (it->kind == "list") {
+        const std::string v = next();
+        std::vector<int> ks;
+        if (v != "all") {
+          std::size_t b = 0;
+          for (;;) {
+            const std::size_t e = v.find(',', b);
+            const int k = int(parse_integer(arg, v.substr(b, e == std::string::npos ? e : e - b), it->lo, it->hi));
+            if (std::find(ks.begin(), ks.end(), k) != ks.end())
+              throw UsageError(arg + ": " + std::to_string(k) + " is given twice");
+            ks.push_back(k);
+            if (e == std::string::npos) break;
+            b = e + 1;
+          }
+        }
+        *it->list = ks;
       } else {
         const std::string v = next();
         if (std::find(it->choices.begin(), it->choices.end(), v) == it->choices.end())

@@ -7,7 +7,7 @@
 ///               [--seed S] [--device cpu|cuda|auto] [--bench] [--sram-bytes M]
 ///               [--check-all] [--json] [--help]
 ///
-/// Chapters add their own flags with add_int() / add_flag() / add_choice(). Any bad
+/// Chapters add their own flags with add_int() / add_flag() / add_choice() / add_int_list(). Any bad
 /// value (zero, negative, not a number, an unsupported head dim, a size that does
 /// not fit in host or device memory) is a UsageError: one line on stderr, exit 2.
 
@@ -52,6 +52,9 @@ class Cli {
   void add_flag(const std::string& flag, bool* target, const std::string& help);
   void add_choice(const std::string& flag, std::string* target, std::vector<std::string> choices,
                   const std::string& help);
+  /// `FLAG K[,K...]`: distinct integers in [lo, hi], kept in the order given; `FLAG all`
+  /// clears the list (the caller reads an empty list as "all").
+  void add_int_list(const std::string& flag, std::vector<int>* target, const std::string& help, int lo, int hi);
 
   /// Parses argv. Throws UsageError on bad input; prints usage() and returns
   /// false for --help (the caller exits 0).
@@ -65,6 +68,7 @@ class Cli {
     int* i = nullptr;
     bool* b = nullptr;
     std::string* s = nullptr;
+    std::vector<int>* list = nullptr;
     int lo = 0, hi = 0;
     std::vector<std::string> choices;
   };

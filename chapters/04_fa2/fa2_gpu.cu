@@ -83,12 +83,27 @@ double fa2_device_bytes(const Problem& p, bool backward) {
   return bytes;
 }
 
-GpuForward fa2_forward_gpu(const Problem& p, const AttnInputs& in, int step, bool time) {
-  const DeviceTensor q = DeviceTensor::from_host(in.q, p.dtype), k = DeviceTensor::from_host(in.k, p.dtype),
-                     v = DeviceTensor::from_host(in.v, p.dtype);
-  DeviceTensor o(p.dtype, p.o_elems());
-  DeviceBuffer<float> lse(p.lse_elems());
-  const FwdParams f = make_params(p, q, k, v, o, lse);
+struct ForwardRunner::Impl {
+  Problem p;
+  DeviceTensor q, k, v, o;
+  DeviceBuffer<float> lse;
+  Impl(const Problem& pr, const AttnInputs& in)
+      : p(pr),
+        q(DeviceTensor::from_host(in.q, pr.dtype)),
+        k(DeviceTensor::from_host(in.k, pr.dtype)),
+        v(DeviceTensor::from_host(in.v, pr.dtype)),
+        o(pr.dtype, pr.o_elems()),
+        lse(pr.lse_elems()) {}
+};
+
+ForwardRunner::ForwardRunner(const Problem& p, const AttnInputs& in) : impl_(std::make_unique<Impl>(p, in)) {}
+ForwardRunner::~ForwardRunner() = default;
+
+GpuForward ForwardRunner::run(int step, bool time) {
+  const Problem& p = impl_->p;
+  DeviceTensor& o = impl_->o;
+  DeviceBuffer<float>& lse = impl_->lse;
+  const FwdParams f = make_params(p, impl_->q, impl_->k, impl_->v, o, lse);
   o.poison();
   lse.poison();
   if (!launch_step(step, f, p.dtype)) throw CudaError(std::string(step_name(step)) + ": no kernel for this problem");
@@ -104,6 +119,10 @@ GpuForward fa2_forward_gpu(const Problem& p, const AttnInputs& in, int step, boo
                   CUDA_CHECK_LAUNCH(step_name(step));
                 }).median_ms;
   return r;
+}
+
+GpuForward fa2_forward_gpu(const Problem& p, const AttnInputs& in, int step, bool time) {
+  return ForwardRunner(p, in).run(step, time);
 }
 
 std::string backward_unsupported(const Problem& p) {

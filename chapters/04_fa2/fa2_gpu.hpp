@@ -2,6 +2,7 @@
 /// \file fa2_gpu.hpp
 /// \brief Chapter 04 on the GPU behind a plain C++ interface (no CUDA types).
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,24 @@ struct GpuForward {
   double time_ms = 0;  ///< median of the timed repeats; 0 when not timed
 };
 GpuForward fa2_forward_gpu(const Problem& p, const AttnInputs& in, int step, bool time);
+
+/// One problem on the device for several steps' runs: Q, K and V uploaded once, O and LSE
+/// allocated once, so that the rows of a report do not pay for them again (at the papers'
+/// shapes each row would move 200 MB of inputs through the host). Every run poisons O and
+/// LSE first. fa2_forward_gpu() is one run of a fresh runner.
+class ForwardRunner {
+ public:
+  ForwardRunner(const Problem& p, const AttnInputs& in);
+  ~ForwardRunner();
+  ForwardRunner(const ForwardRunner&) = delete;
+  ForwardRunner& operator=(const ForwardRunner&) = delete;
+  /// As fa2_forward_gpu().
+  GpuForward run(int step, bool time);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 struct GpuBackward {
   std::vector<float> dq, dk, dv;

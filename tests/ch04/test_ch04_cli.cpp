@@ -38,7 +38,7 @@ TEST_CASE("ch04_fa2 text report: both models and chapter 03 next to them") {
 
 TEST_CASE("ch04_fa2 bad input: one line on stderr and exit code 2") {
   for (const char* args : {"--d 32 --device cpu", "--d 96 --device cpu", "--dtype fp32 --device cpu", "--step 10",
-                           "--step -1", "--n 0", "--heads 3 --kv-heads 2", "--n 512 --sram-bytes 1024 --device cpu"}) {
+                           "--step -1", "--step 3,3", "--step 0,3", "--step 2,10", "--step 3,", "--n 0", "--heads 3 --kv-heads 2", "--n 512 --sram-bytes 1024 --device cpu"}) {
     CAPTURE(args);
     const auto r = run_binary(CH04_BINARY, args);
     CHECK(r.exit_code == 2);

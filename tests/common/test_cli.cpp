@@ -114,6 +114,23 @@ TEST_CASE("chapter options and --help") {
   CHECK(cli.usage().find("--step") != std::string::npos);
 }
 
+TEST_CASE("an integer-list option: K[,K...] in range, distinct, in order, and all clears it") {
+  Cli cli = make_cli();
+  std::vector<int> steps = {7};
+  cli.add_int_list("--step", &steps, "kernel steps", 1, 20);
+  parse(cli, {"--step", "11,3,18"});
+  CHECK(steps == std::vector<int>{11, 3, 18});
+  parse(cli, {"--step", "5"});
+  CHECK(steps == std::vector<int>{5});
+  parse(cli, {"--step", "all"});
+  CHECK(steps.empty());
+  for (std::vector<std::string> a : {std::vector<std::string>{"--step", "3,3"}, {"--step", "0"}, {"--step", "21"},
+                                     {"--step", "3,"}, {"--step", ",3"}, {"--step", "3,,4"}, {"--step", "x"},
+                                     {"--step", ""}, {"--step"}})
+    bad(cli, a, "--step");
+  CHECK(cli.usage().find("--step K[,K]") != std::string::npos);
+}
+
 TEST_CASE("memory that does not fit is a usage error") {
   CHECK_THROWS_AS(require_host_memory(1e18, "a huge problem"), UsageError);
   CHECK_NOTHROW(require_host_memory(1e3, "a tiny problem"));
