@@ -139,14 +139,30 @@ void fill_normal(DeviceTensor& t, unsigned seed) {
 
 }  // namespace
 
-GpuForward fa3_forward_gpu(const Problem& p, const AttnInputs& in, Step s, bool time, int launches) {
+struct ForwardRunner::Impl {
+  Problem p;
+  DeviceTensor q, k, v, o;
+  DeviceBuffer<float> lse;
+  Impl(const Problem& pr, const AttnInputs& in)
+      : p(pr),
+        q(DeviceTensor::from_host(in.q, pr.dtype)),
+        k(DeviceTensor::from_host(in.k, pr.dtype)),
+        v(DeviceTensor::from_host(in.v, pr.dtype)),
+        o(pr.dtype, pr.o_elems()),
+        lse(pr.lse_elems()) {}
+};
+
+ForwardRunner::ForwardRunner(const Problem& p, const AttnInputs& in) : impl_(std::make_unique<Impl>(p, in)) {}
+ForwardRunner::~ForwardRunner() = default;
+
+GpuForward ForwardRunner::run(Step s, bool time, int launches) {
+  const Problem& p = impl_->p;
   std::string why;
   if (!step_supports(s, p, &why)) throw UsageError(why);
   GpuForward r;
-  const DeviceTensor q = DeviceTensor::from_host(in.q, p.dtype), k = DeviceTensor::from_host(in.k, p.dtype),
-                     v = DeviceTensor::from_host(in.v, p.dtype);
-  DeviceTensor o(p.dtype, p.o_elems());
-  DeviceBuffer<float> lse(p.lse_elems());
+  const DeviceTensor &q = impl_->q, &k = impl_->k, &v = impl_->v;
+  DeviceTensor& o = impl_->o;
+  DeviceBuffer<float>& lse = impl_->lse;
 
   Prepared prep = prepare_on(p, s, q, k, v, o, lse);
   PreparedStep& step = prep.step;
@@ -168,6 +184,12 @@ GpuForward fa3_forward_gpu(const Problem& p, const AttnInputs& in, Step s, bool 
     if (prep.fp8) r.prep_ms = time_gpu([&] { fp8_prepare(p, q.data(), k.data(), v.data(), *prep.fp8); }).median_ms;
   }
   return r;
+}
+
+GpuForward fa3_forward_gpu(const Problem& p, const AttnInputs& in, Step s, bool time, int launches) {
+  std::string why;
+  if (!step_supports(s, p, &why)) throw UsageError(why);  // before any upload
+  return ForwardRunner(p, in).run(s, time, launches);
 }
 
 void fa3_launch_only(const Problem& p, Step s, int launches) {

@@ -29,6 +29,7 @@
 ///     v22 v21's chains on v14's three consumers, d = 64 (from v14)
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -104,6 +105,25 @@ struct GpuForward {
 /// before each, and the last run is the one returned (state a launch leaves behind,
 /// such as v13's tile counter, must not change the next one's answer).
 GpuForward fa3_forward_gpu(const Problem& p, const AttnInputs& in, Step s, bool time, int launches = 1);
+
+/// One problem on the device for several steps' runs: Q, K and V uploaded once, O and LSE
+/// allocated once, so that the rows of a report do not pay for them again (at the papers'
+/// shapes each row would move 200 MB of inputs through the host). Every run poisons O and
+/// LSE first, so a run never sees another's outputs. fa3_forward_gpu() is one run of a
+/// fresh runner.
+class ForwardRunner {
+ public:
+  ForwardRunner(const Problem& p, const AttnInputs& in);
+  ~ForwardRunner();
+  ForwardRunner(const ForwardRunner&) = delete;
+  ForwardRunner& operator=(const ForwardRunner&) = delete;
+  /// As fa3_forward_gpu().
+  GpuForward run(Step s, bool time, int launches = 1);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 /// Launches step `s` `launches` times, back to back, on inputs written on the device
 /// (unit normals): nothing uploaded, checked, downloaded or timed, so that a profiler

@@ -24,7 +24,7 @@ TEST_CASE("ch05_fa3_hopper text report: the model row and the FP8 accuracy table
 }
 
 TEST_CASE("bad input: one line on stderr and exit code 2") {
-  for (const char* args : {"--n 0", "--d 96", "--d 32", "--dtype fp32", "--step 99", "--step v", "--batch 0",
+  for (const char* args : {"--n 0", "--d 96", "--d 32", "--dtype fp32", "--step 99", "--step v", "--step 11,11", "--step 11,99", "--step 11,", "--batch 0",
                            "--heads 3 --kv-heads 2", "--bogus", "--device quantum", "--n 2000000000 --device cpu",
                            "--launch-only 3 --device cpu", "--launch-only 0", "--launch-only 101"}) {
     CAPTURE(args);
