@@ -1,5 +1,6 @@
 // Chapter 05's backward, host side: the preprocess and postprocess kernels, and one
 // run of a backward step (upload, forward for O and LSE, poison, run, download, time).
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -30,7 +31,7 @@ constexpr int kPostOldBlocks = 1024;  // postprocess_by_element's grid
 template <class T, int D>
 __global__ void __launch_bounds__(kPrepThreads) preprocess(const Fa3BwdParams p) {
   constexpr int kLanes = D / 8;  // threads of a row: 8 or 16 consecutive lanes of one warp
-  const int rows_pad = p.n_qblocks * kBwdBr;
+  const int rows_pad = p.n_qblocks * p.block_rows;
   const long long rows = (long long)p.batch * p.heads * rows_pad;
   const long long row = (long long)blockIdx.x * (kPrepThreads / kLanes) + threadIdx.x / kLanes;
   const int c8 = threadIdx.x % kLanes;
@@ -56,9 +57,9 @@ __global__ void __launch_bounds__(kPrepThreads) preprocess(const Fa3BwdParams p)
     p.delta[row] = acc;
     const float l = r < p.nq ? p.lse[bh * p.nq + r] : -INFINITY;
     p.lse2[row] = l == -INFINITY ? INFINITY : l * float(kLog2e);
-    if (r % kBwdBr == 0) {
-      p.dq_order[(row / kBwdBr) * 2] = 0;
-      p.dq_order[(row / kBwdBr) * 2 + 1] = 0;
+    if (r % p.block_rows == 0) {
+      p.dq_order[(row / p.block_rows) * 2] = 0;
+      p.dq_order[(row / p.block_rows) * 2 + 1] = 0;
     }
   }
 }
@@ -68,7 +69,7 @@ __global__ void __launch_bounds__(kPrepThreads) preprocess(const Fa3BwdParams p)
 /// before/after comes from there.
 template <class T>
 __global__ void preprocess_by_warp(const Fa3BwdParams p) {
-  const int rows_pad = p.n_qblocks * kBwdBr;
+  const int rows_pad = p.n_qblocks * p.block_rows;
   const long long rows = (long long)p.batch * p.heads * rows_pad;
   const long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -88,9 +89,9 @@ __global__ void preprocess_by_warp(const Fa3BwdParams p) {
     p.delta[row] = acc;
     const float l = r < p.nq ? p.lse[bh * p.nq + r] : -INFINITY;
     p.lse2[row] = l == -INFINITY ? INFINITY : l * float(kLog2e);
-    if (r % kBwdBr == 0) {
-      p.dq_order[(row / kBwdBr) * 2] = 0;
-      p.dq_order[(row / kBwdBr) * 2 + 1] = 0;
+    if (r % p.block_rows == 0) {
+      p.dq_order[(row / p.block_rows) * 2] = 0;
+      p.dq_order[(row / p.block_rows) * 2 + 1] = 0;
     }
   }
 }
@@ -107,22 +108,32 @@ __global__ void preprocess_by_warp(const Fa3BwdParams p) {
 template <class T, int D>
 __global__ void __launch_bounds__(kPostThreads) postprocess(const Fa3BwdParams p) {
   constexpr int kLd = D + 8;  // 8 floats of padding: a quarter-warp's float4 stores hit 32 banks
-  __shared__ __align__(16) float tile[kBwdBr * kLd];
+  constexpr int kMaxRows = 80;  // block_rows: 64, or 80 (b13)
+  __shared__ __align__(16) float tile[kMaxRows * kLd];
+  const int br = p.block_rows;
   const long long t = blockIdx.x;  // (head bh, query block i)
   const long long bh = t / p.n_qblocks;
   const int i = int(t % p.n_qblocks);
-  const DqLayout layout = p.dq_whole_tiles ? DqLayout::whole_tiles
+  const DqLayout layout = p.dq_transposed    ? DqLayout::transposed
+                          : p.dq_whole_tiles    ? DqLayout::whole_tiles
                           : p.dq_fragment_order ? DqLayout::fragments : DqLayout::rows;
-  const float4* src = reinterpret_cast<const float4*>(p.dq_accum + t * (kBwdBr * D));
-  for (int v = threadIdx.x; v < kBwdBr * D / 4; v += kPostThreads) {
+  const float4* src = reinterpret_cast<const float4*>(p.dq_accum + t * (br * D));
+  for (int v = threadIdx.x; v < br * D / 4; v += kPostThreads) {
     int r, c;
-    dq_tile_position(layout, 4 * v, kBwdBr, D, &r, &c);
+    dq_tile_position(layout, 4 * v, br, D, &r, &c);
     const float4 x = __ldcs(src + v);  // read once: streaming, evict first
-    *reinterpret_cast<float4*>(&tile[r * kLd + c]) = make_float4(p.scale * x.x, p.scale * x.y, p.scale * x.z, p.scale * x.w);
+    if (dq_float4_is_column(layout)) {  // four rows of one column (b13's transposed halves)
+      tile[r * kLd + c] = p.scale * x.x;
+      tile[(r + 1) * kLd + c] = p.scale * x.y;
+      tile[(r + 2) * kLd + c] = p.scale * x.z;
+      tile[(r + 3) * kLd + c] = p.scale * x.w;
+    } else {
+      *reinterpret_cast<float4*>(&tile[r * kLd + c]) = make_float4(p.scale * x.x, p.scale * x.y, p.scale * x.z, p.scale * x.w);
+    }
   }
   __syncthreads();
-  T* dq = static_cast<T*>(p.dq) + (bh * p.nq + (long long)i * kBwdBr) * D;
-  const int rows = min(kBwdBr, p.nq - i * kBwdBr);  // the padding rows past nq stay behind
+  T* dq = static_cast<T*>(p.dq) + (bh * p.nq + (long long)i * br) * D;
+  const int rows = min(br, p.nq - i * br);  // the padding rows past nq stay behind
   for (int v = threadIdx.x; v < rows * (D / 4); v += kPostThreads) {
     const int r = v / (D / 4), c = 4 * (v % (D / 4));
     const float4 x = *reinterpret_cast<const float4*>(&tile[r * kLd + c]);
@@ -142,20 +153,29 @@ __global__ void postprocess_by_element(const Fa3BwdParams p) {
     const long long rowg = k / p.d;
     const int r = int(rowg % p.nq);
     const long long bh = rowg / p.nq;
-    const long long at = p.dq_whole_tiles      ? dq_accum_tile_index(bh, r, c, p.n_qblocks, kBwdBr, p.d)
-                         : p.dq_fragment_order ? dq_accum_fragment_index(bh, r, c, p.n_qblocks, kBwdBr, p.d)
-                                               : dq_accum_index(bh, r, c, p.n_qblocks, kBwdBr, p.d);
+    const int br = p.block_rows;
+    const long long at = p.dq_transposed       ? dq_accum_transposed_index(bh, r, c, p.n_qblocks, br, p.d)
+                         : p.dq_whole_tiles    ? dq_accum_tile_index(bh, r, c, p.n_qblocks, br, p.d)
+                         : p.dq_fragment_order ? dq_accum_fragment_index(bh, r, c, p.n_qblocks, br, p.d)
+                                               : dq_accum_index(bh, r, c, p.n_qblocks, br, p.d);
     static_cast<T*>(p.dq)[k] = T(p.scale * p.dq_accum[at]);
   }
 }
 
-/// Query blocks of 64 rows a step walks: b12 takes them in pairs, so it gets an even count
-/// (the extra block is padding: the preprocess gives it LSE +inf and D 0).
+/// Rows of the walk's query blocks and of the accumulator's tiles: 64, b13's 80.
+int block_rows(BwdStep s) { return s == BwdStep::b13_eighty_queries ? 80 : kBwdBr; }
+/// Query blocks a step walks: b12 takes blocks of 64 in pairs, so it gets an even count (the
+/// extra block is padding: the preprocess gives it LSE +inf and D 0).
 int query_blocks(BwdStep s, int nq) {
-  const int tr = ceil_div(nq, kBwdBr);
+  const int tr = ceil_div(nq, block_rows(s));
   return s == BwdStep::b12_pairs_of_query_blocks ? tr + tr % 2 : tr;
 }
-/// The most any step needs: what the scratch buffers are allocated for.
+/// The most any step needs, what the scratch buffers are allocated for: padded rows a head
+/// (b12's pairs or b13's blocks of 80), and query blocks a head (b12's).
+int rows_allocated(int nq) {
+  return std::max(query_blocks(BwdStep::b12_pairs_of_query_blocks, nq) * kBwdBr,
+                  query_blocks(BwdStep::b13_eighty_queries, nq) * 80);
+}
 int query_blocks_allocated(int nq) { return query_blocks(BwdStep::b12_pairs_of_query_blocks, nq); }
 
 PreparedStep prepare_step(BwdStep s, const BwdStepArgs& a) {
@@ -172,13 +192,14 @@ PreparedStep prepare_step(BwdStep s, const BwdStepArgs& a) {
     case BwdStep::b10_consumer_offset: return b10::prepare(a);
     case BwdStep::b11_longest_walks_first: return b11::prepare(a);
     case BwdStep::b12_pairs_of_query_blocks: return b12::prepare(a);
+    case BwdStep::b13_eighty_queries: return b13::prepare(a);
   }
   throw UsageError("unknown backward step");
 }
 
 template <class T>
 void run_all(const Fa3BwdParams& p, const PreparedStep& main_kernel, bool by_element, bool prep_by_warp) {
-  const long long rows = (long long)p.batch * p.heads * p.n_qblocks * kBwdBr;
+  const long long rows = (long long)p.batch * p.heads * p.n_qblocks * p.block_rows;
   const int per_block = prep_by_warp ? kPrepThreads / 32 : kPrepThreads / (p.d / 8);
   const unsigned prep_blocks = unsigned((rows + per_block - 1) / per_block);
   if (prep_by_warp)
@@ -192,9 +213,9 @@ void run_all(const Fa3BwdParams& p, const PreparedStep& main_kernel, bool by_ele
   if (by_element)
     postprocess_by_element<T><<<kPostOldBlocks, kPostThreads>>>(p);
   else if (p.d == 64)
-    postprocess<T, 64><<<unsigned(rows / kBwdBr), kPostThreads>>>(p);
+    postprocess<T, 64><<<unsigned(rows / p.block_rows), kPostThreads>>>(p);
   else
-    postprocess<T, 128><<<unsigned(rows / kBwdBr), kPostThreads>>>(p);
+    postprocess<T, 128><<<unsigned(rows / p.block_rows), kPostThreads>>>(p);
   CUDA_CHECK_LAUNCH("backward postprocess");
 }
 
@@ -214,13 +235,14 @@ const char* bwd_step_name(BwdStep s) {
     case BwdStep::b10_consumer_offset: return "b10 backward, the consumers a dQ apart";
     case BwdStep::b11_longest_walks_first: return "b11 backward, longest walks first";
     case BwdStep::b12_pairs_of_query_blocks: return "b12 backward, 128 queries a step";
+    case BwdStep::b13_eighty_queries: return "b13 backward, 80 queries a step";
   }
   return "?";
 }
 
 double fa3_backward_device_bytes(const Problem& p) {
   const double e = dtype_bytes(p.dtype);
-  const double rows_pad = double(p.batch) * p.heads * query_blocks_allocated(p.nq) * kBwdBr;
+  const double rows_pad = double(p.batch) * p.heads * rows_allocated(p.nq);
   return e * double(2 * p.q_elems() + 2 * p.k_elems() + 2 * p.v_elems() + 2 * p.o_elems()) +  // Q K V O dO dQ dK dV
          4.0 * double(p.lse_elems()) + 4.0 * rows_pad * (2 + p.d);                          // LSE, lse2, D, dQ acc
 }
@@ -247,15 +269,15 @@ struct BackwardRunner::Impl {
     o = DeviceTensor::from_host(fwd.o, p.dtype);
     lse = DeviceBuffer<float>(p.lse_elems());
     lse.upload(fwd.lse);
-    const int n_qblocks = query_blocks_allocated(p.nq);
-    const std::size_t rows_pad = std::size_t(p.batch) * p.heads * n_qblocks * kBwdBr;
+    const int n_qblocks = ceil_div(p.nq, kBwdBr);  // each run sets its step's own (run())
+    const std::size_t rows_pad = std::size_t(p.batch) * p.heads * rows_allocated(p.nq);
     dq = DeviceTensor(p.dtype, p.q_elems());
     dk = DeviceTensor(p.dtype, p.k_elems());
     dv = DeviceTensor(p.dtype, p.v_elems());
     lse2 = DeviceBuffer<float>(rows_pad);
     delta = DeviceBuffer<float>(rows_pad);
     dq_accum = DeviceBuffer<float>(rows_pad * p.d);
-    order = DeviceBuffer<int>(std::size_t(p.batch) * p.heads * n_qblocks * 2);
+    order = DeviceBuffer<int>(std::size_t(p.batch) * p.heads * query_blocks_allocated(p.nq) * 2);
     b.o = o.data();
     b.dout = dout.data();
     b.lse = lse.get();
@@ -296,6 +318,8 @@ GpuBackward BackwardRunner::run(BwdStep step, bool deterministic, bool time,
   a.params.dq_fragment_order = step >= BwdStep::b3_dq_fragment_order;
   a.params.dq_whole_tiles = step == BwdStep::b7_dq_split_by_keys ||  // b8 derives from b6: halves
                             step == BwdStep::b12_pairs_of_query_blocks;  // a consumer's whole block
+  a.params.dq_transposed = step == BwdStep::b13_eighty_queries;
+  a.params.block_rows = block_rows(step);
   a.params.n_qblocks = query_blocks(step, m.p.nq);
   const Fa3BwdParams& b = a.params;
   const PreparedStep main_kernel = prepare_step(step, a);

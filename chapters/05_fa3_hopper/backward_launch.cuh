@@ -17,21 +17,23 @@ struct Fa3BwdParams {
   const void* o = nullptr;     ///< [B][Hq][Nq][d], the forward's output (preprocess)
   const void* dout = nullptr;  ///< [B][Hq][Nq][d] (preprocess)
   const float* lse = nullptr;  ///< [B][Hq][Nq], natural log, -inf for empty rows (preprocess)
-  float* lse2 = nullptr;       ///< [B Hq][Tr Br]: LSE log2(e), +inf where P must be 0 (empty and padding rows)
-  float* delta = nullptr;      ///< [B Hq][Tr Br]: D_i = rowsum(dO_i o O_i), 0 on padding rows
+  float* lse2 = nullptr;       ///< [B Hq][Tr block_rows]: LSE log2(e), +inf where P must be 0 (empty and padding rows)
+  float* delta = nullptr;      ///< [B Hq][Tr block_rows]: D_i = rowsum(dO_i o O_i), 0 on padding rows
   float* dq_accum = nullptr;   ///< fp32, the layout of dq_accum_index() (backward_tiles.hpp)
   int* dq_order = nullptr;     ///< [B Hq][Tr][2]: deterministic mode's counters (zeroed by the preprocess)
   void* dq = nullptr;          ///< [B][Hq][Nq][d], the input dtype
   void* dk = nullptr;          ///< [B][Hkv][Nk][d]
   void* dv = nullptr;          ///< [B][Hkv][Nk][d]
   int batch = 1, heads = 1, kv_heads = 1, nq = 0, nk = 0, d = 0;
-  int n_qblocks = 0;           ///< Tr = ceil(nq / Br)
+  int n_qblocks = 0;           ///< Tr = ceil(nq / block_rows) (b12: rounded up to an even count)
+  int block_rows = 64;         ///< rows of the walk's query blocks and the accumulator's tiles (b13: 80)
   float scale = 0;             ///< tau
   float scale_log2 = 0;        ///< tau log2(e)
   bool causal = false;
   bool deterministic = false;  ///< add dQ tiles in the order of the key blocks
   bool dq_fragment_order = false;  ///< the accumulator's tiles in fragment order (b3), else by rows
-  bool dq_whole_tiles = false;     ///< whole tiles in fragment order (b7), not halves
+  bool dq_whole_tiles = false;     ///< whole tiles in fragment order (b7, b12), not halves
+  bool dq_transposed = false;      ///< halves in the transposed product's fragment order (b13)
 };
 
 struct BwdStepArgs {
@@ -56,5 +58,6 @@ namespace b9 { PreparedStep prepare(const BwdStepArgs& a); }
 namespace b10 { PreparedStep prepare(const BwdStepArgs& a); }
 namespace b11 { PreparedStep prepare(const BwdStepArgs& a); }
 namespace b12 { PreparedStep prepare(const BwdStepArgs& a); }
+namespace b13 { PreparedStep prepare(const BwdStepArgs& a); }
 
 }  // namespace attn::ch05

@@ -78,20 +78,33 @@ ATTN_HD long long dq_accum_tile_index(long long bh, int row, int col, int n_qblo
   return (bh * n_qblocks + row / Br) * (long long)(Br * d) + (y * 128 + w) * 2 + col % 2;
 }
 
-/// The accumulator's three layouts. In all three, query block i of head bh keeps its Br x d
+/// Step b13's halves in the order of the *transposed* product's registers (dQ^T = K_j^T dS^T:
+/// M = the half's d/2 = 64 columns, N = the Br = 80 queries): float2 y (accumulators 2y, 2y + 1,
+/// y < Br/4) of thread w of the warpgroup at (y x 128 + w) x 2; thread w = 32 warp + 4 g + t
+/// holds columns 16 warp + g + 8h of the half and queries 8c + 2t + e as accumulator 4c + 2h + e.
+ATTN_HD long long dq_accum_transposed_index(long long bh, int row, int col, int n_qblocks, int Br, int d) {
+  const int half = col / (d / 2), r = row % Br, cl = col % (d / 2);
+  const int w = (cl / 16) * 32 + (cl % 8) * 4 + (r % 8) / 2;  // the thread
+  const int y = 2 * (r / 8) + (cl % 16) / 8;                 // its float2
+  return ((bh * n_qblocks + row / Br) * 2 + half) * (long long)(Br * (d / 2)) + (y * 128 + w) * 2 + r % 2;
+}
+
+/// The accumulator's four layouts. In all four, query block i of head bh keeps its Br x d
 /// floats together, from (bh Tr + i) Br d on; only the order inside that run differs.
-enum class DqLayout { rows, fragments, whole_tiles };
+enum class DqLayout { rows, fragments, whole_tiles, transposed };
 
 /// Where element (r, c) of a query block's tile lives inside the tile's run (r < Br).
 ATTN_HD int dq_tile_offset(DqLayout l, int r, int c, int Br, int d) {
-  return int(l == DqLayout::whole_tiles ? dq_accum_tile_index(0, r, c, 1, Br, d)
-             : l == DqLayout::fragments ? dq_accum_fragment_index(0, r, c, 1, Br, d)
-                                        : dq_accum_index(0, r, c, 1, Br, d));
+  return int(l == DqLayout::whole_tiles  ? dq_accum_tile_index(0, r, c, 1, Br, d)
+             : l == DqLayout::fragments  ? dq_accum_fragment_index(0, r, c, 1, Br, d)
+             : l == DqLayout::transposed ? dq_accum_transposed_index(0, r, c, 1, Br, d)
+                                         : dq_accum_index(0, r, c, 1, Br, d));
 }
 
-/// The inverse, for the postprocess, which reads a tile's run in order (Br = 64): the row and
-/// column of the float at `offset`. For an offset that is a multiple of 4, the four floats from
-/// there are columns col .. col + 3 of that one row in every layout.
+/// The inverse, for the postprocess, which reads a tile's run in order: the row and column of
+/// the float at `offset`. For an offset that is a multiple of 4, the four floats from there are
+/// columns col .. col + 3 of that one row, except in the transposed layout, where they are rows
+/// row .. row + 3 of that one column (dq_float4_is_column()).
 ATTN_HD void dq_tile_position(DqLayout l, int offset, int Br, int d, int* row, int* col) {
   const int half_elems = Br * (d / 2);
   const int half = l == DqLayout::whole_tiles ? 0 : offset / half_elems;
@@ -101,10 +114,20 @@ ATTN_HD void dq_tile_position(DqLayout l, int offset, int Br, int d, int* row, i
     *col = half * (d / 2) + rem % (d / 2);
     return;
   }
+  if (l == DqLayout::transposed) {  // float2 y of thread w: column 16 warp + g + 8 (y % 2), row 8 (y / 2) + 2 t + e
+    const int pair = rem / 2, e = rem % 2, y = pair / 128, w = pair % 128;
+    *row = 8 * (y / 2) + 2 * (w % 4) + e;
+    *col = half * (d / 2) + 16 * (w / 32) + (w % 32) / 4 + 8 * (y % 2);
+    return;
+  }
   // Float2 y of thread w = 32 warp + 4 g + t: row 16 warp + g + 8 (y % 2), column 8 (y / 2) + 2 t + e.
   const int pair = rem / 2, e = rem % 2, y = pair / 128, w = pair % 128;
   *row = 16 * (w / 32) + (w % 32) / 4 + 8 * (y % 2);
   *col = half * (d / 2) + 8 * (y / 2) + 2 * (w % 4) + e;
 }
+
+/// Whether the four floats of a float4 at a multiple of 4 run down a column (rows row .. row + 3)
+/// rather than along a row.
+ATTN_HD bool dq_float4_is_column(DqLayout l) { return l == DqLayout::transposed; }
 
 }  // namespace attn::ch05

@@ -81,6 +81,9 @@ require(b11_longest_walks_first.ptx "bar.arrive;bar.sync;cp.reduce.async.bulk.gl
 # so no m64n32 (b11's dQ half at d = 64).
 require(b12_pairs_of_query_blocks.ptx "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16;wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16;cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32;bar.arrive;bar.sync;setmaxnreg")
 forbid(b12_pairs_of_query_blocks.ptx "wgmma.mma_async.sync.aligned.m64n32k16")
+# b13: 80 queries a step, d = 128 only (S^T, dP^T and the transposed dQ^T m64n80; dV, dK m64n128).
+require(b13_eighty_queries.ptx "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16;wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16;cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32;bar.arrive;bar.sync;setmaxnreg")
+forbid(b13_eighty_queries.ptx "wgmma.mma_async.sync.aligned.m64n64k16")
 # v17: v11 at d = 64 only, the causal kernel with key blocks of 192 too.
 require(v17_causal_key_blocks.ptx "wgmma.mma_async.sync.aligned.m64n192k16;ex2.approx;setmaxnreg")
 forbid(v17_causal_key_blocks.ptx "wgmma.mma_async.sync.aligned.m64n128k16")
@@ -90,7 +93,3 @@ require(v18_causal_blocks_registers.ptx "wgmma.mma_async.sync.aligned.m64n192k16
 require(v19_causal_grid_wide_blocks.ptx "wgmma.mma_async.sync.aligned.m64n176k16;wgmma.mma_async.sync.aligned.m64n80k16;setmaxnreg")
 # v20: v17 with one exponential in eight on the FMA pipe (still ex2.approx for the others).
 require(v20_exp_one_in_eight.ptx "wgmma.mma_async.sync.aligned.m64n192k16;ex2.approx;setmaxnreg")
-# v21: v18 with the softmax's row reductions in four chains (its key blocks: 192, 176, 80).
-require(v21_softmax_chains.ptx "wgmma.mma_async.sync.aligned.m64n192k16;wgmma.mma_async.sync.aligned.m64n176k16;wgmma.mma_async.sync.aligned.m64n80k16;max.f32;ex2.approx;setmaxnreg")
-# v22: v14 with v21's row reductions in chains (three consumers: setmaxnreg to 160, Bc = 128).
-require(v22_three_consumers_chains.ptx "wgmma.mma_async.sync.aligned.m64n128k16;setmaxnreg.inc.sync.aligned.u32 160;ex2.approx")

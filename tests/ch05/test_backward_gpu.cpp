@@ -182,6 +182,23 @@ TEST_CASE("backward b12 (pairs of query blocks, d = 64) at awkward shapes, both 
                   UsageError);
 }
 
+TEST_CASE("backward b13 (80 queries a step, d = 128) at awkward shapes, both modes") {
+  require_hopper();
+  awkward_shapes(BwdStep::b13_eighty_queries, 128, DType::bf16, false);
+  awkward_shapes(BwdStep::b13_eighty_queries, 128, DType::f16, true);
+  // N a multiple of 80 and not, of 64 and not (160, 192, 240, 400); one step per key block and
+  // several (the single dQ buffer reused); causal walks starting inside an 80-row block; GQA
+  for (int nq : {80, 160, 192, 400})
+    for (bool det : {false, true}) {
+      check_backward(BwdStep::b13_eighty_queries, shape().heads(2).n(nq, 300).d(128).causal(), det);
+      check_backward(BwdStep::b13_eighty_queries, shape().batch(2).heads(4, 2).n(nq, 130).d(128), det);
+    }
+  CHECK_FALSE(bwd_step_supports(BwdStep::b13_eighty_queries, shape().n(128).d(64)));
+  const Problem p64 = shape().n(128).d(64);
+  CHECK_THROWS_AS(fa3_backward_gpu(p64, make_inputs(p64, Dist::normal, 1, true), BwdStep::b13_eighty_queries, false, false),
+                  UsageError);
+}
+
 TEST_CASE("backward, deterministic mode: correct at awkward shapes") {
   require_hopper();
   for (BwdStep s : kAllBwdSteps)
@@ -254,3 +271,4 @@ TEST_CASE("backward sanitizer shape b9") { sanitizer_shape(BwdStep::b9_two_ds_bu
 TEST_CASE("backward sanitizer shape b10") { sanitizer_shape(BwdStep::b10_consumer_offset); }
 TEST_CASE("backward sanitizer shape b11") { sanitizer_shape(BwdStep::b11_longest_walks_first); }
 TEST_CASE("backward sanitizer shape b12") { sanitizer_shape(BwdStep::b12_pairs_of_query_blocks, 64); }
+TEST_CASE("backward sanitizer shape b13") { sanitizer_shape(BwdStep::b13_eighty_queries); }

@@ -114,6 +114,7 @@ TEST_CASE("the postprocess's inverse of every dQ layout: each float4 is four col
     for (DqLayout l : {DqLayout::rows, DqLayout::fragments, DqLayout::whole_tiles}) {
       CAPTURE(d);
       CAPTURE(int(l));
+      CHECK_FALSE(dq_float4_is_column(l));
       for (int r = 0; r < kBwdBr; ++r)
         for (int c = 0; c < d; ++c) {
           const int at = dq_tile_offset(l, r, c, kBwdBr, d);
@@ -137,6 +138,44 @@ TEST_CASE("the postprocess's inverse of every dQ layout: each float4 is four col
         }
       }
     }
+}
+
+TEST_CASE("b13's transposed dQ layout (80-row blocks): each element once, the inverse, float4s down a column") {
+  constexpr int kBr = 80, kD = 128;
+  std::vector<int> seen(kBr * kD, 0);
+  for (int r = 0; r < kBr; ++r)
+    for (int c = 0; c < kD; ++c) {
+      const int at = dq_tile_offset(DqLayout::transposed, r, c, kBr, kD);
+      REQUIRE(at >= 0);
+      REQUIRE(at < kBr * kD);
+      ++seen[at];
+      CHECK((at < kBr * kD / 2) == (c < kD / 2));  // each half is one contiguous run
+      int row = -1, col = -1;
+      dq_tile_position(DqLayout::transposed, at, kBr, kD, &row, &col);
+      REQUIRE(row == r);
+      REQUIRE(col == c);
+    }
+  for (int x : seen) REQUIRE(x == 1);
+  // the registers' order: thread w = 32 warp + 4 g + t holds columns 16 warp + g + 8h and rows 8c + 2t + e
+  CHECK(dq_accum_transposed_index(0, 1, 0, 1, kBr, kD) == 1);     // e = 1
+  CHECK(dq_accum_transposed_index(0, 2, 0, 1, kBr, kD) == 2);     // t = 1: the next thread
+  CHECK(dq_accum_transposed_index(0, 0, 1, 1, kBr, kD) == 8);     // g = 1: thread 4
+  CHECK(dq_accum_transposed_index(0, 0, 8, 1, kBr, kD) == 256);   // h = 1: float2 y = 1
+  CHECK(dq_accum_transposed_index(0, 8, 0, 1, kBr, kD) == 512);   // c = 1: float2 y = 2
+  CHECK(dq_accum_transposed_index(0, 0, 16, 1, kBr, kD) == 64);   // warp 1: thread 32
+  CHECK(dq_accum_transposed_index(1, 80, 64, 3, kBr, kD) == ((1 * 3 + 1) * 2 + 1) * kBr * kD / 2);
+  CHECK(dq_float4_is_column(DqLayout::transposed));
+  for (int v = 0; v < kBr * kD / 4; ++v) {
+    int row0 = 0, col0 = 0;
+    dq_tile_position(DqLayout::transposed, 4 * v, kBr, kD, &row0, &col0);
+    REQUIRE(row0 % 4 == 0);
+    for (int e = 1; e < 4; ++e) {
+      int row = 0, col = 0;
+      dq_tile_position(DqLayout::transposed, 4 * v + e, kBr, kD, &row, &col);
+      REQUIRE(row == row0 + e);
+      REQUIRE(col == col0);
+    }
+  }
 }
 
 TEST_CASE("exercise ch05.5: a key block's walk starts at the first query block that sees it") {

@@ -27,9 +27,10 @@ SHAPES = [
     ("SS", "e4m3", [64, 128]),
     ("RS", "e4m3", [64, 128, 256]),
     # Chapter 05's backward, dQ_i = dS K_j: A = dS read from dS^T in shared memory and B = K_j
-    # ([keys][d]) are both MN-major (transposed); N = d / 2 per warpgroup (d = 64, 128).
-    ("SSMN", "bf16", [32, 64, 128]),
-    ("SSMN", "f16", [32, 64, 128]),
+    # ([keys][d]) are both MN-major (transposed); N = d / 2 per warpgroup (d = 64, 128). N = 80:
+    # step b13's dQ_i^T = K_j^T dS^T (A = K_j, B = dS^T, both MN-major; N = its 80 queries).
+    ("SSMN", "bf16", [32, 64, 80, 128]),
+    ("SSMN", "f16", [32, 64, 80, 128]),
 ]
 
 CTYPE = {"bf16": "__nv_bfloat16", "f16": "__half", "e4m3": "__nv_fp8_e4m3"}
