@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
+#include <iterator>
 #include <memory>
 #include <sstream>
 
@@ -113,9 +114,12 @@ int main(int argc, char** argv) {
   Cli cli("ch05_fa3_hopper",
           "FlashAttention-3 on Hopper: TMA, wgmma, warp specialisation, pingpong, overlap, persistent tiles, FP8.");
   cli.defaults(defaults).head_dims({64, 128, 256}).dtypes({DType::bf16, DType::f16});
-  std::string step_text = "all";
-  cli.add_choice("--step", &step_text, {"all", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16", "17", "18", "19", "20"},
-                 "run one step's kernel (1-20) or all that support the problem");
+  std::vector<int> step_list;  // empty: all
+  constexpr int kLastStep = int(kAllSteps[std::size(kAllSteps) - 1]);
+  cli.add_int_list("--step", &step_list,
+                   "run these steps' kernels, e.g. 11,18 (1-" + std::to_string(kLastStep) +
+                       "; inputs uploaded once for all), or all that support the problem [all]",
+                   1, kLastStep);
   bool no_table = false;
   cli.add_flag("--no-fp8-table", &no_table, "skip the CPU FP8 accuracy table");
   bool no_backward = false;
@@ -127,7 +131,7 @@ int main(int argc, char** argv) {
               "launch the chosen steps K times each on device-made inputs, nothing checked or timed (for a profiler)", 1, 100);
   std::string bwd_step_text = "auto";
   cli.add_choice("--backward-step", &bwd_step_text, {"auto", "all", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13"},
-                 "run one backward step (b1-b13) or all; auto: all with --step all, none with one forward step");
+                 "run one backward step (b1-b13) or all; auto: all with --step all, none with a list of forward steps");
 
   return run_chapter(argc, argv, cli, [&](const Options& opt) {
     const Problem& p = opt.problem;
@@ -139,7 +143,8 @@ int main(int argc, char** argv) {
     const auto dev = select_device(opt.device, &rep.mode);
     std::vector<Step> steps;
     for (Step s : kAllSteps)
-      if (step_text == "all" || std::to_string(int(s)) == step_text) steps.push_back(s);
+      if (step_list.empty() || std::find(step_list.begin(), step_list.end(), int(s)) != step_list.end())
+        steps.push_back(s);
     if (backward_only) steps.clear();
     if (launch_only > 0) {  // the kernels alone, for Nsight Compute (scripts/ncu_fwd.py)
 #if TUTORIAL_HAVE_CUDA
@@ -190,7 +195,7 @@ int main(int argc, char** argv) {
       rep.rows.push_back(row);
     }
     // The backward's fp64 oracle, once for the model row and the GPU rows.
-    if (bwd_step_text == "auto") bwd_step_text = step_text == "all" || backward_only ? "all" : "none";
+    if (bwd_step_text == "auto") bwd_step_text = step_list.empty() || backward_only ? "all" : "none";
     const bool with_backward = !no_backward && bwd_step_text != "none" && backward_unsupported(p).empty();
     const bool run_backward_model = flops_backward(p) <= kModelFlopBudget || opt.device == DeviceChoice::cpu;
     std::optional<BackwardOracle> boracle;
@@ -215,6 +220,7 @@ int main(int argc, char** argv) {
                             " TFLOP/s (measured in this run)");
       }
       std::unique_ptr<Fp8Oracle> fp8_oracle;
+      std::unique_ptr<ForwardRunner> runner;  // Q, K, V uploaded once for every step's row
       for (Step s : steps) {
         std::string no;
         if (!step_supports(s, p, &no)) {
@@ -229,7 +235,8 @@ int main(int argc, char** argv) {
         row.hbm_read_bytes = f.read();
         row.hbm_write_bytes = f.write();
         row.extra_bytes = 0.0;
-        const GpuForward g = fa3_forward_gpu(p, in, s, /*time=*/true);
+        if (!runner) runner = std::make_unique<ForwardRunner>(p, in);
+        const GpuForward g = runner->run(s, /*time=*/true);
         if (step_is_fp8(s)) {
           if (!fp8_oracle) fp8_oracle = std::make_unique<Fp8Oracle>(p, in, oracle.plan());
           const CheckResult c = fp8_oracle->judge(g.o, &g.lse);
@@ -251,6 +258,7 @@ int main(int argc, char** argv) {
           row.note = std::to_string(g.grid) + " blocks, " + std::to_string(g.smem_bytes / 1024) + " KB smem each";
         rep.rows.push_back(row);
       }
+      runner.reset();  // the forward's tensors freed before the backward's are allocated
       if (with_backward) add_backward_rows(rep, p, in, *boracle, *dev, bwd_step_text);
       rep.apply_ceilings();
     }

@@ -93,3 +93,7 @@ require(v18_causal_blocks_registers.ptx "wgmma.mma_async.sync.aligned.m64n192k16
 require(v19_causal_grid_wide_blocks.ptx "wgmma.mma_async.sync.aligned.m64n176k16;wgmma.mma_async.sync.aligned.m64n80k16;setmaxnreg")
 # v20: v17 with one exponential in eight on the FMA pipe (still ex2.approx for the others).
 require(v20_exp_one_in_eight.ptx "wgmma.mma_async.sync.aligned.m64n192k16;ex2.approx;setmaxnreg")
+# v21: v18 with the softmax's row reductions in four chains (its key blocks: 192, 176, 80).
+require(v21_softmax_chains.ptx "wgmma.mma_async.sync.aligned.m64n192k16;wgmma.mma_async.sync.aligned.m64n176k16;wgmma.mma_async.sync.aligned.m64n80k16;max.f32;ex2.approx;setmaxnreg")
+# v22: v14 with v21's row reductions in chains (three consumers: setmaxnreg to 160, Bc = 128).
+require(v22_three_consumers_chains.ptx "wgmma.mma_async.sync.aligned.m64n128k16;setmaxnreg.inc.sync.aligned.u32 160;ex2.approx")
