@@ -75,12 +75,14 @@ void add_backward_model_row(Report& rep, const Problem& p, const AttnInputs& in,
 /// The backward rows: every backward step, dQ added in any order and deterministically,
 /// each checked against the fp64 backward before it is timed (a failing kernel is not timed).
 void add_backward_rows(Report& rep, const Problem& p, const AttnInputs& in, const BackwardOracle& oracle,
-                       const DeviceInfo& dev, const std::string& which) {
+                       const DeviceInfo& dev, const std::string& which, const std::vector<int>& list) {
   require_device_memory(dev, fa3_backward_device_bytes(p), "the backward's tensors");
   BackwardRunner runner(p, in);  // the tensors uploaded once for every row
   for (BwdStep s : kAllBwdSteps)
     for (bool det : {false, true}) {
-      if (which != "all" && std::to_string(int(s)) != which) continue;
+      if (!list.empty() ? std::find(list.begin(), list.end(), int(s)) == list.end()
+                        : which != "all" && std::to_string(int(s)) != which)
+        continue;
       if (!bwd_step_supports(s, p)) continue;  // b12: d = 64 only
       ResultRow row;
       row.impl = std::string(bwd_step_name(s)) + (det ? ", deterministic dQ" : "");
@@ -131,7 +133,13 @@ int main(int argc, char** argv) {
               "launch the chosen steps K times each on device-made inputs, nothing checked or timed (for a profiler)", 1, 100);
   std::string bwd_step_text = "auto";
   cli.add_choice("--backward-step", &bwd_step_text, {"auto", "all", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13"},
-                 "run one backward step (b1-b13) or all; auto: all with --step all, none with a list of forward steps");
+                 "run one backward step (b1-b13) or all (see --backward-steps for several); auto: all with --step all, none with a list of forward steps");
+
+  std::vector<int> bwd_step_list;  // empty: --backward-step decides
+  cli.add_int_list("--backward-steps", &bwd_step_list,
+                   "run these backward steps, e.g. 10,13 (b1-b" + std::to_string(int(kAllBwdSteps[std::size(kAllBwdSteps) - 1])) +
+                       "), in place of --backward-step",
+                   1, int(kAllBwdSteps[std::size(kAllBwdSteps) - 1]));
 
   return run_chapter(argc, argv, cli, [&](const Options& opt) {
     const Problem& p = opt.problem;
@@ -195,6 +203,7 @@ int main(int argc, char** argv) {
       rep.rows.push_back(row);
     }
     // The backward's fp64 oracle, once for the model row and the GPU rows.
+    if (!bwd_step_list.empty()) bwd_step_text = "list";
     if (bwd_step_text == "auto") bwd_step_text = step_list.empty() || backward_only ? "all" : "none";
     const bool with_backward = !no_backward && bwd_step_text != "none" && backward_unsupported(p).empty();
     const bool run_backward_model = flops_backward(p) <= kModelFlopBudget || opt.device == DeviceChoice::cpu;
@@ -259,7 +268,7 @@ int main(int argc, char** argv) {
         rep.rows.push_back(row);
       }
       runner.reset();  // the forward's tensors freed before the backward's are allocated
-      if (with_backward) add_backward_rows(rep, p, in, *boracle, *dev, bwd_step_text);
+      if (with_backward) add_backward_rows(rep, p, in, *boracle, *dev, bwd_step_text, bwd_step_list);
       rep.apply_ceilings();
     }
 #else
