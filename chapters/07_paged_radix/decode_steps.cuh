@@ -6,8 +6,9 @@
 ///        d = 128 over 8-bit pages (PagedKv8, FP8 and INT8); and `gpu::v4::launch`
 ///        (steps/v4_codes_to_fragments.cu) and `gpu::v5::launch` (steps/v5_table_lookahead.cu),
 ///        for paged K/V only; `gpu::v6::launch` (steps/v6_lazy_rescale.cu) and
-///        `gpu::v7::launch` (steps/v7_tma_pages.cu) and `gpu::v8::launch`
-///        (steps/v8_empty_barriers.cu), for 8-bit pages only.
+///        `gpu::v7::launch` (steps/v7_tma_pages.cu), `gpu::v8::launch`
+///        (steps/v8_empty_barriers.cu) and `gpu::v9::launch` (steps/v9_keys_as_rows.cu),
+///        for 8-bit pages only.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (v7)
@@ -72,5 +73,13 @@ using v7::kMinPageSize;
 template <int D, class Kv>
 void launch(const DecodeParams& p, const Kv& kv, const CodeMaps& maps, int batch, int kv_heads);
 }  // namespace v8
+
+namespace v9 {
+using v7::CodeMaps;
+using v7::kMinPageSize;
+/// v8 with S^T = K Q^T and O^T = V^T P^T (the keys on the MMA's M side), 8 heads per block; 8-bit pages only.
+template <int D, class Kv>
+void launch(const DecodeParams& p, const Kv& kv, const CodeMaps& maps, int batch, int kv_heads);
+}  // namespace v9
 
 }  // namespace attn::ch07::gpu
