@@ -8,6 +8,7 @@
 #include "chapters/06_variants/gqa_mla/mla_model.hpp"
 #include "common/check.hpp"
 #include "common/compare.hpp"
+#include "common/errors.hpp"
 
 using namespace attn;
 using namespace attn::ch06;
@@ -98,6 +99,27 @@ TEST_CASE("MLA absorbed decode kernel: the 64-row tile on wgmma + TMA (both rele
       }
     }
   }
+}
+
+TEST_CASE("MLA combine: the columns in 4, 8 and 16 parts, one range to many") {
+  // one sequence of 16 rows (the 16-row tile) and 20 x 3 rows (the 64-row tile), split 1 to 65 ways
+  for (const MlaShape& s : {mla(1, 16, 1, 4097), mla(1, 20, 3, 333, 0)}) {
+    const MlaInputs in = make_mla_inputs(s, Dist::normal, 8);
+    const Oracle oracle(s, in);
+    for (int splits : {1, 3, 5, 65})
+      for (int parts : {0, 4, 8, 16}) {
+        const MlaGpuResult g = mla_absorb_gpu(s, in, splits, false, 0, kTile64Wgmma, kCombineSeparate, parts);
+        CAPTURE(s.describe());
+        CAPTURE(g.what);
+        CAPTURE(splits);
+        if (parts != 0) CHECK(g.what.find("combine in " + std::to_string(parts) + " parts") != std::string::npos);
+        CHECK(oracle.pass(g.o, s.output().o_elems()));
+      }
+  }
+  // only 4, 8 or 16
+  const MlaShape s = mla(1, 4, 1, 10);
+  CHECK_THROWS_AS(mla_absorb_gpu(s, make_mla_inputs(s, Dist::normal, 1), 0, false, 0, kTile64Wgmma, kCombineSeparate, 5),
+                  UsageError);
 }
 
 TEST_CASE("MLA absorbed decode kernel: mean-shifted and outlier inputs") {

@@ -287,27 +287,30 @@ namespace {
 /// The absorbed decode on uploaded tensors `d`: checked once (outputs poisoned), then
 /// timed when `time`.
 MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool time, int variant, int tile64,
-                        int combine);
+                        int combine, int combine_parts);
 
 }  // namespace
 
 MlaGpuResult mla_absorb_gpu(const MlaShape& s, const MlaInputs& in, int splits, bool time, int small_variant,
-                            int tile64, int combine) {
+                            int tile64, int combine, int combine_parts) {
   validate(s);
-  return absorb_run(s, MlaDevice(s, in), splits, time, small_variant, tile64, combine);
+  return absorb_run(s, MlaDevice(s, in), splits, time, small_variant, tile64, combine, combine_parts);
 }
 
 const char* small_variant_label(int small_variant) { return mla::small_variant_name(small_variant); }
 
-MlaGpuResult mla_absorb_bench(const MlaShape& s, int splits, int small_variant, int tile64, int combine) {
+MlaGpuResult mla_absorb_bench(const MlaShape& s, int splits, int small_variant, int tile64, int combine,
+                              int combine_parts) {
   validate(s);
-  return absorb_run(s, MlaDevice(s), splits, true, small_variant, tile64, combine);
+  return absorb_run(s, MlaDevice(s), splits, true, small_variant, tile64, combine, combine_parts);
 }
 
 namespace {
 
 MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool time, int variant, int tile64,
-                        int combine) {
+                        int combine, int combine_parts) {
+  if (combine_parts != 0 && combine_parts != 4 && combine_parts != 8 && combine_parts != 16)
+    throw UsageError("the combine's column parts: 4, 8 or 16 (0: from the grid)");
   const int rows = s.heads * s.nq;
   const int per_tile = rows <= mla::kRowsSmall ? mla::kRowsSmall : mla::kRowsLarge;
   // The 64-row tile: wgmma + TMA (mla_decode_sm90.cu) where the GPU is sm_90 and the
@@ -330,6 +333,7 @@ MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool 
   p.ml_part = ml_part.get();
   p.batch = s.batch, p.rows = rows, p.nq = s.nq, p.nk = s.nk, p.splits = splits, p.blocks_per_split = bps;
   p.scale_log2 = float(s.scale() * kLog2e);
+  p.combine_parts = combine_parts;
   // The fused combine: the mma.sync kernels, at most kFuseMaxSplits ranges (mla_decode.cuh).
   const bool fused = !wgmma && combine == kCombineFused && splits <= mla::kFuseMaxSplits;
   DeviceBuffer<int> counters(fused ? std::size_t(s.batch) * tiles : 1);
@@ -374,7 +378,8 @@ MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool 
                                         : std::string(!wgmma                          ? ", mma.sync"
                                                       : release == mla::kReleaseArrive ? ", wgmma, P released by bar.arrive"
                                                                                        : ", wgmma")) +
-           (fused ? "), fused combine" : "), combine") + ", W_UV GEMM";
+           (fused ? "), fused combine" : "), combine in " + std::to_string(mla::combine_parts(p, sm_count())) + " parts") +
+           ", W_UV GEMM";
   if (time) {
     r.attn_ms = time_gpu(attend).median_ms;
     r.total_ms = time_gpu([&] {

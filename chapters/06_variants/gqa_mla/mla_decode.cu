@@ -40,6 +40,7 @@
 #include "common/cuda/mma_sync.cuh"
 #include "common/cuda/smem_addr.cuh"
 #include "common/cuda/smem_tiles.cuh"
+#include "common/errors.hpp"
 #include "common/index.hpp"
 #include "common/online_softmax.hpp"
 #include "gqa_mla/mla_decode.cuh"
@@ -342,18 +343,19 @@ __global__ void __launch_bounds__(S::kThreads, S::kBlocksPerSm) decode_kernel(co
 /// M = max_s m_s, the merged state is (M, sum_s 2^(m_s - M) l_s) and O = sum_s 2^(m_s - M) O_s,
 /// which is what folding them in one by one with merge_weights<Base2> gives (exercise
 /// ch06.6 is that fold on the CPU), but every range's load is independent of the others.
-/// One thread block per (sequence, row, quarter of the 512 columns): a float4 per lane,
-/// and the ranges dealt out to the block's warps (up to 8), whose sums meet in shared
-/// memory. One sequence of 64K keys has 16 rows and 128 ranges: one warp per (row,
-/// quarter) walking all 128 ranges one load after another took longer than the decode.
-constexpr int kCombineParts = 4, kCombineMaxWarps = 8;
-__global__ void combine_kernel(const DecodeParams p, bf16* o_c) {
-  constexpr int kCols = kDVl / kCombineParts;
-  static_assert(kCols == 4 * 32, "a float4 per lane");
+/// One thread block per (sequence, row, part of the 512 columns): `parts` = 4, 8 or 16 parts
+/// of 32, 16 or 8 float4, so that a warp reads 1, 2 or 4 ranges at once (one float4 a lane),
+/// and the ranges dealt out to the block's warps (up to 8), whose sums meet in shared memory.
+/// Few rows and many ranges (one sequence, H = 16, 64K keys: 16 rows, 128 ranges) take 16
+/// parts, so that 256 blocks share the 4 MB of partials instead of 64 (launch_combine()).
+constexpr int kCombineMaxWarps = 8;
+__global__ void combine_kernel(const DecodeParams p, bf16* o_c, int parts) {
+  const int c4n = kDVl / 4 / parts, per = 32 / c4n;  // float4 of a part; ranges a warp reads at once
   __shared__ float4 acc_w[kCombineMaxWarps][32];
   __shared__ float l_w[kCombineMaxWarps];
   const int bw = blockIdx.x, part = blockIdx.y, b = bw / p.rows, row = bw % p.rows;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  const int sub = lane / c4n, c4 = lane % c4n;  // this lane's range of the warp's `per`, its float4
   auto at = [&](int s) { return (std::size_t(b) * p.splits + s) * p.rows + row; };
   float m = -INFINITY;
   for (int s = lane; s < p.splits; s += 32) m = fmaxf(m, p.ml_part[at(s) * 2]);
@@ -363,24 +365,32 @@ __global__ void combine_kernel(const DecodeParams p, bf16* o_c) {
   float l = 0.f;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll 4
-  for (int s = warp; s < p.splits; s += warps) {
+  for (int s = warp * per + sub; s < p.splits; s += warps * per) {
     const std::size_t a = at(s);
     const float wgt = exp2_approx(p.ml_part[a * 2] - shift);
     l += p.ml_part[a * 2 + 1] * wgt;
-    const float4 v = reinterpret_cast<const float4*>(p.o_part + a * kDVl + part * kCols)[lane];
+    const float4 v = reinterpret_cast<const float4*>(p.o_part + a * kDVl + part * (kDVl / parts))[c4];
     acc.x += wgt * v.x, acc.y += wgt * v.y, acc.z += wgt * v.z, acc.w += wgt * v.w;
+  }
+  // the warp's `per` ranges: lanes with the same float4 are c4n apart
+  for (int off = c4n; off < 32; off *= 2) {
+    acc.x += __shfl_xor_sync(0xffffffffu, acc.x, off);
+    acc.y += __shfl_xor_sync(0xffffffffu, acc.y, off);
+    acc.z += __shfl_xor_sync(0xffffffffu, acc.z, off);
+    acc.w += __shfl_xor_sync(0xffffffffu, acc.w, off);
+    l += __shfl_xor_sync(0xffffffffu, l, off);
   }
   acc_w[warp][lane] = acc;
   if (lane == 0) l_w[warp] = l;
   __syncthreads();
-  if (warp != 0) return;
+  if (warp != 0 || sub != 0) return;
   for (int w = 1; w < warps; ++w) {
     const float4 v = acc_w[w][lane];
     acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
     l += l_w[w];
   }
   const float inv = l > 0.f ? 1.f / l : 0.f;
-  bf16* dst = o_c + (std::size_t(b) * p.rows + row) * kDVl + part * kCols + 4 * lane;
+  bf16* dst = o_c + (std::size_t(b) * p.rows + row) * kDVl + part * (kDVl / parts) + 4 * c4;
   *reinterpret_cast<uint2*>(dst) =
       make_uint2(pack2<bf16>(acc.x * inv, acc.y * inv), pack2<bf16>(acc.z * inv, acc.w * inv));
 }
@@ -466,9 +476,25 @@ int blocks_per_sm(int rows_per_tile, int v) {
 }
 const char* small_variant_name(int v) { return v == 1 ? "ring2x2" : v == 2 ? "ring4" : "wide"; }
 
+int combine_parts(const DecodeParams& p, int sms) {
+  if (p.combine_parts != 0) return p.combine_parts;
+  int parts = 4;  // more parts while the blocks would not fill two per SM
+  while (parts < 16 && long(p.batch) * p.rows * parts < 2L * sms) parts *= 2;
+  return parts;
+}
+
 void launch_combine(const DecodeParams& p, bf16* o_c) {
-  const int warps = std::min(kCombineMaxWarps, p.splits);  // a warp per range, up to 8
-  combine_kernel<<<dim3(p.batch * p.rows, kCombineParts), 32 * warps>>>(p, o_c);
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    return n;
+  }();
+  const int parts = combine_parts(p, sms);
+  if (parts != 4 && parts != 8 && parts != 16) throw UsageError("mla combine: 4, 8 or 16 parts");
+  const int per = 32 / (kDVl / 4 / parts);
+  const int warps = std::min(kCombineMaxWarps, ceil_div(p.splits, per));  // up to 8
+  combine_kernel<<<dim3(p.batch * p.rows, parts), 32 * warps>>>(p, o_c, parts);
   CUDA_CHECK_LAUNCH("mla combine_kernel");
 }
 

@@ -22,7 +22,12 @@ struct DecodeParams {
   /// last range of a tile to finish merges the tile's ranges into o_c itself.
   int* counters = nullptr;
   __nv_bfloat16* o_c = nullptr;
+  /// launch_combine(): the 512 columns in 4, 8 or 16 parts, one thread block each (0: 4, or
+  /// more while the blocks would not fill two per SM).
+  int combine_parts = 0;
 };
+/// The part count launch_combine() uses for `p` on a GPU of `sms` SMs.
+int combine_parts(const DecodeParams& p, int sms);
 /// The most ranges the fused combine merges in one thread block (more: a separate combine).
 constexpr int kFuseMaxSplits = 4;
 
