@@ -7,8 +7,8 @@
 ///        (steps/v4_codes_to_fragments.cu) and `gpu::v5::launch` (steps/v5_table_lookahead.cu),
 ///        for paged K/V only; `gpu::v6::launch` (steps/v6_lazy_rescale.cu) and
 ///        `gpu::v7::launch` (steps/v7_tma_pages.cu), `gpu::v8::launch`
-///        (steps/v8_empty_barriers.cu) and `gpu::v9::launch` (steps/v9_keys_as_rows.cu),
-///        for 8-bit pages only.
+///        (steps/v8_empty_barriers.cu), `gpu::v9::launch` (steps/v9_keys_as_rows.cu) and
+///        `gpu::v10::launch` (steps/v10_four_blocks.cu), for 8-bit pages only.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (v7)
@@ -81,5 +81,13 @@ using v7::kMinPageSize;
 template <int D, class Kv>
 void launch(const DecodeParams& p, const Kv& kv, const CodeMaps& maps, int batch, int kv_heads);
 }  // namespace v9
+
+namespace v10 {
+using v7::CodeMaps;
+using v7::kMinPageSize;
+/// v9 with four 8-bit blocks per SM (at most 128 registers); 8-bit pages only.
+template <int D, class Kv>
+void launch(const DecodeParams& p, const Kv& kv, const CodeMaps& maps, int batch, int kv_heads);
+}  // namespace v10
 
 }  // namespace attn::ch07::gpu
