@@ -312,7 +312,7 @@ def main():
                 t = {"kernel": m.group(1), "attn_ms": float(m.group(6)), "tflops": float(m.group(7)),
                      "gemm_share": float(m.group(8))}
                 # the "other 64-row kernel" column is the mma.sync tile; the other wgmma form
-                # (P released by bar.arrive) goes into the JSON only
+                # (P released by bar.sync, wgmma-sync) goes into the JSON only
                 other.setdefault((h, b, nk), {})[t["kernel"]] = t
                 continue
             m = MLA_RE.search(line)

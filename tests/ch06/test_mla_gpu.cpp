@@ -85,7 +85,7 @@ TEST_CASE("MLA absorbed decode kernel: the 64-row tile on wgmma + TMA (both rele
   for (const MlaShape& s : cases) {
     const MlaInputs in = make_mla_inputs(s, Dist::normal, 7);
     const Oracle oracle(s, in);
-    for (int tile64 : {kTile64Wgmma, kTile64WgmmaArrive, kTile64Mma}) {
+    for (int tile64 : {kTile64Wgmma, kTile64WgmmaSync, kTile64Mma}) {
       if (tile64 != kTile64Mma && !hopper) continue;
       for (int splits : {0, 1, 3}) {
         const MlaGpuResult g = mla_absorb_gpu(s, in, splits, false, 0, tile64);
@@ -94,7 +94,7 @@ TEST_CASE("MLA absorbed decode kernel: the 64-row tile on wgmma + TMA (both rele
         CAPTURE(splits);
         // the kernel asked for is the kernel that ran
         CHECK((g.what.find("wgmma") != std::string::npos) == (tile64 != kTile64Mma));
-        CHECK((g.what.find("bar.arrive") != std::string::npos) == (tile64 == kTile64WgmmaArrive));
+        CHECK((g.what.find("bar.sync") != std::string::npos) == (tile64 == kTile64WgmmaSync));
         CHECK(oracle.pass(g.o, s.output().o_elems()));
       }
     }

@@ -315,9 +315,9 @@ MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool 
   const int per_tile = rows <= mla::kRowsSmall ? mla::kRowsSmall : mla::kRowsLarge;
   // The 64-row tile: wgmma + TMA (mla_decode_sm90.cu) where the GPU is sm_90 and the
   // binary carries the Hopper kernels, unless mma.sync is asked for; mma.sync elsewhere.
-  const bool wgmma = per_tile == mla::kRowsLarge && (tile64 == kTile64Wgmma || tile64 == kTile64WgmmaArrive) &&
+  const bool wgmma = per_tile == mla::kRowsLarge && (tile64 == kTile64Wgmma || tile64 == kTile64WgmmaSync) &&
                      hopper_ready(nullptr);
-  const int release = tile64 == kTile64WgmmaArrive ? mla::kReleaseArrive : mla::kReleaseSync;
+  const int release = tile64 == kTile64WgmmaSync ? mla::kReleaseSync : mla::kReleaseArrive;
   const int tiles = ceil_div(rows, per_tile), nblocks = ceil_div(s.nk, mla::keys_per_block(per_tile, variant));
   // Split-K: whole waves of (tile, range, sequence) blocks (mla_pick_splits(), mla_model.hpp).
   if (splits <= 0) splits = mla_pick_splits(tiles, s.batch, nblocks, sm_count() * mla::blocks_per_sm(per_tile, variant));
@@ -376,8 +376,8 @@ MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool 
            std::to_string(s.batch) + " blocks of " + std::to_string(per_tile) + " rows" +
            (per_tile == mla::kRowsSmall ? std::string(", ") + mla::small_variant_name(variant)
                                         : std::string(!wgmma                          ? ", mma.sync"
-                                                      : release == mla::kReleaseArrive ? ", wgmma, P released by bar.arrive"
-                                                                                       : ", wgmma")) +
+                                                      : release == mla::kReleaseSync ? ", wgmma, P released by bar.sync"
+                                                                                     : ", wgmma")) +
            (fused ? "), fused combine" : "), combine in " + std::to_string(mla::combine_parts(p, sm_count())) + " parts") +
            ", W_UV GEMM";
   if (time) {

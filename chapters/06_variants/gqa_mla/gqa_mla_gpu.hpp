@@ -60,9 +60,9 @@ struct MlaGpuResult {
 };
 
 /// The 64-row tile's kernel: wgmma + TMA (mla_decode_sm90.cu; where hopper_ready(), else
-/// mma.sync) or mma.sync (mla_decode.cu) everywhere. kTile64WgmmaArrive is the wgmma kernel
-/// with P released by bar.arrive (the form racecheck misreads; mla_decode_sm90.cu's header).
-constexpr int kTile64Wgmma = 0, kTile64Mma = 1, kTile64WgmmaArrive = 2;
+/// mma.sync) or mma.sync (mla_decode.cu) everywhere. kTile64WgmmaSync is the wgmma kernel
+/// with P released by bar.sync (the variant racecheck follows; mla_decode_sm90.cu's header).
+constexpr int kTile64Wgmma = 0, kTile64Mma = 1, kTile64WgmmaSync = 2;
 /// How the key ranges are merged: by the separate combine kernel (the default), or fused into
 /// the mma.sync decode kernel, whose last range of a tile merges them (at most 4 ranges;
 /// otherwise, and on the wgmma tile, the separate kernel). Fused was measured slower on the

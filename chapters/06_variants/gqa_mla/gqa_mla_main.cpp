@@ -226,13 +226,13 @@ void mla_sweep(Report& rep, const Ceilings& ceil, int tile64, int only_heads, co
       rep.notes.push_back(line);
     }
     // The 64-row tile's other kernels on the same case (wgmma against mma.sync, and the
-    // wgmma kernel with P released by bar.arrive; one process).
+    // wgmma kernel with P released by bar.sync; one process).
     if (c.h * s.nq > 16)
-      for (int other : {kTile64Mma, kTile64Wgmma, kTile64WgmmaArrive}) {
+      for (int other : {kTile64Mma, kTile64Wgmma, kTile64WgmmaSync}) {
         if (other == tile64) continue;
         const MlaGpuResult gv = mla_absorb_bench(s, 0, 0, other);
         const double tv = attn_flops / (gv.attn_ms * 1e-3) / 1e12;
-        const char* name = gv.what.find("bar.arrive") != std::string::npos ? "wgmma-arrive"
+        const char* name = gv.what.find("bar.sync") != std::string::npos ? "wgmma-sync"
                            : gv.what.find("wgmma") != std::string::npos    ? "wgmma"
                                                                            : "mma";
         std::snprintf(line, sizeof line, "  tile64 %-12s %3d %4d %6d  %6d  %8.4f  %8.1f TFLOP/s  %6.1f%% of GEMM ceil", name,
@@ -460,9 +460,9 @@ int mla_main(int argc, char** argv) {
   cli.add_int("--sweep-splits", &sweep_splits,
               "GPU: also time each sweep row with 1, 2, 4, ... up to this many key ranges (0: none) [0]", 0, 1024);
   std::string tile64 = "wgmma";
-  cli.add_choice("--tile64", &tile64, {"wgmma", "wgmma-arrive", "mma"},
-                 "GPU: the 64-row decode tile's kernel (wgmma + TMA on sm_90, else mma.sync; wgmma-arrive: P "
-                 "released by bar.arrive, the form racecheck misreads) [wgmma]");
+  cli.add_choice("--tile64", &tile64, {"wgmma", "wgmma-sync", "mma"},
+                 "GPU: the 64-row decode tile's kernel (wgmma + TMA on sm_90, else mma.sync; wgmma-sync: P "
+                 "released by bar.sync, the variant compute-sanitizer's racecheck follows) [wgmma]");
   std::string combine = "separate";
   cli.add_choice("--combine", &combine, {"separate", "fused"},
                  "GPU: merge the key ranges in a second kernel, or in the decode kernel's last range "
@@ -474,7 +474,7 @@ int mla_main(int argc, char** argv) {
   cli.add_flag("--no-time", &no_time, "GPU: check only, no timing (for compute-sanitizer)");
   return run_chapter(argc, argv, cli, [&](const Options& o) {
     const int v = tile16 == "ring2x2" ? 1 : tile16 == "ring4" ? 2 : 0;
-    const int t64 = tile64 == "mma" ? kTile64Mma : tile64 == "wgmma-arrive" ? kTile64WgmmaArrive : kTile64Wgmma;
+    const int t64 = tile64 == "mma" ? kTile64Mma : tile64 == "wgmma-sync" ? kTile64WgmmaSync : kTile64Wgmma;
     std::vector<int> more_splits;
     for (int k = 1; k <= sweep_splits; k *= 2) more_splits.push_back(k);
     return run_mla(o, form, pos0, splits, sweep, no_time, v, t64, sweep_heads,

@@ -51,10 +51,10 @@ int launch_decode(const DecodeParams& p, int rows_per_tile, int small_variant = 
 /// launch_decode(p, kRowsLarge), so launch_combine() merges its ranges.
 constexpr int kSm90KeysPerBlock = 64;
 /// How warpgroup 1 hands the single P buffer back to warpgroup 0 (mla_decode_sm90.cu's
-/// header): bar.sync once its own P V is done (the default, which racecheck follows), or
-/// bar.arrive right after its loads (correct too, but racecheck reports the reuse).
-constexpr int kReleaseSync = 0, kReleaseArrive = 1;
-int launch_decode_sm90(const DecodeParams& p, int release = kReleaseSync);
+/// header): bar.arrive right after its loads (the default; racecheck reports the reuse, which
+/// the PTX ISA orders), or bar.sync once its own P V is done (the variant racecheck follows).
+constexpr int kReleaseArrive = 0, kReleaseSync = 1;
+int launch_decode_sm90(const DecodeParams& p, int release = kReleaseArrive);
 /// The ⊕ of every row's key ranges: o_c = merged O / l, bf16 [B][rows][512].
 void launch_combine(const DecodeParams& p, __nv_bfloat16* o_c);
 /// q = [q_nope W_UK^T ; q_rope] per head: [B][H][Nq][128] + [B][H][Nq][64] -> [B][H][Nq][576].

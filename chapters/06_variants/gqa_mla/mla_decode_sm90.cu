@@ -31,15 +31,18 @@
 // PTX ISA ("bar, barrier": bar.sync and bar.arrive guarantee that when the barrier
 // completes, the thread's prior memory accesses are performed for every participant; a
 // read is performed once its value has been transmitted and can no longer be changed by
-// another participant):
-//   kReleaseArrive  bar.arrive "P empty" right after the loads (the form first measured):
-//                   warpgroup 1 goes on at once. compute-sanitizer's racecheck reports a
-//                   hazard on every P and alpha load (17) whenever a range has two or more
-//                   key blocks: it does not order a load before a bar.arrive with a store
-//                   after the matching bar.sync (a write-after-read it cannot see through).
-//   kReleaseSync    bar.sync "P empty" once warpgroup 1's own P_j V_j and its producer's
-//                   refill are done, where warpgroup 1 would otherwise wait at "P full"
-//                   anyway: racecheck sees two bar.sync and accepts it. The default.
+// another participant). P is no wgmma operand (both P V products take it from registers),
+// so nothing reads it asynchronously past the release.
+//   kReleaseArrive  bar.arrive "P empty" right after the loads: warpgroup 1 goes on at once.
+//                   The default. compute-sanitizer's racecheck reports a write-after-read
+//                   hazard on every byte of P and alpha whenever a range has two or more key
+//                   blocks: it does not order a load before a bar.arrive with a store after
+//                   the matching bar.sync (it does order a store before bar.arrive with a load
+//                   after bar.sync: "P full" is never reported).
+//   kReleaseSync    bar.sync "P empty" once warpgroup 1's own P_j V_j and its refill of the
+//                   stage are done: the variant racecheck can follow (--tile64 wgmma-sync).
+//                   It makes warpgroup 0 wait for warpgroup 1's P V and refill before it may
+//                   write P_{j+1}: 1-5% slower (round of 17:25 UTC, 2026-12-01).
 // (An earlier alternative, P in the k_rope box of its own stage, released through the
 // ring's mbarriers, was also flagged by racecheck and ran 9-11% slower: rounds of 15:08 and
 // 15:34 UTC, 2026-12-01.)
@@ -272,6 +275,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbarrier_wait(&empty[st], ph);
         load_kv(i + kStages);
       }
+      __syncwarp();  // warp 0 whole again after its lane 0 was the producer: bar.sync wants the whole warp
       // P_j was read (its values are in this thread's registers and P_j V_j is complete):
       // warpgroup 0 may write P_{j+1}, after its softmax of block j + 1.
       if (kRelease == kReleaseSync && i + 1 < n) named_barrier_sync(kBarPEmpty, kThreads);
