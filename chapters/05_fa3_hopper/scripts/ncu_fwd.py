@@ -90,9 +90,19 @@ def step_of(kernel):
     return int(m.group(1)) if m else None
 
 
+# --profile: where a kernel's time goes, the same metrics for ours and the peers' kernels.
+PROFILE = ["gpu__time_duration.sum", "sm__cycles_elapsed.avg.per_second",
+           "sm__inst_issued.avg.pct_of_peak_sustained_active",      # issue slots busy
+           "smsp__issue_active.avg.pct_of_peak_sustained_active",   # cycles with an instruction issued
+           "smsp__warps_active.avg.per_cycle_active", "smsp__warps_eligible.avg.per_cycle_active",
+           r"regex:sm__pipe_tensor.*cycles_active\.avg\.pct_of_peak_sustained_active",
+           r"regex:smsp__warp_issue_stalled_.*_per_warp_active\.pct"]
+METRICS = ["gpu__time_duration.sum"]
+
+
 def ncu(cmd, regex, timeout, what):
-    """The gpu__time_duration.sum rows of every kernel matching `regex` that `cmd` runs."""
-    args = [ncu_binary(), "--metrics", "gpu__time_duration.sum", "--clock-control", "none", "--csv",
+    """The METRICS rows (by default gpu__time_duration.sum) of every kernel matching `regex` that `cmd` runs."""
+    args = [ncu_binary(), "--metrics", ",".join(METRICS), "--clock-control", "none", "--csv",
             "--print-units", "base", "--kernel-name-base", "mangled", "--target-processes", "all",
             "-k", "regex:" + regex] + cmd
     t0 = time.time()
@@ -104,10 +114,33 @@ def ncu(cmd, regex, timeout, what):
         return []
     print(f"# ncu ({what}): rc {r.returncode}, {time.time() - t0:.1f} s: {' '.join(args[1:14])}", flush=True)
     text = r.stdout[r.stdout.find('"ID"'):] if '"ID"' in r.stdout else ""
-    rows = [row for row in csv.DictReader(io.StringIO(text)) if row.get("Metric Name") == "gpu__time_duration.sum"]
+    rows = [row for row in csv.DictReader(io.StringIO(text))
+            if row.get("Metric Name") == "gpu__time_duration.sum" or (len(METRICS) > 1 and row.get("Metric Name"))]
     if not rows or r.returncode != 0:
         print(f"# ncu ({what}) profiled {len(rows)} kernels; its last output:\n" + (r.stdout + r.stderr)[-1500:], flush=True)
     return rows
+
+
+def print_profile(what, rows):
+    """One line per profiled kernel launch: its duration, SM clock, issue, warps, tensor pipe and
+    the five largest stall reasons (% of the active warps' cycles), in the order ncu ran them."""
+    by_id = {}
+    for r in rows:
+        by_id.setdefault(r.get("ID"), {"name": r.get("Kernel Name", "")})[r["Metric Name"]] = r["Metric Value"]
+    for m in by_id.values():
+        num = lambda k: float(m[k].replace(",", "")) if m.get(k) not in (None, "", "n/a") else float("nan")
+        st = step_of(m["name"])
+        tensor = ", ".join(f"{k.split('__pipe_')[1].split('_cycles')[0]} {num(k):.1f}%" for k in sorted(m)
+                           if k.startswith("sm__pipe_tensor"))
+        stalls = sorted(((num(k), k.split("stalled_")[1].split("_per_warp")[0]) for k in m if "issue_stalled" in k),
+                        reverse=True)[:5]
+        print(f"# profile {what} | {'v' + str(st) if st else m['name'][:70]} | "
+              f"{num('gpu__time_duration.sum') / 1e3:.1f} us at {num('sm__cycles_elapsed.avg.per_second') / 1e9:.2f} GHz | "
+              f"issue slots {num('sm__inst_issued.avg.pct_of_peak_sustained_active'):.1f}%, "
+              f"issued in {num('smsp__issue_active.avg.pct_of_peak_sustained_active'):.1f}% of cycles | "
+              f"warps a scheduler: active {num('smsp__warps_active.avg.per_cycle_active'):.2f}, "
+              f"eligible {num('smsp__warps_eligible.avg.per_cycle_active'):.2f} | tensor pipe: {tensor} | "
+              f"stalls: {', '.join(f'{n} {v:.1f}' for v, n in stalls)}", flush=True)
 
 
 def main():
@@ -120,8 +153,13 @@ def main():
     ap.add_argument("--no-peer", action="store_true", help="our kernels only")
     ap.add_argument("--peers", default="cudnn", help="peers to profile after ours: cudnn, fa4 (comma-separated)")
     ap.add_argument("--timeout", type=int, default=60, help="seconds for our kernels' profiler run")
-    ap.add_argument("--peer-timeout", type=int, default=60, help="seconds for cuDNN's profiler run")
+    ap.add_argument("--peer-timeout", type=int, default=60, help="seconds for each peer's profiler run")
+    ap.add_argument("--profile", action="store_true",
+                    help="not durations alone: issue slots, tensor pipe, warps active and eligible, stall reasons "
+                         "(one launch of each kernel: --launches 1)")
     a = ap.parse_args()
+    if a.profile:
+        METRICS[:] = PROFILE
     b = a.batch or max(1, 16384 // a.n)
     shapes = []
     for s in a.shape:
@@ -139,6 +177,15 @@ def main():
         got = ncu(cmd + (["--causal"] if c else []), regex, a.timeout, f"d={d}{' causal' if c else ''}")
         per_shape.append(got)
         rows += got
+        if a.profile:
+            print_profile(f"d={d}{' causal' if c else ''}", got)
+    if a.profile:
+        for peer in ([] if a.no_peer else [x for x in a.peers.split(",") if x]):
+            label, script = PEERS[peer]
+            specs = [f"{b},{h},{a.n},{d},{c}" for d, c, _, h in shapes]
+            print_profile(label + " " + " ".join(specs),
+                          ncu([sys.executable, "-c", script, str(a.launches)] + specs, PEER, a.peer_timeout, label))
+        return 0
     # Ours at once (median us per shape and step), in case the peer's run does not end in time.
     print("# ours by ncu (median us): " + "; ".join(
         f"d={d}{' causal' if c else ''} v{st}: " +
