@@ -221,10 +221,16 @@ TEST_CASE("MLA decode split count: whole waves of blocks, the fewest ranges, who
   // blocks, so that 128 of the 132 SMs read (at most 64 ranges left half of them idle).
   CHECK(mla_pick_splits(1, 1, 1024, 132) == 128);
   CHECK(mla_pick_splits(1, 1, 3, 264) == 3);
+  // 8 sequences of 64K at H = 16: 16 ranges (128 blocks, 0.97), not 15 (120 blocks, 0.91).
+  CHECK(mla_pick_splits(1, 8, 1024, 132) == 16);
+  // One sequence of 4K at H = 128: the 64-row tile takes 2 blocks a range, so 32 ranges, not 64.
+  CHECK(mla_pick_splits(2, 1, 64, 132, 2) == 32);
+  CHECK(mla_pick_splits(2, 1, 64, 132) == 64);
+  CHECK(mla_pick_splits(2, 1, 1, 132, 2) == 1);  // fewer blocks than asked for: one range
   for (int tiles : {1, 2, 3})
     for (int batch : {1, 5, 17, 64})
       for (int nblocks : {1, 7, 64, 1000}) {
-        const int c = mla_pick_splits(tiles, batch, nblocks, 132);
+        const int c = mla_pick_splits(tiles, batch, nblocks, 132, tiles > 1 ? 2 : 1);
         CAPTURE(tiles);
         CAPTURE(batch);
         CAPTURE(nblocks);

@@ -320,7 +320,9 @@ MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool 
   const int release = tile64 == kTile64WgmmaSync ? mla::kReleaseSync : mla::kReleaseArrive;
   const int tiles = ceil_div(rows, per_tile), nblocks = ceil_div(s.nk, mla::keys_per_block(per_tile, variant));
   // Split-K: whole waves of (tile, range, sequence) blocks (mla_pick_splits(), mla_model.hpp).
-  if (splits <= 0) splits = mla_pick_splits(tiles, s.batch, nblocks, sm_count() * mla::blocks_per_sm(per_tile, variant));
+  if (splits <= 0)
+    splits = mla_pick_splits(tiles, s.batch, nblocks, sm_count() * mla::blocks_per_sm(per_tile, variant),
+                             per_tile == mla::kRowsLarge ? 2 : 1);
   const int bps = ceil_div(nblocks, std::min(splits, nblocks));
   splits = ceil_div(nblocks, bps);  // no empty ranges
   DeviceTensor q(DType::bf16, std::size_t(s.batch) * rows * kDLatentKey), o_c(DType::bf16, std::size_t(s.batch) * rows * kDC),

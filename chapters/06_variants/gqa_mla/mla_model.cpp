@@ -289,8 +289,8 @@ ErrorStats mla_naive_error(const MlaShape& s, const MlaInputs& in, const CheckPl
   return compact_error(naive.o, ref);
 }
 
-int mla_pick_splits(int tiles, int batch, int nblocks, int slots) {
-  const int max_splits = std::max(1, std::min(nblocks, kMlaMaxSplits));
+int mla_pick_splits(int tiles, int batch, int nblocks, int slots, int min_blocks_per_range) {
+  const int max_splits = std::max(1, std::min(nblocks / std::max(1, min_blocks_per_range), kMlaMaxSplits));
   int splits = 1;
   double best = -1;
   for (int c0 = 1; c0 <= max_splits; ++c0) {
@@ -299,7 +299,7 @@ int mla_pick_splits(int tiles, int batch, int nblocks, int slots) {
     const long ctas = long(tiles) * batch * c;
     const long waves = (ctas + slots - 1) / slots;
     const double fill = double(ctas) / (double(waves) * slots);
-    if (fill >= 0.9 && ctas >= 0.9 * slots) return c;
+    if (fill >= 0.95 && ctas >= 0.95 * slots) return c;
     if (fill > best + 1e-9) best = fill, splits = c;
   }
   return splits;
