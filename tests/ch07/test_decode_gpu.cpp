@@ -252,7 +252,7 @@ TEST_CASE("v6 skips only multiplies by exactly 1: its output is v5's, bit for bi
 
 TEST_CASE("v7-v10 (8-bit pages by TMA): page sizes 8, 16, 64, 256, ragged lengths, B = 1 and B = 33, GQA and MQA") {
   // Its own test case, last: a TMA or mbarrier fault shows here without taking the others with it.
-  // v9 and v10 (8 heads per block) also at G = 1, 4, 8, 16 and 32: one, two and four blocks per KV head.
+  // v9 and v10 (8 heads per block, from v7) also at G = 1, 4, 8, 16 and 32: one, two and four blocks per KV head.
   const std::vector<DecodeKernel> v7 = {DecodeKernel::v7, DecodeKernel::v8, DecodeKernel::v9, DecodeKernel::v10};
   for (KvDtype t : {KvDtype::fp8, KvDtype::int8}) {
     CAPTURE(kv_dtype_name(t));

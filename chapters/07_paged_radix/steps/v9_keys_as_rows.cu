@@ -8,7 +8,7 @@
 //   steps/v5_table_lookahead.cu     v5: block-table entries fetched ahead of the loads that need them
 //   steps/v6_lazy_rescale.cu        v6: O rescaled only when a maximum grew (8-bit)
 //   steps/v7_tma_pages.cu           v7: the 8-bit pages copied by the TMA, one page per instruction
-//   steps/v8_empty_barriers.cu      v8: one "empty" mbarrier per stage in place of the block barrier
+//   steps/v8_empty_barriers.cu      v8: one "empty" mbarrier per stage in place of the block barrier (not kept: slower)
 //   steps/v9_keys_as_rows.cu        <- this file: v9, S^T = K Q^T: the keys on the MMA's M side, the heads on N
 //
 // A decode step has one query row per head: with GQA 32/8 a KV head's block has G = 4
@@ -28,38 +28,14 @@
 //                       column softmax, K and V scales on S^T's rows (the warp's two boxes)
 //                       O^T (128 dims x 8 heads) += V^T (128 x 16 keys) P^T   8 MMAs
 //
-// Every change from v8: WarpCodes rewritten for the transposed products (Q^T as B
+// What changes from v7 (v8's empty barriers measured slower than v7's block barrier, so
+// v9 starts from v7's loop): WarpCodes rewritten for the transposed products (Q^T as B
 // fragments, the column softmax ColSoftmax, the four shuffles of P^T, O^T's store with the
 // dims back in order; the K and V scales per box, two per warp, so the V scales' max needs
 // no shuffles); kHeads = 8 heads per block in place of Geo::kRows = 16 (the block's first
 // head and row count; the launcher's head chunks); the launcher's name.
 //
-// v8's header, what v9 keeps:
-//
-// v7's loop meets all four warps at a __syncthreads() once per tile: warp 0 may refill
-// the stage that tile it - 1 used only when every warp is done with it. So every warp
-// waits, every tile, for the slowest warp of the block, and the block's four dependent
-// chains (S = Q K^T, the softmax's shuffles, O += P V) run in lockstep; ncu on v7 at
-// B = 8, L = 32K (FP8) shows the issue slots 37% busy and DRAM at 63%: the warps wait.
-// What the refill needs is narrower than a block barrier: to know that the four warps
-// have read one stage. v8 gives each stage a second mbarrier, `empty`, expecting one
-// arrival per warp (common/cuda/hopper/mbarrier.cuh, the ring's producer/consumer
-// pair): a warp arrives on it (lane 0, after __syncwarp()) when its tile's fragments
-// are in registers and used, and warp 0 waits on it, with the phase bit of the stage's
-// round, before it issues that stage's next TMA copies. Warps 1-3 now wait only for
-// their own tile to land; a warp may run up to the ring's depth ahead of another.
-//
-//   iteration it:  warp 0: wait empty[(it - 1) % S] (every warp is done with tile it - 1),
-//                          then v7's refill: one TMA per box for tile it + 2, boxes of it + 3
-//                  every warp: wait full[it % S]; tile it, as in v7; arrive on empty[it % S]
-//
-// Every change from v7: the `empty` barriers (declared, initialised for kWarps arrivals),
-// warp 0's wait on them before a refill, each warp's arrival after its tile, and the loop's
-// __syncthreads() removed; issue_boxes() stores the scales before lane 0's arrival on the
-// full barrier (the block barrier used to publish them; now the barrier's phase does);
-// the launcher's name.
-//
-// v7's header, what v8 keeps:
+// v7's header, what v9 keeps:
 //
 // In v4-v6 every thread of a block issues the loads of a tile: 64 rows of K and of V
 // codes, 16 bytes per cp.async, four passes per thread with the address arithmetic of
@@ -374,23 +350,13 @@ __device__ __forceinline__ BoxPages read_boxes(const PagedKv8<F>& kv, int b, int
   return bp;
 }
 
-/// Warp 0: one tile's copies into a stage. Each lane stores its boxes' scales; then lane
-/// 0 announces the stage's 16 KB to its mbarrier, whose phase now also publishes the
-/// scales (no block barrier does any more); then each lane asks the TMA for its boxes of
-/// K and of V.
+/// Warp 0: one tile's copies into a stage. Lane 0 announces the stage's 16 KB to its
+/// mbarrier; then each lane asks the TMA for its boxes of K and of V and stores their
+/// scales.
 template <int D>
 __device__ __forceinline__ void issue_boxes(const CodeMaps& maps, unsigned char* sk, unsigned char* sv, float* scales,
                                             uint64_t* bar, const BoxPages& bp, int box_shift) {
   const int lane = threadIdx.x % 32;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int j = lane + 32 * r;
-    if (j < (Geo::kBc >> box_shift)) {
-      scales[j] = bp.ks[r];
-      scales[Geo::kBc + j] = bp.vs[r];
-    }
-  }
-  __syncwarp();  // the warp's scales are stored before lane 0's arrival releases them
   if (lane == 0) hopper::mbarrier_arrive_expect_tx(bar, 2u * Geo::kBc * D);
   __syncwarp();
 #pragma unroll
@@ -399,6 +365,8 @@ __device__ __forceinline__ void issue_boxes(const CodeMaps& maps, unsigned char*
     if (j < (Geo::kBc >> box_shift)) {
       hopper::tma_load_3d(sk + (j << box_shift) * D, &maps.k, bar, 0, bp.slot[r], bp.outer[r]);
       hopper::tma_load_3d(sv + (j << box_shift) * D, &maps.v, bar, 0, bp.slot[r], bp.outer[r]);
+      scales[j] = bp.ks[r];
+      scales[Geo::kBc + j] = bp.vs[r];
     }
   }
 }
@@ -473,14 +441,12 @@ __global__ void __launch_bounds__(Geo::kThreads, kMinBlocks<Kv>)
   // The codes on a 1024-byte boundary, as the TMA's 128-byte swizzle needs.
   unsigned char* smem = smem_raw + ((1024u - (cuda::smem_u32(smem_raw) & 1023u)) & 1023u);
   __shared__ __align__(8) uint64_t full[kStagesFor<Kv>];  // one mbarrier per stage: its tile has landed
-  __shared__ __align__(8) uint64_t empty[kStagesFor<Kv>];  // and one: every warp is done with its tile
   const int b = blockIdx.z, hk = blockIdx.y / p.chunks, chunk = blockIdx.y % p.chunks, split = blockIdx.x;
   const int h0 = hk * p.group + chunk * kHeads;  // the block's first query head
   const int rows = min(kHeads, p.group - chunk * kHeads);
   const int warp = threadIdx.x / 32;
   if (threadIdx.x == 0) {
     for (int st = 0; st < kStagesFor<Kv>; ++st) hopper::mbarrier_init(&full[st], 1);
-    for (int st = 0; st < kStagesFor<Kv>; ++st) hopper::mbarrier_init(&empty[st], Geo::kWarps);
     hopper::mbarrier_init_fence();
   }
   // The block's keys: split `split`, split_keys keys from split * split_keys, whatever
@@ -513,23 +479,19 @@ __global__ void __launch_bounds__(Geo::kThreads, kMinBlocks<Kv>)
     if (S - 1 < n_tiles) ahead = read_boxes(kv, b, hk, t_begin + (S - 1) * Geo::kBc, t_end, box_shift);
   }
   for (int it = 0; it < n_tiles; ++it) {
+    hopper::mbarrier_wait(&full[it % S], uint32_t(it / S) & 1u);  // tile `it` has landed...
+    __syncthreads();                    // ...and every warp is done with tile it - 1
     const int next = it + S - 1;        // refill the stage that tile it - 1 used
     if (warp == 0 && next < n_tiles) {
-      // Round next / S of the stage; its emptying of round next / S - 1 (tile it - 1) must
-      // have completed. Round 0 passes at once: the ring starts empty.
-      hopper::mbarrier_wait(&empty[next % S], (uint32_t(next / S) & 1u) ^ 1u);
       issue_boxes<D>(maps, stage_k(next % S), stage_v(next % S), stage_scales(next % S), &full[next % S], ahead,
                      box_shift);
       if (next + 1 < n_tiles) ahead = read_boxes(kv, b, hk, t_begin + (next + 1) * Geo::kBc, t_end, box_shift);
     }
-    hopper::mbarrier_wait(&full[it % S], uint32_t(it / S) & 1u);  // tile `it` has landed
     const int t0 = t_begin + it * Geo::kBc;
     const int valid = min(Geo::kWarpKeys, t_end - t0 - warp * Geo::kWarpKeys);  // this warp's keys in the tile
     // The warp's rows of the stage: the codes, converted in the warp's registers.
     const CodeRows rows_it{stage_k(it % S), stage_v(it % S), stage_scales(it % S), box_shift};
     if (valid > 0) wd.tile(rows_it, warp * Geo::kWarpKeys, valid, c);
-    __syncwarp();                                              // every lane has read the stage...
-    if (threadIdx.x % 32 == 0) hopper::mbarrier_arrive(&empty[it % S]);  // ...and so has this warp
   }
   __syncthreads();  // every tile issued was waited for: reuse the memory for the merge
 
