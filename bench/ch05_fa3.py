@@ -20,7 +20,7 @@ times in alternation, the best time of each kernel kept, and every kernel of NEW
 kernel (by name) of OLD: `./tutorial bench --before OLD_BUILD`.
 
 Options kept from the chapter's own script, and what they became in ./tutorial bench:
-  --steps 8,10     --steps 8,10 (one launch per step; forward only unless the plan has a backward here)
+  --steps 8,10     --steps 8,10 (one launch with the list; forward only unless the plan has a backward here)
   --no-peers       --no-peers
   --peers a,b      --peers a,b (cudnn, fa4, flash, efficient, flex)
   --dims, --mask   --d, --mask

@@ -1081,7 +1081,8 @@ def main(argv=None):
     ap.add_argument("--no-backward", action="store_true", help="forward passes only")
     ap.add_argument("--steps", type=int_list,
                     help="only these forward steps of each chapter whose binary takes --step, e.g. 11,16 (one "
-                         "launch each; the backward, where the plan has it, beside the last)")
+                         "launch with the list, the inputs uploaded once; the backward, where the plan has "
+                         "it, beside them; one launch a step for a binary of an older build)")
     ap.add_argument("--peers", type=peer_list,
                     help="only these peers: fa4, cudnn, flash, efficient, flex, softmax (default: all)")
     ap.add_argument("--no-peers", action="store_true", help="time our kernels only")
