@@ -264,10 +264,11 @@ std::vector<float> make_queries(const DecodeBatch& b, uint64_t seed, Dist dist) 
 
 // ----------------------------------------------------------------------------- v1 or v2
 
-SplitPlan choose_splits(int batch, int kv_heads, int group, int max_len, int d, int sms, KvDtype kv) {
+SplitPlan choose_splits(int batch, int kv_heads, int group, int max_len, int d, int sms, KvDtype kv,
+                        int blocks_per_sm) {
   SplitPlan plan;
   plan.base_blocks = batch * kv_heads * head_chunks(group);
-  plan.target_blocks = sms * decode_blocks_per_sm(d, kv);
+  plan.target_blocks = sms * (blocks_per_sm > 0 ? blocks_per_sm : decode_blocks_per_sm(d, kv));
   // EXERCISE ch07.3: make v2 pick its split count
   //| plan.splits = 1;  // TODO: your code here (fill the GPU, but keep every split >= kMinSplitKeys keys)
   // Enough splits that every SM holds as many blocks as it can run at once (one

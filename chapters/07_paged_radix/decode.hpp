@@ -177,12 +177,16 @@ struct SplitPlan {
 
 /// Picks the split count: enough blocks to fill every SM, but never splits shorter
 /// than DecodeGeometry::kMinSplitKeys keys. `sms` is the GPU's SM count (132 on H200).
-/// `kv` sets the shared memory of a block, hence how many an SM holds.
+/// `kv` sets the shared memory of a block, hence how many an SM holds, unless
+/// `blocks_per_sm` says it (v10 runs four 8-bit blocks per SM where shared memory alone
+/// would say three: its registers were the limit).
 SplitPlan choose_splits(int batch, int kv_heads, int group, int max_len, int d, int sms,
-                        KvDtype kv = KvDtype::bf16);
-inline SplitPlan choose_splits(const DecodeBatch& b, int sms) {
-  return choose_splits(b.batch(), b.kv_heads, b.group(), b.max_len(), b.d, sms, b.kv_dtype);
+                        KvDtype kv = KvDtype::bf16, int blocks_per_sm = 0);
+inline SplitPlan choose_splits(const DecodeBatch& b, int sms, int blocks_per_sm = 0) {
+  return choose_splits(b.batch(), b.kv_heads, b.group(), b.max_len(), b.d, sms, b.kv_dtype, blocks_per_sm);
 }
+/// Blocks per SM of v10's 8-bit kernel (steps/v10_four_blocks.cu: __launch_bounds__(128, 4)).
+constexpr int kV10BlocksPerSm = 4;
 
 /// Keys of each split of a `len`-key sequence cut into `splits`: whole tiles.
 int keys_per_split(int len, int splits);

@@ -232,12 +232,14 @@ int run_sweep(const Options& opt, const DecodeOptions& dopt, const DeviceInfo& d
     b.kv_dtype = c.kv;
     const SplitPlan plan = choose_splits(b, dev.sms);
     const int v2_splits = std::max(2, dopt.splits > 0 ? dopt.splits : plan.splits);
+    // v10 fills four 8-bit blocks per SM: its own plan (the same as v2's where three fill the GPU).
+    const int v10_splits = std::max(2, dopt.splits > 0 ? dopt.splits : choose_splits(b, dev.sms, kV10BlocksPerSm).splits);
     const bool contiguous = c.page_size == 16 && c.kv == KvDtype::bf16 && dopt.sweep_set == "all";
     res.kv_bytes = b.kv_bytes();
     res.tokens = b.total_tokens();
     res.plan_splits = plan.splits;
     res.plan_why = plan.why;
-    require_device_memory(dev, GpuDecoder::device_bytes(b, v2_splits, contiguous), "the decode sweep");
+    require_device_memory(dev, GpuDecoder::device_bytes(b, std::max(v2_splits, v10_splits), contiguous), "the decode sweep");
     const std::vector<float> q = make_queries(b, opt.seed, opt.dist);
     GpuDecoder gpu(b, q, KvContents{opt.seed, opt.dist, nullptr});  // the device fills (and quantises) the pool
     // An 8-bit pool's scales come from the device (a GPU test holds them equal to pool_scales()).
@@ -261,7 +263,7 @@ int run_sweep(const Options& opt, const DecodeOptions& dopt, const DeviceInfo& d
         runs.insert(runs.end(), {{DecodeKernel::v7, v2_splits, KvLayout::paged},
                                  {DecodeKernel::v8, v2_splits, KvLayout::paged},
                                  {DecodeKernel::v9, v2_splits, KvLayout::paged},
-                                 {DecodeKernel::v10, v2_splits, KvLayout::paged}});
+                                 {DecodeKernel::v10, v10_splits, KvLayout::paged}});
     }
     if (contiguous)
       runs.insert(runs.end(), {{DecodeKernel::v1, 1, KvLayout::contiguous}, {DecodeKernel::v2, v2_splits, KvLayout::contiguous}});
@@ -371,6 +373,7 @@ int run_decode(int argc, char** argv, bool dry = false) {
     const int sms = dopt.sms > 0 ? dopt.sms : dev ? dev->sms : kDefaultSms;
     const SplitPlan plan = choose_splits(b, sms);
     const int v2_splits = std::max(2, dopt.splits > 0 ? dopt.splits : plan.splits);
+    const int v10_splits = std::max(2, dopt.splits > 0 ? dopt.splits : choose_splits(b, sms, kV10BlocksPerSm).splits);
     const std::vector<float> q = make_queries(b, opt.seed, opt.dist);
     // An 8-bit pool: the scales of its pages, computed on the host as the device does.
     const KvScales scales = pool_scales(b, opt.seed, opt.dist);
@@ -409,7 +412,7 @@ int run_decode(int argc, char** argv, bool dry = false) {
 #if TUTORIAL_HAVE_CUDA
     if (dev) {
       if (!decode_head_dim_supported(b.d)) throw UsageError("the decode kernels support head dims 64 and 128");
-      require_device_memory(*dev, GpuDecoder::device_bytes(b, v2_splits, true), "the decode batch");
+      require_device_memory(*dev, GpuDecoder::device_bytes(b, std::max(v2_splits, v10_splits), true), "the decode batch");
       if (opt.bench) rep.ceilings = measure_ceilings(DType::bf16);
       rep.device = dev->name;
       GpuDecoder gpu(b, q, KvContents{opt.seed, opt.dist, nullptr});
@@ -435,7 +438,7 @@ int run_decode(int argc, char** argv, bool dry = false) {
                      {"v7 paged, S=" + std::to_string(v2_splits), DecodeKernel::v7, v2_splits, KvLayout::paged},
                      {"v8 paged, S=" + std::to_string(v2_splits), DecodeKernel::v8, v2_splits, KvLayout::paged},
                      {"v9 paged, S=" + std::to_string(v2_splits), DecodeKernel::v9, v2_splits, KvLayout::paged},
-                     {"v10 paged, S=" + std::to_string(v2_splits), DecodeKernel::v10, v2_splits, KvLayout::paged}});
+                     {"v10 paged, S=" + std::to_string(v10_splits), DecodeKernel::v10, v10_splits, KvLayout::paged}});
       if (kv_quantised(b.kv_dtype) && b.page_size < DecodeGeometry::kTmaMinPage)
         runs.resize(runs.size() - 4);  // v7-v10 copy whole pages of >= 8 tokens
       if (!kv_quantised(b.kv_dtype))

@@ -218,3 +218,14 @@ TEST_CASE("bad decode batches are usage errors") {
   b.block_table[0] = b.num_pages;
   CHECK_THROWS_AS(validate(b), UsageError);
 }
+
+TEST_CASE("v10's split plan fills four 8-bit blocks per SM, where shared memory alone says three") {
+  // B = 8, L = 32K, GQA 32/8, FP8 on 132 SMs: 64 blocks before splitting.
+  const SplitPlan three = choose_splits(8, 8, 4, 32768, 128, 132, KvDtype::fp8);
+  const SplitPlan four = choose_splits(8, 8, 4, 32768, 128, 132, KvDtype::fp8, kV10BlocksPerSm);
+  CHECK(three.target_blocks == 3 * 132);
+  CHECK(four.target_blocks == 4 * 132);
+  CHECK(three.splits == 6);  // 384 blocks for 396 slots
+  CHECK(four.splits == 8);   // 512 blocks for 528 slots
+  CHECK(four.splits * four.base_blocks <= four.target_blocks);
+}
