@@ -101,14 +101,16 @@ TEST_CASE("MLA absorbed decode kernel: the 64-row tile on wgmma + TMA (both rele
   }
 }
 
-TEST_CASE("MLA combine: the columns in 4, 8 and 16 parts, one range to many") {
+TEST_CASE("MLA combine: the columns in 4, 8 and 16 parts, one range to many, a dependent launch or not") {
   // one sequence of 16 rows (the 16-row tile) and 20 x 3 rows (the 64-row tile), split 1 to 65 ways
   for (const MlaShape& s : {mla(1, 16, 1, 4097), mla(1, 20, 3, 333, 0)}) {
     const MlaInputs in = make_mla_inputs(s, Dist::normal, 8);
     const Oracle oracle(s, in);
     for (int splits : {1, 3, 5, 65})
       for (int parts : {0, 4, 8, 16}) {
-        const MlaGpuResult g = mla_absorb_gpu(s, in, splits, false, 0, kTile64Wgmma, kCombineSeparate, parts);
+        const bool pdl = parts != 8;  // the combine as a dependent launch, and (8 parts) launched after the decode
+        const MlaGpuResult g = mla_absorb_gpu(s, in, splits, false, 0, kTile64Wgmma, kCombineSeparate, parts, pdl);
+        CHECK((g.what.find("dependent launch") != std::string::npos) == pdl);
         CAPTURE(s.describe());
         CAPTURE(g.what);
         CAPTURE(splits);

@@ -287,28 +287,28 @@ namespace {
 /// The absorbed decode on uploaded tensors `d`: checked once (outputs poisoned), then
 /// timed when `time`.
 MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool time, int variant, int tile64,
-                        int combine, int combine_parts);
+                        int combine, int combine_parts, bool pdl);
 
 }  // namespace
 
 MlaGpuResult mla_absorb_gpu(const MlaShape& s, const MlaInputs& in, int splits, bool time, int small_variant,
-                            int tile64, int combine, int combine_parts) {
+                            int tile64, int combine, int combine_parts, bool pdl) {
   validate(s);
-  return absorb_run(s, MlaDevice(s, in), splits, time, small_variant, tile64, combine, combine_parts);
+  return absorb_run(s, MlaDevice(s, in), splits, time, small_variant, tile64, combine, combine_parts, pdl);
 }
 
 const char* small_variant_label(int small_variant) { return mla::small_variant_name(small_variant); }
 
 MlaGpuResult mla_absorb_bench(const MlaShape& s, int splits, int small_variant, int tile64, int combine,
-                              int combine_parts) {
+                              int combine_parts, bool pdl) {
   validate(s);
-  return absorb_run(s, MlaDevice(s), splits, true, small_variant, tile64, combine, combine_parts);
+  return absorb_run(s, MlaDevice(s), splits, true, small_variant, tile64, combine, combine_parts, pdl);
 }
 
 namespace {
 
 MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool time, int variant, int tile64,
-                        int combine, int combine_parts) {
+                        int combine, int combine_parts, bool pdl) {
   if (combine_parts != 0 && combine_parts != 4 && combine_parts != 8 && combine_parts != 16)
     throw UsageError("the combine's column parts: 4, 8 or 16 (0: from the grid)");
   const int rows = s.heads * s.nq;
@@ -336,6 +336,7 @@ MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool 
   p.batch = s.batch, p.rows = rows, p.nq = s.nq, p.nk = s.nk, p.splits = splits, p.blocks_per_split = bps;
   p.scale_log2 = float(s.scale() * kLog2e);
   p.combine_parts = combine_parts;
+  p.pdl = pdl;
   // The fused combine: the mma.sync kernels, at most kFuseMaxSplits ranges (mla_decode.cuh).
   const bool fused = !wgmma && combine == kCombineFused && splits <= mla::kFuseMaxSplits;
   DeviceBuffer<int> counters(fused ? std::size_t(s.batch) * tiles : 1);
@@ -381,7 +382,7 @@ MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool 
                                                       : release == mla::kReleaseSync ? ", wgmma, P released by bar.sync"
                                                                                      : ", wgmma")) +
            (fused ? "), fused combine" : "), combine in " + std::to_string(mla::combine_parts(p, sm_count())) + " parts") +
-           ", W_UV GEMM";
+           (fused || !pdl || !hopper_ready(nullptr) ? "" : " (dependent launch)") + ", W_UV GEMM";
   if (time) {
     r.attn_ms = time_gpu(attend).median_ms;
     r.total_ms = time_gpu([&] {

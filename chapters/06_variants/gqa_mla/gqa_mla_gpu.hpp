@@ -71,12 +71,14 @@ constexpr int kCombineSeparate = 0, kCombineFused = 1;
 /// Absorbed decode. `splits` = 0 picks the split count from the SM count. Timed when `time`.
 /// `small_variant`: the 16-row tile's shape (mla_decode.cuh; 0 is the default); `tile64`:
 /// the 64-row tile's kernel.
-/// `combine_parts`: the separate combine's column parts, 4, 8 or 16 (0: from the grid, mla_decode.cuh).
+/// `combine_parts`: the separate combine's column parts, 4, 8 or 16 (0: from the grid, mla_decode.cuh);
+/// `pdl`: the combine as a programmatic dependent launch on sm_90+ (mla_decode.cuh).
 MlaGpuResult mla_absorb_gpu(const MlaShape& s, const MlaInputs& in, int splits, bool time, int small_variant = 0,
-                            int tile64 = kTile64Wgmma, int combine = kCombineSeparate, int combine_parts = 0);
+                            int tile64 = kTile64Wgmma, int combine = kCombineSeparate, int combine_parts = 0,
+                            bool pdl = true);
 /// Absorbed decode timed on device-generated inputs (the sweeps).
 MlaGpuResult mla_absorb_bench(const MlaShape& s, int splits, int small_variant = 0, int tile64 = kTile64Wgmma,
-                              int combine = kCombineSeparate, int combine_parts = 0);
+                              int combine = kCombineSeparate, int combine_parts = 0, bool pdl = true);
 /// The name of a 16-row tile shape: "ring4", "ring2x2", "wide".
 const char* small_variant_label(int small_variant);
 /// Decompressed form: K/V GEMMs (cuBLAS) and the packed Hopper forward with d = 192, dv = 128.

@@ -209,6 +209,14 @@ void mla_sweep(Report& rep, const Ceilings& ceil, int tile64, int only_heads, co
                       c.h, c.b, c.nk, gv.splits, gv.attn_ms, gb, 100 * gb / ceil.read_gbps.value_or(1));
         rep.notes.push_back(line);
       }
+    // The combine launched after the decode, not as a programmatic dependent launch (same process).
+    {
+      const MlaGpuResult gn = mla_absorb_bench(s, 0, 0, tile64, kCombineSeparate, 0, false);
+      const double gb = cost.cache_bytes / (gn.attn_ms * 1e-3) / 1e9;
+      std::snprintf(line, sizeof line, "  nopdl %3d %4d %6d  %6d  %8.4f  %10.1f  %11.1f%%", c.h, c.b, c.nk, gn.splits,
+                    gn.attn_ms, gb, 100 * gb / ceil.read_gbps.value_or(1));
+      rep.notes.push_back(line);
+    }
     // The combine in 4 parts where the grid gave it more (the form before 16 parts; same process).
     if (g.what.find("combine in 4 parts") == std::string::npos && g.what.find("fused") == std::string::npos) {
       const MlaGpuResult g4 = mla_absorb_bench(s, 0, 0, tile64, kCombineSeparate, 4);
@@ -255,7 +263,7 @@ void mla_sweep(Report& rep, const Ceilings& ceil, int tile64, int only_heads, co
 
 int run_mla(const Options& opt, const std::string& form, long pos0, int splits, bool sweep, bool no_time,
             int tile16, int tile64, int sweep_heads, int combine, const std::vector<int>& sweep_splits,
-            int combine_parts) {
+            int combine_parts, bool pdl) {
   const Problem& cp = opt.problem;
   if (cp.d != kDQK || cp.dv != kDV)
     throw UsageError("mla uses DeepSeek-V3's head dims (d_qk = 192, d_v = 128, d_c = 512, d_rope = 64); --d/--dv "
@@ -344,7 +352,7 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
     require_device_memory(*dev, mla_device_bytes(s, do_dec), "the MLA tensors");
     if (opt.bench || sweep) rep.ceilings = measure_ceilings(DType::bf16);
     if (do_abs) {
-      const MlaGpuResult g = mla_absorb_gpu(s, in, splits, !no_time, tile16, tile64, combine, combine_parts);
+      const MlaGpuResult g = mla_absorb_gpu(s, in, splits, !no_time, tile16, tile64, combine, combine_parts, pdl);
       ResultRow row;
       row.impl = g.what.find("wgmma") != std::string::npos ? "absorb decode (wgmma)" : "absorb decode (mma.sync)";
       row.device = "cuda";
@@ -393,6 +401,7 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
   (void)combine;
   (void)sweep_splits;
   (void)combine_parts;
+  (void)pdl;
 #endif
   rep.notes.push_back("cache per token and layer: latent [c ; k_rope] = 576 x 2 B = 1152 B, shared by all " +
                       std::to_string(s.heads) + " heads; decompressed K + V = " + std::to_string(s.heads) +
@@ -471,6 +480,8 @@ int mla_main(int argc, char** argv) {
   cli.add_choice("--combine-parts", &parts, {"auto", "4", "8", "16"},
                  "GPU: the separate combine's column parts, one thread block each (auto: more while the "
                  "blocks would not fill two per SM) [auto]");
+  bool no_pdl = false;
+  cli.add_flag("--no-pdl", &no_pdl, "GPU: launch the combine after the decode, not as a programmatic dependent launch");
   cli.add_flag("--no-time", &no_time, "GPU: check only, no timing (for compute-sanitizer)");
   return run_chapter(argc, argv, cli, [&](const Options& o) {
     const int v = tile16 == "ring2x2" ? 1 : tile16 == "ring4" ? 2 : 0;
@@ -479,7 +490,7 @@ int mla_main(int argc, char** argv) {
     for (int k = 1; k <= sweep_splits; k *= 2) more_splits.push_back(k);
     return run_mla(o, form, pos0, splits, sweep, no_time, v, t64, sweep_heads,
                    combine == "fused" ? kCombineFused : kCombineSeparate, more_splits,
-                   parts == "auto" ? 0 : std::stoi(parts));
+                   parts == "auto" ? 0 : std::stoi(parts), !no_pdl);
   });
 }
 

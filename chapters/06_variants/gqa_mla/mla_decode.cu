@@ -126,6 +126,11 @@ __global__ void __launch_bounds__(S::kThreads, S::kBlocksPerSm) decode_kernel(co
     limit[r] = causal_key_end((m0 + row[r]) % p.nq + 1, p.nq, p.nk);  // keys [0, limit) are visible
   }
 
+#if __CUDA_ARCH__ >= 900
+  // The combine (a programmatic dependent launch) may be scheduled from now on: its blocks
+  // wait for this grid's completion, so only its launch overlaps the decode.
+  cudaTriggerProgrammaticLaunchCompletion();
+#endif
   const bf16* qb = p.q + std::size_t(b) * p.rows * kDK;
   const bf16* kb = p.kv + std::size_t(b) * p.nk * kDK;
   // Prologue: Q and the first kStages - 1 key blocks, one cp.async group each (a group may
@@ -357,6 +362,12 @@ __global__ void combine_kernel(const DecodeParams p, bf16* o_c, int parts) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
   const int sub = lane / c4n, c4 = lane % c4n;  // this lane's range of the warp's `per`, its float4
   auto at = [&](int s) { return (std::size_t(b) * p.splits + s) * p.rows + row; };
+#if __CUDA_ARCH__ >= 900
+  // Launched as a programmatic dependent launch (launch_combine()): this block may start
+  // while the decode still runs; here it waits until the decode grid has completed and its
+  // partials are visible. (Without that launch attribute it returns at once.)
+  cudaGridDependencySynchronize();
+#endif
   float m = -INFINITY;
   for (int s = lane; s < p.splits; s += 32) m = fmaxf(m, p.ml_part[at(s) * 2]);
 #pragma unroll
@@ -492,9 +503,26 @@ void launch_combine(const DecodeParams& p, bf16* o_c) {
   }();
   const int parts = combine_parts(p, sms);
   if (parts != 4 && parts != 8 && parts != 16) throw UsageError("mla combine: 4, 8 or 16 parts");
+  static const bool hopper_or_later = [] {
+    int dev = 0, major = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    return major >= 9;
+  }();
   const int per = 32 / (kDVl / 4 / parts);
   const int warps = std::min(kCombineMaxWarps, ceil_div(p.splits, per));  // up to 8
-  combine_kernel<<<dim3(p.batch * p.rows, parts), 32 * warps>>>(p, o_c, parts);
+  // A programmatic dependent launch (sm_90+): the driver may start the combine's blocks once
+  // every decode block has called cudaTriggerProgrammaticLaunchCompletion(); each waits in
+  // cudaGridDependencySynchronize() for the decode to complete.
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(p.batch * p.rows, parts);
+  cfg.blockDim = dim3(32 * warps);
+  cfg.attrs = &attr;
+  cfg.numAttrs = p.pdl && hopper_or_later ? 1 : 0;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, combine_kernel, p, o_c, parts));
   CUDA_CHECK_LAUNCH("mla combine_kernel");
 }
 

@@ -25,6 +25,10 @@ struct DecodeParams {
   /// launch_combine(): the 512 columns in 4, 8 or 16 parts, one thread block each (0: 4, or
   /// more while the blocks would not fill two per SM).
   int combine_parts = 0;
+  /// launch_combine() on sm_90 and later: a programmatic dependent launch (the combine is
+  /// launched while the decode runs and waits for it in cudaGridDependencySynchronize(), so
+  /// its launch latency is not added to the step's); false: an ordinary launch after it.
+  bool pdl = true;
 };
 /// The part count launch_combine() uses for `p` on a GPU of `sms` SMs.
 int combine_parts(const DecodeParams& p, int sms);

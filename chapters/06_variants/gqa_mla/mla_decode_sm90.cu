@@ -132,6 +132,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
+  cudaTriggerProgrammaticLaunchCompletion();  // the combine may be launched (it waits for this grid)
+
   // Block lo + i into stage i % kStages: nine boxes of [64 keys][64 columns]. Keys past
   // Nk arrive as zeros (and count towards the transaction).
   auto load_kv = [&](int i) {
