@@ -32,6 +32,8 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <cstdlib>
+#include <string>
 
 #include "common/cuda/check.cuh"
 #include "common/cuda/cp_async.cuh"
@@ -133,11 +135,18 @@ __global__ void __launch_bounds__(S::kThreads, S::kBlocksPerSm) decode_kernel(co
 #endif
   const bf16* qb = p.q + std::size_t(b) * p.rows * kDK;
   const bf16* kb = p.kv + std::size_t(b) * p.nk * kDK;
-  // Prologue: Q and the first kStages - 1 key blocks, one cp.async group each (a group may
-  // be empty: the wait counts below stay the same for any range length).
+  // Prologue: Q and the first key blocks, one cp.async group each (a group may be empty: the
+  // wait counts below stay the same for any range length). Early refill (the default): every
+  // stage is filled at once, and a stage is refilled as soon as the block that used it is
+  // done, so that kStages blocks are in flight at the start and kStages - 1 while a block is
+  // computed; late refill (ATTN_CH06_MLA_REFILL=late, the form before): kStages - 1 blocks, a
+  // stage refilled once the next block has landed.
+  const bool early = p.early_refill;
+  const int prologue = early ? kStages : kStages - 1;
   load_rows<kM, kThreads>(sq, qb, m0, p.rows);
 #pragma unroll
-  for (int st = 0; st < kStages - 1; ++st) {
+  for (int st = 0; st < kStages; ++st) {
+    if (st >= prologue) break;
     if (blk_lo + st < blk_hi) load_rows<kBc, kThreads>(sk + uint32_t(st * S::kKStage), kb, (blk_lo + st) * kBc, p.nk);
     cp_async_commit();
   }
@@ -152,7 +161,8 @@ __global__ void __launch_bounds__(S::kThreads, S::kBlocksPerSm) decode_kernel(co
   // instead of being re-read from shared memory for every block.
   uint32_t qf[RT == 1 ? kDK / 16 : 1][4];
   if constexpr (RT == 1) {
-    cp_async_wait<kStages - 2>();  // Q (in the first group)
+    if (early) cp_async_wait<kStages - 1>();  // Q (in the first group)
+    else cp_async_wait<kStages - 2>();
     __syncthreads();
 #pragma unroll
     for (int ks = 0; ks < kDK / 16; ++ks)
@@ -161,12 +171,16 @@ __global__ void __launch_bounds__(S::kThreads, S::kBlocksPerSm) decode_kernel(co
 
   for (int j = blk_lo; j < blk_hi; ++j) {
     const int stage = (j - blk_lo) % kStages;
-    cp_async_wait<kStages - 2>();  // K_j's group is complete; the newer kStages - 2 may still fly
+    // K_j's group is complete; the newer kStages - 1 (early) or kStages - 2 (late) may still fly
+    if (early) cp_async_wait<kStages - 1>();
+    else cp_async_wait<kStages - 2>();
     __syncthreads();  // K_j has landed for everyone; block j-1's P V is done with its stage
-    if (j + kStages - 1 < blk_hi)  // into the stage block j-1 used
-      load_rows<kBc, kThreads>(sk + uint32_t(((j - blk_lo + kStages - 1) % kStages) * S::kKStage), kb,
-                               (j + kStages - 1) * kBc, p.nk);
-    cp_async_commit();
+    if (!early) {
+      if (j + kStages - 1 < blk_hi)  // into the stage block j-1 used
+        load_rows<kBc, kThreads>(sk + uint32_t(((j - blk_lo + kStages - 1) % kStages) * S::kKStage), kb,
+                                 (j + kStages - 1) * kBc, p.nk);
+      cp_async_commit();
+    }
     const uint32_t kt = sk + uint32_t(stage * S::kKStage);
 
     // ---- S = Q K^T: 16 rows x NKW keys, 36 k-steps of 16
@@ -275,6 +289,11 @@ __global__ void __launch_bounds__(S::kThreads, S::kBlocksPerSm) decode_kernel(co
         mma_m16n8k16<bf16>(o[2 * np], a, bb[0], bb[1]);
         mma_m16n8k16<bf16>(o[2 * np + 1], a, bb[2], bb[3]);
       }
+    }
+    if (early) {
+      __syncthreads();  // every warp is done with stage `stage`: block j + kStages goes into it
+      if (j + kStages < blk_hi) load_rows<kBc, kThreads>(kt, kb, (j + kStages) * kBc, p.nk);
+      cp_async_commit();
     }
   }
 
@@ -461,7 +480,13 @@ __global__ void project_kernel(const bf16* o_c, const bf16* w_uv, bf16* o, int b
 }  // namespace
 
 template <class S>
-int launch_shape(const DecodeParams& p) {
+int launch_shape(const DecodeParams& p_in) {
+  static const bool late = [] {
+    const char* e = std::getenv("ATTN_CH06_MLA_REFILL");
+    return e != nullptr && std::string(e) == "late";
+  }();
+  DecodeParams p = p_in;
+  p.early_refill = !late;
   const dim3 grid(ceil_div(p.rows, S::kM), p.splits, p.batch);
   static const bool configured = [] {  // once per shape, not in every timed launch
     CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kBytes));

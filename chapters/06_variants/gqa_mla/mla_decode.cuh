@@ -29,6 +29,9 @@ struct DecodeParams {
   /// launched while the decode runs and waits for it in cudaGridDependencySynchronize(), so
   /// its launch latency is not added to the step's); false: an ordinary launch after it.
   bool pdl = true;
+  /// The mma.sync decode's ring (set by launch_decode(): early unless ATTN_CH06_MLA_REFILL=late):
+  /// every stage filled in the prologue and refilled as soon as its block is done.
+  bool early_refill = true;
 };
 /// The part count launch_combine() uses for `p` on a GPU of `sms` SMs.
 int combine_parts(const DecodeParams& p, int sms);
