@@ -237,6 +237,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_operand(o);
       fence_operand(pr);
       if (lane == 0) mbarrier_arrive(&empty[i % kStages]);  // this warp is done with the stage
+      __syncwarp();  // the whole warp again before the aligned wgmma.wait_group and bar.sync
       wgmma_wait<0>();
       fence_operand(s);
     }
