@@ -401,8 +401,8 @@ def print_tables(out):
                  c.get("gemm_tflops") and "%.0f" % c["gemm_tflops"]))
         print("| H | B | Nk | splits | ours attn ms | ours total ms | latent GB/s | of read ceiling | TFLOP/s | of GEMM "
               "ceiling | SDPA decompressed ms (backend) | SDPA + decompression ms | SDPA / ours attn | (SDPA + decompr.) / ours total "
-              "| other 64-row kernel attn ms (TFLOP/s) | ours / other |")
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---:|")
+              "| other 64-row kernel attn ms (TFLOP/s) | ours / other | P by bar.sync attn ms | ours / it |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---:|---:|---:|")
         f = lambda x, spec: spec % x if isinstance(x, (int, float)) else "-"
         for r in out["mla"]:
             h, b, nk = r["key"]
@@ -416,7 +416,9 @@ def print_tables(out):
                   f"{f(r.get('total_ms'), '%.4f')} | {f(r.get('gbps'), '%.0f')} | {f(r.get('read_share'), '%.1f%%')} | "
                   f"{f(r.get('tflops'), '%.1f')} | {f(r.get('gemm_share'), '%.1f%%')} | {sd} | {wd} | {r1} | {r2} | "
                   + (f"{t['attn_ms']:.4f} ({t['tflops']:.1f}, {t['kernel']}) | {t['attn_ms'] / r['attn_ms']:.2f}x |"
-                     if (t := r.get("tile64_other")) and r.get("attn_ms") else "- | - |"))
+                     if (t := r.get("tile64_other")) and r.get("attn_ms") else "- | - |")
+                  + (f" {w['attn_ms']:.4f} | {w['attn_ms'] / r['attn_ms']:.2f}x |"
+                     if (w := r.get("tile64_all", {}).get("wgmma-sync")) and r.get("attn_ms") else " - | - |"))
 
 
 if __name__ == "__main__":
