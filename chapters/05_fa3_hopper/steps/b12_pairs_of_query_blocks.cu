@@ -36,7 +36,9 @@
 //                          one 64-row block)
 //
 // Per consumer thread that is S^T and dP^T 64 + 64 fp32 (were 32 + 32), P^T and dS^T 32 + 32
-// bf16 pairs, dK and dV 32 + 32 and dQ 32: 192 live at the peak of 240. The query blocks of
+// bf16 pairs, dK and dV 32 + 32 and dQ 32: 192 live at the peak of 240. ptxas spills the rest:
+// 184 bytes stored and 208 loaded with dS^T's D_i read element by element as in b11, 108 and
+// 152 with the pair of queries a thread holds read as one float2 (done here; b11 has no spills). The query blocks of
 // the walk, of dQ's accumulator and of the LSE and D arrays stay 64 rows: a step is the pair
 // of blocks 2i, 2i + 1, and the host rounds the number of blocks up to an even one for this
 // step (the preprocess pads the extra block: LSE +inf, D 0, its accumulator zeroed, so it adds
@@ -510,7 +512,13 @@ __device__ __forceinline__ void consumer(const Fa3BwdParams& p, unsigned char* s
     wgmma_wait<0>();
     fence_operand(dpT);
 #pragma unroll
-    for (int x = 0; x < Br / 2; ++x) dpT[x] = sT[x] * (dpT[x] - dlt[8 * (x / 4) + 2 * t + (x & 1)]);
+    for (int c = 0; c < Br / 8; ++c) {  // D_i of queries 8c + 2t, 8c + 2t + 1 as one float2 (fewer live registers)
+      const float2 dd = *reinterpret_cast<const float2*>(dlt + 8 * c + 2 * t);
+      dpT[4 * c] = sT[4 * c] * (dpT[4 * c] - dd.x);
+      dpT[4 * c + 1] = sT[4 * c + 1] * (dpT[4 * c + 1] - dd.y);
+      dpT[4 * c + 2] = sT[4 * c + 2] * (dpT[4 * c + 2] - dd.x);
+      dpT[4 * c + 3] = sT[4 * c + 3] * (dpT[4 * c + 3] - dd.y);
+    }
     uint32_t pT[Br / 4], dsT[Br / 4];
     convert_p<T>(sT, pT);
     convert_p<T>(dpT, dsT);

@@ -59,7 +59,9 @@
 //   step behind, as in the deterministic mode.
 //
 // Per consumer thread: dK_j, dV_j 64 + 64 fp32, S^T and dP^T 40 + 40 (were 32 + 32), P^T and
-// dS^T 20 + 20 bf16 pairs, dQ^T 40: 208 live at the exponentials, of 240. At d = 64, b12's step
+// dS^T 20 + 20 bf16 pairs, dQ^T 40: 208 live at the exponentials, of 240. ptxas spills 124
+// bytes stored and 140 loaded with dS^T's D_i read element by element as in b11, 36 and 60 with
+// the pair of queries a thread holds read as one float2 (done here; b11 has no spills). At d = 64, b12's step
 // of 128 is the better move; b13 refuses it as "not built".
 //
 // What b11 changed from b10. With the causal mask key block j walks Tr - 2j query blocks (Bc =
@@ -521,7 +523,13 @@ __device__ __forceinline__ void consumer(const Fa3BwdParams& p, unsigned char* s
     wgmma_wait<0>();
     fence_operand(dpT);
 #pragma unroll
-    for (int x = 0; x < Br / 2; ++x) dpT[x] = sT[x] * (dpT[x] - dlt[8 * (x / 4) + 2 * t + (x & 1)]);
+    for (int c = 0; c < Br / 8; ++c) {  // D_i of queries 8c + 2t, 8c + 2t + 1 as one float2 (fewer live registers)
+      const float2 dd = *reinterpret_cast<const float2*>(dlt + 8 * c + 2 * t);
+      dpT[4 * c] = sT[4 * c] * (dpT[4 * c] - dd.x);
+      dpT[4 * c + 1] = sT[4 * c + 1] * (dpT[4 * c + 1] - dd.y);
+      dpT[4 * c + 2] = sT[4 * c + 2] * (dpT[4 * c + 2] - dd.x);
+      dpT[4 * c + 3] = sT[4 * c + 3] * (dpT[4 * c + 3] - dd.y);
+    }
     uint32_t pT[Br / 4], dsT[Br / 4];
     convert_p<T>(sT, pT);
     convert_p<T>(dpT, dsT);
