@@ -219,6 +219,22 @@ __device__ __forceinline__ void softmax_update_two_pipes(RowSoftmax& sm, float (
   sm.update(s, c, alpha, Exp2TwoPipes<kEvery, kDegree>{});
 }
 
+// ----------------------------------------------------------------------------- descriptors by addition
+//
+// make_desc (common/cuda/hopper/wgmma.cuh) builds a wgmma descriptor from a shared address:
+// the address masked to 18 bits and shifted right by 4 into bits 0-13, the strides and the
+// swizzle mode above. Built in the loop, that is five dependent instructions a wgmma (add,
+// mask, shift, or, move: v21's SASS), 16 wgmmas a block at d = 64. Built once from the tile's
+// base, each descriptor of the loop is the base plus a constant number of 16-byte units in
+// its address field: one integer add on the low word.
+
+/// `desc` moved `units` x 16 bytes further into shared memory: the start-address field plus
+/// units, everything else kept. Exact while the address stays below 256 KB (bits 0-13 hold
+/// address / 16; an SM has 228 KB of shared memory), which every tile of a block does.
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t units) {
+  return (desc & 0xFFFFFFFF00000000ull) | uint32_t(uint32_t(desc) + units);
+}
+
 // ----------------------------------------------------------------------------- row reductions in chains
 //
 // RowSoftmax::update reduces a row one score after the other: its maximum is one chain

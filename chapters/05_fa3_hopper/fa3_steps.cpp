@@ -29,6 +29,7 @@ const char* step_name(Step s) {
     case Step::v20_exp_one_in_eight: return "v20 one exponential in eight on FMA";
     case Step::v21_softmax_chains: return "v21 row reductions in four chains";
     case Step::v22_three_consumers_chains: return "v22 three consumers, reductions in chains";
+    case Step::v23_descriptors_by_addition: return "v23 descriptors by addition";
   }
   return "?";
 }

@@ -59,5 +59,6 @@ namespace v19 { PreparedStep prepare(const StepArgs& a); }
 namespace v20 { PreparedStep prepare(const StepArgs& a); }
 namespace v21 { PreparedStep prepare(const StepArgs& a); }
 namespace v22 { PreparedStep prepare(const StepArgs& a); }
+namespace v23 { PreparedStep prepare(const StepArgs& a); }
 
 }  // namespace attn::ch05

@@ -97,3 +97,5 @@ require(v20_exp_one_in_eight.ptx "wgmma.mma_async.sync.aligned.m64n192k16;ex2.ap
 require(v21_softmax_chains.ptx "wgmma.mma_async.sync.aligned.m64n192k16;wgmma.mma_async.sync.aligned.m64n176k16;wgmma.mma_async.sync.aligned.m64n80k16;max.f32;ex2.approx;setmaxnreg")
 # v22: v14 with v21's row reductions in chains (three consumers: setmaxnreg to 160, Bc = 128).
 require(v22_three_consumers_chains.ptx "wgmma.mma_async.sync.aligned.m64n128k16;setmaxnreg.inc.sync.aligned.u32 160;ex2.approx")
+# v23: v21 with the descriptors moved by addition (the key blocks of v18 and v21: 192, 176, 80).
+require(v23_descriptors_by_addition.ptx "wgmma.mma_async.sync.aligned.m64n192k16;wgmma.mma_async.sync.aligned.m64n176k16;wgmma.mma_async.sync.aligned.m64n80k16;setmaxnreg")

@@ -255,6 +255,22 @@ TEST_CASE("step 22 (v14's three consumers, reductions in chains, d = 64) at awkw
   check_step(Step::v22_three_consumers_chains, shape().heads(2).n(500).d(64).causal().dtype(DType::bf16), Dist::outliers);
 }
 
+TEST_CASE("step 23 (wgmma descriptors moved by addition) at awkward shapes, every head dim, bf16 and fp16") {
+  require_hopper();
+  for (int d : {64, 128, 256})
+    for (DType t : {DType::bf16, DType::f16}) {
+      CAPTURE(d);
+      awkward_shapes(Step::v23_descriptors_by_addition, d, t);
+    }
+  // More tiles than SMs, so that the walk goes round the K/V ring's every stage with the
+  // bases built per tile; GQA; both masks.
+  check_step(Step::v23_descriptors_by_addition, shape().batch(2).heads(8, 4).n(2100).d(64).causal().dtype(DType::bf16));
+  check_step(Step::v23_descriptors_by_addition, shape().batch(2).heads(8, 4).n(2100).d(128).causal().dtype(DType::bf16));
+  check_step(Step::v23_descriptors_by_addition, shape().batch(2).heads(8).n(1500, 1700).d(128).dtype(DType::f16));
+  check_step(Step::v23_descriptors_by_addition, shape().heads(4).n(700, 1000).d(256).causal().dtype(DType::f16));
+  check_step(Step::v23_descriptors_by_addition, shape().heads(2).n(500).d(256).dtype(DType::bf16), Dist::outliers);
+}
+
 TEST_CASE("step 13's tile counter is back at zero after every launch") {
   // The third of three launches of one prepared kernel, each with the outputs poisoned
   // first: a counter left past zero would leave tiles unwritten (NaN) or skip them.
