@@ -5,9 +5,9 @@
         --shape 8192:128:0:10,18 --shape 8192:128:1:6,19 --shape 2048:128:1:6,19 ...   # N:d:causal:steps
         [--peers cudnn,fa4]                                          # B = 16384 / N, H = 2048 / d
 
-Our kernels: the chapter binary once per (shape, step), `--step S --json` (each kernel checked
-against the fp64 reference on sampled rows, then the median of >= 20 event-timed runs with the
-L2 flushed before each). They run first, in a thread, while this process imports PyTorch and
+Our kernels: the chapter binary once per shape, `--step S1,S2,... --json` (the inputs uploaded
+once; each step's kernel checked against the fp64 reference on sampled rows, then the median of
+>= 20 event-timed runs with the L2 flushed before each). They run first, in a thread, while this process imports PyTorch and
 FlashAttention-4 (CPU work only: no peer touches the GPU until ours are done). Then the peers
 on the same shapes: PyTorch SDPA with the cuDNN backend and `flash_attn.cute.flash_attn_func`
 ([B, N, H, d]), each checked finite, then 3 warm-ups and the median of 20 event-timed calls
@@ -18,6 +18,7 @@ as soon as its peers are timed.
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -30,25 +31,31 @@ def flops(b, h, n, d, causal):
 
 
 def run_ours(a, shapes, out):
+    """Our steps of each shape in one run of the chapter binary (`--step 17,21,...`: the inputs
+    uploaded once, each step's row checked and timed in turn); rows told apart by their step."""
     for n, d, c, steps in shapes:
         b, h = max(1, 16384 // n), 2048 // d
+        cmd = [a.bin, "--n", str(n), "--batch", str(b), "--heads", str(h), "--kv-heads", str(h), "--d", str(d),
+               "--step", ",".join(str(st) for st in steps), "--no-fp8-table", "--no-backward", "--json"] + \
+              (["--causal"] if c else [])
+        t0 = time.time()
         for st in steps:
-            cmd = [a.bin, "--n", str(n), "--batch", str(b), "--heads", str(h), "--kv-heads", str(h), "--d", str(d),
-                   "--step", str(st), "--no-fp8-table", "--no-backward", "--json"] + (["--causal"] if c else [])
-            t0 = time.time()
-            try:
-                r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
-                rows = [x for x in json.loads(r.stdout)["results"] if x["device"] == "cuda"]
-                x = rows[0] if rows else None
-                out[(n, d, c, st)] = (x["tflops"] if x and x["pass"] else None, bool(x and x["pass"]))
-                if not x or not x["pass"]:
-                    print(f"# ours v{st} N={n} d={d} causal={c}: {'FAILED its check' if x else 'no row'}: "
-                          f"{r.stderr.strip()[-200:]}", file=sys.stderr, flush=True)
-            except Exception as e:  # reported, not fatal
-                out[(n, d, c, st)] = (None, False)
-                print(f"# ours v{st} N={n} d={d} causal={c}: {type(e).__name__} {str(e)[:200]}", file=sys.stderr)
-            print(f"# ours v{st} N={n} d={d} causal={c}: {out[(n, d, c, st)][0]} TFLOP/s ({time.time() - t0:.1f} s)",
-                  file=sys.stderr, flush=True)
+            out[(n, d, c, st)] = (None, False)
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+            for x in json.loads(r.stdout)["results"]:
+                m = re.match(r"v(\d+) ", x.get("impl", ""))
+                if x["device"] != "cuda" or not m or int(m.group(1)) not in steps:
+                    continue
+                out[(n, d, c, int(m.group(1)))] = (x["tflops"] if x["pass"] else None, bool(x["pass"]))
+            for st in steps:
+                if not out[(n, d, c, st)][1]:
+                    print(f"# ours v{st} N={n} d={d} causal={c}: FAILED its check or no row: {r.stderr.strip()[-200:]}",
+                          file=sys.stderr, flush=True)
+        except Exception as e:  # reported, not fatal
+            print(f"# ours N={n} d={d} causal={c}: {type(e).__name__} {str(e)[:200]}", file=sys.stderr)
+        print(f"# ours N={n} d={d} causal={c}: " + ", ".join(f"v{st} {out[(n, d, c, st)][0]}" for st in steps) +
+              f" TFLOP/s ({time.time() - t0:.1f} s)", file=sys.stderr, flush=True)
 
 
 _TIMER = []  # the shared peer timer (bench/peer_timer.py), made on first use
