@@ -39,15 +39,19 @@
 //                   blocks: it does not order a load before a bar.arrive with a store after
 //                   the matching bar.sync (it does order a store before bar.arrive with a load
 //                   after bar.sync: "P full" is never reported).
-//   kReleaseSync    bar.sync "P empty" once warpgroup 1's own P_j V_j and its refill of the
-//                   stage are done: the variant racecheck can follow (--tile64 wgmma-sync).
-//                   It makes warpgroup 0 wait for warpgroup 1's P V and refill before it may
-//                   write P_{j+1}: 1-5% slower (round of 17:25 UTC, 2026-12-01).
+//   kReleaseSync    barrier.sync "P empty" once warpgroup 1's own P_j V_j and its refill of
+//                   the stage are done: the variant racecheck can follow (--tile64 wgmma-sync).
+//                   Both warpgroups wait at it from different instructions, so it is the
+//                   form without .aligned (barrier_unaligned.cuh; two bar.sync made synccheck
+//                   report "Divergent thread(s) in block"). It makes warpgroup 0 wait for
+//                   warpgroup 1's P V and refill before it may write P_{j+1}: up to 4% slower
+//                   (rounds of 17:25 and 17:56 UTC, 2026-12-01).
 // (An earlier alternative, P in the k_rope box of its own stage, released through the
 // ring's mbarriers, was also flagged by racecheck and ran 9-11% slower: rounds of 15:08 and
 // 15:34 UTC, 2026-12-01.)
 //
-// New instructions: none. wgmma (SS and RS forms), TMA and mbarriers are chapter 05's
+// New instructions: `barrier.sync` without .aligned (common/cuda/hopper/barrier_unaligned.cuh,
+// the wgmma-sync variant only). wgmma (SS and RS forms), TMA and mbarriers are chapter 05's
 // (common/cuda/hopper/: wgmma.cuh, tma.cuh, mbarrier.cuh, named_barrier.cuh).
 #include <cuda_bf16.h>
 
@@ -56,6 +60,7 @@
 #include "common/cuda/check.cuh"
 #include "common/cuda/fast_math.cuh"
 #include "common/cuda/frag_softmax.cuh"
+#include "common/cuda/hopper/barrier_unaligned.cuh"
 #include "common/cuda/hopper/mbarrier.cuh"
 #include "common/cuda/hopper/named_barrier.cuh"
 #include "common/cuda/hopper/tma.cuh"
@@ -208,7 +213,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int q = 0; q < kBc / 4; ++q) pr[q] = pack2<bf16>(s[2 * q], s[2 * q + 1]);
       // P_i and alpha_i to warpgroup 1 (it has read P_{i-1} once "P empty" completes).
-      if (i > 0) named_barrier_sync(kBarPEmpty, kThreads);
+      if (i > 0) {
+        if constexpr (kRelease == kReleaseSync) named_barrier_sync_unaligned(kBarPEmpty, kThreads);
+        else named_barrier_sync(kBarPEmpty, kThreads);
+      }
 #pragma unroll
       for (int q = 0; q < kBc / 4; ++q) sp[q * 128 + t] = pr[q];
       salpha[2 * t] = alpha[0];
@@ -281,7 +289,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       __syncwarp();  // warp 0 whole again after its lane 0 was the producer: bar.sync wants the whole warp
       // P_j was read (its values are in this thread's registers and P_j V_j is complete):
       // warpgroup 0 may write P_{j+1}, after its softmax of block j + 1.
-      if (kRelease == kReleaseSync && i + 1 < n) named_barrier_sync(kBarPEmpty, kThreads);
+      if (kRelease == kReleaseSync && i + 1 < n) named_barrier_sync_unaligned(kBarPEmpty, kThreads);
     }
   }
 
