@@ -8,7 +8,8 @@
 ///        for paged K/V only; `gpu::v6::launch` (steps/v6_lazy_rescale.cu) and
 ///        `gpu::v7::launch` (steps/v7_tma_pages.cu), `gpu::v8::launch`
 ///        (steps/v8_empty_barriers.cu), `gpu::v9::launch` (steps/v9_keys_as_rows.cu) and
-///        `gpu::v10::launch` (steps/v10_four_blocks.cu), for 8-bit pages only.
+///        `gpu::v10::launch` (steps/v10_four_blocks.cu) and `gpu::v11::launch`
+///        (steps/v11_early_release.cu), for 8-bit pages only.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (v7)
@@ -89,5 +90,13 @@ using v7::kMinPageSize;
 template <int D, class Kv>
 void launch(const DecodeParams& p, const Kv& kv, const CodeMaps& maps, int batch, int kv_heads);
 }  // namespace v10
+
+namespace v11 {
+using v7::CodeMaps;
+using v7::kMinPageSize;
+/// v10 with each stage refilled as soon as every warp holds its codes; 8-bit pages only.
+template <int D, class Kv>
+void launch(const DecodeParams& p, const Kv& kv, const CodeMaps& maps, int batch, int kv_heads);
+}  // namespace v11
 
 }  // namespace attn::ch07::gpu
