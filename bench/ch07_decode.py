@@ -12,14 +12,15 @@ BUILD_DIR/bench/: the table ch07-decode of results.md, decode_gbps.png, results.
 Other options pass through to ./tutorial bench (--quick, --out, ...).
 
     python3 bench/ch07_decode.py --focus b1 --binary B/bin/ch07_paged_radix
-    python3 bench/ch07_decode.py --focus quant --binary B/bin/ch07_paged_radix
+    python3 bench/ch07_decode.py --focus quant --binary B/bin/ch07_paged_radix [--since v3]
 
 The two focused tables of the chapter README, each from one run of this script: `b1` runs
 `decode --sweep --sweep-shapes b1` (one GQA 32/8 sequence of 32K, 64K, 128K tokens: every
 kernel of the sweep) and times SDPA's cuDNN and flash backends and FlashAttention-4 (where importable) on the
 same shapes in the same process; `quant` runs `--sweep-shapes quant` (bf16, FP8 and INT8 pools
 at batch 8 x 32K and 1 x 64K) and prints tokens per second and each format's ratio to bf16.
-Both print markdown with the GPU, the date, the versions and the command.
+Both print markdown with the GPU, the date, the versions and the command. `--since vN`
+passes through to the binary: only kernel vN and the later steps run (and are timed).
 """
 import os
 import subprocess
@@ -29,10 +30,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 
-def focus(kind, binary):
+def focus(kind, binary, since=None):
     import json
-    import datetime
     cmd = [binary, "decode", "--sweep", "--sweep-shapes", kind, "--device", "cuda", "--json"]
+    if since:
+        cmd += ["--since", since]
     r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
     try:
         rep = json.loads(r.stdout)
@@ -48,7 +50,8 @@ def focus(kind, binary):
         versions = peers.versions
     print("%s; %s; read ceiling %.0f GB/s (measured by the binary in this run); versions %s" % (
         rep["device_name"], rep["date"], ceil, versions or "-"))
-    print("command: python3 bench/ch07_decode.py --focus %s --binary %s  (runs: %s)" % (kind, binary, " ".join(cmd)))
+    print("command: python3 bench/ch07_decode.py --focus %s --binary %s%s  (runs: %s)" % (
+        kind, binary, " --since " + since if since else "", " ".join(cmd)))
     print()
     ok = r.returncode == 0
     if kind == "b1":
@@ -103,7 +106,8 @@ def main():
         i = args.index("--focus")
         kind = args[i + 1]
         binary = args[args.index("--binary") + 1] if "--binary" in args else "build/bin/ch07_paged_radix"
-        return focus(kind, binary)
+        since = args[args.index("--since") + 1] if "--since" in args else None
+        return focus(kind, binary, since)
     if "--markdown" in args:
         args.remove("--markdown")
         markdown = True
