@@ -9,7 +9,8 @@
 //       small: 16 rows (H Nq <= 16), 8 warps, blocks of 64 keys, a ring of 2: 168 KB, one per SM
 //       large: 64 rows (4 row tiles), 8 warps, blocks of 64 keys, a ring of 2: 225 KB, one per SM
 //     Q tile  [rows][576]   loaded once (small: its mma fragments then stay in registers)
-//     K ring  STAGES x [BC][576]  cp.async, zero-filled past Nk; STAGES - 1 blocks in flight
+//     K ring  STAGES x [BC][576]  cp.async, zero-filled past Nk; every stage filled at the start,
+//             a stage refilled as soon as the block that used it is done
 //     for each block of BC keys in range s:
 //       S phase:  warp w = (row tile w % RT, key group w / RT): S = Q K^T on its 16 rows x 8 or 32 keys
 //                 row maxima of the key groups meet in shared memory -> one m per row,
