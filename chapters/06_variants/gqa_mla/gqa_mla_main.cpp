@@ -432,10 +432,6 @@ int gqa_main(int argc, char** argv) {
   bool sweep = false, no_table = false, no_time = false;
   cli.add_flag("--sweep", &sweep, "GPU: packed vs unpacked over G and Nq (the README's table)");
   cli.add_flag("--no-table", &no_table, "leave out the cache table of real models");
-  std::string combine = "separate";
-  cli.add_choice("--combine", &combine, {"separate", "fused"},
-                 "GPU: merge the key ranges in a second kernel, or in the decode kernel's last range "
-                 "(mma.sync tiles, at most 4 ranges) [separate]");
   cli.add_flag("--no-time", &no_time, "GPU: check only, no timing (for compute-sanitizer)");
   return run_chapter(argc, argv, cli, [&](const Options& o) { return run_gqa(o, sweep, no_table, no_time); });
 }
