@@ -56,7 +56,7 @@ def focus(kind, binary, since=None):
     ok = r.returncode == 0
     if kind == "b1":
         names = ["sdpa_cudnn", "sdpa_flash", "fa4"]
-        kernels = [k for k in ("v1", "v2", "v3", "v4", "v5", "v6")
+        kernels = [k for k in ("v1", "v2", "v3", "v4", "v5", "v6", "v12")
                    if any(x["kernel"] == k for c in rep["configs"] for x in c["results"])]
         last = kernels[-1]
         print("| B | L | Hq/Hkv | P | " + " | ".join("%s GB/s (S)" % k for k in kernels) + " | %s share | " % last +

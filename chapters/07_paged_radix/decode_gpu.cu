@@ -30,6 +30,7 @@ const char* kernel_name(DecodeKernel k) {
     case DecodeKernel::v9: return "v9";
     case DecodeKernel::v10: return "v10";
     case DecodeKernel::v11: return "v11";
+    case DecodeKernel::v12: return "v12";
   }
   return "?";
 }
@@ -195,6 +196,9 @@ struct GpuDecoder::Impl {
         if constexpr (!std::is_same_v<std::decay_t<decltype(kv)>, gpu::ContiguousKv>) {
           if (kernel == DecodeKernel::v4) return gpu::v4::launch<D>(p, kv, b.batch(), b.kv_heads);
           if (kernel == DecodeKernel::v5) return gpu::v5::launch<D>(p, kv, b.batch(), b.kv_heads);
+          if constexpr (!kv_quantised(std::decay_t<decltype(kv)>::kDtype)) {
+            if (kernel == DecodeKernel::v12) return gpu::v12::launch<D>(p, kv, b.batch(), b.kv_heads);
+          }
           if constexpr (kv_quantised(std::decay_t<decltype(kv)>::kDtype)) {
             if (kernel == DecodeKernel::v6) return gpu::v6::launch<D>(p, kv, b.batch(), b.kv_heads);
             if (kernel == DecodeKernel::v7) return gpu::v7::launch<D>(p, kv, code_maps(), b.batch(), b.kv_heads);
@@ -226,7 +230,10 @@ struct GpuDecoder::Impl {
 
   void prepare(DecodeKernel kernel, int splits, KvLayout layout) {
     if (splits < 1) throw UsageError("the split count must be >= 1");
-    if ((kernel == DecodeKernel::v4 || kernel == DecodeKernel::v5) && layout == KvLayout::contiguous)
+    if (kernel == DecodeKernel::v12 && kv_quantised(batch.kv_dtype))
+      throw UsageError("v12 is built for bf16 pages (the 8-bit steps are v6-v11)");
+    if ((kernel == DecodeKernel::v4 || kernel == DecodeKernel::v5 || kernel == DecodeKernel::v12) &&
+        layout == KvLayout::contiguous)
       throw UsageError(std::string(kernel_name(kernel)) + " reads paged K/V only");
     const bool tma = kernel == DecodeKernel::v7 || kernel == DecodeKernel::v8 || kernel == DecodeKernel::v9 ||
                      kernel == DecodeKernel::v10 || kernel == DecodeKernel::v11;

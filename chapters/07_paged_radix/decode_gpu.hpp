@@ -19,7 +19,7 @@ enum class KvLayout {
 const char* layout_name(KvLayout l);
 
 /// Which decode step runs.
-enum class DecodeKernel { v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11 };  ///< v4, v5: paged K/V only; v6-v11: 8-bit pages only
+enum class DecodeKernel { v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12 };  ///< v4, v5: paged K/V only; v6-v11: 8-bit pages only; v12: bf16 pages only
 const char* kernel_name(DecodeKernel k);
 
 struct GpuDecodeOutput {

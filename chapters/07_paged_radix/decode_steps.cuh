@@ -9,7 +9,8 @@
 ///        `gpu::v7::launch` (steps/v7_tma_pages.cu), `gpu::v8::launch`
 ///        (steps/v8_empty_barriers.cu), `gpu::v9::launch` (steps/v9_keys_as_rows.cu) and
 ///        `gpu::v10::launch` (steps/v10_four_blocks.cu) and `gpu::v11::launch`
-///        (steps/v11_early_release.cu), for 8-bit pages only.
+///        (steps/v11_early_release.cu), for 8-bit pages only; `gpu::v12::launch`
+///        (steps/v12_one_trip_merge.cu), for bf16 pages.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (v7)
@@ -98,5 +99,11 @@ using v7::kMinPageSize;
 template <int D, class Kv>
 void launch(const DecodeParams& p, const Kv& kv, const CodeMaps& maps, int batch, int kv_heads);
 }  // namespace v11
+
+namespace v12 {
+/// v5 with the last split's merge loading everything in one round trip; bf16 pages only.
+template <int D, class Kv>
+void launch(const DecodeParams& p, const Kv& kv, int batch, int kv_heads);
+}  // namespace v12
 
 }  // namespace attn::ch07::gpu

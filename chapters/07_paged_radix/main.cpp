@@ -257,6 +257,7 @@ int run_sweep(const Options& opt, const DecodeOptions& dopt, const DeviceInfo& d
     // v4 changes the 8-bit path only (for bf16 it is v3's code): on 8-bit pools and the quant set's bf16 rows.
     if (kv_quantised(c.kv) || dopt.sweep_set == "quant") runs.push_back({DecodeKernel::v4, v2_splits, KvLayout::paged});
     runs.push_back({DecodeKernel::v5, v2_splits, KvLayout::paged});  // v4 with the table entries read ahead
+    if (!kv_quantised(c.kv)) runs.push_back({DecodeKernel::v12, v2_splits, KvLayout::paged});  // v5, one-trip merge
     if (kv_quantised(c.kv)) {
       runs.push_back({DecodeKernel::v6, v2_splits, KvLayout::paged});  // lazy rescale
       if (c.page_size >= DecodeGeometry::kTmaMinPage)  // pages by TMA; v8: with per-stage empty barriers
@@ -310,8 +311,8 @@ int run_decode(int argc, char** argv, bool dry = false) {
           "One decode step (one query token per sequence) over a paged KV cache with GQA: v1 (one block per\n"
           "sequence and KV head), v2 (split-K, flash-decoding), v3 (the merge fused), v4 (8-bit codes into\n"
           "MMA fragments), v5 (block table read ahead), v6-v10 (8-bit: lazy rescale, pages by TMA, per-stage\n"
-          "empty barriers, keys as the MMA's rows, four blocks per SM, early stage release), each against the\n"
-          "fp64 reference.\n"
+          "empty barriers, keys as the MMA's rows, four blocks per SM, early stage release), v12 (bf16: the\n"
+          "merge in one round trip), each against the fp64 reference.\n"
           "--nk is the longest cached length; --batch the number of sequences.");
   cli.defaults(defaults).head_dims({64, 128}).dtypes({DType::bf16});
   cli.add_int("--page-size", &dopt.page_size, "tokens per page, a power of two in [1, 256]", 1, 256);
@@ -326,7 +327,7 @@ int run_decode(int argc, char** argv, bool dry = false) {
                  "with --sweep: all (the README's table), b1 (one sequence, 32K-128K) or quant (bf16/fp8/int8)");
   cli.add_choice("--kv-dtype", &dopt.kv_dtype, {"bf16", "fp8", "int8"},
                  "how the cache stores K and V: bf16, or 8-bit codes (E4M3 / INT8) with a scale per page and KV head");
-  cli.add_choice("--since", &dopt.since, {"v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10", "v11"},
+  cli.add_choice("--since", &dopt.since, {"v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10", "v11", "v12"},
                  "run (and time) only this GPU kernel and the later steps, e.g. v7: v7 and v8 (default v1: all)");
   cli.add_flag("--untimed", &dopt.untimed, "run and check each GPU kernel once, without timing it (for a profiler)");
   cli.add_flag("--accuracy", &dopt.accuracy,
@@ -351,7 +352,7 @@ int run_decode(int argc, char** argv, bool dry = false) {
     }
     Report rep;
     rep.chapter = kChapter;
-    rep.title = std::string("decode over a paged KV cache: v1, split-K v2, fused-combine v3, codes-to-fragments v4, table lookahead v5, lazy rescale v6, TMA pages v7, empty barriers v8, keys as rows v9, four blocks v10, early release v11; K/V ") + kv_dtype_name(kv_dtype);
+    rep.title = std::string("decode over a paged KV cache: v1, split-K v2, fused-combine v3, codes-to-fragments v4, table lookahead v5, lazy rescale v6, TMA pages v7, empty barriers v8, keys as rows v9, four blocks v10, early release v11, one-trip merge v12; K/V ") + kv_dtype_name(kv_dtype);
     const auto dev = select_device(opt.device, &rep.mode);
     if (dopt.sweep) {
 #if TUTORIAL_HAVE_CUDA
@@ -434,6 +435,8 @@ int run_decode(int argc, char** argv, bool dry = false) {
                                {"v3 paged, S=" + std::to_string(v2_splits), DecodeKernel::v3, v2_splits, KvLayout::paged},
                                {"v4 paged, S=" + std::to_string(v2_splits), DecodeKernel::v4, v2_splits, KvLayout::paged},
                                {"v5 paged, S=" + std::to_string(v2_splits), DecodeKernel::v5, v2_splits, KvLayout::paged}};
+      if (!kv_quantised(b.kv_dtype))
+        runs.push_back({"v12 paged, S=" + std::to_string(v2_splits), DecodeKernel::v12, v2_splits, KvLayout::paged});
       if (kv_quantised(b.kv_dtype))
         runs.insert(runs.end(),
                     {{"v6 paged, S=" + std::to_string(v2_splits), DecodeKernel::v6, v2_splits, KvLayout::paged},

@@ -17,11 +17,11 @@ using namespace attn::ch07;
 namespace {
 
 /// Runs every kernel on the batch and checks each against the reference: v1 for a
-/// split count of 1, v2-v6 (or the kernels given) for the others (v4-v11 paged only, v6-v11
+/// split count of 1, v2-v6 and v12 (or the kernels given) for the others (v4-v11 paged only, v6-v11
 /// 8-bit only); an 8-bit batch paged only, after its
 /// device scales are compared with the host's.
-const std::vector<DecodeKernel> kSteps1to6 = {DecodeKernel::v1, DecodeKernel::v2, DecodeKernel::v3,
-                                              DecodeKernel::v4, DecodeKernel::v5, DecodeKernel::v6};
+const std::vector<DecodeKernel> kSteps1to6 = {DecodeKernel::v1, DecodeKernel::v2, DecodeKernel::v3, DecodeKernel::v4,
+                                              DecodeKernel::v5, DecodeKernel::v6, DecodeKernel::v12};
 
 void check_kernels(const DecodeBatch& b, const std::vector<int>& splits, Dist dist = Dist::normal,
                    uint64_t seed = 7, bool contiguous = true, const std::vector<DecodeKernel>& kernels = kSteps1to6) {
@@ -45,9 +45,10 @@ void check_kernels(const DecodeBatch& b, const std::vector<int>& splits, Dist di
         const bool eight_bit_only = k == DecodeKernel::v6 || k == DecodeKernel::v7 || k == DecodeKernel::v8 ||
                                     k == DecodeKernel::v9 || k == DecodeKernel::v10 ||
                                     k == DecodeKernel::v11;
-        const bool pages_only = eight_bit_only || k == DecodeKernel::v4 || k == DecodeKernel::v5;
+        const bool pages_only = eight_bit_only || k == DecodeKernel::v4 || k == DecodeKernel::v5 || k == DecodeKernel::v12;
         if (pages_only && layout == KvLayout::contiguous) continue;
         if (eight_bit_only && !kv_quantised(b.kv_dtype)) continue;
+        if (k == DecodeKernel::v12 && kv_quantised(b.kv_dtype)) continue;  // bf16 pages only
         CAPTURE(layout_name(layout));
         CAPTURE(kernel_name(k));
         CAPTURE(s);
@@ -312,4 +313,28 @@ TEST_CASE("v7-v11 (8-bit pages by TMA): page sizes 8, 16, 64, 256, ragged length
   CHECK_THROWS_AS(g4.run(DecodeKernel::v9, 2, KvLayout::paged), UsageError);
   CHECK_THROWS_AS(g4.run(DecodeKernel::v10, 2, KvLayout::paged), UsageError);
   CHECK_THROWS_AS(g4.run(DecodeKernel::v11, 2, KvLayout::paged), UsageError);
+}
+
+TEST_CASE("v12 (the merge in one round trip): equal to v5 within rounding, and its fallback for many splits") {
+  // One long sequence with many splits (the one-trip path), and a group of 16 heads with
+  // more splits than the stages hold (v5's path inside v12).
+  for (int splits : {33, 96}) {
+    CAPTURE(splits);
+    const DecodeBatch b = build_batch(splits == 33 ? 32 : 64, splits == 33 ? 8 : 4, 128, 16, {splits * 64 + 5}, 0, 61);
+    const std::vector<float> q = make_queries(b, 61, Dist::outliers);
+    const KvContents kv = hashed_contents(b, 61, Dist::outliers);
+    GpuDecoder gpu(b, q, kv);
+    const DecodeOracle oracle(b, q, kv, true);
+    const GpuDecodeOutput v5 = gpu.run(DecodeKernel::v5, splits, KvLayout::paged);
+    const GpuDecodeOutput v12 = gpu.run(DecodeKernel::v12, splits, KvLayout::paged);
+    const CheckResult c = oracle.judge(v12.o, v12.lse);
+    CHECK_MESSAGE(c.pass(), c.failures());
+    // The same states folded in the same order: the same bits as v5.
+    CHECK(v12.o == v5.o);
+    CHECK(v12.lse == v5.lse);
+  }
+  DecodeBatch e = build_batch(8, 2, 128, 16, {100}, 0, 3);
+  e.kv_dtype = KvDtype::fp8;
+  GpuDecoder g8(e, make_queries(e, 3, Dist::normal), KvContents{3, Dist::normal, nullptr});
+  CHECK_THROWS_AS(g8.run(DecodeKernel::v12, 2, KvLayout::paged), UsageError);
 }
