@@ -84,6 +84,8 @@ forbid(b12_pairs_of_query_blocks.ptx "wgmma.mma_async.sync.aligned.m64n32k16")
 # b13: 80 queries a step, d = 128 only (S^T, dP^T and the transposed dQ^T m64n80; dV, dK m64n128).
 require(b13_eighty_queries.ptx "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16;wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16;cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32;bar.arrive;bar.sync;setmaxnreg")
 forbid(b13_eighty_queries.ptx "wgmma.mma_async.sync.aligned.m64n64k16")
+# b14: b13 with dS stored by queries (dQ^T with only A transposed: the immediates 1, 1, 1, 0).
+require(b14_ds_by_queries.ptx "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16;p, 1, 1, 1, 0;cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32;setmaxnreg")
 # v17: v11 at d = 64 only, the causal kernel with key blocks of 192 too.
 require(v17_causal_key_blocks.ptx "wgmma.mma_async.sync.aligned.m64n192k16;ex2.approx;setmaxnreg")
 forbid(v17_causal_key_blocks.ptx "wgmma.mma_async.sync.aligned.m64n128k16")

@@ -199,6 +199,17 @@ TEST_CASE("backward b13 (80 queries a step, d = 128) at awkward shapes, both mod
                   UsageError);
 }
 
+TEST_CASE("backward b14 (dS stored by queries, d = 128) at awkward shapes, both modes") {
+  require_hopper();
+  awkward_shapes(BwdStep::b14_ds_by_queries, 128, DType::bf16, false);
+  awkward_shapes(BwdStep::b14_ds_by_queries, 128, DType::f16, true);
+  for (int nq : {80, 192, 400})
+    for (bool det : {false, true}) {
+      check_backward(BwdStep::b14_ds_by_queries, shape().heads(2).n(nq, 300).d(128).causal(), det);
+      check_backward(BwdStep::b14_ds_by_queries, shape().batch(2).heads(4, 2).n(nq, 130).d(128), det);
+    }
+}
+
 TEST_CASE("backward, deterministic mode: correct at awkward shapes") {
   require_hopper();
   for (BwdStep s : kAllBwdSteps)
@@ -272,3 +283,4 @@ TEST_CASE("backward sanitizer shape b10") { sanitizer_shape(BwdStep::b10_consume
 TEST_CASE("backward sanitizer shape b11") { sanitizer_shape(BwdStep::b11_longest_walks_first); }
 TEST_CASE("backward sanitizer shape b12") { sanitizer_shape(BwdStep::b12_pairs_of_query_blocks, 64); }
 TEST_CASE("backward sanitizer shape b13") { sanitizer_shape(BwdStep::b13_eighty_queries); }
+TEST_CASE("backward sanitizer shape b14") { sanitizer_shape(BwdStep::b14_ds_by_queries); }

@@ -38,7 +38,9 @@
 // Per consumer thread that is S^T and dP^T 64 + 64 fp32 (were 32 + 32), P^T and dS^T 32 + 32
 // bf16 pairs, dK and dV 32 + 32 and dQ 32: 192 live at the peak of 240. ptxas spills the rest:
 // 184 bytes stored and 208 loaded with dS^T's D_i read element by element as in b11, 108 and
-// 152 with the pair of queries a thread holds read as one float2 (done here; b11 has no spills). The query blocks of
+// 152 with the pair of queries a thread holds read as one float2, and 16 and 12 with the row
+// address of the dS^T stores computed once rather than per store (both done here; b11 has no
+// spills). The query blocks of
 // the walk, of dQ's accumulator and of the LSE and D arrays stay 64 rows: a step is the pair
 // of blocks 2i, 2i + 1, and the host rounds the number of blocks up to an even one for this
 // step (the preprocess pads the extra block: LSE +inf, D 0, its accumulator zeroed, so it adds
@@ -527,11 +529,14 @@ __device__ __forceinline__ void consumer(const Fa3BwdParams& p, unsigned char* s
     // key_local + 8h, queries 8c + 2t, 8c + 2t + 1 (chunk c % 8 of the row in slab c / 8).
     const int dst_ds = Plan::kdS + (s % 2) * Plan::kdSBytes;  // this step's buffer
     if (s >= 2) named_barrier_sync(7 + 2 * (1 - wg) + s % 2, 256);  // done[other][s % 2]: its dQ of step s - 2 read it
+    {
+      unsigned char* rowp = smem + dst_ds + key_local * Plan::kRowBytes + 4 * t;  // key_local + 8h: 8h rows further
+      const int k7 = key_local & 7;
 #pragma unroll
-    for (int y = 0; y < Br / 4; ++y) {
-      const int key = key_local + 8 * (y & 1), c = y / 2;
-      *reinterpret_cast<uint32_t*>(smem + dst_ds + (c / 8) * Bc * Plan::kRowBytes + key * Plan::kRowBytes +
-                                   (((c % 8) ^ (key & 7)) * 16) + 4 * t) = dsT[y];
+      for (int y = 0; y < Br / 4; ++y) {
+        const int h = y & 1, c = y / 2;
+        *reinterpret_cast<uint32_t*>(rowp + (c / 8) * Bc * Plan::kRowBytes + 8 * h * Plan::kRowBytes + (((c % 8) ^ k7) * 16)) = dsT[y];
+      }
     }
     fence_proxy_async_shared();  // visible to wgmma (the async proxy)
     named_barrier_arrive(1 + 2 * wg + s % 2, 256);  // half[wg][s % 2]: this consumer's half is written

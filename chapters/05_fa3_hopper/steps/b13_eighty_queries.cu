@@ -55,13 +55,17 @@
 //   Q_i, dO_i 20 KB each x 2 stages; dS^T 20 KB x 2; dQ 2 halves x 20 KB; LSE_i, D_i 1.25 KB:
 //   231,784 bytes with b11's alignment slack, where a second dQ buffer (40 KB) does not fit.
 //   The writer releases each half once the engine has read it (cp.async.bulk.wait_group.read,
-//   about 20 KB from shared memory), so a consumer waits for it only if the writer is a whole
-//   step behind, as in the deterministic mode.
+//   about 20 KB from shared memory), and takes consumer 1's half of a step before consumer 0's
+//   (consumer 0 hands its half over a step later), so a consumer waits for it only if the writer
+//   is a whole step behind, as in the deterministic mode. (The first form took them in the order
+//   0, 1, and consumer 1 then waited every step for consumer 0's lagging handover: 415 TFLOP/s
+//   against b10's 453 at d = 128, N = 8K, not causal, in the same launch at 18:00 UTC.)
 //
 // Per consumer thread: dK_j, dV_j 64 + 64 fp32, S^T and dP^T 40 + 40 (were 32 + 32), P^T and
 // dS^T 20 + 20 bf16 pairs, dQ^T 40: 208 live at the exponentials, of 240. ptxas spills 124
 // bytes stored and 140 loaded with dS^T's D_i read element by element as in b11, 36 and 60 with
-// the pair of queries a thread holds read as one float2 (done here; b11 has no spills). At d = 64, b12's step
+// the pair of queries a thread holds read as one float2, and none with the row address of the
+// dS^T stores computed once rather than per store (both done here, as in b12). At d = 64, b12's step
 // of 128 is the better move; b13 refuses it as "not built".
 //
 // What b11 changed from b10. With the causal mask key block j walks Tr - 2j query blocks (Bc =
@@ -336,7 +340,10 @@ __device__ __forceinline__ uint64_t* dq_bars(unsigned char* smem) {
 }
 
 // ---------------------------------------------------------------- dQ writer (warp 1, one thread)
-// Step s's two tile halves, as the consumers hand them over, into dQ's accumulator.
+// Step s's two tile halves, as the consumers hand them over, into dQ's accumulator: consumer
+// 1's first, since consumer 0 hands step s over a step later (b10's offset). With one buffer a
+// consumer, taking consumer 0's half first would hold consumer 1's release back until consumer 0
+// is done with step s + 1, and consumer 1 would wait for it at every step.
 template <class T, int D>
 __device__ __forceinline__ void dq_writer(const Fa3BwdParams& p, unsigned char* smem) {
   using Plan = BwdPlan<T, D>;
@@ -345,7 +352,7 @@ __device__ __forceinline__ void dq_writer(const Fa3BwdParams& p, unsigned char* 
   const Walk w(p);
   for (int s = 0; s < w.n_steps; ++s) {
     const int bh = w.head_of(s, p), i = w.block_of(s, p);
-    for (int wg = 0; wg < 2; ++wg) {
+    for (int wg = 1; wg >= 0; --wg) {
       mbarrier_wait(&dq_full[2 * wg], s & 1);  // one buffer a consumer: its phase is the step's
       const float* sdq = reinterpret_cast<const float*>(smem + Plan::kdQ + wg * Plan::kdQHalfBytes);
       float* dst = p.dq_accum + dq_accum_index(bh, i * Br, wg * (D / 2), p.n_qblocks, Br, D);
@@ -538,11 +545,14 @@ __device__ __forceinline__ void consumer(const Fa3BwdParams& p, unsigned char* s
     // key_local + 8h, queries 8c + 2t, 8c + 2t + 1 (16-byte chunk c % 2 of the row in slab c / 2).
     const int dst_ds = Plan::kdS + (s % 2) * Plan::kdSBytes;  // this step's buffer
     if (s >= 2) named_barrier_sync(7 + 2 * (1 - wg) + s % 2, 256);  // done[other][s % 2]: its dQ of step s - 2 read it
+    {
+      unsigned char* rowp = smem + dst_ds + key_local * 32 + 4 * t;  // key_local + 8h: 256 h bytes further
+      const int k2 = (key_local >> 2) & 1;                            // the swizzle bit, the same for + 8h
 #pragma unroll
-    for (int y = 0; y < Br / 4; ++y) {
-      const int key = key_local + 8 * (y & 1), c = y / 2;
-      *reinterpret_cast<uint32_t*>(smem + dst_ds + (c / 2) * Plan::kdSSlabBytes + key * 32 +
-                                   (((c % 2) ^ ((key >> 2) & 1)) * 16) + 4 * t) = dsT[y];
+      for (int y = 0; y < Br / 4; ++y) {
+        const int h = y & 1, c = y / 2;
+        *reinterpret_cast<uint32_t*>(rowp + (c / 2) * Plan::kdSSlabBytes + 8 * h * 32 + (((c % 2) ^ k2) * 16)) = dsT[y];
+      }
     }
     fence_proxy_async_shared();  // visible to wgmma (the async proxy)
     named_barrier_arrive(1 + 2 * wg + s % 2, 256);  // half[wg][s % 2]: this consumer's half is written

@@ -31,6 +31,10 @@ SHAPES = [
     # step b13's dQ_i^T = K_j^T dS^T (A = K_j, B = dS^T, both MN-major; N = its 80 queries).
     ("SSMN", "bf16", [32, 64, 80, 128]),
     ("SSMN", "f16", [32, 64, 80, 128]),
+    # SSTA (A MN-major, B K-major): step b14's dQ_i^T = K_j^T dS^T with dS stored [queries][keys],
+    # K-major for the B operand; N = its 80 queries.
+    ("SSTA", "bf16", [80]),
+    ("SSTA", "f16", [80]),
 ]
 
 CTYPE = {"bf16": "__nv_bfloat16", "f16": "__half", "e4m3": "__nv_fp8_e4m3"}
@@ -55,11 +59,13 @@ def emit(form, ty, n):
     shape = f"m64n{n}k{k}.f32.{ty}.{ty}"
     # Immediates: scale-a = scale-b = 1 (no negation). The 16-bit forms take transpose
     # flags (0 = K-major); fp8 supports K-major only and takes none.
-    if form in ("SS", "SSMN"):
+    if form in ("SS", "SSMN", "SSTA"):
         a_operand, a_in, nin = f"%{nd}", '"l"(desc_a)', 1
         imm = ", 1, 1, 0, 0" if ty != "e4m3" else ", 1, 1"
         if form == "SSMN":  # transpose A and B: both stored N-major (MN-major)
             imm = ", 1, 1, 1, 1"
+        if form == "SSTA":  # transpose A only: A stored M-major, B K-major
+            imm = ", 1, 1, 1, 0"
         sig = f"float (&d)[{nd}], uint64_t desc_a, uint64_t desc_b, int scale_d"
     else:
         a_operand = "{" + ", ".join(f"%{nd + i}" for i in range(4)) + "}"

@@ -162,6 +162,10 @@ template <class T, int N> struct WgmmaRS;
 /// backward's dQ = dS K_j reads dS from dS^T ([keys][queries]) and K_j as stored.
 /// Descriptors: desc_mn_major() for both (K-step kk starts 16 kk rows down).
 template <class T, int N> struct WgmmaSSMN;
+/// D(64 x N) (+)= A(64 x K) B(K x N), A and B from shared memory, A MN-major (stored [K][M])
+/// and B K-major (16-bit only). The backward's b14: dQ^T = K_j^T dS^T with K_j as stored
+/// and dS stored [queries][keys]. Descriptors: desc_mn_major() for A, desc_k_major() for B.
+template <class T, int N> struct WgmmaSSTA;
 
 #include "wgmma_ops.cuh"  // the generated wrappers, next to this file
 
