@@ -82,6 +82,7 @@ PreparedStep prepare_step(Step s, const StepArgs& a) {
     case Step::v21_softmax_chains: return v21::prepare(a);
     case Step::v22_three_consumers_chains: return v22::prepare(a);
     case Step::v23_descriptors_by_addition: return v23::prepare(a);
+    case Step::v24_causal_l2_sections: return v24::prepare(a);
   }
   throw UsageError("unknown step");
 }

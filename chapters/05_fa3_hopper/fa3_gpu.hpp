@@ -28,6 +28,7 @@
 ///     v21 the softmax's row max and row sum as four partial chains a row (from v18)
 ///     v22 v21's chains on v14's three consumers, d = 64 (from v14)
 ///     v23 wgmma descriptors built once a tile and moved by addition (from v21)
+///     v24 causal tiles longest first within head sections whose K and V fit in L2 (from v23)
 
 #include <cstdint>
 #include <memory>
@@ -63,6 +64,7 @@ enum class Step {
   v21_softmax_chains,           ///< v18 with the softmax's row max and row sum in four partial chains a row
   v22_three_consumers_chains,   ///< v14 (d = 64, three consumers) with v21's row reductions in chains
   v23_descriptors_by_addition,  ///< v21 with each wgmma descriptor its tile's base plus a constant
+  v24_causal_l2_sections,       ///< v23 with the causal list in head sections that share L2
 };
 
 constexpr Step kAllSteps[] = {Step::v1_tma,         Step::v2_wgmma,       Step::v3_warp_specialized,
@@ -73,7 +75,8 @@ constexpr Step kAllSteps[] = {Step::v1_tma,         Step::v2_wgmma,       Step::
                               Step::v16_causal_grid, Step::v17_causal_key_blocks,
                               Step::v18_causal_blocks_registers, Step::v19_causal_grid_wide_blocks,
                               Step::v20_exp_one_in_eight, Step::v21_softmax_chains,
-                              Step::v22_three_consumers_chains, Step::v23_descriptors_by_addition};
+                              Step::v22_three_consumers_chains, Step::v23_descriptors_by_addition,
+                              Step::v24_causal_l2_sections};
 
 /// True for the steps that compute in E4M3 (their inputs go through fp8_prepare first).
 constexpr bool step_is_fp8(Step s) {
@@ -86,7 +89,7 @@ const char* step_name(Step s);
 bool parse_step(const std::string& text, Step* out);
 
 /// Whether step `s` has a kernel for this problem (head dim, dtype, d == dv); the
-/// reason when not. Steps 2-7 are built for d = 128, steps 1, 8-13, 15, 16, 18, 21 and 23 for d in {64, 128, 256}, steps 14, 17, 20 and 22 for d = 64, step 19 for d = 128 and 256.
+/// reason when not. Steps 2-7 are built for d = 128, steps 1, 8-13, 15, 16, 18, 21, 23 and 24 for d in {64, 128, 256}, steps 14, 17, 20 and 22 for d = 64, step 19 for d = 128 and 256.
 bool step_supports(Step s, const Problem& p, std::string* why = nullptr);
 
 /// True when this binary carries the sm_90a kernels and the current GPU is sm_90;

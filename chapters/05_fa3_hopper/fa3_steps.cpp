@@ -30,6 +30,7 @@ const char* step_name(Step s) {
     case Step::v21_softmax_chains: return "v21 row reductions in four chains";
     case Step::v22_three_consumers_chains: return "v22 three consumers, reductions in chains";
     case Step::v23_descriptors_by_addition: return "v23 descriptors by addition";
+    case Step::v24_causal_l2_sections: return "v24 causal tiles in L2 sections";
   }
   return "?";
 }

@@ -84,6 +84,27 @@ ATTN_HD void tile_coords(int t, int n_qtiles, int bh_count, bool causal, int* m_
   }
 }
 
+/// The causal list of step 24: the heads in sections whose K and V fit in `l2_bytes` of L2
+/// together, each section's tiles longest first (as tile_coords orders them all), the
+/// sections one after the other. tile_coords' causal list runs every head's last tile first,
+/// so the blocks running at the same time read the K and V of every head at once (at d = 64,
+/// N = 8K, B = 2, H = 32: 64 heads of 2 MB); a section's heads fit (16 of them in 32 MB).
+/// The last section may hold fewer heads. Non-causal lists are tile_coords' (head by head).
+ATTN_HD int l2_section_heads(int nk, int d, int elem_bytes, int l2_bytes) {
+  const long per_head = long(nk) * d * elem_bytes * 2;  // K and V of one head
+  const long n = per_head > 0 ? l2_bytes / per_head : 1;
+  return n < 1 ? 1 : int(n);
+}
+
+ATTN_HD void tile_coords_sections(int t, int n_qtiles, int bh_count, bool causal, int section, int* m_block, int* bh) {
+  if (!causal) return tile_coords(t, n_qtiles, bh_count, causal, m_block, bh);
+  const int first = t / (section * n_qtiles) * section;  // the section's first head
+  const int heads = min_of(section, bh_count - first);   // its heads
+  const int u = t - first * n_qtiles;                     // the tile's place in its section
+  *bh = first + u % heads;
+  *m_block = n_qtiles - 1 - u / heads;
+}
+
 // ----------------------------------------------------------------------------- fp8 key order
 //
 // In an fp8 wgmma with A from registers, thread t of a quad holds the A columns

@@ -60,5 +60,6 @@ namespace v20 { PreparedStep prepare(const StepArgs& a); }
 namespace v21 { PreparedStep prepare(const StepArgs& a); }
 namespace v22 { PreparedStep prepare(const StepArgs& a); }
 namespace v23 { PreparedStep prepare(const StepArgs& a); }
+namespace v24 { PreparedStep prepare(const StepArgs& a); }
 
 }  // namespace attn::ch05

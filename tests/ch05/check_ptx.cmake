@@ -101,3 +101,5 @@ require(v21_softmax_chains.ptx "wgmma.mma_async.sync.aligned.m64n192k16;wgmma.mm
 require(v22_three_consumers_chains.ptx "wgmma.mma_async.sync.aligned.m64n128k16;setmaxnreg.inc.sync.aligned.u32 160;ex2.approx")
 # v23: v21 with the descriptors moved by addition (the key blocks of v18 and v21: 192, 176, 80).
 require(v23_descriptors_by_addition.ptx "wgmma.mma_async.sync.aligned.m64n192k16;wgmma.mma_async.sync.aligned.m64n176k16;wgmma.mma_async.sync.aligned.m64n80k16;setmaxnreg")
+# v24: v23's kernel with the causal list in L2 sections (only the walk's order differs).
+require(v24_causal_l2_sections.ptx "wgmma.mma_async.sync.aligned.m64n192k16;wgmma.mma_async.sync.aligned.m64n176k16;wgmma.mma_async.sync.aligned.m64n80k16;setmaxnreg")

@@ -271,6 +271,20 @@ TEST_CASE("step 23 (wgmma descriptors moved by addition) at awkward shapes, ever
   check_step(Step::v23_descriptors_by_addition, shape().heads(2).n(500).d(256).dtype(DType::bf16), Dist::outliers);
 }
 
+TEST_CASE("step 24 (causal tiles in L2 sections) at awkward shapes, every head dim, bf16 and fp16") {
+  require_hopper();
+  for (int d : {64, 128, 256})
+    for (DType t : {DType::bf16, DType::f16}) {
+      CAPTURE(d);
+      awkward_shapes(Step::v24_causal_l2_sections, d, t);
+    }
+  // Several sections, the last one short: at N = 8K and d = 256 a head's K and V are 8 MB, so a
+  // section of 32 MB holds 4 heads and 2 x 5 heads make sections of 4, 4 and 2.
+  check_step(Step::v24_causal_l2_sections, shape().batch(2).heads(5).n(8192).d(256).causal().dtype(DType::bf16));
+  check_step(Step::v24_causal_l2_sections, shape().batch(3).heads(8, 4).n(2100).d(64).causal().dtype(DType::bf16));
+  check_step(Step::v24_causal_l2_sections, shape().heads(4).n(700, 1000).d(128).causal().dtype(DType::f16));
+}
+
 TEST_CASE("step 13's tile counter is back at zero after every launch") {
   // The third of three launches of one prepared kernel, each with the outputs poisoned
   // first: a counter left past zero would leave tiles unwritten (NaN) or skip them.

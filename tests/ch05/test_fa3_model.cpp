@@ -128,6 +128,40 @@ TEST_CASE("the persistent snake gives every tile to exactly one block and balanc
   CHECK(double(most) / (double(total) / ctas) < 1.05);
 }
 
+TEST_CASE("step 24's causal list: every tile once, sections of heads one after the other, longest first in each") {
+  // d = 64, N = 8K, bf16: 2 MB of K and V a head, so 16 heads in 32 MB; 70 heads leave a last
+  // section of 6. Non-causal lists are tile_coords' own.
+  const int n_qtiles = 64, bh = 70, n_tiles = n_qtiles * bh;
+  const int section = l2_section_heads(8192, 64, 2, 32 << 20);
+  REQUIRE(section == 16);
+  CHECK(l2_section_heads(1 << 20, 256, 2, 32 << 20) == 1);  // one head larger than the budget
+  std::vector<int> seen(n_tiles, 0);
+  int prev_m = n_qtiles, prev_first = 0;
+  for (int t = 0; t < n_tiles; ++t) {
+    int m, h;
+    tile_coords_sections(t, n_qtiles, bh, true, section, &m, &h);
+    REQUIRE(m >= 0);
+    REQUIRE(m < n_qtiles);
+    REQUIRE(h >= 0);
+    REQUIRE(h < bh);
+    ++seen[h * n_qtiles + m];
+    const int first = h / section * section;
+    CHECK(first >= prev_first);                       // sections in order
+    if (first == prev_first) CHECK(m <= prev_m);      // longest first inside one
+    else CHECK(m == n_qtiles - 1);                    // a new section starts with its longest tiles
+    prev_first = first;
+    prev_m = m;
+  }
+  CHECK(std::count(seen.begin(), seen.end(), 1) == n_tiles);
+  for (int t = 0; t < 200; ++t) {
+    int m1, h1, m2, h2;
+    tile_coords_sections(t, n_qtiles, bh, false, section, &m1, &h1);
+    tile_coords(t, n_qtiles, bh, false, &m2, &h2);
+    CHECK(m1 == m2);
+    CHECK(h1 == h2);
+  }
+}
+
 TEST_CASE("kv_blocks: visible blocks and the ones that need a mask") {
   // Square causal, Br = 128, Bc = 128: tile m sees blocks 0..m and masks only block m.
   for (int m = 0; m < 8; ++m) {
