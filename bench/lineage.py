@@ -733,6 +733,9 @@ class Bench:
     GPU_S = {"01": (7.2e-14, 0.0), "03": (1.04e-13, 2.75e-13), "04": (1.02e-13, 2.3e-14), "05": (2.8e-14, 1.55e-13)}
     BWD_CHECK_FLOP_S = 3.8e10
     PEERS_INIT_S = 0.5  # the first peer: PyTorch's CUDA start (the imports, 15-20 s, run in the background)
+    # the full sweep starts at N = 512, where our first launches (about 6 s) hide only part of the imports:
+    # its first peer call took 17.9 s at 18:41 UTC
+    PEERS_INIT_FULL_S = 12.0
 
     def row_s(self, c, pss="fwd"):
         return self.ROW_S.get(c, self.ROW_S_DEFAULT)[0 if pss == "fwd" else 1]
@@ -790,7 +793,7 @@ class Bench:
                 if compiles:
                     est += {"flex": (4.0 if bwd else 2.0), "fa4": (5.5 if bwd else 2.6)}[p] + (1.0 if first else 0)
                 if not self._peers_init_counted:
-                    est += self.PEERS_INIT_S
+                    est += self.PEERS_INIT_S if (self.a.quick or self.a.n) else self.PEERS_INIT_FULL_S
                     self._peers_init_counted = True
                 tasks.append(Task("peer", "%s %s %s" % (p, "bwd" if bwd else "fwd", label), est,
                                   lambda p=p, bwd=bwd: self.peer_task(p, d, n, causal, bwd)))
@@ -814,14 +817,20 @@ class Bench:
         if "02" in self.chapters:
             for sn in ([32768] if q else [4096, 32768]):  # short and long rows (6 s a launch)
                 extras.append(Task("ours", "ch02 softmax, rows of %d" % sn, 6, lambda sn=sn: self.softmax_task(sn)))
+        ring = []
         if "06" in self.chapters:
             masks = ["--no-model"] + (["--mask", "causal"] if q else [])
-            for sub, extra in (("mask", masks), ("gqa", []), ("mla", []), ("ring", []))[:2 if q else 4]:
-                # the mask part runs every variant (about 5 s each: 6.3 s for causal alone at 15:01) unless
-                # --quick asks for causal only
-                est = (7 if q else 50) if sub == "mask" else 8
-                extras.append(Task("ours", "ch06 %s" % sub, est, lambda sub=sub, extra=extra:
-                                   self.ch06_task(sub, 128, 8192, sub != "mask", extra)))
+            # the ring on P = 4 virtual ranks of one GPU (--backend streams): its default backend is
+            # CPU threads, which took 132 s at the papers' shape on the H200's host (18:41 UTC) and
+            # reports no GPU row; it runs last, after every shape (a multi-GPU algorithm on one GPU)
+            for sub, extra in (("mask", masks), ("gqa", []), ("mla", []),
+                               ("ring", ["--backend", "streams", "--no-decode"]))[:2 if q else 4]:
+                # the mask part runs every variant (44 s at 18:41 UTC; 6.0 s for causal alone at 18:35)
+                # unless --quick asks for causal only
+                est = {"mask": 7 if q else 50, "ring": 15}.get(sub, 8)
+                (ring if sub == "ring" else extras).append(
+                    Task("ours", "ch06 %s" % sub, est, lambda sub=sub, extra=extra:
+                         self.ch06_task(sub, 128, 8192, sub != "mask", extra)))
         self._no_bwd = bool(self.a.no_backward)
         if self.a.n or self.a.d or self.a.mask != "both":
             # the shapes asked for: every chapter that runs them (chapter 03 up to N = 2K, non-causal)
@@ -855,7 +864,7 @@ class Bench:
             tasks += self.attention_group(d, n, causal, chs, peers, peers_bwd)
             if (d, n, causal) == (128, 8192, False):  # after the peers at the papers' shape, which they reuse
                 tasks += extras
-        return tasks
+        return tasks + ring
 
     # The full sweep's choices, where a shape costs more than it teaches:
     # the backward at these (d, N) only: its fp64 check grows as N^2 (23 s a launch at 16K; ask for
