@@ -151,6 +151,7 @@ def main():
     ap.add_argument("--batch", type=int, help="default 16384 / N")
     ap.add_argument("--launches", type=int, default=3, help="launches of each kernel (the median is kept)")
     ap.add_argument("--no-peer", action="store_true", help="our kernels only")
+    ap.add_argument("--no-ours", action="store_true", help="the peers' kernels only")
     ap.add_argument("--peers", default="cudnn", help="peers to profile after ours: cudnn, fa4 (comma-separated)")
     ap.add_argument("--timeout", type=int, default=60, help="seconds for our kernels' profiler run")
     ap.add_argument("--peer-timeout", type=int, default=60, help="seconds for each peer's profiler run")
@@ -170,7 +171,7 @@ def main():
     # each over one process launching every step built for the shape (`--step all`); the regex
     # profiles the chosen ones. A process start under the profiler costs about 2 s.
     rows, per_shape = [], []
-    for d, c, steps, h in shapes:
+    for d, c, steps, h in ([] if a.no_ours else shapes):
         cmd = [a.bin, "--n", str(a.n), "--batch", str(b), "--heads", str(h), "--kv-heads", str(h), "--d", str(d),
                "--step", "all", "--no-fp8-table", "--no-backward", "--launch-only", str(a.launches)]
         regex = "4ch05(" + "|".join(f"{len('v' + str(st))}v{st}" for st in steps) + r")[0-9]+_GLOBAL.*6kernelI"
@@ -179,6 +180,8 @@ def main():
         rows += got
         if a.profile:
             print_profile(f"d={d}{' causal' if c else ''}", got)
+    if a.no_ours:
+        per_shape = [[] for _ in shapes]
     if a.profile:
         for peer in ([] if a.no_peer else [x for x in a.peers.split(",") if x]):
             label, script = PEERS[peer]
