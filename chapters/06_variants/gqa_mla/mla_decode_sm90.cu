@@ -40,12 +40,14 @@
 //                   the matching bar.sync (it does order a store before bar.arrive with a load
 //                   after bar.sync: "P full" is never reported).
 //   kReleaseSync    barrier.sync "P empty" once warpgroup 1's own P_j V_j and its refill of
-//                   the stage are done: the variant racecheck can follow (--tile64 wgmma-sync).
+//                   the stage are done (--tile64 wgmma-sync), the variant meant for racecheck.
 //                   Both warpgroups wait at it from different instructions, so it is the
 //                   form without .aligned (barrier_unaligned.cuh; two bar.sync made synccheck
-//                   report "Divergent thread(s) in block"). It makes warpgroup 0 wait for
-//                   warpgroup 1's P V and refill before it may write P_{j+1}: up to 4% slower
-//                   (rounds of 17:25 and 17:56 UTC, 2026-12-01).
+//                   report "Divergent thread(s) in block"), on barrier 0 with all 256 threads.
+//                   synccheck: 0 errors; racecheck: 0 hazards with one thread block in the
+//                   launch, WAR reports with several (round of 18:35 UTC, on barrier 2). It
+//                   makes warpgroup 0 wait for warpgroup 1's P V and refill before it may write
+//                   P_{j+1}: up to 4% slower (rounds of 17:25 and 18:02 UTC, 2026-12-01).
 // (An earlier alternative, P in the k_rope box of its own stage, released through the
 // ring's mbarriers, was also flagged by racecheck and ran 9-11% slower: rounds of 15:08 and
 // 15:34 UTC, 2026-12-01.)
