@@ -8,8 +8,7 @@
 ///        for paged K/V only; `gpu::v6::launch` (steps/v6_lazy_rescale.cu) and
 ///        `gpu::v7::launch` (steps/v7_tma_pages.cu), `gpu::v8::launch`
 ///        (steps/v8_empty_barriers.cu), `gpu::v9::launch` (steps/v9_keys_as_rows.cu) and
-///        `gpu::v10::launch` (steps/v10_four_blocks.cu) and `gpu::v11::launch`
-///        (steps/v11_early_release.cu), for 8-bit pages only; `gpu::v12::launch`
+///        `gpu::v10::launch` (steps/v10_four_blocks.cu), for 8-bit pages only; `gpu::v12::launch`
 ///        (steps/v12_one_trip_merge.cu), for bf16 pages.
 #pragma once
 
@@ -91,14 +90,6 @@ using v7::kMinPageSize;
 template <int D, class Kv>
 void launch(const DecodeParams& p, const Kv& kv, const CodeMaps& maps, int batch, int kv_heads);
 }  // namespace v10
-
-namespace v11 {
-using v7::CodeMaps;
-using v7::kMinPageSize;
-/// v10 with each stage refilled as soon as every warp holds its codes; 8-bit pages only.
-template <int D, class Kv>
-void launch(const DecodeParams& p, const Kv& kv, const CodeMaps& maps, int batch, int kv_heads);
-}  // namespace v11
 
 namespace v12 {
 /// v5 with the last split's merge loading everything in one round trip; bf16 pages only.

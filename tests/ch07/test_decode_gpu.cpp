@@ -17,7 +17,7 @@ using namespace attn::ch07;
 namespace {
 
 /// Runs every kernel on the batch and checks each against the reference: v1 for a
-/// split count of 1, v2-v6 and v12 (or the kernels given) for the others (v4-v11 paged only, v6-v11
+/// split count of 1, v2-v6 and v12 (or the kernels given) for the others (v4-v10 and v12 paged only, v6-v10
 /// 8-bit only); an 8-bit batch paged only, after its
 /// device scales are compared with the host's.
 const std::vector<DecodeKernel> kSteps1to6 = {DecodeKernel::v1, DecodeKernel::v2, DecodeKernel::v3, DecodeKernel::v4,
@@ -43,8 +43,7 @@ void check_kernels(const DecodeBatch& b, const std::vector<int>& splits, Dist di
       for (DecodeKernel k : kernels) {
         if ((k == DecodeKernel::v1) != (s == 1)) continue;
         const bool eight_bit_only = k == DecodeKernel::v6 || k == DecodeKernel::v7 || k == DecodeKernel::v8 ||
-                                    k == DecodeKernel::v9 || k == DecodeKernel::v10 ||
-                                    k == DecodeKernel::v11;
+                                    k == DecodeKernel::v9 || k == DecodeKernel::v10;
         const bool pages_only = eight_bit_only || k == DecodeKernel::v4 || k == DecodeKernel::v5 || k == DecodeKernel::v12;
         if (pages_only && layout == KvLayout::contiguous) continue;
         if (eight_bit_only && !kv_quantised(b.kv_dtype)) continue;
@@ -252,11 +251,10 @@ TEST_CASE("v6 skips only multiplies by exactly 1: its output is v5's, bit for bi
   }
 }
 
-TEST_CASE("v7-v11 (8-bit pages by TMA): page sizes 8, 16, 64, 256, ragged lengths, B = 1 and B = 33, GQA and MQA") {
+TEST_CASE("v7-v10 (8-bit pages by TMA): page sizes 8, 16, 64, 256, ragged lengths, B = 1 and B = 33, GQA and MQA") {
   // Its own test case, last: a TMA or mbarrier fault shows here without taking the others with it.
-  // v9-v11 (8 heads per block, from v7) also at G = 1, 4, 8, 16 and 32: one, two and four blocks per KV head.
-  const std::vector<DecodeKernel> v7 = {DecodeKernel::v7, DecodeKernel::v8, DecodeKernel::v9, DecodeKernel::v10,
-                                        DecodeKernel::v11};
+  // v9 and v10 (8 heads per block, from v7) also at G = 1, 4, 8, 16 and 32: one, two and four blocks per KV head.
+  const std::vector<DecodeKernel> v7 = {DecodeKernel::v7, DecodeKernel::v8, DecodeKernel::v9, DecodeKernel::v10};
   for (KvDtype t : {KvDtype::fp8, KvDtype::int8}) {
     CAPTURE(kv_dtype_name(t));
     for (int P : {8, 16, 64, 256}) {
@@ -267,7 +265,7 @@ TEST_CASE("v7-v11 (8-bit pages by TMA): page sizes 8, 16, 64, 256, ragged length
     }
     check_kernels(with_kv(build_batch(16, 4, 128, 16, {900, 31, 1, 257}, 0, 7), t), {5}, Dist::outliers, 7, false, v7);
     check_kernels(with_kv(build_batch(8, 2, 128, 16, {100, 1, 64, 65}, 0, 8), t), {16, 64}, Dist::normal, 7, false, v7);
-    const std::vector<DecodeKernel> v9 = {DecodeKernel::v9, DecodeKernel::v10, DecodeKernel::v11};
+    const std::vector<DecodeKernel> v9 = {DecodeKernel::v9, DecodeKernel::v10};
     for (int G : {1, 8, 16, 32}) {
       CAPTURE(G);
       check_kernels(with_kv(build_batch(G * 2, 2, 128, 16, {1500, 17, 8}, 0, 9), t), {3}, Dist::outliers, 7, false, v9);
@@ -291,14 +289,12 @@ TEST_CASE("v7-v11 (8-bit pages by TMA): page sizes 8, 16, 64, 256, ragged length
     const GpuDecodeOutput again = gpu.run(k, 9, KvLayout::paged);  // after many timed steps
     CHECK(again.o == v6.o);
   }
-  // v10 is v9 under a tighter register budget, and v11 v10 with the stage released earlier:
-  // the same arithmetic, so the same bits; also after timed steps (the arrival counters and
-  // mbarrier phases start afresh).
+  // v10 is v9 under a tighter register budget: the same arithmetic, so the same bits; also
+  // after timed steps (the arrival counters and mbarrier phases start afresh).
   const GpuDecodeOutput v9 = gpu.run(DecodeKernel::v9, 9, KvLayout::paged);
   CHECK(gpu.time_ms(DecodeKernel::v9, 9, KvLayout::paged) > 0);
   CHECK(gpu.time_ms(DecodeKernel::v10, 9, KvLayout::paged) > 0);
-  CHECK(gpu.time_ms(DecodeKernel::v11, 9, KvLayout::paged) > 0);
-  for (DecodeKernel k : {DecodeKernel::v9, DecodeKernel::v10, DecodeKernel::v11}) {
+  for (DecodeKernel k : {DecodeKernel::v9, DecodeKernel::v10}) {
     CAPTURE(kernel_name(k));
     const GpuDecodeOutput out = gpu.run(k, 9, KvLayout::paged);
     CHECK(out.o == v9.o);
@@ -312,7 +308,6 @@ TEST_CASE("v7-v11 (8-bit pages by TMA): page sizes 8, 16, 64, 256, ragged length
   CHECK_THROWS_AS(g4.run(DecodeKernel::v8, 2, KvLayout::paged), UsageError);
   CHECK_THROWS_AS(g4.run(DecodeKernel::v9, 2, KvLayout::paged), UsageError);
   CHECK_THROWS_AS(g4.run(DecodeKernel::v10, 2, KvLayout::paged), UsageError);
-  CHECK_THROWS_AS(g4.run(DecodeKernel::v11, 2, KvLayout::paged), UsageError);
 }
 
 TEST_CASE("v12 (the merge in one round trip): equal to v5 within rounding, and its fallback for many splits") {

@@ -6,7 +6,7 @@
 //   steps/v3_fused_combine.cu       v3: the merge done by the last split to finish, in the same kernel
 //   steps/v4_codes_to_fragments.cu  v4: 8-bit codes straight from the stage into MMA fragments
 //   steps/v5_table_lookahead.cu     v5: block-table entries fetched ahead of the loads that need them
-//   steps/v6_lazy_rescale.cu .. v11  the 8-bit steps (v6-v11: see their headers)
+//   steps/v6_lazy_rescale.cu .. v10  the 8-bit steps (v6-v10: see their headers)
 //   steps/v12_one_trip_merge.cu     <- this file: v12, the last split's merge with its loads in one round trip
 //
 // At B = 1 a step costs 11.5 us more than its bytes at the stream's 4.4 TB/s (NOTES.md: the
