@@ -153,6 +153,27 @@ TEST_CASE("step 24's causal list: every tile once, sections of heads one after t
     prev_m = m;
   }
   CHECK(std::count(seen.begin(), seen.end(), 1) == n_tiles);
+  // Why v24 lost on the H200 (README): v7's static snake over the sections balances badly. d = 128,
+  // N = 8K, B = 2, H = 16, Bc = 176: the busiest of 132 blocks gets 1.006x the mean work over the
+  // old list and about 1.3x over sections of 8 heads.
+  auto imbalance = [](bool sections) {
+    const int nq_t = 64, heads = 32, ctas = 132, sec = l2_section_heads(8192, 128, 2, 32 << 20);
+    std::vector<long> work(ctas, 0);
+    for (int c = 0; c < ctas; ++c)
+      for (int round = 0;; ++round) {
+        const int t = snake_tile(c, round, ctas);
+        if (t >= nq_t * heads) break;
+        int m, h;
+        if (sections) tile_coords_sections(t, nq_t, heads, true, sec, &m, &h);
+        else tile_coords(t, nq_t, heads, true, &m, &h);
+        work[c] += kv_blocks(m, kBr, 176, 8192, 8192, true).n_max;
+      }
+    long total = 0;
+    for (long w : work) total += w;
+    return double(*std::max_element(work.begin(), work.end())) / (double(total) / ctas);
+  };
+  CHECK(imbalance(false) < 1.01);
+  CHECK(imbalance(true) > 1.25);
   for (int t = 0; t < 200; ++t) {
     int m1, h1, m2, h2;
     tile_coords_sections(t, n_qtiles, bh, false, section, &m1, &h1);

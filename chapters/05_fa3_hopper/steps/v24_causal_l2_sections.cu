@@ -34,8 +34,15 @@
 // whose 192-row tiles read K and V two thirds as often: 50% and 25%); unmasked problems,
 // walked head by head, lose less to FA4 than causal ones at every head dim (0.91 against
 // 0.81 at d = 64 at 15:36). With sections of 16 heads (32 MB) the blocks running together
-// share their K and V in L2. A section's last tiles are short, but the next section's long
-// ones follow them; only the last section's tail is the list's.
+// share their K and V in L2.
+//
+// Measured (H200, 2026-12-01 18:39 UTC, Nsight Compute, one launch each): a loss. d = 64 causal
+// 1351.2 us against v23's 1267.9 (-6.5%, predicted +4%), d = 128 causal 1043.5 against 878.0
+// (-19%). v7's snake deals the list out statically, and a round of 132 entries of a section
+// spans several query positions, one section's short tail next to the next one's long tiles:
+// the busiest block gets 1.10x the mean work at d = 64, 1.30x at d = 128, 1.69x at d = 256,
+// against 1.002-1.006x over the old list (CPU arithmetic; test_fa3_model.cpp). Sections need
+// tiles taken on demand (v13's counter), as FA3 takes them.
 #include <string>
 
 #include "common/cuda/check.cuh"
