@@ -43,7 +43,7 @@
 //                   the stage are done (--tile64 wgmma-sync), the variant meant for racecheck.
 //                   Both warpgroups wait at it from different instructions, so it is the
 //                   form without .aligned (barrier_unaligned.cuh; two bar.sync made synccheck
-//                   report "Divergent thread(s) in block"), on barrier 0 with all 256 threads.
+//                   report "Divergent thread(s) in block").
 //                   synccheck: 0 errors; racecheck: 0 hazards with one thread block in the
 //                   launch, WAR reports with several (round of 18:35 UTC, on barrier 2). It
 //                   makes warpgroup 0 wait for warpgroup 1's P V and refill before it may write
@@ -104,9 +104,6 @@ static_assert(kQBytes % 1024 == 0 && kStageBytes % 1024 == 0, "TMA's 128-byte sw
 static_assert(kBytes <= 227 * 1024, "one block per SM");
 // Named barriers between the two warpgroups (0 is __syncthreads): P_j written, P_j read.
 constexpr int kBarPFull = 1, kBarPEmpty = 2;
-// The wgmma-sync variant meets at "P empty" on barrier 0 (all 256 threads of the block, as
-// __syncthreads(), which racecheck follows best), without .aligned.
-constexpr int kBarPEmptySync = 0;
 constexpr int kEmptyArrivals = 8;  // lane 0 of every warp releases a stage
 
 __device__ __forceinline__ unsigned char* align_1024(unsigned char* p) {
@@ -219,7 +216,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int q = 0; q < kBc / 4; ++q) pr[q] = pack2<bf16>(s[2 * q], s[2 * q + 1]);
       // P_i and alpha_i to warpgroup 1 (it has read P_{i-1} once "P empty" completes).
       if (i > 0) {
-        if constexpr (kRelease == kReleaseSync) named_barrier_sync_unaligned(kBarPEmptySync, kThreads);
+        if constexpr (kRelease == kReleaseSync) named_barrier_sync_unaligned(kBarPEmpty, kThreads);
         else named_barrier_sync(kBarPEmpty, kThreads);
       }
 #pragma unroll
@@ -294,7 +291,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       __syncwarp();  // warp 0 whole again after its lane 0 was the producer: bar.sync wants the whole warp
       // P_j was read (its values are in this thread's registers and P_j V_j is complete):
       // warpgroup 0 may write P_{j+1}, after its softmax of block j + 1.
-      if (kRelease == kReleaseSync && i + 1 < n) named_barrier_sync_unaligned(kBarPEmptySync, kThreads);
+      if (kRelease == kReleaseSync && i + 1 < n) named_barrier_sync_unaligned(kBarPEmpty, kThreads);
     }
   }
 
