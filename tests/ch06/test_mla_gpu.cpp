@@ -85,7 +85,7 @@ TEST_CASE("MLA absorbed decode kernel: the 64-row tile on wgmma + TMA (both rele
   for (const MlaShape& s : cases) {
     const MlaInputs in = make_mla_inputs(s, Dist::normal, 7);
     const Oracle oracle(s, in);
-    for (int tile64 : {kTile64Wgmma, kTile64WgmmaSync, kTile64Mma}) {
+    for (int tile64 : {kTile64Wgmma, kTile64WgmmaSync, kTile64WgmmaBlock, kTile64Mma}) {
       if (tile64 != kTile64Mma && !hopper) continue;
       for (int splits : {0, 1, 3}) {
         const MlaGpuResult g = mla_absorb_gpu(s, in, splits, false, 0, tile64);
@@ -94,7 +94,9 @@ TEST_CASE("MLA absorbed decode kernel: the 64-row tile on wgmma + TMA (both rele
         CAPTURE(splits);
         // the kernel asked for is the kernel that ran
         CHECK((g.what.find("wgmma") != std::string::npos) == (tile64 != kTile64Mma));
-        CHECK((g.what.find("bar.sync") != std::string::npos) == (tile64 == kTile64WgmmaSync));
+        CHECK((g.what.find("bar.sync") != std::string::npos) ==
+              (tile64 == kTile64WgmmaSync || tile64 == kTile64WgmmaBlock));
+        CHECK((g.what.find("barrier 0") != std::string::npos) == (tile64 == kTile64WgmmaBlock));
         CHECK(oracle.pass(g.o, s.output().o_elems()));
       }
     }
@@ -115,7 +117,15 @@ TEST_CASE("MLA combine: the columns in 4, 8 and 16 parts, one range to many, a d
         CAPTURE(g.what);
         CAPTURE(splits);
         if (parts != 0) CHECK(g.what.find("combine in " + std::to_string(parts) + " parts") != std::string::npos);
+        // up to 8 ranges in 4 parts: the few-ranges form (one round trip)
+        if (parts == 4) CHECK((g.what.find("one trip") != std::string::npos) == (g.splits <= 8));
         CHECK(oracle.pass(g.o, s.output().o_elems()));
+        // the general form on the same ranges
+        if (parts == 4 && g.splits <= 8) {
+          const MlaGpuResult gg = mla_absorb_gpu(s, in, splits, false, 0, kTile64Wgmma, kCombineGeneral, parts, pdl);
+          CHECK(gg.what.find("one trip") == std::string::npos);
+          CHECK(oracle.pass(gg.o, s.output().o_elems()));
+        }
       }
   }
   // only 4, 8 or 16

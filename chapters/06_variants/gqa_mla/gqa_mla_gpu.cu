@@ -315,9 +315,11 @@ MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool 
   const int per_tile = rows <= mla::kRowsSmall ? mla::kRowsSmall : mla::kRowsLarge;
   // The 64-row tile: wgmma + TMA (mla_decode_sm90.cu) where the GPU is sm_90 and the
   // binary carries the Hopper kernels, unless mma.sync is asked for; mma.sync elsewhere.
-  const bool wgmma = per_tile == mla::kRowsLarge && (tile64 == kTile64Wgmma || tile64 == kTile64WgmmaSync) &&
+  const bool wgmma = per_tile == mla::kRowsLarge && tile64 != kTile64Mma &&
                      hopper_ready(nullptr);
-  const int release = tile64 == kTile64WgmmaSync ? mla::kReleaseSync : mla::kReleaseArrive;
+  const int release = tile64 == kTile64WgmmaSync    ? mla::kReleaseSync
+                      : tile64 == kTile64WgmmaBlock ? mla::kReleaseBlock
+                                                    : mla::kReleaseArrive;
   const int tiles = ceil_div(rows, per_tile), nblocks = ceil_div(s.nk, mla::keys_per_block(per_tile, variant));
   // Split-K: whole waves of (tile, range, sequence) blocks (mla_pick_splits(), mla_model.hpp).
   if (splits <= 0)
@@ -337,6 +339,7 @@ MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool 
   p.scale_log2 = float(s.scale() * kLog2e);
   p.combine_parts = combine_parts;
   p.pdl = pdl;
+  p.combine_general = combine == kCombineGeneral;
   // The fused combine: the mma.sync kernels, at most kFuseMaxSplits ranges (mla_decode.cuh).
   const bool fused = !wgmma && combine == kCombineFused && splits <= mla::kFuseMaxSplits;
   DeviceBuffer<int> counters(fused ? std::size_t(s.batch) * tiles : 1);
@@ -380,8 +383,12 @@ MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool 
            (per_tile == mla::kRowsSmall ? std::string(", ") + mla::small_variant_name(variant)
                                         : std::string(!wgmma                          ? ", mma.sync"
                                                       : release == mla::kReleaseSync ? ", wgmma, P released by bar.sync"
+                                                      : release == mla::kReleaseBlock
+                                                          ? ", wgmma, P released by bar.sync on barrier 0"
                                                                                      : ", wgmma")) +
-           (fused ? "), fused combine" : "), combine in " + std::to_string(mla::combine_parts(p, sm_count())) + " parts") +
+           (fused ? "), fused combine"
+                  : "), combine in " + std::to_string(mla::combine_parts(p, sm_count())) + " parts" +
+                        (mla::combine_one_trip(p, mla::combine_parts(p, sm_count())) ? ", one trip" : "")) +
            (fused || !pdl || !hopper_ready(nullptr) ? "" : " (dependent launch)") + ", W_UV GEMM";
   if (time) {
     r.attn_ms = time_gpu(attend).median_ms;

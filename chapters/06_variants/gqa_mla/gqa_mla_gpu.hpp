@@ -62,12 +62,15 @@ struct MlaGpuResult {
 /// The 64-row tile's kernel: wgmma + TMA (mla_decode_sm90.cu; where hopper_ready(), else
 /// mma.sync) or mma.sync (mla_decode.cu) everywhere. kTile64WgmmaSync is the wgmma kernel
 /// with P released by bar.sync (the variant racecheck follows; mla_decode_sm90.cu's header).
-constexpr int kTile64Wgmma = 0, kTile64Mma = 1, kTile64WgmmaSync = 2;
+/// kTile64WgmmaBlock: the same bar.sync release on barrier 0, all 256 threads of the block.
+constexpr int kTile64Wgmma = 0, kTile64Mma = 1, kTile64WgmmaSync = 2, kTile64WgmmaBlock = 3;
 /// How the key ranges are merged: by the separate combine kernel (the default), or fused into
 /// the mma.sync decode kernel, whose last range of a tile merges them (at most 4 ranges;
 /// otherwise, and on the wgmma tile, the separate kernel). Fused was measured slower on the
 /// H200 (chapter README): the last block's merge is a serial tail.
-constexpr int kCombineSeparate = 0, kCombineFused = 1;
+/// kCombineGeneral: the separate kernel always in its general form (two round trips), not
+/// the few-ranges form it takes for up to 8 ranges in 4 parts (mla_decode.cuh).
+constexpr int kCombineSeparate = 0, kCombineFused = 1, kCombineGeneral = 2;
 /// Absorbed decode. `splits` = 0 picks the split count from the SM count. Timed when `time`.
 /// `small_variant`: the 16-row tile's shape (mla_decode.cuh; 0 is the default); `tile64`:
 /// the 64-row tile's kernel.

@@ -225,6 +225,14 @@ void mla_sweep(Report& rep, const Ceilings& ceil, int tile64, int only_heads, co
                     g4.attn_ms, gb, 100 * gb / ceil.read_gbps.value_or(1));
       rep.notes.push_back(line);
     }
+    // The combine in its general form where it took the few-ranges one (the same process).
+    if (g.what.find("one trip") != std::string::npos) {
+      const MlaGpuResult gg = mla_absorb_bench(s, 0, 0, tile64, kCombineGeneral);
+      const double gb = cost.cache_bytes / (gg.attn_ms * 1e-3) / 1e9;
+      std::snprintf(line, sizeof line, "  general %3d %4d %6d  %6d  %8.4f  %10.1f  %11.1f%%", c.h, c.b, c.nk, gg.splits,
+                    gg.attn_ms, gb, 100 * gb / ceil.read_gbps.value_or(1));
+      rep.notes.push_back(line);
+    }
     // The combine fused into the decode kernel where it can be (the same process).
     if (c.h * s.nq <= 16 && g.splits <= 4) {
       const MlaGpuResult gs = mla_absorb_bench(s, 0, 0, tile64, kCombineFused);
@@ -236,11 +244,12 @@ void mla_sweep(Report& rep, const Ceilings& ceil, int tile64, int only_heads, co
     // The 64-row tile's other kernels on the same case (wgmma against mma.sync, and the
     // wgmma kernel with P released by bar.sync; one process).
     if (c.h * s.nq > 16)
-      for (int other : {kTile64Mma, kTile64Wgmma, kTile64WgmmaSync}) {
+      for (int other : {kTile64Mma, kTile64Wgmma, kTile64WgmmaSync, kTile64WgmmaBlock}) {
         if (other == tile64) continue;
         const MlaGpuResult gv = mla_absorb_bench(s, 0, 0, other);
         const double tv = attn_flops / (gv.attn_ms * 1e-3) / 1e12;
-        const char* name = gv.what.find("bar.sync") != std::string::npos ? "wgmma-sync"
+        const char* name = gv.what.find("barrier 0") != std::string::npos  ? "wgmma-block"
+                           : gv.what.find("bar.sync") != std::string::npos ? "wgmma-sync"
                            : gv.what.find("wgmma") != std::string::npos    ? "wgmma"
                                                                            : "mma";
         std::snprintf(line, sizeof line, "  tile64 %-12s %3d %4d %6d  %6d  %8.4f  %8.1f TFLOP/s  %6.1f%% of GEMM ceil", name,
@@ -465,13 +474,15 @@ int mla_main(int argc, char** argv) {
   cli.add_int("--sweep-splits", &sweep_splits,
               "GPU: also time each sweep row with 1, 2, 4, ... up to this many key ranges (0: none) [0]", 0, 1024);
   std::string tile64 = "wgmma";
-  cli.add_choice("--tile64", &tile64, {"wgmma", "wgmma-sync", "mma"},
+  cli.add_choice("--tile64", &tile64, {"wgmma", "wgmma-sync", "wgmma-block", "mma"},
                  "GPU: the 64-row decode tile's kernel (wgmma + TMA on sm_90, else mma.sync; wgmma-sync: P "
-                 "released by bar.sync, the variant compute-sanitizer's racecheck follows) [wgmma]");
+                 "released by bar.sync, the variant compute-sanitizer's racecheck follows; wgmma-block: the "
+                 "same on barrier 0, all threads of the block) [wgmma]");
   std::string combine = "separate";
-  cli.add_choice("--combine", &combine, {"separate", "fused"},
-                 "GPU: merge the key ranges in a second kernel, or in the decode kernel's last range "
-                 "(mma.sync tiles, at most 4 ranges) [separate]");
+  cli.add_choice("--combine", &combine, {"separate", "fused", "general"},
+                 "GPU: merge the key ranges in a second kernel (one round trip for up to 8 ranges in 4 "
+                 "parts), in the decode kernel's last range (fused: mma.sync tiles, at most 4 ranges), or "
+                 "in the second kernel's general form always (general) [separate]");
   std::string parts = "auto";
   cli.add_choice("--combine-parts", &parts, {"auto", "4", "8", "16"},
                  "GPU: the separate combine's column parts, one thread block each (auto: more while the "
@@ -481,11 +492,15 @@ int mla_main(int argc, char** argv) {
   cli.add_flag("--no-time", &no_time, "GPU: check only, no timing (for compute-sanitizer)");
   return run_chapter(argc, argv, cli, [&](const Options& o) {
     const int v = tile16 == "ring2x2" ? 1 : tile16 == "ring4" ? 2 : 0;
-    const int t64 = tile64 == "mma" ? kTile64Mma : tile64 == "wgmma-sync" ? kTile64WgmmaSync : kTile64Wgmma;
+    const int t64 = tile64 == "mma"           ? kTile64Mma
+                    : tile64 == "wgmma-sync"  ? kTile64WgmmaSync
+                    : tile64 == "wgmma-block" ? kTile64WgmmaBlock
+                                              : kTile64Wgmma;
     std::vector<int> more_splits;
     for (int k = 1; k <= sweep_splits; k *= 2) more_splits.push_back(k);
     return run_mla(o, form, pos0, splits, sweep, no_time, v, t64, sweep_heads,
-                   combine == "fused" ? kCombineFused : kCombineSeparate, more_splits,
+                   combine == "fused" ? kCombineFused : combine == "general" ? kCombineGeneral : kCombineSeparate,
+                   more_splits,
                    parts == "auto" ? 0 : std::stoi(parts), !no_pdl);
   });
 }

@@ -374,6 +374,9 @@ __global__ void __launch_bounds__(S::kThreads, S::kBlocksPerSm) decode_kernel(co
 /// Few rows and many ranges (one sequence, H = 16, 64K keys: 16 rows, 128 ranges) take 16
 /// parts, so that 256 blocks share the 4 MB of partials instead of 64 (launch_combine()).
 constexpr int kCombineMaxWarps = 8;
+/// Few ranges (combine_one_trip(): up to kCombineFewSplits, 4 parts): one warp per (row, part)
+/// loads every range's (m, l) and float4 at once, one round trip to memory, no shared memory;
+/// the general form below reads the maxima first and then the partials, two round trips.
 __global__ void combine_kernel(const DecodeParams p, bf16* o_c, int parts) {
   const int c4n = kDVl / 4 / parts, per = 32 / c4n;  // float4 of a part; ranges a warp reads at once
   __shared__ float4 acc_w[kCombineMaxWarps][32];
@@ -388,6 +391,37 @@ __global__ void combine_kernel(const DecodeParams p, bf16* o_c, int parts) {
   // partials are visible. (Without that launch attribute it returns at once.)
   cudaGridDependencySynchronize();
 #endif
+  if (combine_one_trip(p, parts)) {  // one warp a block (launch_combine())
+    float mv[kCombineFewSplits], lv[kCombineFewSplits];
+    float4 ov[kCombineFewSplits];
+#pragma unroll
+    for (int s = 0; s < kCombineFewSplits; ++s) {
+      if (s >= p.splits) break;
+      const std::size_t a = at(s);
+      mv[s] = p.ml_part[a * 2];
+      lv[s] = p.ml_part[a * 2 + 1];
+      ov[s] = reinterpret_cast<const float4*>(p.o_part + a * kDVl + part * (kDVl / 4))[lane];
+    }
+    float m = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < kCombineFewSplits; ++s)
+      if (s < p.splits) m = fmaxf(m, mv[s]);
+    const float shift = finite_max(m);  // every range empty: weights 2^-inf = 0
+    float l = 0.f;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int s = 0; s < kCombineFewSplits; ++s) {
+      if (s >= p.splits) break;
+      const float wgt = exp2_approx(mv[s] - shift);
+      l += lv[s] * wgt;
+      acc.x += wgt * ov[s].x, acc.y += wgt * ov[s].y, acc.z += wgt * ov[s].z, acc.w += wgt * ov[s].w;
+    }
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    bf16* dst = o_c + (std::size_t(b) * p.rows + row) * kDVl + part * (kDVl / 4) + 4 * lane;
+    *reinterpret_cast<uint2*>(dst) =
+        make_uint2(pack2<bf16>(acc.x * inv, acc.y * inv), pack2<bf16>(acc.z * inv, acc.w * inv));
+    return;
+  }
   float m = -INFINITY;
   for (int s = lane; s < p.splits; s += 32) m = fmaxf(m, p.ml_part[at(s) * 2]);
 #pragma unroll
@@ -536,7 +570,8 @@ void launch_combine(const DecodeParams& p, bf16* o_c) {
     return major >= 9;
   }();
   const int per = 32 / (kDVl / 4 / parts);
-  const int warps = std::min(kCombineMaxWarps, ceil_div(p.splits, per));  // up to 8
+  const int warps = combine_one_trip(p, parts) ? 1  // the few-ranges form
+                                                : std::min(kCombineMaxWarps, ceil_div(p.splits, per));
   // A programmatic dependent launch (sm_90+): the driver may start the combine's blocks once
   // every decode block has called cudaTriggerProgrammaticLaunchCompletion(); each waits in
   // cudaGridDependencySynchronize() for the decode to complete.

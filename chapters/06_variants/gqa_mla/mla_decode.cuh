@@ -29,12 +29,21 @@ struct DecodeParams {
   /// launched while the decode runs and waits for it in cudaGridDependencySynchronize(), so
   /// its launch latency is not added to the step's); false: an ordinary launch after it.
   bool pdl = true;
+  /// launch_combine(): false (the default) takes the few-ranges form where it applies
+  /// (combine_one_trip()); true always takes the general form (two round trips to memory).
+  bool combine_general = false;
   /// The mma.sync decode's ring (set by launch_decode(): early unless ATTN_CH06_MLA_REFILL=late):
   /// every stage filled in the prologue and refilled as soon as its block is done.
   bool early_refill = true;
 };
 /// The part count launch_combine() uses for `p` on a GPU of `sms` SMs.
 int combine_parts(const DecodeParams& p, int sms);
+/// The combine's few-ranges form: up to kCombineFewSplits ranges in 4 parts, one warp per
+/// (row, part) that loads every range's (m, l) and float4 at once (one round trip to memory).
+constexpr int kCombineFewSplits = 8;
+__host__ __device__ inline bool combine_one_trip(const DecodeParams& p, int parts) {
+  return !p.combine_general && p.splits <= kCombineFewSplits && parts == 4;
+}
 /// The most ranges the fused combine merges in one thread block (more: a separate combine).
 constexpr int kFuseMaxSplits = 4;
 
@@ -60,7 +69,8 @@ constexpr int kSm90KeysPerBlock = 64;
 /// How warpgroup 1 hands the single P buffer back to warpgroup 0 (mla_decode_sm90.cu's
 /// header): bar.arrive right after its loads (the default; racecheck reports the reuse, which
 /// the PTX ISA orders), or bar.sync once its own P V is done (the variant racecheck follows).
-constexpr int kReleaseArrive = 0, kReleaseSync = 1;
+/// kReleaseBlock: kReleaseSync on barrier 0, the block's own barrier (all 256 threads).
+constexpr int kReleaseArrive = 0, kReleaseSync = 1, kReleaseBlock = 2;
 int launch_decode_sm90(const DecodeParams& p, int release = kReleaseArrive);
 /// The ⊕ of every row's key ranges: o_c = merged O / l, bf16 [B][rows][512].
 void launch_combine(const DecodeParams& p, __nv_bfloat16* o_c);

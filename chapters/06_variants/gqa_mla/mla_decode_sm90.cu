@@ -48,6 +48,8 @@
 //                   launch, WAR reports with several (round of 18:35 UTC, on barrier 2). It
 //                   makes warpgroup 0 wait for warpgroup 1's P V and refill before it may write
 //                   P_{j+1}: up to 4% slower (rounds of 17:25 and 18:02 UTC, 2026-12-01).
+//   kReleaseBlock   kReleaseSync's barrier.sync on barrier 0 (all 256 threads of the block,
+//                   __syncthreads()'s barrier) instead of barrier 2 (--tile64 wgmma-block).
 // (An earlier alternative, P in the k_rope box of its own stage, released through the
 // ring's mbarriers, was also flagged by racecheck and ran 9-11% slower: rounds of 15:08 and
 // 15:34 UTC, 2026-12-01.)
@@ -104,6 +106,10 @@ static_assert(kQBytes % 1024 == 0 && kStageBytes % 1024 == 0, "TMA's 128-byte sw
 static_assert(kBytes <= 227 * 1024, "one block per SM");
 // Named barriers between the two warpgroups (0 is __syncthreads): P_j written, P_j read.
 constexpr int kBarPFull = 1, kBarPEmpty = 2;
+// kReleaseBlock meets at "P empty" on barrier 0: all 256 threads of the block, the barrier
+// of __syncthreads(), without .aligned (the two warpgroups wait at different instructions).
+template <int kRelease>
+constexpr int bar_p_empty() { return kRelease == kReleaseBlock ? 0 : kBarPEmpty; }
 constexpr int kEmptyArrivals = 8;  // lane 0 of every warp releases a stage
 
 __device__ __forceinline__ unsigned char* align_1024(unsigned char* p) {
@@ -216,7 +222,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int q = 0; q < kBc / 4; ++q) pr[q] = pack2<bf16>(s[2 * q], s[2 * q + 1]);
       // P_i and alpha_i to warpgroup 1 (it has read P_{i-1} once "P empty" completes).
       if (i > 0) {
-        if constexpr (kRelease == kReleaseSync) named_barrier_sync_unaligned(kBarPEmpty, kThreads);
+        if constexpr (kRelease != kReleaseArrive) named_barrier_sync_unaligned(bar_p_empty<kRelease>(), kThreads);
         else named_barrier_sync(kBarPEmpty, kThreads);
       }
 #pragma unroll
@@ -291,7 +297,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       __syncwarp();  // warp 0 whole again after its lane 0 was the producer: bar.sync wants the whole warp
       // P_j was read (its values are in this thread's registers and P_j V_j is complete):
       // warpgroup 0 may write P_{j+1}, after its softmax of block j + 1.
-      if (kRelease == kReleaseSync && i + 1 < n) named_barrier_sync_unaligned(kBarPEmpty, kThreads);
+      if (kRelease != kReleaseArrive && i + 1 < n) named_barrier_sync_unaligned(bar_p_empty<kRelease>(), kThreads);
     }
   }
 
@@ -332,9 +338,12 @@ struct Maps {
 }  // namespace
 
 int launch_decode_sm90(const DecodeParams& p, int release) {
-  if (release != kReleaseSync && release != kReleaseArrive) throw UsageError("launch_decode_sm90: no such release of P");
+  if (release != kReleaseSync && release != kReleaseArrive && release != kReleaseBlock)
+    throw UsageError("launch_decode_sm90: no such release of P");
   static const bool configured = [] {
     CUDA_CHECK(cudaFuncSetAttribute(decode_sm90_kernel<kReleaseSync>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    kBytes));
+    CUDA_CHECK(cudaFuncSetAttribute(decode_sm90_kernel<kReleaseBlock>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     kBytes));
     CUDA_CHECK(cudaFuncSetAttribute(decode_sm90_kernel<kReleaseArrive>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     kBytes));
@@ -351,6 +360,8 @@ int launch_decode_sm90(const DecodeParams& p, int release) {
   const dim3 grid(ceil_div(p.rows, kM), p.splits, p.batch);
   if (release == kReleaseSync)
     decode_sm90_kernel<kReleaseSync><<<grid, kThreads, kBytes>>>(maps.tq, maps.tkv, p);
+  else if (release == kReleaseBlock)
+    decode_sm90_kernel<kReleaseBlock><<<grid, kThreads, kBytes>>>(maps.tq, maps.tkv, p);
   else
     decode_sm90_kernel<kReleaseArrive><<<grid, kThreads, kBytes>>>(maps.tq, maps.tkv, p);
   CUDA_CHECK_LAUNCH("mla decode_sm90_kernel");
