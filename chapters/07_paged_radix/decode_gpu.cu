@@ -30,6 +30,7 @@ const char* kernel_name(DecodeKernel k) {
     case DecodeKernel::v9: return "v9";
     case DecodeKernel::v10: return "v10";
     case DecodeKernel::v12: return "v12";
+    case DecodeKernel::v13: return "v13";
   }
   return "?";
 }
@@ -204,6 +205,7 @@ struct GpuDecoder::Impl {
             if (kernel == DecodeKernel::v8) return gpu::v8::launch<D>(p, kv, code_maps(), b.batch(), b.kv_heads);
             if (kernel == DecodeKernel::v9) return gpu::v9::launch<D>(p, kv, code_maps(), b.batch(), b.kv_heads);
             if (kernel == DecodeKernel::v10) return gpu::v10::launch<D>(p, kv, code_maps(), b.batch(), b.kv_heads);
+            if (kernel == DecodeKernel::v13) return gpu::v13::launch<D>(p, kv, code_maps(), b.batch(), b.kv_heads);
           }
         }
         if (kernel == DecodeKernel::v3) gpu::v3::launch<D>(p, kv, b.batch(), b.kv_heads);
@@ -229,12 +231,12 @@ struct GpuDecoder::Impl {
   void prepare(DecodeKernel kernel, int splits, KvLayout layout) {
     if (splits < 1) throw UsageError("the split count must be >= 1");
     if (kernel == DecodeKernel::v12 && kv_quantised(batch.kv_dtype))
-      throw UsageError("v12 is built for bf16 pages (the 8-bit steps are v6-v10)");
+      throw UsageError("v12 is built for bf16 pages (the 8-bit steps are v6-v10 and v13)");
     if ((kernel == DecodeKernel::v4 || kernel == DecodeKernel::v5 || kernel == DecodeKernel::v12) &&
         layout == KvLayout::contiguous)
       throw UsageError(std::string(kernel_name(kernel)) + " reads paged K/V only");
     const bool tma = kernel == DecodeKernel::v7 || kernel == DecodeKernel::v8 || kernel == DecodeKernel::v9 ||
-                     kernel == DecodeKernel::v10;
+                     kernel == DecodeKernel::v10 || kernel == DecodeKernel::v13;
     if (tma && batch.page_size < gpu::v7::kMinPageSize)
       throw UsageError(std::string(kernel_name(kernel)) + " copies whole pages of at least " + std::to_string(gpu::v7::kMinPageSize) +
                        " tokens (a swizzled TMA box starts on a 1024-byte boundary), got " +
@@ -244,7 +246,7 @@ struct GpuDecoder::Impl {
     if (layout == KvLayout::contiguous) ensure_contiguous();
     if (kernel != DecodeKernel::v1) ensure_partials(splits);
     if (kernel != DecodeKernel::v1 && kernel != DecodeKernel::v2 && !arrivals.size()) {
-      // v9 and v10 take 8 heads per block, the others 16: room for twice head_chunks()' blocks.
+      // v9, v10 and v13 take 8 heads per block, the others 16: room for twice head_chunks()' blocks.
       arrivals = DeviceBuffer<int>(std::size_t(batch.batch()) * batch.kv_heads * 2 * head_chunks(batch.group()));
       arrivals.zero();
     }

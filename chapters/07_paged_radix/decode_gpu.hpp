@@ -19,8 +19,8 @@ enum class KvLayout {
 const char* layout_name(KvLayout l);
 
 /// Which decode step runs.
-/// (v11, a stage refilled before every warp's loads of it had completed, raced and was removed.)
-enum class DecodeKernel { v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v12 };  ///< v4, v5: paged K/V only; v6-v10: 8-bit pages only; v12: bf16 pages only
+/// (v11, a stage refilled without a proxy fence, raced and was removed; v13 is its fenced form.)
+enum class DecodeKernel { v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v12, v13 };  ///< v4, v5: paged K/V only; v6-v10, v13: 8-bit pages only; v12: bf16 pages only
 const char* kernel_name(DecodeKernel k);
 
 struct GpuDecodeOutput {

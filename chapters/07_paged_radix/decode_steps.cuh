@@ -9,7 +9,8 @@
 ///        `gpu::v7::launch` (steps/v7_tma_pages.cu), `gpu::v8::launch`
 ///        (steps/v8_empty_barriers.cu), `gpu::v9::launch` (steps/v9_keys_as_rows.cu) and
 ///        `gpu::v10::launch` (steps/v10_four_blocks.cu), for 8-bit pages only; `gpu::v12::launch`
-///        (steps/v12_one_trip_merge.cu), for bf16 pages.
+///        (steps/v12_one_trip_merge.cu), for bf16 pages; `gpu::v13::launch`
+///        (steps/v13_fenced_release.cu), for 8-bit pages.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (v7)
@@ -96,5 +97,13 @@ namespace v12 {
 template <int D, class Kv>
 void launch(const DecodeParams& p, const Kv& kv, int batch, int kv_heads);
 }  // namespace v12
+
+namespace v13 {
+using v7::CodeMaps;
+using v7::kMinPageSize;
+/// v10 with each stage refilled as soon as every warp holds its codes, behind a proxy fence; 8-bit pages only.
+template <int D, class Kv>
+void launch(const DecodeParams& p, const Kv& kv, const CodeMaps& maps, int batch, int kv_heads);
+}  // namespace v13
 
 }  // namespace attn::ch07::gpu

@@ -234,7 +234,7 @@ int run_sweep(const Options& opt, const DecodeOptions& dopt, const DeviceInfo& d
     b.kv_dtype = c.kv;
     const SplitPlan plan = choose_splits(b, dev.sms);
     const int v2_splits = std::max(2, dopt.splits > 0 ? dopt.splits : plan.splits);
-    // v10 fills four 8-bit blocks per SM: its own plan (the same as v2's where three fill the GPU).
+    // v10 and v13 fill four 8-bit blocks per SM: their own plan (the same as v2's where three fill the GPU).
     const int v10_splits = std::max(2, dopt.splits > 0 ? dopt.splits : choose_splits(b, dev.sms, kV10BlocksPerSm).splits);
     const bool contiguous = c.page_size == 16 && c.kv == KvDtype::bf16 && dopt.sweep_set == "all";
     res.kv_bytes = b.kv_bytes();
@@ -266,7 +266,8 @@ int run_sweep(const Options& opt, const DecodeOptions& dopt, const DeviceInfo& d
         runs.insert(runs.end(), {{DecodeKernel::v7, v2_splits, KvLayout::paged},
                                  {DecodeKernel::v8, v2_splits, KvLayout::paged},
                                  {DecodeKernel::v9, v2_splits, KvLayout::paged},
-                                 {DecodeKernel::v10, v10_splits, KvLayout::paged}});
+                                 {DecodeKernel::v10, v10_splits, KvLayout::paged},
+                                 {DecodeKernel::v13, v10_splits, KvLayout::paged}});
     }
     if (contiguous)
       runs.insert(runs.end(), {{DecodeKernel::v1, 1, KvLayout::contiguous}, {DecodeKernel::v2, v2_splits, KvLayout::contiguous}});
@@ -313,7 +314,8 @@ int run_decode(int argc, char** argv, bool dry = false) {
           "sequence and KV head), v2 (split-K, flash-decoding), v3 (the merge fused), v4 (8-bit codes into\n"
           "MMA fragments), v5 (block table read ahead), v6-v10 (8-bit: lazy rescale, pages by TMA, per-stage\n"
           "empty barriers, keys as the MMA's rows, four blocks per SM), v12 (bf16: the merge in one round\n"
-          "trip), each against the fp64 reference.\n"
+          "trip), v13 (8-bit: each stage refilled once its codes are in registers, behind a proxy fence),\n"
+          "each against the fp64 reference.\n"
           "--nk is the longest cached length; --batch the number of sequences.");
   cli.defaults(defaults).head_dims({64, 128}).dtypes({DType::bf16});
   cli.add_int("--page-size", &dopt.page_size, "tokens per page, a power of two in [1, 256]", 1, 256);
@@ -328,7 +330,7 @@ int run_decode(int argc, char** argv, bool dry = false) {
                  "with --sweep: all (the README's table), b1 (one sequence, 32K-128K) or quant (bf16/fp8/int8)");
   cli.add_choice("--kv-dtype", &dopt.kv_dtype, {"bf16", "fp8", "int8"},
                  "how the cache stores K and V: bf16, or 8-bit codes (E4M3 / INT8) with a scale per page and KV head");
-  cli.add_choice("--since", &dopt.since, {"v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10", "v12"},
+  cli.add_choice("--since", &dopt.since, {"v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10", "v12", "v13"},
                  "run (and time) only this GPU kernel and the later steps, e.g. v7: v7 and v8 (default v1: all)");
   cli.add_flag("--untimed", &dopt.untimed, "run and check each GPU kernel once, without timing it (for a profiler)");
   cli.add_flag("--accuracy", &dopt.accuracy,
@@ -353,7 +355,7 @@ int run_decode(int argc, char** argv, bool dry = false) {
     }
     Report rep;
     rep.chapter = kChapter;
-    rep.title = std::string("decode over a paged KV cache: v1, split-K v2, fused-combine v3, codes-to-fragments v4, table lookahead v5, lazy rescale v6, TMA pages v7, empty barriers v8, keys as rows v9, four blocks v10, one-trip merge v12; K/V ") + kv_dtype_name(kv_dtype);
+    rep.title = std::string("decode over a paged KV cache: v1, split-K v2, fused-combine v3, codes-to-fragments v4, table lookahead v5, lazy rescale v6, TMA pages v7, empty barriers v8, keys as rows v9, four blocks v10, one-trip merge v12, fenced release v13; K/V ") + kv_dtype_name(kv_dtype);
     const auto dev = select_device(opt.device, &rep.mode);
     if (dopt.sweep) {
 #if TUTORIAL_HAVE_CUDA
@@ -444,9 +446,10 @@ int run_decode(int argc, char** argv, bool dry = false) {
                      {"v7 paged, S=" + std::to_string(v2_splits), DecodeKernel::v7, v2_splits, KvLayout::paged},
                      {"v8 paged, S=" + std::to_string(v2_splits), DecodeKernel::v8, v2_splits, KvLayout::paged},
                      {"v9 paged, S=" + std::to_string(v2_splits), DecodeKernel::v9, v2_splits, KvLayout::paged},
-                     {"v10 paged, S=" + std::to_string(v10_splits), DecodeKernel::v10, v10_splits, KvLayout::paged}});
+                     {"v10 paged, S=" + std::to_string(v10_splits), DecodeKernel::v10, v10_splits, KvLayout::paged},
+                     {"v13 paged, S=" + std::to_string(v10_splits), DecodeKernel::v13, v10_splits, KvLayout::paged}});
       if (kv_quantised(b.kv_dtype) && b.page_size < DecodeGeometry::kTmaMinPage)
-        runs.resize(runs.size() - 4);  // v7-v10 copy whole pages of >= 8 tokens
+        runs.resize(runs.size() - 5);  // v7-v10 and v13 copy whole pages of >= 8 tokens
       if (!kv_quantised(b.kv_dtype))
         runs.insert(runs.end(),
                     {{"v1 contiguous", DecodeKernel::v1, 1, KvLayout::contiguous},

@@ -17,7 +17,7 @@ using namespace attn::ch07;
 namespace {
 
 /// Runs every kernel on the batch and checks each against the reference: v1 for a
-/// split count of 1, v2-v6 and v12 (or the kernels given) for the others (v4-v10 and v12 paged only, v6-v10
+/// split count of 1, v2-v6 and v12 (or the kernels given) for the others (v4-v10, v12 and v13 paged only, v6-v10 and v13
 /// 8-bit only); an 8-bit batch paged only, after its
 /// device scales are compared with the host's.
 const std::vector<DecodeKernel> kSteps1to6 = {DecodeKernel::v1, DecodeKernel::v2, DecodeKernel::v3, DecodeKernel::v4,
@@ -43,7 +43,7 @@ void check_kernels(const DecodeBatch& b, const std::vector<int>& splits, Dist di
       for (DecodeKernel k : kernels) {
         if ((k == DecodeKernel::v1) != (s == 1)) continue;
         const bool eight_bit_only = k == DecodeKernel::v6 || k == DecodeKernel::v7 || k == DecodeKernel::v8 ||
-                                    k == DecodeKernel::v9 || k == DecodeKernel::v10;
+                                    k == DecodeKernel::v9 || k == DecodeKernel::v10 || k == DecodeKernel::v13;
         const bool pages_only = eight_bit_only || k == DecodeKernel::v4 || k == DecodeKernel::v5 || k == DecodeKernel::v12;
         if (pages_only && layout == KvLayout::contiguous) continue;
         if (eight_bit_only && !kv_quantised(b.kv_dtype)) continue;
@@ -251,10 +251,11 @@ TEST_CASE("v6 skips only multiplies by exactly 1: its output is v5's, bit for bi
   }
 }
 
-TEST_CASE("v7-v10 (8-bit pages by TMA): page sizes 8, 16, 64, 256, ragged lengths, B = 1 and B = 33, GQA and MQA") {
+TEST_CASE("v7-v10, v13 (8-bit pages by TMA): page sizes 8, 16, 64, 256, ragged lengths, B = 1 and B = 33, GQA and MQA") {
   // Its own test case, last: a TMA or mbarrier fault shows here without taking the others with it.
-  // v9 and v10 (8 heads per block, from v7) also at G = 1, 4, 8, 16 and 32: one, two and four blocks per KV head.
-  const std::vector<DecodeKernel> v7 = {DecodeKernel::v7, DecodeKernel::v8, DecodeKernel::v9, DecodeKernel::v10};
+  // v9, v10 and v13 (8 heads per block, from v7) also at G = 1, 4, 8, 16 and 32: one, two and four blocks per KV head.
+  const std::vector<DecodeKernel> v7 = {DecodeKernel::v7, DecodeKernel::v8, DecodeKernel::v9, DecodeKernel::v10,
+                                        DecodeKernel::v13};
   for (KvDtype t : {KvDtype::fp8, KvDtype::int8}) {
     CAPTURE(kv_dtype_name(t));
     for (int P : {8, 16, 64, 256}) {
@@ -265,7 +266,7 @@ TEST_CASE("v7-v10 (8-bit pages by TMA): page sizes 8, 16, 64, 256, ragged length
     }
     check_kernels(with_kv(build_batch(16, 4, 128, 16, {900, 31, 1, 257}, 0, 7), t), {5}, Dist::outliers, 7, false, v7);
     check_kernels(with_kv(build_batch(8, 2, 128, 16, {100, 1, 64, 65}, 0, 8), t), {16, 64}, Dist::normal, 7, false, v7);
-    const std::vector<DecodeKernel> v9 = {DecodeKernel::v9, DecodeKernel::v10};
+    const std::vector<DecodeKernel> v9 = {DecodeKernel::v9, DecodeKernel::v10, DecodeKernel::v13};
     for (int G : {1, 8, 16, 32}) {
       CAPTURE(G);
       check_kernels(with_kv(build_batch(G * 2, 2, 128, 16, {1500, 17, 8}, 0, 9), t), {3}, Dist::outliers, 7, false, v9);
@@ -308,6 +309,39 @@ TEST_CASE("v7-v10 (8-bit pages by TMA): page sizes 8, 16, 64, 256, ragged length
   CHECK_THROWS_AS(g4.run(DecodeKernel::v8, 2, KvLayout::paged), UsageError);
   CHECK_THROWS_AS(g4.run(DecodeKernel::v9, 2, KvLayout::paged), UsageError);
   CHECK_THROWS_AS(g4.run(DecodeKernel::v10, 2, KvLayout::paged), UsageError);
+  CHECK_THROWS_AS(g4.run(DecodeKernel::v13, 2, KvLayout::paged), UsageError);
+}
+
+TEST_CASE("v13 (a stage refilled once its codes are in registers): v10's bits in every one of many steps") {
+  // v13 computes what v10 computes, in the same order: any difference is a stage overwritten
+  // while a warp still read it (v13's first form, without the proxy fence, failed exactly
+  // this way, and only sometimes). So many steps, each compared bit for bit, at a shape with
+  // long splits (many refills) and at one that fills every SM with four blocks.
+  for (KvDtype t : {KvDtype::fp8, KvDtype::int8}) {
+    CAPTURE(kv_dtype_name(t));
+    struct Shape {
+      int heads, kv_heads, batch, len, splits;
+    };
+    for (const Shape s : {Shape{32, 8, 3, 5000, 9}, Shape{32, 8, 8, 8192, 8}, Shape{8, 1, 33, 2000, 4}}) {
+      CAPTURE(s.batch);
+      CAPTURE(s.len);
+      DecodeBatch b = build_batch(s.heads, s.kv_heads, 128, 16, std::vector<int>(s.batch, s.len), 0, 51);
+      b.kv_dtype = t;
+      const std::vector<float> q = make_queries(b, 51, Dist::outliers);
+      GpuDecoder gpu(b, q, KvContents{51, Dist::outliers, nullptr});
+      const GpuDecodeOutput v10 = gpu.run(DecodeKernel::v10, s.splits, KvLayout::paged);
+      int differ = 0;
+      for (int rep = 0; rep < 12; ++rep) {
+        const GpuDecodeOutput out = gpu.run(DecodeKernel::v13, s.splits, KvLayout::paged);
+        differ += out.o != v10.o || out.lse != v10.lse;
+      }
+      CHECK(differ == 0);
+      CHECK(gpu.time_ms(DecodeKernel::v13, s.splits, KvLayout::paged) > 0);
+      const GpuDecodeOutput again = gpu.run(DecodeKernel::v13, s.splits, KvLayout::paged);  // after timed steps
+      CHECK(again.o == v10.o);
+      CHECK(again.lse == v10.lse);
+    }
+  }
 }
 
 TEST_CASE("v12 (the merge in one round trip): equal to v5 within rounding, and its fallback for many splits") {
