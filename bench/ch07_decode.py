@@ -11,13 +11,14 @@ shapes (K/V contiguous, bf16), with the read ceiling of the same run. Results in
 BUILD_DIR/bench/: the table ch07-decode of results.md, decode_gbps.png, results.json/.csv.
 Other options pass through to ./tutorial bench (--quick, --out, ...).
 
-    python3 bench/ch07_decode.py --focus b1 --binary B/bin/ch07_paged_radix
+    python3 bench/ch07_decode.py --focus b1 --binary B/bin/ch07_paged_radix [--chain R]
     python3 bench/ch07_decode.py --focus quant --binary B/bin/ch07_paged_radix [--since v3]
 
 The two focused tables of the chapter README, each from one run of this script: `b1` runs
 `decode --sweep --sweep-shapes b1` (one GQA 32/8 sequence of 32K, 64K, 128K tokens: every
-kernel of the sweep) and times SDPA's cuDNN and flash backends and FlashAttention-4 (where importable) on the
-same shapes in the same process; `quant` runs `--sweep-shapes quant` (bf16, FP8 and INT8 pools
+kernel of the sweep; v12 and later also as R = 8 steps launched back to back, `--chain`, the time per
+step, where v14's start overlaps the step before it) and times SDPA's cuDNN and flash backends and
+FlashAttention-4 (where importable) on the same shapes in the same process (each peer call alone); `quant` runs `--sweep-shapes quant` (bf16, FP8 and INT8 pools
 at batch 8 x 32K and 1 x 64K) and prints tokens per second and each format's ratio to bf16.
 Both print markdown with the GPU, the date, the versions and the command. `--since vN`
 passes through to the binary: only kernel vN and the later steps run (and are timed).
@@ -30,9 +31,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 
-def focus(kind, binary, since=None):
+def focus(kind, binary, since=None, chain=8):
     import json
     cmd = [binary, "decode", "--sweep", "--sweep-shapes", kind, "--device", "cuda", "--json"]
+    if kind == "b1" and chain > 1:
+        cmd += ["--chain", str(chain)]  # v12 and later also timed as `chain` steps back to back
     if since:
         cmd += ["--since", since]
     r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
@@ -56,12 +59,16 @@ def focus(kind, binary, since=None):
     ok = r.returncode == 0
     if kind == "b1":
         names = ["sdpa_cudnn", "sdpa_flash", "fa4"]
-        kernels = [k for k in ("v1", "v2", "v3", "v4", "v5", "v6", "v12")
+        kernels = [k for k in ("v1", "v2", "v3", "v4", "v5", "v6", "v12", "v14")
                    if any(x["kernel"] == k for c in rep["configs"] for x in c["results"])]
         last = kernels[-1]
+        # Kernels timed in a chain of steps back to back (--chain): one more column each.
+        chained = [k for k in kernels
+                   if any(x["kernel"] == k and x.get("chain") for c in rep["configs"] for x in c["results"])]
         print("| B | L | Hq/Hkv | P | " + " | ".join("%s GB/s (S)" % k for k in kernels) + " | %s share | " % last +
+              "".join("%s x%d in a row GB/s (share) | " % (k, chain) for k in chained) +
               " | ".join("%s GB/s (share)" % n for n in names) + " | %s / cuDNN | %s / v3 | check |" % (last, last))
-        print("|" + "---|" * (4 + len(kernels) + 1 + len(names) + 3))
+        print("|" + "---|" * (4 + len(kernels) + 1 + len(chained) + len(names) + 3))
         for c in rep["configs"]:
             res = {x["kernel"]: x for x in c["results"] if x["layout"] == "paged"}
             cells, cudnn = [], None
@@ -73,10 +80,12 @@ def focus(kind, binary, since=None):
                     cudnn = pr.get("gbps")
             ours = ["%.0f (%d)" % (res[k]["kv_gbps"], res[k]["splits"]) if k in res else "-" for k in kernels]
             top = res[last]["kv_gbps"]
+            chains = "".join("%.0f (%.0f%%) | " % (res[k]["chain_gbps"], 100 * res[k]["chain_gbps"] / ceil)
+                             if k in res and res[k].get("chain") else "- | " for k in chained)
             check = "pass" if all(x["pass"] for x in c["results"]) else "FAIL"
-            print("| %d | %d | %d/%d | %d | %s | %.0f%% | %s | %s | %.2f | %s |" % (
+            print("| %d | %d | %d/%d | %d | %s | %.0f%% | %s%s | %s | %.2f | %s |" % (
                 c["batch"], c["len"], c["heads"], c["kv_heads"], c["page_size"], " | ".join(ours), 100 * top / ceil,
-                " | ".join(cells), "%.2f" % (top / cudnn) if cudnn else "-", top / res["v3"]["kv_gbps"], check))
+                chains, " | ".join(cells), "%.2f" % (top / cudnn) if cudnn else "-", top / res["v3"]["kv_gbps"], check))
     else:
         # Each 8-bit row against bf16 with the same kernel, and against bf16's fastest kernel
         # on the same shape (the goal: FP8/INT8 >= 1.8x bf16's tokens/s).
@@ -107,7 +116,8 @@ def main():
         kind = args[i + 1]
         binary = args[args.index("--binary") + 1] if "--binary" in args else "build/bin/ch07_paged_radix"
         since = args[args.index("--since") + 1] if "--since" in args else None
-        return focus(kind, binary, since)
+        chain = int(args[args.index("--chain") + 1]) if "--chain" in args else 8
+        return focus(kind, binary, since, chain)
     if "--markdown" in args:
         args.remove("--markdown")
         markdown = True

@@ -31,6 +31,7 @@ const char* kernel_name(DecodeKernel k) {
     case DecodeKernel::v10: return "v10";
     case DecodeKernel::v12: return "v12";
     case DecodeKernel::v13: return "v13";
+    case DecodeKernel::v14: return "v14";
   }
   return "?";
 }
@@ -198,6 +199,7 @@ struct GpuDecoder::Impl {
           if (kernel == DecodeKernel::v5) return gpu::v5::launch<D>(p, kv, b.batch(), b.kv_heads);
           if constexpr (!kv_quantised(std::decay_t<decltype(kv)>::kDtype)) {
             if (kernel == DecodeKernel::v12) return gpu::v12::launch<D>(p, kv, b.batch(), b.kv_heads);
+            if (kernel == DecodeKernel::v14) return gpu::v14::launch<D>(p, kv, b.batch(), b.kv_heads);
           }
           if constexpr (kv_quantised(std::decay_t<decltype(kv)>::kDtype)) {
             if (kernel == DecodeKernel::v6) return gpu::v6::launch<D>(p, kv, b.batch(), b.kv_heads);
@@ -230,9 +232,10 @@ struct GpuDecoder::Impl {
 
   void prepare(DecodeKernel kernel, int splits, KvLayout layout) {
     if (splits < 1) throw UsageError("the split count must be >= 1");
-    if (kernel == DecodeKernel::v12 && kv_quantised(batch.kv_dtype))
-      throw UsageError("v12 is built for bf16 pages (the 8-bit steps are v6-v10 and v13)");
-    if ((kernel == DecodeKernel::v4 || kernel == DecodeKernel::v5 || kernel == DecodeKernel::v12) &&
+    if ((kernel == DecodeKernel::v12 || kernel == DecodeKernel::v14) && kv_quantised(batch.kv_dtype))
+      throw UsageError(std::string(kernel_name(kernel)) + " is built for bf16 pages (the 8-bit steps are v6-v10 and v13)");
+    if ((kernel == DecodeKernel::v4 || kernel == DecodeKernel::v5 || kernel == DecodeKernel::v12 ||
+         kernel == DecodeKernel::v14) &&
         layout == KvLayout::contiguous)
       throw UsageError(std::string(kernel_name(kernel)) + " reads paged K/V only");
     const bool tma = kernel == DecodeKernel::v7 || kernel == DecodeKernel::v8 || kernel == DecodeKernel::v9 ||
@@ -355,6 +358,30 @@ double GpuDecoder::time_ms(DecodeKernel kernel, int splits, KvLayout layout) {
   Impl& m = *impl_;
   m.prepare(kernel, splits, layout);
   return time_gpu([&] { m.launch(kernel, splits, layout); }).median_ms;
+}
+
+GpuDecodeOutput GpuDecoder::run_chain(DecodeKernel kernel, int splits, KvLayout layout, int steps) {
+  if (steps < 1) throw UsageError("a chain needs at least one step");
+  Impl& m = *impl_;
+  m.prepare(kernel, splits, layout);
+  m.o.poison();
+  m.lse.poison();
+  for (int i = 0; i < steps; ++i) m.launch(kernel, splits, layout);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  GpuDecodeOutput out;
+  out.o = m.o.to_host();
+  out.lse = m.lse.download();
+  return out;
+}
+
+double GpuDecoder::time_chain_ms(DecodeKernel kernel, int splits, KvLayout layout, int steps) {
+  if (steps < 1) throw UsageError("a chain needs at least one step");
+  Impl& m = *impl_;
+  m.prepare(kernel, splits, layout);
+  return time_gpu([&] {
+           for (int i = 0; i < steps; ++i) m.launch(kernel, splits, layout);
+         }).median_ms /
+         steps;
 }
 
 double GpuDecoder::device_bytes(const DecodeBatch& b, int max_splits, bool contiguous) {

@@ -20,7 +20,7 @@ const char* layout_name(KvLayout l);
 
 /// Which decode step runs.
 /// (v11, a stage refilled without a proxy fence, raced and was removed; v13 is its fenced form.)
-enum class DecodeKernel { v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v12, v13 };  ///< v4, v5: paged K/V only; v6-v10, v13: 8-bit pages only; v12: bf16 pages only
+enum class DecodeKernel { v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v12, v13, v14 };  ///< v4, v5: paged K/V only; v6-v10, v13: 8-bit pages only; v12, v14: bf16 pages only
 const char* kernel_name(DecodeKernel k);
 
 struct GpuDecodeOutput {
@@ -46,6 +46,12 @@ class GpuDecoder {
   /// Median time of the step in ms: warm-up, L2 flushed before each of >= 20 repeats.
   double time_ms(int splits, KvLayout layout);
   double time_ms(DecodeKernel k, int splits, KvLayout layout);
+  /// `steps` steps of one kernel launched back to back, nothing between them (as a model's
+  /// layers follow each other): the last step's output, O and the LSE poisoned first.
+  GpuDecodeOutput run_chain(DecodeKernel k, int splits, KvLayout layout, int steps);
+  /// Median time per step of such a chain (the L2 flushed before each repeat of the chain,
+  /// not between its steps): what a step costs when a kernel runs before it (v14 overlaps it).
+  double time_chain_ms(DecodeKernel k, int splits, KvLayout layout, int steps);
   /// The K and V scales the device computed (8-bit batches; empty for bf16).
   KvScales scales() const;
   /// The device's SM count (what choose_splits() needs).

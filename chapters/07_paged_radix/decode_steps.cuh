@@ -10,7 +10,8 @@
 ///        (steps/v8_empty_barriers.cu), `gpu::v9::launch` (steps/v9_keys_as_rows.cu) and
 ///        `gpu::v10::launch` (steps/v10_four_blocks.cu), for 8-bit pages only; `gpu::v12::launch`
 ///        (steps/v12_one_trip_merge.cu), for bf16 pages; `gpu::v13::launch`
-///        (steps/v13_fenced_release.cu), for 8-bit pages.
+///        (steps/v13_fenced_release.cu), for 8-bit pages; `gpu::v14::launch`
+///        (steps/v14_overlapped_launch.cu), for bf16 pages.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (v7)
@@ -105,5 +106,11 @@ using v7::kMinPageSize;
 template <int D, class Kv>
 void launch(const DecodeParams& p, const Kv& kv, const CodeMaps& maps, int batch, int kv_heads);
 }  // namespace v13
+
+namespace v14 {
+/// v12 launched as a programmatic dependent launch: its start overlaps the kernel before it; bf16 pages only.
+template <int D, class Kv>
+void launch(const DecodeParams& p, const Kv& kv, int batch, int kv_heads);
+}  // namespace v14
 
 }  // namespace attn::ch07::gpu

@@ -174,7 +174,7 @@ int run_paged(int argc, char** argv, bool tour, bool dry = false) {
 // ============================================================================= decode
 
 struct DecodeOptions {
-  int page_size = 16, shared_prefix = 0, splits = 0, sms = 0;
+  int page_size = 16, shared_prefix = 0, splits = 0, sms = 0, chain = 0;
   std::string lengths = "ragged", kv_dtype = "bf16", sweep_set = "all", since = "v1";
   bool sweep = false, accuracy = false, untimed = false;
 };
@@ -259,7 +259,10 @@ int run_sweep(const Options& opt, const DecodeOptions& dopt, const DeviceInfo& d
     // v4 changes the 8-bit path only (for bf16 it is v3's code): on 8-bit pools and the quant set's bf16 rows.
     if (kv_quantised(c.kv) || dopt.sweep_set == "quant") runs.push_back({DecodeKernel::v4, v2_splits, KvLayout::paged});
     runs.push_back({DecodeKernel::v5, v2_splits, KvLayout::paged});  // v4 with the table entries read ahead
-    if (!kv_quantised(c.kv)) runs.push_back({DecodeKernel::v12, v2_splits, KvLayout::paged});  // v5, one-trip merge
+    if (!kv_quantised(c.kv)) {
+      runs.push_back({DecodeKernel::v12, v2_splits, KvLayout::paged});  // v5, one-trip merge
+      runs.push_back({DecodeKernel::v14, v2_splits, KvLayout::paged});  // v12 overlapping the kernel before it
+    }
     if (kv_quantised(c.kv)) {
       runs.push_back({DecodeKernel::v6, v2_splits, KvLayout::paged});  // lazy rescale
       if (c.page_size >= DecodeGeometry::kTmaMinPage)  // pages by TMA; v8: with per-stage empty barriers
@@ -286,11 +289,23 @@ int run_sweep(const Options& opt, const DecodeOptions& dopt, const DeviceInfo& d
       x.time_ms = gpu.time_ms(r.kernel, r.splits, r.layout);
       x.kv_gbps = b.kv_bytes() / (x.time_ms * 1e-3) / 1e9;
       x.tokens_per_s = double(b.total_tokens()) / (x.time_ms * 1e-3);
+      if (dopt.chain > 1 && r.kernel >= DecodeKernel::v12 && r.layout == KvLayout::paged) {
+        // Steps back to back: the last one's output is checked too (a step must not read what
+        // the one before it is still writing), then the time per step.
+        const GpuDecodeOutput last = gpu.run_chain(r.kernel, r.splits, r.layout, dopt.chain);
+        x.pass = x.pass && oracle.judge(last.o, last.lse).pass();
+        x.chain = dopt.chain;
+        x.chain_ms = gpu.time_chain_ms(r.kernel, r.splits, r.layout, dopt.chain);
+        x.chain_gbps = b.kv_bytes() / (x.chain_ms * 1e-3) / 1e9;
+      }
       res.runs.push_back(x);
       // Progress on stderr, one line a run: what was measured survives a later failure.
       std::fprintf(stderr, "sweep: B=%d L=%d %d/%d P=%d %s %s S=%d: %.4f ms, %.0f GB/s, %s\n", c.batch, c.len, c.heads,
                    c.kv_heads, c.page_size, kv_dtype_name(c.kv), x.kernel.c_str(), x.splits, x.time_ms, x.kv_gbps,
                    x.pass ? "pass" : "FAIL");
+      if (x.chain > 0)
+        std::fprintf(stderr, "sweep:   %s x%d in a row: %.4f ms a step, %.0f GB/s\n", x.kernel.c_str(), x.chain,
+                     x.chain_ms, x.chain_gbps);
     }
     rep.results.push_back(res);
   }
@@ -315,6 +330,7 @@ int run_decode(int argc, char** argv, bool dry = false) {
           "MMA fragments), v5 (block table read ahead), v6-v10 (8-bit: lazy rescale, pages by TMA, per-stage\n"
           "empty barriers, keys as the MMA's rows, four blocks per SM), v12 (bf16: the merge in one round\n"
           "trip), v13 (8-bit: each stage refilled once its codes are in registers, behind a proxy fence),\n"
+          "v14 (bf16: v12 launched to overlap the kernel before it; timed in a --chain of steps),\n"
           "each against the fp64 reference.\n"
           "--nk is the longest cached length; --batch the number of sequences.");
   cli.defaults(defaults).head_dims({64, 128}).dtypes({DType::bf16});
@@ -330,8 +346,11 @@ int run_decode(int argc, char** argv, bool dry = false) {
                  "with --sweep: all (the README's table), b1 (one sequence, 32K-128K) or quant (bf16/fp8/int8)");
   cli.add_choice("--kv-dtype", &dopt.kv_dtype, {"bf16", "fp8", "int8"},
                  "how the cache stores K and V: bf16, or 8-bit codes (E4M3 / INT8) with a scale per page and KV head");
-  cli.add_choice("--since", &dopt.since, {"v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10", "v12", "v13"},
+  cli.add_choice("--since", &dopt.since, {"v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10", "v12", "v13", "v14"},
                  "run (and time) only this GPU kernel and the later steps, e.g. v7: v7 and v8 (default v1: all)");
+  cli.add_int("--chain", &dopt.chain,
+              "also time v12 and later as R steps launched back to back (the time per step; v14 overlaps each "
+              "step with the one before; 0: not timed)", 0, 64);
   cli.add_flag("--untimed", &dopt.untimed, "run and check each GPU kernel once, without timing it (for a profiler)");
   cli.add_flag("--accuracy", &dopt.accuracy,
                "the accuracy table of the 8-bit caches against bf16 and fp64 (CPU model; any machine)");
@@ -355,7 +374,7 @@ int run_decode(int argc, char** argv, bool dry = false) {
     }
     Report rep;
     rep.chapter = kChapter;
-    rep.title = std::string("decode over a paged KV cache: v1, split-K v2, fused-combine v3, codes-to-fragments v4, table lookahead v5, lazy rescale v6, TMA pages v7, empty barriers v8, keys as rows v9, four blocks v10, one-trip merge v12, fenced release v13; K/V ") + kv_dtype_name(kv_dtype);
+    rep.title = std::string("decode over a paged KV cache: v1, split-K v2, fused-combine v3, codes-to-fragments v4, table lookahead v5, lazy rescale v6, TMA pages v7, empty barriers v8, keys as rows v9, four blocks v10, one-trip merge v12, fenced release v13, overlapped launch v14; K/V ") + kv_dtype_name(kv_dtype);
     const auto dev = select_device(opt.device, &rep.mode);
     if (dopt.sweep) {
 #if TUTORIAL_HAVE_CUDA
@@ -439,7 +458,8 @@ int run_decode(int argc, char** argv, bool dry = false) {
                                {"v4 paged, S=" + std::to_string(v2_splits), DecodeKernel::v4, v2_splits, KvLayout::paged},
                                {"v5 paged, S=" + std::to_string(v2_splits), DecodeKernel::v5, v2_splits, KvLayout::paged}};
       if (!kv_quantised(b.kv_dtype))
-        runs.push_back({"v12 paged, S=" + std::to_string(v2_splits), DecodeKernel::v12, v2_splits, KvLayout::paged});
+        runs.insert(runs.end(), {{"v12 paged, S=" + std::to_string(v2_splits), DecodeKernel::v12, v2_splits, KvLayout::paged},
+                                 {"v14 paged, S=" + std::to_string(v2_splits), DecodeKernel::v14, v2_splits, KvLayout::paged}});
       if (kv_quantised(b.kv_dtype))
         runs.insert(runs.end(),
                     {{"v6 paged, S=" + std::to_string(v2_splits), DecodeKernel::v6, v2_splits, KvLayout::paged},
@@ -474,6 +494,15 @@ int run_decode(int argc, char** argv, bool dry = false) {
                         fmt("%.1f", double(b.total_tokens()) / (*row.time_ms * 1e-3) / 1e6) + " M cached tokens/s";
         if (rep.ceilings.read_gbps) n += " (" + pct(kv_gbps / *rep.ceilings.read_gbps) + " of the read ceiling)";
         rep.notes.push_back(n);
+        if (dopt.chain > 1 && r.kernel >= DecodeKernel::v12 && r.layout == KvLayout::paged) {
+          const GpuDecodeOutput last = gpu.run_chain(r.kernel, r.splits, r.layout, dopt.chain);
+          const CheckResult chained = oracle.judge(last.o, last.lse);
+          const double ms = gpu.time_chain_ms(r.kernel, r.splits, r.layout, dopt.chain);
+          rep.notes.push_back("  " + r.name + ", " + std::to_string(dopt.chain) + " steps in a row: " + fmt("%.4f", ms) +
+                              " ms a step, KV " + fmt("%.0f", b.kv_bytes() / (ms * 1e-3) / 1e9) + " GB/s, last step " +
+                              (chained.pass() ? "pass" : "FAIL"));
+          if (!chained.pass()) row.set_check(chained);
+        }
         rep.rows.push_back(row);
       }
       rep.apply_ceilings();

@@ -64,7 +64,10 @@ std::string SweepReport::json() const {
         << ", \"time_ms\": " << num(x.time_ms) << ", \"kv_gbps\": " << num(x.kv_gbps)
         << ", \"ceiling_share\": " << num(read_gbps > 0 ? x.kv_gbps / read_gbps : NAN)
         << ", \"tokens_per_s\": " << num(x.tokens_per_s)
-        << ", \"max_abs_err\": " << num(x.max_abs_err) << ", \"pass\": " << (x.pass ? "true" : "false") << "}";
+        << ", \"max_abs_err\": " << num(x.max_abs_err) << ", \"pass\": " << (x.pass ? "true" : "false");
+      if (x.chain > 0)
+        j << ", \"chain\": " << x.chain << ", \"chain_ms\": " << num(x.chain_ms) << ", \"chain_gbps\": " << num(x.chain_gbps);
+      j << "}";
     }
     j << "]}";
   }
@@ -90,6 +93,12 @@ std::string SweepReport::text() const {
                     kv_dtype_name(r.shape.kv), k.c_str(), x.time_ms, x.kv_gbps,
                     read_gbps > 0 ? 100.0 * x.kv_gbps / read_gbps : 0.0, x.tokens_per_s / 1e6, x.pass ? "pass" : "FAIL");
       t << line;
+      if (x.chain > 0) {
+        std::snprintf(line, sizeof line, "%-3s %-7s %-6s %-3s %-4s  %-24s %9.4f %10.0f %7.0f%%\n", "", "", "", "", "",
+                      ("  x" + std::to_string(x.chain) + " in a row").c_str(), x.chain_ms, x.chain_gbps,
+                      read_gbps > 0 ? 100.0 * x.chain_gbps / read_gbps : 0.0);
+        t << line;
+      }
       if (!x.pass) t << "    " << x.failures;
     }
   t << "\n* = the kernel choose_splits() picks for the shape (v2; v3 is v2 with the merge fused). KV GB/s = bytes of\n"

@@ -36,6 +36,8 @@ struct SweepRun {
   bool pass = false;
   std::string failures;
   double tokens_per_s = 0;  ///< cached tokens read per second (every sequence's L / time)
+  int chain = 0;            ///< steps launched back to back for chain_ms (0: not measured; --chain)
+  double chain_ms = 0, chain_gbps = 0;  ///< the time per step in such a chain, and its KV GB/s
 };
 
 struct SweepResult {
@@ -59,8 +61,10 @@ struct SweepReport {
   ///  "configs": [{"batch", "len", "heads", "kv_heads", "d", "page_size", "kv_dtype",
   ///               "kv_bytes", "tokens", "plan_splits", "plan_why", "check_plan",
   ///               "results": [{"kernel", "layout", "splits", "chosen", "time_ms",
-  ///                            "kv_gbps", "ceiling_share", "tokens_per_s", "max_abs_err", "pass"}]}]}
-  /// (kv_dtype, tokens and tokens_per_s were added with the 8-bit cache; the rest is unchanged)
+  ///                            "kv_gbps", "ceiling_share", "tokens_per_s", "max_abs_err", "pass"
+  ///                            [, "chain", "chain_ms", "chain_gbps"]}]}]}
+  /// (kv_dtype, tokens and tokens_per_s were added with the 8-bit cache, the chain fields with
+  /// v14, only where a chain was timed; the rest is unchanged)
   std::string json() const;
   std::string text() const;
 };

@@ -67,7 +67,7 @@ TEST_CASE("bad input: one line on stderr and exit code 2") {
         "decode --device cpu --sram-bytes 65536", "--page-size 12", "paged --seqs 0", "paged --max-len 1",
         "radix --workload nope", "radix --requests 5 --pool-pages 4", "radix --draw --json", "radix --page-size 0",
         "decode --kv-dtype fp4", "decode --kv-dtype fp8 --d 64", "decode --accuracy --sweep",
-        "decode --sweep-shapes nope", "decode --since v11", "decode --since v99", "decode --since 7", "swap --pool-pages 0", "swap --copy-gbps -1"}) {
+        "decode --sweep-shapes nope", "decode --since v11", "decode --since v99", "decode --chain -1", "decode --chain 65", "decode --since 7", "swap --pool-pages 0", "swap --copy-gbps -1"}) {
     const std::string a = args;
     CAPTURE(a);
     const auto r = run_binary(CH07_BINARY, a);

@@ -17,11 +17,11 @@ using namespace attn::ch07;
 namespace {
 
 /// Runs every kernel on the batch and checks each against the reference: v1 for a
-/// split count of 1, v2-v6 and v12 (or the kernels given) for the others (v4-v10, v12 and v13 paged only, v6-v10 and v13
+/// split count of 1, v2-v6, v12 and v14 (or the kernels given) for the others (v4-v10 and v12-v14 paged only, v6-v10 and v13
 /// 8-bit only); an 8-bit batch paged only, after its
 /// device scales are compared with the host's.
 const std::vector<DecodeKernel> kSteps1to6 = {DecodeKernel::v1, DecodeKernel::v2, DecodeKernel::v3, DecodeKernel::v4,
-                                              DecodeKernel::v5, DecodeKernel::v6, DecodeKernel::v12};
+                                              DecodeKernel::v5, DecodeKernel::v6, DecodeKernel::v12, DecodeKernel::v14};
 
 void check_kernels(const DecodeBatch& b, const std::vector<int>& splits, Dist dist = Dist::normal,
                    uint64_t seed = 7, bool contiguous = true, const std::vector<DecodeKernel>& kernels = kSteps1to6) {
@@ -44,10 +44,11 @@ void check_kernels(const DecodeBatch& b, const std::vector<int>& splits, Dist di
         if ((k == DecodeKernel::v1) != (s == 1)) continue;
         const bool eight_bit_only = k == DecodeKernel::v6 || k == DecodeKernel::v7 || k == DecodeKernel::v8 ||
                                     k == DecodeKernel::v9 || k == DecodeKernel::v10 || k == DecodeKernel::v13;
-        const bool pages_only = eight_bit_only || k == DecodeKernel::v4 || k == DecodeKernel::v5 || k == DecodeKernel::v12;
+        const bool pages_only = eight_bit_only || k == DecodeKernel::v4 || k == DecodeKernel::v5 || k == DecodeKernel::v12 ||
+                                k == DecodeKernel::v14;
         if (pages_only && layout == KvLayout::contiguous) continue;
         if (eight_bit_only && !kv_quantised(b.kv_dtype)) continue;
-        if (k == DecodeKernel::v12 && kv_quantised(b.kv_dtype)) continue;  // bf16 pages only
+        if ((k == DecodeKernel::v12 || k == DecodeKernel::v14) && kv_quantised(b.kv_dtype)) continue;  // bf16 pages only
         CAPTURE(layout_name(layout));
         CAPTURE(kernel_name(k));
         CAPTURE(s);
@@ -366,4 +367,47 @@ TEST_CASE("v12 (the merge in one round trip): equal to v5 within rounding, and i
   e.kv_dtype = KvDtype::fp8;
   GpuDecoder g8(e, make_queries(e, 3, Dist::normal), KvContents{3, Dist::normal, nullptr});
   CHECK_THROWS_AS(g8.run(DecodeKernel::v12, 2, KvLayout::paged), UsageError);
+  CHECK_THROWS_AS(g8.run(DecodeKernel::v14, 2, KvLayout::paged), UsageError);
+}
+
+TEST_CASE("v14 (the launch overlapped with the kernel before): v12's bits alone and in chains of steps") {
+  // v14 computes what v12 computes; launched back to back, each step may start before the one
+  // ahead ends, so a step that read Q, wrote O or the split states, or took an arrival ticket
+  // before its wait would show here: the chain's last step, the steps after a timed chain, and
+  // every split shape (one-trip merge, v5's fallback, empty splits, a split holding the newest
+  // token's tile alone) must give v12's bits.
+  struct Shape {
+    int heads, kv_heads, len, splits;
+  };
+  for (const Shape s : {Shape{32, 8, 33 * 64 + 5, 33}, Shape{64, 4, 96 * 64 + 5, 96}, Shape{32, 8, 32768, 32},
+                        Shape{8, 2, 300, 9}, Shape{8, 1, 130, 2}}) {
+    CAPTURE(s.len);
+    CAPTURE(s.splits);
+    const DecodeBatch b = build_batch(s.heads, s.kv_heads, 128, 16, {s.len}, 0, 62);
+    const std::vector<float> q = make_queries(b, 62, Dist::outliers);
+    const KvContents kv = hashed_contents(b, 62, Dist::outliers);
+    GpuDecoder gpu(b, q, kv);
+    const DecodeOracle oracle(b, q, kv, true);
+    const GpuDecodeOutput v12 = gpu.run(DecodeKernel::v12, s.splits, KvLayout::paged);
+    const GpuDecodeOutput v14 = gpu.run(DecodeKernel::v14, s.splits, KvLayout::paged);
+    const CheckResult c = oracle.judge(v14.o, v14.lse);
+    CHECK_MESSAGE(c.pass(), c.failures());
+    CHECK(v14.o == v12.o);
+    CHECK(v14.lse == v12.lse);
+    for (int steps : {2, 8}) {
+      CAPTURE(steps);
+      const GpuDecodeOutput chain = gpu.run_chain(DecodeKernel::v14, s.splits, KvLayout::paged, steps);
+      CHECK(chain.o == v12.o);
+      CHECK(chain.lse == v12.lse);
+    }
+    CHECK(gpu.time_chain_ms(DecodeKernel::v14, s.splits, KvLayout::paged, 8) > 0);
+    const GpuDecodeOutput after = gpu.run(DecodeKernel::v14, s.splits, KvLayout::paged);  // counters reset by the chains
+    CHECK(after.o == v12.o);
+    CHECK(after.lse == v12.lse);
+    const GpuDecodeOutput v12_after = gpu.run_chain(DecodeKernel::v12, s.splits, KvLayout::paged, 3);
+    CHECK(v12_after.o == v12.o);
+  }
+  const DecodeBatch small = build_batch(8, 2, 128, 16, {100}, 0, 3);
+  GpuDecoder g(small, make_queries(small, 3, Dist::normal), KvContents{3, Dist::normal, nullptr});
+  CHECK_THROWS_AS(g.run_chain(DecodeKernel::v14, 2, KvLayout::paged, 0), UsageError);
 }

@@ -30,6 +30,16 @@ TEST_CASE("sweep report: valid JSON with every field the bench script reads") {
                             "\"kv_heads\"", "\"page_size\"", "\"kv_bytes\"", "\"results\"", "\"kernel\"", "\"layout\"",
                             "\"splits\"", "\"chosen\"", "\"kv_gbps\"", "\"pass\""})
     CHECK(j.find(field) != std::string::npos);
+  CHECK(j.find("\"chain_ms\"") == std::string::npos);  // only where a chain was timed
+  SweepRun chained{"v14", "paged", 32, false, 0.04, 3300, 1e-3, true, ""};
+  chained.chain = 8;
+  chained.chain_ms = 0.035;
+  chained.chain_gbps = 3800;
+  rep.results[0].runs.push_back(chained);
+  const std::string jc = rep.json();
+  CHECK(testing_support::is_valid_json(jc));
+  for (const char* field : {"\"chain\": 8", "\"chain_ms\"", "\"chain_gbps\": 3800"}) CHECK(jc.find(field) != std::string::npos);
+  CHECK(rep.text().find("x8 in a row") != std::string::npos);
   CHECK(rep.all_pass());
   rep.results[0].runs[0].pass = false;
   CHECK_FALSE(rep.all_pass());

@@ -1,0 +1,562 @@
+// Chapter 07 - decode over a paged KV cache. The series:
+//
+//   decode_tile.cuh                 what the kernels share (addressing, tile load, one warp's tile, warp merge)
+//   steps/v1_paged_decode.cu        v1: one thread block per (sequence, KV head group)
+//   steps/v2_split_k.cu             v2: split-K over the sequence, then a merge kernel (flash-decoding)
+//   steps/v3_fused_combine.cu       v3: the merge done by the last split to finish, in the same kernel
+//   steps/v4_codes_to_fragments.cu  v4: 8-bit codes straight from the stage into MMA fragments
+//   steps/v5_table_lookahead.cu     v5: block-table entries fetched ahead of the loads that need them
+//   steps/v6_lazy_rescale.cu .. v10  the 8-bit steps (v6-v10: see their headers)
+//   steps/v12_one_trip_merge.cu     v12: the last split's merge with its loads in one round trip
+//   steps/v14_overlapped_launch.cu  <- this file: v14, the step's start overlapped with the kernel before it
+//
+// At B = 1 a step costs about 11 us more than its bytes at the stream's 4.4 TB/s, and ncu
+// puts that fixed cost inside the kernel: the blocks start, read the block table, the
+// length and Q, and only then does the first K/V load leave; at the end a few blocks
+// merge while most SMs are idle. In a model the decode kernel never runs alone: the kernel
+// before it (the QKV projection, the cache append) is finishing when it starts. v14 lets
+// the two overlap with a programmatic dependent launch (CUDA 11.8+, sm_90): the launcher
+// sets cudaLaunchAttributeProgrammaticStreamSerialization, so the step's blocks may start
+// once every block of the kernel before has called cudaTriggerProgrammaticLaunchCompletion()
+// (or exited), and cudaGridDependencySynchronize() waits, inside the kernel, for that kernel
+// to complete and its writes to be visible. What a block does before the wait is what the
+// previous kernel cannot have written: the block table and the lengths (the scheduler's,
+// written before the step), and the K/V of every token but the newest (the cache append
+// writes token len - 1 only). So:
+//
+//   v12:  table, len, Q  -> loads of tiles 0, 1  -> loop ...
+//   v14:  trigger; table, len -> loads of tiles 0, 1 (if they end before token len - 1)
+//         -> wait for the kernel before -> Q (and tiles 0, 1 if they did not) -> loop ...
+//
+// and each step triggers its successor at its start, so consecutive steps overlap the same
+// way. Measured in steps launched back to back (GpuDecoder::time_chain_ms): a lone step
+// after the L2 flush has no kernel before it to overlap with, and times as v12.
+//
+// What changes from v12, every change: the trigger at the kernel's start; the wait before
+// Q is read; the prologue's loads issued before the wait unless their tiles reach the
+// newest token (then after it, as v12); the launch by cudaLaunchKernelEx with the
+// programmatic-serialization attribute; the launcher's name.
+//
+// v12's header, what v14 keeps:
+//
+// At B = 1 a step costs 11.5 us more than its bytes at the stream's 4.4 TB/s (NOTES.md: the
+// times at L = 8K-128K fit t = 10.7-11.5 us + bytes / 4.4 TB/s), and the end of the step is
+// a chain of round trips after the last split's last tile: its partial state stored and
+// fenced, the ticket, then v5's merge_states(): every (row, split) m and l loaded and staged
+// (one round trip, a block barrier), then sixteen O slices per thread loaded, folded, and
+// the next sixteen (two more for S = 32). v12 issues every load of the merge at once: the
+// O slices of all splits go to the drained stages by cp.async (16 bytes each, L2 only:
+// .cg, never a stale L1 line), the m and l by __ldcg into registers and then to shared
+// memory, and after one wait and one barrier the threads fold from shared memory. The
+// merge is one round trip instead of three; it falls back to v5's form when the states
+// do not fit the stages (thousands of splits).
+//
+//   v5:   m, l -> smem | barrier | O slices 0-15 -> fold | O slices 16-31 -> fold    three trips
+//   v12:  m, l, every O slice -> smem | wait, barrier | fold                          one
+//
+// What changes from v5, every change: merge_states() (the one-trip form, v5's as the
+// fallback); the launcher's name; v12 is instantiated for bf16 pages (the B = 1 path).
+//
+// v5's header, what v12 keeps:
+//
+// A K/V load in v1-v4 waits for two loads before it: the row's block-table entry
+// (kv.row() reads it), and before that the sequence's length, because a split's first
+// key is split * ceil(len / S). At the start of a block all three are cold (the L2 was
+// just flushed, or the step before touched other memory), so the block's first bytes
+// of K and V arrive three DRAM round trips after it starts, and the DRAM idles for the
+// first two. Inside the loop, each refill reads the entries of its rows as it issues
+// the loads; a thread whose rows cross into a new 128-byte line of the table (every
+// 32 pages) stalls for a round trip with the refill half issued, and the tile it
+// should be computing waits behind it.
+//
+// v5 takes both reads off the path of the loads:
+//
+//   - the split size no longer depends on the length: every sequence is cut into
+//     splits of split_keys = keys_per_split(max_len, S) keys (whole tiles), so a
+//     block knows its keys from its coordinates alone, and a shorter sequence simply
+//     has empty splits at the end (the identity state, as in v2);
+//   - tile_pages() reads the table entries of this thread's rows of one tile into
+//     registers; the prologue reads those of the first kStages tiles together with the
+//     length and Q (one round trip for all), and each refill uses entries read one
+//     iteration earlier, while it reads the entries of the tile after it.
+//
+//   block start:   v4  len -> entries -> K/V               (three round trips)
+//                  v5  len, entries of tiles 0..2 -> K/V   (two)
+//   iteration it:  v4  entries of tile it+2 -> cp.async tile it+2 -> compute tile it
+//                  v5  cp.async tile it+2 (entries ready) ; read entries of tile it+3 ; compute tile it
+//
+// The work per split is unchanged for equal lengths (the B = 1 and B = 8 shapes); for
+// ragged batches the longest split is the same, and shorter sequences use fewer blocks.
+//
+// Every change from v4: DecodeParams' split_keys; TilePages, tile_pages() and row_at();
+// load_stage() takes the pages instead of reading the table; the kernel's split bounds
+// come from split_keys, the prologue reads the entries of the first tiles before it
+// needs the length, and the loop keeps one tile's entries ahead; kMinBlocks in the
+// launch bounds (three 8-bit blocks per SM, as v4 runs); the launcher's name.
+// Measured (NVIDIA H200, 2026-12-01, NOTES.md): FP8 at B = 8, L = 32K 0.1964 -> 0.1868 ms
+// (1.36x bf16); bf16 at B = 1, L = 32K under ncu 42.1 -> 40.2 us, but not in the timed
+// harness (2701 against v3's 2741 GB/s); bf16 at B = 8 within 1% of v3.
+#include "common/cuda/check.cuh"
+#include "decode_steps.cuh"
+
+namespace attn::ch07::gpu::v14 {
+
+/// 16-byte chunks per K or V row (bf16: D / 8; 8-bit: D / 16), and so the rows a
+/// thread loads per tile: one per pass of the 128 threads over the tile's 64 rows.
+template <int D, class Kv>
+constexpr int kRowChunks = D * int(kv_elem_bytes(Kv::kDtype)) / 16;
+template <int D, class Kv>
+constexpr int kPasses = Geo::kBc * kRowChunks<D, Kv> / Geo::kThreads;
+
+/// The pool pages of this thread's rows of one tile, read ahead of its loads.
+template <int D, class Kv>
+struct TilePages {
+  int page[kPasses<D, Kv>];
+};
+
+/// Reads the block-table entries of this thread's rows of the tile at t0 (row
+/// pass * ROWS + tid / CH, as in load_tile()); -1 for a row past the table.
+template <int D, class Kv>
+__device__ __forceinline__ TilePages<D, Kv> tile_pages(const Kv& kv, int b, int t0) {
+  constexpr int CH = kRowChunks<D, Kv>, ROWS = Geo::kThreads / CH;
+  TilePages<D, Kv> tp;
+#pragma unroll
+  for (int pass = 0; pass < kPasses<D, Kv>; ++pass) {
+    const int pg = (t0 + pass * ROWS + int(threadIdx.x) / CH) >> kv.page_shift;
+    tp.page[pass] = pg < kv.max_pages ? __ldg(kv.block_table + std::size_t(b) * kv.max_pages + pg) : -1;
+  }
+  return tp;
+}
+
+/// kv.row() with the page already read: row of token t of KV head hk in `page`.
+template <class Kv>
+__device__ __forceinline__ std::size_t row_at(const Kv& kv, int page, int hk, int t) {
+  return ((std::size_t(page) * kv.kv_heads + hk) << kv.page_shift) + (t & ((1 << kv.page_shift) - 1));
+}
+
+/// Byte offset of 16-byte chunk `ch` of row `row` in a [64][D] tile of 8-bit codes,
+/// XOR-swizzled: chunk ch ^ (row & 7), so the rows a load phase reads at one chunk
+/// position fall in different bank groups (d = 128: 8 chunks per row).
+template <int D>
+__device__ __forceinline__ uint32_t code_offset(int row, int ch) {
+  static_assert(D == 128, "the 8-bit stage is laid out for d = 128");
+  return uint32_t(row) * D + uint32_t((ch ^ (row & 7)) * 16);
+}
+
+/// load_tile() for PagedKv8 (decode_tile.cuh) with the chunks at code_offset().
+template <int D, KvDtype F>
+__device__ __forceinline__ void load_codes(uint32_t sk, uint32_t sv, const PagedKv8<F>& kv,
+                                           const TilePages<D, PagedKv8<F>>& tp, int hk, int t0, int t_end) {
+  constexpr int CH = D / 16;                     // 16-byte chunks per row
+  constexpr int ROWS = Geo::kThreads / CH;       // rows per pass
+  const int ch = threadIdx.x % CH;
+  const uint32_t scales = sv + uint32_t(Geo::kBc) * D;  // K scales, then V scales
+#pragma unroll
+  for (int pass = 0; pass < Geo::kBc / ROWS; ++pass) {
+    const int row = pass * ROWS + threadIdx.x / CH;
+    const int t = t0 + row;
+    const bool in = t < t_end;
+    const std::size_t r = in ? row_at(kv, tp.page[pass], hk, t) : 0;
+    const uint32_t dst = code_offset<D>(row, ch);
+    cuda::cp_async_16(sk + dst, kv.k + r * D + ch * 16, in);
+    cuda::cp_async_16(sv + dst, kv.v + r * D + ch * 16, in);
+    if (ch == 0) {
+      cuda::cp_async_4(scales + 4 * row, kv.k_scale + (r >> kv.page_shift), in);
+      cuda::cp_async_4(scales + 4 * (Geo::kBc + row), kv.v_scale + (r >> kv.page_shift), in);
+    }
+  }
+}
+
+/// load_tile() for bf16 pages (decode_tile.cuh) with the pages read ahead.
+template <int D>
+__device__ __forceinline__ void load_rows(uint32_t sk, uint32_t sv, const PagedKv& kv, const TilePages<D, PagedKv>& tp,
+                                          int hk, int t0, int t_end) {
+  constexpr int CH = D / 8;                      // 16-byte chunks per row
+  constexpr int ROWS = Geo::kThreads / CH;       // rows per pass
+  const int ch = threadIdx.x % CH;
+#pragma unroll
+  for (int pass = 0; pass < Geo::kBc / ROWS; ++pass) {
+    const int row = pass * ROWS + threadIdx.x / CH;
+    const int t = t0 + row;
+    const bool in = t < t_end;
+    const std::size_t off = in ? row_at(kv, tp.page[pass], hk, t) * D + ch * 8 : 0;
+    const uint32_t dst = tile_offset<D>(row, ch);
+    cuda::cp_async_16(sk + dst, kv.k + off, in);
+    cuda::cp_async_16(sv + dst, kv.v + off, in);
+  }
+}
+
+/// One stage's loads, from pages read ahead: the swizzled codes for an 8-bit cache,
+/// v3's tile for bf16.
+template <int D, class Kv>
+__device__ __forceinline__ void load_stage(uint32_t sk, uint32_t sv, const Kv& kv, const TilePages<D, Kv>& tp, int hk,
+                                           int t0, int t_end) {
+  if constexpr (kv_quantised(Kv::kDtype)) load_codes<D>(sk, sv, kv, tp, hk, t0, t_end);
+  else load_rows<D>(sk, sv, kv, tp, hk, t0, t_end);
+}
+
+/// An 8-bit stage as the warp reads it: the K and V codes (code_offset() layout) and
+/// the 64 K scales, then the 64 V scales.
+struct CodeRows {
+  const unsigned char* k;
+  const unsigned char* v;
+  const float* scales;
+  /// Row `row`'s (0..63 of the tile) K scale (which = 0) or V scale (which = 1).
+  __device__ __forceinline__ float scale(int row, int which) const { return scales[which * Geo::kBc + row]; }
+};
+
+/// The 16 bytes of chunk `ch` of row `row` of a code tile.
+template <int D>
+__device__ __forceinline__ uint4 load_chunk(const unsigned char* tile, int row, int ch) {
+  return *reinterpret_cast<const uint4*>(tile + code_offset<D>(row, ch));
+}
+
+/// Word i (0..3) of a 16-byte chunk.
+__device__ __forceinline__ uint32_t word(const uint4& c, int i) { return i == 0 ? c.x : i == 1 ? c.y : i == 2 ? c.z : c.w; }
+
+/// WarpDecode<D, __half> (decode_tile.cuh) with its fragments loaded from the codes:
+/// Q in the dim order of the K codes (init), K and V fragments converted from the
+/// stage's codes in registers (tile), O's dims put back in order (store). The scales,
+/// the online softmax and O's unit vsig are WarpDecode's.
+template <int D, KvDtype F>
+struct WarpCodes : WarpDecode<D, __half> {
+  using Base = WarpDecode<D, __half>;
+  using Base::KS;
+  using Base::ND;
+  using Base::o;
+  using Base::qa;
+  using Base::softmax;
+  using Base::vsig;
+  static_assert(D == 128, "lane q's K bytes [32q, 32q + 32) are 4 KS bytes: d = 128");
+
+  /// Q rows of heads h0 .. h0 + rows - 1 (rows <= 16); register pair i of k-step ks
+  /// holds dims 32q + 4ks + 2 (i / 2) + {0, 1}: the dims of the K codes' word ks.
+  __device__ __forceinline__ void init(const bf16* q, int rows) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int row = Frag::a_row(lane, i), col = (D / 4) * (lane % 4) + 4 * ks + 2 * (i / 2);
+        const uint32_t x = row < rows ? *reinterpret_cast<const uint32_t*>(q + std::size_t(row) * D + col) : 0u;
+        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x));
+        qa[ks][i] = cuda::pack2<__half>(f.x, f.y);
+      }
+#pragma unroll
+    for (int i = 0; i < 4 * ND; ++i) o[i] = 0.f;
+    vsig = 0.f;
+    softmax.init();
+  }
+
+  /// Keys k0 .. k0 + 15 of the stage; only the first `valid` exist. WarpDecode::tile
+  /// with the ldmatrix reads of the f16 slot replaced by the codes' own fragments.
+  __device__ __forceinline__ void tile(const CodeRows& rows, int k0, int valid, float c) {
+    const int lane = threadIdx.x % 32, n = lane / 4, q = lane % 4;
+    // K: keys k0 + n (n-tile 0) and k0 + 8 + n (n-tile 1), chunks 2q and 2q + 1 of each.
+    uint4 kc[2][2];
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) kc[t][j] = load_chunk<D>(rows.k, k0 + 8 * t + n, 2 * q + j);
+    float s[8] = {};
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+        uint32_t b0, b1;
+        codes_to_f16<F>(word(kc[t][ks / 4], ks % 4), b0, b1);
+        cuda::mma_m16n8k16<__half>(acc4(s, t), qa[ks], b0, b1);
+      }
+    // S's column j times key j's K scale (this lane holds 4 keys' columns).
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s[i] *= rows.scale(k0 + 8 * (i / 4) + Frag::c_col(lane, i % 4), 0);
+    // Mask the keys past the end: -inf, which the softmax turns into P = 0.
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      if (8 * (i / 4) + Frag::c_col(lane, i % 4) >= valid) s[i] = neg_inf<float>();
+    float alpha[2];
+    softmax.update(s, c, alpha);
+    cuda::rescale(o, alpha);
+    // P's column j times s_j / vsig, vsig the largest V scale so far (p_times_v_scales()).
+    p_times_v_scales(s, o, vsig, [&](int key) { return rows.scale(k0 + key, 1); });
+    const uint32_t pa[4] = {cuda::pack2<__half>(s[0], s[1]), cuda::pack2<__half>(s[2], s[3]),
+                            cuda::pack2<__half>(s[4], s[5]), cuda::pack2<__half>(s[6], s[7])};
+    // V: keys 2q, 2q + 1 (b0) and 2q + 8, 2q + 9 (b1), dims 16n .. 16n + 15: chunk n.
+    uint4 vc[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) vc[i] = load_chunk<D>(rows.v, k0 + 2 * q + (i & 1) + 8 * (i >> 1), n);
+    // Word w holds dims 16n + 4w .. + 3 of each key: interleaved key by key (bytes
+    // k_a d, k_b d, k_a d+1, k_b d+1), then converted, they are the B registers of the
+    // n-tiles 4w .. 4w + 3 (column n of n-tile nt is dim 16n + nt).
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      uint32_t b0[4], b1[4];
+      codes_to_f16<F>(__byte_perm(word(vc[0], w), word(vc[1], w), 0x5140u), b0[0], b0[1]);
+      codes_to_f16<F>(__byte_perm(word(vc[0], w), word(vc[1], w), 0x7362u), b0[2], b0[3]);
+      codes_to_f16<F>(__byte_perm(word(vc[2], w), word(vc[3], w), 0x5140u), b1[0], b1[1]);
+      codes_to_f16<F>(__byte_perm(word(vc[2], w), word(vc[3], w), 0x7362u), b1[2], b1[3]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) cuda::mma_m16n8k16<__half>(acc4(o, 4 * w + j), pa, b0[j], b1[j]);
+    }
+  }
+
+  /// WarpDecode::store with O's dims in order: column 2q + j of n-tile nt is dim
+  /// ND (2q + j) + nt.
+  __device__ __forceinline__ void store(float* ms, float* ls, float* os, float c) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = Frag::c_row(lane, 0), cl = Frag::c_col(lane, 0);
+    float l[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      l[i] = softmax.l[i];
+      l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+      l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    }
+    if (lane % 4 == 0) {
+      ms[warp * 16 + r] = softmax.m[0] * c;  // -inf stays -inf (c > 0)
+      ms[warp * 16 + r + 8] = softmax.m[1] * c;
+      ls[warp * 16 + r] = l[0];
+      ls[warp * 16 + r + 8] = l[1];
+    }
+    const float u = vsig;  // O back to value units
+#pragma unroll
+    for (int nt = 0; nt < ND; ++nt) {
+      float* top = os + std::size_t(warp * 16 + r) * D + nt;
+      float* bottom = os + std::size_t(warp * 16 + r + 8) * D + nt;
+      top[ND * cl] = o[4 * nt] * u;
+      top[ND * (cl + 1)] = o[4 * nt + 1] * u;
+      bottom[ND * cl] = o[4 * nt + 2] * u;
+      bottom[ND * (cl + 1)] = o[4 * nt + 3] * u;
+    }
+  }
+};
+
+/// The warp's state for a K/V type: v3's for bf16, WarpCodes for an 8-bit cache.
+template <int D, class Kv, bool = kv_quantised(Kv::kDtype)>
+struct WarpDecodeV4Of {
+  using type = WarpDecodeFor<D, Kv>;
+};
+template <int D, class Kv>
+struct WarpDecodeV4Of<D, Kv, true> {
+  using type = WarpCodes<D, Kv::kDtype>;
+};
+template <int D, class Kv>
+using WarpDecodeV4 = typename WarpDecodeV4Of<D, Kv>::type;
+
+/// The rows of warp `warp` in a stage: v3's for bf16; the stage itself for 8-bit codes.
+template <int D, class Kv>
+__device__ __forceinline__ auto warp_rows_v4(const Kv& kv, uint32_t sk, uint32_t sv, int warp, unsigned char* smem,
+                                             uint32_t s0) {
+  if constexpr (kv_quantised(Kv::kDtype)) {
+    return CodeRows{smem + (sk - s0), smem + (sv - s0),
+                    reinterpret_cast<const float*>(smem + (sv - s0) + std::size_t(Geo::kBc) * D)};
+  } else {
+    return warp_rows<D>(kv, sk, sv, warp, smem, s0);
+  }
+}
+
+/// Shared memory of a v4 block: the stages (an 8-bit stage without the f16 slots).
+template <int D, class Kv>
+constexpr std::size_t smem_bytes() {
+  return kv_quantised(Kv::kDtype) ? std::size_t(kStagesFor<Kv>) * kStageBytes<D, Kv> : decode_smem_bytes(D);
+}
+
+/// The last block of a (b, KV head group) merges the S split states of its `rows`
+/// heads. The states were written by other blocks: read through L2 (__ldcg), not L1.
+/// First every (row, split) m and l goes to shared memory, all loads in flight at once;
+/// then thread task (row i, dims c4 .. c4 + 3) folds the splits with merge(), sixteen
+/// O slices loaded before they are folded: two round trips to L2 for 32 splits, where
+/// v2's merge kernel waits for one per split.
+template <int D>
+__device__ __forceinline__ void merge_states(const DecodeParams& p, int b, int h0, int rows, float* sm,
+                                             int sm_floats) {
+  constexpr int kBatch = 16;
+  const std::size_t row0 = std::size_t(b) * p.heads + h0;
+  // One trip: [rows x S] m, l pairs, then [rows x S][D] O slices, all in shared memory.
+  const int pairs = rows * p.splits;
+  if (((2 * pairs + 3) & ~3) + pairs * D <= sm_floats) {
+    float* so = sm + ((2 * pairs + 3) & ~3);  // the O slices 16-byte aligned
+    const uint32_t so_addr = cuda::smem_u32(so);
+    for (int t = threadIdx.x; t < pairs * (D / 4); t += Geo::kThreads) {  // rows consecutive: (row0 + i) * S + s
+      cuda::cp_async_16(so_addr + 16u * uint32_t(t), p.part_o + (row0 * p.splits) * D + 4 * std::size_t(t), true);
+    }
+    cuda::cp_async_commit();
+    for (int t = threadIdx.x; t < pairs; t += Geo::kThreads) {
+      const float m = __ldcg(p.part_m + row0 * p.splits + t), l = __ldcg(p.part_l + row0 * p.splits + t);
+      sm[2 * t] = m;
+      sm[2 * t + 1] = l;
+    }
+    cuda::cp_async_wait<0>();
+    __syncthreads();
+    for (int task = threadIdx.x; task < rows * (D / 4); task += Geo::kThreads) {
+      const int i = task / (D / 4), c4 = task % (D / 4) * 4;
+      auto acc = AttnState<4, float, Base2>::identity();
+      for (int s = 0; s < p.splits; ++s) {
+        const int t = i * p.splits + s;
+        AttnState<4, float, Base2> part;
+        part.s = SoftmaxState<float, Base2>{sm[2 * t], sm[2 * t + 1]};
+        const float4 v = *reinterpret_cast<const float4*>(so + std::size_t(t) * D + c4);
+        part.o[0] = v.x, part.o[1] = v.y, part.o[2] = v.z, part.o[3] = v.w;
+        acc = merge(acc, part);
+      }
+      const std::size_t row = row0 + i;
+      uint2 out;
+      out.x = cuda::pack2<bf16>(acc.out(0), acc.out(1));
+      out.y = cuda::pack2<bf16>(acc.out(2), acc.out(3));
+      *reinterpret_cast<uint2*>(p.o + row * D + c4) = out;
+      if (c4 == 0) p.lse[row] = acc.s.lse();
+    }
+    return;
+  }
+  const bool staged = 2 * rows * p.splits <= sm_floats;  // v5's form: always, but for thousands of splits
+  if (staged) {
+    for (int t = threadIdx.x; t < rows * p.splits; t += Geo::kThreads) {
+      sm[2 * t] = __ldcg(p.part_m + row0 * p.splits + t);  // rows are consecutive: (row0 + i) * S + s
+      sm[2 * t + 1] = __ldcg(p.part_l + row0 * p.splits + t);
+    }
+    __syncthreads();
+  }
+  for (int task = threadIdx.x; task < rows * (D / 4); task += Geo::kThreads) {
+    const int i = task / (D / 4), c4 = task % (D / 4) * 4;
+    const std::size_t row = row0 + i;
+    auto acc = AttnState<4, float, Base2>::identity();
+    for (int s0 = 0; s0 < p.splits; s0 += kBatch) {
+      AttnState<4, float, Base2> part[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        part[j] = AttnState<4, float, Base2>::identity();
+        if (s0 + j < p.splits) {
+          const std::size_t at = row * p.splits + s0 + j;
+          const int t = i * p.splits + s0 + j;
+          part[j].s = staged ? SoftmaxState<float, Base2>{sm[2 * t], sm[2 * t + 1]}
+                             : SoftmaxState<float, Base2>{__ldcg(p.part_m + at), __ldcg(p.part_l + at)};
+          const float4 v = __ldcg(reinterpret_cast<const float4*>(p.part_o + at * D + c4));
+          part[j].o[0] = v.x, part[j].o[1] = v.y, part[j].o[2] = v.z, part[j].o[3] = v.w;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) acc = merge(acc, part[j]);
+    }
+    uint2 out;
+    out.x = cuda::pack2<bf16>(acc.out(0), acc.out(1));
+    out.y = cuda::pack2<bf16>(acc.out(2), acc.out(3));
+    *reinterpret_cast<uint2*>(p.o + row * D + c4) = out;
+    if (c4 == 0) p.lse[row] = acc.s.lse();
+  }
+}
+
+/// Blocks per SM the launch bounds ask for: an 8-bit block keeps v4's three (without
+/// the bound ptxas gives v5's 8-bit kernel 224 registers, and two blocks run per SM).
+template <class Kv>
+constexpr int kMinBlocks = kv_quantised(Kv::kDtype) ? 3 : 1;
+
+template <int D, class Kv>
+__global__ void __launch_bounds__(Geo::kThreads, kMinBlocks<Kv>) decode(DecodeParams p, Kv kv) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int b = blockIdx.z, hk = blockIdx.y / p.chunks, chunk = blockIdx.y % p.chunks, split = blockIdx.x;
+  const int h0 = hk * p.group + chunk * Geo::kRows;  // the block's first query head
+  const int rows = min(Geo::kRows, p.group - chunk * Geo::kRows);
+  const int warp = threadIdx.x / 32;
+  cudaTriggerProgrammaticLaunchCompletion();  // the next kernel's blocks may start as SMs free up
+  // The block's keys: split `split`, split_keys keys from split * split_keys, whatever
+  // the length; the table entries of its first tiles are read before the length is used.
+  const int t_first = split * p.split_keys;
+  TilePages<D, Kv> first[kStagesFor<Kv> - 1];
+#pragma unroll
+  for (int st = 0; st < kStagesFor<Kv> - 1; ++st) first[st] = tile_pages<D>(kv, b, t_first + st * Geo::kBc);
+  TilePages<D, Kv> ahead = tile_pages<D>(kv, b, t_first + (kStagesFor<Kv> - 1) * Geo::kBc);  // the first refill's
+  const int len = p.lens[b];
+  const int t_begin = min(len, t_first), t_end = min(len, t_first + p.split_keys);
+
+  const float c = p.scale * float(kLog2e);  // the softmax scale in base 2
+  WarpDecodeV4<D, Kv> wd;  // bf16 MMAs, or f16 ones over fragments converted from the codes
+  const uint32_t s0 = cuda::smem_u32(smem);
+  auto stage_k = [&](int st) { return s0 + uint32_t(st) * kStageBytes<D, Kv>; };
+  auto stage_v = [&](int st) { return stage_k(st) + kCodeTileBytes<D, Kv>; };
+  const int n_tiles = cuda::ceil_div(t_end - t_begin, Geo::kBc);
+
+  // Fill the pipeline: kStages - 1 tiles in flight before the first is used; before the
+  // kernel ahead is waited for if those tiles end before the newest token, which the
+  // cache append (a kernel before this one) may still be writing.
+  auto fill = [&] {
+    for (int st = 0; st < kStagesFor<Kv> - 1; ++st) {
+      if (st < n_tiles) load_stage<D>(stage_k(st), stage_v(st), kv, first[st], hk, t_begin + st * Geo::kBc, t_end);
+      cuda::cp_async_commit();
+    }
+  };
+  const bool early = t_begin + (kStagesFor<Kv> - 1) * Geo::kBc < len;  // block-uniform: tokens < len - 1 only
+  if (early) fill();
+  cudaGridDependencySynchronize();  // the kernel before has completed: Q, O and the split states are ours
+  if (!early) fill();
+  wd.init(p.q + (std::size_t(b) * p.heads + h0) * D, rows);
+  for (int it = 0; it < n_tiles; ++it) {
+    cuda::cp_async_wait<kStagesFor<Kv> - 2>();  // tile `it` has landed for this thread...
+    __syncthreads();                    // ...for all threads, and every warp is done with tile it - 1
+    const int next = it + kStagesFor<Kv> - 1;  // refill the stage that tile it - 1 used
+    if (next < n_tiles) {
+      load_stage<D>(stage_k(next % kStagesFor<Kv>), stage_v(next % kStagesFor<Kv>), kv, ahead, hk,
+                    t_begin + next * Geo::kBc, t_end);
+      if (next + 1 < n_tiles) ahead = tile_pages<D>(kv, b, t_begin + (next + 1) * Geo::kBc);  // for the next refill
+    }
+    cuda::cp_async_commit();
+    const int t0 = t_begin + it * Geo::kBc;
+    const int valid = min(Geo::kWarpKeys, t_end - t0 - warp * Geo::kWarpKeys);  // this warp's keys in the tile
+    // The warp's rows of the stage (8-bit K/V: the codes, converted in the warp's registers).
+    const auto rows = warp_rows_v4<D>(kv, stage_k(it % kStagesFor<Kv>), stage_v(it % kStagesFor<Kv>), warp, smem, s0);
+    if (valid > 0) wd.tile(rows, warp * Geo::kWarpKeys, valid, c);
+  }
+  cuda::cp_async_wait<0>();
+  __syncthreads();  // every stage is drained: reuse the memory for the merge
+
+  const MergeSmem sm(smem);
+  wd.store(sm.ms, sm.ls, sm.os, c);
+  __syncthreads();
+  for (int task = threadIdx.x; task < rows * (D / 4); task += Geo::kThreads) {
+    const int i = task / (D / 4), c4 = task % (D / 4) * 4;
+    const AttnState<4, float, Base2> acc = merge_warps<D>(sm.ms, sm.ls, sm.os, i, c4);
+    // The block saw one split: store its unnormalised (m, l, O) for the merge kernel.
+    const std::size_t at = (std::size_t(b) * p.heads + h0 + i) * p.splits + split;
+    *reinterpret_cast<float4*>(p.part_o + at * D + c4) = make_float4(acc.o[0], acc.o[1], acc.o[2], acc.o[3]);
+    if (c4 == 0) {
+      p.part_m[at] = acc.s.m;
+      p.part_l[at] = acc.s.l;
+    }
+  }
+  // Arrive: the stores above are made visible to every block first, then one ticket.
+  __threadfence();
+  __syncthreads();
+  __shared__ int ticket;
+  int* counter = p.arrivals + std::size_t(b) * gridDim.y + blockIdx.y;
+  if (threadIdx.x == 0) ticket = atomicAdd(counter, 1);
+  __syncthreads();
+  if (ticket != p.splits - 1) return;  // another split will merge
+  __threadfence();                     // the last: every other split's state is visible
+  merge_states<D>(p, b, h0, rows, reinterpret_cast<float*>(smem), int(smem_bytes<D, Kv>() / 4));
+  if (threadIdx.x == 0) *counter = 0;  // ready for the next step
+}
+
+template <int D, class Kv>
+void launch(const DecodeParams& p, const Kv& kv, int batch, int kv_heads) {
+  const int smem = int(smem_bytes<D, Kv>());
+  static const bool configured = [&] {  // more than 48 KB of shared memory needs an opt-in
+    CUDA_CHECK(cudaFuncSetAttribute(decode<D, Kv>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    return true;
+  }();
+  (void)configured;
+  // A programmatic dependent launch: the blocks may start before the kernel ahead ends.
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(p.splits, kv_heads * p.chunks, batch);
+  config.blockDim = dim3(Geo::kThreads);
+  config.dynamicSmemBytes = std::size_t(smem);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  CUDA_CHECK(cudaLaunchKernelEx(&config, decode<D, Kv>, p, kv));
+  CUDA_CHECK_LAUNCH("v14::decode");
+}
+
+template void launch<64, PagedKv>(const DecodeParams&, const PagedKv&, int, int);
+template void launch<128, PagedKv>(const DecodeParams&, const PagedKv&, int, int);
+
+}  // namespace attn::ch07::gpu::v14
