@@ -9,6 +9,7 @@
     ./tutorial bench --steps 11,16 --peers cudnn,fa4   only these steps, only these peers (--no-peers: none)
     ./tutorial bench --before OLD_BUILD    this build against an older one, kernel by kernel (--rounds R)
     ./tutorial bench --plan                the tasks and their estimated seconds, nothing run
+    ./tutorial bench --only 'ch06 ring'    only the plan's tasks whose label matches (with --plan too)
     ./tutorial bench --cpu                 no GPU needed: the CPU models' counted HBM traffic and
                                            extra memory against N and the on-chip budget M
     ./tutorial bench --report FILE.json    tables and plots again from a recorded results.json
@@ -660,8 +661,9 @@ class Bench:
             args = ["mla", "--n", "1", "--nk", "8192", "--batch", "4", "--heads", "128", "--kv-heads", "128",
                     "--device", "cuda", "--json"] + list(extra)
         st, rep, msg = self.bins[c].run(args, timeout=self.a.timeout)
-        if st == "unsupported":  # the part has its own options: its default problem then
-            st, rep, msg = self.bins[c].run([sub, "--device", "cuda", "--json"], timeout=self.a.timeout)
+        if st == "unsupported":  # the part has its own options: its default problem then (said in a note)
+            self.notes.append("chapter 06 %s: the papers' shape was refused (%s): its default problem ran" % (sub, msg))
+            st, rep, msg = self.bins[c].run([sub, "--device", "cuda", "--json"] + list(extra), timeout=self.a.timeout)
         if st != "ok" or not isinstance(rep, dict) or not rep.get("results"):
             self.notes.append("chapter 06 %s: %s" % (sub, msg or "not written yet (no JSON report)"))
             return
@@ -822,9 +824,11 @@ class Bench:
             masks = ["--no-model"] + (["--mask", "causal"] if q else [])
             # the ring on P = 4 virtual ranks of one GPU (--backend streams): its default backend is
             # CPU threads, which took 132 s at the papers' shape on the H200's host (18:41 UTC) and
-            # reports no GPU row; it runs last, after every shape (a multi-GPU algorithm on one GPU)
+            # reports no GPU row; it runs last, after every shape (a multi-GPU algorithm on one GPU).
+            # Its binary times the GPU backends only with --bench (without it the rows are checked, not
+            # timed); --bench adds chapter 04's kernel on the whole problem beside it, timed alone
             for sub, extra in (("mask", masks), ("gqa", []), ("mla", []),
-                               ("ring", ["--backend", "streams", "--no-decode"]))[:2 if q else 4]:
+                               ("ring", ["--backend", "streams", "--no-decode", "--bench"]))[:2 if q else 4]:
                 # the mask part runs every variant (44 s at 18:41 UTC; 6.0 s for causal alone at 18:35)
                 # unless --quick asks for causal only
                 est = {"mask": 7 if q else 50, "ring": 15}.get(sub, 8)
@@ -935,12 +939,21 @@ class Bench:
         os.replace(path + ".tmp", path)
         return res
 
+    def only(self, tasks):
+        """--only REGEX: the tasks of the plan whose label matches (the ceilings always run: every
+        rate is a share of them), in the plan's order and with its estimates, so that a piece of
+        the full sweep runs exactly as the sweep runs it."""
+        if not self.a.only:
+            return tasks
+        rx = re.compile(self.a.only)
+        return [t for t in tasks if t.kind == "ceilings" or rx.search(t.label)]
+
     def print_plan(self):
         """--plan: the tasks in order with the seconds the progress bar would expect (the costs
         measured on the H200, see the constants above `estimate`), and the total by kind."""
         self.bins = {c: b for c, b in self.bins.items() if b.exists()}
         self.chapters = {c: n for c, n in self.chapters.items() if c in self.bins}
-        tasks = self.plan()
+        tasks = self.only(self.plan())
         by = {}
         for t in tasks:
             print("%6.1f s  %s" % (t.est, t.label))
@@ -958,7 +971,7 @@ class Bench:
             self.notes.append("%s: not built" % m)
         self.bins = {c: b for c, b in self.bins.items() if b.exists()}
         self.chapters = {c: n for c, n in self.chapters.items() if c in self.bins}
-        tasks = self.plan()
+        tasks = self.only(self.plan())
         if self.use_peers and any(t.kind == "peer" or "+ peers" in t.label or "softmax" in t.label for t in tasks):
             self.start_preimport()
         if self.before_bins is not None:  # every launch of ours runs in both builds, --rounds times
@@ -1053,6 +1066,14 @@ def int_list(text):
     return out
 
 
+def regex(text):
+    try:
+        re.compile(text)
+    except re.error as e:
+        raise argparse.ArgumentTypeError("not a regular expression: %r (%s)" % (text, e))
+    return text
+
+
 PEER_ALIASES = {"cudnn": "sdpa_cudnn", "flash": "sdpa_flash", "fa2": "sdpa_flash", "efficient": "sdpa_efficient",
                 "softmax": "torch_softmax"}
 
@@ -1109,6 +1130,9 @@ def main(argv=None):
     ap.add_argument("--verbose", action="store_true", help="print each task's time")
     ap.add_argument("--no-plots", action="store_true", help="the JSON, CSV and tables only (plot later with --report)")
     ap.add_argument("--plan", action="store_true", help="print the tasks and their estimated seconds, run nothing")
+    ap.add_argument("--only", metavar="REGEX", type=regex,
+                    help="only the tasks of the plan whose label (as --plan prints it) matches, e.g. "
+                         "--only 'ch06 ring|d=256' (the ceilings always run)")
     ap.add_argument("--gpu", action="store_true", help=argparse.SUPPRESS)  # run the GPU plan even without one
     a = ap.parse_args(argv)
     a.build_dir_given = "--build-dir" in argv and os.path.realpath(a.build_dir) != os.path.realpath(

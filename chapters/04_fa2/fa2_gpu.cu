@@ -1,6 +1,7 @@
 // Host side of chapter 04: upload, poison, launch a step, download, time.
 #include "common/cuda/buffer.cuh"
 #include "common/cuda/check.cuh"
+#include "common/cuda/device_problem.cuh"
 #include "common/cuda/timing.cuh"
 #include "common/online_softmax.hpp"
 #include "fa2_gpu.hpp"
@@ -83,17 +84,10 @@ double fa2_device_bytes(const Problem& p, bool backward) {
   return bytes;
 }
 
-struct ForwardRunner::Impl {
-  Problem p;
-  DeviceTensor q, k, v, o;
-  DeviceBuffer<float> lse;
-  Impl(const Problem& pr, const AttnInputs& in)
-      : p(pr),
-        q(DeviceTensor::from_host(in.q, pr.dtype)),
-        k(DeviceTensor::from_host(in.k, pr.dtype)),
-        v(DeviceTensor::from_host(in.v, pr.dtype)),
-        o(pr.dtype, pr.o_elems()),
-        lse(pr.lse_elems()) {}
+// The problem on the device (common/cuda/device_problem.cuh): Q, K, V uploaded once, O and LSE
+// allocated once, for every step a launch runs.
+struct ForwardRunner::Impl : DeviceProblem {
+  using DeviceProblem::DeviceProblem;
 };
 
 ForwardRunner::ForwardRunner(const Problem& p, const AttnInputs& in) : impl_(std::make_unique<Impl>(p, in)) {}
@@ -104,8 +98,7 @@ GpuForward ForwardRunner::run(int step, bool time) {
   DeviceTensor& o = impl_->o;
   DeviceBuffer<float>& lse = impl_->lse;
   const FwdParams f = make_params(p, impl_->q, impl_->k, impl_->v, o, lse);
-  o.poison();
-  lse.poison();
+  impl_->poison_outputs();
   if (!launch_step(step, f, p.dtype)) throw CudaError(std::string(step_name(step)) + ": no kernel for this problem");
   CUDA_CHECK_LAUNCH(step_name(step));
   CUDA_CHECK(cudaDeviceSynchronize());

@@ -7,6 +7,7 @@
 
 #include "common/cuda/buffer.cuh"
 #include "common/cuda/check.cuh"
+#include "common/cuda/device_problem.cuh"
 #include "common/cuda/timing.cuh"
 #include "common/cuda/types.cuh"
 #include "common/device.hpp"
@@ -141,17 +142,10 @@ void fill_normal(DeviceTensor& t, unsigned seed) {
 
 }  // namespace
 
-struct ForwardRunner::Impl {
-  Problem p;
-  DeviceTensor q, k, v, o;
-  DeviceBuffer<float> lse;
-  Impl(const Problem& pr, const AttnInputs& in)
-      : p(pr),
-        q(DeviceTensor::from_host(in.q, pr.dtype)),
-        k(DeviceTensor::from_host(in.k, pr.dtype)),
-        v(DeviceTensor::from_host(in.v, pr.dtype)),
-        o(pr.dtype, pr.o_elems()),
-        lse(pr.lse_elems()) {}
+// The problem on the device (common/cuda/device_problem.cuh): Q, K, V uploaded once, O and LSE
+// allocated once, for every step a launch runs.
+struct ForwardRunner::Impl : DeviceProblem {
+  using DeviceProblem::DeviceProblem;
 };
 
 ForwardRunner::ForwardRunner(const Problem& p, const AttnInputs& in) : impl_(std::make_unique<Impl>(p, in)) {}
@@ -173,8 +167,7 @@ GpuForward ForwardRunner::run(Step s, bool time, int launches) {
 
   // The checked run: every output poisoned first, so an unwritten element is NaN.
   for (int i = 0; i < std::max(1, launches); ++i) {
-    o.poison();
-    lse.poison();
+    impl_->poison_outputs();
     step.launch();
   }
   CUDA_CHECK(cudaDeviceSynchronize());
