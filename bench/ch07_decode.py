@@ -22,6 +22,12 @@ FlashAttention-4 (where importable) on the same shapes in the same process (each
 at batch 8 x 32K and 1 x 64K) and prints tokens per second and each format's ratio to bf16.
 Both print markdown with the GPU, the date, the versions and the command. `--since vN`
 passes through to the binary: only kernel vN and the later steps run (and are timed).
+
+    python3 bench/ch07_decode.py --focus readme --binary B/bin/ch07_paged_radix [--since v5] [--chain R]
+
+The README's four tables from one invocation: the accuracy table (`decode --accuracy`, the CPU
+model), `quant`, `b1` with the peers, and swap against recompute (`swap --device cuda --json`,
+which measures its copy and GEMM rates in the run), each with its own ceiling or rates.
 """
 import os
 import subprocess
@@ -109,6 +115,73 @@ def focus(kind, binary, since=None, chain=8):
     return 0 if ok else 1
 
 
+def accuracy(binary):
+    """The accuracy table: `decode --accuracy` (the CPU model of v2 on each format; any machine)."""
+    cmd = [binary, "decode", "--accuracy"]
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    print("accuracy: %s (CPU model, seeded: the same numbers on every machine)" % " ".join(cmd))
+    print()
+    for line in r.stdout.splitlines():
+        if line.startswith("|") or line.startswith("(rel L2") or line.startswith(" outliers"):
+            print(line)
+    return r.returncode
+
+
+def swap(binary):
+    """Swap against recompute: `swap --device cuda --json`, the rates measured by the binary in the run."""
+    import json
+    cmd = [binary, "swap", "--device", "cuda", "--json"]
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    try:
+        rep = json.loads(r.stdout)
+    except ValueError:
+        sys.stdout.write(r.stdout)
+        print("swap printed no JSON (exit %d)" % r.returncode)
+        return 1
+    print("swap: %s; %s; %d requests per trace, a pool of %d pages of %d tokens" % (
+        " ".join(cmd), rep["rates"], rep["requests"], rep["pool_pages"], rep["page_size"]))
+    print()
+    print("| workload | prefix cache | recompute: preemptions | tokens recomputed | time | swap: preemptions | "
+          "pages out / in | time | swap / recompute | per victim: swaps / recomputes | time | "
+          "lookahead: swaps / recomputes | time | lookahead / better fixed policy |")
+    print("|" + "---|" * 14)
+    ok = r.returncode == 0
+    for x in rep["results"]:
+        ok = ok and x["valid"]
+        if not (x["preemptions_recompute"] or x["preemptions_swap"]):
+            continue
+        best = min(x["recompute_s"], x["swap_s"])
+        print("| %s | %s | %d | %s | %.3f s | %d | %s / %s | %.3f s | %.2f | %d / %d | %.3f s | %d / %d | **%.3f s** | %.2f |" % (
+            x["workload"], x["cache"], x["preemptions_recompute"], format(x["recompute_tokens"], ","), x["recompute_s"],
+            x["preemptions_swap"], format(x["swapped_out_pages"], ","), format(x["swapped_in_pages"], ","), x["swap_s"],
+            x["swap_s"] / x["recompute_s"] if x["recompute_s"] else float("nan"),
+            x["cheaper_swap_outs"], x["cheaper_priced_recomputes"], x["cheaper_s"],
+            x["lookahead_swap_outs"], x["lookahead_preemptions"] - x["lookahead_swap_outs"], x["lookahead_s"],
+            x["lookahead_s"] / best if best else float("nan")))
+    print("(traces that preempt nothing in this pool are left out; every trace's invariants: %s)" % (
+        "valid" if ok else "NOT VALID"))
+    return 0 if ok else 1
+
+
+def readme(binary, since, chain):
+    """The README's four tables from one invocation: accuracy, the 8-bit decode, B = 1 with the peers, swap."""
+    import time
+    t0 = time.time()
+    print("command: python3 bench/ch07_decode.py --focus readme --binary %s%s --chain %d" % (
+        binary, " --since " + since if since else "", chain))
+    rc = 0
+    for name, run in (("accuracy", lambda: accuracy(binary)), ("quant", lambda: focus("quant", binary, since)),
+                      ("b1", lambda: focus("b1", binary, None, chain)), ("swap", lambda: swap(binary))):
+        print()
+        print("<!-- readme table: %s -->" % name)
+        sys.stdout.flush()
+        rc |= run()
+        sys.stdout.flush()
+    print()
+    print("(took %.0f s)" % (time.time() - t0))
+    return rc
+
+
 def main():
     args, extra, markdown = sys.argv[1:], [], False
     if "--focus" in args:
@@ -117,6 +190,8 @@ def main():
         binary = args[args.index("--binary") + 1] if "--binary" in args else "build/bin/ch07_paged_radix"
         since = args[args.index("--since") + 1] if "--since" in args else None
         chain = int(args[args.index("--chain") + 1]) if "--chain" in args else 8
+        if kind == "readme":
+            return readme(binary, since, chain)
         return focus(kind, binary, since, chain)
     if "--markdown" in args:
         args.remove("--markdown")
