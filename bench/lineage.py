@@ -215,6 +215,18 @@ class Binary:
                 self._flags, self._step_list, self._step_range = set(), False, None
         return self._flags
 
+    def sub_flags(self, sub):
+        """The options a subcommand's --help lists (`ch07_paged_radix decode --help`: a binary with
+        subcommands lists only them at the top), asked once a subcommand."""
+        cache = self.__dict__.setdefault("_sub_flags", {})
+        if sub not in cache:
+            try:
+                r = subprocess.run([self.path, sub, "--help"], capture_output=True, text=True, timeout=30)
+                cache[sub] = set(re.findall(r"(--[a-z0-9][a-z0-9-]*)", r.stdout + r.stderr))
+            except (OSError, subprocess.TimeoutExpired):
+                cache[sub] = set()
+        return cache[sub]
+
     def steps_of(self, ks):
         """The steps of `ks` this binary has (all of them when its --help gives no range): a list
         with a step the binary does not have would be refused whole."""
@@ -608,7 +620,7 @@ class Bench:
         c = "07"
         args = ["decode", "--sweep", "--device", "cuda", "--json"]
         if shapes:
-            if "--sweep-shapes" not in self.bins[c].flags():
+            if "--sweep-shapes" not in self.bins[c].sub_flags("decode"):
                 self.notes.append("ch07 decode sweep %s: the binary has no --sweep-shapes" % shapes)
                 return
             args[2:2] = ["--sweep-shapes", shapes]
