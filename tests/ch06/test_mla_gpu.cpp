@@ -85,7 +85,7 @@ TEST_CASE("MLA absorbed decode kernel: the 64-row tile on wgmma + TMA (both rele
   for (const MlaShape& s : cases) {
     const MlaInputs in = make_mla_inputs(s, Dist::normal, 7);
     const Oracle oracle(s, in);
-    for (int tile64 : {kTile64Wgmma, kTile64WgmmaSync, kTile64WgmmaBlock, kTile64Mma}) {
+    for (int tile64 : {kTile64Wgmma, kTile64WgmmaSync, kTile64WgmmaBlock, kTile64WgmmaLockstep, kTile64Mma}) {
       if (tile64 != kTile64Mma && !hopper) continue;
       for (int splits : {0, 1, 3}) {
         const MlaGpuResult g = mla_absorb_gpu(s, in, splits, false, 0, tile64);
@@ -97,6 +97,7 @@ TEST_CASE("MLA absorbed decode kernel: the 64-row tile on wgmma + TMA (both rele
         CHECK((g.what.find("bar.sync") != std::string::npos) ==
               (tile64 == kTile64WgmmaSync || tile64 == kTile64WgmmaBlock));
         CHECK((g.what.find("barrier 0") != std::string::npos) == (tile64 == kTile64WgmmaBlock));
+        CHECK((g.what.find("lockstep") != std::string::npos) == (tile64 == kTile64WgmmaLockstep));
         CHECK(oracle.pass(g.o, s.output().o_elems()));
       }
     }

@@ -244,11 +244,12 @@ void mla_sweep(Report& rep, const Ceilings& ceil, int tile64, int only_heads, co
     // The 64-row tile's other kernels on the same case (wgmma against mma.sync, and the
     // wgmma kernel with P released by bar.sync; one process).
     if (c.h * s.nq > 16)
-      for (int other : {kTile64Mma, kTile64Wgmma, kTile64WgmmaSync, kTile64WgmmaBlock}) {
+      for (int other : {kTile64Mma, kTile64Wgmma, kTile64WgmmaSync, kTile64WgmmaBlock, kTile64WgmmaLockstep}) {
         if (other == tile64) continue;
         const MlaGpuResult gv = mla_absorb_bench(s, 0, 0, other);
         const double tv = attn_flops / (gv.attn_ms * 1e-3) / 1e12;
-        const char* name = gv.what.find("barrier 0") != std::string::npos  ? "wgmma-block"
+        const char* name = gv.what.find("lockstep") != std::string::npos   ? "wgmma-lockstep"
+                           : gv.what.find("barrier 0") != std::string::npos  ? "wgmma-block"
                            : gv.what.find("bar.sync") != std::string::npos ? "wgmma-sync"
                            : gv.what.find("wgmma") != std::string::npos    ? "wgmma"
                                                                            : "mma";
@@ -474,10 +475,11 @@ int mla_main(int argc, char** argv) {
   cli.add_int("--sweep-splits", &sweep_splits,
               "GPU: also time each sweep row with 1, 2, 4, ... up to this many key ranges (0: none) [0]", 0, 1024);
   std::string tile64 = "wgmma";
-  cli.add_choice("--tile64", &tile64, {"wgmma", "wgmma-sync", "wgmma-block", "mma"},
+  cli.add_choice("--tile64", &tile64, {"wgmma", "wgmma-sync", "wgmma-block", "wgmma-lockstep", "mma"},
                  "GPU: the 64-row decode tile's kernel (wgmma + TMA on sm_90, else mma.sync; wgmma-sync: P "
                  "released by bar.sync, the variant compute-sanitizer's racecheck follows; wgmma-block: the "
-                 "same on barrier 0, all threads of the block) [wgmma]");
+                 "same on barrier 0, all threads of the block; wgmma-lockstep: both warpgroups in one loop "
+                 "meeting at __syncthreads()) [wgmma]");
   std::string combine = "separate";
   cli.add_choice("--combine", &combine, {"separate", "fused", "general"},
                  "GPU: merge the key ranges in a second kernel (one round trip for up to 8 ranges in 4 "
@@ -495,6 +497,7 @@ int mla_main(int argc, char** argv) {
     const int t64 = tile64 == "mma"           ? kTile64Mma
                     : tile64 == "wgmma-sync"  ? kTile64WgmmaSync
                     : tile64 == "wgmma-block" ? kTile64WgmmaBlock
+                    : tile64 == "wgmma-lockstep" ? kTile64WgmmaLockstep
                                               : kTile64Wgmma;
     std::vector<int> more_splits;
     for (int k = 1; k <= sweep_splits; k *= 2) more_splits.push_back(k);

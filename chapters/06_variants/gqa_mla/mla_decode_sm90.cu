@@ -50,6 +50,13 @@
 //                   P_{j+1}: up to 4% slower (rounds of 17:25 and 18:02 UTC, 2026-12-01).
 //   kReleaseBlock   kReleaseSync's barrier.sync on barrier 0 (all 256 threads of the block,
 //                   __syncthreads()'s barrier) instead of barrier 2 (--tile64 wgmma-block).
+//   kReleaseLockstep both warpgroups in one loop (--tile64 wgmma-lockstep): per key block,
+//                   warpgroup 0 writes P_j; __syncthreads() "P full"; both issue their half of
+//                   P_j V_j (the same instructions), warpgroup 0 also S_{j+1}; __syncthreads()
+//                   "P read". Every thread meets at the same barrier instruction, the pattern
+//                   racecheck is built for. The price: warpgroup 0's wgmma issue sits on a
+//                   divergent path inside the shared loop, so ptxas serialises the wgmma of this
+//                   kernel (its C7520 "Potential Performance Loss"); a variant to check, not to run.
 // (An earlier alternative, P in the k_rope box of its own stage, released through the
 // ring's mbarriers, was also flagged by racecheck and ran 9-11% slower: rounds of 15:08 and
 // 15:34 UTC, 2026-12-01.)
@@ -60,6 +67,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/cuda/check.cuh"
 #include "common/cuda/fast_math.cuh"
@@ -188,7 +196,94 @@ __global__ void __launch_bounds__(kThreads, 1)
   RowSoftmax sm;
   sm.init();
 
-  if (wg == 0) {
+  if constexpr (kRelease == kReleaseLockstep) {
+    // ------------------------------------------------ both warpgroups in one loop (--tile64 wgmma-lockstep)
+    // Per block i: warpgroup 0's softmax writes P_i; __syncthreads() "P full"; warpgroup 0
+    // issues P_i V_i (left) and S_{i+1}, warpgroup 1 loads P_i; __syncthreads() "P read";
+    // warpgroup 1 issues P_i V_i (right) and refills the stage. Both barriers are reached by
+    // every thread at the same instruction (the aligned barrier 0, as racecheck expects).
+    float s[kBc / 2];
+    uint32_t pr[kBc / 4];
+    auto issue_s = [&](int st) {
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kDK / 16; ++k) WgmmaSS<bf16, kBc>::mma(s, q_desc(k), k_desc(st, k), k > 0);
+      wgmma_commit();
+    };
+    if (wg == 0 && n > 0) {
+      mbarrier_wait(full_q, 0);
+      mbarrier_wait(&full[0], 0);
+      issue_s(0);
+      wgmma_wait<0>();
+      fence_operand(s);
+    }
+    // Block i; kNext: S_{i+1} follows (every block but the last, peeled off so that no wgmma
+    // sits under a condition inside the loop).
+    auto step = [&](int i, auto next) {
+      constexpr bool kNext = decltype(next)::value;
+      const int st = i % kStages, j = lo + i;
+      const uint32_t ph = (i / kStages) & 1;
+      float alpha[2];
+      if (wg == 0) {
+#pragma unroll
+        for (int e = 0; e < kBc / 2; ++e) {
+          const int key = j * kBc + 8 * (e / 4) + 2 * (lane % 4) + (e & 1);
+          s[e] = key < limit[(e >> 1) & 1] ? s[e] : -INFINITY;
+        }
+        sm.update(s, p.scale_log2, alpha);
+#pragma unroll
+        for (int q = 0; q < kBc / 4; ++q) pr[q] = pack2<bf16>(s[2 * q], s[2 * q + 1]);
+#pragma unroll
+        for (int q = 0; q < kBc / 4; ++q) sp[q * 128 + t] = pr[q];
+        salpha[2 * t] = alpha[0];
+        salpha[2 * t + 1] = alpha[1];
+      }
+      __syncthreads();  // "P full": P_i and alpha_i written
+      if (wg == 1) {
+#pragma unroll
+        for (int q = 0; q < kBc / 4; ++q) pr[q] = sp[q * 128 + t];
+        alpha[0] = salpha[2 * t];
+        alpha[1] = salpha[2 * t + 1];
+        mbarrier_wait(&full[st], ph);  // complete already (warpgroup 0 waited); makes the TMA bytes visible here
+      }
+      // O_half = alpha O_half + P_i V_i[:, 256 wg : 256 wg + 256], the same instructions in both warpgroups
+      rescale(o, alpha);
+      fence_operand(o);
+      fence_operand(pr);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBc / 16; ++kk) {
+        const uint32_t a[4] = {pr[4 * kk], pr[4 * kk + 1], pr[4 * kk + 2], pr[4 * kk + 3]};
+        WgmmaRS<bf16, kHalf>::mma(o, a, v_desc(st, kk, wg), 1);
+      }
+      wgmma_commit();
+      if constexpr (kNext) {
+        if (wg == 0) {
+          mbarrier_wait(&full[(i + 1) % kStages], ((i + 1) / kStages) & 1);
+          issue_s((i + 1) % kStages);
+        } else {
+          wgmma_commit();  // an empty group, so that both warpgroups wait at the same count below
+        }
+      }
+      __syncthreads();  // "P read": warpgroup 1 holds P_i in registers; P_{i+1} may be written
+      wgmma_wait<kNext ? 1 : 0>();  // P_i V_i is done; S_{i+1} may still run
+      fence_operand(o);
+      fence_operand(pr);
+      if (lane == 0) mbarrier_arrive(&empty[st]);  // this warp is done with the stage
+      // The producer: once all eight warps have released stage st, block i + 2 goes into it.
+      if (threadIdx.x == 128 && i + kStages < n) {
+        mbarrier_wait(&empty[st], ph);
+        load_kv(i + kStages);
+      }
+      __syncwarp();
+      if constexpr (kNext) {
+        wgmma_wait<0>();
+        fence_operand(s);
+      }
+    };
+    for (int i = 0; i + 1 < n; ++i) step(i, std::true_type{});
+    if (n > 0) step(n - 1, std::false_type{});
+  } else if (wg == 0) {
     // ---------------------------------------------------------------- warpgroup 0: S, softmax, left half of O
     float s[kBc / 2];
     uint32_t pr[kBc / 4];
@@ -338,12 +433,14 @@ struct Maps {
 }  // namespace
 
 int launch_decode_sm90(const DecodeParams& p, int release) {
-  if (release != kReleaseSync && release != kReleaseArrive && release != kReleaseBlock)
+  if (release != kReleaseSync && release != kReleaseArrive && release != kReleaseBlock && release != kReleaseLockstep)
     throw UsageError("launch_decode_sm90: no such release of P");
   static const bool configured = [] {
     CUDA_CHECK(cudaFuncSetAttribute(decode_sm90_kernel<kReleaseSync>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     kBytes));
     CUDA_CHECK(cudaFuncSetAttribute(decode_sm90_kernel<kReleaseBlock>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    kBytes));
+    CUDA_CHECK(cudaFuncSetAttribute(decode_sm90_kernel<kReleaseLockstep>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     kBytes));
     CUDA_CHECK(cudaFuncSetAttribute(decode_sm90_kernel<kReleaseArrive>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     kBytes));
@@ -362,6 +459,8 @@ int launch_decode_sm90(const DecodeParams& p, int release) {
     decode_sm90_kernel<kReleaseSync><<<grid, kThreads, kBytes>>>(maps.tq, maps.tkv, p);
   else if (release == kReleaseBlock)
     decode_sm90_kernel<kReleaseBlock><<<grid, kThreads, kBytes>>>(maps.tq, maps.tkv, p);
+  else if (release == kReleaseLockstep)
+    decode_sm90_kernel<kReleaseLockstep><<<grid, kThreads, kBytes>>>(maps.tq, maps.tkv, p);
   else
     decode_sm90_kernel<kReleaseArrive><<<grid, kThreads, kBytes>>>(maps.tq, maps.tkv, p);
   CUDA_CHECK_LAUNCH("mla decode_sm90_kernel");
