@@ -13,6 +13,7 @@
 Only rows that passed their check are drawn; a failed kernel has no point.
 """
 import os
+import re
 import sys
 import textwrap
 
@@ -140,11 +141,19 @@ def bar_panel(ax, rows, keyfilter, kernels, colors, gemm):
     return bool(names)
 
 
+def step_order(kernel):
+    """Sort key of a chapter's kernel: its step number ("ch05 v12 ...", "ch05 b3 ..."), the other
+    kernels after the steps, in the order given (sorted() is stable)."""
+    m = re.match(r"ch\d\d [vb](\d+)\b", kernel)
+    return (0, int(m.group(1))) if m else (1, 0)
+
+
 def fig_chapter(res, rows, chapter, pss, out_dir):
     kernels = bench_report.chapter_kernels(rows, chapter, pss)
     kernels = [k for k in kernels if any(speed(r) for r in rows if r["kernel"] == k)]
     if not kernels:
         return None
+    kernels = sorted(kernels, key=step_order)  # the steps as the chapter numbers them, light to dark
     ns = {r["N"] for r in rows if r["kernel"] in kernels}
     if len(ns) == 1 or chapter == "06":  # chapter 06: variants and head groups, a panel each, not an N sweep
         return fig_chapter_bars(res, rows, chapter, pss, kernels, out_dir)
@@ -170,12 +179,15 @@ def fig_chapter(res, rows, chapter, pss, out_dir):
                 ax.text(0.5, 0.5, "nothing measured", transform=ax.transAxes, ha="center", color="#888888")
             if i == len(dims) - 1:
                 ax.set_xlabel("N (B·N = 16K tokens, H·d = 2048)")
-    handles, labels = [], []
+    # the legend in the lesson's order (the steps as the chapter numbers them, then the peers),
+    # whichever panel drew a line first
+    by_label = {}
     for ax in axes.flat:
         for h, l in zip(*ax.get_legend_handles_labels()):
-            if l not in labels:
-                handles.append(h)
-                labels.append(l)
+            by_label.setdefault(l, h)
+    order = [(k[5:] if k[:2] == "ch" else k) for k in kernels] + [PEER_LABEL[p] for p in PEERS]
+    labels = [l for l in order if l in by_label] + [l for l in by_label if l not in order]
+    handles = [by_label[l] for l in labels]
     title = {"fwd": "forward", "bwd": "backward"}[pss]
     fig.suptitle("Chapter %s, %s: every step and every peer, one run" % (chapter, title), y=1 - 0.12 / fig.get_size_inches()[1],
                  va="top", fontsize=11)
