@@ -361,4 +361,13 @@ GpuBackward fa3_backward_gpu(const Problem& p, const AttnInputs& in, BwdStep ste
   return BackwardRunner(p, in).run(step, deterministic, time, judge);
 }
 
+void fa3_backward_launch_only(const Problem& p, const AttnInputs& in, const std::vector<int>& steps, int launches) {
+  BackwardRunner runner(p, in);
+  for (int k : steps) {
+    const BwdStep s = BwdStep(k);
+    if (!bwd_step_supports(s, p)) continue;
+    for (int i = 0; i < launches; ++i) runner.run(s, /*deterministic=*/false, /*time=*/false);
+  }
+}
+
 }  // namespace attn::ch05

@@ -87,6 +87,11 @@ class BackwardRunner {
   std::unique_ptr<Impl> impl_;
 };
 
+/// For a profiler (`ch05_fa3_hopper --backward-steps K,... --launch-only N`): each listed step
+/// (its number, 1-14) run N times on one problem, dQ added in any order, O and LSE from v8;
+/// nothing checked or timed. A step not built for the problem's head dim is skipped.
+void fa3_backward_launch_only(const Problem& p, const AttnInputs& in, const std::vector<int>& steps, int launches);
+
 /// Device bytes the backward allocates (inputs, O, LSE, gradients, accumulators).
 double fa3_backward_device_bytes(const Problem& p);
 

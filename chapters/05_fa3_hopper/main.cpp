@@ -130,7 +130,7 @@ int main(int argc, char** argv) {
   cli.add_flag("--backward-only", &backward_only, "run the backward rows and no forward step (the backward still runs v8 for O and LSE)");
   int launch_only = 0;
   cli.add_int("--launch-only", &launch_only,
-              "launch the chosen steps K times each on device-made inputs, nothing checked or timed (for a profiler)", 1, 100);
+              "launch the chosen steps K times each on device-made inputs, and the steps of --backward-steps on seeded ones, nothing checked or timed (for a profiler)", 1, 100);
   std::string bwd_step_text = "auto";
   cli.add_choice("--backward-step", &bwd_step_text, {"auto", "all", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14"},
                  "run one backward step (b1-b14) or all (see --backward-steps for several); auto: all with --step all, none with a list of forward steps");
@@ -160,6 +160,8 @@ int main(int argc, char** argv) {
       if (!dev || !hopper_ready(&why)) throw UsageError("--launch-only needs an sm_90 GPU" + (why.empty() ? "" : ": " + why));
       for (Step s : steps)
         if (step_supports(s, p)) fa3_launch_only(p, s, launch_only);
+      // The backward steps of --backward-steps: seeded inputs, O and LSE from v8, no oracle.
+      if (!bwd_step_list.empty()) fa3_backward_launch_only(p, make_inputs(p, opt.dist, opt.seed, true), bwd_step_list, launch_only);
       return 0;
 #else
       throw UsageError("--launch-only needs the CUDA build");

@@ -10,6 +10,18 @@ the backward alone (torch.autograd.grad on the graph of one forward) timed by th
 timer (3 warm-ups, the L2 flushed and left clean before each of 20 repeats, CUDA events, the
 median). TFLOP/s by FlashAttention's count: 2.5 x the forward's 4 B H N^2 d, halved when causal.
 Run it after our rows, in the same request, so that ours and the peers share a GPU and a day.
+
+For Nsight Compute, the peers' kernels alone (nothing timed by events):
+
+    ncu --profile-from-start off --metrics gpu__time_duration.sum --clock-control none \
+        python3 chapters/05_fa3_hopper/scripts/peers_bwd.py --profile --shape 128:1 ... > ncu.txt
+    python3 chapters/05_fa3_hopper/scripts/peers_bwd.py --parse-ncu ncu.txt
+
+`--profile` makes every (shape, peer) call first (FA4 compiles then) and runs its backward twice,
+then runs each backward once more between cudaProfilerStart and cudaProfilerStop, after a 1-thread
+marker kernel (torch.cuda._sleep), so that `--parse-ncu` can split ncu's kernel list by call.
+`--wait-for FILE` holds the profiled calls until FILE exists (the compiles can overlap other work
+that is not timed); `--ready FILE` is written once the compiles are done.
 """
 import argparse
 import os
@@ -19,15 +31,40 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "bench"))
 
 
+t_imports = 0.0
+
+
+def preimport():
+    """What Peers() imports (no CUDA call): torch, FlexAttention's compiler, FA4."""
+    global t_imports
+    import importlib
+    for m in ("torch", "torch.nn.attention.flex_attention", "torch._dynamo", "flash_attn.cute"):
+        try:
+            importlib.import_module(m)
+        except Exception:
+            pass  # Peers() says why, later
+    t_imports = time.time()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", action="append", required=True, help="d:causal, e.g. 128:1")
     ap.add_argument("--peers", default="fa4,sdpa_cudnn,sdpa_flash")
     ap.add_argument("--n", type=int, default=8192)
     ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--profile", action="store_true", help="for ncu --profile-from-start off: each backward once, profiled")
+    ap.add_argument("--wait-for", help="wait for this file after the imports (with --profile: before the profiled calls)")
+    ap.add_argument("--ready", help="with --profile: write this file when every call has compiled")
     a = ap.parse_args()
     t0 = time.time()
+    if a.profile:
+        return profile(a, t0)
     from bench_common import PEER_LABEL
+    if a.wait_for:  # the imports now, beside other work; the GPU untouched until the file exists
+        preimport()
+        while not os.path.exists(a.wait_for):
+            time.sleep(0.2)
+        print("# imports %.1f s, then waited for %s until %.1f s" % (t_imports - t0, a.wait_for, time.time() - t0), flush=True)
     from bench_peers import Peers
     peers = Peers(repeats=20)
     print("# torch %s, cuDNN %s (%.1f s to import)" % (peers.versions.get("torch"), peers.versions.get("cudnn"),
@@ -48,5 +85,98 @@ def main():
                 time.time() - t1), flush=True)
 
 
+def profile(a, t0):
+    """Each peer's backward once between cudaProfilerStart/Stop, after a marker kernel."""
+    from bench_common import PEER_LABEL
+    from bench_peers import Peers
+    peers = Peers(repeats=1)
+    torch = peers.torch
+    print("# torch %s, cuDNN %s, FA4 %s (%.1f s to import)" % (peers.versions.get("torch"), peers.versions.get("cudnn"),
+                                                              peers.versions.get("fa4"), time.time() - t0), flush=True)
+    calls = []
+    for s in a.shape:
+        d, c = (int(x) for x in s.split(":"))
+        h = 2048 // d
+        for p in a.peers.split(","):
+            label = "%s d=%d %s B=%d H=%d N=%d" % (PEER_LABEL.get(p, p), d, "causal" if c else "not-causal", a.batch, h, a.n)
+            why = peers.avail.get(p, "unknown peer")
+            if why:
+                print("# %s: %s" % (label, why), flush=True)
+                continue
+            bnhd = p == "fa4"
+            g = torch.Generator(device="cuda").manual_seed(0)
+            shape = (a.batch, a.n, h, d) if bnhd else (a.batch, h, a.n, d)
+            q, k, v = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_(True)
+                       for _ in range(3))
+            t1 = time.time()
+            try:
+                o = peers._call(p, q, k, v, bool(c))()
+                do = torch.randn_like(o)
+                for _ in range(2):  # FA4 compiles its backward on the first
+                    torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+                torch.cuda.synchronize()
+            except Exception as e:
+                print("# %s: unsupported (%s)" % (label, str(e).splitlines()[0][:120] if str(e) else type(e).__name__))
+                continue
+            print("# %s: compiled and run (%.1f s)" % (label, time.time() - t1), flush=True)
+            calls.append((label, q, k, v, o, do))
+    if a.ready:
+        open(a.ready, "w").write("ready\n")
+    if a.wait_for:
+        while not os.path.exists(a.wait_for):
+            time.sleep(0.2)
+    for label, q, k, v, o, do in calls:
+        print("# profiled: %s" % label, flush=True)
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+        torch.cuda._sleep(1000)  # the marker: one thread, a few microseconds
+        torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+    print("# %d calls profiled (%.1f s in all)" % (len(calls), time.time() - t0), flush=True)
+
+
+UNIT_MS = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "second": 1e3}
+
+
+def parse_ncu(path):
+    """ncu's details output of a --profile run: one table row per call, its kernels and their sum."""
+    import re
+    head = re.compile(r"^  (\S.*?) \((\d+), (\d+), (\d+)\)x\((\d+), (\d+), (\d+)\), Context")
+    dur = re.compile(r"gpu__time_duration\.sum\s+(\w+)\s+([\d.,]+)")
+    labels = [l.split("# profiled: ", 1)[1].strip() for l in open(path, errors="replace") if l.startswith("# profiled: ")]
+    groups, name = [], None
+    for line in open(path, errors="replace"):
+        m = head.match(line)
+        if m:
+            name = m.group(1)
+            continue
+        m = dur.search(line)
+        if m and name is not None:
+            ms = float(m.group(2).replace(",", "")) * UNIT_MS.get(m.group(1), float("nan"))
+            if "spin_kernel" in name or "sleep" in name.lower():
+                groups.append([])
+            elif groups:
+                groups[-1].append((name, ms))
+            name = None
+    if not groups:
+        print("# no marker kernel found: ncu's kernels in order")
+        for line in open(path, errors="replace"):
+            if head.match(line) or dur.search(line):
+                print(line.rstrip()[:160])
+        return
+    print("| call | kernels (ncu gpu__time_duration.sum) | sum ms |")
+    print("|---|---|---|")
+    for i, g in enumerate(groups):
+        label = labels[i] if i < len(labels) else "call %d" % i
+        ks = "; ".join("%s %.4g ms" % (re.sub(r"[(<].*", "", n).replace("void ", "")[:56], ms) for n, ms in g)
+        print("| %s | %s | %.4g |" % (label, ks, sum(ms for _, ms in g)))
+    if len(groups) != len(labels):
+        print("# %d marker groups, %d profiled calls: the split is not to be trusted" % (len(groups), len(labels)))
+
+
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) == 3 and sys.argv[1] == "--parse-ncu":
+        parse_ncu(sys.argv[2])
+    else:
+        main()
