@@ -85,7 +85,8 @@ TEST_CASE("MLA absorbed decode kernel: the 64-row tile on wgmma + TMA (both rele
   for (const MlaShape& s : cases) {
     const MlaInputs in = make_mla_inputs(s, Dist::normal, 7);
     const Oracle oracle(s, in);
-    for (int tile64 : {kTile64Wgmma, kTile64WgmmaSync, kTile64WgmmaBlock, kTile64WgmmaLockstep, kTile64Mma}) {
+    for (int tile64 : {kTile64Wgmma, kTile64WgmmaSync, kTile64WgmmaBlock, kTile64WgmmaLockstep, kTile64WgmmaHalves,
+                       kTile64Mma}) {
       if (tile64 != kTile64Mma && !hopper) continue;
       for (int splits : {0, 1, 3}) {
         const MlaGpuResult g = mla_absorb_gpu(s, in, splits, false, 0, tile64);
@@ -98,6 +99,7 @@ TEST_CASE("MLA absorbed decode kernel: the 64-row tile on wgmma + TMA (both rele
               (tile64 == kTile64WgmmaSync || tile64 == kTile64WgmmaBlock));
         CHECK((g.what.find("barrier 0") != std::string::npos) == (tile64 == kTile64WgmmaBlock));
         CHECK((g.what.find("lockstep") != std::string::npos) == (tile64 == kTile64WgmmaLockstep));
+        CHECK((g.what.find("halves") != std::string::npos) == (tile64 == kTile64WgmmaHalves));
         CHECK(oracle.pass(g.o, s.output().o_elems()));
       }
     }
@@ -142,6 +144,8 @@ TEST_CASE("MLA absorbed decode kernel: mean-shifted and outlier inputs") {
       const Oracle oracle(s, in);
       CAPTURE(s.describe());
       CHECK(oracle.pass(mla_absorb_gpu(s, in, 0, false).o, s.output().o_elems()));
+      // the 64-row tile with the key block in halves (its own softmax: the maxima meet in shared memory)
+      CHECK(oracle.pass(mla_absorb_gpu(s, in, 0, false, 0, kTile64WgmmaHalves).o, s.output().o_elems()));
     }
   }
 }

@@ -320,6 +320,7 @@ MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool 
   const int release = tile64 == kTile64WgmmaSync    ? mla::kReleaseSync
                       : tile64 == kTile64WgmmaBlock ? mla::kReleaseBlock
                       : tile64 == kTile64WgmmaLockstep ? mla::kReleaseLockstep
+                      : tile64 == kTile64WgmmaHalves ? mla::kHalves
                                                     : mla::kReleaseArrive;
   const int tiles = ceil_div(rows, per_tile), nblocks = ceil_div(s.nk, mla::keys_per_block(per_tile, variant));
   // Split-K: whole waves of (tile, range, sequence) blocks (mla_pick_splits(), mla_model.hpp).
@@ -388,6 +389,8 @@ MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool 
                                                           ? ", wgmma, P released by bar.sync on barrier 0"
                                                       : release == mla::kReleaseLockstep
                                                           ? ", wgmma, lockstep at __syncthreads()"
+                                                      : release == mla::kHalves
+                                                          ? ", wgmma, the key block in halves"
                                                                                      : ", wgmma")) +
            (fused ? "), fused combine"
                   : "), combine in " + std::to_string(mla::combine_parts(p, sm_count())) + " parts" +

@@ -244,11 +244,13 @@ void mla_sweep(Report& rep, const Ceilings& ceil, int tile64, int only_heads, co
     // The 64-row tile's other kernels on the same case (wgmma against mma.sync, and the
     // wgmma kernel with P released by bar.sync; one process).
     if (c.h * s.nq > 16)
-      for (int other : {kTile64Mma, kTile64Wgmma, kTile64WgmmaSync, kTile64WgmmaBlock, kTile64WgmmaLockstep}) {
+      for (int other : {kTile64Mma, kTile64Wgmma, kTile64WgmmaSync, kTile64WgmmaBlock, kTile64WgmmaLockstep,
+                         kTile64WgmmaHalves}) {
         if (other == tile64) continue;
         const MlaGpuResult gv = mla_absorb_bench(s, 0, 0, other);
         const double tv = attn_flops / (gv.attn_ms * 1e-3) / 1e12;
-        const char* name = gv.what.find("lockstep") != std::string::npos   ? "wgmma-lockstep"
+        const char* name = gv.what.find("halves") != std::string::npos     ? "wgmma-halves"
+                           : gv.what.find("lockstep") != std::string::npos   ? "wgmma-lockstep"
                            : gv.what.find("barrier 0") != std::string::npos  ? "wgmma-block"
                            : gv.what.find("bar.sync") != std::string::npos ? "wgmma-sync"
                            : gv.what.find("wgmma") != std::string::npos    ? "wgmma"
@@ -475,11 +477,12 @@ int mla_main(int argc, char** argv) {
   cli.add_int("--sweep-splits", &sweep_splits,
               "GPU: also time each sweep row with 1, 2, 4, ... up to this many key ranges (0: none) [0]", 0, 1024);
   std::string tile64 = "wgmma";
-  cli.add_choice("--tile64", &tile64, {"wgmma", "wgmma-sync", "wgmma-block", "wgmma-lockstep", "mma"},
+  cli.add_choice("--tile64", &tile64, {"wgmma", "wgmma-sync", "wgmma-block", "wgmma-lockstep", "wgmma-halves", "mma"},
                  "GPU: the 64-row decode tile's kernel (wgmma + TMA on sm_90, else mma.sync; wgmma-sync: P "
                  "released by bar.sync, the variant compute-sanitizer's racecheck follows; wgmma-block: the "
                  "same on barrier 0, all threads of the block; wgmma-lockstep: both warpgroups in one loop "
-                 "meeting at __syncthreads()) [wgmma]");
+                 "meeting at __syncthreads(); wgmma-halves: each warpgroup computes S for half of the "
+                 "key block, every barrier a __syncthreads()) [wgmma]");
   std::string combine = "separate";
   cli.add_choice("--combine", &combine, {"separate", "fused", "general"},
                  "GPU: merge the key ranges in a second kernel (one round trip for up to 8 ranges in 4 "
@@ -498,6 +501,7 @@ int mla_main(int argc, char** argv) {
                     : tile64 == "wgmma-sync"  ? kTile64WgmmaSync
                     : tile64 == "wgmma-block" ? kTile64WgmmaBlock
                     : tile64 == "wgmma-lockstep" ? kTile64WgmmaLockstep
+                    : tile64 == "wgmma-halves" ? kTile64WgmmaHalves
                                               : kTile64Wgmma;
     std::vector<int> more_splits;
     for (int k = 1; k <= sweep_splits; k *= 2) more_splits.push_back(k);

@@ -87,6 +87,7 @@ namespace {
 
 using namespace attn::hopper;
 using attn::cuda::RowSoftmax;
+using attn::cuda::exp2_approx;
 using attn::cuda::pack2;
 using attn::cuda::rescale;
 using bf16 = __nv_bfloat16;
@@ -421,6 +422,197 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
+// ------------------------------------------------------------------ the key block split in halves
+// --tile64 wgmma-halves. Both warpgroups run the same instructions: warpgroup w computes
+// S for keys 32 w .. 32 w + 31 of the block (36 wgmma m64n32k16), their row maxima meet in
+// shared memory, each writes its half of P, and both multiply all of P by their half of V.
+//
+//     warpgroup w (rows 0..63; keys 32w..32w+31 of S; O columns 256w..256w+255)
+//       S_w = Q K_j[32w:32w+32]^T; mask; row max over its keys (and m) -> smax[w]
+//       __syncthreads()  A: m_new = max(smax[0], smax[1]), the same in both warpgroups
+//       P_w = 2^(c s - c m_new), l_w = alpha l_w + sum P_w; P_w -> sp[w]
+//       __syncthreads()  B: both halves of P written
+//       P (both halves) -> registers; O_w = alpha O_w + P V_j[:, 256w:256w+256]; S_{j+1} behind it
+//
+// Every barrier is the block's barrier 0, reached by all 256 threads at the same instruction,
+// and no wgmma sits on a path only one warpgroup takes. Each shared buffer is rewritten only
+// after a barrier that follows every read of it: smax[w] is read between A_j and B_j and
+// rewritten before A_{j+1}; sp[w] is read between B_j and A_{j+1} and rewritten after A_{j+1}.
+// l is kept per warpgroup (its own keys) and summed once at the end.
+__global__ void __launch_bounds__(kThreads, 1)
+    decode_sm90_halves_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv,
+                              const DecodeParams p) {
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = align_1024(smem_raw);
+  uint64_t* full_q = reinterpret_cast<uint64_t*>(smem + kBars);
+  uint64_t* full = full_q + 1;
+  uint64_t* empty = full + kStages;
+  uint32_t* sp = reinterpret_cast<uint32_t*>(smem + kP);        // [2 halves][8 registers][128 threads]
+  float* smax = reinterpret_cast<float*>(smem + kAlpha);        // [2 halves][64 rows]
+  float* sl = smax + 2 * kM;                                    // [64 rows]: warpgroup 1's l, at the end
+
+  const int tile = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
+  const int wg = threadIdx.x / 128, t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+  const int m0 = tile * kM;
+  const int nblocks = ceil_div(p.nk, kBc);
+  const int lo = min(nblocks, split * p.blocks_per_split), hi = min(nblocks, lo + p.blocks_per_split);
+  const int n = hi - lo;
+
+  if (threadIdx.x == 0) {
+    mbarrier_init(full_q, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(&full[s], 1);
+      mbarrier_init(&empty[s], kEmptyArrivals);
+    }
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+
+  cudaTriggerProgrammaticLaunchCompletion();
+
+  auto load_kv = [&](int i) {
+    const int st = i % kStages;
+    mbarrier_arrive_expect_tx(&full[st], kStageBytes);
+    for (int bx = 0; bx < kBoxes; ++bx)
+      tma_load_3d(smem + kK + st * kStageBytes + bx * kBoxBytes, &tm_kv, &full[st], bx * kBoxCols, (lo + i) * kBc, b);
+  };
+  if (threadIdx.x == 0 && n > 0) {
+    mbarrier_arrive_expect_tx(full_q, kQBytes);
+    for (int bx = 0; bx < kBoxes; ++bx)
+      tma_load_3d(smem + kQ + bx * kM * kRowBytes, &tm_q, full_q, bx * kBoxCols, m0, b);
+    for (int i = 0; i < n && i < kStages; ++i) load_kv(i);
+  }
+
+  auto q_desc = [&](int k) {
+    return desc_k_major(smem + kQ + (k / 4) * kM * kRowBytes + (32 * k) % kRowBytes, kRowBytes);
+  };
+  // This warpgroup's 32 keys: 32 rows (4 KB, whole 1024-byte swizzle atoms) into every box.
+  auto k_desc = [&](int st, int k) {
+    return desc_k_major(smem + kK + st * kStageBytes + (k / 4) * kBoxBytes + wg * (kBc / 2) * kRowBytes +
+                            (32 * k) % kRowBytes,
+                        kRowBytes);
+  };
+  auto v_desc = [&](int st, int kk) {
+    return desc_mn_major(smem + kK + st * kStageBytes + 4 * wg * kBoxBytes + kk * 16 * kRowBytes, kBoxBytes);
+  };
+
+  const int row[2] = {16 * warp + lane / 4, 16 * warp + lane / 4 + 8};
+  int limit[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) limit[r] = causal_key_end((m0 + row[r]) % p.nq + 1, p.nq, p.nk);
+
+  float o[kHalf / 2];
+#pragma unroll
+  for (int i = 0; i < kHalf / 2; ++i) o[i] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  float s[kBc / 4];        // S for this warpgroup's 32 keys
+  uint32_t pa[kBc / 4];    // P, both halves: 4 k-steps of 16 keys x 4 registers
+  auto issue_s = [&](int st) {
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kDK / 16; ++k) WgmmaSS<bf16, kBc / 2>::mma(s, q_desc(k), k_desc(st, k), k > 0);
+    wgmma_commit();
+  };
+  if (n > 0) {
+    mbarrier_wait(full_q, 0);
+    mbarrier_wait(&full[0], 0);
+    issue_s(0);
+    wgmma_wait<0>();
+    fence_operand(s);
+  }
+  auto step = [&](int i, auto next) {
+    constexpr bool kNext = decltype(next)::value;
+    const int st = i % kStages, j = lo + i;
+    const uint32_t ph = (i / kStages) & 1;
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int e = 0; e < kBc / 4; ++e) {
+      const int key = j * kBc + wg * (kBc / 2) + 8 * (e / 4) + 2 * (lane % 4) + (e & 1);
+      s[e] = key < limit[(e >> 1) & 1] ? s[e] : -INFINITY;
+      mx[(e >> 1) & 1] = fmaxf(mx[(e >> 1) & 1], s[e]);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      if (lane % 4 == 0) smax[wg * kM + row[r]] = mx[r];
+    }
+    __syncthreads();  // A: both warpgroups' row maxima
+    float alpha[2], shift[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float mn = fmaxf(smax[row[r]], smax[kM + row[r]]);  // the same value in both warpgroups
+      shift[r] = finite_max(mn) * p.scale_log2;
+      alpha[r] = exp2_approx((m[r] - finite_max(mn)) * p.scale_log2);
+      m[r] = mn;
+      l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int e = 0; e < kBc / 4; ++e) {
+      s[e] = exp2_approx(fmaf(s[e], p.scale_log2, -shift[(e >> 1) & 1]));
+      l[(e >> 1) & 1] += s[e];
+    }
+#pragma unroll
+    for (int q = 0; q < kBc / 8; ++q) sp[(wg * (kBc / 8) + q) * 128 + t] = pack2<bf16>(s[2 * q], s[2 * q + 1]);
+    __syncthreads();  // B: both halves of P
+#pragma unroll
+    for (int q = 0; q < kBc / 4; ++q) pa[q] = sp[q * 128 + t];
+    mbarrier_wait(&full[st], ph);  // complete already; makes the TMA bytes visible to this thread
+    rescale(o, alpha);
+    fence_operand(o);
+    fence_operand(pa);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBc / 16; ++kk) {
+      const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
+      WgmmaRS<bf16, kHalf>::mma(o, a, v_desc(st, kk), 1);
+    }
+    wgmma_commit();
+    if constexpr (kNext) {
+      mbarrier_wait(&full[(i + 1) % kStages], ((i + 1) / kStages) & 1);
+      issue_s((i + 1) % kStages);
+    }
+    wgmma_wait<kNext ? 1 : 0>();  // P_i V_i is done; S_{i+1} may still run
+    fence_operand(o);
+    fence_operand(pa);
+    if (lane == 0) mbarrier_arrive(&empty[st]);  // this warp is done with the stage
+    if (threadIdx.x == 128 && i + kStages < n) {  // the producer: block i + 2 into the stage
+      mbarrier_wait(&empty[st], ph);
+      load_kv(i + kStages);
+    }
+    __syncwarp();
+    if constexpr (kNext) {
+      wgmma_wait<0>();
+      fence_operand(s);
+    }
+  };
+  for (int i = 0; i + 1 < n; ++i) step(i, std::true_type{});
+  if (n > 0) step(n - 1, std::false_type{});
+
+  // ---- the range's (m, l, O): l of both halves summed (warpgroup 1's through shared memory)
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    if (wg == 1 && lane % 4 == 0) sl[row[r]] = l[r];
+  }
+  __syncthreads();
+  const std::size_t part = (std::size_t(b) * p.splits + split) * p.rows;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int grow = m0 + row[r];
+    if (grow >= p.rows) continue;
+    float* dst = p.o_part + (part + grow) * kDVl + wg * kHalf + 2 * (lane % 4);
+#pragma unroll
+    for (int c = 0; c < kHalf / 8; ++c)
+      *reinterpret_cast<float2*>(dst + 8 * c) = make_float2(o[4 * c + 2 * r], o[4 * c + 2 * r + 1]);
+    if (wg == 0 && lane % 4 == 0) {
+      p.ml_part[(part + grow) * 2] = m[r] == -INFINITY ? -INFINITY : m[r] * p.scale_log2;
+      p.ml_part[(part + grow) * 2 + 1] = l[r] + sl[row[r]];
+    }
+  }
+}
+
 /// The two tensor maps of a launch, kept while the tensors stay the same (encoding one is
 /// a driver call: not something to repeat in every timed launch).
 struct Maps {
@@ -433,7 +625,8 @@ struct Maps {
 }  // namespace
 
 int launch_decode_sm90(const DecodeParams& p, int release) {
-  if (release != kReleaseSync && release != kReleaseArrive && release != kReleaseBlock && release != kReleaseLockstep)
+  if (release != kReleaseSync && release != kReleaseArrive && release != kReleaseBlock && release != kReleaseLockstep &&
+      release != kHalves)
     throw UsageError("launch_decode_sm90: no such release of P");
   static const bool configured = [] {
     CUDA_CHECK(cudaFuncSetAttribute(decode_sm90_kernel<kReleaseSync>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -442,6 +635,7 @@ int launch_decode_sm90(const DecodeParams& p, int release) {
                                     kBytes));
     CUDA_CHECK(cudaFuncSetAttribute(decode_sm90_kernel<kReleaseLockstep>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     kBytes));
+    CUDA_CHECK(cudaFuncSetAttribute(decode_sm90_halves_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
     CUDA_CHECK(cudaFuncSetAttribute(decode_sm90_kernel<kReleaseArrive>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     kBytes));
     return true;
@@ -461,6 +655,8 @@ int launch_decode_sm90(const DecodeParams& p, int release) {
     decode_sm90_kernel<kReleaseBlock><<<grid, kThreads, kBytes>>>(maps.tq, maps.tkv, p);
   else if (release == kReleaseLockstep)
     decode_sm90_kernel<kReleaseLockstep><<<grid, kThreads, kBytes>>>(maps.tq, maps.tkv, p);
+  else if (release == kHalves)
+    decode_sm90_halves_kernel<<<grid, kThreads, kBytes>>>(maps.tq, maps.tkv, p);
   else
     decode_sm90_kernel<kReleaseArrive><<<grid, kThreads, kBytes>>>(maps.tq, maps.tkv, p);
   CUDA_CHECK_LAUNCH("mla decode_sm90_kernel");

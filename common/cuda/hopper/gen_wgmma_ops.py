@@ -20,7 +20,9 @@ The generated file is committed, so building never needs Python.
 # checks SS bf16 and e4m3 N = 128, RS bf16 and e4m3 N = 64. SSMN (both operands MN-major):
 # the backward's dQ = dS K with N = d / 2 (b1-b6) and N = d (b7).
 SHAPES = [
-    ("SS", "bf16", [64, 80, 128, 176, 192]),
+    # N = 32, bf16: chapter 06's MLA decode with the key block split between two warpgroups
+    # (mla_decode_sm90.cu, --tile64 wgmma-halves: each computes S for 32 of the 64 keys).
+    ("SS", "bf16", [32, 64, 80, 128, 176, 192]),
     ("SS", "f16", [64, 80, 128, 176, 192]),
     ("RS", "bf16", [64, 128, 256]),
     ("RS", "f16", [64, 128, 256]),
