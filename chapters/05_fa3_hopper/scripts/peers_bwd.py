@@ -13,15 +13,19 @@ Run it after our rows, in the same request, so that ours and the peers share a G
 
 For Nsight Compute, the peers' kernels alone (nothing timed by events):
 
-    ncu --profile-from-start off --metrics gpu__time_duration.sum --clock-control none \
+    ncu --profile-from-start off --metrics gpu__time_duration.sum --clock-control none \\
         python3 chapters/05_fa3_hopper/scripts/peers_bwd.py --profile --shape 128:1 ... > ncu.txt
     python3 chapters/05_fa3_hopper/scripts/peers_bwd.py --parse-ncu ncu.txt
 
-`--profile` makes every (shape, peer) call first (FA4 compiles then) and runs its backward twice,
-then runs each backward once more between cudaProfilerStart and cudaProfilerStop, after a 1-thread
-marker kernel (torch.cuda._sleep), so that `--parse-ncu` can split ncu's kernel list by call.
-`--wait-for FILE` holds the profiled calls until FILE exists (the compiles can overlap other work
-that is not timed); `--ready FILE` is written once the compiles are done.
+`--profile` runs each (shape, peer)'s backward once between cudaProfilerStart and cudaProfilerStop,
+after a 1-thread marker kernel (torch.cuda._sleep), so that `--parse-ncu` can split ncu's kernel
+list by call (the call's backward runs once unprofiled before, unless --warm-n compiled it).
+
+So that a request can do the slow parts beside other work, a run goes in phases: the imports
+(no CUDA call); `--warm-after FILE` waits for FILE; then the peers' CUDA state and, with
+`--warm-n N`, one forward and backward of every (shape, peer) at B = 1 and length N (FA4 compiles
+once per head dim and mask, whatever the length; microseconds of GPU time each); `--ready FILE`
+is written; `--wait-for FILE` waits for FILE; then the measured (or profiled) calls, alone.
 """
 import argparse
 import os
@@ -31,19 +35,57 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "bench"))
 
 
-t_imports = 0.0
+def wait_file(path):
+    while path and not os.path.exists(path):
+        time.sleep(0.2)
 
 
-def preimport():
-    """What Peers() imports (no CUDA call): torch, FlexAttention's compiler, FA4."""
-    global t_imports
+def shapes(a):
+    """(d, causal, heads) of each --shape d:causal, H = 2048 / d."""
+    for s in a.shape:
+        d, c = (int(x) for x in s.split(":"))
+        yield d, bool(c), 2048 // d
+
+
+def start(a, t0, repeats):
+    """The phases before the measured calls: the imports (no CUDA call), --warm-after, the
+    peers' CUDA state, one forward and backward of every (shape, peer) at B = 1, N = --warm-n
+    (FA4 compiles once per head dim and mask, whatever the length), --ready, --wait-for."""
     import importlib
     for m in ("torch", "torch.nn.attention.flex_attention", "torch._dynamo", "flash_attn.cute"):
         try:
             importlib.import_module(m)
         except Exception:
-            pass  # Peers() says why, later
-    t_imports = time.time()
+            pass  # Peers() says why
+    t1 = time.time()
+    wait_file(a.warm_after)
+    t2 = time.time()
+    from bench_peers import Peers
+    peers = Peers(repeats=repeats)
+    print("# torch %s, cuDNN %s, FA4 %s: imports %.1f s, waited %.1f s for --warm-after" % (
+        peers.versions.get("torch"), peers.versions.get("cudnn"), peers.versions.get("fa4"), t1 - t0, t2 - t1), flush=True)
+    if a.warm_n and peers.torch is not None:
+        torch = peers.torch
+        for d, c, h in shapes(a):
+            for p in a.peers.split(","):
+                if peers.avail.get(p, "unknown peer"):
+                    continue
+                t3 = time.time()
+                try:
+                    shape = (1, a.warm_n, h, d) if p == "fa4" else (1, h, a.warm_n, d)
+                    q, k, v = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16).requires_grad_(True) for _ in range(3))
+                    o = peers._call(p, q, k, v, c)()
+                    torch.autograd.grad(o, (q, k, v), torch.randn_like(o))
+                    torch.cuda.synchronize()
+                    print("# warm-up %s d=%d causal=%d N=%d: %.1f s" % (p, d, c, a.warm_n, time.time() - t3), flush=True)
+                except Exception as e:
+                    print("# warm-up %s d=%d causal=%d: %s" % (p, d, c, (str(e).splitlines() or [type(e).__name__])[0][:120]))
+    if a.ready:
+        open(a.ready, "w").write("ready\n")
+    t4 = time.time()
+    wait_file(a.wait_for)
+    print("# ready at %.1f s, waited %.1f s for --wait-for" % (t4 - t0, time.time() - t4), flush=True)
+    return peers
 
 
 def main():
@@ -53,30 +95,23 @@ def main():
     ap.add_argument("--n", type=int, default=8192)
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--profile", action="store_true", help="for ncu --profile-from-start off: each backward once, profiled")
-    ap.add_argument("--wait-for", help="wait for this file after the imports (with --profile: before the profiled calls)")
-    ap.add_argument("--ready", help="with --profile: write this file when every call has compiled")
+    ap.add_argument("--warm-n", type=int, default=0,
+                    help="first one forward and backward of every (shape, peer) at B = 1 and this length (FA4 compiles)")
+    ap.add_argument("--warm-after", help="wait for this file after the imports, before any CUDA call")
+    ap.add_argument("--ready", help="write this file when the warm-ups are done")
+    ap.add_argument("--wait-for", help="wait for this file before the measured (or profiled) calls")
     a = ap.parse_args()
     t0 = time.time()
+    peers = start(a, t0, repeats=1 if a.profile else 20)
     if a.profile:
-        return profile(a, t0)
+        return profile(a, t0, peers)
     from bench_common import PEER_LABEL
-    if a.wait_for:  # the imports now, beside other work; the GPU untouched until the file exists
-        preimport()
-        while not os.path.exists(a.wait_for):
-            time.sleep(0.2)
-        print("# imports %.1f s, then waited for %s until %.1f s" % (t_imports - t0, a.wait_for, time.time() - t0), flush=True)
-    from bench_peers import Peers
-    peers = Peers(repeats=20)
-    print("# torch %s, cuDNN %s (%.1f s to import)" % (peers.versions.get("torch"), peers.versions.get("cudnn"),
-                                                        time.time() - t0), flush=True)
     print("| peer | d | causal | B x H x N | ms | TFLOP/s | status |")
     print("|---|---|---|---|---|---|---|")
-    for s in a.shape:
-        d, c = (int(x) for x in s.split(":"))
-        h = 2048 // d
+    for d, c, h in shapes(a):
         for p in a.peers.split(","):
             t1 = time.time()
-            r = peers.attention(p, a.batch, h, h, a.n, a.n, d, bool(c), backward=True)
+            r = peers.attention(p, a.batch, h, h, a.n, a.n, d, c, backward=True)
             ms, tf = r.get("time_ms"), r.get("tflops")
             print("| %s | %d | %s | %d x %d x %d | %s | %s | %s (%.1f s) |" % (
                 PEER_LABEL.get(p, p), d, "yes" if c else "no", a.batch, h, a.n,
@@ -85,58 +120,44 @@ def main():
                 time.time() - t1), flush=True)
 
 
-def profile(a, t0):
+def profile(a, t0, peers):
     """Each peer's backward once between cudaProfilerStart/Stop, after a marker kernel."""
     from bench_common import PEER_LABEL
-    from bench_peers import Peers
-    peers = Peers(repeats=1)
     torch = peers.torch
-    print("# torch %s, cuDNN %s, FA4 %s (%.1f s to import)" % (peers.versions.get("torch"), peers.versions.get("cudnn"),
-                                                              peers.versions.get("fa4"), time.time() - t0), flush=True)
-    calls = []
-    for s in a.shape:
-        d, c = (int(x) for x in s.split(":"))
-        h = 2048 // d
+    if torch is None:
+        print("# no PyTorch: nothing profiled")
+        return
+    n = 0
+    for d, c, h in shapes(a):
         for p in a.peers.split(","):
             label = "%s d=%d %s B=%d H=%d N=%d" % (PEER_LABEL.get(p, p), d, "causal" if c else "not-causal", a.batch, h, a.n)
             why = peers.avail.get(p, "unknown peer")
             if why:
                 print("# %s: %s" % (label, why), flush=True)
                 continue
-            bnhd = p == "fa4"
-            g = torch.Generator(device="cuda").manual_seed(0)
-            shape = (a.batch, a.n, h, d) if bnhd else (a.batch, h, a.n, d)
-            q, k, v = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_(True)
-                       for _ in range(3))
-            t1 = time.time()
+            shape = (a.batch, a.n, h, d) if p == "fa4" else (a.batch, h, a.n, d)
+            q, k, v = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16).requires_grad_(True) for _ in range(3))
             try:
-                o = peers._call(p, q, k, v, bool(c))()
+                o = peers._call(p, q, k, v, c)()
                 do = torch.randn_like(o)
-                for _ in range(2):  # FA4 compiles its backward on the first
+                if not a.warm_n:  # FA4 compiles its backward on the first call
                     torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
                 torch.cuda.synchronize()
+                print("# profiled: %s" % label, flush=True)
+                torch.cuda.profiler.start()
+                torch.cuda._sleep(1000)  # the marker: one thread, a few microseconds
+                torch.autograd.grad(o, (q, k, v), do)
+                torch.cuda.synchronize()
+                torch.cuda.profiler.stop()
+                n += 1
             except Exception as e:
-                print("# %s: unsupported (%s)" % (label, str(e).splitlines()[0][:120] if str(e) else type(e).__name__))
-                continue
-            print("# %s: compiled and run (%.1f s)" % (label, time.time() - t1), flush=True)
-            calls.append((label, q, k, v, o, do))
-    if a.ready:
-        open(a.ready, "w").write("ready\n")
-    if a.wait_for:
-        while not os.path.exists(a.wait_for):
-            time.sleep(0.2)
-    for label, q, k, v, o, do in calls:
-        print("# profiled: %s" % label, flush=True)
-        torch.cuda.synchronize()
-        torch.cuda.profiler.start()
-        torch.cuda._sleep(1000)  # the marker: one thread, a few microseconds
-        torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
-        torch.cuda.synchronize()
-        torch.cuda.profiler.stop()
-    print("# %d calls profiled (%.1f s in all)" % (len(calls), time.time() - t0), flush=True)
+                print("# %s: unsupported (%s)" % (label, (str(e).splitlines() or [type(e).__name__])[0][:120]), flush=True)
+            q = k = v = o = do = None
+            torch.cuda.empty_cache()
+    print("# %d calls profiled (%.1f s in all)" % (n, time.time() - t0), flush=True)
 
 
-UNIT_MS = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "second": 1e3}
+UNIT_MS = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "second": 1e3, "ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}
 
 
 def parse_ncu(path):
