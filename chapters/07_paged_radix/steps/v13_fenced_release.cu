@@ -24,27 +24,34 @@
 //
 //   v10, iteration it:  wait full[it]; barrier (every warp done with tile it - 1);
 //                       refill stage (it - 1) with tile it + 2; compute tile it from the stage
-//   v13, iteration it:  wait full[it]; every warp loads tile it's codes; proxy fence; barrier;
-//                       refill stage it with tile it + 3; compute tile it from registers
+//   v13, iteration it:  wait full[it]; every warp loads tile it's codes and waits for them;
+//                       proxy fence; barrier; refill stage it with tile it + 3; compute tile
+//                       it from registers
 //
 // so all three stages are in flight while a tile is computed (192 KB per SM instead of 128 KB,
 // the same shared memory), and the pipeline starts with three tiles issued, not two.
 //
-// Why the fence. The warps read the stage with ordinary loads (the generic proxy); the TMA
-// writes it through the async proxy. A block barrier orders the generic proxy's accesses
-// across threads, not the async proxy's writes after them: without a proxy fence the
-// refill may land while a warp's loads of the stage are still in flight. (A first form of
-// this step, without the fence, gave results that changed from run to run and racecheck
-// hazards: NOTES.md.) So every thread executes `fence.proxy.async.shared::cta`
-// (hopper::fence_proxy_async_shared(), common/cuda/hopper/bulk_copy.cuh) after its loads and
-// before the barrier: its generic reads of the stage are ordered before the async-proxy
-// writes that warp 0 issues after the barrier. In v10 the registers were consumed by the
-// tile's MMAs before the next barrier, so the loads had long completed; here they have not.
+// Why the wait and the fence. The warps read the stage with ordinary loads (the generic
+// proxy); the TMA writes it through the async proxy. A block barrier orders the generic
+// proxy's accesses across threads, not the async proxy's writes after them, and a thread
+// reaches the barrier as soon as its loads are issued, not when their data has returned.
+// Two forms of this step raced, each caught by the GPU test that holds its output to v10's
+// bit for bit over many steps, and by racecheck (NOTES.md): with neither (v11, removed), and
+// with the proxy fence alone (the SASS: the last LDS, then MEMBAR.ALL.CTA and
+// FENCE.VIEW.ASYNC.S, then the barrier). So each thread first folds every register its
+// loads filled into one predicate (landed(): 35 XORs; an instruction that reads a register
+// waits for its load), then executes `fence.proxy.async.shared::cta`
+// (hopper::fence_proxy_async_shared(), common/cuda/hopper/bulk_copy.cuh), then enters the
+// barrier with that predicate (`__syncthreads_or`, whose result is not used: the operand
+// makes the barrier wait for it). Its reads of the stage are then done, and ordered before
+// the async-proxy writes that warp 0 issues after the barrier. In v10 the registers were
+// consumed by the tile's MMAs before the next barrier, so the loads had long returned.
 //
 // What changes from v10, every change: WarpCodes::load() and the Codes it returns (the loads
-// and the scales' reads moved out of tile(), which takes the Codes); the loop's order (load,
-// proxy fence, barrier, refill of the same stage with tile it + kStages, compute); the
-// pipeline fill (all kStages tiles); the bulk-copy header for the fence; the launcher's name.
+// and the scales' reads moved out of tile(), which takes the Codes); WarpCodes::landed(); the
+// loop's order (load, wait for the loads, proxy fence, barrier, refill of the same stage with
+// tile it + kStages, compute); the pipeline fill (all kStages tiles); the bulk-copy header
+// for the fence; the launcher's name.
 //
 // v10's header, what v13 keeps:
 //
@@ -274,6 +281,19 @@ struct WarpCodes {
     x.k_lo = rows.scale(k0, 0), x.k_hi = rows.scale(k0 + 8, 0);
     x.v_lo = rows.scale(k0, 1), x.v_hi = rows.scale(k0 + 8, 1);
     return x;
+  }
+
+  /// Every register load() filled, folded into one predicate: computing it waits for each
+  /// of the lane's loads to return (its value is of no interest; see the loop).
+  __device__ __forceinline__ static bool landed(const Codes& x) {
+    uint32_t f = __float_as_uint(x.k_lo) ^ __float_as_uint(x.k_hi) ^ __float_as_uint(x.v_lo) ^ __float_as_uint(x.v_hi);
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) f ^= x.kc[t][j].x ^ x.kc[t][j].y ^ x.kc[t][j].z ^ x.kc[t][j].w;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) f ^= x.vc[i].x ^ x.vc[i].y ^ x.vc[i].z ^ x.vc[i].w;
+    return f != 0x9e3779b9u;
   }
 
   /// The tile whose codes load() read; only the first `valid` of its 16 keys exist.
@@ -551,8 +571,9 @@ __global__ void __launch_bounds__(Geo::kThreads, kMinBlocks<Kv>)
     // The warp's codes and scales of the stage, into its registers.
     const CodeRows rows_it{stage_k(it % S), stage_v(it % S), stage_scales(it % S), box_shift};
     const auto codes = wd.load(rows_it, warp * Geo::kWarpKeys);
-    hopper::fence_proxy_async_shared();  // these generic reads of the stage before the TMA's writes to it
-    __syncthreads();                    // every warp holds its codes of tile it: the stage is free
+    const bool landed = wd.landed(codes);  // this thread's loads of the stage have returned...
+    hopper::fence_proxy_async_shared();  // ...and are ordered before the TMA's writes to it
+    __syncthreads_or(landed);            // every warp holds its codes of tile it: the stage is free
     const int next = it + S;            // refill it at once, with the tile kStages ahead
     if (warp == 0 && next < n_tiles) {
       issue_boxes<D>(maps, stage_k(next % S), stage_v(next % S), stage_scales(next % S), &full[next % S], ahead,
