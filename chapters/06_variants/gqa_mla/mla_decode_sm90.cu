@@ -48,15 +48,24 @@
 //                   launch, WAR reports with several (round of 18:35 UTC, on barrier 2). It
 //                   makes warpgroup 0 wait for warpgroup 1's P V and refill before it may write
 //                   P_{j+1}: up to 4% slower (rounds of 17:25 and 18:02 UTC, 2026-12-01).
+//                   Those reports are all on P (none on the key ring), and they follow the
+//                   launch, not P's traffic: the one-block shape run twice side by side
+//                   (--batch 2) is reported (129), two blocks of one key block each are not.
 //   kReleaseBlock   kReleaseSync's barrier.sync on barrier 0 (all 256 threads of the block,
-//                   __syncthreads()'s barrier) instead of barrier 2 (--tile64 wgmma-block).
+//                   __syncthreads()'s barrier) instead of barrier 2 (--tile64 wgmma-block):
+//                   racecheck 0 hazards at 1 and 2 blocks, 3,977 at 8; synccheck, memcheck 0.
 //   kReleaseLockstep both warpgroups in one loop (--tile64 wgmma-lockstep): per key block,
 //                   warpgroup 0 writes P_j; __syncthreads() "P full"; both issue their half of
 //                   P_j V_j (the same instructions), warpgroup 0 also S_{j+1}; __syncthreads()
 //                   "P read". Every thread meets at the same barrier instruction, the pattern
 //                   racecheck is built for. The price: warpgroup 0's wgmma issue sits on a
 //                   divergent path inside the shared loop, so ptxas serialises the wgmma of this
-//                   kernel (its C7520 "Potential Performance Loss"); a variant to check, not to run.
+//                   kernel (its C7520 "Potential Performance Loss"); a variant to check, not to run:
+//                   racecheck 0 hazards at 2 and 8 blocks, 1.17-1.51x the default's time.
+//   decode_sm90_halves_kernel (--tile64 wgmma-halves, below): the same instructions in both
+//                   warpgroups, each computing S for half of the key block; every barrier a
+//                   __syncthreads(), and no wgmma on a one-warpgroup path.
+// (GPU round of 20:44 UTC, 2026-12-01.)
 // (An earlier alternative, P in the k_rope box of its own stage, released through the
 // ring's mbarriers, was also flagged by racecheck and ran 9-11% slower: rounds of 15:08 and
 // 15:34 UTC, 2026-12-01.)
