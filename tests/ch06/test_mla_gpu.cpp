@@ -59,14 +59,17 @@ TEST_CASE("MLA absorbed decode kernel: every shape of the 16-row tile (ring4, ri
     const MlaInputs in = make_mla_inputs(s, Dist::normal, 5);
     const Oracle oracle(s, in);
     for (int v = 0; v < 3; ++v)
-      for (int splits : {0, 1, 3, 6})
-        for (int combine : {kCombineSeparate, kCombineFused}) {
+      for (int splits : {0, 1, 2, 3, 6})
+        for (int combine : {kCombineSeparate, kCombineFused, kCombineCluster}) {
           const MlaGpuResult g = mla_absorb_gpu(s, in, splits, false, v, kTile64Wgmma, combine);
           CAPTURE(s.describe());
           CAPTURE(g.what);
           CAPTURE(splits);
           // asked for, and with up to 4 ranges, the decode kernel merges them itself
           CHECK((g.what.find("fused") != std::string::npos) == (combine == kCombineFused && g.splits <= 4));
+          // asked for, with exactly 2 ranges on sm_90, the two blocks of a tile merge as a cluster
+          CHECK((g.what.find("cluster") != std::string::npos) ==
+                (combine == kCombineCluster && g.splits == 2 && hopper_ready(nullptr)));
           CHECK(oracle.pass(g.o, s.output().o_elems()));
         }
   }

@@ -344,6 +344,10 @@ MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool 
   p.combine_general = combine == kCombineGeneral;
   // The fused combine: the mma.sync kernels, at most kFuseMaxSplits ranges (mla_decode.cuh).
   const bool fused = !wgmma && combine == kCombineFused && splits <= mla::kFuseMaxSplits;
+  // The cluster merge: the mma.sync tiles, exactly 2 ranges, sm_90 (mla_decode.cuh).
+  const bool cluster = !wgmma && combine == kCombineCluster && splits == 2 && hopper_ready(nullptr);
+  p.cluster_merge = cluster;
+  if (cluster) p.o_c = o_c.as<__nv_bfloat16>();
   DeviceBuffer<int> counters(fused ? std::size_t(s.batch) * tiles : 1);
   if (fused) {
     CUDA_CHECK(cudaMemset(counters.get(), 0, std::size_t(s.batch) * tiles * sizeof(int)));
@@ -361,7 +365,7 @@ MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool 
     else
 #endif
       mla::launch_decode(p, per_tile, variant);
-    if (!fused) mla::launch_combine(p, o_c.as<__nv_bfloat16>());
+    if (!fused && !cluster) mla::launch_combine(p, o_c.as<__nv_bfloat16>());
   };
   auto project = [&] {
     mla::launch_project(o_c.as<__nv_bfloat16>(), d.w_uv.as<__nv_bfloat16>(), o.as<__nv_bfloat16>(), s.batch, s.heads,
@@ -392,10 +396,11 @@ MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool 
                                                       : release == mla::kHalves
                                                           ? ", wgmma, the key block in halves"
                                                                                      : ", wgmma")) +
-           (fused ? "), fused combine"
+           (cluster ? "), the 2 ranges merged in a cluster"
+            : fused ? "), fused combine"
                   : "), combine in " + std::to_string(mla::combine_parts(p, sm_count())) + " parts" +
                         (mla::combine_one_trip(p, mla::combine_parts(p, sm_count())) ? ", one trip" : "")) +
-           (fused || !pdl || !hopper_ready(nullptr) ? "" : " (dependent launch)") + ", W_UV GEMM";
+           (fused || cluster || !pdl || !hopper_ready(nullptr) ? "" : " (dependent launch)") + ", W_UV GEMM";
   if (time) {
     r.attn_ms = time_gpu(attend).median_ms;
     r.total_ms = time_gpu([&] {

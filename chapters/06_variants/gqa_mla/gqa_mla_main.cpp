@@ -233,6 +233,16 @@ void mla_sweep(Report& rep, const Ceilings& ceil, int tile64, int only_heads, co
                     gg.attn_ms, gb, 100 * gb / ceil.read_gbps.value_or(1));
       rep.notes.push_back(line);
     }
+    // The two ranges merged in a cluster of two blocks, where there are exactly 2 (the same process).
+    if (c.h * s.nq <= 16 && g.splits == 2) {
+      const MlaGpuResult gc = mla_absorb_bench(s, 0, 0, tile64, kCombineCluster);
+      if (gc.what.find("cluster") != std::string::npos) {
+        const double gb = cost.cache_bytes / (gc.attn_ms * 1e-3) / 1e9;
+        std::snprintf(line, sizeof line, "  cluster %3d %4d %6d  %6d  %8.4f  %10.1f  %11.1f%%", c.h, c.b, c.nk,
+                      gc.splits, gc.attn_ms, gb, 100 * gb / ceil.read_gbps.value_or(1));
+        rep.notes.push_back(line);
+      }
+    }
     // The combine fused into the decode kernel where it can be (the same process).
     if (c.h * s.nq <= 16 && g.splits <= 4) {
       const MlaGpuResult gs = mla_absorb_bench(s, 0, 0, tile64, kCombineFused);
@@ -484,10 +494,11 @@ int mla_main(int argc, char** argv) {
                  "meeting at __syncthreads(); wgmma-halves: each warpgroup computes S for half of the "
                  "key block, every barrier a __syncthreads()) [wgmma]");
   std::string combine = "separate";
-  cli.add_choice("--combine", &combine, {"separate", "fused", "general"},
+  cli.add_choice("--combine", &combine, {"separate", "fused", "general", "cluster"},
                  "GPU: merge the key ranges in a second kernel (one round trip for up to 8 ranges in 4 "
                  "parts), in the decode kernel's last range (fused: mma.sync tiles, at most 4 ranges), or "
-                 "in the second kernel's general form always (general) [separate]");
+                 "in the second kernel's general form always (general), or, with exactly 2 ranges on the "
+                 "mma.sync tiles (sm_90), in a cluster of the two blocks (cluster) [separate]");
   std::string parts = "auto";
   cli.add_choice("--combine-parts", &parts, {"auto", "4", "8", "16"},
                  "GPU: the separate combine's column parts, one thread block each (auto: more while the "
@@ -506,7 +517,10 @@ int mla_main(int argc, char** argv) {
     std::vector<int> more_splits;
     for (int k = 1; k <= sweep_splits; k *= 2) more_splits.push_back(k);
     return run_mla(o, form, pos0, splits, sweep, no_time, v, t64, sweep_heads,
-                   combine == "fused" ? kCombineFused : combine == "general" ? kCombineGeneral : kCombineSeparate,
+                   combine == "fused"     ? kCombineFused
+                   : combine == "general" ? kCombineGeneral
+                   : combine == "cluster" ? kCombineCluster
+                                          : kCombineSeparate,
                    more_splits,
                    parts == "auto" ? 0 : std::stoi(parts), !no_pdl);
   });

@@ -29,6 +29,7 @@
 // ("ring2x2") 88%, one 4-warp block with a ring of 4 ("ring4") 57%: each 16-byte cp.async
 // is a thread's instruction, and 128 threads do not keep 110 KB moving. The compute-bound
 // case (H = 128) needs the 64-row tile's reuse of each key; its ring of two fills shared memory.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -309,6 +310,62 @@ __global__ void __launch_bounds__(S::kThreads, S::kBlocksPerSm) decode_kernel(co
   for (int r = 0; r < 2; ++r)
     if (lane % 4 == 0) red[kg * kM + row[r]] = l_run[r];
   __syncthreads();
+#if __CUDA_ARCH__ >= 900
+  if (p.cluster_merge) {
+    // ---- the two key ranges of (tile, b) are one cluster of two blocks (launch_shape()): rank 1
+    // leaves its (m, l, O) in its own shared memory, rank 0 reads it there (distributed shared
+    // memory), merges it with its own registers by the ⊕ and writes O / l in bf16; no partials
+    // go to global memory and no combine kernel runs.
+    namespace cg = cooperative_groups;
+    const cg::cluster_group cluster = cg::this_cluster();
+    float4* xo = reinterpret_cast<float4*>(smem + S::kK);  // rank 1's O: [NTO][kThreads] float4, in the free ring
+    float* xml = reinterpret_cast<float*>(xo + NTO * kThreads);  // rank 1's (m, l) of each row
+    float lrow[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      lrow[r] = 0.f;
+#pragma unroll
+      for (int g = 0; g < KG; ++g) lrow[r] += red[g * kM + row[r]];
+    }
+    cp_async_wait<0>();  // (only empty groups are left: every stage's last load was consumed)
+    if (cluster.block_rank() == 1) {
+#pragma unroll
+      for (int n = 0; n < NTO; ++n) xo[n * kThreads + threadIdx.x] = make_float4(o[n][0], o[n][1], o[n][2], o[n][3]);
+      if (kg == 0 && lane % 4 == 0)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) xml[2 * row[r]] = m_run[r], xml[2 * row[r] + 1] = lrow[r];
+    }
+    cluster.sync();  // rank 1's partials are in its shared memory, visible to the cluster
+    if (cluster.block_rank() == 0) {
+      const float4* ro = cluster.map_shared_rank(xo, 1);
+      const float* rml = cluster.map_shared_rank(xml, 1);
+      float wa[2], wb[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float m1 = rml[2 * row[r]], l1 = rml[2 * row[r] + 1];
+        const float shift = finite_max(fmaxf(m_run[r], m1));  // both ranges empty: weights 0
+        const float w0 = exp2_approx(m_run[r] - shift), w1 = exp2_approx(m1 - shift);
+        const float l = lrow[r] * w0 + l1 * w1, inv = l > 0.f ? 1.f / l : 0.f;
+        wa[r] = w0 * inv, wb[r] = w1 * inv;
+      }
+#pragma unroll
+      for (int n = 0; n < NTO; ++n) {
+        const float4 v = ro[n * kThreads + threadIdx.x];
+        const float x[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int grow = m0 + row[r];
+          if (grow >= p.rows) continue;
+          *reinterpret_cast<uint32_t*>(p.o_c + (std::size_t(b) * p.rows + grow) * kDVl + kg * NCW + 8 * n +
+                                       2 * (lane % 4)) =
+              pack2<bf16>(o[n][2 * r] * wa[r] + x[2 * r] * wb[r], o[n][2 * r + 1] * wa[r] + x[2 * r + 1] * wb[r]);
+        }
+      }
+    }
+    cluster.sync();  // rank 0 is done reading rank 1's shared memory: rank 1 may exit
+    return;
+  }
+#endif
   const std::size_t part = (std::size_t(b) * p.splits + split) * p.rows;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -528,7 +585,21 @@ int launch_shape(const DecodeParams& p_in) {
     return true;
   }();
   (void)configured;
-  decode_kernel<S><<<grid, S::kThreads, S::kBytes>>>(p);
+  if (p.cluster_merge) {  // the two key ranges of a (tile, sequence) as one cluster (sm_90+)
+    if (p.splits != 2) throw UsageError("mla decode: the cluster merge takes exactly 2 key ranges");
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 1, attr.val.clusterDim.y = 2, attr.val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(S::kThreads);
+    cfg.dynamicSmemBytes = S::kBytes;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_kernel<S>, p));
+  } else {
+    decode_kernel<S><<<grid, S::kThreads, S::kBytes>>>(p);
+  }
   CUDA_CHECK_LAUNCH("mla decode_kernel");
   return S::kBytes;
 }

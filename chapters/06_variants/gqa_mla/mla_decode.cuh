@@ -32,6 +32,10 @@ struct DecodeParams {
   /// launch_combine(): false (the default) takes the few-ranges form where it applies
   /// (combine_one_trip()); true always takes the general form (two round trips to memory).
   bool combine_general = false;
+  /// launch_decode() on sm_90 with exactly 2 key ranges: the two ranges of a (tile, sequence)
+  /// run as one cluster of two blocks, and rank 0 merges them through distributed shared
+  /// memory into o_c (no partials, no combine kernel).
+  bool cluster_merge = false;
   /// The mma.sync decode's ring (set by launch_decode(): early unless ATTN_CH06_MLA_REFILL=late):
   /// every stage filled in the prologue and refilled as soon as its block is done.
   bool early_refill = true;
