@@ -66,7 +66,7 @@ def run_binary(binary, args, lock, timeout=240):
 GQA_RE = re.compile(r"sweep B=(\d+) Hq=(\d+) Hkv=(\d+) G=(\d+) Nq=(\d+) Nk=(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x\s+(.+) / (.+)$")
 GQA80_RE = re.compile(r"sweep80 B=(\d+) Hq=(\d+) Hkv=(\d+) G=(\d+) Nq=(\d+) Nk=(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x")
 TILE64_RE = re.compile(r"tile64 (\S+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+) TFLOP/s\s+([\d.]+)% of GEMM")
-GENERAL_RE = re.compile(r"general\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)")
+GENERAL_RE = re.compile(r"(general|cluster)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)")
 # The 64-row forms racecheck is asked about (mla_decode_sm90.cu), the first present in the run
 # goes into the table: the key block in halves, then P released on barrier 0, then on barrier 2.
 CLEAN_FORMS = ["wgmma-halves", "wgmma-block", "wgmma-sync"]
@@ -311,8 +311,8 @@ def main():
         other, general = {}, {}
         for line in (rep or {}).get("notes", []):
             m = GENERAL_RE.search(line)
-            if m:  # the combine's two-trip form on the same case (the default took the one-trip form)
-                general[tuple(int(m.group(i)) for i in range(1, 4))] = float(m.group(5))
+            if m:  # the combine's two-trip form, or the 2 ranges merged in a cluster, on the same case
+                general.setdefault(tuple(int(m.group(i)) for i in range(2, 5)), {})[m.group(1)] = float(m.group(6))
                 continue
             m = TILE64_RE.search(line)
             if m:
@@ -334,8 +334,8 @@ def main():
             kernels = other.get(tuple(row["key"]), {})
             row["tile64_other"] = kernels.get("mma", next(iter(kernels.values()), {}))
             row["tile64_all"] = kernels
-            if tuple(row["key"]) in general:
-                row["combine_general_ms"] = general[tuple(row["key"])]
+            for form, ms in general.get(tuple(row["key"]), {}).items():
+                row["combine_%s_ms" % form] = ms
         log(f"ours, mla: {time.time() - t0:.0f} s")
 
     # Without our rows (the binary failed) the peers' rows still print.
@@ -412,8 +412,8 @@ def print_tables(out):
         print("| H | B | Nk | splits | ours attn ms | ours total ms | latent GB/s | of read ceiling | TFLOP/s | of GEMM "
               "ceiling | SDPA decompressed ms (backend) | SDPA + decompression ms | SDPA / ours attn | (SDPA + decompr.) / ours total "
               "| other 64-row kernel attn ms (TFLOP/s) | ours / other | racecheck-clean form attn ms | ours / it "
-              "| two-trip combine attn ms | ours / it |")
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---:|")
+              "| two-trip combine attn ms | ours / it | cluster merge attn ms | ours / it |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
         f = lambda x, spec: spec % x if isinstance(x, (int, float)) else "-"
         for r in out["mla"]:
             h, b, nk = r["key"]
@@ -431,8 +431,8 @@ def print_tables(out):
                   + (f" {w['attn_ms']:.4f} ({w['kernel']}) | {w['attn_ms'] / r['attn_ms']:.2f}x |"
                      if (w := next((r.get("tile64_all", {})[k] for k in CLEAN_FORMS if k in r.get("tile64_all", {})),
                                    None)) and r.get("attn_ms") else " - | - |")
-                  + (f" {r['combine_general_ms']:.4f} | {r['combine_general_ms'] / r['attn_ms']:.2f}x |"
-                     if r.get("combine_general_ms") and r.get("attn_ms") else " - | - |"))
+                  + "".join(f" {r[k]:.4f} | {r[k] / r['attn_ms']:.2f}x |" if r.get(k) and r.get("attn_ms") else " - | - |"
+                            for k in ("combine_general_ms", "combine_cluster_ms")))
 
 
 if __name__ == "__main__":
