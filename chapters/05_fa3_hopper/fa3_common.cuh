@@ -237,73 +237,15 @@ __device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t units) 
 
 // ----------------------------------------------------------------------------- row reductions in chains
 //
-// RowSoftmax::update reduces a row one score after the other: its maximum is one chain
-// of NS / 2 dependent FMNMX and its sum of P one chain of NS / 2 dependent FADD (the SASS
-// of v17's loop at Bc = 192: two chains of 48, one a row, each instruction waiting for
-// the one before it). A warp whose partner on the scheduler is waiting for its wgmma
-// issues nothing else meanwhile. Split into kChains partial chains a row, each over every
-// kChains-th pair of the row's scores, the same reductions are kChains times shorter
-// (NS / (2 kChains) deep, then a tree of log2 kChains), as FA4's row max (four partial
-// maxima); the maximum is the same number, the sum adds the same P in another order.
-//
-//     row r's scores of a thread:  i = 4q + 2r + e   (q < NS / 4, e = 0, 1)
-//     chain of s[i]:               e + 2 (q % (kChains / 2))     (kChains = 1: all in one)
-
-/// The chain that score i of a thread's fragment goes to (see above).
-template <int kChains>
-__device__ __forceinline__ constexpr int reduction_chain(int i) {
-  return kChains == 1 ? 0 : (i & 1) + 2 * ((i >> 2) % (kChains / 2));
-}
+// RowSoftmax::update<kChains> (common/cuda/frag_softmax.cuh, "Row reductions in chains")
+// runs the row max and the row sum as kChains independent partial chains a row (v21's
+// idea); here with exp2_two_pipes as the exponential, as softmax_update_two_pipes.
 
 /// RowSoftmax::update (with exp2_two_pipes as its exponential) whose row max and row sum
 /// run as kChains independent partial chains a row: the same (m, l), alpha and P.
 template <int kChains, int kEvery, int kDegree, int NS>
 __device__ __forceinline__ void softmax_update_chains(RowSoftmax& sm, float (&s)[NS], float c, float (&alpha)[2]) {
-  static_assert(kChains == 1 || kChains == 2 || kChains == 4, "1, 2 or 4 chains a row");
-  static_assert(NS % (2 * kChains) == 0, "every chain takes as many scores");
-  float mx[2][kChains];
-#pragma unroll
-  for (int r = 0; r < 2; ++r)
-#pragma unroll
-    for (int k = 0; k < kChains; ++k) mx[r][k] = k == 0 ? sm.m[r] : neg_inf<float>();
-#pragma unroll
-  for (int i = 0; i < NS; ++i) {
-    float& m = mx[(i >> 1) & 1][reduction_chain<kChains>(i)];
-    m = fmaxf(m, s[i]);
-  }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-#pragma unroll
-    for (int w = kChains / 2; w >= 1; w /= 2)
-#pragma unroll
-      for (int k = 0; k < w; ++k) mx[r][k] = fmaxf(mx[r][k], mx[r][k + w]);
-    mx[r][0] = fmaxf(mx[r][0], __shfl_xor_sync(0xffffffffu, mx[r][0], 1));
-    mx[r][0] = fmaxf(mx[r][0], __shfl_xor_sync(0xffffffffu, mx[r][0], 2));
-  }
-  float shift[2];
-  float ls[2][kChains];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    shift[r] = finite_max(mx[r][0]) * c;
-    alpha[r] = exp2_approx((sm.m[r] - finite_max(mx[r][0])) * c);  // as RowSoftmax::update
-    sm.m[r] = mx[r][0];
-#pragma unroll
-    for (int k = 0; k < kChains; ++k) ls[r][k] = k == 0 ? sm.l[r] * alpha[r] : 0.f;
-  }
-#pragma unroll
-  for (int i = 0; i < NS; ++i) {
-    const int r = (i >> 1) & 1;
-    s[i] = exp2_two_pipes<kEvery, kDegree>(fmaf(s[i], c, -shift[r]), i);
-    ls[r][reduction_chain<kChains>(i)] += s[i];
-  }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-#pragma unroll
-    for (int w = kChains / 2; w >= 1; w /= 2)
-#pragma unroll
-      for (int k = 0; k < w; ++k) ls[r][k] += ls[r][k + w];
-    sm.l[r] = ls[r][0];
-  }
+  sm.update<kChains>(s, c, alpha, Exp2TwoPipes<kEvery, kDegree>{});
 }
 
 /// The same for FP8 scores with their dequantisation folded into the exponent's FFMA:

@@ -29,6 +29,7 @@
 ///     v22 v21's chains on v14's three consumers, d = 64 (from v14)
 ///     v23 wgmma descriptors built once a tile and moved by addition (from v21)
 ///     v24 causal tiles longest first within head sections whose K and V fit in L2 (from v23)
+///     v25 v23's descriptors by addition on v14's three consumers, d = 64 (from v14)
 
 #include <cstdint>
 #include <memory>
@@ -65,6 +66,7 @@ enum class Step {
   v22_three_consumers_chains,   ///< v14 (d = 64, three consumers) with v21's row reductions in chains
   v23_descriptors_by_addition,  ///< v21 with each wgmma descriptor its tile's base plus a constant
   v24_causal_l2_sections,       ///< v23 with the causal list in head sections that share L2
+  v25_three_consumers_descriptors,  ///< v14 (d = 64, three consumers) with v23's descriptors by addition
 };
 
 constexpr Step kAllSteps[] = {Step::v1_tma,         Step::v2_wgmma,       Step::v3_warp_specialized,
@@ -76,7 +78,7 @@ constexpr Step kAllSteps[] = {Step::v1_tma,         Step::v2_wgmma,       Step::
                               Step::v18_causal_blocks_registers, Step::v19_causal_grid_wide_blocks,
                               Step::v20_exp_one_in_eight, Step::v21_softmax_chains,
                               Step::v22_three_consumers_chains, Step::v23_descriptors_by_addition,
-                              Step::v24_causal_l2_sections};
+                              Step::v24_causal_l2_sections, Step::v25_three_consumers_descriptors};
 
 /// True for the steps that compute in E4M3 (their inputs go through fp8_prepare first).
 constexpr bool step_is_fp8(Step s) {

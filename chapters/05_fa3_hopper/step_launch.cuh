@@ -61,5 +61,6 @@ namespace v21 { PreparedStep prepare(const StepArgs& a); }
 namespace v22 { PreparedStep prepare(const StepArgs& a); }
 namespace v23 { PreparedStep prepare(const StepArgs& a); }
 namespace v24 { PreparedStep prepare(const StepArgs& a); }
+namespace v25 { PreparedStep prepare(const StepArgs& a); }
 
 }  // namespace attn::ch05

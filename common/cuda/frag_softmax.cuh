@@ -44,6 +44,21 @@ struct Exp2Mufu {
   __device__ __forceinline__ float operator()(float x, int /*i*/) const { return exp2_approx(x); }
 };
 
+/// **Row reductions in chains.** With one chain a row (kChains = 1), the update's row
+/// maximum is NS / 2 dependent FMNMX and its row sum NS / 2 dependent FADD, each waiting
+/// for the one before it (chapter 05's v17 at Bc = 192: two chains of 48). Split into
+/// kChains partial chains a row, each over every kChains-th pair of the row's scores, the
+/// same reductions are kChains times shorter (NS / (2 kChains) deep, then a tree of
+/// log2 kChains), as FA4's row max (four partial maxima); the maximum is the same number,
+/// the sum adds the same P in another order. Chapter 05's v21 introduces it:
+///
+///     row r's scores of a thread:  i = 4q + 2r + e   (q < NS / 4, e = 0, 1)
+///     chain of s[i]:               e + 2 (q % (kChains / 2))     (kChains = 1: all in one)
+template <int kChains>
+__device__ __forceinline__ constexpr int row_chain(int i) {
+  return kChains == 1 ? 0 : (i & 1) + 2 * ((i >> 2) % (kChains / 2));
+}
+
 /// The running (m, ℓ) of the two rows a thread holds in an accumulator fragment.
 struct RowSoftmax {
   float m[2];
@@ -57,35 +72,59 @@ struct RowSoftmax {
   /// s: this thread's scores of one block (NS floats, the layout above), replaced by
   /// P. alpha: the factor each row's O must be multiplied by before adding P V.
   /// exp2: the exponential of P (Exp2Mufu above unless a kernel passes its own).
-  template <int NS, class Exp2 = Exp2Mufu>
+  /// kChains: the row max and the row sum each as that many independent partial chains
+  /// a row (1, 2 or 4; see row_chain above); 1, the default, is one chain a row.
+  template <int kChains = 1, int NS, class Exp2 = Exp2Mufu>
   __device__ __forceinline__ void update(float (&s)[NS], float c, float (&alpha)[2], Exp2 exp2 = {}) {
-    float mx[2] = {m[0], m[1]};
+    static_assert(kChains == 1 || kChains == 2 || kChains == 4, "1, 2 or 4 chains a row");
+    static_assert(NS % (2 * kChains) == 0, "every chain takes as many scores");
+    float mx[2][kChains];
 #pragma unroll
-    for (int i = 0; i < NS; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int k = 0; k < kChains; ++k) mx[r][k] = k == 0 ? m[r] : neg_inf<float>();
+#pragma unroll
+    for (int i = 0; i < NS; ++i) {
+      float& x = mx[(i >> 1) & 1][row_chain<kChains>(i)];
+      x = fmaxf(x, s[i]);
+    }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+#pragma unroll
+      for (int w = kChains / 2; w >= 1; w /= 2)  // the partial maxima joined (none for one chain)
+#pragma unroll
+        for (int k = 0; k < w; ++k) mx[r][k] = fmaxf(mx[r][k], mx[r][k + w]);
+      mx[r][0] = fmaxf(mx[r][0], __shfl_xor_sync(0xffffffffu, mx[r][0], 1));
+      mx[r][0] = fmaxf(mx[r][0], __shfl_xor_sync(0xffffffffu, mx[r][0], 2));
     }
     float shift[2];
+    float ls[2][kChains];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      shift[r] = finite_max(mx[r]) * c;
+      shift[r] = finite_max(mx[r][0]) * c;
       // The difference of the maxima first, then the scale: exactly 0 (alpha = 1) when
       // the max did not change. m * c - shift would round m * c differently from the
       // shift of the tile that set m (or be contracted into one FMA), so every tile
       // would rescale l and O by a factor 1 + O(|m c| u) other than 1: a drift that
       // grows with the number of tiles (a long decode's LSE). m = -inf: 2^-inf = 0.
-      alpha[r] = exp2_approx((m[r] - finite_max(mx[r])) * c);
-      m[r] = mx[r];
-      l[r] *= alpha[r];
+      alpha[r] = exp2_approx((m[r] - finite_max(mx[r][0])) * c);
+      m[r] = mx[r][0];
+      l[r] *= alpha[r];  // chain 0 of the row sum; chains 1.. start at 0
+#pragma unroll
+      for (int k = 1; k < kChains; ++k) ls[r][k] = 0.f;
     }
 #pragma unroll
     for (int i = 0; i < NS; ++i) {
-      const int r = (i >> 1) & 1;
+      const int r = (i >> 1) & 1, k = row_chain<kChains>(i);
       s[i] = exp2(fmaf(s[i], c, -shift[r]), i);  // a masked score is -inf: P = 0
-      l[r] += s[i];
+      (k == 0 ? l[r] : ls[r][k]) += s[i];
     }
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int w = kChains / 2; w >= 1; w /= 2)  // the partial sums joined into l
+#pragma unroll
+        for (int k = 0; k < w; ++k) (k == 0 ? l[r] : ls[r][k]) += ls[r][k + w];
   }
 
   /// Finishes the rows: ℓ summed over the quad, 1/ℓ (0 for an empty row) in inv_l,

@@ -103,3 +103,5 @@ require(v22_three_consumers_chains.ptx "wgmma.mma_async.sync.aligned.m64n128k16;
 require(v23_descriptors_by_addition.ptx "wgmma.mma_async.sync.aligned.m64n192k16;wgmma.mma_async.sync.aligned.m64n176k16;wgmma.mma_async.sync.aligned.m64n80k16;setmaxnreg")
 # v24: v23's kernel with the causal list in L2 sections (only the walk's order differs).
 require(v24_causal_l2_sections.ptx "wgmma.mma_async.sync.aligned.m64n192k16;wgmma.mma_async.sync.aligned.m64n176k16;wgmma.mma_async.sync.aligned.m64n80k16;setmaxnreg")
+# v25: v14 with v23's descriptors by addition (three consumers: setmaxnreg to 160, Bc = 128).
+require(v25_three_consumers_descriptors.ptx "wgmma.mma_async.sync.aligned.m64n128k16;setmaxnreg.inc.sync.aligned.u32 160;ex2.approx")

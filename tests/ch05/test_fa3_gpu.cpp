@@ -286,6 +286,15 @@ TEST_CASE("step 24 (causal tiles in L2 sections) at awkward shapes, every head d
   check_step(Step::v24_causal_l2_sections, shape().heads(4).n(700, 1000).d(128).causal().dtype(DType::f16));
 }
 
+TEST_CASE("step 25 (v14's three consumers, descriptors by addition, d = 64) at awkward shapes, bf16 and fp16") {
+  require_hopper();
+  for (DType t : {DType::bf16, DType::f16}) awkward_shapes(Step::v25_three_consumers_descriptors, 64, t);
+  // More tiles than SMs (the dynamic counter across launches), Nq != Nk, outliers.
+  check_step(Step::v25_three_consumers_descriptors, shape().batch(2).heads(8, 4).n(2100).d(64).causal().dtype(DType::bf16));
+  check_step(Step::v25_three_consumers_descriptors, shape().batch(2).heads(8).n(1500, 1700).d(64).dtype(DType::f16));
+  check_step(Step::v25_three_consumers_descriptors, shape().heads(2).n(500).d(64).causal().dtype(DType::bf16), Dist::outliers);
+}
+
 TEST_CASE("step 13's tile counter is back at zero after every launch") {
   // The third of three launches of one prepared kernel, each with the outputs poisoned
   // first: a counter left past zero would leave tiles unwritten (NaN) or skip them.
