@@ -2,7 +2,7 @@
 """Chapter 05's forward next to cuDNN by kernel duration (Nsight Compute), not by events.
 
     python3 chapters/05_fa3_hopper/scripts/ncu_fwd.py --bin build/bin/ch05_fa3_hopper \\
-        --shape 128:0:10 --shape 128:1:6,11 --shape 64:1:11 ...   # d:causal:steps
+        --shape 128:0:10 --shape 128:1:6,11 --shape 64:1:11 ...   # d:causal:steps[:N]
         [--n 8192] [--launches 3]                                 # B = 16384 / N, H = 2048 / d
 
 Nsight Compute (`ncu --metrics gpu__time_duration.sum --clock-control none`:
@@ -146,7 +146,8 @@ def print_profile(what, rows):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", required=True)
-    ap.add_argument("--shape", action="append", required=True, help="d:causal:steps, e.g. 128:1:6,11")
+    ap.add_argument("--shape", action="append", required=True,
+                    help="d:causal:steps[:N], e.g. 128:1:6,11 or 128:0:10:2048 (N: --n unless given)")
     ap.add_argument("--n", type=int, default=8192)
     ap.add_argument("--batch", type=int, help="default 16384 / N")
     ap.add_argument("--launches", type=int, default=3, help="launches of each kernel (the median is kept)")
@@ -161,45 +162,47 @@ def main():
     a = ap.parse_args()
     if a.profile:
         METRICS[:] = PROFILE
-    b = a.batch or max(1, 16384 // a.n)
-    shapes = []
+    shapes = []  # (d, causal, steps, H, N, B)
     for s in a.shape:
-        d, c, steps = s.split(":")
-        shapes.append((int(d), int(c), [int(x) for x in steps.split(",")], 2048 // int(d)))
+        d, c, steps, *rest = s.split(":")
+        n = int(rest[0]) if rest else a.n
+        shapes.append((int(d), int(c), [int(x) for x in steps.split(",")], 2048 // int(d), n,
+                       a.batch or max(1, 16384 // n)))
 
     # Ours: one profiler run per shape (ncu's CSV does not list processes in the order they ran),
     # each over one process launching every step built for the shape (`--step all`); the regex
     # profiles the chosen ones. A process start under the profiler costs about 2 s.
     rows, per_shape = [], []
-    for d, c, steps, h in ([] if a.no_ours else shapes):
-        cmd = [a.bin, "--n", str(a.n), "--batch", str(b), "--heads", str(h), "--kv-heads", str(h), "--d", str(d),
+    for d, c, steps, h, n, b in ([] if a.no_ours else shapes):
+        cmd = [a.bin, "--n", str(n), "--batch", str(b), "--heads", str(h), "--kv-heads", str(h), "--d", str(d),
                "--step", "all", "--no-fp8-table", "--no-backward", "--launch-only", str(a.launches)]
         regex = "4ch05(" + "|".join(f"{len('v' + str(st))}v{st}" for st in steps) + r")[0-9]+_GLOBAL.*6kernelI"
-        got = ncu(cmd + (["--causal"] if c else []), regex, a.timeout, f"d={d}{' causal' if c else ''}")
+        what = f"d={d}{'' if n == a.n else f' N={n}'}{' causal' if c else ''}"
+        got = ncu(cmd + (["--causal"] if c else []), regex, a.timeout, what)
         per_shape.append(got)
         rows += got
         if a.profile:
-            print_profile(f"d={d}{' causal' if c else ''}", got)
+            print_profile(what, got)
     if a.no_ours:
         per_shape = [[] for _ in shapes]
     if a.profile:
         for peer in ([] if a.no_peer else [x for x in a.peers.split(",") if x]):
             label, script = PEERS[peer]
-            specs = [f"{b},{h},{a.n},{d},{c}" for d, c, _, h in shapes]
+            specs = [f"{b},{h},{n},{d},{c}" for d, c, _, h, n, b in shapes]
             print_profile(label + " " + " ".join(specs),
                           ncu([sys.executable, "-c", script, str(a.launches)] + specs, PEER, a.peer_timeout, label))
         return 0
     # Ours at once (median us per shape and step), in case the peer's run does not end in time.
     print("# ours by ncu (median us): " + "; ".join(
-        f"d={d}{' causal' if c else ''} v{st}: " +
+        f"d={d}{'' if n == a.n else f' N={n}'}{' causal' if c else ''} v{st}: " +
         (f"{statistics.median(ts) / 1e3:.1f}" if (ts := [float(r['Metric Value'].replace(',', '')) for r in got
                                                         if step_of(r.get('Kernel Name', '')) == st]) else "-")
-        for (d, c, steps, _), got in zip(shapes, per_shape) for st in steps), flush=True)
+        for (d, c, steps, _, n, _), got in zip(shapes, per_shape) for st in steps), flush=True)
     peers = [] if a.no_peer else [x for x in a.peers.split(",") if x]
     peer_ns = {}  # peer -> [median ns per shape] (None where its kernels could not be split by shape)
     for peer in peers:
         label, script = PEERS[peer]
-        specs = [f"{b},{h},{a.n},{d},{c}" for d, c, _, h in shapes]
+        specs = [f"{b},{h},{n},{d},{c}" for d, c, _, h, n, b in shapes]
         got = ncu([sys.executable, "-c", script, str(a.launches)] + specs, PEER, a.peer_timeout, label)
         rows += got
         kernels = [(r["Kernel Name"], float(r["Metric Value"].replace(",", ""))) for r in got]
@@ -222,10 +225,10 @@ def main():
     head += ["ours TFLOP/s by ncu"] + [f"{PEERS[peer][0]} TFLOP/s by ncu" for peer in peers]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
-    for i, (d, c, steps, h) in enumerate(shapes):
-        fl = 4.0 * b * h * a.n * a.n * d / (2 if c else 1)
+    for i, (d, c, steps, h, n, b) in enumerate(shapes):
+        fl = 4.0 * b * h * n * n * d / (2 if c else 1)
         pv = {peer: (peer_ns[peer][i] if peer in peer_ns else None) for peer in peers}
-        label = f"d={d} N={a.n} B={b} H={h}{' causal' if c else ''}"
+        label = f"d={d} N={n} B={b} H={h}{' causal' if c else ''}"
         for st in steps:
             ks = [float(r["Metric Value"].replace(",", "")) for r in per_shape[i] if step_of(r.get("Kernel Name", "")) == st]
             o = statistics.median(ks) if ks else None
