@@ -109,6 +109,29 @@ TEST_CASE("MLA absorbed decode kernel: the 64-row tile on wgmma + TMA (both rele
   }
 }
 
+TEST_CASE("MLA cluster merge: the 2 key ranges of a tile merged in a cluster of two blocks, every 64-row kernel") {
+  std::string why;
+  if (!hopper_ready(&why)) {
+    MESSAGE("cluster merge not run: " << why);
+    return;
+  }
+  // H Nq = 20 x 3 (one 64-row tile, causal rows), 65 (two tiles, one row in the second), 128;
+  // Nk off the key block; a range of one key block (Nk = 65)
+  const MlaShape cases[] = {mla(1, 20, 3, 200, 0), mla(3, 65, 1, 333), mla(2, 128, 1, 700, 100000), mla(1, 64, 1, 65)};
+  for (const MlaShape& s : cases) {
+    const MlaInputs in = make_mla_inputs(s, Dist::normal, 9);
+    const Oracle oracle(s, in);
+    for (int tile64 : {kTile64Wgmma, kTile64WgmmaSync, kTile64WgmmaHalves, kTile64Mma}) {
+      const MlaGpuResult g = mla_absorb_gpu(s, in, 2, false, 0, tile64, kCombineCluster);
+      CAPTURE(s.describe());
+      CAPTURE(g.what);
+      CHECK(g.splits == 2);
+      CHECK(g.what.find("cluster") != std::string::npos);
+      CHECK(oracle.pass(g.o, s.output().o_elems()));
+    }
+  }
+}
+
 TEST_CASE("MLA combine: the columns in 4, 8 and 16 parts, one range to many, a dependent launch or not") {
   // one sequence of 16 rows (the 16-row tile) and 20 x 3 rows (the 64-row tile), split 1 to 65 ways
   for (const MlaShape& s : {mla(1, 16, 1, 4097), mla(1, 20, 3, 333, 0)}) {

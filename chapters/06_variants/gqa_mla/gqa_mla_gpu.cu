@@ -344,8 +344,8 @@ MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool 
   p.combine_general = combine == kCombineGeneral;
   // The fused combine: the mma.sync kernels, at most kFuseMaxSplits ranges (mla_decode.cuh).
   const bool fused = !wgmma && combine == kCombineFused && splits <= mla::kFuseMaxSplits;
-  // The cluster merge: the mma.sync tiles, exactly 2 ranges, sm_90 (mla_decode.cuh).
-  const bool cluster = !wgmma && combine == kCombineCluster && splits == 2 && hopper_ready(nullptr);
+  // The cluster merge: exactly 2 ranges, sm_90 (mla_decode.cuh), on every decode kernel.
+  const bool cluster = combine == kCombineCluster && splits == 2 && hopper_ready(nullptr);
   p.cluster_merge = cluster;
   if (cluster) p.o_c = o_c.as<__nv_bfloat16>();
   DeviceBuffer<int> counters(fused ? std::size_t(s.batch) * tiles : 1);

@@ -234,7 +234,7 @@ void mla_sweep(Report& rep, const Ceilings& ceil, int tile64, int only_heads, co
       rep.notes.push_back(line);
     }
     // The two ranges merged in a cluster of two blocks, where there are exactly 2 (the same process).
-    if (c.h * s.nq <= 16 && g.splits == 2) {
+    if (g.splits == 2) {
       const MlaGpuResult gc = mla_absorb_bench(s, 0, 0, tile64, kCombineCluster);
       if (gc.what.find("cluster") != std::string::npos) {
         const double gb = cost.cache_bytes / (gc.attn_ms * 1e-3) / 1e9;

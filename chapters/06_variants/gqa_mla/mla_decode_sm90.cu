@@ -73,6 +73,7 @@
 // New instructions: `barrier.sync` without .aligned (common/cuda/hopper/barrier_unaligned.cuh,
 // the wgmma-sync variant only). wgmma (SS and RS forms), TMA and mbarriers are chapter 05's
 // (common/cuda/hopper/: wgmma.cuh, tma.cuh, mbarrier.cuh, named_barrier.cuh).
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -97,6 +98,7 @@ namespace {
 using namespace attn::hopper;
 using attn::cuda::RowSoftmax;
 using attn::cuda::exp2_approx;
+
 using attn::cuda::pack2;
 using attn::cuda::rescale;
 using bf16 = __nv_bfloat16;
@@ -132,6 +134,57 @@ constexpr int kEmptyArrivals = 8;  // lane 0 of every warp releases a stage
 
 __device__ __forceinline__ unsigned char* align_1024(unsigned char* p) {
   return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(p) + 1023) & ~uintptr_t(1023));
+}
+
+/// The two key ranges of a (tile, sequence) as one cluster of two blocks (DecodeParams::
+/// cluster_merge, launch_decode_sm90()): rank 1 leaves its O and each row's (m, l) in its key
+/// ring (free after the loop: 128 KB of O), rank 0 reads them through distributed shared memory,
+/// merges them with its own by the ⊕ and writes O / l in bf16 to o_c. Called by every thread of
+/// both blocks; o is this thread's 64 x 256 half of O (warpgroup wg), mrow / lrow its two rows'
+/// m (base 2, scaled) and l, the same in every thread of a row.
+__device__ __forceinline__ void merge_in_cluster(unsigned char* smem, const float (&o)[kHalf / 2], const float (&mrow)[2],
+                                                 const float (&lrow)[2], const DecodeParams& p, int b, int m0,
+                                                 const int (&row)[2], int wg, int lane) {
+  namespace cg = cooperative_groups;
+  const cg::cluster_group cluster = cg::this_cluster();
+  float4* xo = reinterpret_cast<float4*>(smem + kK);                   // [32][256] float4
+  float* xml = reinterpret_cast<float*>(xo + (kHalf / 8) * kThreads);  // [64 rows][m, l]
+  if (cluster.block_rank() == 1) {
+#pragma unroll
+    for (int c = 0; c < kHalf / 8; ++c)
+      xo[c * kThreads + threadIdx.x] = make_float4(o[4 * c], o[4 * c + 1], o[4 * c + 2], o[4 * c + 3]);
+    if (wg == 0 && lane % 4 == 0)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) xml[2 * row[r]] = mrow[r], xml[2 * row[r] + 1] = lrow[r];
+  }
+  cluster.sync();  // rank 1's partials are in its shared memory, visible to the cluster
+  if (cluster.block_rank() == 0) {
+    const float4* ro = cluster.map_shared_rank(xo, 1);
+    const float* rml = cluster.map_shared_rank(xml, 1);
+    float wa[2], wb[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float m1 = rml[2 * row[r]], l1 = rml[2 * row[r] + 1];
+      const float shift = finite_max(fmaxf(mrow[r], m1));  // both ranges empty: weights 0
+      const float w0 = exp2_approx(mrow[r] - shift), w1 = exp2_approx(m1 - shift);
+      const float l = lrow[r] * w0 + l1 * w1, inv = l > 0.f ? 1.f / l : 0.f;
+      wa[r] = w0 * inv, wb[r] = w1 * inv;
+    }
+#pragma unroll
+    for (int c = 0; c < kHalf / 8; ++c) {
+      const float4 v = ro[c * kThreads + threadIdx.x];
+      const float x[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int grow = m0 + row[r];
+        if (grow >= p.rows) continue;
+        *reinterpret_cast<uint32_t*>(p.o_c + (std::size_t(b) * p.rows + grow) * kDVl + wg * kHalf + 8 * c +
+                                     2 * (lane % 4)) =
+            pack2<bf16>(o[4 * c + 2 * r] * wa[r] + x[2 * r] * wb[r], o[4 * c + 2 * r + 1] * wa[r] + x[2 * r + 1] * wb[r]);
+      }
+    }
+  }
+  cluster.sync();  // rank 0 is done reading rank 1's shared memory: rank 1 may exit
 }
 
 template <int kRelease>
@@ -415,6 +468,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
   }
+  if (p.cluster_merge) {
+    // Warpgroup 0 holds the rows' (m, l): to warpgroup 1 through the alpha buffer (both
+    // warpgroups are past their last use of it at the first barrier).
+    __syncthreads();
+    float* sml = reinterpret_cast<float*>(smem + kAlpha);
+    if (wg == 0 && lane % 4 == 0)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        sml[2 * row[r]] = sm.m[r] == -INFINITY ? -INFINITY : sm.m[r] * p.scale_log2, sml[2 * row[r] + 1] = l[r];
+    __syncthreads();
+    float mrow[2], lrow[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) mrow[r] = sml[2 * row[r]], lrow[r] = sml[2 * row[r] + 1];
+    merge_in_cluster(smem, o, mrow, lrow, p, b, m0, row, wg, lane);
+    return;
+  }
   const std::size_t part = (std::size_t(b) * p.splits + split) * p.rows;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -606,6 +675,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (wg == 1 && lane % 4 == 0) sl[row[r]] = l[r];
   }
   __syncthreads();
+  if (p.cluster_merge) {  // l of both halves in every thread (warpgroup 0's through smax, free now)
+    if (wg == 0 && lane % 4 == 0)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) smax[row[r]] = l[r];
+    __syncthreads();
+    float mrow[2], lrow[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      mrow[r] = m[r] == -INFINITY ? -INFINITY : m[r] * p.scale_log2, lrow[r] = smax[row[r]] + sl[row[r]];
+    merge_in_cluster(smem, o, mrow, lrow, p, b, m0, row, wg, lane);
+    return;
+  }
   const std::size_t part = (std::size_t(b) * p.splits + split) * p.rows;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -658,6 +739,27 @@ int launch_decode_sm90(const DecodeParams& p, int release) {
     maps.q = p.q, maps.kv = p.kv, maps.batch = p.batch, maps.rows = p.rows, maps.nk = p.nk;
   }
   const dim3 grid(ceil_div(p.rows, kM), p.splits, p.batch);
+  if (p.cluster_merge) {  // the two key ranges of a (tile, sequence) as one cluster of two blocks
+    if (p.splits != 2) throw UsageError("mla decode_sm90: the cluster merge takes exactly 2 key ranges");
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 1, attr.val.clusterDim.y = 2, attr.val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = kBytes;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    if (release == kReleaseSync) CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_sm90_kernel<kReleaseSync>, maps.tq, maps.tkv, p));
+    else if (release == kReleaseBlock)
+      CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_sm90_kernel<kReleaseBlock>, maps.tq, maps.tkv, p));
+    else if (release == kReleaseLockstep)
+      CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_sm90_kernel<kReleaseLockstep>, maps.tq, maps.tkv, p));
+    else if (release == kHalves) CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_sm90_halves_kernel, maps.tq, maps.tkv, p));
+    else CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_sm90_kernel<kReleaseArrive>, maps.tq, maps.tkv, p));
+    CUDA_CHECK_LAUNCH("mla decode_sm90_kernel");
+    return kBytes;
+  }
   if (release == kReleaseSync)
     decode_sm90_kernel<kReleaseSync><<<grid, kThreads, kBytes>>>(maps.tq, maps.tkv, p);
   else if (release == kReleaseBlock)
