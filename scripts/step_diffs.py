@@ -104,6 +104,7 @@ CROSS: dict[str, Last | File | New] = {
     "chapters/05_fa3_hopper/steps/b12_pairs_of_query_blocks.cu": File("chapters/05_fa3_hopper/steps/b11_longest_walks_first.cu"),
     "chapters/05_fa3_hopper/steps/b13_eighty_queries.cu": File("chapters/05_fa3_hopper/steps/b11_longest_walks_first.cu"),
     "chapters/05_fa3_hopper/steps/b14_ds_by_queries.cu": File("chapters/05_fa3_hopper/steps/b13_eighty_queries.cu"),
+    "chapters/05_fa3_hopper/steps/b15_scores_ahead.cu": File("chapters/05_fa3_hopper/steps/b13_eighty_queries.cu"),
     "chapters/07_paged_radix/steps": New("a decode (one query row per head), built on common/cuda/, not on an earlier loop"),
 }
 

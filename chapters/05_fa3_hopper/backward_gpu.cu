@@ -163,7 +163,7 @@ __global__ void postprocess_by_element(const Fa3BwdParams p) {
 }
 
 /// Rows of the walk's query blocks and of the accumulator's tiles: 64, b13's 80.
-int block_rows(BwdStep s) { return s == BwdStep::b13_eighty_queries || s == BwdStep::b14_ds_by_queries ? 80 : kBwdBr; }
+int block_rows(BwdStep s) { return s >= BwdStep::b13_eighty_queries ? 80 : kBwdBr; }  // b13-b15: 80
 /// Query blocks a step walks: b12 takes blocks of 64 in pairs, so it gets an even count (the
 /// extra block is padding: the preprocess gives it LSE +inf and D 0).
 int query_blocks(BwdStep s, int nq) {
@@ -194,6 +194,7 @@ PreparedStep prepare_step(BwdStep s, const BwdStepArgs& a) {
     case BwdStep::b12_pairs_of_query_blocks: return b12::prepare(a);
     case BwdStep::b13_eighty_queries: return b13::prepare(a);
     case BwdStep::b14_ds_by_queries: return b14::prepare(a);
+    case BwdStep::b15_scores_ahead: return b15::prepare(a);
   }
   throw UsageError("unknown backward step");
 }
@@ -238,6 +239,7 @@ const char* bwd_step_name(BwdStep s) {
     case BwdStep::b12_pairs_of_query_blocks: return "b12 backward, 128 queries a step";
     case BwdStep::b13_eighty_queries: return "b13 backward, 80 queries a step";
     case BwdStep::b14_ds_by_queries: return "b14 backward, dS stored by queries";
+    case BwdStep::b15_scores_ahead: return "b15 backward, the next S^T ahead of dQ";
   }
   return "?";
 }
@@ -320,7 +322,7 @@ GpuBackward BackwardRunner::run(BwdStep step, bool deterministic, bool time,
   a.params.dq_fragment_order = step >= BwdStep::b3_dq_fragment_order;
   a.params.dq_whole_tiles = step == BwdStep::b7_dq_split_by_keys ||  // b8 derives from b6: halves
                             step == BwdStep::b12_pairs_of_query_blocks;  // a consumer's whole block
-  a.params.dq_transposed = step == BwdStep::b13_eighty_queries || step == BwdStep::b14_ds_by_queries;
+  a.params.dq_transposed = step >= BwdStep::b13_eighty_queries;  // b13-b15
   a.params.block_rows = block_rows(step);
   a.params.n_qblocks = query_blocks(step, m.p.nq);
   const Fa3BwdParams& b = a.params;

@@ -17,6 +17,7 @@
 ///     b12 pairs of query blocks (d = 64): 128 queries a step, each consumer one block's whole dQ
 ///     b13 (from b11, d = 128) eighty queries a step: dQ^T = K^T dS^T, dS^T in 32-byte slabs, one dQ buffer
 ///     b14 dS by queries: dS stored [queries][keys] in the 128-byte swizzle, dQ^T's B read K-major
+///     b15 (from b13) scores ahead: the next step's S^T issued before this step's dQ leaves
 ///
 /// Each run is three kernels: the preprocess (D_i = rowsum(dO_i o O_i), LSE in base 2,
 /// dQ's accumulator and the order counters zeroed), the step's main kernel (parallel
@@ -34,13 +35,14 @@ namespace attn::ch05 {
 
 enum class BwdStep { b1_wgmma = 1, b2_warp_specialized, b3_dq_fragment_order, b4_no_spills, b5_dq_writer, b6_deterministic_walk, b7_dq_split_by_keys,
                      b8_named_barrier_release, b9_two_ds_buffers, b10_consumer_offset, b11_longest_walks_first,
-                     b12_pairs_of_query_blocks, b13_eighty_queries, b14_ds_by_queries };
+                     b12_pairs_of_query_blocks, b13_eighty_queries, b14_ds_by_queries, b15_scores_ahead };
 constexpr BwdStep kAllBwdSteps[] = {BwdStep::b1_wgmma, BwdStep::b2_warp_specialized, BwdStep::b3_dq_fragment_order,
                                     BwdStep::b4_no_spills, BwdStep::b5_dq_writer, BwdStep::b6_deterministic_walk,
                                     BwdStep::b7_dq_split_by_keys, BwdStep::b8_named_barrier_release,
                                     BwdStep::b9_two_ds_buffers, BwdStep::b10_consumer_offset,
                                     BwdStep::b11_longest_walks_first, BwdStep::b12_pairs_of_query_blocks,
-                                    BwdStep::b13_eighty_queries, BwdStep::b14_ds_by_queries};
+                                    BwdStep::b13_eighty_queries, BwdStep::b14_ds_by_queries,
+                                    BwdStep::b15_scores_ahead};
 
 /// "b1 wgmma backward" etc.
 const char* bwd_step_name(BwdStep s);
@@ -48,10 +50,11 @@ const char* bwd_step_name(BwdStep s);
 /// Empty when the backward runs this problem, else why not (head dim, dtype, d != dv).
 std::string backward_unsupported(const Problem& p);
 
-/// Whether step `s` is built for this problem's head dim (b12: d = 64 only; b13, b14: d = 128 only).
+/// Whether step `s` is built for this problem's head dim (b12: d = 64 only; b13-b15: d = 128 only).
 inline bool bwd_step_supports(BwdStep s, const Problem& p) {
   if (s == BwdStep::b12_pairs_of_query_blocks) return p.d == 64;
-  if (s == BwdStep::b13_eighty_queries || s == BwdStep::b14_ds_by_queries) return p.d == 128;
+  if (s == BwdStep::b13_eighty_queries || s == BwdStep::b14_ds_by_queries || s == BwdStep::b15_scores_ahead)
+    return p.d == 128;
   return true;
 }
 

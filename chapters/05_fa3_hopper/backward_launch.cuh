@@ -26,14 +26,14 @@ struct Fa3BwdParams {
   void* dv = nullptr;          ///< [B][Hkv][Nk][d]
   int batch = 1, heads = 1, kv_heads = 1, nq = 0, nk = 0, d = 0;
   int n_qblocks = 0;           ///< Tr = ceil(nq / block_rows) (b12: rounded up to an even count)
-  int block_rows = 64;         ///< rows of the walk's query blocks and the accumulator's tiles (b13, b14: 80)
+  int block_rows = 64;         ///< rows of the walk's query blocks and the accumulator's tiles (b13-b15: 80)
   float scale = 0;             ///< tau
   float scale_log2 = 0;        ///< tau log2(e)
   bool causal = false;
   bool deterministic = false;  ///< add dQ tiles in the order of the key blocks
   bool dq_fragment_order = false;  ///< the accumulator's tiles in fragment order (b3), else by rows
   bool dq_whole_tiles = false;     ///< whole tiles in fragment order (b7, b12), not halves
-  bool dq_transposed = false;      ///< halves in the transposed product's fragment order (b13, b14)
+  bool dq_transposed = false;      ///< halves in the transposed product's fragment order (b13-b15)
 };
 
 struct BwdStepArgs {
@@ -60,5 +60,6 @@ namespace b11 { PreparedStep prepare(const BwdStepArgs& a); }
 namespace b12 { PreparedStep prepare(const BwdStepArgs& a); }
 namespace b13 { PreparedStep prepare(const BwdStepArgs& a); }
 namespace b14 { PreparedStep prepare(const BwdStepArgs& a); }
+namespace b15 { PreparedStep prepare(const BwdStepArgs& a); }
 
 }  // namespace attn::ch05

@@ -132,8 +132,8 @@ int main(int argc, char** argv) {
   cli.add_int("--launch-only", &launch_only,
               "launch the chosen steps K times each on device-made inputs, and the steps of --backward-steps on seeded ones, nothing checked or timed (for a profiler)", 1, 100);
   std::string bwd_step_text = "auto";
-  cli.add_choice("--backward-step", &bwd_step_text, {"auto", "all", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14"},
-                 "run one backward step (b1-b14) or all (see --backward-steps for several); auto: all with --step all, none with a list of forward steps");
+  cli.add_choice("--backward-step", &bwd_step_text, {"auto", "all", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15"},
+                 "run one backward step (b1-b15) or all (see --backward-steps for several); auto: all with --step all, none with a list of forward steps");
 
   std::vector<int> bwd_step_list;  // empty: --backward-step decides
   cli.add_int_list("--backward-steps", &bwd_step_list,

@@ -210,6 +210,20 @@ TEST_CASE("backward b14 (dS stored by queries, d = 128) at awkward shapes, both 
     }
 }
 
+TEST_CASE("backward b15 (the next S^T ahead of dQ, d = 128) at awkward shapes, both modes") {
+  require_hopper();
+  awkward_shapes(BwdStep::b15_scores_ahead, 128, DType::bf16, false);
+  awkward_shapes(BwdStep::b15_scores_ahead, 128, DType::f16, true);
+  // one step per key block (its S^T issued before the loop, and the last step's extra one),
+  // two, several; GQA over two batches (a walk goes on into the next query head of its group)
+  for (int nq : {80, 160, 192, 400})
+    for (bool det : {false, true}) {
+      check_backward(BwdStep::b15_scores_ahead, shape().heads(2).n(nq, 300).d(128).causal(), det);
+      check_backward(BwdStep::b15_scores_ahead, shape().batch(2).heads(4, 2).n(nq, 130).d(128), det);
+    }
+  CHECK_FALSE(bwd_step_supports(BwdStep::b15_scores_ahead, shape().n(128).d(64)));
+}
+
 TEST_CASE("backward, deterministic mode: correct at awkward shapes") {
   require_hopper();
   for (BwdStep s : kAllBwdSteps)
@@ -284,3 +298,4 @@ TEST_CASE("backward sanitizer shape b11") { sanitizer_shape(BwdStep::b11_longest
 TEST_CASE("backward sanitizer shape b12") { sanitizer_shape(BwdStep::b12_pairs_of_query_blocks, 64); }
 TEST_CASE("backward sanitizer shape b13") { sanitizer_shape(BwdStep::b13_eighty_queries); }
 TEST_CASE("backward sanitizer shape b14") { sanitizer_shape(BwdStep::b14_ds_by_queries); }
+TEST_CASE("backward sanitizer shape b15") { sanitizer_shape(BwdStep::b15_scores_ahead); }
