@@ -45,12 +45,27 @@ def newest_run():
     return runs[-1]
 
 
+def run_extent(res):
+    """How long the run took and whether it ran its whole plan: "in 6:12, every one of its 161
+    tasks", or "in 8:09, 150 of its 161 tasks (11 left to its --budget)"; "" when the run does not say."""
+    r = res.get("run", {})
+    if r.get("duration_s") is None or "tasks" not in r:
+        return ""
+    secs = int(round(r["duration_s"]))
+    ran = len(r["tasks"])
+    left = sum(1 for n in res.get("notes", []) if n.startswith("not run (--budget"))
+    whole = r.get("complete", True) and not left
+    return " in %d:%02d, %s" % (secs // 60, secs % 60, "every one of its %d tasks" % ran if whole else
+                               "%d of its %d tasks (%d left to its --budget)" % (ran, ran + left, left)
+                               if left else "%d tasks, cut before its end" % ran)
+
+
 def provenance(res, run_path):
     r = res.get("run", {})
     rel = os.path.relpath(run_path, ROOT)
-    return ("Measured on one %s (driver %s) on %s by `%s`%s; generated from [%s](%s) by `bench/bench_readme.py` "
+    return ("Measured on one %s (driver %s) on %s by `%s`%s%s; generated from [%s](%s) by `bench/bench_readme.py` "
             "(never typed by hand). Every ratio is to a peer measured in the same run." % (
-                r.get("gpu"), r.get("driver"), (r.get("date") or "?")[:10], r.get("command"),
+                r.get("gpu"), r.get("driver"), (r.get("date") or "?")[:10], r.get("command"), run_extent(res),
                 ", commit %s" % r["commit"] if r.get("commit") else "", rel, rel))
 
 
