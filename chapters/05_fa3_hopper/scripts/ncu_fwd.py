@@ -9,8 +9,8 @@ Nsight Compute (`ncu --metrics gpu__time_duration.sum --clock-control none`:
 the GPU at its own clocks, the caches flushed before every profiled kernel, as the
 chapter's event timing flushes the L2) run
 
-  * per shape, the chapter binary with `--step all --launch-only K`: every step's kernel
-    launched K times on inputs written on the device, nothing uploaded, checked or timed
+  * per shape, the chapter binary with `--step S1,S2,... --launch-only K`: the chosen steps'
+    kernels launched K times on inputs written on the device, nothing uploaded, checked or timed
     (a process takes seconds, not the minutes of an fp64 check under the profiler), the
     chosen steps' kernels profiled (one profiler run per shape: ncu's CSV does not list
     processes in the order they ran);
@@ -170,12 +170,13 @@ def main():
                        a.batch or max(1, 16384 // n)))
 
     # Ours: one profiler run per shape (ncu's CSV does not list processes in the order they ran),
-    # each over one process launching every step built for the shape (`--step all`); the regex
-    # profiles the chosen ones. A process start under the profiler costs about 2 s.
+    # each over one process launching the chosen steps alone. (With `--step all`, every step of the
+    # shape, a process took about 8 s under the profiler at 21:09 UTC against 2.5 s at 18:01; why
+    # was not measured, but fewer launches leave the profiler less to intercept.)
     rows, per_shape = [], []
     for d, c, steps, h, n, b in ([] if a.no_ours else shapes):
         cmd = [a.bin, "--n", str(n), "--batch", str(b), "--heads", str(h), "--kv-heads", str(h), "--d", str(d),
-               "--step", "all", "--no-fp8-table", "--no-backward", "--launch-only", str(a.launches)]
+               "--step", ",".join(str(st) for st in steps), "--no-fp8-table", "--no-backward", "--launch-only", str(a.launches)]
         regex = "4ch05(" + "|".join(f"{len('v' + str(st))}v{st}" for st in steps) + r")[0-9]+_GLOBAL.*6kernelI"
         what = f"d={d}{'' if n == a.n else f' N={n}'}{' causal' if c else ''}"
         got = ncu(cmd + (["--causal"] if c else []), regex, a.timeout, what)
