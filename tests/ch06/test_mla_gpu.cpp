@@ -44,10 +44,13 @@ TEST_CASE("MLA absorbed decode kernel: decode, MTP, Nk = 1, H off the tile, spli
   for (const MlaShape& s : cases) {
     const MlaInputs in = make_mla_inputs(s, Dist::normal, 3);
     const Oracle oracle(s, in);
-    for (int splits : {0, 1, 3}) {
+    for (int splits : {0, 1, 2, 3}) {
       const MlaGpuResult g = mla_absorb_gpu(s, in, splits, false);
       CAPTURE(s.describe());
+      CAPTURE(g.what);
       CAPTURE(splits);
+      // the default merge: exactly 2 ranges on sm_90 in a cluster, otherwise the combine kernel
+      CHECK((g.what.find("cluster") != std::string::npos) == (g.splits == 2 && hopper_ready(nullptr)));
       CHECK(oracle.pass(g.o, s.output().o_elems()));
     }
   }

@@ -345,7 +345,7 @@ MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool 
   // The fused combine: the mma.sync kernels, at most kFuseMaxSplits ranges (mla_decode.cuh).
   const bool fused = !wgmma && combine == kCombineFused && splits <= mla::kFuseMaxSplits;
   // The cluster merge: exactly 2 ranges, sm_90 (mla_decode.cuh), on every decode kernel.
-  const bool cluster = combine == kCombineCluster && splits == 2 && hopper_ready(nullptr);
+  const bool cluster = (combine == kCombineCluster || combine == kCombineAuto) && splits == 2 && hopper_ready(nullptr);
   p.cluster_merge = cluster;
   if (cluster) p.o_c = o_c.as<__nv_bfloat16>();
   DeviceBuffer<int> counters(fused ? std::size_t(s.batch) * tiles : 1);

@@ -76,18 +76,20 @@ constexpr int kTile64Wgmma = 0, kTile64Mma = 1, kTile64WgmmaSync = 2, kTile64Wgm
 /// kCombineCluster: with exactly 2 key ranges on the mma.sync tiles (sm_90), the two ranges of
 /// a (tile, sequence) as one cluster of two blocks, merged through distributed shared memory
 /// (mla_decode.cu); otherwise the separate kernel.
-constexpr int kCombineSeparate = 0, kCombineFused = 1, kCombineGeneral = 2, kCombineCluster = 3;
+/// kCombineAuto (the default): kCombineCluster where it applies (measured faster at every
+/// 2-range row but one, chapter README), else kCombineSeparate.
+constexpr int kCombineSeparate = 0, kCombineFused = 1, kCombineGeneral = 2, kCombineCluster = 3, kCombineAuto = 4;
 /// Absorbed decode. `splits` = 0 picks the split count from the SM count. Timed when `time`.
 /// `small_variant`: the 16-row tile's shape (mla_decode.cuh; 0 is the default); `tile64`:
 /// the 64-row tile's kernel.
 /// `combine_parts`: the separate combine's column parts, 4, 8 or 16 (0: from the grid, mla_decode.cuh);
 /// `pdl`: the combine as a programmatic dependent launch on sm_90+ (mla_decode.cuh).
 MlaGpuResult mla_absorb_gpu(const MlaShape& s, const MlaInputs& in, int splits, bool time, int small_variant = 0,
-                            int tile64 = kTile64Wgmma, int combine = kCombineSeparate, int combine_parts = 0,
+                            int tile64 = kTile64Wgmma, int combine = kCombineAuto, int combine_parts = 0,
                             bool pdl = true);
 /// Absorbed decode timed on device-generated inputs (the sweeps).
 MlaGpuResult mla_absorb_bench(const MlaShape& s, int splits, int small_variant = 0, int tile64 = kTile64Wgmma,
-                              int combine = kCombineSeparate, int combine_parts = 0, bool pdl = true);
+                              int combine = kCombineAuto, int combine_parts = 0, bool pdl = true);
 /// The name of a 16-row tile shape: "ring4", "ring2x2", "wide".
 const char* small_variant_label(int small_variant);
 /// Decompressed form: K/V GEMMs (cuBLAS) and the packed Hopper forward with d = 192, dv = 128.

@@ -218,7 +218,8 @@ void mla_sweep(Report& rep, const Ceilings& ceil, int tile64, int only_heads, co
       rep.notes.push_back(line);
     }
     // The combine in 4 parts where the grid gave it more (the form before 16 parts; same process).
-    if (g.what.find("combine in 4 parts") == std::string::npos && g.what.find("fused") == std::string::npos) {
+    if (g.what.find("combine in 4 parts") == std::string::npos && g.what.find("fused") == std::string::npos &&
+        g.what.find("cluster") == std::string::npos) {
       const MlaGpuResult g4 = mla_absorb_bench(s, 0, 0, tile64, kCombineSeparate, 4);
       const double gb = cost.cache_bytes / (g4.attn_ms * 1e-3) / 1e9;
       std::snprintf(line, sizeof line, "  combine4 %3d %4d %6d  %6d  %8.4f  %10.1f  %11.1f%%", c.h, c.b, c.nk, g4.splits,
@@ -233,15 +234,13 @@ void mla_sweep(Report& rep, const Ceilings& ceil, int tile64, int only_heads, co
                     gg.attn_ms, gb, 100 * gb / ceil.read_gbps.value_or(1));
       rep.notes.push_back(line);
     }
-    // The two ranges merged in a cluster of two blocks, where there are exactly 2 (the same process).
-    if (g.splits == 2) {
-      const MlaGpuResult gc = mla_absorb_bench(s, 0, 0, tile64, kCombineCluster);
-      if (gc.what.find("cluster") != std::string::npos) {
-        const double gb = cost.cache_bytes / (gc.attn_ms * 1e-3) / 1e9;
-        std::snprintf(line, sizeof line, "  cluster %3d %4d %6d  %6d  %8.4f  %10.1f  %11.1f%%", c.h, c.b, c.nk,
-                      gc.splits, gc.attn_ms, gb, 100 * gb / ceil.read_gbps.value_or(1));
-        rep.notes.push_back(line);
-      }
+    // The default merged its 2 ranges in a cluster: the separate combine on the same case (same process).
+    if (g.what.find("cluster") != std::string::npos) {
+      const MlaGpuResult gc = mla_absorb_bench(s, 0, 0, tile64, kCombineSeparate);
+      const double gb = cost.cache_bytes / (gc.attn_ms * 1e-3) / 1e9;
+      std::snprintf(line, sizeof line, "  separate %3d %4d %6d  %6d  %8.4f  %10.1f  %11.1f%%", c.h, c.b, c.nk, gc.splits,
+                    gc.attn_ms, gb, 100 * gb / ceil.read_gbps.value_or(1));
+      rep.notes.push_back(line);
     }
     // The combine fused into the decode kernel where it can be (the same process).
     if (c.h * s.nq <= 16 && g.splits <= 4) {
@@ -493,12 +492,12 @@ int mla_main(int argc, char** argv) {
                  "same on barrier 0, all threads of the block; wgmma-lockstep: both warpgroups in one loop "
                  "meeting at __syncthreads(); wgmma-halves: each warpgroup computes S for half of the "
                  "key block, every barrier a __syncthreads()) [wgmma]");
-  std::string combine = "separate";
-  cli.add_choice("--combine", &combine, {"separate", "fused", "general", "cluster"},
-                 "GPU: merge the key ranges in a second kernel (one round trip for up to 8 ranges in 4 "
-                 "parts), in the decode kernel's last range (fused: mma.sync tiles, at most 4 ranges), or "
-                 "in the second kernel's general form always (general), or, with exactly 2 ranges on the "
-                 "mma.sync tiles (sm_90), in a cluster of the two blocks (cluster) [separate]");
+  std::string combine = "auto";
+  cli.add_choice("--combine", &combine, {"auto", "separate", "fused", "general", "cluster"},
+                 "GPU: how the key ranges are merged: auto (exactly 2 ranges on sm_90: in a cluster of the "
+                 "two blocks; otherwise separate), separate (a second kernel, one round trip for up to 8 "
+                 "ranges in 4 parts), fused (the decode kernel's last range: mma.sync tiles, at most 4 "
+                 "ranges), general (the second kernel's two-trip form always), cluster (as auto) [auto]");
   std::string parts = "auto";
   cli.add_choice("--combine-parts", &parts, {"auto", "4", "8", "16"},
                  "GPU: the separate combine's column parts, one thread block each (auto: more while the "
@@ -517,10 +516,11 @@ int mla_main(int argc, char** argv) {
     std::vector<int> more_splits;
     for (int k = 1; k <= sweep_splits; k *= 2) more_splits.push_back(k);
     return run_mla(o, form, pos0, splits, sweep, no_time, v, t64, sweep_heads,
-                   combine == "fused"     ? kCombineFused
-                   : combine == "general" ? kCombineGeneral
-                   : combine == "cluster" ? kCombineCluster
-                                          : kCombineSeparate,
+                   combine == "fused"       ? kCombineFused
+                   : combine == "general"   ? kCombineGeneral
+                   : combine == "cluster"   ? kCombineCluster
+                   : combine == "separate"  ? kCombineSeparate
+                                            : kCombineAuto,
                    more_splits,
                    parts == "auto" ? 0 : std::stoi(parts), !no_pdl);
   });
