@@ -47,11 +47,18 @@
 // the async-proxy writes that warp 0 issues after the barrier. In v10 the registers were
 // consumed by the tile's MMAs before the next barrier, so the loads had long returned.
 //
+// And one barrier after the pipeline fill. Warp 0 stores a tile's scales with ordinary
+// stores after issuing its copies, and the stage's mbarrier completes with the copies, not
+// with those stores: a later tile's scales are ordered by the loop's barriers in between,
+// but in v13 tile 0 is read before the loop's first barrier (in v10 after it). racecheck
+// reported exactly these two stores (issue_boxes(), the K and V scales), and under memcheck,
+// whose timing differs, tile 0 read stale scales and failed the fp64 check (NOTES.md).
+//
 // What changes from v10, every change: WarpCodes::load() and the Codes it returns (the loads
 // and the scales' reads moved out of tile(), which takes the Codes); WarpCodes::landed(); the
 // loop's order (load, wait for the loads, proxy fence, barrier, refill of the same stage with
-// tile it + kStages, compute); the pipeline fill (all kStages tiles); the bulk-copy header
-// for the fence; the launcher's name.
+// tile it + kStages, compute); the pipeline fill (all kStages tiles) and the barrier after
+// it; the bulk-copy header for the fence; the launcher's name.
 //
 // v10's header, what v13 keeps:
 //
@@ -564,6 +571,7 @@ __global__ void __launch_bounds__(Geo::kThreads, kMinBlocks<Kv>)
                        read_boxes(kv, b, hk, t_begin + st * Geo::kBc, t_end, box_shift), box_shift);
     if (S < n_tiles) ahead = read_boxes(kv, b, hk, t_begin + S * Geo::kBc, t_end, box_shift);
   }
+  __syncthreads();  // warp 0's stores of the first tiles' scales before any warp reads them
   for (int it = 0; it < n_tiles; ++it) {
     hopper::mbarrier_wait(&full[it % S], uint32_t(it / S) & 1u);  // tile `it` has landed
     const int t0 = t_begin + it * Geo::kBc;
