@@ -109,7 +109,7 @@ def line_panel(ax, rows, keyfilter, kernels, colors, res, peers=PEERS, labels=No
 
 def bar_panel(ax, rows, keyfilter, kernels, colors, gemm):
     """One N only: a bar per step (the lesson read top to bottom) and per peer."""
-    names, vals, cols = [], [], []
+    names, vals, cols, why = [], [], [], []
     for k in kernels:
         v = points(rows, k, keyfilter)
         r = next((r for r in rows if r["kernel"] == k and keyfilter(r)), None)
@@ -118,17 +118,20 @@ def bar_panel(ax, rows, keyfilter, kernels, colors, gemm):
         names.append((k[5:] if k[:2] == "ch" else k) + (" (FP8 inputs)" if r.get("dtype") == "fp8" else ""))
         vals.append(v[0][1] if v else 0)
         cols.append(colors[k] if v else "white")
+        # a bar with no speed says why, as the tables do: FAIL, not run, unchecked (timed, not checked), n/a
+        why.append(bench_report.STATUS_TEXT.get(r.get("status"), r.get("status") or "not run"))
     for p in PEERS:
         v = points(rows, p, keyfilter)
         if v:
             names.append(PEER_LABEL[p])
             vals.append(v[0][1])
             cols.append(PEER_STYLE[p]["color"])
+            why.append("")
     y = list(range(len(names)))[::-1]
     ax.barh(y, vals, color=cols, edgecolor="#555555", lw=0.5)
     top = max(vals + [gemm or 0]) or 1
-    for yi, v, n in zip(y, vals, names):
-        ax.text(v + top * 0.01, yi, ("%.0f" % v) if v else "failed or not run", va="center", fontsize=7.5)
+    for yi, v, w in zip(y, vals, why):
+        ax.text(v + top * 0.01, yi, ("%.0f" % v) if v else w, va="center", fontsize=7.5)
     ax.set_yticks(y)
     ax.set_yticklabels(names, fontsize=7.5)
     if gemm:
@@ -272,7 +275,8 @@ def fig_lineage_lines(res, rows, out_dir):
         x = dict(r)
         x["kernel"] = "ch%s best" % c
         brows.append(x)
-    dims = sorted({r["d"] for r in brows})
+    # the head dims of the papers' shapes only (chapter 06's MLA, d = 192, is a variant with its own plot)
+    dims = sorted({r["d"] for r in brows if not r.get("variant") and r.get("Hkv") == r.get("H")})
     fig, axes = plt.subplots(len(dims), 2, figsize=(11, 3.3 * len(dims) + 1.6), squeeze=False)
     kernels = ["ch%s best" % c for c in chapters]
     colors = {"ch%s best" % c: CHAPTER_COLOR.get(c, "C0") for c in chapters}
@@ -366,13 +370,15 @@ def fig_decode(res, rows, out_dir):
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 6.0), gridspec_kw={"width_ratios": [2.2, 1]})
     cfgs = sorted({shape_key(r) for r in dec if r.get("page_size") == 16}, key=lambda k: (k[3], k[4], k[5] / k[6]))
     labels = ["L=%dK\nB=%d %d/%d" % (k[3] // 1024, k[4], k[5], k[6]) for k in cfgs]
-    kernels = bench_report.chapter_kernels(rows, "07", "decode")
+    kernels = [k for k in bench_report.chapter_kernels(rows, "07", "decode") if any(r["kernel"] == k for r in dec)]
     # a colour per kernel (v1, v2, ...), a line style per layout: paged solid, contiguous dashed
     versions = []
     for k in kernels:
         if k.split()[1] not in versions:
             versions.append(k.split()[1])
-    palette = ["#e377c2", "#9467bd", "#17becf", "#bcbd22", "#8c564b", "#1f77b4"]
+    versions.sort(key=lambda v: int(v[1:]) if v[1:].isdigit() else 1 << 30)  # v1, v2, ... in the chapter's order
+    palette = ["#e377c2", "#9467bd", "#17becf", "#bcbd22", "#8c564b", "#1f77b4", "#ff7f0e", "#2ca02c",
+               "#d62728", "#7f7f7f"]
     colors = {k: palette[versions.index(k.split()[1]) % len(palette)] for k in kernels}
     styles = {k: ("--" if "contiguous" in k else "-") for k in kernels}
     by = {(shape_key(r), r["kernel"]): r for r in dec}
