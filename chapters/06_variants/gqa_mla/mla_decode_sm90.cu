@@ -64,8 +64,14 @@
 //                   racecheck 0 hazards at 2 and 8 blocks, 1.17-1.51x the default's time.
 //   decode_sm90_halves_kernel (--tile64 wgmma-halves, below): the same instructions in both
 //                   warpgroups, each computing S for half of the key block; every barrier a
-//                   __syncthreads(), and no wgmma on a one-warpgroup path.
-// (GPU round of 20:44 UTC, 2026-12-01.)
+//                   __syncthreads(), and no wgmma on a one-warpgroup path. racecheck 0 hazards at
+//                   1, 2 and 8 blocks and on the one-block shape run twice; 1.03-1.30x the default's
+//                   time (round of 21:18 UTC), so the default stays kReleaseArrive.
+// (GPU rounds of 20:44 and 21:18 UTC, 2026-12-01.)
+//
+// With exactly 2 key ranges (DecodeParams::cluster_merge, the default there) the two blocks of
+// a (tile, sequence) run as one cluster and merge_in_cluster() merges them through distributed
+// shared memory: no fp32 partials, no combine kernel (H = 128, B = 32 x 4K: 0.0858 -> 0.0791 ms).
 // (An earlier alternative, P in the k_rope box of its own stage, released through the
 // ring's mbarriers, was also flagged by racecheck and ran 9-11% slower: rounds of 15:08 and
 // 15:34 UTC, 2026-12-01.)
