@@ -35,24 +35,26 @@
 // proxy); the TMA writes it through the async proxy. A block barrier orders the generic
 // proxy's accesses across threads, not the async proxy's writes after them, and a thread
 // reaches the barrier as soon as its loads are issued, not when their data has returned.
-// Two forms of this step raced, each caught by the GPU test that holds its output to v10's
-// bit for bit over many steps, and by racecheck (NOTES.md): with neither (v11, removed), and
-// with the proxy fence alone (the SASS: the last LDS, then MEMBAR.ALL.CTA and
-// FENCE.VIEW.ASYNC.S, then the barrier). So each thread first folds every register its
-// loads filled into one predicate (landed(): 35 XORs; an instruction that reads a register
-// waits for its load), then executes `fence.proxy.async.shared::cta`
-// (hopper::fence_proxy_async_shared(), common/cuda/hopper/bulk_copy.cuh), then enters the
-// barrier with that predicate (`__syncthreads_or`, whose result is not used: the operand
-// makes the barrier wait for it). Its reads of the stage are then done, and ordered before
-// the async-proxy writes that warp 0 issues after the barrier. In v10 the registers were
-// consumed by the tile's MMAs before the next barrier, so the loads had long returned.
+// So each thread first folds every register its loads filled into one predicate (landed():
+// 35 XORs; an instruction that reads a register waits for its load), then executes
+// `fence.proxy.async.shared::cta` (hopper::fence_proxy_async_shared(),
+// common/cuda/hopper/bulk_copy.cuh), then enters the barrier with that predicate
+// (`__syncthreads_or`, whose result is not used: the operand makes the barrier wait for it;
+// the SASS shows the XOR chain, FENCE.VIEW.ASYNC.S, then BAR.RED.OR). Its reads of the stage
+// are then done, and ordered before the async-proxy writes that warp 0 issues after the
+// barrier. In v10 the registers were consumed by the tile's MMAs before the next barrier,
+// so the loads had long returned.
 //
 // And one barrier after the pipeline fill. Warp 0 stores a tile's scales with ordinary
 // stores after issuing its copies, and the stage's mbarrier completes with the copies, not
 // with those stores: a later tile's scales are ordered by the loop's barriers in between,
-// but in v13 tile 0 is read before the loop's first barrier (in v10 after it). racecheck
-// reported exactly these two stores (issue_boxes(), the K and V scales), and under memcheck,
-// whose timing differs, tile 0 read stale scales and failed the fp64 check (NOTES.md).
+// but in v13 tile 0 is read before the loop's first barrier (in v10 after it).
+//
+// Four forms were run (NOTES.md): v11 with neither ordering, removed (its output changed
+// from run to run); the fence alone (not v10's bits in every step of the GPU test;
+// racecheck: two writes in issue_boxes()); the fence and the wait for the loads (v10's
+// bits in every step, but racecheck still reported the two scale stores, and under
+// memcheck's timing tile 0 read stale scales and failed the fp64 check); and this one.
 //
 // What changes from v10, every change: WarpCodes::load() and the Codes it returns (the loads
 // and the scales' reads moved out of tile(), which takes the Codes); WarpCodes::landed(); the
