@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """./tutorial bench: every chapter's kernels next to the peers and the GPU's own ceilings, in one run.
 
-    ./tutorial bench                       the full sweep (the start line says how long: 7:14 on
-                                           an H200, estimated from the measured pieces; --plan lists them)
-    ./tutorial bench --quick               fewer shapes (2:01 on an H200, measured at 15:30 UTC)
+    ./tutorial bench                       the full sweep (the start line says how long: 6:26 on
+                                           an H200 at 21:11 UTC; --plan lists the tasks and estimates)
+    ./tutorial bench --quick               fewer shapes (2:13 on an H200, measured at 18:35 UTC)
     ./tutorial bench --n 8192 --d 64,128   only these shapes (--mask causal|none|both, --no-backward)
     ./tutorial bench --chapters 04,05      only these chapters (and the peers on their shapes)
     ./tutorial bench --steps 11,16 --peers cudnn,fa4   only these steps, only these peers (--no-peers: none)
@@ -1112,7 +1112,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="./tutorial bench", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("--quick", action="store_true",
-                    help="d=128 at N=8K, the decode sweep, softmax, masks and GQA, FA1 at 2K: 2:01 on an H200")
+                    help="d=128 at N=8K, the decode sweep, softmax, masks and GQA, FA1 at 2K: 2:13 on an H200")
     ap.add_argument("--chapters", help="comma-separated chapter numbers, e.g. 04,05 (default: every chapter)")
     ap.add_argument("--cpu", action="store_true", help="no GPU: the CPU models' counted traffic, plotted")
     ap.add_argument("--report", metavar="RESULTS_JSON", help="write the tables and plots from this file, run nothing")
