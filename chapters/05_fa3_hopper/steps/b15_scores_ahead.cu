@@ -49,6 +49,13 @@
 // (nobody refills it): a product under a condition made ptxas keep both paths' accumulators in
 // b10, so every step issues one, and the extra one is never read.
 //
+// Measured (NVIDIA H200, 2026-12-01, the full sweep of 21:11 UTC, every step in one run; d = 128,
+// N = 8K, B = 2, H = 16): 477 TFLOP/s not causal and 470 causal against b13's 492 and 488 (-3.1%,
+// -3.8%; +2-5% was predicted), deterministic 454 / 404 against 469 / 425. Both modes passed the fp64
+// check there. What the order costs is what ptxas forced: dP^T now waits for S^T to complete at
+// the top of every step instead of being issued behind it, a bubble larger than the dQ stores the
+// early S^T hides. A counter-example, like b14; b13 is the step to use.
+//
 // What b13 changed from b11 (b13 is a branch: b12 is the d = 64 move, this is d = 128's). A step's
 // chain of latencies (S^T, the exponentials, dS^T to shared memory, dV and dK, dQ, dQ to shared
 // memory) is paid once per Br queries; at d = 128 registers allow 80 where d = 64 allows 128
