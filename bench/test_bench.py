@@ -403,6 +403,39 @@ class Modes(unittest.TestCase):
                                                                      "ch05-fwd"))
 
 
+    def test_only_runs_the_matching_tasks_of_the_plan_and_the_ceilings(self):
+        with tempfile.TemporaryDirectory() as d:
+            new = self.build(d, "new")
+            out = io.StringIO()
+            old, sys.stdout = sys.stdout, out
+            try:
+                lineage.main(["--build-dir", new, "--plan", "--gpu", "--chapters", "05", "--only", "ch05 d=128 N=8192"])
+            finally:
+                sys.stdout = old
+            labels = [l.split("s  ", 1)[1] for l in out.getvalue().splitlines() if re.match(r"\s*[0-9.]+ s  ", l)]
+            self.assertEqual(labels[0], "ceilings: read bandwidth, bf16 and FP8 GEMM")
+            self.assertEqual(sorted(labels[1:]), ["ch05 d=128 N=8192", "ch05 d=128 N=8192 causal"])
+            # the same tasks run, with the full plan's arguments (the backward at 8K)
+            launches = self.run_bench(["--build-dir", new, "--out", os.path.join(d, "o"), "--no-peers", "--only",
+                                       "ch05 d=128 N=8192 causal"], os.path.join(d, "log"))
+            self.assertEqual(len(launches), 1, launches)
+            self.assertIn("--n 8192", launches[0])
+            self.assertIn("--causal", launches[0])
+            self.assertNotIn("--no-backward", launches[0])
+
+    def test_a_subcommands_options_are_read_from_its_own_help(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "ch07_paged_radix")
+            with open(path, "w") as f:  # as chapter 07: the top-level help lists the subcommands only
+                f.write("#!/bin/sh\nif [ \"$1\" = decode ]; then echo '  --sweep  --sweep-shapes X'; "
+                        "else echo 'usage: ch07_paged_radix [paged | decode | radix] [options]'; fi\n")
+            os.chmod(path, 0o755)
+            b = lineage.Binary.at(path)
+            self.assertNotIn("--sweep-shapes", b.flags())
+            self.assertIn("--sweep-shapes", b.sub_flags("decode"))
+            self.assertNotIn("--sweep-shapes", b.sub_flags("radix"))
+
+
 class Ch05Script(unittest.TestCase):
     """bench/ch05_fa3.py keeps its command line and becomes ./tutorial bench's."""
 
