@@ -40,6 +40,11 @@
 // Prediction (NOTES.md, before the run): +1% on v14 at d = 64 causal and not (kernel
 // durations; v23 bought +0.5% for 48 of 1094 instructions), i.e. about 1298 us causal (v23:
 // 1271, cuDNN 1201) and about 2190 us without the mask (v14: 2211): still under cuDNN causal.
+//
+// Measured (H200, 2026-12-01 21:09 UTC, kernel durations in one run): d = 64 causal 1264.6 us
+// against v23's 1279.4 (+1.2%; by events 435.7 against 432.0 TFLOP/s, 0.969x cuDNN, 0.903x FA4),
+// the best d = 64 causal step; d = 64 2259.9 against v14's 2211.8 (-2.1%). Profile (20:42): 3.25
+// warps a scheduler active and 1.21 eligible (v23: 2.25, 0.78), the tensor pipe still at 48%.
 #include <memory>
 #include <string>
 
