@@ -86,6 +86,8 @@ require(b13_eighty_queries.ptx "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.
 forbid(b13_eighty_queries.ptx "wgmma.mma_async.sync.aligned.m64n64k16")
 # b14: b13 with dS stored by queries (dQ^T with only A transposed: the immediates 1, 1, 1, 0).
 require(b14_ds_by_queries.ptx "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16;p, 1, 1, 1, 0;cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32;setmaxnreg")
+# b15: b13 with the next step's S^T issued before this step's dQ leaves (same products, m64n80 and m64n128).
+require(b15_scores_ahead.ptx "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16;wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16;cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32;bar.arrive;bar.sync;setmaxnreg")
 # v17: v11 at d = 64 only, the causal kernel with key blocks of 192 too.
 require(v17_causal_key_blocks.ptx "wgmma.mma_async.sync.aligned.m64n192k16;ex2.approx;setmaxnreg")
 forbid(v17_causal_key_blocks.ptx "wgmma.mma_async.sync.aligned.m64n128k16")
