@@ -62,6 +62,24 @@ TEST_CASE("streams ring: every rank holds one token (P = N)") {
   for (Layout l : kLayouts) check_gpu_ring(shape().n(8).d(64).causal(), Backend::streams, l, 8);
 }
 
+TEST_CASE("the one-device baseline (--bench's \"one device\" rows) equals the reference") {
+  // The rows the ring's --bench times beside the ring: chapter 04's kernels on the whole
+  // problem, their outputs from a first launch into poisoned buffers.
+  for (const Problem& p : {Problem(shape().heads(2).n(301).d(64).causal()),
+                           Problem(shape().batch(2).heads(4, 2).n(517).d(128)),
+                           Problem(shape().heads(2).n(257).d(64).causal().dtype(DType::f16))}) {
+    CAPTURE(p.describe());
+    const AttnInputs in = make_inputs(p, Dist::normal, 43, true);
+    const SingleGpuTiming t = single_gpu_timing(p, in, true);
+    CHECK(t.fwd_ms > 0);
+    CHECK(t.bwd_ms > 0);
+    const CheckResult cf = ForwardOracle(p, in, CheckPlan::full(p)).judge(t.o, &t.lse);
+    CHECK_MESSAGE(cf.pass(), cf.failures());
+    const CheckResult cb = BackwardOracle(p, in, BackwardPlan::full(p)).judge(t.dq, t.dk, t.dv);
+    CHECK_MESSAGE(cb.pass(), cb.failures());
+  }
+}
+
 TEST_CASE("nccl ring at P = 1 on one GPU (when built with NCCL)") {
   if (!nccl_built()) {
     MESSAGE("this build has no NCCL backend");
@@ -74,6 +92,11 @@ TEST_CASE("ch06_variants ring --backend streams: checked run, timeline, bad inpu
   const auto r = testing_support::run_binary(CH06_BINARY, "ring --backend streams --ranks 4 --n 1000 --json");
   CHECK(r.exit_code == 0);
   CHECK(r.out.find("\"pass\": false") == std::string::npos);
+  // --bench adds the one-device rows, checked like the ring's own.
+  const auto b = testing_support::run_binary(CH06_BINARY, "ring --backend streams --ranks 2 --n 600 --no-decode --bench --json");
+  CHECK(b.exit_code == 0);
+  CHECK(b.out.find("one device: chapter 04's kernel") != std::string::npos);
+  CHECK(b.out.find("\"pass\": false") == std::string::npos);
   const auto t = testing_support::run_binary(
       CH06_BINARY, "ring --backend streams --ranks 2 --n 512 --no-decode --timeline /tmp/ch06_ring_test_timeline.svg");
   CHECK(t.exit_code == 0);

@@ -739,6 +739,12 @@ SingleGpuTiming single_gpu_timing(const Problem& p, const AttnInputs& in, bool b
   sp.dtype = p.dtype;
   StepForwardOut out{o.data(), lse.get()};
   SingleGpuTiming t;
+  o.poison();
+  lse.poison();
+  step_forward(sp, out, 0);
+  CUDA_CHECK_LAUNCH("single-device forward");
+  t.o = o.to_host();
+  t.lse = lse.download();
   t.fwd_ms = time_gpu([&] {
                step_forward(sp, out, 0);
                CUDA_CHECK_LAUNCH("single-device forward");
@@ -756,6 +762,14 @@ SingleGpuTiming single_gpu_timing(const Problem& p, const AttnInputs& in, bool b
     a.dv = dv.data();
     a.dq_accum = acc.get();
     a.delta = delta.get();
+    dq.poison();
+    dk.poison();
+    dv.poison();
+    step_backward(sp, a, 0);
+    CUDA_CHECK_LAUNCH("single-device backward");
+    t.dq = dq.to_host();
+    t.dk = dk.to_host();
+    t.dv = dv.to_host();
     t.bwd_ms = time_gpu([&] {
                  step_backward(sp, a, 0);
                  CUDA_CHECK_LAUNCH("single-device backward");

@@ -79,9 +79,11 @@ CopyHiding copy_hiding(const std::vector<TimelineEvent>& events);
 std::string timeline_svg(const std::vector<TimelineEvent>& events, int ranks, const std::string& title);
 
 /// Time of one launch of chapter 04's kernel on the whole problem on one GPU (the
-/// single-device baseline), forward and backward, median ms.
+/// single-device baseline), forward and backward, median ms, and the outputs of a first,
+/// untimed launch into poisoned buffers (global layout), checked by the caller like the ring's.
 struct SingleGpuTiming {
   double fwd_ms = 0, bwd_ms = 0;
+  std::vector<float> o, lse, dq, dk, dv;
 };
 SingleGpuTiming single_gpu_timing(const Problem& p, const AttnInputs& in, bool backward);
 

@@ -227,6 +227,7 @@ int ring_main(int argc, char** argv) {
         s.impl = "one device: chapter 04's kernel on the whole problem";
         s.device = "cuda";
         s.flops = ff;
+        s.set_check(fwd.judge(single.o, &single.lse));
         s.set_time(single.fwd_ms);
         rep.rows.push_back(s);
         if (with_backward) {
@@ -234,6 +235,7 @@ int ring_main(int argc, char** argv) {
           sb.impl = "one device: chapter 04's backward on the whole problem";
           sb.device = "cuda";
           sb.flops = 2.5 * ff;
+          judge_backward(sb, single.dq, single.dk, single.dv);
           sb.set_time(single.bwd_ms);
           rep.rows.push_back(sb);
         }
