@@ -40,6 +40,7 @@
 
 #include "common/cuda/buffer.cuh"
 #include "common/cuda/check.cuh"
+#include "common/cuda/device_problem.cuh"
 #include "common/cuda/index.cuh"
 #include "common/cuda/timing.cuh"
 #include "common/cuda/types.cuh"
@@ -284,24 +285,21 @@ double fa1_device_bytes(const Problem& p, bool backward) {
 GpuForward fa1_forward_gpu(const Problem& p, const AttnInputs& in, bool time, int warmup) {
   if (const std::string why = kernel_unsupported(p); !why.empty()) throw UsageError(why);
   GpuForward r;
-  const DeviceTensor q = DeviceTensor::from_host(in.q, p.dtype), k = DeviceTensor::from_host(in.k, p.dtype),
-                     v = DeviceTensor::from_host(in.v, p.dtype);
-  DeviceTensor o(p.dtype, p.o_elems());
-  DeviceBuffer<float> lse(p.lse_elems()), o_acc(p.o_elems()), m(p.lse_elems()), l(p.lse_elems());
-  ForwardArgs a{q.data(), k.data(), v.data(), o.data(), lse.get(), o_acc.get(), m.get(), l.get(),
+  DeviceProblem dev(p, in);
+  DeviceBuffer<float> o_acc(p.o_elems()), m(p.lse_elems()), l(p.lse_elems());
+  ForwardArgs a{dev.q.data(), dev.k.data(), dev.v.data(), dev.o.data(), dev.lse.get(), o_acc.get(), m.get(), l.get(),
                 p.heads, p.kv_heads, p.nq, p.nk, float(p.softmax_scale() * kLog2e), p.causal};
 
   // The checked run: outputs and scratch poisoned, so an unwritten output or a read of
   // scratch before it was written shows up as NaN.
-  o.poison();
-  lse.poison();
+  dev.poison_outputs();
   o_acc.poison();
   m.poison();
   l.poison();
   launch_forward(p, a);
   CUDA_CHECK(cudaDeviceSynchronize());
-  r.o = o.to_host();
-  r.lse = lse.download();
+  r.o = dev.o.to_host();
+  r.lse = dev.lse.download();
   if (time) {
     TimingOptions opt;
     opt.warmup = warmup;

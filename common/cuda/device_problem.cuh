@@ -16,7 +16,8 @@
 ///       check(dev.o.to_host(), dev.lse.download());
 ///     }
 ///
-/// Used by chapter 04's and chapter 05's ForwardRunner.
+/// Used by chapter 04's and chapter 05's ForwardRunner, chapter 03's forward, chapter 06's masked
+/// forward and the ring's one-device baseline.
 
 #include "common/cuda/buffer.cuh"
 #include "common/inputs.hpp"

@@ -4,6 +4,7 @@
 
 #include "common/cuda/buffer.cuh"
 #include "common/cuda/check.cuh"
+#include "common/cuda/device_problem.cuh"
 #include "common/cuda/timing.cuh"
 #include "common/online_softmax.hpp"
 #include "masks/block_map.hpp"
@@ -110,16 +111,12 @@ GpuMaskForward mask_forward_gpu(const Problem& p, const MaskSpec& s, const Token
       map.n_full[f] = 0;
     }
   }
-  const DeviceTensor q = DeviceTensor::from_host(in.q, p.dtype), k = DeviceTensor::from_host(in.k, p.dtype),
-                     v = DeviceTensor::from_host(in.v, p.dtype);
-  DeviceTensor o(p.dtype, p.o_elems());
-  DeviceBuffer<float> lse(p.lse_elems());
-  o.poison();
-  lse.poison();
+  DeviceProblem dp(p, in);
+  dp.poison_outputs();
   const DeviceMap dmap = upload_map(map, false);
   const DevicePolicyData pd = upload_policy_data(s);
   FwdParams f{};
-  f.q = q.data(), f.k = k.data(), f.v = v.data(), f.o = o.data(), f.lse = lse.get();
+  f.q = dp.q.data(), f.k = dp.k.data(), f.v = dp.v.data(), f.o = dp.o.data(), f.lse = dp.lse.get();
   f.batch = p.batch, f.heads = p.heads, f.kv_heads = p.kv_heads, f.nq = p.nq, f.nk = p.nk, f.d = p.d;
   f.scale = float(p.softmax_scale());
   f.scale_log2 = float(p.softmax_scale() * kLog2e);
@@ -144,8 +141,8 @@ GpuMaskForward mask_forward_gpu(const Problem& p, const MaskSpec& s, const Token
   CUDA_CHECK(cudaGetLastError());
   CUDA_CHECK(cudaDeviceSynchronize());
   GpuMaskForward r;
-  r.o = o.to_host();
-  r.lse = lse.download();
+  r.o = dp.o.to_host();
+  r.lse = dp.lse.download();
   r.tiles = map.kept_tiles();
   if (time) r.time_ms = time_gpu(run).median_ms;
   return r;

@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "common/cuda/check.cuh"
+#include "common/cuda/device_problem.cuh"
 #include "common/cuda/timing.cuh"
 #include "common/device.hpp"
 #include "common/errors.hpp"
@@ -720,14 +721,11 @@ GpuRingResult ring_gpu(const Problem& p, const AttnInputs& in, const GpuRingOpti
 }
 
 SingleGpuTiming single_gpu_timing(const Problem& p, const AttnInputs& in, bool backward) {
-  const DeviceTensor k = DeviceTensor::from_host(in.k, p.dtype), v = DeviceTensor::from_host(in.v, p.dtype),
-                     qq = DeviceTensor::from_host(in.q, p.dtype);
-  DeviceTensor o(p.dtype, p.o_elems());
-  DeviceBuffer<float> lse(p.lse_elems());
+  DeviceProblem dev(p, in);
   StepProblem sp;
-  sp.q = qq.data();
-  sp.k = k.data();
-  sp.v = v.data();
+  sp.q = dev.q.data();
+  sp.k = dev.k.data();
+  sp.v = dev.v.data();
   sp.batch = p.batch;
   sp.heads = p.heads;
   sp.kv_heads = p.kv_heads;
@@ -737,14 +735,13 @@ SingleGpuTiming single_gpu_timing(const Problem& p, const AttnInputs& in, bool b
   sp.scale = float(p.softmax_scale());
   sp.causal = p.causal;
   sp.dtype = p.dtype;
-  StepForwardOut out{o.data(), lse.get()};
+  StepForwardOut out{dev.o.data(), dev.lse.get()};
   SingleGpuTiming t;
-  o.poison();
-  lse.poison();
+  dev.poison_outputs();
   step_forward(sp, out, 0);
   CUDA_CHECK_LAUNCH("single-device forward");
-  t.o = o.to_host();
-  t.lse = lse.download();
+  t.o = dev.o.to_host();
+  t.lse = dev.lse.download();
   t.fwd_ms = time_gpu([&] {
                step_forward(sp, out, 0);
                CUDA_CHECK_LAUNCH("single-device forward");
@@ -754,9 +751,9 @@ SingleGpuTiming single_gpu_timing(const Problem& p, const AttnInputs& in, bool b
     DeviceTensor dq(p.dtype, p.q_elems()), dk(p.dtype, p.k_elems()), dv(p.dtype, p.v_elems());
     DeviceBuffer<float> acc(p.q_elems()), delta(p.lse_elems());
     StepBackwardArgs a;
-    a.o = o.data();
+    a.o = dev.o.data();
     a.dout = dout.data();
-    a.lse = lse.get();
+    a.lse = dev.lse.get();
     a.dq = dq.data();
     a.dk = dk.data();
     a.dv = dv.data();
