@@ -62,7 +62,7 @@ TEST_CASE("streams ring: every rank holds one token (P = N)") {
   for (Layout l : kLayouts) check_gpu_ring(shape().n(8).d(64).causal(), Backend::streams, l, 8);
 }
 
-TEST_CASE("the one-device baseline (--bench's \"one device\" rows) equals the reference") {
+TEST_CASE("the one-device baseline that --bench times beside the ring equals the reference") {
   // The rows the ring's --bench times beside the ring: chapter 04's kernels on the whole
   // problem, their outputs from a first launch into poisoned buffers.
   for (const Problem& p : {Problem(shape().heads(2).n(301).d(64).causal()),
