@@ -96,7 +96,13 @@ PROFILE = ["gpu__time_duration.sum", "sm__cycles_elapsed.avg.per_second",
            "smsp__issue_active.avg.pct_of_peak_sustained_active",   # cycles with an instruction issued
            "smsp__warps_active.avg.per_cycle_active", "smsp__warps_eligible.avg.per_cycle_active",
            r"regex:sm__pipe_tensor.*cycles_active\.avg\.pct_of_peak_sustained_active",
-           r"regex:smsp__warp_issue_stalled_.*_per_warp_active\.pct"]
+           r"regex:smsp__warp_issue_stalled_.*_per_warp_active\.pct",
+           # what the kernel is: its launch, its instruction count, its other pipes (MUFU, FMA, ALU)
+           "launch__grid_size", "launch__block_size", "launch__registers_per_thread",
+           "launch__shared_mem_per_block_dynamic", "smsp__inst_executed.sum",
+           "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active",
+           "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active",
+           "sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active"]
 METRICS = ["gpu__time_duration.sum"]
 
 
@@ -140,7 +146,14 @@ def print_profile(what, rows):
               f"issued in {num('smsp__issue_active.avg.pct_of_peak_sustained_active'):.1f}% of cycles | "
               f"warps a scheduler: active {num('smsp__warps_active.avg.per_cycle_active'):.2f}, "
               f"eligible {num('smsp__warps_eligible.avg.per_cycle_active'):.2f} | tensor pipe: {tensor} | "
-              f"stalls: {', '.join(f'{n} {v:.1f}' for v, n in stalls)}", flush=True)
+              f"stalls: {', '.join(f'{n} {v:.1f}' for v, n in stalls)} | "
+              f"grid {num('launch__grid_size'):.0f} x {num('launch__block_size'):.0f} threads, "
+              f"{num('launch__registers_per_thread'):.0f} registers, "
+              f"{num('launch__shared_mem_per_block_dynamic') / 1024:.0f} KB dynamic smem | "
+              f"{num('smsp__inst_executed.sum') / 1e6:.1f} M warp instructions | "
+              f"xu {num('sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active'):.1f}%, "
+              f"fma {num('sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active'):.1f}%, "
+              f"alu {num('sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active'):.1f}%", flush=True)
 
 
 def main():
@@ -159,9 +172,10 @@ def main():
     ap.add_argument("--profile", action="store_true",
                     help="not durations alone: issue slots, tensor pipe, warps active and eligible, stall reasons "
                          "(one launch of each kernel: --launches 1)")
+    ap.add_argument("--metrics", help="with --profile: these metrics (comma-separated) in place of the profile's")
     a = ap.parse_args()
     if a.profile:
-        METRICS[:] = PROFILE
+        METRICS[:] = a.metrics.split(",") if a.metrics else PROFILE
     shapes = []  # (d, causal, steps, H, N, B)
     for s in a.shape:
         d, c, steps, *rest = s.split(":")
