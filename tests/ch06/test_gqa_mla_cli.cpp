@@ -52,6 +52,7 @@ TEST_CASE("bad input: one line on stderr and exit code 2") {
                        "mla --sweep-heads -1", "mla --sweep-heads 129", "mla --combine both",
                        "mla --tile64 wgmma-arrive", "mla --sweep-splits -1", "mla --sweep-splits 4,x", "mla --combine-parts 5",
                        "mla --tile64 halves",  "mla --combine clusters", "mla --combine auto=1",
+                       "mla --sweep-batch -1", "mla --sweep-batch x",
                        "gqa --combine fused"};  // the combine options are mla's: gqa has none
   for (const char* args : bad) {
     const auto r = run_binary(CH06_BINARY, std::string(args) + " --device cpu");

@@ -65,8 +65,9 @@ struct MlaGpuResult {
 /// kTile64WgmmaBlock: the same bar.sync release on barrier 0, all 256 threads of the block.
 /// kTile64WgmmaLockstep: both warpgroups in one loop, two __syncthreads() a key block.
 /// kTile64WgmmaHalves: each warpgroup computes S for half of the key block (mla_decode_sm90.cu).
+/// kTile64WgmmaPhased: both warpgroups in one loop at __syncthreads(), each wgmma in its role's branch.
 constexpr int kTile64Wgmma = 0, kTile64Mma = 1, kTile64WgmmaSync = 2, kTile64WgmmaBlock = 3, kTile64WgmmaLockstep = 4,
-              kTile64WgmmaHalves = 5;
+              kTile64WgmmaHalves = 5, kTile64WgmmaPhased = 6;
 /// How the key ranges are merged: by the separate combine kernel (the default), or fused into
 /// the mma.sync decode kernel, whose last range of a tile merges them (at most 4 ranges;
 /// otherwise, and on the wgmma tile, the separate kernel). Fused was measured slower on the

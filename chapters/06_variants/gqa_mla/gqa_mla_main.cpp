@@ -179,7 +179,8 @@ int run_gqa(const Options& opt, bool sweep, bool no_table, bool no_time) {
 
 #if TUTORIAL_HAVE_CUDA && CH06_GQA_MLA_KERNELS
 /// The two regimes of the README, on the GPU (absorbed decode kernel, Nq = 1).
-void mla_sweep(Report& rep, const Ceilings& ceil, int tile64, int only_heads, const std::vector<int>& more_splits) {
+void mla_sweep(Report& rep, const Ceilings& ceil, int tile64, int only_heads, int only_batch,
+               const std::vector<int>& more_splits) {
   rep.notes.push_back("sweep: absorbed decode, Nq = 1 (time of decode + combine; cache GB/s = latent bytes read / time)");
   rep.notes.push_back("  H    B     Nk     splits  attn ms   total ms   cache GB/s  of read ceil   TFLOP/s  of GEMM ceil");
   struct Case { int h, b, nk; };
@@ -188,6 +189,7 @@ void mla_sweep(Report& rep, const Ceilings& ceil, int tile64, int only_heads, co
                         {128, 1, 4096},  {128, 8, 4096}, {128, 32, 4096}, {128, 8, 16384}, {128, 64, 8192}};
   for (const Case& c : cases) {
     if (only_heads > 0 && c.h != only_heads) continue;
+    if (only_batch > 0 && c.b != only_batch) continue;
     MlaShape s;
     s.batch = c.b, s.heads = c.h, s.nq = 1, s.nk = c.nk;
     const MlaGpuResult g = mla_absorb_bench(s, 0, 0, tile64);
@@ -254,11 +256,12 @@ void mla_sweep(Report& rep, const Ceilings& ceil, int tile64, int only_heads, co
     // wgmma kernel with P released by bar.sync; one process).
     if (c.h * s.nq > 16)
       for (int other : {kTile64Mma, kTile64Wgmma, kTile64WgmmaSync, kTile64WgmmaBlock, kTile64WgmmaLockstep,
-                         kTile64WgmmaHalves}) {
+                         kTile64WgmmaHalves, kTile64WgmmaPhased}) {
         if (other == tile64) continue;
         const MlaGpuResult gv = mla_absorb_bench(s, 0, 0, other);
         const double tv = attn_flops / (gv.attn_ms * 1e-3) / 1e12;
-        const char* name = gv.what.find("halves") != std::string::npos     ? "wgmma-halves"
+        const char* name = gv.what.find("phased") != std::string::npos     ? "wgmma-phased"
+                           : gv.what.find("halves") != std::string::npos     ? "wgmma-halves"
                            : gv.what.find("lockstep") != std::string::npos   ? "wgmma-lockstep"
                            : gv.what.find("barrier 0") != std::string::npos  ? "wgmma-block"
                            : gv.what.find("bar.sync") != std::string::npos ? "wgmma-sync"
@@ -283,7 +286,7 @@ void mla_sweep(Report& rep, const Ceilings& ceil, int tile64, int only_heads, co
 #endif
 
 int run_mla(const Options& opt, const std::string& form, long pos0, int splits, bool sweep, bool no_time,
-            int tile16, int tile64, int sweep_heads, int combine, const std::vector<int>& sweep_splits,
+            int tile16, int tile64, int sweep_heads, int sweep_batch, int combine, const std::vector<int>& sweep_splits,
             int combine_parts, bool pdl) {
   const Problem& cp = opt.problem;
   if (cp.d != kDQK || cp.dv != kDV)
@@ -410,7 +413,7 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
       rep.rows.push_back(row);
     }
     rep.apply_ceilings();
-    if (sweep) mla_sweep(rep, rep.ceilings, tile64, sweep_heads, sweep_splits);
+    if (sweep) mla_sweep(rep, rep.ceilings, tile64, sweep_heads, sweep_batch, sweep_splits);
   }
 #else
   (void)dev;
@@ -419,6 +422,7 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
   (void)tile16;
   (void)tile64;
   (void)sweep_heads;
+  (void)sweep_batch;
   (void)combine;
   (void)sweep_splits;
   (void)combine_parts;
@@ -480,18 +484,21 @@ int mla_main(int argc, char** argv) {
   cli.add_flag("--sweep", &sweep, "GPU: the memory-bound and compute-bound decode tables of the README");
   int sweep_heads = 0;
   cli.add_int("--sweep-heads", &sweep_heads, "GPU: only the sweep's rows with this H (16 or 128; 0: all) [0]", 0, 128);
+  int sweep_batch = 0;
+  cli.add_int("--sweep-batch", &sweep_batch, "GPU: only the sweep's rows with this batch B (0: all) [0]", 0, 1 << 20);
   std::string tile16 = "wide";
   cli.add_choice("--tile16", &tile16, {"wide", "ring2x2", "ring4"}, "GPU: the shape of the 16-row decode tile [wide]");
   int sweep_splits = 0;
   cli.add_int("--sweep-splits", &sweep_splits,
               "GPU: also time each sweep row with 1, 2, 4, ... up to this many key ranges (0: none) [0]", 0, 1024);
   std::string tile64 = "wgmma";
-  cli.add_choice("--tile64", &tile64, {"wgmma", "wgmma-sync", "wgmma-block", "wgmma-lockstep", "wgmma-halves", "mma"},
+  cli.add_choice("--tile64", &tile64, {"wgmma", "wgmma-sync", "wgmma-block", "wgmma-lockstep", "wgmma-halves", "wgmma-phased", "mma"},
                  "GPU: the 64-row decode tile's kernel (wgmma + TMA on sm_90, else mma.sync; wgmma-sync: P "
                  "released by bar.sync, the variant compute-sanitizer's racecheck follows; wgmma-block: the "
                  "same on barrier 0, all threads of the block; wgmma-lockstep: both warpgroups in one loop "
                  "meeting at __syncthreads(); wgmma-halves: each warpgroup computes S for half of the "
-                 "key block, every barrier a __syncthreads()) [wgmma]");
+                 "key block, every barrier a __syncthreads(); wgmma-phased: both warpgroups in one loop at "
+                 "__syncthreads(), each wgmma issued and waited for in its warpgroup's branch) [wgmma]");
   std::string combine = "auto";
   cli.add_choice("--combine", &combine, {"auto", "separate", "fused", "general", "cluster"},
                  "GPU: how the key ranges are merged: auto (exactly 2 ranges on sm_90: in a cluster of the "
@@ -512,10 +519,11 @@ int mla_main(int argc, char** argv) {
                     : tile64 == "wgmma-block" ? kTile64WgmmaBlock
                     : tile64 == "wgmma-lockstep" ? kTile64WgmmaLockstep
                     : tile64 == "wgmma-halves" ? kTile64WgmmaHalves
+                    : tile64 == "wgmma-phased" ? kTile64WgmmaPhased
                                               : kTile64Wgmma;
     std::vector<int> more_splits;
     for (int k = 1; k <= sweep_splits; k *= 2) more_splits.push_back(k);
-    return run_mla(o, form, pos0, splits, sweep, no_time, v, t64, sweep_heads,
+    return run_mla(o, form, pos0, splits, sweep, no_time, v, t64, sweep_heads, sweep_batch,
                    combine == "fused"       ? kCombineFused
                    : combine == "general"   ? kCombineGeneral
                    : combine == "cluster"   ? kCombineCluster

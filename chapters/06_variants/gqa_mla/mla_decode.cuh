@@ -77,7 +77,10 @@ constexpr int kSm90KeysPerBlock = 64;
 /// kReleaseLockstep: both warpgroups in one loop, meeting twice a block at __syncthreads().
 /// kHalves: the other kernel of the file, both warpgroups computing S for half of the key
 /// block each and meeting twice a block at __syncthreads().
-constexpr int kReleaseArrive = 0, kReleaseSync = 1, kReleaseBlock = 2, kReleaseLockstep = 3, kHalves = 4;
+/// kReleasePhased: both warpgroups in one loop, meeting twice a block at __syncthreads(), each
+/// warpgroup's wgmma issued and waited for inside its own role's branch.
+constexpr int kReleaseArrive = 0, kReleaseSync = 1, kReleaseBlock = 2, kReleaseLockstep = 3, kHalves = 4,
+              kReleasePhased = 5;
 int launch_decode_sm90(const DecodeParams& p, int release = kReleaseArrive);
 /// The ⊕ of every row's key ranges: o_c = merged O / l, bf16 [B][rows][512].
 void launch_combine(const DecodeParams& p, __nv_bfloat16* o_c);

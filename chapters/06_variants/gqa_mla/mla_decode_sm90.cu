@@ -352,6 +352,106 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     for (int i = 0; i + 1 < n; ++i) step(i, std::true_type{});
     if (n > 0) step(n - 1, std::false_type{});
+  } else if constexpr (kRelease == kReleasePhased) {
+    // ------------------------------------------ both warpgroups in one loop, each wgmma in its role (--tile64 wgmma)
+    // Per block i: warpgroup 0's softmax writes P_i and alpha_i; __syncthreads() "P full";
+    // warpgroup 0 issues O_L += P_i V_i and S_{i+1}, warpgroup 1 loads P_i and issues O_R +=
+    // P_i V_i, and each waits for its own products inside its branch; __syncthreads() "P read".
+    // Both barriers are reached by all 256 threads at the same instruction (lockstep's
+    // pattern, the one racecheck follows), but no wgmma is in flight across a branch: every
+    // commit group is issued and waited for on one warpgroup's path, as in kReleaseArrive's
+    // two loops, so ptxas keeps the products pipelined. The tensor work between the barriers
+    // is kReleaseArrive's (P_i V_i both halves, then S_{i+1}); what is added is warpgroup 1
+    // waiting at "P read" for warpgroup 0's S_{i+1}, where kReleaseArrive lets it run ahead.
+    float s[kBc / 2];
+    uint32_t pr[kBc / 4];
+    float alpha[2];
+    auto issue_s = [&](int st) {
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kDK / 16; ++k) WgmmaSS<bf16, kBc>::mma(s, q_desc(k), k_desc(st, k), k > 0);
+      wgmma_commit();
+    };
+    if (wg == 0 && n > 0) {
+      mbarrier_wait(full_q, 0);
+      mbarrier_wait(&full[0], 0);
+      issue_s(0);
+      wgmma_wait<0>();
+      fence_operand(s);
+    }
+    auto step = [&](int i, auto next) {
+      constexpr bool kNext = decltype(next)::value;
+      const int st = i % kStages, j = lo + i;
+      const uint32_t ph = (i / kStages) & 1;
+      if (wg == 0) {  // mask and softmax of S_i; P_i and alpha_i to shared memory
+#pragma unroll
+        for (int e = 0; e < kBc / 2; ++e) {
+          const int key = j * kBc + 8 * (e / 4) + 2 * (lane % 4) + (e & 1);
+          s[e] = key < limit[(e >> 1) & 1] ? s[e] : -INFINITY;
+        }
+        sm.update(s, p.scale_log2, alpha);
+#pragma unroll
+        for (int q = 0; q < kBc / 4; ++q) pr[q] = pack2<bf16>(s[2 * q], s[2 * q + 1]);
+#pragma unroll
+        for (int q = 0; q < kBc / 4; ++q) sp[q * 128 + t] = pr[q];
+        salpha[2 * t] = alpha[0];
+        salpha[2 * t + 1] = alpha[1];
+      }
+      __syncthreads();  // "P full": P_i and alpha_i written
+      if (wg == 0) {    // O_L = alpha O_L + P_i V_i[:, 0:256], then S_{i+1}
+        rescale(o, alpha);
+        fence_operand(o);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBc / 16; ++kk) {
+          const uint32_t a[4] = {pr[4 * kk], pr[4 * kk + 1], pr[4 * kk + 2], pr[4 * kk + 3]};
+          WgmmaRS<bf16, kHalf>::mma(o, a, v_desc(st, kk, 0), 1);
+        }
+        wgmma_commit();
+        if constexpr (kNext) {
+          mbarrier_wait(&full[(i + 1) % kStages], ((i + 1) / kStages) & 1);
+          issue_s((i + 1) % kStages);
+        }
+        wgmma_wait<kNext ? 1 : 0>();  // P_i V_i is done; S_{i+1} may still run
+        fence_operand(o);
+        fence_operand(pr);
+        if (lane == 0) mbarrier_arrive(&empty[st]);  // this warp is done with the stage
+        __syncwarp();
+        if constexpr (kNext) {
+          wgmma_wait<0>();
+          fence_operand(s);
+        }
+      } else {  // O_R = alpha O_R + P_i V_i[:, 256:512], and the refill of the stage
+#pragma unroll
+        for (int q = 0; q < kBc / 4; ++q) pr[q] = sp[q * 128 + t];
+        alpha[0] = salpha[2 * t];
+        alpha[1] = salpha[2 * t + 1];
+        mbarrier_wait(&full[st], ph);  // complete already (warpgroup 0 waited); makes the TMA bytes visible here
+        rescale(o, alpha);
+        fence_operand(o);
+        fence_operand(pr);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBc / 16; ++kk) {
+          const uint32_t a[4] = {pr[4 * kk], pr[4 * kk + 1], pr[4 * kk + 2], pr[4 * kk + 3]};
+          WgmmaRS<bf16, kHalf>::mma(o, a, v_desc(st, kk, 1), 1);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_operand(o);
+        fence_operand(pr);
+        if (lane == 0) mbarrier_arrive(&empty[st]);
+        // The producer: once all eight warps have released stage st, block i + 2 goes into it.
+        if (t == 0 && i + kStages < n) {
+          mbarrier_wait(&empty[st], ph);
+          load_kv(i + kStages);
+        }
+        __syncwarp();
+      }
+      __syncthreads();  // "P read": P_i is in warpgroup 1's registers; P_{i+1} may be written
+    };
+    for (int i = 0; i + 1 < n; ++i) step(i, std::true_type{});
+    if (n > 0) step(n - 1, std::false_type{});
   } else if (wg == 0) {
     // ---------------------------------------------------------------- warpgroup 0: S, softmax, left half of O
     float s[kBc / 2];
@@ -722,7 +822,7 @@ struct Maps {
 
 int launch_decode_sm90(const DecodeParams& p, int release) {
   if (release != kReleaseSync && release != kReleaseArrive && release != kReleaseBlock && release != kReleaseLockstep &&
-      release != kHalves)
+      release != kHalves && release != kReleasePhased)
     throw UsageError("launch_decode_sm90: no such release of P");
   static const bool configured = [] {
     CUDA_CHECK(cudaFuncSetAttribute(decode_sm90_kernel<kReleaseSync>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -732,6 +832,8 @@ int launch_decode_sm90(const DecodeParams& p, int release) {
     CUDA_CHECK(cudaFuncSetAttribute(decode_sm90_kernel<kReleaseLockstep>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     kBytes));
     CUDA_CHECK(cudaFuncSetAttribute(decode_sm90_halves_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
+    CUDA_CHECK(cudaFuncSetAttribute(decode_sm90_kernel<kReleasePhased>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    kBytes));
     CUDA_CHECK(cudaFuncSetAttribute(decode_sm90_kernel<kReleaseArrive>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     kBytes));
     return true;
@@ -762,6 +864,8 @@ int launch_decode_sm90(const DecodeParams& p, int release) {
     else if (release == kReleaseLockstep)
       CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_sm90_kernel<kReleaseLockstep>, maps.tq, maps.tkv, p));
     else if (release == kHalves) CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_sm90_halves_kernel, maps.tq, maps.tkv, p));
+    else if (release == kReleasePhased)
+      CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_sm90_kernel<kReleasePhased>, maps.tq, maps.tkv, p));
     else CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_sm90_kernel<kReleaseArrive>, maps.tq, maps.tkv, p));
     CUDA_CHECK_LAUNCH("mla decode_sm90_kernel");
     return kBytes;
@@ -774,6 +878,8 @@ int launch_decode_sm90(const DecodeParams& p, int release) {
     decode_sm90_kernel<kReleaseLockstep><<<grid, kThreads, kBytes>>>(maps.tq, maps.tkv, p);
   else if (release == kHalves)
     decode_sm90_halves_kernel<<<grid, kThreads, kBytes>>>(maps.tq, maps.tkv, p);
+  else if (release == kReleasePhased)
+    decode_sm90_kernel<kReleasePhased><<<grid, kThreads, kBytes>>>(maps.tq, maps.tkv, p);
   else
     decode_sm90_kernel<kReleaseArrive><<<grid, kThreads, kBytes>>>(maps.tq, maps.tkv, p);
   CUDA_CHECK_LAUNCH("mla decode_sm90_kernel");
