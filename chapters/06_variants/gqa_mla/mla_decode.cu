@@ -344,11 +344,8 @@ __global__ void __launch_bounds__(S::kThreads, S::kBlocksPerSm) decode_kernel(co
       float wa[2], wb[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const float m1 = rml[2 * row[r]], l1 = rml[2 * row[r] + 1];
-        const float shift = finite_max(fmaxf(m_run[r], m1));  // both ranges empty: weights 0
-        const float w0 = exp2_approx(m_run[r] - shift), w1 = exp2_approx(m1 - shift);
-        const float l = lrow[r] * w0 + l1 * w1, inv = l > 0.f ? 1.f / l : 0.f;
-        wa[r] = w0 * inv, wb[r] = w1 * inv;
+        const RangeWeights w = two_range_weights(m_run[r], lrow[r], rml[2 * row[r]], rml[2 * row[r] + 1]);
+        wa[r] = w.wa, wb[r] = w.wb;
       }
 #pragma unroll
       for (int n = 0; n < NTO; ++n) {

@@ -170,11 +170,8 @@ __device__ __forceinline__ void merge_in_cluster(unsigned char* smem, const floa
     float wa[2], wb[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float m1 = rml[2 * row[r]], l1 = rml[2 * row[r] + 1];
-      const float shift = finite_max(fmaxf(mrow[r], m1));  // both ranges empty: weights 0
-      const float w0 = exp2_approx(mrow[r] - shift), w1 = exp2_approx(m1 - shift);
-      const float l = lrow[r] * w0 + l1 * w1, inv = l > 0.f ? 1.f / l : 0.f;
-      wa[r] = w0 * inv, wb[r] = w1 * inv;
+      const RangeWeights w = two_range_weights(mrow[r], lrow[r], rml[2 * row[r]], rml[2 * row[r] + 1]);
+      wa[r] = w.wa, wb[r] = w.wb;
     }
 #pragma unroll
     for (int c = 0; c < kHalf / 8; ++c) {
@@ -191,6 +188,29 @@ __device__ __forceinline__ void merge_in_cluster(unsigned char* smem, const floa
     }
   }
   cluster.sync();  // rank 0 is done reading rank 1's shared memory: rank 1 may exit
+}
+
+/// A key range's partials, in mla_decode.cu's layout (combine_kernel merges them): this thread's
+/// part of warpgroup wg's 64 x 256 half of the unnormalised O in fp32, and (warpgroup 0) each of
+/// its two rows' (m, l), m in base-2 units of the scaled score. m_raw: the rows' maxima of the raw
+/// scores (-inf for a row that saw no key), l: their sums over the whole key range.
+__device__ __forceinline__ void store_partials(const float (&o)[kHalf / 2], const float (&m_raw)[2], const float (&l)[2],
+                                               const DecodeParams& p, int b, int split, int m0, const int (&row)[2],
+                                               int wg, int lane) {
+  const std::size_t part = (std::size_t(b) * p.splits + split) * p.rows;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int grow = m0 + row[r];
+    if (grow >= p.rows) continue;
+    float* dst = p.o_part + (part + grow) * kDVl + wg * kHalf + 2 * (lane % 4);
+#pragma unroll
+    for (int c = 0; c < kHalf / 8; ++c)
+      *reinterpret_cast<float2*>(dst + 8 * c) = make_float2(o[4 * c + 2 * r], o[4 * c + 2 * r + 1]);
+    if (wg == 0 && lane % 4 == 0) {
+      p.ml_part[(part + grow) * 2] = m_raw[r] == -INFINITY ? -INFINITY : m_raw[r] * p.scale_log2;
+      p.ml_part[(part + grow) * 2 + 1] = l[r];
+    }
+  }
 }
 
 template <int kRelease>
@@ -590,20 +610,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     merge_in_cluster(smem, o, mrow, lrow, p, b, m0, row, wg, lane);
     return;
   }
-  const std::size_t part = (std::size_t(b) * p.splits + split) * p.rows;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int grow = m0 + row[r];
-    if (grow >= p.rows) continue;
-    float* dst = p.o_part + (part + grow) * kDVl + wg * kHalf + 2 * (lane % 4);
-#pragma unroll
-    for (int c = 0; c < kHalf / 8; ++c)
-      *reinterpret_cast<float2*>(dst + 8 * c) = make_float2(o[4 * c + 2 * r], o[4 * c + 2 * r + 1]);
-    if (wg == 0 && lane % 4 == 0) {
-      p.ml_part[(part + grow) * 2] = sm.m[r] == -INFINITY ? -INFINITY : sm.m[r] * p.scale_log2;
-      p.ml_part[(part + grow) * 2 + 1] = l[r];
-    }
-  }
+  store_partials(o, sm.m, l, p, b, split, m0, row, wg, lane);
 }
 
 // ------------------------------------------------------------------ the key block split in halves
@@ -793,20 +800,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     merge_in_cluster(smem, o, mrow, lrow, p, b, m0, row, wg, lane);
     return;
   }
-  const std::size_t part = (std::size_t(b) * p.splits + split) * p.rows;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int grow = m0 + row[r];
-    if (grow >= p.rows) continue;
-    float* dst = p.o_part + (part + grow) * kDVl + wg * kHalf + 2 * (lane % 4);
-#pragma unroll
-    for (int c = 0; c < kHalf / 8; ++c)
-      *reinterpret_cast<float2*>(dst + 8 * c) = make_float2(o[4 * c + 2 * r], o[4 * c + 2 * r + 1]);
-    if (wg == 0 && lane % 4 == 0) {
-      p.ml_part[(part + grow) * 2] = m[r] == -INFINITY ? -INFINITY : m[r] * p.scale_log2;
-      p.ml_part[(part + grow) * 2 + 1] = l[r] + sl[row[r]];
-    }
-  }
+  const float lt[2] = {l[0] + sl[row[0]], l[1] + sl[row[1]]};
+  store_partials(o, m, lt, p, b, split, m0, row, wg, lane);
 }
 
 /// The two tensor maps of a launch, kept while the tensors stay the same (encoding one is
