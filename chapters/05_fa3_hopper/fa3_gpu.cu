@@ -85,6 +85,7 @@ PreparedStep prepare_step(Step s, const StepArgs& a) {
     case Step::v23_descriptors_by_addition: return v23::prepare(a);
     case Step::v24_causal_l2_sections: return v24::prepare(a);
     case Step::v25_three_consumers_descriptors: return v25::prepare(a);
+    case Step::v26_fp8_wide_blocks_d256: return v26::prepare(a);
   }
   throw UsageError("unknown step");
 }

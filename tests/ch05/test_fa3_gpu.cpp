@@ -295,6 +295,24 @@ TEST_CASE("step 25 (v14's three consumers, descriptors by addition, d = 64) at a
   check_step(Step::v25_three_consumers_descriptors, shape().heads(2).n(500).d(64).causal().dtype(DType::bf16), Dist::outliers);
 }
 
+TEST_CASE("step 26 (fp8, key blocks of 128 at d = 256) at awkward shapes against the plain FP8 computation") {
+  require_hopper();
+  const Step s = Step::v26_fp8_wide_blocks_d256;
+  awkward_shapes(s, 256, DType::bf16);
+  check_step(s, shape().heads(2).n(300).d(256).causal().dtype(DType::f16), Dist::outliers);
+  // Nk = 320: the last key block holds one 64-key scale block of keys and one past Nk.
+  check_step(s, shape().heads(2, 1).n(200, 320).d(256).dtype(DType::bf16));
+  // More tiles than SMs (every block walks several), Nq != Nk, GQA.
+  check_step(s, shape().batch(2).heads(8, 2).n(1100, 1300).d(256).causal().dtype(DType::bf16));
+  // Two runs give the same bits (no race between the producer and the consumers on the wider stages).
+  const Problem p = shape().batch(2).heads(4, 2).n(1000, 1100).d(256).causal().dtype(DType::bf16);
+  const AttnInputs in = make_inputs(p, Dist::normal, 3);
+  const GpuForward a = fa3_forward_gpu(p, in, s, false), b = fa3_forward_gpu(p, in, s, false);
+  std::size_t diff = 0;
+  for (std::size_t i = 0; i < a.o.size(); ++i) diff += !(a.o[i] == b.o[i]);
+  CHECK(diff == 0);
+}
+
 TEST_CASE("step 13's tile counter is back at zero after every launch") {
   // The third of three launches of one prepared kernel, each with the outputs poisoned
   // first: a counter left past zero would leave tiles unwritten (NaN) or skip them.
