@@ -50,7 +50,7 @@ TEST_CASE("bad input: one line on stderr and exit code 2") {
                        "mla --dtype fp16",     "gqa --heads 6 --kv-heads 4", "gqa --sweep=1", "gqa --n 0",
                        "mla --pos0 -5",        "gqa --bogus",          "mla --tile64 wmma",   "mla --tile16 x",
                        "mla --sweep-heads -1", "mla --sweep-heads 129", "mla --combine both",
-                       "mla --tile64 wgmma-arrive", "mla --sweep-splits -1", "mla --sweep-splits 4,x", "mla --combine-parts 5",
+                       "mla --tile64 wgmma-phased", "mla --sweep-splits -1", "mla --sweep-splits 4,x", "mla --combine-parts 5",
                        "mla --tile64 halves",  "mla --combine clusters", "mla --combine auto=1",
                        "mla --sweep-batch -1", "mla --sweep-batch x",
                        "gqa --combine fused"};  // the combine options are mla's: gqa has none

@@ -78,7 +78,7 @@ TEST_CASE("MLA absorbed decode kernel: every shape of the 16-row tile (ring4, ri
   }
 }
 
-TEST_CASE("MLA absorbed decode kernel: the 64-row tile on wgmma + TMA (both releases of P) and on mma.sync") {
+TEST_CASE("MLA absorbed decode kernel: the 64-row tile on wgmma + TMA (every release of P) and on mma.sync") {
   std::string why;
   const bool hopper = hopper_ready(&why);
   if (!hopper) MESSAGE("wgmma tile not run: " << why);
@@ -92,7 +92,7 @@ TEST_CASE("MLA absorbed decode kernel: the 64-row tile on wgmma + TMA (both rele
     const MlaInputs in = make_mla_inputs(s, Dist::normal, 7);
     const Oracle oracle(s, in);
     for (int tile64 : {kTile64Wgmma, kTile64WgmmaSync, kTile64WgmmaBlock, kTile64WgmmaLockstep, kTile64WgmmaHalves,
-                       kTile64WgmmaPhased, kTile64Mma}) {
+                       kTile64WgmmaArrive, kTile64Mma}) {
       if (tile64 != kTile64Mma && !hopper) continue;
       for (int splits : {0, 1, 3}) {
         const MlaGpuResult g = mla_absorb_gpu(s, in, splits, false, 0, tile64);
@@ -106,7 +106,7 @@ TEST_CASE("MLA absorbed decode kernel: the 64-row tile on wgmma + TMA (both rele
         CHECK((g.what.find("barrier 0") != std::string::npos) == (tile64 == kTile64WgmmaBlock));
         CHECK((g.what.find("lockstep") != std::string::npos) == (tile64 == kTile64WgmmaLockstep));
         CHECK((g.what.find("halves") != std::string::npos) == (tile64 == kTile64WgmmaHalves));
-        CHECK((g.what.find("phased") != std::string::npos) == (tile64 == kTile64WgmmaPhased));
+        CHECK((g.what.find("bar.arrive") != std::string::npos) == (tile64 == kTile64WgmmaArrive));
         CHECK(oracle.pass(g.o, s.output().o_elems()));
       }
     }
@@ -125,7 +125,7 @@ TEST_CASE("MLA cluster merge: the 2 key ranges of a tile merged in a cluster of 
   for (const MlaShape& s : cases) {
     const MlaInputs in = make_mla_inputs(s, Dist::normal, 9);
     const Oracle oracle(s, in);
-    for (int tile64 : {kTile64Wgmma, kTile64WgmmaSync, kTile64WgmmaHalves, kTile64WgmmaPhased, kTile64Mma}) {
+    for (int tile64 : {kTile64Wgmma, kTile64WgmmaSync, kTile64WgmmaHalves, kTile64WgmmaArrive, kTile64Mma}) {
       const MlaGpuResult g = mla_absorb_gpu(s, in, 2, false, 0, tile64, kCombineCluster);
       CAPTURE(s.describe());
       CAPTURE(g.what);
@@ -176,8 +176,8 @@ TEST_CASE("MLA absorbed decode kernel: mean-shifted and outlier inputs") {
       CHECK(oracle.pass(mla_absorb_gpu(s, in, 0, false).o, s.output().o_elems()));
       // the 64-row tile with the key block in halves (its own softmax: the maxima meet in shared memory)
       CHECK(oracle.pass(mla_absorb_gpu(s, in, 0, false, 0, kTile64WgmmaHalves).o, s.output().o_elems()));
-      // and with both warpgroups phased at __syncthreads()
-      CHECK(oracle.pass(mla_absorb_gpu(s, in, 0, false, 0, kTile64WgmmaPhased).o, s.output().o_elems()));
+      // and with P released by bar.arrive (the former default)
+      CHECK(oracle.pass(mla_absorb_gpu(s, in, 0, false, 0, kTile64WgmmaArrive).o, s.output().o_elems()));
     }
   }
 }

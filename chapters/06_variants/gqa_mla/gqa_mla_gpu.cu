@@ -321,8 +321,8 @@ MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool 
                       : tile64 == kTile64WgmmaBlock ? mla::kReleaseBlock
                       : tile64 == kTile64WgmmaLockstep ? mla::kReleaseLockstep
                       : tile64 == kTile64WgmmaHalves ? mla::kHalves
-                      : tile64 == kTile64WgmmaPhased ? mla::kReleasePhased
-                                                    : mla::kReleaseArrive;
+                      : tile64 == kTile64WgmmaArrive ? mla::kReleaseArrive
+                                                    : mla::kReleasePhased;
   const int tiles = ceil_div(rows, per_tile), nblocks = ceil_div(s.nk, mla::keys_per_block(per_tile, variant));
   // Split-K: whole waves of (tile, range, sequence) blocks (mla_pick_splits(), mla_model.hpp).
   if (splits <= 0)
@@ -396,8 +396,8 @@ MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool 
                                                           ? ", wgmma, lockstep at __syncthreads()"
                                                       : release == mla::kHalves
                                                           ? ", wgmma, the key block in halves"
-                                                      : release == mla::kReleasePhased
-                                                          ? ", wgmma, phased at __syncthreads()"
+                                                      : release == mla::kReleaseArrive
+                                                          ? ", wgmma, P released by bar.arrive"
                                                                                      : ", wgmma")) +
            (cluster ? "), the 2 ranges merged in a cluster"
             : fused ? "), fused combine"

@@ -60,14 +60,15 @@ struct MlaGpuResult {
 };
 
 /// The 64-row tile's kernel: wgmma + TMA (mla_decode_sm90.cu; where hopper_ready(), else
-/// mma.sync) or mma.sync (mla_decode.cu) everywhere. kTile64WgmmaSync is the wgmma kernel
-/// with P released by bar.sync (the variant racecheck follows; mla_decode_sm90.cu's header).
+/// mma.sync) or mma.sync (mla_decode.cu) everywhere. kTile64Wgmma, the default: both warpgroups
+/// in one loop at __syncthreads(), each wgmma in its role's branch (kReleasePhased, the form
+/// racecheck follows). kTile64WgmmaArrive: the former default, P released by bar.arrive.
+/// kTile64WgmmaSync: P released by bar.sync after warpgroup 1's P V (mla_decode_sm90.cu's header).
 /// kTile64WgmmaBlock: the same bar.sync release on barrier 0, all 256 threads of the block.
 /// kTile64WgmmaLockstep: both warpgroups in one loop, two __syncthreads() a key block.
 /// kTile64WgmmaHalves: each warpgroup computes S for half of the key block (mla_decode_sm90.cu).
-/// kTile64WgmmaPhased: both warpgroups in one loop at __syncthreads(), each wgmma in its role's branch.
 constexpr int kTile64Wgmma = 0, kTile64Mma = 1, kTile64WgmmaSync = 2, kTile64WgmmaBlock = 3, kTile64WgmmaLockstep = 4,
-              kTile64WgmmaHalves = 5, kTile64WgmmaPhased = 6;
+              kTile64WgmmaHalves = 5, kTile64WgmmaArrive = 6;
 /// How the key ranges are merged: by the separate combine kernel (the default), or fused into
 /// the mma.sync decode kernel, whose last range of a tile merges them (at most 4 ranges;
 /// otherwise, and on the wgmma tile, the separate kernel). Fused was measured slower on the

@@ -256,11 +256,11 @@ void mla_sweep(Report& rep, const Ceilings& ceil, int tile64, int only_heads, in
     // wgmma kernel with P released by bar.sync; one process).
     if (c.h * s.nq > 16)
       for (int other : {kTile64Mma, kTile64Wgmma, kTile64WgmmaSync, kTile64WgmmaBlock, kTile64WgmmaLockstep,
-                         kTile64WgmmaHalves, kTile64WgmmaPhased}) {
+                         kTile64WgmmaHalves, kTile64WgmmaArrive}) {
         if (other == tile64) continue;
         const MlaGpuResult gv = mla_absorb_bench(s, 0, 0, other);
         const double tv = attn_flops / (gv.attn_ms * 1e-3) / 1e12;
-        const char* name = gv.what.find("phased") != std::string::npos     ? "wgmma-phased"
+        const char* name = gv.what.find("bar.arrive") != std::string::npos ? "wgmma-arrive"
                            : gv.what.find("halves") != std::string::npos     ? "wgmma-halves"
                            : gv.what.find("lockstep") != std::string::npos   ? "wgmma-lockstep"
                            : gv.what.find("barrier 0") != std::string::npos  ? "wgmma-block"
@@ -492,13 +492,13 @@ int mla_main(int argc, char** argv) {
   cli.add_int("--sweep-splits", &sweep_splits,
               "GPU: also time each sweep row with 1, 2, 4, ... up to this many key ranges (0: none) [0]", 0, 1024);
   std::string tile64 = "wgmma";
-  cli.add_choice("--tile64", &tile64, {"wgmma", "wgmma-sync", "wgmma-block", "wgmma-lockstep", "wgmma-halves", "wgmma-phased", "mma"},
-                 "GPU: the 64-row decode tile's kernel (wgmma + TMA on sm_90, else mma.sync; wgmma-sync: P "
-                 "released by bar.sync, the variant compute-sanitizer's racecheck follows; wgmma-block: the "
-                 "same on barrier 0, all threads of the block; wgmma-lockstep: both warpgroups in one loop "
-                 "meeting at __syncthreads(); wgmma-halves: each warpgroup computes S for half of the "
-                 "key block, every barrier a __syncthreads(); wgmma-phased: both warpgroups in one loop at "
-                 "__syncthreads(), each wgmma issued and waited for in its warpgroup's branch) [wgmma]");
+  cli.add_choice("--tile64", &tile64, {"wgmma", "wgmma-arrive", "wgmma-sync", "wgmma-block", "wgmma-lockstep", "wgmma-halves", "mma"},
+                 "GPU: the 64-row decode tile's kernel (wgmma + TMA on sm_90, else mma.sync; wgmma: both "
+                 "warpgroups in one loop at __syncthreads(), each wgmma issued and waited for in its "
+                 "warpgroup's branch; wgmma-arrive: P released by bar.arrive, the former default; "
+                 "wgmma-sync: P released by bar.sync; wgmma-block: the same on barrier 0, all threads of "
+                 "the block; wgmma-lockstep: both warpgroups in one loop, S issued on warpgroup 0's "
+                 "branch; wgmma-halves: each warpgroup computes S for half of the key block) [wgmma]");
   std::string combine = "auto";
   cli.add_choice("--combine", &combine, {"auto", "separate", "fused", "general", "cluster"},
                  "GPU: how the key ranges are merged: auto (exactly 2 ranges on sm_90: in a cluster of the "
@@ -519,7 +519,7 @@ int mla_main(int argc, char** argv) {
                     : tile64 == "wgmma-block" ? kTile64WgmmaBlock
                     : tile64 == "wgmma-lockstep" ? kTile64WgmmaLockstep
                     : tile64 == "wgmma-halves" ? kTile64WgmmaHalves
-                    : tile64 == "wgmma-phased" ? kTile64WgmmaPhased
+                    : tile64 == "wgmma-arrive" ? kTile64WgmmaArrive
                                               : kTile64Wgmma;
     std::vector<int> more_splits;
     for (int k = 1; k <= sweep_splits; k *= 2) more_splits.push_back(k);

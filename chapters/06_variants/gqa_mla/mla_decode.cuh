@@ -73,18 +73,20 @@ int launch_decode(const DecodeParams& p, int rows_per_tile, int small_variant = 
 /// Hopper library, called where hopper_ready()): the same grid, key blocks and partials as
 /// launch_decode(p, kRowsLarge), so launch_combine() merges its ranges.
 constexpr int kSm90KeysPerBlock = 64;
-/// How warpgroup 1 hands the single P buffer back to warpgroup 0 (mla_decode_sm90.cu's
-/// header): bar.arrive right after its loads (the default; racecheck reports the reuse, which
-/// the PTX ISA orders), or bar.sync once its own P V is done (the variant racecheck follows).
+/// How warpgroup 1 hands the single P buffer back to warpgroup 0 (mla_decode_sm90.cu's header).
+/// kReleasePhased, the default: both warpgroups in one loop, meeting twice a block at
+/// __syncthreads(), each warpgroup's wgmma issued and waited for inside its own role's branch
+/// (the form compute-sanitizer's racecheck follows at every launch).
+/// kReleaseArrive, the former default: bar.arrive right after warpgroup 1's loads (racecheck
+/// reports the reuse, which the PTX ISA orders); kReleaseSync: bar.sync once its own P V is done.
 /// kReleaseBlock: kReleaseSync on barrier 0, the block's own barrier (all 256 threads).
-/// kReleaseLockstep: both warpgroups in one loop, meeting twice a block at __syncthreads().
+/// kReleaseLockstep: both warpgroups in one loop, meeting twice a block at __syncthreads(), with
+/// warpgroup 0's S issued on a branch (ptxas serialises its wgmma).
 /// kHalves: the other kernel of the file, both warpgroups computing S for half of the key
 /// block each and meeting twice a block at __syncthreads().
-/// kReleasePhased: both warpgroups in one loop, meeting twice a block at __syncthreads(), each
-/// warpgroup's wgmma issued and waited for inside its own role's branch.
 constexpr int kReleaseArrive = 0, kReleaseSync = 1, kReleaseBlock = 2, kReleaseLockstep = 3, kHalves = 4,
               kReleasePhased = 5;
-int launch_decode_sm90(const DecodeParams& p, int release = kReleaseArrive);
+int launch_decode_sm90(const DecodeParams& p, int release = kReleasePhased);
 /// The ⊕ of a row's two key ranges (the cluster merge of both decode kernels) as the weights
 /// of their unnormalised O: O / l = wa O_a + wb O_b, with m = max(m_a, m_b), wa = 2^(m_a - m) / l,
 /// wb = 2^(m_b - m) / l and l = l_a 2^(m_a - m) + l_b 2^(m_b - m); m in base-2 units of the scaled

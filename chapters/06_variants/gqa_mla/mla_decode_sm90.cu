@@ -12,14 +12,16 @@
 //       | Q [64][576] 72 KB | K ring 2 x [64][576] 144 KB | P 8 KB | alpha 1 KB | mbarriers |
 //       Q and K arrive by TMA as nine 128-byte-wide boxes (the 128-byte swizzle)
 //
-//     warpgroup 0 (rows 0..63, O columns 0..255)     warpgroup 1 (O columns 256..511)
-//       wait K_j                                      .
-//       S = Q K_j^T   36 wgmma m64n64k16 (SS)         .
-//       mask, online softmax, P_j in bf16             .
-//       P_j, alpha_j -> shared, arrive "P full" ----> sync "P full": P_j, alpha_j -> registers
-//       O_L = alpha O_L + P_j V_j[:, 0:256]           arrive "P empty"; O_R = alpha O_R + P_j V_j[:, 256:512]
-//         (4 wgmma m64n256k16, P from registers)        (the same, on the right half of V)
-//       S_{j+1} issued behind P_j V_j                 when both halves are done: TMA K_{j+2} into the stage
+//     both warpgroups, one loop; per key block j (the default, kReleasePhased):
+//       warpgroup 0: P_j, alpha_j -> shared      warpgroup 1: .
+//       __syncthreads() "P full" ------------------------------------------------------------
+//       warpgroup 0 (rows 0..63, O columns 0..255)   warpgroup 1 (O columns 256..511)
+//         O_L = alpha O_L + P_j V_j[:, 0:256]          P_j, alpha_j -> registers
+//           (4 wgmma m64n256k16, P from registers)     O_R = alpha O_R + P_j V_j[:, 256:512]
+//         S_{j+1} = Q K_{j+1}^T issued behind it       wait; both halves done: TMA K_{j+2}
+//           (36 wgmma m64n64k16, SS); wait               into the stage
+//         mask, online softmax: P_{j+1} in registers
+//       __syncthreads() "P read" ------------------------------------------------------------
 //
 // V is the first 512 columns of the same key tile (the latent c): no bytes of its own.
 // The S of a row block is computed once and shared through 8 KB of shared memory, and
@@ -27,47 +29,54 @@
 // range writes the same (m, l, O) partials as mla_decode.cu, so combine_kernel is shared.
 //
 // Releasing P. Warpgroup 1 reads P_j and alpha_j into registers; warpgroup 0 may then
-// overwrite the single P buffer with P_{j+1}. Two ways to say "read", both correct by the
-// PTX ISA ("bar, barrier": bar.sync and bar.arrive guarantee that when the barrier
-// completes, the thread's prior memory accesses are performed for every participant; a
-// read is performed once its value has been transmitted and can no longer be changed by
-// another participant). P is no wgmma operand (both P V products take it from registers),
-// so nothing reads it asynchronously past the release.
-//   kReleaseArrive  bar.arrive "P empty" right after the loads: warpgroup 1 goes on at once.
-//                   The default. compute-sanitizer's racecheck reports a write-after-read
-//                   hazard on every byte of P and alpha whenever a range has two or more key
-//                   blocks: it does not order a load before a bar.arrive with a store after
-//                   the matching bar.sync (it does order a store before bar.arrive with a load
-//                   after bar.sync: "P full" is never reported).
-//   kReleaseSync    barrier.sync "P empty" once warpgroup 1's own P_j V_j and its refill of
-//                   the stage are done (--tile64 wgmma-sync), the variant meant for racecheck.
-//                   Both warpgroups wait at it from different instructions, so it is the
-//                   form without .aligned (barrier_unaligned.cuh; two bar.sync made synccheck
-//                   report "Divergent thread(s) in block").
-//                   synccheck: 0 errors; racecheck: 0 hazards with one thread block in the
-//                   launch, WAR reports with several (round of 18:35 UTC, on barrier 2). It
-//                   makes warpgroup 0 wait for warpgroup 1's P V and refill before it may write
-//                   P_{j+1}: up to 4% slower (rounds of 17:25 and 18:02 UTC, 2026-12-01).
-//                   Those reports are all on P (none on the key ring), and they follow the
-//                   launch, not P's traffic: the one-block shape run twice side by side
-//                   (--batch 2) is reported (129), two blocks of one key block each are not.
+// overwrite the single P buffer with P_{j+1}. The forms of that release, all correct by the
+// PTX ISA ("bar, barrier": bar.sync and bar.arrive guarantee that when the barrier completes,
+// the thread's prior memory accesses are performed for every participant; a read is
+// performed once its value has been transmitted and can no longer be changed by another
+// participant). P is no wgmma operand (both P V products take it from registers), so nothing
+// reads it asynchronously past the release. compute-sanitizer's racecheck follows only one
+// pattern at every launch: all 256 threads at the same barrier instruction.
+//   kReleasePhased  the default (--tile64 wgmma): both warpgroups in one loop meeting at two
+//                   __syncthreads() a block, "P full" and "P read" (above), every wgmma commit
+//                   group issued and waited for inside its warpgroup's branch, so that none is in
+//                   flight across a branch and ptxas keeps them pipelined (no C7520). Warpgroup 0's
+//                   softmax of S_{j+1} sits before "P read", where it overlaps warpgroup 1's
+//                   P_j V_j as in kReleaseArrive; warpgroup 0 then waits at "P read" for warpgroup
+//                   1's product and refill before it stores P_{j+1}, as in kReleaseSync.
+//                   Its first form, the softmax after "P read" (round of 23:46 UTC): racecheck
+//                   0 hazards at 1, 2 and 8 blocks and on one block's data twice, synccheck and
+//                   memcheck 0 errors, but 0.98-1.13x kReleaseArrive's time: warpgroup 0 waited
+//                   there for warpgroup 1's P_j V_j, queued behind its own S_{j+1}, and the
+//                   tensor pipe idled through the softmax.
+//   kReleaseArrive  the former default (--tile64 wgmma-arrive): two loops, one per warpgroup;
+//                   warpgroup 1 bar.arrives "P empty" right after its loads and goes on, warpgroup 0
+//                   bar.syncs on it before its stores. racecheck reports a write-after-read
+//                   hazard on every byte of P and alpha whenever the launch has 2+ blocks with 2+
+//                   key blocks each: it does not order a load before a bar.arrive with a store
+//                   after the matching bar.sync (it does order a store before bar.arrive with a
+//                   load after bar.sync: "P full" is never reported).
+//   kReleaseSync    kReleaseArrive's loops with barrier.sync "P empty" once warpgroup 1's own
+//                   P_j V_j and its refill are done (--tile64 wgmma-sync). Both warpgroups wait
+//                   at it from different instructions, so it is the form without .aligned
+//                   (barrier_unaligned.cuh; two bar.sync made synccheck report "Divergent
+//                   thread(s) in block"). synccheck: 0 errors; racecheck: 0 hazards with one
+//                   thread block in the launch, WAR reports on P with several, which follow the
+//                   launch, not P's traffic: the one-block shape run twice (--batch 2) is reported
+//                   (129), two blocks of one key block each are not. 0-4% slower than kReleaseArrive.
 //   kReleaseBlock   kReleaseSync's barrier.sync on barrier 0 (all 256 threads of the block,
 //                   __syncthreads()'s barrier) instead of barrier 2 (--tile64 wgmma-block):
 //                   racecheck 0 hazards at 1 and 2 blocks, 3,977 at 8; synccheck, memcheck 0.
-//   kReleaseLockstep both warpgroups in one loop (--tile64 wgmma-lockstep): per key block,
-//                   warpgroup 0 writes P_j; __syncthreads() "P full"; both issue their half of
-//                   P_j V_j (the same instructions), warpgroup 0 also S_{j+1}; __syncthreads()
-//                   "P read". Every thread meets at the same barrier instruction, the pattern
-//                   racecheck is built for. The price: warpgroup 0's wgmma issue sits on a
-//                   divergent path inside the shared loop, so ptxas serialises the wgmma of this
-//                   kernel (its C7520 "Potential Performance Loss"); a variant to check, not to run:
-//                   racecheck 0 hazards at 2 and 8 blocks, 1.17-1.51x the default's time.
+//   kReleaseLockstep both warpgroups in one loop (--tile64 wgmma-lockstep), as kReleasePhased,
+//                   but both issue their half of P_j V_j on the shared path and warpgroup 0 also
+//                   S_{j+1} on a branch inside it, left in flight across the barrier: ptxas
+//                   serialises the wgmma of this kernel (its C7520 "Potential Performance Loss").
+//                   racecheck 0 hazards at 2 and 8 blocks, 1.17-1.51x kReleaseArrive's time.
 //   decode_sm90_halves_kernel (--tile64 wgmma-halves, below): the same instructions in both
 //                   warpgroups, each computing S for half of the key block; every barrier a
-//                   __syncthreads(), and no wgmma on a one-warpgroup path. racecheck 0 hazards at
-//                   1, 2 and 8 blocks and on the one-block shape run twice; 1.03-1.30x the default's
-//                   time (round of 21:18 UTC), so the default stays kReleaseArrive.
-// (GPU rounds of 20:44 and 21:18 UTC, 2026-12-01.)
+//                   __syncthreads(). racecheck 0 hazards at 1, 2 and 8 blocks and on the one-block
+//                   shape run twice; 1.03-1.30x kReleaseArrive's time: its 72 m64n32k16 a block each
+//                   read all of Q, and it runs 1.50x the instructions (ncu, 23:46 UTC).
+// (GPU rounds of 20:44, 21:18 and 23:46 UTC, 2026-12-01.)
 //
 // With exactly 2 key ranges (DecodeParams::cluster_merge, the default there) the two blocks of
 // a (tile, sequence) run as one cluster and merge_in_cluster() merges them through distributed
@@ -373,16 +382,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i + 1 < n; ++i) step(i, std::true_type{});
     if (n > 0) step(n - 1, std::false_type{});
   } else if constexpr (kRelease == kReleasePhased) {
-    // ------------------------------------------ both warpgroups in one loop, each wgmma in its role (--tile64 wgmma)
-    // Per block i: warpgroup 0's softmax writes P_i and alpha_i; __syncthreads() "P full";
-    // warpgroup 0 issues O_L += P_i V_i and S_{i+1}, warpgroup 1 loads P_i and issues O_R +=
-    // P_i V_i, and each waits for its own products inside its branch; __syncthreads() "P read".
-    // Both barriers are reached by all 256 threads at the same instruction (lockstep's
-    // pattern, the one racecheck follows), but no wgmma is in flight across a branch: every
-    // commit group is issued and waited for on one warpgroup's path, as in kReleaseArrive's
-    // two loops, so ptxas keeps the products pipelined. The tensor work between the barriers
-    // is kReleaseArrive's (P_i V_i both halves, then S_{i+1}); what is added is warpgroup 1
-    // waiting at "P read" for warpgroup 0's S_{i+1}, where kReleaseArrive lets it run ahead.
+    // ----------------------- both warpgroups in one loop, each wgmma in its role (the default, --tile64 wgmma)
+    // Per block i: warpgroup 0 stores P_i and alpha_i (its softmax of S_i ran in the phase
+    // before); __syncthreads() "P full"; warpgroup 0 issues O_L += P_i V_i and S_{i+1}, waits,
+    // and runs the softmax of S_{i+1} into registers, while warpgroup 1 loads P_i, issues O_R
+    // += P_i V_i, waits and refills the stage; __syncthreads() "P read". Both barriers are
+    // reached by all 256 threads at the same instruction (lockstep's pattern, the one
+    // racecheck follows), but no wgmma is in flight across a branch: every commit group is
+    // issued and waited for on one warpgroup's path, as in kReleaseArrive's two loops, so
+    // ptxas keeps the products pipelined. The softmax of S_{i+1} sits before "P read", so it
+    // overlaps warpgroup 1's P_i V_i as in kReleaseArrive; what is added is warpgroup 0
+    // waiting, before it may store P_{i+1}, for warpgroup 1's product and refill (as in
+    // kReleaseSync), and one more barrier a block.
     float s[kBc / 2];
     uint32_t pr[kBc / 4];
     float alpha[2];
@@ -392,33 +403,38 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int k = 0; k < kDK / 16; ++k) WgmmaSS<bf16, kBc>::mma(s, q_desc(k), k_desc(st, k), k > 0);
       wgmma_commit();
     };
+    // Warpgroup 0: mask and softmax of S_i into P_i (registers, bf16) and alpha_i.
+    auto softmax = [&](int i) {
+      const int j = lo + i;
+#pragma unroll
+      for (int e = 0; e < kBc / 2; ++e) {
+        const int key = j * kBc + 8 * (e / 4) + 2 * (lane % 4) + (e & 1);
+        s[e] = key < limit[(e >> 1) & 1] ? s[e] : -INFINITY;
+      }
+      sm.update(s, p.scale_log2, alpha);
+#pragma unroll
+      for (int q = 0; q < kBc / 4; ++q) pr[q] = pack2<bf16>(s[2 * q], s[2 * q + 1]);
+    };
     if (wg == 0 && n > 0) {
       mbarrier_wait(full_q, 0);
       mbarrier_wait(&full[0], 0);
       issue_s(0);
       wgmma_wait<0>();
       fence_operand(s);
+      softmax(0);
     }
     auto step = [&](int i, auto next) {
       constexpr bool kNext = decltype(next)::value;
-      const int st = i % kStages, j = lo + i;
+      const int st = i % kStages;
       const uint32_t ph = (i / kStages) & 1;
-      if (wg == 0) {  // mask and softmax of S_i; P_i and alpha_i to shared memory
-#pragma unroll
-        for (int e = 0; e < kBc / 2; ++e) {
-          const int key = j * kBc + 8 * (e / 4) + 2 * (lane % 4) + (e & 1);
-          s[e] = key < limit[(e >> 1) & 1] ? s[e] : -INFINITY;
-        }
-        sm.update(s, p.scale_log2, alpha);
-#pragma unroll
-        for (int q = 0; q < kBc / 4; ++q) pr[q] = pack2<bf16>(s[2 * q], s[2 * q + 1]);
+      if (wg == 0) {  // P_i and alpha_i to shared memory
 #pragma unroll
         for (int q = 0; q < kBc / 4; ++q) sp[q * 128 + t] = pr[q];
         salpha[2 * t] = alpha[0];
         salpha[2 * t + 1] = alpha[1];
       }
       __syncthreads();  // "P full": P_i and alpha_i written
-      if (wg == 0) {    // O_L = alpha O_L + P_i V_i[:, 0:256], then S_{i+1}
+      if (wg == 0) {    // O_L = alpha O_L + P_i V_i[:, 0:256], then S_{i+1} and its softmax
         rescale(o, alpha);
         fence_operand(o);
         wgmma_fence();
@@ -440,6 +456,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if constexpr (kNext) {
           wgmma_wait<0>();
           fence_operand(s);
+          softmax(i + 1);  // P_{i+1} into registers: shared memory's P_i may still be read
         }
       } else {  // O_R = alpha O_R + P_i V_i[:, 256:512], and the refill of the stage
 #pragma unroll
@@ -468,7 +485,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         __syncwarp();
       }
-      __syncthreads();  // "P read": P_i is in warpgroup 1's registers; P_{i+1} may be written
+      __syncthreads();  // "P read": P_i is in warpgroup 1's registers; P_{i+1} may be stored
     };
     for (int i = 0; i + 1 < n; ++i) step(i, std::true_type{});
     if (n > 0) step(n - 1, std::false_type{});
