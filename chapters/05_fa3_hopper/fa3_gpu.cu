@@ -86,6 +86,7 @@ PreparedStep prepare_step(Step s, const StepArgs& a) {
     case Step::v24_causal_l2_sections: return v24::prepare(a);
     case Step::v25_three_consumers_descriptors: return v25::prepare(a);
     case Step::v26_fp8_wide_blocks_d256: return v26::prepare(a);
+    case Step::v27_fp8_wide_blocks_d128: return v27::prepare(a);
   }
   throw UsageError("unknown step");
 }

@@ -313,6 +313,25 @@ TEST_CASE("step 26 (fp8, key blocks of 128 at d = 256) at awkward shapes against
   CHECK(diff == 0);
 }
 
+TEST_CASE("step 27 (fp8, key blocks of 192 at d = 128) at awkward shapes against the plain FP8 computation") {
+  require_hopper();
+  const Step s = Step::v27_fp8_wide_blocks_d128;
+  awkward_shapes(s, 128, DType::bf16);
+  check_step(s, shape().heads(2).n(300).d(128).causal().dtype(DType::f16), Dist::outliers);
+  // Nk = 200 and 400: a last block of 8 and of 16 keys, the second V box past Nk or holding part of it.
+  check_step(s, shape().heads(2, 1).n(150, 200).d(128).dtype(DType::bf16));
+  check_step(s, shape().heads(2, 1).n(150, 400).d(128).causal().dtype(DType::bf16));
+  // More tiles than SMs (every block walks several), Nq != Nk, GQA.
+  check_step(s, shape().batch(2).heads(8, 2).n(1100, 1300).d(128).causal().dtype(DType::bf16));
+  // Two runs give the same bits (no race on the three wider stages).
+  const Problem p = shape().batch(2).heads(4, 2).n(1000, 1100).d(128).causal().dtype(DType::bf16);
+  const AttnInputs in = make_inputs(p, Dist::normal, 3);
+  const GpuForward a = fa3_forward_gpu(p, in, s, false), b = fa3_forward_gpu(p, in, s, false);
+  std::size_t diff = 0;
+  for (std::size_t i = 0; i < a.o.size(); ++i) diff += !(a.o[i] == b.o[i]);
+  CHECK(diff == 0);
+}
+
 TEST_CASE("step 13's tile counter is back at zero after every launch") {
   // The third of three launches of one prepared kernel, each with the outputs poisoned
   // first: a counter left past zero would leave tiles unwritten (NaN) or skip them.
