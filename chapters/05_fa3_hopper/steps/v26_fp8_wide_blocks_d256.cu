@@ -32,7 +32,12 @@
 // 131 FMUL of which 128 are O *= alpha, skipped while no row's max moves) for 32 scores a
 // thread, where its d = 128 kernel holds 773 for 64. At Bc = 128 the same fixed part is
 // shared by 64 scores and every GEMM is twice as long, so each wait on a wgmma hides
-// twice the softmax. FlashAttention-3 runs FP8 at d = 256 on a 128 x 128 tile
+// twice the softmax. And the operand reads of S = Q K^T (v10's argument, at twice the rate):
+// an m64nBck32 fp8 wgmma reads 64 x 32 bytes of Q and Bc x 32 of K from shared memory for
+// 64 Bc 32 multiply-adds; at about 4,096 fp8 multiply-adds and 128 bytes a clock per SM
+// that is 32 clocks of reads against 32 of arithmetic at Bc = 64, and 48 against 64 at
+// Bc = 128: at Bc = 64, Q K^T runs at the speed of shared memory. FlashAttention-3 runs FP8
+// at d = 256 on a 128 x 128 tile
 // (hopper/tile_size.h). Shared memory: Q 32 KB, each stage K 32 KB and V8^T 32 KB (d rows
 // of 128 keys: one 128-byte box row, V's layout at d = 128), two stages: 160 KB.
 // Registers: S 64 + P 16 + O 128 a consumer thread live at once while P V runs under the
