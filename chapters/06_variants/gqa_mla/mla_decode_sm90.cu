@@ -459,24 +459,26 @@ __global__ void __launch_bounds__(kThreads, 1)
           softmax(i + 1);  // P_{i+1} into registers: shared memory's P_i may still be read
         }
       } else {  // O_R = alpha O_R + P_i V_i[:, 256:512], and the refill of the stage
+        // P_i and alpha_i in registers of this branch's own (warpgroup 0's pr and alpha live
+        // across the barriers; sharing them would make the two paths meet in register moves).
+        uint32_t pb[kBc / 4];
 #pragma unroll
-        for (int q = 0; q < kBc / 4; ++q) pr[q] = sp[q * 128 + t];
-        alpha[0] = salpha[2 * t];
-        alpha[1] = salpha[2 * t + 1];
+        for (int q = 0; q < kBc / 4; ++q) pb[q] = sp[q * 128 + t];
+        const float ab[2] = {salpha[2 * t], salpha[2 * t + 1]};
         mbarrier_wait(&full[st], ph);  // complete already (warpgroup 0 waited); makes the TMA bytes visible here
-        rescale(o, alpha);
+        rescale(o, ab);
         fence_operand(o);
-        fence_operand(pr);
+        fence_operand(pb);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kBc / 16; ++kk) {
-          const uint32_t a[4] = {pr[4 * kk], pr[4 * kk + 1], pr[4 * kk + 2], pr[4 * kk + 3]};
+          const uint32_t a[4] = {pb[4 * kk], pb[4 * kk + 1], pb[4 * kk + 2], pb[4 * kk + 3]};
           WgmmaRS<bf16, kHalf>::mma(o, a, v_desc(st, kk, 1), 1);
         }
         wgmma_commit();
         wgmma_wait<0>();
         fence_operand(o);
-        fence_operand(pr);
+        fence_operand(pb);
         if (lane == 0) mbarrier_arrive(&empty[st]);
         // The producer: once all eight warps have released stage st, block i + 2 goes into it.
         if (t == 0 && i + kStages < n) {
