@@ -90,6 +90,24 @@ def step_of(kernel):
     return int(m.group(1)) if m else None
 
 
+def tag_steps(rows, steps, launches):
+    """Each row's step in a "Step" field: from its kernel's name, or, where ncu reported the name
+    without our namespace (seen on the H200 when a process launched one step: "void
+    (anonymous namespace)::kernel<...>"), from its launch's place: the binary launches the chosen
+    steps in ascending order, each `launches` times, so launch k (in ID order) is step k // launches."""
+    ids = []
+    for r in rows:
+        if r.get("ID") not in ids:
+            ids.append(r.get("ID"))
+    order = sorted(steps)
+    for r in rows:
+        st = step_of(r.get("Kernel Name", ""))
+        if st is None and len(ids) == launches * len(order):
+            st = order[ids.index(r.get("ID")) // launches]
+        r["Step"] = st
+    return rows
+
+
 # --profile: where a kernel's time goes, the same metrics for ours and the peers' kernels.
 PROFILE = ["gpu__time_duration.sum", "sm__cycles_elapsed.avg.per_second",
            "sm__inst_issued.avg.pct_of_peak_sustained_active",      # issue slots busy
@@ -132,10 +150,10 @@ def print_profile(what, rows):
     the five largest stall reasons (% of the active warps' cycles), in the order ncu ran them."""
     by_id = {}
     for r in rows:
-        by_id.setdefault(r.get("ID"), {"name": r.get("Kernel Name", "")})[r["Metric Name"]] = r["Metric Value"]
+        by_id.setdefault(r.get("ID"), {"name": r.get("Kernel Name", ""), "step": r.get("Step")})[r["Metric Name"]] = r["Metric Value"]
     for m in by_id.values():
         num = lambda k: float(m[k].replace(",", "")) if m.get(k) not in (None, "", "n/a") else float("nan")
-        st = step_of(m["name"])
+        st = m.get("step") or step_of(m["name"])
         tensor = ", ".join(f"{k.split('__pipe_')[1].split('_cycles')[0]} {num(k):.1f}%" for k in sorted(m)
                            if k.startswith("sm__pipe_tensor"))
         stalls = sorted(((num(k), k.split("stalled_")[1].split("_per_warp")[0]) for k in m if "issue_stalled" in k),
@@ -193,7 +211,7 @@ def main():
                "--step", ",".join(str(st) for st in steps), "--no-fp8-table", "--no-backward", "--launch-only", str(a.launches)]
         regex = "4ch05(" + "|".join(f"{len('v' + str(st))}v{st}" for st in steps) + r")[0-9]+_GLOBAL.*6kernelI"
         what = f"d={d}{'' if n == a.n else f' N={n}'}{' causal' if c else ''}"
-        got = ncu(cmd + (["--causal"] if c else []), regex, a.timeout, what)
+        got = tag_steps(ncu(cmd + (["--causal"] if c else []), regex, a.timeout, what), steps, a.launches)
         per_shape.append(got)
         rows += got
         if a.profile:
@@ -211,7 +229,7 @@ def main():
     print("# ours by ncu (median us): " + "; ".join(
         f"d={d}{'' if n == a.n else f' N={n}'}{' causal' if c else ''} v{st}: " +
         (f"{statistics.median(ts) / 1e3:.1f}" if (ts := [float(r['Metric Value'].replace(',', '')) for r in got
-                                                        if step_of(r.get('Kernel Name', '')) == st]) else "-")
+                                                        if r.get('Step') == st]) else "-")
         for (d, c, steps, _, n, _), got in zip(shapes, per_shape) for st in steps), flush=True)
     peers = [] if a.no_peer else [x for x in a.peers.split(",") if x]
     peer_ns = {}  # peer -> [median ns per shape] (None where its kernels could not be split by shape)
@@ -245,7 +263,7 @@ def main():
         pv = {peer: (peer_ns[peer][i] if peer in peer_ns else None) for peer in peers}
         label = f"d={d} N={n} B={b} H={h}{' causal' if c else ''}"
         for st in steps:
-            ks = [float(r["Metric Value"].replace(",", "")) for r in per_shape[i] if step_of(r.get("Kernel Name", "")) == st]
+            ks = [float(r["Metric Value"].replace(",", "")) for r in per_shape[i] if r.get("Step") == st]
             o = statistics.median(ks) if ks else None
             cells = [label, f"v{st}", f"{o / 1e3:.1f}" if o else "-"]
             for peer in peers:
