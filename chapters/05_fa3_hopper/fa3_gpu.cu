@@ -87,6 +87,7 @@ PreparedStep prepare_step(Step s, const StepArgs& a) {
     case Step::v25_three_consumers_descriptors: return v25::prepare(a);
     case Step::v26_fp8_wide_blocks_d256: return v26::prepare(a);
     case Step::v27_fp8_wide_blocks_d128: return v27::prepare(a);
+    case Step::v28_three_consumers_mufu_exp: return v28::prepare(a);
   }
   throw UsageError("unknown step");
 }

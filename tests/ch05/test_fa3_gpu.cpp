@@ -332,6 +332,16 @@ TEST_CASE("step 27 (fp8, key blocks of 192 at d = 128) at awkward shapes against
   CHECK(diff == 0);
 }
 
+TEST_CASE("step 28 (v25 with every exponential on MUFU, d = 64) at awkward shapes, bf16 and fp16") {
+  require_hopper();
+  const Step s = Step::v28_three_consumers_mufu_exp;
+  for (DType t : {DType::bf16, DType::f16}) awkward_shapes(s, 64, t);
+  // More tiles than SMs (the dynamic counter across launches), Nq != Nk, outliers.
+  check_step(s, shape().batch(2).heads(8, 4).n(2100).d(64).causal().dtype(DType::bf16));
+  check_step(s, shape().batch(2).heads(8).n(1500, 1700).d(64).dtype(DType::f16));
+  check_step(s, shape().heads(2).n(500).d(64).causal().dtype(DType::bf16), Dist::outliers);
+}
+
 TEST_CASE("step 13's tile counter is back at zero after every launch") {
   // The third of three launches of one prepared kernel, each with the outputs poisoned
   // first: a counter left past zero would leave tiles unwritten (NaN) or skip them.
