@@ -88,6 +88,7 @@ PreparedStep prepare_step(Step s, const StepArgs& a) {
     case Step::v26_fp8_wide_blocks_d256: return v26::prepare(a);
     case Step::v27_fp8_wide_blocks_d128: return v27::prepare(a);
     case Step::v28_three_consumers_mufu_exp: return v28::prepare(a);
+    case Step::v29_fp8_mufu_exp_d256: return v29::prepare(a);
   }
   throw UsageError("unknown step");
 }

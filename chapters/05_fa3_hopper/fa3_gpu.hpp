@@ -33,6 +33,7 @@
 ///     v26 FP8 key blocks of 128 at d = 256 (from v15)
 ///     v27 FP8 key blocks of 192 at d = 128 (from v15)
 ///     v28 every exponential on MUFU in v25's three consumers, d = 64 (from v25)
+///     v29 every exponential on MUFU in v26, fp8 at d = 256 (from v26)
 
 #include <cstdint>
 #include <memory>
@@ -73,6 +74,7 @@ enum class Step {
   v26_fp8_wide_blocks_d256,         ///< v15 (fp8) at d = 256 with key blocks of 128 (FA3's fp8 tile there)
   v27_fp8_wide_blocks_d128,         ///< v15 (fp8) at d = 128 with key blocks of 192 (V8^T in two boxes)
   v28_three_consumers_mufu_exp,     ///< v25 (d = 64, three consumers) with every exponential on MUFU
+  v29_fp8_mufu_exp_d256,            ///< v26 (fp8, d = 256, Bc = 128) with every exponential on MUFU
 };
 
 constexpr Step kAllSteps[] = {Step::v1_tma,         Step::v2_wgmma,       Step::v3_warp_specialized,
@@ -86,12 +88,12 @@ constexpr Step kAllSteps[] = {Step::v1_tma,         Step::v2_wgmma,       Step::
                               Step::v22_three_consumers_chains, Step::v23_descriptors_by_addition,
                               Step::v24_causal_l2_sections, Step::v25_three_consumers_descriptors,
                               Step::v26_fp8_wide_blocks_d256, Step::v27_fp8_wide_blocks_d128,
-                              Step::v28_three_consumers_mufu_exp};
+                              Step::v28_three_consumers_mufu_exp, Step::v29_fp8_mufu_exp_d256};
 
 /// True for the steps that compute in E4M3 (their inputs go through fp8_prepare first).
 constexpr bool step_is_fp8(Step s) {
   return s == Step::v9_fp8 || s == Step::v12_fp8_two_pipes || s == Step::v15_fp8_lazy_rescale ||
-         s == Step::v26_fp8_wide_blocks_d256 || s == Step::v27_fp8_wide_blocks_d128;
+         s == Step::v26_fp8_wide_blocks_d256 || s == Step::v27_fp8_wide_blocks_d128 || s == Step::v29_fp8_mufu_exp_d256;
 }
 
 /// "v3 warp-specialised" etc.
@@ -100,7 +102,7 @@ const char* step_name(Step s);
 bool parse_step(const std::string& text, Step* out);
 
 /// Whether step `s` has a kernel for this problem (head dim, dtype, d == dv); the
-/// reason when not. Steps 2-7 are built for d = 128, steps 1, 8-13, 15, 16, 18, 21, 23 and 24 for d in {64, 128, 256}, steps 14, 17, 20, 22, 25 and 28 for d = 64, step 19 for d = 128 and 256, step 26 for d = 256, step 27 for d = 128.
+/// reason when not. Steps 2-7 are built for d = 128, steps 1, 8-13, 15, 16, 18, 21, 23 and 24 for d in {64, 128, 256}, steps 14, 17, 20, 22, 25 and 28 for d = 64, step 19 for d = 128 and 256, steps 26 and 29 for d = 256, step 27 for d = 128.
 bool step_supports(Step s, const Problem& p, std::string* why = nullptr);
 
 /// True when this binary carries the sm_90a kernels and the current GPU is sm_90;

@@ -35,6 +35,7 @@ const char* step_name(Step s) {
     case Step::v26_fp8_wide_blocks_d256: return "v26 fp8 key blocks of 128 at d = 256";
     case Step::v27_fp8_wide_blocks_d128: return "v27 fp8 key blocks of 192 at d = 128";
     case Step::v28_three_consumers_mufu_exp: return "v28 three consumers, every exponential on MUFU";
+    case Step::v29_fp8_mufu_exp_d256: return "v29 fp8 d = 256, every exponential on MUFU";
   }
   return "?";
 }
@@ -72,6 +73,7 @@ bool step_supports(Step s, const Problem& p, std::string* why) {
   if (s == Step::v26_fp8_wide_blocks_d256 && p.d != 256) return no("built for d = 256 only (its other kernels would be v15's)");
   if (s == Step::v27_fp8_wide_blocks_d128 && p.d != 128) return no("built for d = 128 only (its other kernels would be v15's)");
   if (s == Step::v28_three_consumers_mufu_exp && p.d != 64) return no("built for d = 64 only (as v14)");
+  if (s == Step::v29_fp8_mufu_exp_d256 && p.d != 256) return no("built for d = 256 only (as v26)");
   if (s == Step::v19_causal_grid_wide_blocks && p.d == 64) return no("built for d = 128 and 256 (the grid lost at d = 64: v16)");
   return true;
 }

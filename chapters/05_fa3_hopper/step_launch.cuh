@@ -65,5 +65,6 @@ namespace v25 { PreparedStep prepare(const StepArgs& a); }
 namespace v26 { PreparedStep prepare(const StepArgs& a); }
 namespace v27 { PreparedStep prepare(const StepArgs& a); }
 namespace v28 { PreparedStep prepare(const StepArgs& a); }
+namespace v29 { PreparedStep prepare(const StepArgs& a); }
 
 }  // namespace attn::ch05

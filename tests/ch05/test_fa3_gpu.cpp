@@ -342,6 +342,15 @@ TEST_CASE("step 28 (v25 with every exponential on MUFU, d = 64) at awkward shape
   check_step(s, shape().heads(2).n(500).d(64).causal().dtype(DType::bf16), Dist::outliers);
 }
 
+TEST_CASE("step 29 (v26 with every exponential on MUFU, fp8, d = 256) at awkward shapes against the plain FP8 computation") {
+  require_hopper();
+  const Step s = Step::v29_fp8_mufu_exp_d256;
+  awkward_shapes(s, 256, DType::bf16);
+  check_step(s, shape().heads(2).n(300).d(256).causal().dtype(DType::f16), Dist::outliers);
+  check_step(s, shape().heads(2, 1).n(200, 320).d(256).dtype(DType::bf16));
+  check_step(s, shape().batch(2).heads(8, 2).n(1100, 1300).d(256).causal().dtype(DType::bf16));
+}
+
 TEST_CASE("step 13's tile counter is back at zero after every launch") {
   // The third of three launches of one prepared kernel, each with the outputs poisoned
   // first: a counter left past zero would leave tiles unwritten (NaN) or skip them.

@@ -58,7 +58,7 @@ def run_ours(a, shapes, out):
               f" TFLOP/s ({time.time() - t0:.1f} s)", file=sys.stderr, flush=True)
 
 
-FP8_STEPS = {9, 12, 15, 26, 27}  # their rows are printed, but the best / peer ratios are of the bf16 steps
+FP8_STEPS = {9, 12, 15, 26, 27, 29}  # their rows are printed, but the best / peer ratios are of the bf16 steps
 
 _TIMER = []  # the shared peer timer (bench/peer_timer.py), made on first use
 
