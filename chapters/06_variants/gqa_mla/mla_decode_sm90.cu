@@ -297,6 +297,55 @@ __global__ void __launch_bounds__(kThreads, 1)
   RowSoftmax sm;
   sm.init();
 
+  // What every form of the loop below shares; they differ only in how P_i reaches warpgroup 1
+  // and how its buffer is released. S = Q K^T of stage st, issued into s:
+  auto issue_s = [&](float (&s)[kBc / 2], int st) {
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kDK / 16; ++k) WgmmaSS<bf16, kBc>::mma(s, q_desc(k), k_desc(st, k), k > 0);
+    wgmma_commit();
+  };
+  // The keys of block i a row may not see (past Nk, or a causal diagonal with Nq > 1) to -inf.
+  // A select on every score, not a branch around the loop: accumulator registers written on a
+  // divergent path make ptxas serialise the wgmma of this warpgroup.
+  auto mask = [&](float (&s)[kBc / 2], int i) {
+    const int j = lo + i;
+#pragma unroll
+    for (int e = 0; e < kBc / 2; ++e) {
+      const int key = j * kBc + 8 * (e / 4) + 2 * (lane % 4) + (e & 1);
+      s[e] = key < limit[(e >> 1) & 1] ? s[e] : -INFINITY;
+    }
+  };
+  // Half h of O (columns 256 h .. 256 h + 255) += P V of stage st, P from registers, issued.
+  auto issue_pv = [&](const uint32_t (&pb)[kBc / 4], int st, int h) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBc / 16; ++kk) {
+      const uint32_t a[4] = {pb[4 * kk], pb[4 * kk + 1], pb[4 * kk + 2], pb[4 * kk + 3]};
+      WgmmaRS<bf16, kHalf>::mma(o, a, v_desc(st, kk, h), 1);
+    }
+    wgmma_commit();
+  };
+  // Warpgroup 1's part of block i once P_i and alpha_i are in its registers: O_R = alpha O_R +
+  // P_i V_i[:, 256:512], then the stage released and (thread 0, the producer) refilled with block
+  // i + 2 once all eight warps have released it.
+  auto right_half = [&](uint32_t (&pb)[kBc / 4], const float (&ab)[2], int i, int st, uint32_t ph) {
+    mbarrier_wait(&full[st], ph);  // complete already (warpgroup 0 waited); makes the TMA bytes visible here
+    rescale(o, ab);
+    fence_operand(o);
+    fence_operand(pb);
+    issue_pv(pb, st, 1);
+    wgmma_wait<0>();
+    fence_operand(o);
+    fence_operand(pb);
+    if (lane == 0) mbarrier_arrive(&empty[st]);
+    if (t == 0 && i + kStages < n) {
+      mbarrier_wait(&empty[st], ph);
+      load_kv(i + kStages);
+    }
+    __syncwarp();  // warp 0 whole again after its lane 0 was the producer: bar.sync wants the whole warp
+  };
+
   if constexpr (kRelease == kReleaseLockstep) {
     // ------------------------------------------------ both warpgroups in one loop (--tile64 wgmma-lockstep)
     // Per block i: warpgroup 0's softmax writes P_i; __syncthreads() "P full"; warpgroup 0
@@ -305,16 +354,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     // every thread at the same instruction (the aligned barrier 0, as racecheck expects).
     float s[kBc / 2];
     uint32_t pr[kBc / 4];
-    auto issue_s = [&](int st) {
-      wgmma_fence();
-#pragma unroll
-      for (int k = 0; k < kDK / 16; ++k) WgmmaSS<bf16, kBc>::mma(s, q_desc(k), k_desc(st, k), k > 0);
-      wgmma_commit();
-    };
     if (wg == 0 && n > 0) {
       mbarrier_wait(full_q, 0);
       mbarrier_wait(&full[0], 0);
-      issue_s(0);
+      issue_s(s, 0);
       wgmma_wait<0>();
       fence_operand(s);
     }
@@ -322,15 +365,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     // sits under a condition inside the loop).
     auto step = [&](int i, auto next) {
       constexpr bool kNext = decltype(next)::value;
-      const int st = i % kStages, j = lo + i;
+      const int st = i % kStages;
       const uint32_t ph = (i / kStages) & 1;
       float alpha[2];
       if (wg == 0) {
-#pragma unroll
-        for (int e = 0; e < kBc / 2; ++e) {
-          const int key = j * kBc + 8 * (e / 4) + 2 * (lane % 4) + (e & 1);
-          s[e] = key < limit[(e >> 1) & 1] ? s[e] : -INFINITY;
-        }
+        mask(s, i);
         sm.update(s, p.scale_log2, alpha);
 #pragma unroll
         for (int q = 0; q < kBc / 4; ++q) pr[q] = pack2<bf16>(s[2 * q], s[2 * q + 1]);
@@ -351,17 +390,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       rescale(o, alpha);
       fence_operand(o);
       fence_operand(pr);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBc / 16; ++kk) {
-        const uint32_t a[4] = {pr[4 * kk], pr[4 * kk + 1], pr[4 * kk + 2], pr[4 * kk + 3]};
-        WgmmaRS<bf16, kHalf>::mma(o, a, v_desc(st, kk, wg), 1);
-      }
-      wgmma_commit();
+      issue_pv(pr, st, wg);
       if constexpr (kNext) {
         if (wg == 0) {
           mbarrier_wait(&full[(i + 1) % kStages], ((i + 1) / kStages) & 1);
-          issue_s((i + 1) % kStages);
+          issue_s(s, (i + 1) % kStages);
         } else {
           wgmma_commit();  // an empty group, so that both warpgroups wait at the same count below
         }
@@ -400,20 +433,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     float s[kBc / 2];
     uint32_t pr[kBc / 4];
     float alpha[2];
-    auto issue_s = [&](int st) {
-      wgmma_fence();
-#pragma unroll
-      for (int k = 0; k < kDK / 16; ++k) WgmmaSS<bf16, kBc>::mma(s, q_desc(k), k_desc(st, k), k > 0);
-      wgmma_commit();
-    };
     // Warpgroup 0: mask and softmax of S_i into P_i (registers, bf16) and alpha_i.
     auto softmax = [&](int i) {
-      const int j = lo + i;
-#pragma unroll
-      for (int e = 0; e < kBc / 2; ++e) {
-        const int key = j * kBc + 8 * (e / 4) + 2 * (lane % 4) + (e & 1);
-        s[e] = key < limit[(e >> 1) & 1] ? s[e] : -INFINITY;
-      }
+      mask(s, i);
       sm.update(s, p.scale_log2, alpha);
 #pragma unroll
       for (int q = 0; q < kBc / 4; ++q) pr[q] = pack2<bf16>(s[2 * q], s[2 * q + 1]);
@@ -421,7 +443,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (wg == 0 && n > 0) {
       mbarrier_wait(full_q, 0);
       mbarrier_wait(&full[0], 0);
-      issue_s(0);
+      issue_s(s, 0);
       wgmma_wait<0>();
       fence_operand(s);
       softmax(0);
@@ -440,16 +462,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (wg == 0) {    // O_L = alpha O_L + P_i V_i[:, 0:256], then S_{i+1} and its softmax
         rescale(o, alpha);
         fence_operand(o);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kBc / 16; ++kk) {
-          const uint32_t a[4] = {pr[4 * kk], pr[4 * kk + 1], pr[4 * kk + 2], pr[4 * kk + 3]};
-          WgmmaRS<bf16, kHalf>::mma(o, a, v_desc(st, kk, 0), 1);
-        }
-        wgmma_commit();
+        issue_pv(pr, st, 0);
         if constexpr (kNext) {
           mbarrier_wait(&full[(i + 1) % kStages], ((i + 1) / kStages) & 1);
-          issue_s((i + 1) % kStages);
+          issue_s(s, (i + 1) % kStages);
         }
         wgmma_wait<kNext ? 1 : 0>();  // P_i V_i is done; S_{i+1} may still run
         fence_operand(o);
@@ -468,27 +484,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int q = 0; q < kBc / 4; ++q) pb[q] = sp[q * 128 + t];
         const float ab[2] = {salpha[2 * t], salpha[2 * t + 1]};
-        mbarrier_wait(&full[st], ph);  // complete already (warpgroup 0 waited); makes the TMA bytes visible here
-        rescale(o, ab);
-        fence_operand(o);
-        fence_operand(pb);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kBc / 16; ++kk) {
-          const uint32_t a[4] = {pb[4 * kk], pb[4 * kk + 1], pb[4 * kk + 2], pb[4 * kk + 3]};
-          WgmmaRS<bf16, kHalf>::mma(o, a, v_desc(st, kk, 1), 1);
-        }
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_operand(o);
-        fence_operand(pb);
-        if (lane == 0) mbarrier_arrive(&empty[st]);
-        // The producer: once all eight warps have released stage st, block i + 2 goes into it.
-        if (t == 0 && i + kStages < n) {
-          mbarrier_wait(&empty[st], ph);
-          load_kv(i + kStages);
-        }
-        __syncwarp();
+        right_half(pb, ab, i, st, ph);
       }
       __syncthreads();  // "P read": P_i is in warpgroup 1's registers; P_{i+1} may be stored
     };
@@ -498,30 +494,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ---------------------------------------------------------------- warpgroup 0: S, softmax, left half of O
     float s[kBc / 2];
     uint32_t pr[kBc / 4];
-    auto issue_s = [&](int st) {
-      wgmma_fence();
-#pragma unroll
-      for (int k = 0; k < kDK / 16; ++k) WgmmaSS<bf16, kBc>::mma(s, q_desc(k), k_desc(st, k), k > 0);
-      wgmma_commit();
-    };
     if (n > 0) {
       mbarrier_wait(full_q, 0);
       mbarrier_wait(&full[0], 0);
-      issue_s(0);
+      issue_s(s, 0);
       wgmma_wait<0>();
       fence_operand(s);
     }
     // Block i: mask and softmax of S_i, P_i out to warpgroup 1, then O_L += P_i V_i issued.
     auto softmax_and_pv = [&](int i) {
-      const int st = i % kStages, j = lo + i;
-      // Mask the keys a row may not see (past Nk, or a causal diagonal with Nq > 1). A
-      // select on every score, not a branch around the loop: accumulator registers
-      // written on a divergent path make ptxas serialise the wgmma of this warpgroup.
-#pragma unroll
-      for (int e = 0; e < kBc / 2; ++e) {
-        const int key = j * kBc + 8 * (e / 4) + 2 * (lane % 4) + (e & 1);
-        s[e] = key < limit[(e >> 1) & 1] ? s[e] : -INFINITY;
-      }
+      const int st = i % kStages;
+      mask(s, i);
       float alpha[2];
       sm.update(s, p.scale_log2, alpha);
 #pragma unroll
@@ -539,13 +522,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // O_L = alpha O_L + P_i V_i[:, 0:256]
       rescale(o, alpha);
       fence_operand(o);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBc / 16; ++kk) {
-        const uint32_t a[4] = {pr[4 * kk], pr[4 * kk + 1], pr[4 * kk + 2], pr[4 * kk + 3]};
-        WgmmaRS<bf16, kHalf>::mma(o, a, v_desc(st, kk, 0), 1);
-      }
-      wgmma_commit();
+      issue_pv(pr, st, 0);
     };
     // Every block but the last: S_{i+1} is issued behind P_i V_i, so the tensor cores
     // have the next product queued while this warpgroup waits. (The last block is peeled
@@ -554,7 +531,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       softmax_and_pv(i);
       const int st1 = (i + 1) % kStages;
       mbarrier_wait(&full[st1], ((i + 1) / kStages) & 1);
-      issue_s(st1);
+      issue_s(s, st1);
       wgmma_wait<1>();  // P_i V_i is done; S_{i+1} may still run
       fence_operand(o);
       fence_operand(pr);
@@ -581,26 +558,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int q = 0; q < kBc / 4; ++q) pr[q] = sp[q * 128 + t];
       const float alpha[2] = {salpha[2 * t], salpha[2 * t + 1]};
       if (kRelease == kReleaseArrive && i + 1 < n) named_barrier_arrive(kBarPEmpty, kThreads);
-      mbarrier_wait(&full[st], ph);  // complete already (warpgroup 0 waited); makes the TMA bytes visible here
-      rescale(o, alpha);
-      fence_operand(o);
-      fence_operand(pr);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBc / 16; ++kk) {
-        const uint32_t a[4] = {pr[4 * kk], pr[4 * kk + 1], pr[4 * kk + 2], pr[4 * kk + 3]};
-        WgmmaRS<bf16, kHalf>::mma(o, a, v_desc(st, kk, 1), 1);
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_operand(o);
-      if (lane == 0) mbarrier_arrive(&empty[st]);
-      // The producer: once all eight warps have released stage st, block i + 2 goes into it.
-      if (t == 0 && i + kStages < n) {
-        mbarrier_wait(&empty[st], ph);
-        load_kv(i + kStages);
-      }
-      __syncwarp();  // warp 0 whole again after its lane 0 was the producer: bar.sync wants the whole warp
+      right_half(pr, alpha, i, st, ph);
       // P_j was read (its values are in this thread's registers and P_j V_j is complete):
       // warpgroup 0 may write P_{j+1}, after its softmax of block j + 1.
       if (kRelease != kReleaseArrive && i + 1 < n) named_barrier_sync_unaligned(bar_p_empty<kRelease>(), kThreads);
