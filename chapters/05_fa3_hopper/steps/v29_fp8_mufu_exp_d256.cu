@@ -37,8 +37,9 @@
 // 1,220 TFLOP/s: past the 1,200 goal), +1% causal (more spill there).
 //
 // Measured (H200, 2026-12-02 00:35 UTC, kernel durations in one run): 921.2 us against v26's
-// 943.1 (+2.4%, 1,194 TFLOP/s), causal 535.3 against 537.5 (+0.4%); by events 0.916 ms
-// (1,199-1,201 TFLOP/s at the table's three digits), the FP8 rule met. The profile: 18% fewer
+// 943.1 (+2.4%, 1,194 TFLOP/s), causal 535.3 against 537.5 (+0.4%); by events (01:00 UTC,
+// three runs) 1,183.3-1,187.2 TFLOP/s against v26's 1,159.1-1,161.3, the FP8 rule met: 1.1-1.4%
+// short of the 1,200 goal. The profile: 18% fewer
 // warp instructions, the consumers' barrier wait up from 17.7% to 20.1%. Its test case and
 // memcheck, racecheck and synccheck clean.
 //
