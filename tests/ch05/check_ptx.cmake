@@ -14,6 +14,19 @@ function(require file what)
   message(STATUS "${file}: ${what}")
 endfunction()
 
+# more(file parent what): `what` occurs more often in file's PTX than in its parent's.
+function(more file parent what)
+  foreach(f IN ITEMS ${file} ${parent})
+    file(READ ${PTX_DIR}/${f} text)
+    string(REGEX MATCHALL "${what}" hits "${text}")
+    list(LENGTH hits n_${f})
+  endforeach()
+  if(NOT n_${file} GREATER n_${parent})
+    message(FATAL_ERROR "${file} has ${n_${file}} '${what}', not more than ${parent}'s ${n_${parent}}")
+  endif()
+  message(STATUS "${file}: ${n_${file}} '${what}' against ${parent}'s ${n_${parent}}")
+endfunction()
+
 function(forbid file what)
   file(READ ${PTX_DIR}/${file} text)
   string(FIND "${text}" "${what}" at)
@@ -107,3 +120,16 @@ require(v23_descriptors_by_addition.ptx "wgmma.mma_async.sync.aligned.m64n192k16
 require(v24_causal_l2_sections.ptx "wgmma.mma_async.sync.aligned.m64n192k16;wgmma.mma_async.sync.aligned.m64n176k16;wgmma.mma_async.sync.aligned.m64n80k16;setmaxnreg")
 # v25: v14 with v23's descriptors by addition (three consumers: setmaxnreg to 160, Bc = 128).
 require(v25_three_consumers_descriptors.ptx "wgmma.mma_async.sync.aligned.m64n128k16;setmaxnreg.inc.sync.aligned.u32 160;ex2.approx")
+# v26: v15 at d = 256 with key blocks of 128: Q K^T as m64n128k32 e4m3, P V as m64n256k32.
+require(v26_fp8_wide_blocks_d256.ptx "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3;wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3;vote.sync.any.pred;ex2.approx")
+forbid(v26_fp8_wide_blocks_d256.ptx "wgmma.mma_async.sync.aligned.m64n64k32")
+# v27: v15 at d = 128 with key blocks of 192: S as an n128 and an n64 wgmma.
+require(v27_fp8_wide_blocks_d128.ptx "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3;wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3;vote.sync.any.pred")
+# v28: v25 with every exponential on MUFU: more ex2.approx, fewer FMA-pipe instructions.
+require(v28_three_consumers_mufu_exp.ptx "wgmma.mma_async.sync.aligned.m64n128k16;setmaxnreg.inc.sync.aligned.u32 160;ex2.approx")
+more(v28_three_consumers_mufu_exp.ptx v25_three_consumers_descriptors.ptx "ex2\\.approx")
+more(v25_three_consumers_descriptors.ptx v28_three_consumers_mufu_exp.ptx "fma\\.rn\\.f32")
+# v29: v26 with every exponential on MUFU.
+require(v29_fp8_mufu_exp_d256.ptx "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3;wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3;ex2.approx")
+more(v29_fp8_mufu_exp_d256.ptx v26_fp8_wide_blocks_d256.ptx "ex2\\.approx")
+more(v26_fp8_wide_blocks_d256.ptx v29_fp8_mufu_exp_d256.ptx "fma\\.rn\\.f32")
