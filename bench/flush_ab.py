@@ -20,7 +20,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peer_timer import PeerTimer  # noqa: E402
+from peer_timer import PeerTimer, spin_cycles  # noqa: E402
 
 
 def main():
@@ -41,18 +41,8 @@ def main():
     e.record()
     e.synchronize()
     read_us = s.elapsed_time(e) * 1e3
-    c0, c1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    c0.record()
-    torch.cuda._sleep(100000)
-    c1.record()
-    c1.synchronize()
-    cycles = int(100000 * read_us / (c0.elapsed_time(c1) * 1e3))
-
-    class Idle(PeerTimer):
-        def flush(self, r=0):
-            self.scrap.fill_(r & 0xFF)
-            torch.cuda._sleep(cycles)
-    idle = Idle(torch, mode="write")
+    cycles = spin_cycles(torch, read_us)
+    idle = PeerTimer(torch, mode="write", spin_cycles=cycles)  # the write, then the spin in place of the read
     print("# %s, torch %s; the clean flush's read %.1f us, the spin %d cycles" % (
         torch.cuda.get_device_name(), torch.__version__, read_us, cycles))
     print("| call | N | write us | clean us | write+idle us | clean - write | idle - write | rounds |")

@@ -23,9 +23,26 @@ chapters/07_paged_radix/scripts/flush_probe.py). `TUTORIAL_L2_FLUSH=write` selec
     timer = PeerTimer(torch)
     ms = timer(fn)             # the median
     ms_list = timer.samples(fn)  # the 20 times, in order
+
+For the diagnostics that ask what the timed interval holds besides the kernel (bench/flush_ab.py,
+chapters/05_fa3_hopper/scripts/peer_gap.py): `PeerTimer(torch, spin_cycles=spin_cycles(torch, us))`
+keeps the GPU busy for about `us` microseconds after each flush, so that the call is already queued
+when the GPU reaches the first event.
 """
 import os
 import statistics
+
+
+def spin_cycles(torch, us, probe=200000):
+    """The torch.cuda._sleep() argument that keeps the GPU busy for about `us` microseconds,
+    measured once with a spin of `probe` cycles (after a short one that warms the path)."""
+    c0, c1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1000)
+    c0.record()
+    torch.cuda._sleep(probe)
+    c1.record()
+    c1.synchronize()
+    return int(probe * us / (c0.elapsed_time(c1) * 1e3))
 
 
 def flush_mode():
@@ -34,9 +51,10 @@ def flush_mode():
 
 
 class PeerTimer:
-    def __init__(self, torch, repeats=20, warmup=3, mode=None):
+    def __init__(self, torch, repeats=20, warmup=3, mode=None, spin_cycles=0):
         self.torch = torch
         self.repeats, self.warmup = repeats, warmup
+        self.spin = spin_cycles  # a GPU spin after each flush (0: none)
         self.mode = mode or flush_mode()
         if self.mode not in ("clean", "write"):
             raise ValueError("flush mode is 'clean' or 'write', not %r" % self.mode)
@@ -53,6 +71,8 @@ class PeerTimer:
         self.scrap.fill_(r & 0xFF)
         if self.second is not None:
             self.second.sum()
+        if self.spin:
+            self.torch.cuda._sleep(self.spin)
 
     def samples(self, fn):
         """The event times (ms) of `repeats` calls of fn, each after a flush, in call order."""
@@ -79,5 +99,6 @@ class PeerTimer:
     def describe(self):
         what = ("a %d MB buffer written, then a second one read (L2 left clean)" if self.mode == "clean"
                 else "a %d MB buffer written (L2 left dirty: TUTORIAL_L2_FLUSH=write)")
-        return "median of %d event-timed calls after %d warm-ups; before each, %s" % (
-            self.repeats, self.warmup, what % (self.flush_bytes >> 20))
+        return "median of %d event-timed calls after %d warm-ups; before each, %s%s" % (
+            self.repeats, self.warmup, what % (self.flush_bytes >> 20),
+            ", then a GPU spin of %d cycles" % self.spin if self.spin else "")

@@ -551,6 +551,10 @@ class FakeTorch:
             def synchronize():
                 torch.log.append(("sync",))
 
+            @staticmethod
+            def _sleep(cycles):
+                torch.log.append(("sleep", cycles))
+
         Cuda.Event = Event
         self.cuda = Cuda
         self.uint8, self.int64 = "uint8", "int64"
@@ -590,6 +594,26 @@ class PeerTimerFlush(unittest.TestCase):
         torch, calls, ms = self.run_timer("write")
         self.assertFalse([x for x in torch.log if x[0] == "read"])
         self.assertEqual(len([x for x in torch.log if x[0] == "write"]), 20)
+
+    def test_spin_follows_each_flush_before_the_first_event(self):
+        import peer_timer
+        torch = FakeTorch([float(x) for x in range(20, 0, -1)])
+        calls = []
+        timer = peer_timer.PeerTimer(torch, mode="write", spin_cycles=1234)
+        self.assertEqual(timer(lambda: (calls.append(1), torch.log.append(("call",)))), 10.5)
+        timed = torch.log[torch.log.index(("sync",)) + 1:]
+        self.assertEqual(len(timed), 20 * 5)
+        for r in range(20):
+            self.assertEqual(timed[5 * r:5 * r + 5], [("write", "scrap", 100 << 20, r & 0xFF), ("sleep", 1234),
+                                                      ("event",), ("call",), ("event",)])
+        self.assertIn("a GPU spin of 1234 cycles", timer.describe())
+        self.assertNotIn("spin", peer_timer.PeerTimer(FakeTorch([]), mode="write").describe())
+
+    def test_spin_cycles_scale_the_probe_to_the_asked_time(self):
+        import peer_timer
+        torch = FakeTorch([2.0])  # the probe of 200000 cycles took 2 ms
+        self.assertEqual(peer_timer.spin_cycles(torch, 300.0), 30000)
+        self.assertEqual([x for x in torch.log if x[0] == "sleep"], [("sleep", 1000), ("sleep", 200000)])
 
 
 if __name__ == "__main__":

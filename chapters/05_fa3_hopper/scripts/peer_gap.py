@@ -26,7 +26,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "bench"))
-from peer_timer import PeerTimer  # noqa: E402
+from peer_timer import PeerTimer, spin_cycles  # noqa: E402
 
 
 def main():
@@ -48,32 +48,11 @@ def main():
             from flash_attn.cute import flash_attn_func as fa4
         except Exception as e:  # noqa: BLE001 - FA4 is optional
             print("# fa4 not importable: %s" % (str(e).splitlines()[0][:160] if str(e) else type(e).__name__))
-    timer = PeerTimer(torch)
-    # the spin's cycles for --spin-us, measured once
-    c0, c1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(1000)
-    c0.record()
-    torch.cuda._sleep(200000)
-    c1.record()
-    c1.synchronize()
-    cycles = int(200000 * a.spin_us / (c0.elapsed_time(c1) * 1e3))
+    cycles = spin_cycles(torch, a.spin_us)  # the spin's cycles for --spin-us, measured once
+    timer, spun = PeerTimer(torch), PeerTimer(torch, spin_cycles=cycles)
 
     def clean(fn, spin):
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        ms = []
-        for r in range(20):
-            timer.flush(r)
-            if spin:
-                torch.cuda._sleep(cycles)
-            s.record()
-            fn()
-            e.record()
-            e.synchronize()
-            ms.append(s.elapsed_time(e))
-        return statistics.median(ms) * 1e3
+        return (spun if spin else timer).median(fn) * 1e3
 
     def loop(fn):
         fn()
