@@ -58,6 +58,17 @@ void awkward_shapes(Step s, int d, DType t) {
   check_step(s, shape().heads(4, 1).n(300, 520).d(d).dtype(t));                   // MQA, N not a multiple of any tile
 }
 
+/// Two runs of step s on the same inputs give the same bits (no race between the producer
+/// and the consumers).
+void check_repeatable(Step s, const Problem& p) {
+  CAPTURE(step_name(s));
+  const AttnInputs in = make_inputs(p, Dist::normal, 3);
+  const GpuForward a = fa3_forward_gpu(p, in, s, false), b = fa3_forward_gpu(p, in, s, false);
+  std::size_t diff = 0;
+  for (std::size_t i = 0; i < a.o.size(); ++i) diff += !(a.o[i] == b.o[i]);
+  CHECK(diff == 0);
+}
+
 }  // namespace
 
 TEST_CASE("hopper building blocks, one at a time") {
@@ -305,12 +316,7 @@ TEST_CASE("step 26 (fp8, key blocks of 128 at d = 256) at awkward shapes against
   // More tiles than SMs (every block walks several), Nq != Nk, GQA.
   check_step(s, shape().batch(2).heads(8, 2).n(1100, 1300).d(256).causal().dtype(DType::bf16));
   // Two runs give the same bits (no race between the producer and the consumers on the wider stages).
-  const Problem p = shape().batch(2).heads(4, 2).n(1000, 1100).d(256).causal().dtype(DType::bf16);
-  const AttnInputs in = make_inputs(p, Dist::normal, 3);
-  const GpuForward a = fa3_forward_gpu(p, in, s, false), b = fa3_forward_gpu(p, in, s, false);
-  std::size_t diff = 0;
-  for (std::size_t i = 0; i < a.o.size(); ++i) diff += !(a.o[i] == b.o[i]);
-  CHECK(diff == 0);
+  check_repeatable(s, shape().batch(2).heads(4, 2).n(1000, 1100).d(256).causal().dtype(DType::bf16));
 }
 
 TEST_CASE("step 27 (fp8, key blocks of 192 at d = 128) at awkward shapes against the plain FP8 computation") {
@@ -324,12 +330,7 @@ TEST_CASE("step 27 (fp8, key blocks of 192 at d = 128) at awkward shapes against
   // More tiles than SMs (every block walks several), Nq != Nk, GQA.
   check_step(s, shape().batch(2).heads(8, 2).n(1100, 1300).d(128).causal().dtype(DType::bf16));
   // Two runs give the same bits (no race on the three wider stages).
-  const Problem p = shape().batch(2).heads(4, 2).n(1000, 1100).d(128).causal().dtype(DType::bf16);
-  const AttnInputs in = make_inputs(p, Dist::normal, 3);
-  const GpuForward a = fa3_forward_gpu(p, in, s, false), b = fa3_forward_gpu(p, in, s, false);
-  std::size_t diff = 0;
-  for (std::size_t i = 0; i < a.o.size(); ++i) diff += !(a.o[i] == b.o[i]);
-  CHECK(diff == 0);
+  check_repeatable(s, shape().batch(2).heads(4, 2).n(1000, 1100).d(128).causal().dtype(DType::bf16));
 }
 
 TEST_CASE("step 28 (v25 with every exponential on MUFU, d = 64) at awkward shapes, bf16 and fp16") {
@@ -368,14 +369,8 @@ TEST_CASE("step 13's tile counter is back at zero after every launch") {
 TEST_CASE("repeated runs give identical bits (no race between producer and consumers)") {
   require_hopper();
   const Problem p = shape().batch(2).heads(4, 2).n(1000, 1100).d(128).causal().dtype(DType::bf16);
-  const AttnInputs in = make_inputs(p, Dist::normal, 3);
   for (Step s : {Step::v3_warp_specialized, Step::v5_intra_overlap, Step::v6_masked_first, Step::v7_persistent,
                  Step::v8_head_dims, Step::v9_fp8, Step::v10_tile_sizes, Step::v11_two_pipe_exp,
-                 Step::v12_fp8_two_pipes, Step::v13_dynamic_tiles, Step::v15_fp8_lazy_rescale}) {
-    CAPTURE(step_name(s));
-    const GpuForward a = fa3_forward_gpu(p, in, s, false), b = fa3_forward_gpu(p, in, s, false);
-    std::size_t diff = 0;
-    for (std::size_t i = 0; i < a.o.size(); ++i) diff += !(a.o[i] == b.o[i]);
-    CHECK(diff == 0);
-  }
+                 Step::v12_fp8_two_pipes, Step::v13_dynamic_tiles, Step::v15_fp8_lazy_rescale})
+    check_repeatable(s, p);
 }
