@@ -33,6 +33,11 @@ std::optional<DeviceInfo> query_device(std::string* why_not = nullptr);
 /// prints: "CPU models only (reason)" or "CPU + GPU (name)".
 std::optional<DeviceInfo> select_device(DeviceChoice choice, std::string* mode);
 
+/// True when `dev` runs the Hopper-only kernels (sm_90a code: TMA, mbarrier, wgmma,
+/// setmaxnreg). Otherwise false, with the one line a chapter prints in `why`:
+/// "<what> needs an sm_90 GPU (Hopper); this is NVIDIA A100 (sm_80)".
+bool hopper_device(const DeviceInfo& dev, const std::string& what, std::string* why = nullptr);
+
 /// UsageError when `bytes` of device memory would not fit in what is free now.
 void require_device_memory(const DeviceInfo& dev, double bytes, const std::string& what);
 

@@ -28,6 +28,14 @@ std::optional<DeviceInfo> select_device(DeviceChoice choice, std::string* mode) 
   return dev;
 }
 
+bool hopper_device(const DeviceInfo& dev, const std::string& what, std::string* why) {
+  if (dev.cc_major == 9 && dev.cc_minor == 0) return true;
+  if (why)
+    *why = what + " needs an sm_90 GPU (Hopper: its code is built for sm_90a alone); this is " + dev.name + " (sm_" +
+           std::to_string(dev.cc_major) + std::to_string(dev.cc_minor) + ")";
+  return false;
+}
+
 void require_device_memory(const DeviceInfo& dev, double bytes, const std::string& what) {
   if (bytes > 0.95 * double(dev.free_mem))
     throw UsageError(what + " needs " + format_bytes(bytes) + " of device memory; " +

@@ -18,13 +18,42 @@ anonymous-namespace tag removed, since that tag depends on the source file's pat
 
 Exit status 0 when every kernel's sections are byte-identical, 1 otherwise (each kernel that
 differs is listed with its code size before and after), 2 on bad input.
+
+Two kernels of different names (a final kernel's instantiation against the lab step whose
+configuration it takes, say) are compared with --pair: the one kernel of A whose name matches
+the regular expression RA against the one of B matching RB, by their SASS (.text) alone,
+since their names, and so their relocations and symbol tables, differ by construction:
+
+    python3 scripts/same_machine_code.py --pair 'v23.*kernelIN.*Li128ELb0E' 'final_fwd.*Li128ELb0E' A.cubin B.cubin
 """
 import hashlib
 import re
 import struct
 import sys
 
-ANON = re.compile(r"\d+_GLOBAL__N__\w+?_[0-9a-f]{8}(?=\d)")  # its length prefix too
+_TAG = re.compile(r"_GLOBAL__N__\w+?_[0-9a-f]{8}(?=\d)")
+
+
+class _Anon:
+    """Removes the anonymous-namespace tag with its length prefix, and only its own digits:
+    in `9final_fp848_GLOBAL__N__...` the prefix is 48 (the tag's length), not 848."""
+
+    @staticmethod
+    def sub(repl, name):
+        out, at = [], 0
+        for m in _TAG.finditer(name):
+            start = m.start()
+            for k in (1, 2, 3):
+                digits = name[start - k:start]
+                if len(digits) == k and digits.isdigit() and int(digits) == m.end() - start:
+                    start -= k
+                    break
+            out.append(name[at:start] + repl)
+            at = m.end()
+        return "".join(out) + name[at:]
+
+
+ANON = _Anon()  # the tag depends on the source file's path
 # the sections that belong to one kernel, by prefix (its name follows)
 KERNEL_SECTIONS = (".text.", ".rela.text.", ".rel.text.", ".nv.constant0.", ".nv.info.", ".nv.shared.")
 
@@ -59,9 +88,32 @@ def kernels(path):
     return per, size
 
 
+def pair(ra, rb, path_a, path_b):
+    """0 when the one kernel of path_a matching ra has the SASS of the one of path_b matching rb."""
+    found = []
+    for rx, path in ((ra, path_a), (rb, path_b)):
+        texts = {ANON.sub("", n[len(".text."):]): d for n, d in sections(path).items() if n.startswith(".text.")}
+        hits = sorted(k for k in texts if re.search(rx, k))
+        if len(hits) != 1:
+            print("same_machine_code.py: %r matches %d kernels of %s%s" % (rx, len(hits), path,
+                  "".join("\n  " + h for h in hits) if hits else ""), file=sys.stderr)
+            return 2
+        found.append((hits[0], texts[hits[0]]))
+    (ka, ta), (kb, tb) = found
+    same = ta == tb
+    print("%s: %s (%d bytes) vs %s (%d bytes)" % ("same SASS" if same else "SASS differs", ka, len(ta), kb, len(tb)))
+    return 0 if same else 1
+
+
 def main(argv):
+    if len(argv) == 6 and argv[1] == "--pair":
+        try:
+            return pair(argv[2], argv[3], argv[4], argv[5])
+        except (OSError, ValueError, struct.error, re.error) as e:
+            print("same_machine_code.py: " + str(e), file=sys.stderr)
+            return 2
     if len(argv) != 3:
-        print("usage: same_machine_code.py BEFORE.cubin AFTER.cubin", file=sys.stderr)
+        print("usage: same_machine_code.py BEFORE.cubin AFTER.cubin | --pair RA RB A.cubin B.cubin", file=sys.stderr)
         return 2
     try:
         (a, sa), (b, sb) = kernels(argv[1]), kernels(argv[2])

@@ -25,10 +25,8 @@ bool hopper_ready(std::string* why) {
     if (why) *why = reason;
     return false;
   }
-  if (dev->cc_major != 9 || dev->cc_minor != 0) {
-    if (why)
-      *why = "chapter 05 needs an sm_90 GPU (Hopper: wgmma, TMA, setmaxnreg); this is " + dev->name + " (sm_" +
-             std::to_string(dev->cc_major) + std::to_string(dev->cc_minor) + "): GPU rows waived";
+  if (!hopper_device(*dev, "chapter 05", why)) {
+    if (why) *why += ": GPU rows skipped";
     return false;
   }
   return true;

@@ -9,6 +9,7 @@
 #include "common/cuda/check.cuh"
 #include "common/cuda/hopper/tma.cuh"
 #include "common/cuda/timing.cuh"
+#include "common/device.hpp"
 #include "common/errors.hpp"
 #include "kv_values.hpp"
 #include "decode_steps.cuh"
@@ -16,6 +17,11 @@
 namespace attn::ch07 {
 
 const char* layout_name(KvLayout l) { return l == KvLayout::paged ? "paged" : "contiguous"; }
+
+bool kernel_needs_hopper(DecodeKernel k) {
+  return k == DecodeKernel::v7 || k == DecodeKernel::v8 || k == DecodeKernel::v9 || k == DecodeKernel::v10 ||
+         k == DecodeKernel::v13 || k == DecodeKernel::v14;
+}
 
 const char* kernel_name(DecodeKernel k) {
   switch (k) {
@@ -232,6 +238,11 @@ struct GpuDecoder::Impl {
 
   void prepare(DecodeKernel kernel, int splits, KvLayout layout) {
     if (splits < 1) throw UsageError("the split count must be >= 1");
+    if (kernel_needs_hopper(kernel)) {
+      std::string why;
+      const auto dev = query_device(&why);
+      if (!dev || !hopper_device(*dev, kernel_name(kernel), &why)) throw UsageError(why);
+    }
     if ((kernel == DecodeKernel::v12 || kernel == DecodeKernel::v14) && kv_quantised(batch.kv_dtype))
       throw UsageError(std::string(kernel_name(kernel)) + " is built for bf16 pages (the 8-bit steps are v6-v10 and v13)");
     if ((kernel == DecodeKernel::v4 || kernel == DecodeKernel::v5 || kernel == DecodeKernel::v12 ||

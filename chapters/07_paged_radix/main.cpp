@@ -218,6 +218,23 @@ void set_traffic(ResultRow& row, const DecodeTraffic& t) {
 }
 
 #if TUTORIAL_HAVE_CUDA
+/// Drops the runs whose kernels are built for sm_90a alone (kernel_needs_hopper()) when
+/// `dev` is not a Hopper GPU; `skipped` then holds the one line that says so.
+template <class Run>
+void skip_hopper_runs(std::vector<Run>& runs, const DeviceInfo& dev, std::string* skipped) {
+  std::string names;
+  for (const Run& r : runs)
+    if (kernel_needs_hopper(r.kernel) && names.find(std::string(kernel_name(r.kernel)) + ",") == std::string::npos)
+      names += std::string(kernel_name(r.kernel)) + ",";
+  if (names.empty()) return;
+  names.pop_back();
+  std::string why;
+  if (hopper_device(dev, names, &why)) return;
+  runs.erase(std::remove_if(runs.begin(), runs.end(), [](const Run& r) { return kernel_needs_hopper(r.kernel); }),
+             runs.end());
+  *skipped = why + ": their rows are skipped";
+}
+
 /// The README's bandwidth table: every kernel on each shape, checked against the
 /// fp64 reference (sampled at these sizes), then timed.
 int run_sweep(const Options& opt, const DecodeOptions& dopt, const DeviceInfo& dev) {
@@ -275,6 +292,13 @@ int run_sweep(const Options& opt, const DecodeOptions& dopt, const DeviceInfo& d
     }
     if (contiguous)
       runs.insert(runs.end(), {{DecodeKernel::v1, 1, KvLayout::contiguous}, {DecodeKernel::v2, v2_splits, KvLayout::contiguous}});
+    {
+      std::string skipped;
+      skip_hopper_runs(runs, dev, &skipped);
+      static bool said = false;
+      if (!skipped.empty() && !said) std::cerr << skipped << "\n";
+      said = said || !skipped.empty();
+    }
     for (const Run& r : runs) {
       if (!kernel_kept(dopt.since, r.kernel)) continue;
       SweepRun x;
@@ -475,6 +499,11 @@ int run_decode(int argc, char** argv, bool dry = false) {
         runs.insert(runs.end(),
                     {{"v1 contiguous", DecodeKernel::v1, 1, KvLayout::contiguous},
                      {"v2 contiguous, S=" + std::to_string(v2_splits), DecodeKernel::v2, v2_splits, KvLayout::contiguous}});
+      {
+        std::string skipped;
+        skip_hopper_runs(runs, *dev, &skipped);
+        if (!skipped.empty()) rep.notes.push_back("  " + skipped);
+      }
       for (const Run& r : runs) {
         if (!kernel_kept(dopt.since, r.kernel)) continue;
         ResultRow row;

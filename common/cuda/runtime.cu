@@ -36,8 +36,15 @@ std::optional<DeviceInfo> query_device(std::string* why_not) {
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count == 0) {
-    if (why_not)
-      *why_not = std::string("no CUDA device: ") + (e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+    // The runtime's words for a machine without a GPU mislead ("CUDA driver version is
+    // insufficient for CUDA runtime version" is what it says when there is no driver at
+    // all): say what they mean, and keep the runtime's own words for anything else.
+    std::string reason = "none found";
+    if (e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice || (e == cudaSuccess && count == 0))
+      reason = "no NVIDIA GPU or driver found";
+    else if (e != cudaSuccess)
+      reason = cudaGetErrorString(e);
+    if (why_not) *why_not = "no CUDA device: " + reason;
     cudaGetLastError();  // clear the sticky error of a failed query
     return std::nullopt;
   }

@@ -10,6 +10,7 @@
 #include "chapters/07_paged_radix/paged_kv_cache.hpp"
 #include "common/check.hpp"
 #include "common/errors.hpp"
+#include "support/hopper.hpp"
 
 using namespace attn;
 using namespace attn::ch07;
@@ -49,6 +50,7 @@ void check_kernels(const DecodeBatch& b, const std::vector<int>& splits, Dist di
         if (pages_only && layout == KvLayout::contiguous) continue;
         if (eight_bit_only && !kv_quantised(b.kv_dtype)) continue;
         if ((k == DecodeKernel::v12 || k == DecodeKernel::v14) && kv_quantised(b.kv_dtype)) continue;  // bf16 pages only
+        if (kernel_needs_hopper(k) && !testing_support::on_hopper()) continue;  // their own cases skip off Hopper
         CAPTURE(layout_name(layout));
         CAPTURE(kernel_name(k));
         CAPTURE(s);
@@ -253,6 +255,7 @@ TEST_CASE("v6 skips only multiplies by exactly 1: its output is v5's, bit for bi
 }
 
 TEST_CASE("v7-v10, v13 (8-bit pages by TMA): page sizes 8, 16, 64, 256, ragged lengths, B = 1 and B = 33, GQA and MQA") {
+  testing_support::require_hopper("v7-v10, v13 and v14");
   // Its own test case, last: a TMA or mbarrier fault shows here without taking the others with it.
   // v9, v10 and v13 (8 heads per block, from v7) also at G = 1, 4, 8, 16 and 32: one, two and four blocks per KV head.
   const std::vector<DecodeKernel> v7 = {DecodeKernel::v7, DecodeKernel::v8, DecodeKernel::v9, DecodeKernel::v10,
@@ -314,6 +317,7 @@ TEST_CASE("v7-v10, v13 (8-bit pages by TMA): page sizes 8, 16, 64, 256, ragged l
 }
 
 TEST_CASE("v13 (a stage refilled once its codes are in registers): v10's bits in every one of many steps") {
+  testing_support::require_hopper("v7-v10, v13 and v14");
   // v13 computes what v10 computes, in the same order: any difference is a stage overwritten
   // while a warp still read it (v13's first form, without the proxy fence, failed exactly
   // this way, and only sometimes). So many steps, each compared bit for bit, at a shape with
@@ -371,6 +375,7 @@ TEST_CASE("v12 (the merge in one round trip): equal to v5 within rounding, and i
 }
 
 TEST_CASE("v14 (the launch overlapped with the kernel before): v12's bits alone and in chains of steps") {
+  testing_support::require_hopper("v7-v10, v13 and v14");
   // v14 computes what v12 computes; launched back to back, each step may start before the one
   // ahead ends, so a step that read Q, wrote O or the split states, or took an arrival ticket
   // before its wait would show here: the chain's last step, the steps after a timed chain, and

@@ -30,10 +30,8 @@ bool hopper_ready(std::string* why) {
     if (why) *why = reason;
     return false;
   }
-  if (!CH06_HAVE_HOPPER || dev->cc_major != 9 || dev->cc_minor != 0) {
-    if (why)
-      *why = "the packed forward needs an sm_90 GPU (wgmma, TMA, setmaxnreg); this is " + dev->name + " (sm_" +
-             std::to_string(dev->cc_major) + std::to_string(dev->cc_minor) + "): its rows are waived";
+  if (!CH06_HAVE_HOPPER || !hopper_device(*dev, "the packed forward", why)) {
+    if (why) *why += ": its rows are skipped";
     return false;
   }
   return true;
