@@ -15,6 +15,7 @@ every other row, wherever it came from, so a failed kernel cannot show one.
 """
 
 import json
+import re
 
 TOKENS = 16384  # B * N, the FlashAttention papers' benchmark
 HIDDEN = 2048   # H * d
@@ -31,6 +32,51 @@ PEER_LABEL = {
     "torch_softmax": "torch.softmax",
 }
 SPEED_FIELDS = ("time_ms", "tflops", "gbps", "share", "vs")
+
+# The main path of a chapter that keeps a lab beside it (chapter 05: steps/ and its final kernels,
+# against steps/lab/ and LAB.md): the steps its binary runs without --lab, by pass. Every other step
+# of the chapter ("v9".."v29", "b3", "b4", ...) is a lab step: the default tables and plots leave it
+# out, the lab's own tables (`--lab`) and the ch05-lab section show it. A lab step may change a final
+# kernel (v30 changes final.cu): its parent is then "final".
+MAIN_PATH = {
+    "05": {"fwd": ["v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "final", "final-fp8"],
+           "bwd": ["b1", "b2", "b5", "b6", "b10", "b11", "final"]},
+}
+# The kernel that stands for a chapter in the lineage when a run has it (else its fastest kernel).
+FINAL_KERNEL = {"05": "ch05 final forward"}
+# Each lab step's parent, as the step files' headers say ("What changes from vN", "(from vN)"): used
+# where the headers cannot be read (bench_report.step_parents reads them; bench/test_bench.py checks
+# that the two agree).
+LAB_PARENTS = {
+    "05": {"v9": "v8", "v10": "v8", "v11": "v10", "v12": "v9", "v13": "v11", "v14": "v13", "v15": "v12",
+           "v16": "v11", "v17": "v11", "v18": "v17", "v19": "v18", "v20": "v17", "v21": "v18", "v22": "v14",
+           "v23": "v21", "v24": "v23", "v25": "v14", "v26": "v15", "v27": "v15", "v28": "v25", "v29": "v26",
+           "v30": "final", "v31": "v30",
+           "b3": "b2", "b4": "b3", "b7": "b6", "b8": "b6", "b9": "b8", "b12": "b11", "b13": "b11", "b14": "b13",
+           "b15": "b13"},
+}
+
+
+def step_token(kernel):
+    """The step a kernel row is: "ch05 v12 fp8 softmax ..." -> "v12", "ch05 b3 backward, ..." -> "b3",
+    "ch05 final forward" -> "final", "ch05 final fp8 forward" -> "final-fp8", "ch05 final backward[,
+    deterministic dQ]" -> "final" (its pass tells the two finals apart); None for any other kernel."""
+    m = re.match(r"ch\d\d ([vb]\d+[a-z]?)\b", kernel or "")
+    if m:
+        return m.group(1)
+    m = re.match(r"ch\d\d final( fp8)? (forward|backward)\b", kernel or "")
+    if m:
+        return "final-fp8" if m.group(1) else "final"
+    return None
+
+
+def is_lab_row(row):
+    """True for a row of ours that is a lab step of a chapter with a main path (MAIN_PATH)."""
+    main = MAIN_PATH.get(row.get("chapter"))
+    if not main or row.get("kind") != "ours" or row.get("pass") not in main:
+        return False
+    t = step_token(row.get("kernel"))
+    return t is not None and t not in main[row["pass"]]
 
 
 def attention_flops(b, h, nq, nk, d, causal, backward=False):

@@ -5,12 +5,19 @@
 
 * tflops_chNN_fwd.png / _bwd.png: TFLOP/s against N, a panel per head dim and mask, one
   line per step of the chapter and one per peer (log scale: the steps span two decades);
-* tflops_lineage_fwd.png: the best kernel of every chapter at each shape, and the peers;
+  chapter 05's are its main path and final kernels, and with the lab asked for (a run of
+  `./tutorial bench --lab`, or draw_all(..., lab=True)) tflops_ch05_lab_fwd.png / _bwd.png
+  hold its lab steps;
+* tflops_lineage_fwd.png: the best kernel of every chapter at each shape (chapter 05: its
+  final kernel where the run has it), and the peers;
 * roofline.png: every kernel placed by its counted bytes and FLOPs under the same-run roofs;
 * decode_gbps.png: chapter 07's decode bandwidth against context length and page size;
 * lineage.png: the lineage at a glance, best kernel of each chapter against the best peer.
 
-Only rows that passed their check are drawn; a failed kernel has no point.
+Only rows that passed their check are drawn; a failed kernel has no point. No panel draws
+more than MAX_LINES (8) lines: a chapter with more steps gets more rows of panels (its
+steps in order, the last of them with the peers), the lineage plot keeps the fastest peers,
+and save() refuses a figure that breaks the rule.
 """
 import os
 import re
@@ -24,7 +31,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_report  # noqa: E402
-from bench_common import DECODE_PEERS, PEER_LABEL, PEERS, read_json, shape_key, speed  # noqa: E402
+from bench_common import DECODE_PEERS, PEER_LABEL, PEERS, read_json, shape_key, speed, step_token  # noqa: E402
 
 PEER_STYLE = {
     "fa4": dict(color="black", ls="-", lw=2.2, marker="*"),
@@ -38,6 +45,64 @@ CHAPTER_CMAP = {"01": "Reds", "02": "Oranges", "03": "Purples", "04": "Blues", "
                 "07": "RdPu"}
 CHAPTER_COLOR = {"01": "#d62728", "02": "#ff7f0e", "03": "#9467bd", "04": "#1f77b4", "05": "#2ca02c",
                  "06": "#bcbd22", "07": "#e377c2"}
+
+
+MAX_LINES = 8  # lines (kernels and peers) one panel may draw; the ceilings' rules are not counted
+
+
+def drawn_lines(ax):
+    """The lines of a panel that the rule counts: every labelled series (axhline's rules have none)."""
+    return [l for l in ax.get_lines() if not str(l.get_label()).startswith("_")]
+
+
+def save(fig, path):
+    """Saves a figure after checking that no panel draws more than MAX_LINES lines."""
+    for ax in fig.axes:
+        n = len(drawn_lines(ax))
+        if n > MAX_LINES:
+            plt.close(fig)
+            raise ValueError("%s: a panel (%r) draws %d lines, more than %d" % (
+                os.path.basename(path), ax.get_title(), n, MAX_LINES))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def line_groups(kernels, peers, cap=MAX_LINES, finals=()):
+    """Kernels (in the lesson's order) and peers as panels of at most `cap` lines each. One panel
+    when they fit. Else the peers go in a last panel with the kernels that meet them: the final
+    kernels (`finals`, of `kernels`) and, as room allows, the last steps before them; the steps
+    take the panels before it, all of them when they fit in one (the last step is then drawn in
+    both), else the ones the last panel does not draw, as evenly as they go. Returns [(kernels, peers)]."""
+    kernels = list(kernels)
+    peers = list(peers)[:max(0, cap - 1)]  # a panel of peers keeps one kernel beside them
+    if len(kernels) + len(peers) <= cap:
+        return [(kernels, peers)]
+    room = cap - len(peers)
+    fin = [k for k in kernels if k in finals][-room:]
+    steps = [k for k in kernels if k not in finals]
+    tail = steps[len(steps) - (room - len(fin)):] if room > len(fin) else []
+    last = [k for k in kernels if k in tail or k in fin]
+    rest = steps if len(steps) <= cap else [k for k in steps if k not in tail]
+    n = -(-len(rest) // cap)
+    size = -(-len(rest) // n) if rest else 1
+    return [(rest[i:i + size], []) for i in range(0, len(rest), size)] + [(last, peers)]
+
+
+def fastest_peers(rows, peers, keyfilter, keep):
+    """The `keep` peers with the highest median speed over the rows keyfilter() accepts (the others
+    are dropped from a plot that has no room for them; the tables keep every peer)."""
+    med = {}
+    for p in peers:
+        v = sorted(speed(r) for r in rows if r["kernel"] == p and keyfilter(r) and speed(r))
+        if v:
+            med[p] = v[len(v) // 2]
+    return sorted(med, key=lambda p: -med[p])[:max(0, keep)]
+
+
+def short_step(kernel):
+    """"ch05 v12 fp8 ..." -> "v12", "ch05 final fp8 forward" -> "final-fp8", else the name."""
+    return step_token(kernel) or (kernel[5:] if kernel[:2] == "ch" else kernel)
 
 
 def n_label(n):
@@ -151,37 +216,54 @@ def step_order(kernel):
     return (0, int(m.group(1))) if m else (1, 0)
 
 
-def fig_chapter(res, rows, chapter, pss, out_dir):
-    kernels = bench_report.chapter_kernels(rows, chapter, pss)
+def fig_chapter(res, rows, chapter, pss, out_dir, which="main"):
+    """TFLOP/s against N of one chapter's kernels (which: "main", the main path and final kernels
+    of a chapter with a lab, every kernel of any other; "lab", the lab's steps: its own file),
+    a row of panels per head dim (and per group of steps when they and the peers would draw more
+    than MAX_LINES lines in one panel), a column per mask."""
+    kernels = bench_report.chapter_kernels(rows, chapter, pss, which)
     kernels = [k for k in kernels if any(speed(r) for r in rows if r["kernel"] == k)]
     if not kernels:
         return None
     kernels = sorted(kernels, key=step_order)  # the steps as the chapter numbers them, light to dark
+    suffix = "_lab" if which == "lab" else ""
     ns = {r["N"] for r in rows if r["kernel"] in kernels}
     if len(ns) == 1 or chapter == "06":  # chapter 06: variants and head groups, a panel each, not an N sweep
-        return fig_chapter_bars(res, rows, chapter, pss, kernels, out_dir)
+        return fig_chapter_bars(res, rows, chapter, pss, kernels, out_dir, suffix)
     dims = sorted({r["d"] for r in rows if r["kernel"] in kernels})
-    fig, axes = plt.subplots(len(dims), 2, figsize=(11, 3.3 * len(dims) + 1.6), squeeze=False)
+
+    def panel_filter(d, causal):
+        # the papers' shapes only: no variant, every query head its own KV head (a GQA shape of
+        # chapter 06, with its peers, has its own plot)
+        return lambda r: (r.get("pass") == pss and r.get("d") == d and bool(r.get("causal")) == causal and
+                          not r.get("variant") and r.get("Hkv") == r.get("H"))
+    mine = lambda r: r.get("pass") == pss and r.get("d") in dims and not r.get("variant")  # noqa: E731
+    peers = [p for p in PEERS if points(rows, p, mine)]
+    groups = line_groups(kernels, peers, finals=[k for k in kernels if step_order(k)[0]])
+    nrow = len(dims) * len(groups)
+    fig, axes = plt.subplots(nrow, 2, figsize=(11, (3.3 if nrow <= 3 else 2.9) * nrow + 1.6), squeeze=False)
     colors = kernel_colors(kernels, chapter)
     gemm = res.get("ceilings", {}).get("bf16_gemm_tflops")
     for i, d in enumerate(dims):
-        for j, causal in enumerate((False, True)):
-            ax = axes[i][j]
-            # the papers' shapes only: no variant, every query head its own KV head (a GQA shape of
-            # chapter 06, with its peers, has its own plot)
-            drawn = line_panel(ax, rows, lambda r: r.get("pass") == pss and r.get("d") == d and
-                               bool(r.get("causal")) == causal and not r.get("variant") and
-                               r.get("Hkv") == r.get("H"), kernels, colors, res)
-            if gemm:
-                ax.axhline(gemm, color="#bbbbbb", lw=1, ls="-")
-                ax.text(0.01, gemm, " bf16 GEMM %.0f (same run)" % gemm, fontsize=7, va="bottom", color="#888888",
-                        transform=ax.get_yaxis_transform())
-            ax.set_title("d = %d, %s" % (d, "causal" if causal else "not causal"), fontsize=10)
-            ax.set_ylabel("TFLOP/s")
-            if not drawn:
-                ax.text(0.5, 0.5, "nothing measured", transform=ax.transAxes, ha="center", color="#888888")
-            if i == len(dims) - 1:
-                ax.set_xlabel("N (B·N = 16K tokens, H·d = 2048)")
+        for g, (ks, ps) in enumerate(groups):
+            row = i * len(groups) + g
+            for j, causal in enumerate((False, True)):
+                ax = axes[row][j]
+                drawn = line_panel(ax, rows, panel_filter(d, causal), ks, colors, res, peers=ps)
+                if gemm:
+                    ax.axhline(gemm, color="#bbbbbb", lw=1, ls="-")
+                    ax.text(0.01, gemm, " bf16 GEMM %.0f (same run)" % gemm, fontsize=7, va="bottom",
+                            color="#888888", transform=ax.get_yaxis_transform())
+                title = "d = %d, %s" % (d, "causal" if causal else "not causal")
+                if len(groups) > 1:
+                    title += ": %s%s%s" % (short_step(ks[0]), "" if len(ks) == 1 else " … " + short_step(ks[-1]),
+                                           " and the peers" if ps else "")
+                ax.set_title(title, fontsize=10)
+                ax.set_ylabel("TFLOP/s")
+                if not drawn:
+                    ax.text(0.5, 0.5, "nothing measured", transform=ax.transAxes, ha="center", color="#888888")
+                if row == nrow - 1:
+                    ax.set_xlabel("N (B·N = 16K tokens, H·d = 2048)")
     # the legend in the lesson's order (the steps as the chapter numbers them, then the peers),
     # whichever panel drew a line first
     by_label = {}
@@ -192,8 +274,10 @@ def fig_chapter(res, rows, chapter, pss, out_dir):
     labels = [l for l in order if l in by_label] + [l for l in by_label if l not in order]
     handles = [by_label[l] for l in labels]
     title = {"fwd": "forward", "bwd": "backward"}[pss]
-    fig.suptitle("Chapter %s, %s: every step and every peer, one run" % (chapter, title), y=1 - 0.12 / fig.get_size_inches()[1],
-                 va="top", fontsize=11)
+    what = ("the lab's steps" if which == "lab" else "the main path, the final kernels"
+            if chapter in bench_report.MAIN_PATH else "every step")
+    fig.suptitle("Chapter %s, %s: %s and every peer, one run" % (chapter, title, what),
+                 y=1 - 0.12 / fig.get_size_inches()[1], va="top", fontsize=11)
     # as many columns as the figure's width holds at the longest label (8 pt: about 0.075 in a character)
     width = fig.get_size_inches()[0]
     ncol = max(1, min(6, len(labels), int(width / (0.075 * max(len(l) for l in labels) + 0.5))))
@@ -201,17 +285,14 @@ def fig_chapter(res, rows, chapter, pss, out_dir):
     fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, y), ncol=ncol, fontsize=8,
                frameon=False)
     footer(fig, res)
-    path = os.path.join(out_dir, "tflops_ch%s_%s.png" % (chapter, pss))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, os.path.join(out_dir, "tflops_ch%s%s_%s.png" % (chapter, suffix, pss)))
 
 
-def fig_chapter_bars(res, rows, chapter, pss, kernels, out_dir):
+def fig_chapter_bars(res, rows, chapter, pss, kernels, out_dir, suffix=""):
     """One N: a panel per shape (head dim, mask, and chapter 06's variants and GQA groups), a bar per
-    kernel measured on it and per peer on the same shape."""
-    all_k = bench_report.chapter_kernels(rows, chapter, pss)
-    mine = [r for r in rows if r.get("chapter") == chapter and r.get("pass") == pss]
+    kernel of `kernels` measured on it and per peer on the same shape."""
+    all_k = [k for k in bench_report.chapter_kernels(rows, chapter, pss) if k in kernels]
+    mine = [r for r in rows if r.get("chapter") == chapter and r.get("pass") == pss and r["kernel"] in all_k]
     shapes = sorted({(r["d"], bool(r.get("causal")), r.get("variant") or "", r.get("H"), r.get("Hkv"), r.get("N"),
                       r.get("nk"))
                      for r in mine}, key=lambda k: (k[2] != "", k[2], k[0], k[1], -(k[4] or 0), k[5] or 0))
@@ -250,21 +331,22 @@ def fig_chapter_bars(res, rows, chapter, pss, kernels, out_dir):
                  fontsize=11)
     fig.tight_layout(rect=(0, 0.4 / fig.get_size_inches()[1], 1, 1 - 0.35 / fig.get_size_inches()[1]))
     footer(fig, res)
-    path = os.path.join(out_dir, "tflops_ch%s_%s.png" % (chapter, pss))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, os.path.join(out_dir, "tflops_ch%s%s_%s.png" % (chapter, suffix, pss)))
 
 
 def fig_lineage_lines(res, rows, out_dir):
     """The best kernel of each chapter at every shape (forward), with the peers."""
     chapters = sorted({r["chapter"] for r in rows if r.get("kind") == "ours" and r.get("pass") == "fwd"})
-    best = {}
+    at = {}
     for r in rows:
-        if r.get("kind") == "ours" and r.get("pass") == "fwd" and speed(r) and r.get("dtype") != "fp8":
-            k = (r["chapter"], shape_key(r))
-            if k not in best or speed(r) > speed(best[k]):
-                best[k] = r
+        if r.get("kind") == "ours" and r.get("pass") == "fwd":
+            at.setdefault((r["chapter"], shape_key(r)), []).append(r)
+    best, rules = {}, {}
+    for (c, k), rs in at.items():
+        r, rule = bench_report.chapter_best(rs, c)  # chapter 05: its final kernel where the run has it
+        if r is not None:
+            best[(c, k)] = r
+            rules.setdefault(c, set()).add(rule)
     per_chapter = {}
     for (c, k), r in best.items():
         per_chapter.setdefault(c, set()).add(r["N"])
@@ -278,15 +360,24 @@ def fig_lineage_lines(res, rows, out_dir):
     # the head dims of the papers' shapes only (chapter 06's MLA, d = 192, is a variant with its own plot)
     dims = sorted({r["d"] for r in brows if not r.get("variant") and r.get("Hkv") == r.get("H")})
     fig, axes = plt.subplots(len(dims), 2, figsize=(11, 3.3 * len(dims) + 1.6), squeeze=False)
-    kernels = ["ch%s best" % c for c in chapters]
+    kernels = ["ch%s best" % c for c in chapters if any(k[0] == c for k in best)]
     colors = {"ch%s best" % c: CHAPTER_COLOR.get(c, "C0") for c in chapters}
     allrows = brows + [r for r in rows if r.get("kind") == "peer"]
+
+    def label(c):
+        r = rules.get(c, set())
+        return "chapter %s (%s)" % (c, "final kernel" if r == {"final"} else "best step" if "final" not in r
+                                    else "final kernel, else best step")
+    # room for MAX_LINES lines a panel: every chapter, and the fastest peers that fit beside them
+    fwd = lambda r: r.get("pass") == "fwd" and not r.get("variant") and r.get("Hkv") == r.get("H")  # noqa: E731
+    peers = fastest_peers(rows, PEERS, fwd, MAX_LINES - len(kernels))
     for i, d in enumerate(dims):
         for j, causal in enumerate((False, True)):
             ax = axes[i][j]
             line_panel(ax, allrows, lambda r: r.get("pass") == "fwd" and r.get("d") == d and
                        bool(r.get("causal")) == causal and not r.get("variant") and r.get("Hkv") == r.get("H"),
-                       kernels, colors, res, labels={k: "chapter %s (best step)" % k[2:4] for k in kernels})
+                       kernels, colors, res, peers=[p for p in PEERS if p in peers],
+                       labels={k: label(k[2:4]) for k in kernels})
             ax.set_title("d = %d, %s" % (d, "causal" if causal else "not causal"), fontsize=10)
             ax.set_ylabel("TFLOP/s")
             if i == len(dims) - 1:
@@ -297,15 +388,14 @@ def fig_lineage_lines(res, rows, out_dir):
             if l not in labels:
                 handles.append(h)
                 labels.append(l)
-    fig.suptitle("The lineage, forward: the best kernel of each chapter and the peers",
-                 y=1 - 0.12 / fig.get_size_inches()[1], va="top", fontsize=11)
+    left = [PEER_LABEL[p] for p in PEERS if p not in peers and points(rows, p, fwd)]
+    fig.suptitle("The lineage, forward: the best kernel of each chapter and the fastest peers" +
+                 (" (not drawn: %s; every peer is in the tables)" % ", ".join(left) if left else ""),
+                 y=1 - 0.12 / fig.get_size_inches()[1], va="top", fontsize=11 if not left else 9.5)
     y = frame(fig, labels)
     fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, y), ncol=6, fontsize=8, frameon=False)
     footer(fig, res)
-    path = os.path.join(out_dir, "tflops_lineage_fwd.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, os.path.join(out_dir, "tflops_lineage_fwd.png"))
 
 
 def fig_roofline(res, rows, out_dir):
@@ -355,88 +445,104 @@ def fig_roofline(res, rows, out_dir):
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     footer(fig, res)
-    path = os.path.join(out_dir, "roofline.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, os.path.join(out_dir, "roofline.png"))
 
 
 def fig_decode(res, rows, out_dir):
+    """Chapter 07's decode: KV GB/s over the sweep's shapes (page size 16), and against the page size
+    at one long sequence. Its kernels (each layout a line) and the peers take as many rows of panels
+    as MAX_LINES lines a panel need, the earlier versions first, the last ones with the peers."""
     dec = [r for r in rows if r.get("pass") == "decode" and not r.get("variant")]  # bf16 caches (8-bit: the table)
     ours = [r for r in dec if r.get("kind") == "ours"]
     if not any(speed(r) for r in ours):
         return None
     bw = res.get("ceilings", {}).get("read_gbps")
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 6.0), gridspec_kw={"width_ratios": [2.2, 1]})
     cfgs = sorted({shape_key(r) for r in dec if r.get("page_size") == 16}, key=lambda k: (k[3], k[4], k[5] / k[6]))
     labels = ["L=%dK\nB=%d %d/%d" % (k[3] // 1024, k[4], k[5], k[6]) for k in cfgs]
     kernels = [k for k in bench_report.chapter_kernels(rows, "07", "decode") if any(r["kernel"] == k for r in dec)]
+
+    def version(k):
+        v = k.split()[1]
+        return int(v[1:]) if v[1:].isdigit() else 1 << 30
+    kernels.sort(key=lambda k: (version(k), "contiguous" in k))  # v1, v2, ... in the chapter's order
     # a colour per kernel (v1, v2, ...), a line style per layout: paged solid, contiguous dashed
     versions = []
     for k in kernels:
         if k.split()[1] not in versions:
             versions.append(k.split()[1])
-    versions.sort(key=lambda v: int(v[1:]) if v[1:].isdigit() else 1 << 30)  # v1, v2, ... in the chapter's order
     palette = ["#e377c2", "#9467bd", "#17becf", "#bcbd22", "#8c564b", "#1f77b4", "#ff7f0e", "#2ca02c",
                "#d62728", "#7f7f7f"]
     colors = {k: palette[versions.index(k.split()[1]) % len(palette)] for k in kernels}
     styles = {k: ("--" if "contiguous" in k else "-") for k in kernels}
     by = {(shape_key(r), r["kernel"]): r for r in dec}
-    for k in kernels:
+
+    def series(k):
         xs, ys = [], []
         for i, c in enumerate(cfgs):
             r = by.get((c, k))
             if r is not None and speed(r):
                 xs.append(i)
                 ys.append(speed(r))
-        if xs:
-            ax.plot(xs, ys, marker="o", ms=4, lw=1.4, ls=styles[k], color=colors[k], label=k[5:])
-    for p in DECODE_PEERS:
-        xs, ys = [], []
-        for i, c in enumerate(cfgs):
-            r = by.get((c, p))
-            if r is not None and speed(r):
-                xs.append(i)
-                ys.append(speed(r))
-        if xs:
-            ax.plot(xs, ys, ms=6, label=PEER_LABEL[p], **PEER_STYLE[p])
-    if bw:
-        ax.axhline(bw, color="#bbbbbb", lw=1)
-        ax.text(-0.3, bw, " read ceiling %.0f GB/s" % bw, fontsize=7, va="bottom", color="#888888")
-    ax.set_xticks(range(len(cfgs)))
-    ax.set_xticklabels(labels, fontsize=7.5)
-    ax.set_ylabel("KV GB/s (cached K and V bytes / time)")
-    ax.set_xlabel("context length L, batch B, query/KV heads (page size 16), sorted by L")
-    ax.set_title("Decode: one query token per sequence, d = 128", fontsize=10)
-    ax.grid(True, alpha=0.25)
-    ax.legend(fontsize=7.5, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
+        return xs, ys
+    main_k = [k for k in kernels if series(k)[0]]
+    peers = [p for p in DECODE_PEERS if series(p)[0]]
+    main_groups = line_groups(main_k, peers)
     # page size at one long sequence (paged layouts: contiguous K/V has no page size)
     pg = sorted({r.get("page_size") for r in ours if r.get("page_size")})
     one = [r for r in ours if r["B"] == 1 and r["nk"] == max(x["nk"] for x in ours if x["B"] == 1) and
            r["Hkv"] != r["H"]] if any(x["B"] == 1 for x in ours) else []
-    for k in kernels:
-        if "contiguous" in k:
-            continue
-        pts = sorted((r["page_size"], speed(r)) for r in one if r["kernel"] == k and speed(r))
-        if pts:
-            ax2.plot(*zip(*pts), marker="o", color=colors[k], ls=styles[k], label=k[5:])
-    ax2.set_xscale("log", base=2)
-    ax2.set_xticks(pg or [16])
-    ax2.set_xticklabels([str(p) for p in (pg or [16])])
-    if one:
-        ax2.set_title("page size, B=1 L=%dK %d/%d" % (one[0]["nk"] // 1024, one[0]["H"], one[0]["Hkv"]), fontsize=10)
-    ax2.set_xlabel("tokens per page")
-    ax2.grid(True, alpha=0.25)
-    if bw:
-        ax2.axhline(bw, color="#bbbbbb", lw=1)
-    ax2.set_ylabel("KV GB/s")
-    ax2.legend(fontsize=7.5)
+
+    def page_points(k):
+        return sorted((r["page_size"], speed(r)) for r in one if r["kernel"] == k and speed(r))
+    page_k = [k for k in kernels if "contiguous" not in k and page_points(k)]
+    page_groups = line_groups(page_k, []) if page_k else [([], [])]
+    nrow = max(len(main_groups), len(page_groups))
+    fig, axes = plt.subplots(nrow, 2, figsize=(13, 4.4 * nrow + 1.0), gridspec_kw={"width_ratios": [2.2, 1]},
+                             squeeze=False)
+    for g in range(nrow):
+        ax, ax2 = axes[g]
+        if g < len(main_groups):
+            ks, ps = main_groups[g]
+            for k in ks:
+                ax.plot(*series(k), marker="o", ms=4, lw=1.4, ls=styles[k], color=colors[k], label=k[5:])
+            for p in ps:
+                ax.plot(*series(p), ms=6, label=PEER_LABEL[p], **PEER_STYLE[p])
+            if bw:
+                ax.axhline(bw, color="#bbbbbb", lw=1)
+                ax.text(-0.3, bw, " read ceiling %.0f GB/s" % bw, fontsize=7, va="bottom", color="#888888")
+            ax.set_xticks(range(len(cfgs)))
+            ax.set_xticklabels(labels, fontsize=7.5)
+            ax.set_ylabel("KV GB/s (cached K and V bytes / time)")
+            title = "Decode: one query token per sequence, d = 128"
+            if len(main_groups) > 1 and ks:
+                title += ": %s … %s%s" % (ks[0].split()[1], ks[-1].split()[1], " and the peers" if ps else "")
+            ax.set_title(title, fontsize=10)
+            ax.grid(True, alpha=0.25)
+            ax.legend(fontsize=7, ncol=2, loc="best")
+            if g == len(main_groups) - 1:
+                ax.set_xlabel("context length L, batch B, query/KV heads (page size 16), sorted by L")
+        else:
+            ax.axis("off")
+        if g < len(page_groups) and page_groups[g][0]:
+            for k in page_groups[g][0]:
+                ax2.plot(*zip(*page_points(k)), marker="o", color=colors[k], ls=styles[k], label=k[5:])
+            ax2.set_xscale("log", base=2)
+            ax2.set_xticks(pg or [16])
+            ax2.set_xticklabels([str(p) for p in (pg or [16])])
+            if one:
+                ax2.set_title("page size, B=1 L=%dK %d/%d" % (one[0]["nk"] // 1024, one[0]["H"], one[0]["Hkv"]),
+                              fontsize=10)
+            ax2.set_xlabel("tokens per page")
+            ax2.grid(True, alpha=0.25)
+            if bw:
+                ax2.axhline(bw, color="#bbbbbb", lw=1)
+            ax2.set_ylabel("KV GB/s")
+            ax2.legend(fontsize=7)
+        else:
+            ax2.axis("off")
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     footer(fig, res)
-    path = os.path.join(out_dir, "decode_gbps.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, os.path.join(out_dir, "decode_gbps.png"))
 
 
 def fig_lineage(res, rows, out_dir):
@@ -504,13 +610,13 @@ def fig_lineage(res, rows, out_dir):
     fig.suptitle("The lineage at a glance: one run, each chapter's best against the best peer", fontsize=11)
     fig.tight_layout(rect=(0, 0.05, 1, 0.95))
     footer(fig, res)
-    path = os.path.join(out_dir, "lineage.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, os.path.join(out_dir, "lineage.png"))
 
 
-def draw_all(res, out_dir):
+def draw_all(res, out_dir, lab=None):
+    """Every plot of a run. lab: also the lab's own plots (default: when the run was made with --lab)."""
+    if lab is None:
+        lab = bool(res.get("run", {}).get("lab"))
     os.makedirs(out_dir, exist_ok=True)
     rows = bench_report.enrich(res)
     jobs = []
@@ -518,6 +624,8 @@ def draw_all(res, out_dir):
     for c in chapters:
         for pss in ("fwd", "bwd"):
             jobs.append((fig_chapter, (res, rows, c, pss, out_dir)))
+            if lab and c in bench_report.MAIN_PATH:
+                jobs.append((fig_chapter, (res, rows, c, pss, out_dir, "lab")))
     jobs += [(f, (res, rows, out_dir)) for f in (fig_lineage_lines, fig_roofline, fig_decode, fig_lineage)]
     paths = []
     for f, args in jobs:
@@ -530,7 +638,8 @@ def draw_all(res, out_dir):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        sys.exit("usage: bench_plots.py RESULTS_JSON OUT_DIR")
-    for p in draw_all(read_json(sys.argv[1]), sys.argv[2]):
+    argv = [a for a in sys.argv[1:] if a != "--lab"]
+    if len(argv) != 2:
+        sys.exit("usage: bench_plots.py RESULTS_JSON OUT_DIR [--lab]")
+    for p in draw_all(read_json(argv[0]), argv[1], lab=True if "--lab" in sys.argv[1:] else None):
         print(p)

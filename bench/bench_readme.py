@@ -16,8 +16,11 @@ bench/recorded/<gpu>-<date>-<HHMM>.json (--record does it); the newest name is t
 
     <!-- bench:lineage begin -->  ...  <!-- bench:lineage end -->     the lineage at a glance (root README)
     <!-- bench:ch04-fwd begin -->  ...  <!-- bench:ch04-fwd end -->   any table of results.md, by its name
+    <!-- bench:ch05-lab begin -->  ...  <!-- bench:ch05-lab end -->   chapter 05's lab steps against their
+                                                                     parents (in chapters/05_fa3_hopper/LAB.md)
 
-and everything between the markers is replaced; nothing outside them is touched. A number
+in the root README.md, a chapter's README.md or its LAB.md, and everything between the markers is
+replaced; nothing outside them is touched. A number
 in those sections is never typed by hand: a regression shows up as soon as a new run is
 recorded.
 """
@@ -61,12 +64,19 @@ def run_extent(res):
 
 
 def provenance(res, run_path):
+    """The line above every generated section: the GPU, the date, the command, how long it ran, the
+    commit the tree was at (run.git_head, short) and whether that tree had uncommitted changes
+    (run.git_dirty), and the recorded file."""
     r = res.get("run", {})
     rel = os.path.relpath(run_path, ROOT)
+    commit = bench_report.commit_text(r)
+    commit = ", at " + commit if commit else ", commit not recorded"
+    if r.get("commit"):  # BENCH_COMMIT: the commit a copied tree came from
+        commit += " (the tree copied from commit %s)" % r["commit"]
     return ("Measured on one %s (driver %s) on %s by `%s`%s%s; generated from [%s](%s) by `bench/bench_readme.py` "
             "(never typed by hand). Every ratio is to a peer measured in the same run." % (
                 r.get("gpu"), r.get("driver"), (r.get("date") or "?")[:10], r.get("command"), run_extent(res),
-                ", commit %s" % r["commit"] if r.get("commit") else "", rel, rel))
+                commit, rel, rel))
 
 
 def section_text(name, res, md, run_path, readme_dir):
@@ -86,7 +96,9 @@ def section_text(name, res, md, run_path, readme_dir):
 
 
 def readmes():
-    return [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "chapters", "*", "README.md")))
+    """The files whose bench: sections are generated: the root README, every chapter's README and LAB.md."""
+    return [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "chapters", "*", "README.md")) +
+                                                       glob.glob(os.path.join(ROOT, "chapters", "*", "LAB.md")))
 
 
 def generate(run_path):

@@ -1,20 +1,30 @@
 """results.json -> results.csv and results.md (the tables the READMEs quote).
 
-Everything here is a pure function of the results file, so that CI can regenerate the
-tables from the recorded run in the repository and compare. Rules the tables keep:
+Everything here is a pure function of the results file (and, for the lab's table, of the
+step files' headers that name each lab step's parent), so that CI can regenerate the tables
+from the recorded run in the repository and compare. Rules the tables keep:
 
 * a row whose status is not "ok" shows its status (FAIL, not run, n/a), never a speed;
 * a peer that was absent from the run is a column that says "absent";
-* every ratio is ours / peer from the same run; nothing is rounded in our favour.
+* every ratio is ours / peer from the same run; nothing is rounded in our favour;
+* a chapter with a main path and a lab (chapter 05, bench_common.MAIN_PATH) shows its main path,
+  its final kernels and the peers; its lab steps get tables of their own only when asked
+  (`markdown(res, lab=True)`, `./tutorial bench --lab`, `--report FILE --lab`), and the
+  ch05-lab section (each lab step against its parent) whenever the run measured lab steps.
 """
 import csv
+import glob
 import io
 import json
 import os
 import re
+import statistics
+import sys
 
-from bench_common import (DECODE_PEERS, PEER_LABEL, PEERS, SOFTMAX_PEERS, clean_row, read_json, shape_key,
-                          shape_text, speed)
+from bench_common import (DECODE_PEERS, FINAL_KERNEL, LAB_PARENTS, MAIN_PATH, PEER_LABEL, PEERS, SOFTMAX_PEERS,
+                          clean_row, is_lab_row, read_json, shape_key, shape_text, speed, step_token)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CEILING_KEY = {"bf16_gemm": "bf16_gemm_tflops", "fp8_gemm": "fp8_gemm_tflops", "read": "read_gbps"}
 CEILING_NAME = {"bf16_gemm": "bf16 GEMM", "fp8_gemm": "FP8 GEMM", "read": "read bandwidth"}
@@ -49,12 +59,30 @@ def peer_present(res, peer):
     return res.get("peers", {}).get(peer) == "available"
 
 
+def short_commit(head):
+    """A commit as `git rev-parse --short` prints it: a full hash cut to 7 characters."""
+    return head[:7] if head and len(head) > 12 and re.match(r"^[0-9a-f]+$", head) else head
+
+
+def commit_text(run):
+    """"commit 09430b9 with uncommitted changes" (git_dirty), "commit 09430b9, clean tree", from the
+    run's git_head and git_dirty ("" without a git_head)."""
+    head = short_commit(run.get("git_head"))
+    if not head:
+        return ""
+    dirty = run.get("git_dirty")
+    return "commit %s%s" % (head, " with uncommitted changes" if dirty else ", clean tree" if dirty is False
+                            else " (tree state not recorded)")
+
+
 def run_line(res):
     r = res.get("run", {})
     clocks = r.get("clocks") or {}
     s = "%s, driver %s, SM clock %s MHz (max %s), memory %s MHz, %s, `%s`" % (
         r.get("gpu"), r.get("driver"), clocks.get("sm_mhz"), clocks.get("max_sm_mhz"), clocks.get("mem_mhz"),
         r.get("date"), r.get("command"))
+    if r.get("git_head"):
+        s += ", at " + commit_text(r)
     if r.get("commit"):
         s += ", commit %s" % r["commit"]
     return s
@@ -133,18 +161,26 @@ def peer_cell(res, by, key, peer, with_share=False):
     return "not run" if r is None else fmt_speed(r, with_share)
 
 
-def chapter_kernels(rows, chapter, pss):
+def chapter_kernels(rows, chapter, pss, which="all"):
+    """The chapter's kernels of one pass, in the order of the rows. which: "all", "main" (a chapter
+    with a lab: its main path and final kernels; any other chapter: all) or "lab" (its lab steps)."""
     seen = []
     for r in rows:
         if r.get("chapter") == chapter and r.get("pass") == pss and r["kernel"] not in seen and r.get("kind") == "ours":
+            if which == "main" and is_lab_row(r) or which == "lab" and not is_lab_row(r):
+                continue
             seen.append(r["kernel"])
     return seen
 
 
-def attention_table(res, rows, chapters, pss):
+def has_lab_rows(rows):
+    return any(is_lab_row(r) for r in rows)
+
+
+def attention_table(res, rows, chapters, pss, which="all"):
     """One row per shape; a column per kernel of the chapters, then the peers, then the
     best kernel over each peer."""
-    kernels = [k for c in chapters for k in chapter_kernels(rows, c, pss)]
+    kernels = [k for c in chapters for k in chapter_kernels(rows, c, pss, which)]
     if not kernels:
         return None
     by = {(shape_key(r), r["kernel"]): r for r in rows}
@@ -180,7 +216,10 @@ def attention_table(res, rows, chapters, pss):
 def lineage_entries(res, rows):
     """The lineage at a glance: each chapter's best kernel at its reference shape, next to
     the best peer measured on that shape. Reference: forward, d = 128, not causal, the
-    largest N the chapter ran (chapter 02: the longest rows; chapter 07: the largest cache)."""
+    largest N the chapter ran (chapter 02: the longest rows; chapter 07: the largest cache).
+    A chapter with a final kernel (FINAL_KERNEL: chapter 05's "final forward") is that kernel
+    wherever the run has it, at the largest N it ran; else, as for every other chapter, the
+    fastest kernel that passed. Each entry says which rule picked it ("final" or "fastest")."""
     out = []
     chapters = sorted({r["chapter"] for r in rows if r.get("kind") == "ours"})
     for c in chapters:
@@ -204,20 +243,34 @@ def lineage_entries(res, rows):
             peer_names = PEERS
         if not cand:
             continue
-        top = max(pick(r) for r in cand)
+        final = [r for r in cand if r["kernel"] == FINAL_KERNEL.get(c)]
+        rule = "final" if final else "fastest"
+        top = max(pick(r) for r in (final or cand))
         at = [r for r in cand if pick(r) == top]
         # one shape: without GQA where the chapter has such a shape (chapter 06 runs both)
-        key = shape_key(min(at, key=lambda r: (r.get("H") != r.get("Hkv"), 0)))
+        key = shape_key(min([r for r in at if not final or r in final],
+                            key=lambda r: (r.get("H") != r.get("Hkv"), 0)))
         at = [r for r in at if shape_key(r) == key]
-        ok = [r for r in at if speed(r)]
+        ok = [r for r in at if speed(r) and (not final or r["kernel"] == FINAL_KERNEL[c])]
         best = max(ok, key=speed) if ok else None
         failed = [r["kernel"] for r in at if r.get("status") == "failed"]
         peers = [r for r in rows if r.get("kind") == "peer" and shape_key(r) == key and r["kernel"] in peer_names]
         okp = [r for r in peers if speed(r)]
         bestp = max(okp, key=speed) if okp else None
         absent = [p for p in peer_names if not peer_present(res, p)]
-        out.append({"chapter": c, "shape": at[0], "best": best, "failed": failed, "peer": bestp, "absent": absent})
+        out.append({"chapter": c, "shape": at[0], "best": best, "failed": failed, "peer": bestp, "absent": absent,
+                    "rule": rule})
     return out
+
+
+def chapter_best(at, chapter):
+    """(row, rule) that stands for a chapter on one shape, from its forward rows `at` there: its
+    final kernel (FINAL_KERNEL) where it passed, else its fastest bf16/fp16 kernel that passed."""
+    ok = [r for r in at if speed(r) and r.get("dtype") != "fp8"]
+    final = [r for r in ok if r["kernel"] == FINAL_KERNEL.get(chapter)]
+    if final:
+        return final[0], "final"
+    return (max(ok, key=speed), "fastest") if ok else (None, None)
 
 
 def lineage_table(res, rows):
@@ -239,7 +292,8 @@ def lineage_table(res, rows):
             ("absent" if e["absent"] else "-")
         ratio = fmt_ratio(speed(b) / speed(p)) if b and p else "-"
         failed = ", ".join(k[5:] for k in e["failed"]) or "none"
-        body.append(["%s" % e["chapter"], shape, ours, share, peer, ratio, failed])
+        picked = "its final kernel" if e["rule"] == "final" else "fastest that passed"
+        body.append(["%s" % e["chapter"], shape, ours, picked, share, peer, ratio, failed])
     measured = {e["chapter"] for e in lineage_entries(res, rows)}
     for c in res.get("run", {}).get("chapters", []):
         if c in measured:
@@ -250,11 +304,11 @@ def lineage_table(res, rows):
             reason = "left out by the run's %s" % budget[0].split("(", 1)[1].split(")", 1)[0]
         else:
             reason = "; ".join(why[:2]) if why else "no kernel of this chapter reported a speed"
-        body.append([c, "-", "not measured in this run: " + reason, "-", "-", "-", "-"])
+        body.append([c, "-", "not measured in this run: " + reason, "-", "-", "-", "-", "-"])
     body.sort(key=lambda r: r[0])
     if not body:
         return None
-    return md_table(["chapter", "shape", "best kernel", "share of ceiling", "best peer (same run)",
+    return md_table(["chapter", "shape", "best kernel", "picked as", "share of ceiling", "best peer (same run)",
                      "best / best peer", "failed its check"], body)
 
 
@@ -303,6 +357,85 @@ def softmax_table(res, rows):
     return md_table(head, body)
 
 
+def step_parents(chapter):
+    """{step: parent step} of a chapter's step files, from their headers ("What changes from v8",
+    or "(from v8)" / "(branches from v8)" in the first line; scripts/step_diffs.py reads them), in
+    steps/ and steps/lab/; LAB_PARENTS where a file or its header is not there."""
+    parents = dict(LAB_PARENTS.get(chapter, {}))
+    try:
+        sys.path.insert(0, os.path.join(ROOT, "scripts"))
+        import step_diffs
+        from pathlib import Path
+    except ImportError:
+        return parents
+    for home in glob.glob(os.path.join(ROOT, "chapters", chapter + "_*", "steps")):
+        for f in sorted(glob.glob(os.path.join(home, "*.cu")) + glob.glob(os.path.join(home, "lab", "*.cu"))):
+            m = step_diffs.NAMED_RE.match(os.path.basename(f))
+            if not m:
+                continue
+            try:
+                h = step_diffs.header_parent(Path(f))
+            except (step_diffs.ChainError, OSError, UnicodeDecodeError):
+                continue
+            if h:  # a final kernel by the name its rows carry: "final", "final-fp8" (the backward's: "final")
+                parents[m.group(1) + m.group(2) + m.group(3)] = {"final_fp8": "final-fp8",
+                                                                  "final_backward": "final"}.get(h, h)
+    return parents
+
+
+def step_number(kernel):
+    t = step_token(kernel) or ""
+    m = re.match(r"[vb](\d+)", t)
+    return int(m.group(1)) if m else 1 << 20
+
+
+def lab_ratio_entries(rows, chapter="05", parents=None):
+    """Each lab step the run measured, against its parent: [{kernel, pass, parent (kernel or a step
+    name not in the run), ratios (the step's time / the parent's on every shape both passed)}]. A
+    backward step's "deterministic dQ" row is compared with its parent's deterministic row."""
+    parents = step_parents(chapter) if parents is None else parents
+    ours = [r for r in rows if r.get("chapter") == chapter and r.get("kind") == "ours"]
+    out = []
+    for pss in ("fwd", "bwd"):
+        lab = [k for k in chapter_kernels(ours, chapter, pss, "lab")]
+        lab.sort(key=lambda k: (step_number(k), k.endswith("deterministic dQ")))
+        for k in lab:
+            det = k.endswith("deterministic dQ")
+            step = step_token(k)
+            parent = parents.get(step)
+            pk = next((x for x in chapter_kernels(ours, chapter, pss)
+                       if parent and step_token(x) == parent and x.endswith("deterministic dQ") == det), None)
+            ratios = []
+            if pk:
+                mine = {shape_key(r): r for r in ours if r["kernel"] == k and r.get("pass") == pss}
+                theirs = {shape_key(r): r for r in ours if r["kernel"] == pk and r.get("pass") == pss}
+                for key in sorted(set(mine) & set(theirs), key=lambda x: [str(v) for v in x]):
+                    a, b = mine[key], theirs[key]
+                    if speed(a) and speed(b) and a.get("time_ms") and b.get("time_ms"):
+                        ratios.append(a["time_ms"] / b["time_ms"])
+            out.append({"kernel": k, "pass": pss, "step": step, "parent_step": parent, "parent": pk,
+                        "ratios": ratios})
+    return out
+
+
+def lab_ratio_table(rows, chapter="05", parents=None):
+    entries = lab_ratio_entries(rows, chapter, parents)
+    if not entries:
+        return None
+    body = []
+    for e in entries:
+        if e["parent"]:
+            parent = e["parent"][5:]
+        elif e["parent_step"]:
+            parent = "%s (not in this run)" % e["parent_step"]
+        else:
+            parent = "? (its header names none)"
+        rs = e["ratios"]
+        cells = [fmt_ratio(min(rs)), fmt_ratio(statistics.median(rs)), fmt_ratio(max(rs))] if rs else ["-"] * 3
+        body.append([{"fwd": "forward", "bwd": "backward"}[e["pass"]], e["kernel"][5:], parent, len(rs)] + cells)
+    return md_table(["pass", "lab step", "parent", "shapes", "time / parent's: min", "median", "max"], body)
+
+
 def before_after_table(res, rows):
     """--before: each kernel of ours next to the same kernel of the older build, on every shape both
     ran (best of --rounds each). A kernel only one build has is listed with a dash on the other side."""
@@ -327,7 +460,10 @@ def before_after_table(res, rows):
     return md_table(head, body)
 
 
-def markdown(res):
+def markdown(res, lab=None):
+    """results.md. lab: also the tables of the lab steps (default: when the run was made with --lab)."""
+    if lab is None:
+        lab = bool(res.get("run", {}).get("lab"))
     rows = enrich(res)
     run = res.get("run", {})
     ce = res.get("ceilings", {})
@@ -355,15 +491,36 @@ def markdown(res):
         out.append(section("lineage", "The lineage at a glance", t,
                            "Each chapter's best kernel at its reference shape (forward, d = 128, not causal where "
                            "the chapter runs it, the largest N it ran), next to the best peer on the same shape in "
-                           "the same run."))
+                           "the same run. The best kernel is chapter 05's final kernel where the run has it, else "
+                           "(and for every other chapter) the fastest kernel that passed; \"picked as\" says which."))
     for c, title in (("01", "Chapter 01: naive attention"), ("03", "Chapter 03: FlashAttention-1"),
                      ("04", "Chapter 04: FlashAttention-2"), ("05", "Chapter 05: FlashAttention-3 on Hopper"),
                      ("06", "Chapter 06: variants")):
         for pss, what in (("fwd", "forward"), ("bwd", "backward")):
-            t = attention_table(res, rows, [c], pss)
+            t = attention_table(res, rows, [c], pss, "main")
             if t:
-                out.append(section("ch%s-%s" % (c, pss), "%s, %s (TFLOP/s)" % (title, what), t,
-                                   "best / peer: the fastest bf16 kernel of the row over the peer."))
+                intro = "best / peer: the fastest bf16 kernel of the row over the peer."
+                if c in MAIN_PATH:
+                    intro = ("The main path's steps and the final kernels (the lab's steps: %s). " % (
+                        "the lab tables below" if lab and has_lab_rows(rows) else
+                        "not in this table; `--lab` adds their tables") + intro)
+                out.append(section("ch%s-%s" % (c, pss), "%s, %s (TFLOP/s)" % (title, what), t, intro))
+        if c in MAIN_PATH and lab:
+            for pss, what in (("fwd", "forward"), ("bwd", "backward")):
+                t = attention_table(res, rows, [c], pss, "lab")
+                if t:
+                    out.append(section("ch%s-lab-%s" % (c, pss), "%s, the lab's steps, %s (TFLOP/s)" % (title, what),
+                                       t, "The lab's steps (LAB.md) alone; best / peer: the fastest bf16 lab step "
+                                       "of the row over the peer."))
+        if c in MAIN_PATH:
+            t = lab_ratio_table(rows, c)
+            if t:
+                out.append(section("ch%s-lab" % c, "Chapter %s's lab: each step against its parent" % c, t,
+                                   "Every lab step this run measured, next to the step it changes (its parent, "
+                                   "as its header names it: \"What changes from vN\"): its time over the "
+                                   "parent's on each shape both passed in this run, the smallest, median and "
+                                   "largest over those shapes. Below 1.00x the lab step is faster. A backward "
+                                   "step's deterministic-dQ row is compared with its parent's."))
     t = before_after_table(res, rows)
     if t:
         ba = res.get("run", {}).get("before") or {}
@@ -388,7 +545,7 @@ def markdown(res):
     return "\n".join(out)
 
 
-def write_all(res, out_dir):
+def write_all(res, out_dir, lab=None):
     os.makedirs(out_dir, exist_ok=True)
     paths = []
     p = os.path.join(out_dir, "results.json")
@@ -396,7 +553,7 @@ def write_all(res, out_dir):
         with open(p, "w") as f:
             json.dump(res, f, indent=1)
     paths.append(p)
-    for name, text in (("results.csv", csv_text(res)), ("results.md", markdown(res))):
+    for name, text in (("results.csv", csv_text(res)), ("results.md", markdown(res, lab))):
         p = os.path.join(out_dir, name)
         with open(p, "w") as f:
             f.write(text)

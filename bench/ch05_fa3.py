@@ -27,11 +27,11 @@ Options kept from the chapter's own script, and what they became in ./tutorial b
   --n, --batch     --n, --batch
   --extra FLAGS    --extra FLAGS (--no-backward becomes the bench's own --no-backward)
   --timeout S      --timeout S
-Other options pass through to ./tutorial bench (--out, --budget, --verbose, ...).
+Other options pass through to ./tutorial bench (--out, --budget, --verbose, --lab ...): the binary runs
+its main path and final kernels, and with --lab (a binary built with -DTUTORIAL_LAB=ON) the lab's steps too.
 """
 import argparse
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -69,12 +69,14 @@ def bench_command(a, rest):
 
 
 def step_of(kernel):
-    m = re.match(r"ch05 (v\d+)\b", kernel)
-    return m.group(1) if m else None
+    """A forward row's step: "v8", or the final kernels, "final" and "final-fp8"."""
+    from bench_common import step_token
+    t = step_token(kernel) if kernel.startswith("ch05 ") else None
+    return t if t and not t.startswith("b") else None
 
 
 def step_key(k):
-    return int(k[1:]) if k[1:].isdigit() else 99
+    return int(k[1:]) if k[1:].isdigit() else {"final": 100, "final-fp8": 101}.get(k, 99)
 
 
 def tables(res):

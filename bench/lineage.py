@@ -2,17 +2,26 @@
 """./tutorial bench: every chapter's kernels next to the peers and the GPU's own ceilings, in one run.
 
     ./tutorial bench                       the full sweep (the start line says how long: 6:26 on
-                                           an H200 at 21:11 UTC; --plan lists the tasks and estimates)
-    ./tutorial bench --quick               fewer shapes (2:13 on an H200, measured at 18:35 UTC)
+                                           an H200 for the recorded run; --plan lists the tasks and estimates)
+    ./tutorial bench --quick               fewer shapes (2:13 on an H200)
     ./tutorial bench --n 8192 --d 64,128   only these shapes (--mask causal|none|both, --no-backward)
     ./tutorial bench --chapters 04,05      only these chapters (and the peers on their shapes)
-    ./tutorial bench --steps 11,16 --peers cudnn,fa4   only these steps, only these peers (--no-peers: none)
+    ./tutorial bench --steps 8,final,final-fp8 --peers cudnn,fa4   only these steps (numbers, and chapter
+                                           05's final kernels by name), only these peers (--no-peers: none)
+    ./tutorial bench --lab                 chapter 05's lab steps too (steps/lab/, LAB.md): its binary is
+                                           built with -DTUTORIAL_LAB=ON in BUILD_DIR-lab (BUILD_DIR itself
+                                           when it is configured so already), results in BUILD_DIR/bench-lab
     ./tutorial bench --before OLD_BUILD    this build against an older one, kernel by kernel (--rounds R)
     ./tutorial bench --plan                the tasks and their estimated seconds, nothing run
     ./tutorial bench --only 'ch06 ring'    only the plan's tasks whose label matches (with --plan too)
     ./tutorial bench --cpu                 no GPU needed: the CPU models' counted HBM traffic and
                                            extra memory against N and the on-chip budget M
     ./tutorial bench --report FILE.json    tables and plots again from a recorded results.json
+
+Chapter 05 keeps a main path and a lab: without --lab its binary runs the main path (forward v1-v8
+and the final bf16/fp16 and FP8 kernels; backward b1, b2, b5, b6, b10, b11 and the final backward),
+and the tables and plots show those; --lab times every lab step too (forward v9 and up; backward
+b3, b4, b7-b9, b12-b15) and adds the lab's tables and plots.
 
 With a GPU it builds the chapter binaries if needed, then runs, in this order:
 the ceilings (read bandwidth; bf16 and FP8 GEMM through cuBLAS/cuBLASLt, measured by the
@@ -48,7 +57,7 @@ os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 import bench_report  # noqa: E402
 from bench_common import (DECODE_PEERS, PEERS, attention_flops, clean_row, paper_shape,  # noqa: E402
-                          read_json, shape_key)
+                          read_json, shape_key, step_token)
 
 QUICK_N = [2048, 8192]
 FULL_N = [512, 1024, 2048, 4096, 8192, 16384]
@@ -73,17 +82,57 @@ def discover_chapters():
     return out
 
 
-def build(build_dir, targets, cuda):
+def lab_chapters():
+    """{"05": "ch05_fa3_hopper"}: the chapters whose CMakeLists.txt has lab sources (LAB_CUDA_SOURCES,
+    LAB_HOPPER_SOURCES: built only with TUTORIAL_LAB=ON)."""
+    out = {}
+    for c, name in discover_chapters().items():
+        for cm in glob.glob(os.path.join(ROOT, "chapters", c + "_*", "CMakeLists.txt")):
+            if re.search(r"\bLAB_(CUDA|HOPPER)_SOURCES\b", open(cm).read()):
+                out[c] = name
+    return out
+
+
+def configured_with_lab(build_dir):
+    """True when BUILD_DIR's CMake cache has TUTORIAL_LAB on."""
+    try:
+        text = open(os.path.join(build_dir, "CMakeCache.txt")).read()
+    except OSError:
+        return False
+    m = re.search(r"^TUTORIAL_LAB:BOOL=(\S+)", text, re.M)
+    return bool(m) and m.group(1).upper() in ("ON", "1", "TRUE", "YES")
+
+
+def lab_build_dir(build_dir):
+    """Where --lab builds the chapters that have lab steps: BUILD_DIR itself when its cache has
+    TUTORIAL_LAB=ON already, else a folder of its own beside it, BUILD_DIR-lab (so that the plain
+    build keeps building the main path only)."""
+    build_dir = os.path.abspath(build_dir)
+    return build_dir if configured_with_lab(build_dir) else build_dir.rstrip("/") + "-lab"
+
+
+def build(build_dir, targets, cuda, lab=None):
+    """Configures BUILD_DIR if it has no cache yet, then builds the targets. lab=True: with the lab
+    steps (-DTUTORIAL_LAB=ON; a cache without it is reconfigured); lab=None: as the environment's
+    TUTORIAL_LAB says, like ./tutorial (unset: as the cache is)."""
     if not shutil.which("cmake"):
         log("bench: cmake not found: using the binaries already in %s/bin" % build_dir)
         return
+    lab_opt = []
+    if lab:
+        lab_opt = ["-DTUTORIAL_LAB=ON"]
+    elif os.environ.get("TUTORIAL_LAB"):
+        lab_opt = ["-DTUTORIAL_LAB=" + os.environ["TUTORIAL_LAB"]]
     if not os.path.exists(os.path.join(build_dir, "CMakeCache.txt")):
         gen = ["-G", "Ninja"] if shutil.which("ninja") else []
         extra = []
         if os.environ.get("CMAKE_CUDA_ARCHITECTURES"):
             extra.append("-DCMAKE_CUDA_ARCHITECTURES=" + os.environ["CMAKE_CUDA_ARCHITECTURES"])
         subprocess.run(["cmake", "-S", ROOT, "-B", build_dir, *gen, "-DCMAKE_BUILD_TYPE=Release",
-                        "-DTUTORIAL_CUDA=" + cuda, *extra], check=True, stdout=subprocess.DEVNULL)
+                        "-DTUTORIAL_CUDA=" + cuda, *extra, *lab_opt], check=True, stdout=subprocess.DEVNULL)
+    elif lab_opt and (configured_with_lab(build_dir) != (lab_opt[0].split("=")[1].upper() in ("ON", "1", "TRUE"))):
+        log("bench: reconfiguring %s with %s" % (build_dir, lab_opt[0]))
+        subprocess.run(["cmake", "-S", ROOT, "-B", build_dir, *lab_opt], check=True, stdout=subprocess.DEVNULL)
     jobs = os.environ.get("JOBS", str(os.cpu_count() or 2))
     cmd = ["cmake", "--build", build_dir, "-j", jobs, "--target", *targets]
     if os.path.exists(os.path.join(build_dir, "build.ninja")):
@@ -180,6 +229,28 @@ def split_step_list(binary, args):
     return out
 
 
+def step_help(text):
+    """What a binary's --help says its --step takes: (main step numbers, names, lab step numbers),
+    from its parenthesis: "(v1-v8, final, final-fp8; with --lab also the lab's v9-v29; ...)" gives
+    ({1..8}, {"final", "final-fp8"}, {9..29}); an older "(1-29; ...)" gives ({1..29}, {}, {}).
+    None when the line or its parenthesis is not there (then every step is tried)."""
+    m = re.search(r"--step K\[,K\]([^\n]*)", text)
+    p = re.search(r"\(([^()]*)\)", m.group(1)) if m else None
+    if not p:
+        return None
+    main_part, _, lab_part = p.group(1).partition("with --lab")
+
+    def numbers(part):
+        out = set()
+        for a, b in re.findall(r"\bv?(\d+)\s*-\s*v?(\d+)\b", part):
+            out |= set(range(int(a), int(b) + 1))
+        return out
+    main = numbers(main_part)
+    if not main:
+        return None
+    return main, set(re.findall(r"\b(final-fp8|final)\b", main_part)), numbers(lab_part) - main
+
+
 class Binary:
     paths = {}  # chapter binary name -> a path given on the command line (--binary), else BUILD/bin/name
 
@@ -203,17 +274,32 @@ class Binary:
 
     def flags(self):
         """The options this binary's --help lists (asked once): lets the plan pass --no-backward,
-        --no-model or --no-fp8-table only to a binary that has them."""
+        --no-model, --no-fp8-table or --lab only to a binary that has them."""
         if not hasattr(self, "_flags"):
             try:
                 r = subprocess.run([self.path, "--help"], capture_output=True, text=True, timeout=30)
                 self._flags = set(re.findall(r"(--[a-z0-9][a-z0-9-]*)", r.stdout + r.stderr))
                 self._step_list = bool(re.search(r"--step K\[,K\]", r.stdout + r.stderr))
-                m = re.search(r"--step K\[,K\][^(\n]*\((\d+)-(\d+)", r.stdout + r.stderr)
-                self._step_range = (int(m.group(1)), int(m.group(2))) if m else None
+                self._step_help = step_help(r.stdout + r.stderr)
             except (OSError, subprocess.TimeoutExpired):
-                self._flags, self._step_list, self._step_range = set(), False, None
+                self._flags, self._step_list, self._step_help = set(), False, None
         return self._flags
+
+    def has_lab(self):
+        """Whether this binary was built with its lab steps: it lists --lab and does not refuse it
+        (a build without TUTORIAL_LAB exits 2). Asked once, on a 64-token problem on the CPU."""
+        if not hasattr(self, "_has_lab"):
+            self._has_lab = False
+            if "--lab" in self.flags():
+                args = ["--lab", "--n", "64", "--batch", "1", "--heads", "1", "--d", "64", "--device", "cpu",
+                        "--json"] + [f for f in ("--no-fp8-table", "--no-model", "--no-backward") if f in self.flags()]
+                try:
+                    r = subprocess.run([self.path] + args, capture_output=True, text=True, timeout=60,
+                                       env=binary_env())
+                    self._has_lab = r.returncode in (0, 1)
+                except (OSError, subprocess.TimeoutExpired):
+                    pass
+        return self._has_lab
 
     def sub_flags(self, sub):
         """The options a subcommand's --help lists (`ch07_paged_radix decode --help`: a binary with
@@ -228,11 +314,22 @@ class Binary:
         return cache[sub]
 
     def steps_of(self, ks):
-        """The steps of `ks` this binary has (all of them when its --help gives no range): a list
-        with a step the binary does not have would be refused whole."""
+        """The steps of `ks` (numbers, and names: "final", "final-fp8") this binary has: all of them
+        when its --help says nothing of its steps; else the numbers and names it lists, and the lab's
+        numbers only when it was built with its lab (has_lab). A list with a step the binary does not
+        have would be refused whole."""
         self.flags()
-        r = getattr(self, "_step_range", None)
-        return [k for k in ks if r is None or r[0] <= k <= r[1]]
+        h = getattr(self, "_step_help", None)
+        if h is None:
+            return list(ks)
+        main, names, lab = h
+        return [k for k in ks if (k in names if isinstance(k, str) else k in main or (k in lab and self.has_lab()))]
+
+    def lab_steps(self, ks):
+        """The steps of `ks` that are this binary's lab steps (by its --help)."""
+        self.flags()
+        h = getattr(self, "_step_help", None)
+        return [k for k in ks if h is not None and not isinstance(k, str) and k in h[2] and k not in h[0]]
 
     def step_list(self):
         """Whether --step takes a list (K[,K...]: one launch, the inputs uploaded once, for every
@@ -349,7 +446,7 @@ class Bench:
     def __init__(self, args):
         self.a = args
         self.build_dir = args.build_dir
-        self.out_dir = args.out or os.path.join(self.build_dir, "bench")
+        self.out_dir = args.out or default_out(self.build_dir, getattr(args, "lab", False))
         self.chapters = discover_chapters()
         if args.chapters:
             want = [c.strip().zfill(2) for c in args.chapters.split(",") if c.strip()]
@@ -357,6 +454,7 @@ class Bench:
             if bad:
                 sys.exit("bench: no chapter %s (chapters here: %s)" % (",".join(bad), ",".join(self.chapters)))
             self.chapters = {c: self.chapters[c] for c in want}
+        self.chapters_asked = set(self.chapters)
         self.bins = {c: Binary(self.build_dir, n) for c, n in self.chapters.items()}
         self.rows, self.notes = [], []
         self.ceilings = {}
@@ -368,6 +466,8 @@ class Bench:
         # --peers / --no-peers / --before: which peers run (a peer left out is a column that says so)
         self.use_peers = set() if (args.no_peers or args.before) else set(args.peers or PEERS + ["torch_softmax"])
         self.extra_args = (args.extra or "").split()
+        self.lab = bool(getattr(args, "lab", False))
+        self._lab_noted = set()
         self.before_dir, self.before_bins = None, None
         if args.before:
             self.before_dir, self.before_bins = before_binaries(args.before, self.chapters)
@@ -413,6 +513,19 @@ class Bench:
         prev = [k[3] for k in self.ours_at if k[:3] == (chapter, d, causal) and k[3] < n]
         return (max(prev), self.ours_at[(chapter, d, causal, max(prev))]) if prev else (None, None)
 
+    def lab_for(self, chapter):
+        """--lab: whether this chapter's binary runs its lab steps (it takes --lab and was built with
+        them); a chapter that has a lab but whose binary cannot run it gets a note, once."""
+        if not self.lab or chapter not in self.bins or "--lab" not in self.bins[chapter].flags():
+            return False
+        if self.bins[chapter].has_lab():
+            return True
+        if chapter not in self._lab_noted:
+            self._lab_noted.add(chapter)
+            self.notes.append("--lab: %s was built without its lab steps (configure with -DTUTORIAL_LAB=ON): "
+                              "its main path ran" % self.bins[chapter].path)
+        return False
+
     def has_backward(self, chapter):
         """Chapter 03 always runs its backward; a chapter whose binary takes --no-backward (04, 05, and
         any later one) has one too."""
@@ -433,6 +546,8 @@ class Bench:
         for f in ("--no-model", "--no-fp8-table"):  # CPU-side extras the bench does not report
             if f in flags:
                 args.append(f)
+        if self.lab_for(chapter):
+            args.append("--lab")  # every lab step, forward and backward ("--backward-step all" too)
         args += self.extra_args
         no_bwd = ["--no-backward"] if "--no-backward" in flags else []
         bwd_all = ["--backward-step", "all"] if "--backward-step" in flags else []
@@ -443,6 +558,11 @@ class Bench:
             # chapter 05 runs it beside a --step list only when asked); launch_rows splits the list
             # for a binary that takes one --step K a launch
             ks = self.bins[chapter].steps_of(self.a.steps)
+            lab_left = [k for k in self.bins[chapter].lab_steps(self.a.steps) if k not in ks]
+            if lab_left and chapter not in self._lab_noted:
+                self._lab_noted.add(chapter)
+                self.notes.append("--steps %s: lab steps, and %s was built without its lab (./tutorial bench "
+                                  "--lab builds it)" % (",".join(map(str, lab_left)), self.bins[chapter].name))
             if not ks:
                 self.notes.append("--steps %s: %s has none of them" % (",".join(map(str, self.a.steps)),
                                                                        self.bins[chapter].name))
@@ -458,13 +578,14 @@ class Bench:
         n_prev, speeds = self.previous_run(chapter, d, causal, n)
         pruned = False
         if n >= self.prune_from and speeds and "--step" in flags:
-            nums = {k: re.match(r"ch\d\d v(\d+)\b", k) for k in speeds}
+            # each row's step as --step takes it: "ch05 v12 ..." -> 12, "ch05 final fp8 forward" -> final-fp8
+            nums = {k: step_arg(k) for k in speeds}
             best = max([v for v in speeds.values() if v] or [0])
             slow = [k for k, v in speeds.items() if v is not None and v < best / 4]
             fl = attention_flops(b, h, n, n, d, causal)
             # a row costs its runs (a check, 3 warm-ups, 20 repeats) and its host time; a launch, its set-up
             slow_s = sum(24 * fl / (speeds[k] * 1e12) + self.row_s(chapter) for k in slow)
-            kept = [int(nums[k].group(1)) for k in speeds if k not in slow] if all(nums.values()) else []
+            kept = [nums[k] for k in speeds if k not in slow] if all(nums.values()) else []
             extra_launches = 0 if self.bins[chapter].step_list() else len(kept) - 1
             if slow and kept and slow_s > extra_launches * self.SETUP_S.get(chapter, 2):
                 pruned = True
@@ -495,6 +616,8 @@ class Bench:
         for rnd in range(max(1, self.a.rounds) if self.before_bins is not None else 1):
             for kind, binary in (builds if rnd % 2 == 0 else builds[::-1]):
                 for a in [x for run in runs for x in split_step_list(binary, run)]:
+                    if "--lab" in a and "--lab" not in binary.flags():  # --before: an older build's binary
+                        a = [x for x in a if x != "--lab"]
                     for r in self.one_launch(chapter, binary, a, d, n, causal, shape):
                         key = (r["kernel"], r["pass"])
                         old = best[kind].get(key)
@@ -729,40 +852,52 @@ class Bench:
     #               copied back, converted and scanned (a backward row brings back dQ, dK and dV). Every
     #               tensor is 16K tokens x 2048 wide at every N, so it does not grow with N. With
     #               HEAP_TUNABLES; glibc's default heap, which maps and zeroes each block above 32 MB
-    #               anew, cost chapter 05's launch at 8K causal 30.0 s instead of 17.5 (14:36 UTC)
+    #               anew, cost chapter 05's launch at 8K causal 30.0 s instead of 17.5
     #   GPU_S       the kernels' own runs (a check, 3 warm-ups, 20 repeats per row): seconds per
     #               forward FLOP summed over the chapter's rows (forward, backward), from the rows' times
     #   the backward's fp64 check: one KV group of 10 N^2 d FLOPs, in fp64 and the same-precision
     #               yardstick, at BWD_CHECK_FLOP_S (4.5 s at N = 8K, d = 128)
-    # Round of 15:01 UTC (./tutorial bench --quick, 134.7 s): chapter 05 at 8K, 17 forward and 20
+    # A round of ./tutorial bench --quick (134.7 s): chapter 05 at 8K, 17 forward and 20
     # backward rows, 15.2 s causal and 17.1 s not (the model: 15.4, 17.0); chapter 04 7.9 and 9.5 s
     # (8.3, 9.9); chapter 01 5.5 s (5.4); chapter 03 at 2K 6.4 s.
-    # Round of 17:25 UTC (Q, K, V uploaded once per launch, --step lists): chapter 05 at 8K causal, 18
-    # forward and 22 backward rows, 14.9 s (15:30: 14.8 s for 39 rows); chapter 04 7.3 s (7.2 s): a
+    # The next (Q, K, V uploaded once per launch, --step lists): chapter 05 at 8K causal, 18
+    # forward and 22 backward rows, 14.9 s (the one after: 14.8 s for 39 rows); chapter 04 7.3 s (7.2 s): a
     # row's host time is its download, conversion and check, not the uploads.
     SETUP_S = {"01": 3.4, "03": 3.3, "04": 1.2, "05": 1.2}
     ROW_S = {"01": (0.06, 0.2), "03": (0.06, 0.2), "04": (0.06, 0.2), "05": (0.12, 0.25)}
     ROW_S_DEFAULT = (0.12, 0.25)
-    ROWS = {"01": (2, 0), "03": (1, 1), "04": (9, 2), "05": (18, 22)}  # (forward, backward) rows at d = 128
+    ROWS = {"01": (2, 0), "03": (1, 1), "04": (9, 2), "05": (18, 22)}  # (forward, backward) rows at d = 128,
+    # in the runs GPU_S was fitted to; chapter 05's rows now: its main path (v1-v8, final, final-fp8;
+    # b1, b2, b5, b6, b10, b11, final, each in both dQ modes), and with --lab every lab step too (the
+    # steps built for one head dim other than 128 report no time there)
+    ROWS_NOW = {"05": (10, 14)}
+    ROWS_LAB = {"05": (23, 30)}
     GPU_S = {"01": (7.2e-14, 0.0), "03": (1.04e-13, 2.75e-13), "04": (1.02e-13, 2.3e-14), "05": (2.8e-14, 1.55e-13)}
     BWD_CHECK_FLOP_S = 3.8e10
     PEERS_INIT_S = 0.5  # the first peer: PyTorch's CUDA start (the imports, 15-20 s, run in the background)
     # the full sweep starts at N = 512, where our first launches (about 6 s) hide only part of the imports:
-    # its first peer call took 17.9 s at 18:41 UTC
+    # its first peer call took 17.9 s in the first full sweep
     PEERS_INIT_FULL_S = 12.0
 
     def row_s(self, c, pss="fwd"):
         return self.ROW_S.get(c, self.ROW_S_DEFAULT)[0 if pss == "fwd" else 1]
 
+    def rows_of(self, c):
+        """(forward, backward) rows a launch of chapter c reports at d = 128."""
+        if self.lab_for(c) and c in self.ROWS_LAB:
+            return self.ROWS_LAB[c]
+        return self.ROWS_NOW.get(c) or self.ROWS.get(c, (4, 2))
+
     def estimate(self, c, n, d, causal, bwd, fl):
-        fwd_rows, bwd_rows = self.ROWS.get(c, (4, 2))
+        fwd_rows, bwd_rows = self.rows_of(c)
         launches = 1
         if self.a.steps and c in self.bins and "--step" in self.bins[c].flags():
             fwd_rows = len(self.bins[c].steps_of(self.a.steps))
             launches = 1 if self.bins[c].step_list() else fwd_rows
         gf, gb = self.GPU_S.get(c, (1e-13, 1e-13))
+        fit_f, fit_b = self.ROWS.get(c, (4, 2))
         est = launches * self.SETUP_S.get(c, 5) + self.row_s(c) * fwd_rows + (self.row_s(c, "bwd") * bwd_rows if bwd else 0)
-        est += 24 * fl * (gf * fwd_rows / self.ROWS.get(c, (4, 2))[0] + (gb if bwd else 0.0))
+        est += 24 * fl * (gf * fwd_rows / max(1, fit_f) + (gb * bwd_rows / max(1, fit_b) if bwd else 0.0))
         if bwd:
             est += 2 * 10.0 * n * n * d / self.BWD_CHECK_FLOP_S
         return est
@@ -785,7 +920,7 @@ class Bench:
                                                "and its command line has no flag to turn that off"))
                 continue
             bwd_here = bwd_here or bwd
-            tasks.append(Task("ours", "ch%s %s" % (c, label), est,
+            tasks.append(Task("ours", "ch%s %s%s" % (c, label, " + lab" if self.lab_for(c) else ""), est,
                               lambda c=c, bwd=bwd: self.ours_task(c, d, n, causal, bwd)))
         if not tasks:
             return tasks
@@ -795,7 +930,7 @@ class Bench:
                     continue
                 first = p not in self._peer_seen
                 self._peer_seen.add(p)
-                # measured at 11:47 and 15:01 UTC: FA4 compiles each (pass, mask, head dim) once, in 2-3 s
+                # measured in two H200 runs: FA4 compiles each (pass, mask, head dim) once, in 2-3 s
                 # (a backward 5-7 s, with its fp32 check); FlexAttention every shape, in 1.5-5 s; cuDNN's
                 # first backward of a (mask, head dim) and its fp32 check take 1.5-2 s (0.2 s at the next
                 # N); the rest of a peer's call is a few tenths of a second
@@ -826,7 +961,7 @@ class Bench:
         if "07" in self.chapters:
             extras.append(Task("ours", "ch07 decode sweep + peers", 14, self.decode_task))
             if not q:
-                # its launch took 3.9 s on the H200 at 20:40 UTC; its bf16 shapes' peers are the bf16
+                # its launch took 3.9 s on the H200; its bf16 shapes' peers are the bf16
                 # sweep's, measured already (alone, with PyTorch's start, the task took 18.8 s)
                 extras.append(Task("ours", "ch07 decode sweep of the 8-bit caches", 5,
                                    lambda: self.decode_task("quant")))
@@ -837,15 +972,15 @@ class Bench:
         if "06" in self.chapters:
             masks = ["--no-model"] + (["--mask", "causal"] if q else [])
             # the ring on P = 4 virtual ranks of one GPU (--backend streams): its default backend is
-            # CPU threads, which took 132 s at the papers' shape on the H200's host (18:41 UTC) and
+            # CPU threads, which took 132 s at the papers' shape on the H200's host (first full sweep) and
             # reports no GPU row; it runs last, after every shape (a multi-GPU algorithm on one GPU).
             # Its binary times the GPU backends only with --bench (without it the rows are checked, not
             # timed); --bench adds chapter 04's kernel on the whole problem beside it, timed alone
             for sub, extra in (("mask", masks), ("gqa", []), ("mla", []),
                                ("ring", ["--backend", "streams", "--no-decode", "--bench"]))[:2 if q else 4]:
-                # the mask part runs every variant (44 s at 18:41 UTC; 6.0 s for causal alone at 18:35)
+                # the mask part runs every variant (44 s in the first full sweep; 6.0 s for causal alone)
                 # unless --quick asks for causal only
-                # (the ring on streams: 3.1 s at 20:40 UTC, its fp64 forward check sampled and the
+                # (the ring on streams: 3.1 s on the H200, its fp64 forward check sampled and the
                 # backward's left to the tests at this size)
                 est = {"mask": 7 if q else 50, "ring": 4}.get(sub, 8)
                 (ring if sub == "ring" else extras).append(
@@ -911,7 +1046,8 @@ class Bench:
         m = {"gpu": info["gpu"], "driver": info["driver"], "clocks": info["clocks"],
              "power_limit_w": info.get("power_limit_w"), "memory_mib": info.get("memory_mib"),
              "date": self.started, "command": cmd,
-             "git_head": git.stdout.strip() or None, "git_dirty": self._dirty(), "quick": self.a.quick, "chapters": sorted(self.chapters),
+             "git_head": git.stdout.strip() or None, "git_dirty": self._dirty(), "quick": self.a.quick,
+             "lab": self.lab, "chapters": sorted(self.chapters),
              "python": sys.version.split()[0], "duration_s": round(time.time() - self.t0, 1), "complete": complete}
         if self.peers is not None:
             m["peer_versions"] = self.peers.versions
@@ -925,6 +1061,8 @@ class Bench:
             m["commit"] = os.environ["BENCH_COMMIT"]
         if self.before_dir:
             m["before"] = {"build": self.before_dir, "rounds": max(1, self.a.rounds)}
+        if self.lab:
+            m["lab_binaries"] = {c: self.bins[c].path for c in self.bins if self.lab_for(c)}
         m["binary_env"] = {"GLIBC_TUNABLES": binary_env().get("GLIBC_TUNABLES")}
         m["launches"] = Binary.launches
         m["tasks"] = self.task_times
@@ -964,12 +1102,35 @@ class Bench:
         rx = re.compile(self.a.only)
         return [t for t in tasks if t.kind == "ceilings" or rx.search(t.label)]
 
+    def lab_lines(self):
+        """What the plan runs of each chapter that has lab steps: its main path, or its lab too."""
+        def shown(path):
+            return os.path.relpath(path, ROOT) if os.path.abspath(path).startswith(ROOT + os.sep) else path
+        out = []
+        for c, name in sorted(lab_chapters().items()):
+            if c not in self.bins:
+                if self.lab and c in discover_chapters() and (not self.a.chapters or c in self.chapters_asked):
+                    out.append("chapter %s: %s is not built (./tutorial bench --lab builds it)" % (
+                        c, shown(Binary(self.build_dir, name).path)))
+                continue
+            if self.lab_for(c):
+                out.append("chapter %s: the main path, the final kernels and every lab step (--lab; %s)" % (
+                    c, shown(self.bins[c].path)))
+            elif self.lab:
+                out.append("chapter %s: the main path and the final kernels: %s has no lab steps" % (
+                    c, shown(self.bins[c].path)))
+            else:
+                out.append("chapter %s: the main path and the final kernels (--lab adds the lab's steps)" % c)
+        return out
+
     def print_plan(self):
         """--plan: the tasks in order with the seconds the progress bar would expect (the costs
         measured on the H200, see the constants above `estimate`), and the total by kind."""
         self.bins = {c: b for c, b in self.bins.items() if b.exists()}
         self.chapters = {c: n for c, n in self.chapters.items() if c in self.bins}
         tasks = self.only(self.plan())
+        for line in self.lab_lines():
+            print(line)
         by = {}
         for t in tasks:
             print("%6.1f s  %s" % (t.est, t.label))
@@ -988,6 +1149,8 @@ class Bench:
         self.bins = {c: b for c, b in self.bins.items() if b.exists()}
         self.chapters = {c: n for c, n in self.chapters.items() if c in self.bins}
         tasks = self.only(self.plan())
+        for line in self.lab_lines():
+            log("bench: " + line)
         if self.use_peers and any(t.kind == "peer" or "+ peers" in t.label or "softmax" in t.label for t in tasks):
             self.start_preimport()
         if self.before_bins is not None:  # every launch of ours runs in both builds, --rounds times
@@ -1046,25 +1209,32 @@ class Progress:
 
 # ============================================================================ outputs
 
-def write_outputs(res, out_dir, plots=True):
-    paths = bench_report.write_all(res, out_dir)
+def default_out(build_dir, lab=False):
+    """BUILD_DIR/bench, or BUILD_DIR/bench-lab for a --lab run (the main path's results stay)."""
+    return os.path.join(build_dir, "bench-lab" if lab else "bench")
+
+
+def write_outputs(res, out_dir, plots=True, lab=None):
+    """results.json/csv/md and the plots; lab: the lab's tables and plots too (default: when the
+    run was made with --lab)."""
+    paths = bench_report.write_all(res, out_dir, lab)
     if plots:
-        paths += draw_plots(os.path.join(out_dir, "results.json"), out_dir)
+        paths += draw_plots(os.path.join(out_dir, "results.json"), out_dir, lab)
     return paths
 
 
-def draw_plots(results_json, out_dir):
+def draw_plots(results_json, out_dir, lab=None):
     """PNG plots with matplotlib: in this interpreter if it has it, else Debian's /usr/bin/python3."""
     try:
         import matplotlib  # noqa: F401
         import bench_plots
-        return bench_plots.draw_all(read_json(results_json), out_dir)
+        return bench_plots.draw_all(read_json(results_json), out_dir, lab)
     except ImportError:
         pass
     for py in ("/usr/bin/python3",):
         if os.path.exists(py) and os.path.realpath(py) != os.path.realpath(sys.executable):
-            r = subprocess.run([py, os.path.join(HERE, "bench_plots.py"), results_json, out_dir],
-                               capture_output=True, text=True)
+            r = subprocess.run([py, os.path.join(HERE, "bench_plots.py"), results_json, out_dir] +
+                               (["--lab"] if lab else []), capture_output=True, text=True)
             if r.returncode == 0:
                 return r.stdout.split()
             log("bench: plots with %s failed: %s" % (py, r.stderr.strip()[-300:]))
@@ -1080,6 +1250,39 @@ def int_list(text):
     if not out or min(out) < 1:
         raise argparse.ArgumentTypeError("not a list of positive integers: %r" % text)
     return out
+
+
+STEP_NAMES = ("final", "final-fp8")
+
+
+def step_list(text):
+    """--steps: step numbers (v prefix allowed) and chapter 05's final kernels by name: "8,final,final-fp8"."""
+    out = []
+    for x in text.split(","):
+        x = x.strip().lower()
+        if not x:
+            continue
+        if x in STEP_NAMES:
+            out.append(x)
+            continue
+        n = x[1:] if x.startswith("v") else x
+        if not n.isdigit() or int(n) < 1:
+            raise argparse.ArgumentTypeError("not a step: %r (step numbers, or %s)" % (x, ", ".join(STEP_NAMES)))
+        out.append(int(n))
+    if not out:
+        raise argparse.ArgumentTypeError("no step in %r" % text)
+    return out
+
+
+def step_arg(kernel):
+    """A kernel row's step as --step takes it: "ch05 v12 ..." -> 12, "ch05 final forward" -> "final",
+    "ch05 final fp8 forward" -> "final-fp8"; None for a kernel that is no forward step."""
+    t = step_token(kernel)
+    if t is None or t.startswith("b"):
+        return None
+    if t in STEP_NAMES:
+        return t
+    return int(t[1:]) if t[1:].isdigit() else None
 
 
 def regex(text):
@@ -1113,10 +1316,16 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("--quick", action="store_true",
                     help="d=128 at N=8K, the decode sweep, softmax, masks and GQA, FA1 at 2K: 2:13 on an H200")
+    ap.add_argument("--lab", action="store_true",
+                    help="chapter 05's lab steps too (forward v9 and up, backward b3, b4, b7-b9, b12-b15), with "
+                         "their own tables and plots: the chapters that have lab steps are built with "
+                         "-DTUTORIAL_LAB=ON in their own folder, BUILD_DIR-lab (BUILD_DIR itself when its cache "
+                         "has TUTORIAL_LAB=ON), the others come from BUILD_DIR; results in BUILD_DIR/bench-lab. "
+                         "With --report: the lab's tables and plots of a recorded run")
     ap.add_argument("--chapters", help="comma-separated chapter numbers, e.g. 04,05 (default: every chapter)")
     ap.add_argument("--cpu", action="store_true", help="no GPU: the CPU models' counted traffic, plotted")
     ap.add_argument("--report", metavar="RESULTS_JSON", help="write the tables and plots from this file, run nothing")
-    ap.add_argument("--out", help="output folder (default BUILD_DIR/bench)")
+    ap.add_argument("--out", help="output folder (default BUILD_DIR/bench; with --lab BUILD_DIR/bench-lab)")
     ap.add_argument("--build-dir", default=os.path.join(ROOT, "build"), help=argparse.SUPPRESS)
     ap.add_argument("--no-build", action="store_true", help="use the binaries as they are")
     ap.add_argument("--budget", type=float, help="seconds: tasks that would end later are listed as not run")
@@ -1125,10 +1334,12 @@ def main(argv=None):
     ap.add_argument("--mask", choices=["both", "causal", "none"], default="both",
                     help="with --n or --d: causal shapes, non-causal ones, or both (default)")
     ap.add_argument("--no-backward", action="store_true", help="forward passes only")
-    ap.add_argument("--steps", type=int_list,
-                    help="only these forward steps of each chapter whose binary takes --step, e.g. 11,16 (one "
-                         "launch with the list, the inputs uploaded once; the backward, where the plan has "
-                         "it, beside them; one launch a step for a binary of an older build)")
+    ap.add_argument("--steps", type=step_list,
+                    help="only these forward steps of each chapter whose binary takes --step, e.g. 1,8,final,"
+                         "final-fp8 (numbers, and chapter 05's final kernels by name; a lab step, e.g. 11, "
+                         "needs a binary built with its lab: --lab) (one launch with the list, the inputs "
+                         "uploaded once; the backward, where the plan has it, beside them; one launch a step "
+                         "for a binary of an older build)")
     ap.add_argument("--peers", type=peer_list,
                     help="only these peers: fa4, cudnn, flash, efficient, flex, softmax (default: all)")
     ap.add_argument("--no-peers", action="store_true", help="time our kernels only")
@@ -1155,15 +1366,16 @@ def main(argv=None):
         os.path.join(ROOT, "build"))
     a.user_args = [x for i, x in enumerate(argv) if x != "--build-dir" and (i == 0 or argv[i - 1] != "--build-dir")]
     a.build_dir = os.path.abspath(a.build_dir)
+    Binary.paths = {}  # this command line's (main() may run more than once in a process: the tests)
     for path in a.binary:
         if not os.access(path, os.X_OK):
             sys.exit("bench: --binary %s: not an executable" % path)
         Binary.paths[os.path.basename(path)] = os.path.abspath(path)
-    out = a.out or os.path.join(a.build_dir, "bench")
+    out = a.out or default_out(a.build_dir, a.lab and not a.report)
 
     if a.report:
         res = read_json(a.report)
-        for p in write_outputs(res, out):
+        for p in write_outputs(res, out, lab=True if a.lab else None):
             print(p)
         return 0
     gpu = has_gpu() or a.gpu or a.plan  # --plan: the GPU plan, even here
@@ -1176,9 +1388,23 @@ def main(argv=None):
         if not a.no_build:
             build(a.build_dir, list(chapters.values()), cuda_option())
         return bench_cpu.main(a.build_dir, os.path.join(out, "cpu"), chapters, quick=a.quick)
+    sel = chapters if not a.chapters else {c.zfill(2): chapters.get(c.zfill(2)) for c in a.chapters.split(",")}
+    lab_sel, lab_dir = {}, None
+    if a.lab:
+        # the chapters with lab steps from their own build (BUILD_DIR-lab, or BUILD_DIR when configured
+        # with the lab), unless --binary names one; the others from BUILD_DIR
+        lab_dir = lab_build_dir(a.build_dir)
+        lab_sel = {c: n for c, n in lab_chapters().items() if c in sel and n not in Binary.paths}
+        for n in lab_sel.values():
+            Binary.paths[n] = os.path.join(lab_dir, "bin", n)
     if not a.no_build and not a.plan:
-        sel = chapters if not a.chapters else {c.zfill(2): chapters.get(c.zfill(2)) for c in a.chapters.split(",")}
-        build(a.build_dir, [n for n in sel.values() if n], cuda_option())
+        main_targets = [n for c, n in sel.items() if n and (c not in lab_sel or lab_dir == a.build_dir)]
+        if main_targets:
+            build(a.build_dir, main_targets, cuda_option(), lab=True if lab_dir == a.build_dir and lab_sel else None)
+        if lab_sel and lab_dir != a.build_dir:
+            log("bench: --lab: building %s with its lab steps in %s" % (
+                ", ".join(lab_sel.values()), os.path.relpath(lab_dir, ROOT)))
+            build(lab_dir, list(lab_sel.values()), cuda_option(), lab=True)
     b = Bench(a)
     if a.plan:
         return b.print_plan()

@@ -204,6 +204,67 @@ class Plots(unittest.TestCase):
             self.assertTrue(any("window" in t for t in titles))
             self.assertTrue(any("16/4" in t for t in titles))
 
+    def test_no_panel_draws_more_than_eight_lines(self):
+        """Every plot of the fixture, of the recorded run (lab or not) and of a run with many kernels:
+        at most bench_plots.MAX_LINES (8) lines (kernels and peers) in any panel."""
+        import bench_plots
+        from matplotlib.figure import Figure
+        self.assertEqual(bench_plots.MAX_LINES, 8)
+        runs = [("fixture", load(), None)]
+        rec = [os.path.join(HERE, "recorded", f) for f in sorted(os.listdir(os.path.join(HERE, "recorded")))
+               if f.endswith(".json")]
+        if rec:
+            runs += [("recorded", read_json(rec[-1]), None), ("recorded --lab", read_json(rec[-1]), True)]
+        many = load()  # 14 steps, 2 finals, every peer, at three N: a chapter with more lines than a panel holds
+        ks = [("ch05 v%d step" % i, 200.0 + 20 * i) for i in range(1, 15)] + [("ch05 final forward", 700.0),
+                                                                             ("ch05 final fp8 forward", 900.0)]
+        many["rows"] += ch05_rows(ks, ns=(2048, 4096, 8192))
+        for p in bench_common.PEERS:
+            many["rows"] += [dict(r, chapter="peer", kind="peer", kernel=p, tflops=500.0)
+                             for r in ch05_rows([("ch05 v1 step", 1.0)], ns=(2048, 4096, 8192))]
+        many["peers"] = {p: "available" for p in bench_common.PEERS}
+        runs.append(("many", many, True))
+        seen = []
+        real = Figure.savefig
+
+        def spy(fig, *a, **k):
+            for ax in fig.axes:
+                seen.append((name, os.path.basename(str(a[0])), ax.get_title(), len(bench_plots.drawn_lines(ax))))
+            return real(fig, *a, **k)
+        Figure.savefig = spy
+        try:
+            for name, res, lab in runs:
+                with tempfile.TemporaryDirectory() as d:
+                    err = io.StringIO()
+                    import contextlib
+                    with contextlib.redirect_stderr(err):
+                        paths = bench_plots.draw_all(res, d, lab)
+                    self.assertNotIn("failed:", err.getvalue(), name)
+                    self.assertTrue(paths, name)
+        finally:
+            Figure.savefig = real
+        too_many = [x for x in seen if x[3] > 8]
+        self.assertEqual(too_many, [])
+        self.assertTrue([x for x in seen if x[0] == "many" and x[1] == "tflops_ch05_fwd.png" and x[3] == 8], seen)
+        # the lab's own plot, and a figure that would break the rule is refused
+        self.assertTrue([x for x in seen if x[0] == "recorded --lab" and x[1] == "tflops_ch05_lab_fwd.png"] or not rec)
+        fig, ax = bench_plots.plt.subplots()
+        for i in range(9):
+            ax.plot([0, 1], [i, i], label="line %d" % i)
+        with tempfile.TemporaryDirectory() as d:
+            with self.assertRaises(ValueError):
+                bench_plots.save(fig, os.path.join(d, "x.png"))
+
+    def test_line_groups(self):
+        import bench_plots
+        steps = ["v%d" % i for i in range(1, 9)]
+        g = bench_plots.line_groups(steps + ["final", "final-fp8"], list("abcde"), finals=["final", "final-fp8"])
+        self.assertEqual(g, [(steps, []), (["v8", "final", "final-fp8"], list("abcde"))])
+        g = bench_plots.line_groups(["v%d" % i for i in range(1, 16)], list("abc"))
+        self.assertTrue(all(len(k) + len(p) <= 8 for k, p in g))
+        self.assertEqual([k for ks, _ in g for k in ks], ["v%d" % i for i in range(1, 16)])
+        self.assertEqual(bench_plots.line_groups(["v1", "v2"], ["a"]), [(["v1", "v2"], ["a"])])
+
     def test_plots_of_a_run_where_nothing_passed(self):
         import bench_plots
         res = load()
@@ -306,12 +367,16 @@ FAKE = os.path.join(HERE, "testdata", "fake_ch05.py")
 class Modes(unittest.TestCase):
     """./tutorial bench --steps, --before, --no-peers on a stand-in chapter binary (testdata/fake_ch05.py)."""
 
-    def build(self, root, name, slow=1.0, fail=None, step_list=False):
+    def build(self, root, name, slow=1.0, fail=None, step_list=False, main_path=False, lab=False, v1=300):
+        """A build folder whose bin/ch05_fa3_hopper is testdata/fake_ch05.py: main_path, the binary of
+        a chapter with a main path and a lab (its --help lists --lab and "(v1-v8, final, final-fp8;
+        with --lab also the lab's v9-v29 ...)"); lab, built with its lab (else --lab exits 2)."""
         os.makedirs(os.path.join(root, name, "bin"))
         path = os.path.join(root, name, "bin", "ch05_fa3_hopper")
         with open(path, "w") as f:
-            f.write("#!/bin/sh\nFAKE_SLOW=%s FAKE_FAIL=%s FAKE_LIST=%s exec %s %s \"$@\"\n" % (
-                slow, fail or "", "1" if step_list else "", sys.executable, FAKE))
+            f.write("#!/bin/sh\nFAKE_SLOW=%s FAKE_FAIL=%s FAKE_LIST=%s FAKE_MAIN=%s FAKE_LAB=%s FAKE_V1=%s "
+                    "exec %s %s \"$@\"\n" % (slow, fail or "", "1" if step_list else "", "1" if main_path else "",
+                                             "1" if lab else "", v1, sys.executable, FAKE))
         os.chmod(path, 0o755)
         return os.path.join(root, name)
 
@@ -434,6 +499,336 @@ class Modes(unittest.TestCase):
             self.assertNotIn("--sweep-shapes", b.flags())
             self.assertIn("--sweep-shapes", b.sub_flags("decode"))
             self.assertNotIn("--sweep-shapes", b.sub_flags("radix"))
+
+
+class MainPathAndLab(unittest.TestCase):
+    """Chapter 05's main path and lab in ./tutorial bench: --lab, the step names, the pruning."""
+
+    build = Modes.build
+    run_bench = Modes.run_bench
+
+    def kernels(self, out):
+        res = read_json(os.path.join(out, "results.json"))
+        return res, sorted({r["kernel"] for r in res["rows"] if r["kind"] == "ours" and r.get("status") == "ok"})
+
+    def test_step_help_of_the_new_and_the_old_binaries(self):
+        new = lineage.step_help("  --step K[,K]     run these forward steps, e.g. 1,8,final (v1-v8, final, final-fp8; "
+                                "with --lab also the lab's v9-v29; inputs uploaded once for all), or all [all]\n")
+        self.assertEqual(new, (set(range(1, 9)), {"final", "final-fp8"}, set(range(9, 30))))
+        old = lineage.step_help("  --step K[,K]     run these steps' kernels, e.g. 11,18 (1-29; inputs uploaded once "
+                                "for all), or all that support the problem [all]\n")
+        self.assertEqual(old, (set(range(1, 30)), set(), set()))
+        self.assertIsNone(lineage.step_help("usage: x [--step K[,K]] [--json]"))
+        b = lineage.Binary.at("/nonexistent/ch05_fa3_hopper")
+        b._flags, b._step_list, b._step_help, b._has_lab = {"--step", "--lab"}, True, new, False
+        self.assertEqual(b.steps_of([1, 8, "final", "final-fp8", 11, 30]), [1, 8, "final", "final-fp8"])
+        self.assertEqual(b.lab_steps([1, 11, "final"]), [11])
+        b._has_lab = True
+        self.assertEqual(b.steps_of([8, 11, "final"]), [8, 11, "final"])
+        b._step_help = old  # an older build: numbers only, no names
+        self.assertEqual(b.steps_of([8, 11, "final"]), [8, 11])
+        self.assertEqual(lineage.step_list("1,v8,final,final-fp8"), [1, 8, "final", "final-fp8"])
+        self.assertEqual([lineage.step_arg(k) for k in ("ch05 v12 fp8 softmax", "ch05 final forward",
+                                                        "ch05 final fp8 forward", "ch05 b11 backward", "ch04 v6 x")],
+                         [12, "final", "final-fp8", None, 6])
+
+    def test_without_lab_the_main_path_runs_and_names_prune(self):
+        with tempfile.TemporaryDirectory() as d:
+            new = self.build(d, "build", main_path=True, lab=True, v1=100)  # v1 4x slower than the best
+            out = os.path.join(d, "out")
+            launches = self.run_bench(["--build-dir", new, "--out", out, "--n", "2048,4096", "--d", "128", "--mask",
+                                       "causal", "--no-peers"], os.path.join(d, "log"))
+            self.assertEqual(len(launches), 2, launches)
+            self.assertFalse([l for l in launches if "--lab" in l.split()])
+            # N = 4096: v1 not timed again; the kept steps by number and by name, the backward beside them
+            self.assertIn("--step 8,final,final-fp8 --backward-step all", launches[1])
+            res, ks = self.kernels(out)
+            self.assertEqual(ks, ["ch05 b11 backward", "ch05 final backward", "ch05 final forward",
+                                  "ch05 final fp8 forward", "ch05 v1 step 1", "ch05 v8 step 8"])
+            self.assertFalse(res["run"]["lab"])
+            v1 = [r for r in res["rows"] if r["kernel"] == "ch05 v1 step 1" and r["N"] == 4096]
+            self.assertEqual(v1[0]["status"], "not run")
+
+    def test_lab_runs_the_lab_build_with_lab(self):
+        with tempfile.TemporaryDirectory() as d:
+            main = self.build(d, "build", main_path=True, lab=False)
+            self.build(d, "build-lab", main_path=True, lab=True)
+            launches = self.run_bench(["--build-dir", main, "--n", "2048", "--d", "128", "--mask", "causal",
+                                       "--no-peers", "--lab"], os.path.join(d, "log"))
+            self.assertEqual(len(launches), 1, launches)
+            self.assertIn("--lab", launches[0].split())
+            out = os.path.join(main, "bench-lab")  # a --lab run's results beside the main path's
+            res, ks = self.kernels(out)
+            self.assertTrue(res["run"]["lab"])
+            self.assertEqual(res["run"]["lab_binaries"]["05"], os.path.join(d, "build-lab", "bin", "ch05_fa3_hopper"))
+            self.assertIn("ch05 v10 step 10", ks)
+            self.assertIn("ch05 b13 backward", ks)
+            md = open(os.path.join(out, "results.md")).read()
+            head, _ = table_rows(md, "ch05-fwd")  # the main path's table keeps the lab out
+            self.assertNotIn("v10 step 10", head)
+            self.assertIn("final forward", head)
+            self.assertIn("v10 step 10", table_rows(md, "ch05-lab-fwd")[0])
+            self.assertIn("v10 step 10", table_rows(md, "ch05-lab")[1][0][1])
+            # the plan says so, and labels the chapter's tasks
+            buf = io.StringIO()
+            old, sys.stdout = sys.stdout, buf
+            try:
+                lineage.main(["--build-dir", main, "--plan", "--gpu", "--chapters", "05", "--lab", "--n", "2048",
+                              "--d", "128", "--mask", "causal", "--no-peers"])
+            finally:
+                sys.stdout = old
+            self.assertIn("every lab step", buf.getvalue())
+            self.assertIn("ch05 d=128 N=2048 causal + lab", buf.getvalue())
+
+    def test_lab_steps_without_a_lab_build_are_a_note(self):
+        with tempfile.TemporaryDirectory() as d:
+            main = self.build(d, "build", main_path=True, lab=False)
+            out = os.path.join(d, "out")
+            launches = self.run_bench(["--build-dir", main, "--out", out, "--n", "2048", "--d", "128", "--mask",
+                                       "causal", "--no-peers", "--steps", "8,final,10"], os.path.join(d, "log"))
+            self.assertEqual(len(launches), 1, launches)
+            self.assertIn("--step 8,final --backward-step all", launches[0])
+            res, ks = self.kernels(out)
+            self.assertIn("ch05 final forward", ks)
+            self.assertTrue([n for n in res["notes"] if n.startswith("--steps 10: lab steps")], res["notes"])
+            # --lab with a binary built without its lab: the main path, and a note
+            self.build(d, "build-lab", main_path=True, lab=False)
+            launches = self.run_bench(["--build-dir", main, "--out", out, "--n", "2048", "--d", "128", "--mask",
+                                       "causal", "--no-peers", "--lab"], os.path.join(d, "log2"))
+            self.assertEqual(len(launches), 1, launches)
+            self.assertNotIn("--lab", launches[0].split())
+            res, ks = self.kernels(out)
+            self.assertNotIn("ch05 v10 step 10", ks)
+            self.assertTrue([n for n in res["notes"] if "built without its lab steps" in n], res["notes"])
+
+
+def ch05_rows(kernels, lab_steps=(), ns=(2048, 8192)):
+    """Chapter 05 rows at d = 128 for each (kernel, TFLOP/s): the time follows from the speed."""
+    rows = []
+    for n in ns:
+        b, h = bench_common.paper_shape(n, 128)
+        fl = bench_common.attention_flops(b, h, n, n, 128, False)
+        for k, v in kernels:
+            bwd = " b" in k[4:6] or "backward" in k
+            f = fl * (2.5 if bwd else 1.0)
+            rows.append({"chapter": "05", "kernel": k, "kind": "ours", "pass": "bwd" if bwd else "fwd", "d": 128,
+                         "N": n, "nk": n, "B": b, "H": h, "Hkv": h, "causal": False,
+                         "dtype": "fp8" if "fp8" in k else "bf16", "unit": "TFLOP/s", "ceiling": "bf16_gemm",
+                         "status": "ok", "flops": f, "tflops": v * (1.0 + (n == 8192) * 0.1),
+                         "time_ms": f / (v * (1.0 + (n == 8192) * 0.1) * 1e12) * 1e3})
+    return rows
+
+
+class MainPathReport(unittest.TestCase):
+    """Chapter 05's tables and plots: the main path and the final kernels by default, the lab when asked."""
+
+    KERNELS = [("ch05 v1 TMA", 300.0), ("ch05 v8 every head dim", 600.0), ("ch05 final forward", 650.0),
+               ("ch05 final fp8 forward", 900.0), ("ch05 v10 key blocks", 700.0), ("ch05 v11 two pipes", 630.0),
+               ("ch05 b11 backward, longest walks first", 400.0),
+               ("ch05 b11 backward, longest walks first, deterministic dQ", 380.0),
+               ("ch05 b13 backward, 80 queries a step", 440.0),
+               ("ch05 b13 backward, 80 queries a step, deterministic dQ", 361.0)]
+
+    def res(self, with_final=True):
+        res = load()
+        ks = [k for k in self.KERNELS if with_final or "final" not in k[0]]
+        res["rows"] = [r for r in res["rows"] if r["chapter"] != "05"] + ch05_rows(ks)
+        return res
+
+    def test_lab_rows_are_classified_by_the_main_path(self):
+        lab = [k for k, _ in self.KERNELS if bench_common.is_lab_row({"chapter": "05", "kind": "ours", "kernel": k,
+                                                                        "pass": "bwd" if " b1" in k else "fwd"})]
+        self.assertEqual(lab, ["ch05 v10 key blocks", "ch05 v11 two pipes", "ch05 b13 backward, 80 queries a step",
+                               "ch05 b13 backward, 80 queries a step, deterministic dQ"])
+        self.assertFalse(bench_common.is_lab_row({"chapter": "04", "kind": "ours", "kernel": "ch04 v9 x", "pass": "fwd"}))
+
+    def test_default_tables_show_the_main_path_and_the_finals(self):
+        md = bench_report.markdown(self.res())
+        head, _ = table_rows(md, "ch05-fwd")
+        self.assertIn("final forward", head)
+        self.assertIn("final fp8 forward", head)
+        self.assertIn("v8 every head dim", head)
+        self.assertNotIn("v10 key blocks", head)
+        self.assertNotIn("v11 two pipes", head)
+        self.assertNotIn("b13 backward, 80 queries a step", table_rows(md, "ch05-bwd")[0])
+        self.assertIsNone(bench_report.extract_section(md, "ch05-lab-fwd"))  # the lab's own tables: when asked
+        md = bench_report.markdown(self.res(), lab=True)
+        self.assertIn("v10 key blocks", table_rows(md, "ch05-lab-fwd")[0])
+        self.assertNotIn("v8 every head dim", table_rows(md, "ch05-lab-fwd")[0])
+        res = self.res()
+        res["run"]["lab"] = True  # a --lab run asks for them itself
+        self.assertIsNotNone(bench_report.extract_section(bench_report.markdown(res), "ch05-lab-bwd"))
+
+    def test_lineage_takes_the_final_kernel_else_the_fastest(self):
+        head, body = table_rows(bench_report.markdown(self.res()), "lineage")
+        ch05 = [r for r in body if r[0] == "05"][0]
+        self.assertTrue(ch05[head.index("best kernel")].startswith("final forward: 715"), ch05)  # not v10's 770
+        self.assertEqual(ch05[head.index("picked as")], "its final kernel")
+        head, body = table_rows(bench_report.markdown(self.res(with_final=False)), "lineage")
+        ch05 = [r for r in body if r[0] == "05"][0]
+        self.assertTrue(ch05[head.index("best kernel")].startswith("v10 key blocks: 770"), ch05)
+        self.assertEqual(ch05[head.index("picked as")], "fastest that passed")
+        self.assertEqual([r for r in body if r[0] == "04"][0][head.index("picked as")], "fastest that passed")
+
+    def test_lab_ratio_table(self):
+        rows = bench_report.enrich(self.res())
+        parents = {"v10": "v8", "v11": "v10", "b13": "b11"}
+        es = {e["kernel"]: e for e in bench_report.lab_ratio_entries(rows, "05", parents)}
+        self.assertEqual(list(es), ["ch05 v10 key blocks", "ch05 v11 two pipes", "ch05 b13 backward, 80 queries a step",
+                                    "ch05 b13 backward, 80 queries a step, deterministic dQ"])
+        e = es["ch05 v10 key blocks"]
+        self.assertEqual(e["parent"], "ch05 v8 every head dim")
+        self.assertEqual(len(e["ratios"]), 2)  # both shapes
+        for x in e["ratios"]:
+            self.assertAlmostEqual(x, 600.0 / 700.0)  # time over the parent's time: the inverse of the speeds
+        # a deterministic row against its parent's deterministic row
+        self.assertEqual(es["ch05 b13 backward, 80 queries a step, deterministic dQ"]["parent"],
+                         "ch05 b11 backward, longest walks first, deterministic dQ")
+        self.assertAlmostEqual(es["ch05 b13 backward, 80 queries a step, deterministic dQ"]["ratios"][0], 380 / 361)
+        # min / median / max over the shapes both passed, and how many
+        rows = [r for r in rows if not (r["kernel"] == "ch05 v8 every head dim" and r["N"] == 8192)]
+        rows += [dict(r, N=4096, time_ms=r["time_ms"] * f) for r, f in
+                 ((r, f) for r in rows if r["N"] == 2048 and r["kernel"] in ("ch05 v10 key blocks",)
+                  for f in (1.2,))]
+        rows += [dict(r, N=4096) for r in rows if r["N"] == 2048 and r["kernel"] == "ch05 v8 every head dim"]
+        t = bench_report.lab_ratio_table(rows, "05", dict(parents, v11="v99"))
+        lines = {l.split("|")[2].strip(): [c.strip() for c in l.strip("|").split("|")] for l in t.splitlines()[2:]}
+        v10 = lines["v10 key blocks"]
+        self.assertEqual(v10[2:], ["v8 every head dim", "2", "%.2fx" % (600 / 700), "%.2fx" % (1.1 * 600 / 700),
+                                   "%.2fx" % (1.2 * 600 / 700)])
+        self.assertEqual(lines["v11 two pipes"][2:], ["v99 (not in this run)", "0", "-", "-", "-"])
+
+    def test_lab_parents_fallback_agrees_with_the_step_headers(self):
+        read = bench_report.step_parents("05")
+        for step, parent in bench_common.LAB_PARENTS["05"].items():
+            self.assertEqual(read.get(step), parent, step)
+
+    def test_main_path_matches_the_lab_folder(self):
+        """Once the lab's steps live in steps/lab/, MAIN_PATH's steps are the files left in steps/."""
+        steps = os.path.join(os.path.dirname(HERE), "chapters", "05_fa3_hopper", "steps")
+        if not os.path.isdir(os.path.join(steps, "lab")):
+            self.skipTest("no steps/lab/ yet")
+        main = {re.match(r"([vb]\d+)_", f).group(1) for f in os.listdir(steps) if re.match(r"[vb]\d+_.*\.cu$", f)}
+        want = {t for p in ("fwd", "bwd") for t in bench_common.MAIN_PATH["05"][p] if not t.startswith("final")}
+        self.assertEqual(main, want)
+
+
+class Provenance(unittest.TestCase):
+    def test_provenance_names_gpu_date_commit_and_dirty_tree(self):
+        import bench_readme
+        res = load()
+        res["run"].update(git_head="09430b9", git_dirty=True)
+        line = bench_readme.provenance(res, os.path.join(HERE, "recorded", "x.json"))
+        for want in ("Fixture GPU (not a measurement)", "2026-01-01", "commit 09430b9 with uncommitted changes"):
+            self.assertIn(want, line)
+        res["run"].update(git_head="0123456789abcdef0123456789abcdef01234567", git_dirty=False)
+        line = bench_readme.provenance(res, os.path.join(HERE, "recorded", "x.json"))
+        self.assertIn("commit 0123456, clean tree", line)
+        self.assertIn("commit 0123456, clean tree", bench_report.run_line(res))
+        del res["run"]["git_head"]
+        self.assertIn("commit not recorded", bench_readme.provenance(res, os.path.join(HERE, "recorded", "x.json")))
+
+
+class StepDiffsLab(unittest.TestCase):
+    """scripts/step_diffs.py on a scratch tree: chapter 05's main series in steps/, its lab in steps/lab/."""
+
+    def setUp(self):
+        sys.path.insert(0, os.path.join(os.path.dirname(HERE), "scripts"))
+        import step_diffs
+        self.sd = step_diffs
+        self.tmp = tempfile.TemporaryDirectory()
+        self.root = self.tmp.name
+        self.old_root = step_diffs.ROOT
+        from pathlib import Path
+        step_diffs.ROOT = Path(self.root)
+
+    def tearDown(self):
+        self.sd.ROOT = self.old_root
+        self.tmp.cleanup()
+
+    def put(self, rel, text):
+        path = os.path.join(self.root, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+
+    def tree(self):
+        def kernel(first, head, body):
+            return "// %s\n// %s\nint k() {\n%s\n}\n" % (first, head, body)
+        self.put("chapters/04_fa2/steps/v9_per_dim_tiles.cu", kernel("ch04 v9", "", "  return 49;"))
+        self.put("chapters/04_fa2/backward.cu", kernel("ch04 backward", "", "  return 40;"))
+        ch = "chapters/05_fa3_hopper/"
+        for i in range(1, 9):
+            name = {1: "v1_tma", 8: "v8_head_dims"}.get(i, "v%d_step" % i)
+            self.put(ch + "steps/%s.cu" % name, kernel("step %d" % i, "What changes from v%d." % (i - 1) if i > 1
+                                                       else "", "  return %d;" % i))
+        self.put(ch + "steps/final.cu", kernel("final", "What changes from v8: a table.", "  return 100;"))
+        self.put(ch + "steps/b1_wgmma_backward.cu", kernel("b1", "", "  return -1;"))
+        self.put(ch + "steps/b2_warp_specialized.cu", kernel("b2", "What changes from b1.", "  return -2;"))
+        self.put(ch + "steps/b5_dq_writer.cu", kernel("b5", "What changes from b4.", "  return -5;"))
+        self.put(ch + "steps/lab/v9_fp8.cu", kernel("step 9", "What changes from v8.", "  return 9;"))
+        self.put(ch + "steps/lab/v10_tile_sizes.cu", kernel("step 10 (branches from v8).", "", "  return 10;"))
+        self.put(ch + "steps/lab/v12_fp8_two_pipes.cu", kernel("step 12 (from v9)", "What changes from v9.",
+                                                               "  return 12;"))
+        self.put(ch + "steps/lab/v30_final_grid.cu", kernel("lab step 30 (from final)", "What changes from final: "
+                                                            "one field.", "  return 130;"))
+        self.put(ch + "steps/lab/b3_dq_fragment_order.cu", kernel("b3", "What changes from b2.", "  return -3;"))
+        self.put(ch + "steps/lab/b4_no_spills.cu", kernel("b4", "What changes from b3.", "  return -4;"))
+        self.put(ch + "README.md", "# ch05\n\n<!-- step-diffs:begin -->\n<!-- step-diffs:end -->\n")
+        self.put(ch + "LAB.md", "# ch05 lab\n\n<!-- step-diffs:begin -->\n<!-- step-diffs:end -->\n")
+
+    def test_the_lab_series_goes_to_lab_md_with_its_parents(self):
+        self.tree()
+        tables, errors = self.sd.build()
+        self.assertEqual(errors, [])
+        by = {p.name: t for p, t in tables.items()}
+        self.assertEqual(sorted(by), ["LAB.md", "README.md"])
+        lab = by["LAB.md"]
+        self.assertIn("| `v8_head_dims.cu` → `v9_fp8.cu` (from the main path) | `diff steps/v8_head_dims.cu "
+                      "steps/lab/v9_fp8.cu` |", lab)
+        self.assertIn("`v8_head_dims.cu` → `v10_tile_sizes.cu` (from the main path)", lab)  # its first line
+        self.assertIn("`v9_fp8.cu` → `v12_fp8_two_pipes.cu` (branch)", lab)
+        self.assertIn("| `final.cu` → `v30_final_grid.cu` (from the main path) | `diff steps/final.cu "
+                      "steps/lab/v30_final_grid.cu` |", lab)  # a lab step that changes a final kernel
+        self.assertIn("`b2_warp_specialized.cu` → `b3_dq_fragment_order.cu` (from the main path)", lab)
+        self.assertIn("| `b3_dq_fragment_order.cu` → `b4_no_spills.cu` | `diff steps/lab/b3_dq_fragment_order.cu "
+                      "steps/lab/b4_no_spills.cu` |", lab)
+        main = by["README.md"]
+        self.assertNotIn("v9_fp8", main.replace("lab/b4", ""))
+        order = [l.split("`")[3] for l in main.splitlines() if l.startswith("| `")]
+        self.assertEqual(order, ["v1_tma.cu", "v2_step.cu", "v3_step.cu", "v4_step.cu", "v5_step.cu", "v6_step.cu",
+                                 "v7_step.cu", "v8_head_dims.cu", "final.cu", "b1_wgmma_backward.cu",
+                                 "b2_warp_specialized.cu", "b5_dq_writer.cu"])  # the final right after v8
+        self.assertIn("`b4_no_spills.cu` → `b5_dq_writer.cu` (from the lab) | `diff steps/lab/b4_no_spills.cu "
+                      "steps/b5_dq_writer.cu`", main)
+
+    def test_check_fails_on_a_missing_parent_or_two_parents(self):
+        self.tree()
+        os.remove(os.path.join(self.root, "chapters/05_fa3_hopper/steps/lab/v9_fp8.cu"))
+        tables, errors = self.sd.build()
+        self.assertTrue([e for e in errors if "v12_fp8_two_pipes.cu" in e and "changes v9" in e], errors)
+        self.tree()
+        self.put("chapters/05_fa3_hopper/steps/lab/v10_tile_sizes.cu", "// step 10 (from v8)\n// What changes from "
+                 "v9.\nint k();\n")
+        tables, errors = self.sd.build()
+        self.assertTrue([e for e in errors if "v10_tile_sizes.cu" in e and "first line" in e], errors)
+        self.tree()
+        self.put("chapters/05_fa3_hopper/steps/lab/v13_x.cu", "// step 13\nint k();\n")
+        tables, errors = self.sd.build()
+        self.assertTrue([e for e in errors if "v13_x.cu" in e and "names no parent" in e], errors)
+
+    def test_a_lab_md_before_the_move_is_left_alone(self):
+        self.tree()
+        import shutil
+        shutil.rmtree(os.path.join(self.root, "chapters/05_fa3_hopper/steps/lab"))
+        self.put("chapters/05_fa3_hopper/steps/b4_no_spills.cu", "// b4\n// What changes from b3.\nint k();\n")
+        self.put("chapters/05_fa3_hopper/steps/b3_dq_fragment_order.cu", "// b3\n// What changes from b2.\nint k();\n")
+        tables, errors = self.sd.build()
+        self.assertEqual(errors, [])
+        self.assertEqual([p.name for p in tables], ["README.md"])
+        self.assertTrue([n for n in self.sd.notes if "LAB.md" in n])
+        # b5's parent, named in steps/lab/ by CROSS, is found in steps/ before the move
+        self.assertIn("`diff steps/b4_no_spills.cu steps/b5_dq_writer.cu`", tables[next(iter(tables))])
 
 
 class Ch05Script(unittest.TestCase):

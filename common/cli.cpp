@@ -70,8 +70,13 @@ void Cli::add_choice(const std::string& flag, std::string* target, std::vector<s
 }
 
 void Cli::add_int_list(const std::string& flag, std::vector<int>* target, const std::string& help, int lo, int hi) {
+  add_int_list(flag, target, help, lo, hi, {});
+}
+
+void Cli::add_int_list(const std::string& flag, std::vector<int>* target, const std::string& help, int lo, int hi,
+                       std::vector<std::pair<std::string, int>> names) {
   Extra e;
-  e.flag = flag, e.help = help, e.kind = "list", e.list = target, e.lo = lo, e.hi = hi;
+  e.flag = flag, e.help = help, e.kind = "list", e.list = target, e.lo = lo, e.hi = hi, e.names = std::move(names);
   extras_.push_back(e);
 }
 
@@ -212,7 +217,10 @@ bool Cli::parse(int argc, char** argv, Options* out) const {
           std::size_t b = 0;
           for (;;) {
             const std::size_t e = v.find(',', b);
-            const int k = int(parse_integer(arg, v.substr(b, e == std::string::npos ? e : e - b), it->lo, it->hi));
+            const std::string item = v.substr(b, e == std::string::npos ? e : e - b);
+            const auto named = std::find_if(it->names.begin(), it->names.end(),
+                                            [&](const std::pair<std::string, int>& n) { return n.first == item; });
+            const int k = named != it->names.end() ? named->second : int(parse_integer(arg, item, it->lo, it->hi));
             if (std::find(ks.begin(), ks.end(), k) != ks.end())
               throw UsageError(arg + ": " + std::to_string(k) + " is given twice");
             ks.push_back(k);

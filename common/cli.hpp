@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/errors.hpp"
@@ -55,6 +56,10 @@ class Cli {
   /// `FLAG K[,K...]`: distinct integers in [lo, hi], kept in the order given; `FLAG all`
   /// clears the list (the caller reads an empty list as "all").
   void add_int_list(const std::string& flag, std::vector<int>* target, const std::string& help, int lo, int hi);
+  /// The same, where an entry may also be one of `names` (a word standing for its number,
+  /// as `--step final` for the final kernel's step number).
+  void add_int_list(const std::string& flag, std::vector<int>* target, const std::string& help, int lo, int hi,
+                    std::vector<std::pair<std::string, int>> names);
 
   /// Parses argv. Throws UsageError on bad input; prints usage() and returns
   /// false for --help (the caller exits 0).
@@ -70,6 +75,7 @@ class Cli {
     std::string* s = nullptr;
     std::vector<int>* list = nullptr;
     int lo = 0, hi = 0;
+    std::vector<std::pair<std::string, int>> names;  ///< a list's named entries
     std::vector<std::string> choices;
   };
   std::string program_, summary_;

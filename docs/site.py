@@ -5,12 +5,19 @@
     python3 docs/site.py check --out BUILD/docs        (headless Chromium; see check_site.py)
 
 `build` writes, before running Doxygen:
-  pages/mainpage.md      the reading path: chapter order, prerequisites, reading time
+  pages/mainpage.md      the reading path: chapter order, each chapter's main steps,
+                         prerequisites, reading time (each chapter's from its README.md's
+                         words), and the total
   pages/diff_*.md        one page per step diff, from the chain of scripts/step_diffs.py:
                          every step against its predecessor, each chapter's first step
                          against the previous chapter's last (colored unified diff, file
                          names, line numbers)
   pages/diffs.md         the index of those pages
+  lab/chNN_lab.md        a chapter's lab page (chapter 05: steps/lab/, the tuning experiments
+                         beside its main path): its LAB.md with its own reading time and the
+                         lab steps' diffs, labelled chNN_lab; Doxygen reads LAB.md through
+                         `site.py lab-filter`, which hands it this text. Linked from the
+                         chapter's page, not on the reading path
   pages/plots.md         the measured plots (bench's recorded PNGs, or BUILD/bench/*.png)
   pages/api.md           the API reference of common/, one line per header
   append/chNN.md         the figures and diffs of chapter NN, inserted into its page by
@@ -92,8 +99,34 @@ def write(path, text):
 
 # ----------------------------------------------------------------------------- chapters
 
+def reading_time(text):
+    """(minutes, words of prose) of a Markdown text: WORDS_PER_MINUTE words of prose a minute,
+    CODE_LINES_PER_MINUTE lines of code, tables or formulas, rounded to 5 minutes (at least 5)."""
+    prose, slow = 0, 0
+    in_code = False
+    for line in text.split('\n'):
+        if line.strip().startswith('```'):
+            in_code = not in_code
+            continue
+        if in_code or line.startswith('|') or line.strip().startswith('$$'):
+            slow += 1
+        else:
+            prose += len(re.findall(r'\w+', line))
+    return max(5, int(round((prose / WORDS_PER_MINUTE + slow / CODE_LINES_PER_MINUTE) / 5.0)) * 5), prose
+
+
+def page_title(text, fallback):
+    m = re.search(r'^# (.+)$', text, re.M)
+    return re.sub(r'\s*\{#[^}]*\}\s*$', '', m.group(1)) if m else fallback
+
+
+LAB_DOC = 'LAB.md'   # a chapter's lab, beside its README (chapter 05: the steps in steps/lab/)
+
+
 def chapters():
-    """[{nn, dir, readme, title, minutes, exercises, steps}] in chapter order."""
+    """[{nn, dir, readme, title, minutes, exercises, lab}] in chapter order. minutes: the reading
+    path's time for the chapter, from its README.md; lab: None, or {doc, title, minutes, words,
+    label} for a chapter with a LAB.md (off the reading path: its own time)."""
     out = []
     for d in sorted(glob.glob(os.path.join(ROOT, 'chapters', '[0-9][0-9]_*'))):
         nn = os.path.basename(d)[:2]
@@ -102,25 +135,22 @@ def chapters():
             continue
         with open(readme, encoding='utf-8') as fh:
             text = fh.read()
-        m = re.search(r'^# (.+)$', text, re.M)
-        title = re.sub(r'\s*\{#[^}]*\}\s*$', '', m.group(1)) if m else os.path.basename(d)
+        title = page_title(text, os.path.basename(d))
         title = re.sub(r'^Chapter \d\d\s*[—:-]\s*', '', title)
         title = title[:1].upper() + title[1:]
-        prose, slow = 0, 0
-        in_code = False
-        for line in text.split('\n'):
-            if line.strip().startswith('```'):
-                in_code = not in_code
-                continue
-            if in_code or line.startswith('|') or line.strip().startswith('$$'):
-                slow += 1
-            else:
-                prose += len(re.findall(r'\w+', line))
-        minutes = max(5, int(round((prose / WORDS_PER_MINUTE + slow / CODE_LINES_PER_MINUTE) / 5.0)) * 5)
+        minutes, prose = reading_time(text)
         exercises = sorted(set(re.findall(r'\bch%s\.(\d+)' % nn, ' '.join(
             open(f, encoding='utf-8', errors='replace').read() for f in source_files(d)))), key=int)
+        lab = None
+        lab_doc = os.path.join(d, LAB_DOC)
+        if os.path.isfile(lab_doc):
+            with open(lab_doc, encoding='utf-8') as fh:
+                lab_text = fh.read()
+            lab_minutes, lab_words = reading_time(lab_text)
+            lab = dict(doc=lab_doc, title=page_title(lab_text, f'Chapter {nn} lab'), minutes=lab_minutes,
+                       words=lab_words, label=f'ch{nn}_lab')
         out.append(dict(nn=nn, dir=os.path.relpath(d, ROOT), readme=readme, title=title,
-                        minutes=minutes, words=prose, exercises=[f'ch{nn}.{k}' for k in exercises]))
+                        minutes=minutes, words=prose, exercises=[f'ch{nn}.{k}' for k in exercises], lab=lab))
     return out
 
 
@@ -185,7 +215,7 @@ def render_diff(src_rel, dst_rel, a_lines, b_lines, context=5):
 
 
 def diff_chain():
-    """[(key, [(src_rel or None, dst_rel, note)])] from scripts/step_diffs.py's chain."""
+    """[(key, [(src_rel or None, dst_rel, note)])] from scripts/step_diffs.py's chain, and the module."""
     try:
         import step_diffs
     except ImportError as e:
@@ -205,17 +235,27 @@ def diff_chain():
     return series, step_diffs
 
 
+def is_lab_series(step_diffs, key):
+    return bool(getattr(step_diffs, 'is_lab', None)) and step_diffs.is_lab(key)
+
+
 def diff_pages(pages, chaps):
+    """The diff pages and their index. Returns ({nn: main-path rows}, {nn: lab rows}, manifest): a row
+    is (src, dst, note, label, plus, minus); a lab series (steps/lab/) goes to the chapter's lab page,
+    every other one to the chapter's page and the reading path."""
     series, step_diffs = diff_chain()
     titles = {c['nn']: c['title'] for c in chaps}
-    by_chapter = {}
+    labs = {c['nn']: c['lab'] for c in chaps if c.get('lab')}
+    by_chapter, by_lab = {}, {}
     manifest = []
     for key, rows in series:
+        lab = is_lab_series(step_diffs, key)
         for src, dst, note in rows:
             nn = chapter_of(dst)
             label = label_for(dst)
+            target = by_lab if lab else by_chapter
             if src is None:
-                by_chapter.setdefault(nn, []).append((None, dst, note, label, 0, 0))
+                target.setdefault(nn, []).append((None, dst, note, label, 0, 0))
                 continue
             with open(os.path.join(ROOT, src), encoding='utf-8') as fh:
                 a = fh.read().split('\n')
@@ -228,9 +268,12 @@ def diff_pages(pages, chaps):
             prev_ch = f'\\ref ch{chapter_of(src)} "chapter {chapter_of(src)}"' if chapter_of(src) in titles \
                 else f'chapter {chapter_of(src)}'
             this_ch = f'\\ref ch{nn} "chapter {nn}: {titles[nn]}"' if nn in titles else f'chapter {nn}'
-            part = f' ({part_of(dst)})' if part_of(dst) else ''
+            if lab and nn in labs:
+                this_ch = f'\\ref {labs[nn]["label"]} "chapter {nn}\'s lab"'
+            part = f' ({part_of(dst)})' if part_of(dst) else (' (lab)' if lab else '')
             kind = (f'The first step of chapter {nn}{part} against the kernel of {prev_ch} it derives from') if cross \
-                else ('A branch: this step derives from an earlier step, not from the one listed before it'
+                else ('A lab step against the step its header names as its parent' if lab
+                      else 'A branch: this step derives from an earlier step, not from the one listed before it'
                       if note == 'branch' else 'This step against its predecessor')
             text = (f'# Chapter {nn}{part}: {os.path.basename(src)} → {os.path.basename(dst)} {{#{label}}}\n\n'
                     f'Back to {this_ch} · \\ref diffs "all step diffs"\n\n'
@@ -239,27 +282,37 @@ def diff_pages(pages, chaps):
                     f'The same diff in a terminal: `diff -u {src} {dst}`.\n\n'
                     '\\htmlonly\n' + body + '\n\\endhtmlonly\n')
             write(os.path.join(pages, f'{label}.md'), text)
-            by_chapter.setdefault(nn, []).append((src, dst, note, label, plus, minus))
-            manifest.append(dict(label=label, html=f'{label}.html', src=src, dst=dst, chapter=nn, cross=cross))
+            target.setdefault(nn, []).append((src, dst, note, label, plus, minus))
+            manifest.append(dict(label=label, html=f'{label}.html', src=src, dst=dst, chapter=nn, cross=cross,
+                                 lab=lab))
     # The index page.
     lines = ['# Step diffs {#diffs}', '',
              'Every step of a chapter is a whole file whose diff against its predecessor is one idea; a '
              'chapter\'s first step derives from the previous chapter\'s last, so the diff across chapters is '
              'the lesson too. The chain (which file derives from which) is the one of `scripts/step_diffs.py`, '
              'which also keeps the tables in the chapter READMEs up to date.', '']
-    for nn in sorted(by_chapter):
+    for nn in sorted(set(by_chapter) | set(by_lab)):
         name = f'\\ref ch{nn} "Chapter {nn}: {titles[nn]}"' if nn in titles else f'Chapter {nn}'
-        lines += [f'## Chapter {nn}: {titles.get(nn, "")}', '', f'The chapter page: {name}.' if nn in titles else '', '']
-        lines += ['| from → to | code lines | page |', '|---|---|---|']
-        for src, dst, note, label, plus, minus in by_chapter[nn]:
-            if src is None:
-                lines.append(f'| → `{os.path.basename(dst)}` | {note} | |')
+        for rows, lab in ((by_chapter.get(nn), False), (by_lab.get(nn), True)):
+            if not rows:
+                continue
+            if lab:
+                page = f'\\ref {labs[nn]["label"]} "its page"' if nn in labs else 'its LAB.md'
+                lines += [f'## Chapter {nn}\'s lab', '', f'The lab\'s steps (off the reading path; {page}), each '
+                          'against the step its header names.', '']
             else:
-                lines.append(f'| `{src}` → `{os.path.basename(dst)}`{" (" + note + ")" if note else ""} '
-                             f'| +{plus} −{minus} | \\subpage {label} "diff" |')
-        lines.append('')
+                lines += [f'## Chapter {nn}: {titles.get(nn, "")}', '',
+                          f'The chapter page: {name}.' if nn in titles else '', '']
+            lines += ['| from → to | code lines | page |', '|---|---|---|']
+            for src, dst, note, label, plus, minus in rows:
+                if src is None:
+                    lines.append(f'| → `{os.path.basename(dst)}` | {note} | |')
+                else:
+                    lines.append(f'| `{src}` → `{os.path.basename(dst)}`{" (" + note + ")" if note else ""} '
+                                 f'| +{plus} −{minus} | \\subpage {label} "diff" |')
+            lines.append('')
     write(os.path.join(pages, 'diffs.md'), '\n'.join(lines) + '\n')
-    return by_chapter, manifest
+    return by_chapter, by_lab, manifest
 
 
 # ----------------------------------------------------------------------------- pictures and plots
@@ -351,6 +404,17 @@ def plots(out, pages, bench_dir):
 
 # ----------------------------------------------------------------------------- generated pages
 
+def diff_list(rows):
+    lines = []
+    for src, dst, note, label, plus, minus in rows:
+        if src is None:
+            lines.append(f'- `{os.path.basename(dst)}`: {note}')
+        else:
+            lines.append(f'- \\ref {label} "{os.path.basename(src)} → {os.path.basename(dst)}" '
+                         f'(+{plus} −{minus} code lines{", " + note if note else ""})')
+    return lines
+
+
 def chapter_appendix(append_dir, chaps, diffs_by_chapter):
     for c in chaps:
         nn = c['nn']
@@ -365,33 +429,60 @@ def chapter_appendix(append_dir, chaps, diffs_by_chapter):
             lines += ['## Step diffs', '',
                       'Each step against the one it derives from, rendered by the study site '
                       '(\\ref diffs "all chapters"):', '']
-            for src, dst, note, label, plus, minus in rows:
-                if src is None:
-                    lines.append(f'- `{os.path.basename(dst)}`: {note}')
-                else:
-                    lines.append(f'- \\ref {label} "{os.path.basename(src)} → {os.path.basename(dst)}" '
-                                 f'(+{plus} −{minus} code lines{", " + note if note else ""})')
+            lines += diff_list(rows)
             lines.append('')
+        lab = c.get('lab')
+        if lab:
+            lines += ['## The lab', '',
+                      f'Off the reading path: \\subpage {lab["label"]} "{lab["title"]}" ({lab["minutes"]} min), '
+                      'the experiments beside this chapter\'s main path, each step against its parent, with '
+                      'its outcome and the diffs.', '']
         if lines:
             write(os.path.join(append_dir, f'ch{nn}.md'), '\n'.join(lines) + '\n')
 
 
-def mainpage(pages, chaps):
+def step_name(dst):
+    """A step's short name on the reading path: "v1", "b5", or the file's stem ("final_fp8")."""
+    stem = os.path.splitext(os.path.basename(dst))[0]
+    m = re.match(r'^([vb]\d+[a-z]?)_', stem)
+    return m.group(1) if m else stem
+
+
+def main_steps(rows):
+    """The main path's steps of a chapter as links to their diff pages: "v1 v2 ... final"."""
+    out = []
+    for src, dst, note, label, plus, minus in rows:
+        name = step_name(dst)
+        out.append(f'\\ref {label} "{name}"' if src is not None else name)
+    return ' '.join(out) or '—'
+
+
+def mainpage(pages, chaps, diffs_by_chapter=None):
     have = {c['nn'] for c in chaps}
     total = sum(c['minutes'] for c in chaps)
+    diffs_by_chapter = diffs_by_chapter or {}
+    labs = [c for c in chaps if c.get('lab')]
     lines = ['# The attention-kernel lineage: the reading path', '',
              'Attention rebuilt one step at a time, from the three-kernel textbook version to the kernels that '
              'run today\'s models. Read the chapters in this order; each one takes the previous one\'s code, makes '
              'one idea real, proves it correct against an fp64 reference and measures what it bought.', '',
-             '| # | chapter | read first | you need | reading time | exercises |', '|---|---|---|---|---|---|']
+             '| # | chapter | its main steps (each a diff) | read first | you need | reading time | exercises |',
+             '|---|---|---|---|---|---|---|']
     for c in chaps:
         pre, need = PREREQUISITES.get(c['nn'], ([], ''))
         pre_s = ', '.join(f'\\ref ch{p} "{p}"' if p in have else p for p in pre) or '—'
-        lines.append(f'| {c["nn"]} | \\subpage ch{c["nn"]} "{c["title"]}" | {pre_s} | {need} | '
+        lines.append(f'| {c["nn"]} | \\subpage ch{c["nn"]} "{c["title"]}" | '
+                     f'{main_steps(diffs_by_chapter.get(c["nn"], []))} | {pre_s} | {need} | '
                      f'{c["minutes"]} min | {len(c["exercises"])} |')
-    lines += ['', f'Reading time is estimated from each README: {WORDS_PER_MINUTE} words of prose a minute, '
-              f'{CODE_LINES_PER_MINUTE} lines of code, tables or formulas a minute (rounded to 5 minutes; '
-              f'{total} minutes in all). Running the binaries and doing the exercises takes longer.', '']
+    lines += ['', f'**Reading path: {total} minutes in all** ({len(chaps)} chapters). Reading time is estimated '
+              f'from each README: {WORDS_PER_MINUTE} words of prose a minute, {CODE_LINES_PER_MINUTE} lines of '
+              'code, tables or formulas a minute (rounded to 5 minutes). Running the binaries and doing the '
+              'exercises takes longer.', '']
+    if labs:
+        lines += ['Off the path: ' + '; '.join(
+            f'\\ref {c["lab"]["label"]} "chapter {c["nn"]}\'s lab" ({c["lab"]["minutes"]} min, from its LAB.md), '
+            'the tuning experiments behind its final kernels' for c in labs) +
+            '. Its time is not in the total above.', '']
     missing = [nn for nn in PREREQUISITES if nn not in have]
     if missing:
         lines += ['Not written yet: ' + ', '.join(f'chapter {nn}' for nn in missing) + '.', '']
@@ -413,6 +504,43 @@ def mainpage(pages, chaps):
               '- The project\'s README, DEVELOPERS.md (conventions, the acceptance rule) and NOTES.md '
               '(the measurement log) are in the page list.', '']
     write(os.path.join(pages, 'mainpage.md'), '\n'.join(lines) + '\n')
+
+
+def lab_page(out, chap, lab_rows):
+    """OUT/lab/chNN_lab.md: the page Doxygen shows for the chapter's LAB.md (labelled chNN_lab, linked
+    from the chapter's page, not on the reading path): LAB.md with its reading time under its title
+    and the lab steps' diff pages at its end. Doxygen reads LAB.md itself (its links stay relative
+    to it, and the README's links to LAB.md resolve); `site.py lab-filter`, its input filter, hands
+    Doxygen this text instead of the file's."""
+    lab = chap['lab']
+    with open(lab['doc'], encoding='utf-8') as fh:
+        text = fh.read()
+    head = re.search(r'^# (.+)$', text, re.M)
+    note = (f'Back to \\ref ch{chap["nn"]} "chapter {chap["nn"]}: {chap["title"]}". Off the reading path: '
+            f'reading time {lab["minutes"]} min ({lab["words"]} words of prose; the chapter itself: '
+            f'{chap["minutes"]} min).')
+    if head:
+        title = re.sub(r'\s*\{#[^}]*\}\s*$', '', head.group(1))
+        text = text[:head.start()] + f'# {title} {{#{lab["label"]}}}\n\n{note}\n' + text[head.end():]
+    else:
+        text = f'# {lab["title"]} {{#{lab["label"]}}}\n\n{note}\n\n' + text
+    if lab_rows:
+        text = text.rstrip('\n') + '\n\n## The lab steps\' diffs, rendered\n\n' + \
+            'Each lab step against the step its header names (\\ref diffs "all step diffs"):\n\n' + \
+            '\n'.join(diff_list(lab_rows)) + '\n'
+    write(os.path.join(out, 'lab', f'{lab["label"]}.md'), text)
+
+
+def cmd_lab_filter(out, path):
+    """Doxygen's input filter for a chapter's LAB.md: the page lab_page() wrote, with the math of
+    md_math_filter.pl (the filter of every other Markdown page)."""
+    m = re.search(r'chapters/(\d\d)_[^/]+/' + re.escape(LAB_DOC) + '$', path.replace(os.sep, '/'))
+    page = os.path.join(out, 'lab', f'ch{m.group(1)}_lab.md') if m else ''
+    src = page if page and os.path.isfile(page) else path
+    r = subprocess.run(['perl', os.path.join(HERE, 'md_math_filter.pl'), src], capture_output=True, text=True)
+    sys.stdout.write(r.stdout)
+    sys.stderr.write(r.stderr)
+    return r.returncode
 
 
 def file_brief(path):
@@ -502,14 +630,16 @@ def copy_page_images(html_dir):
                     break
 
 
-def doxyfile(out, pages, images, append_dir):
+def doxyfile(out, pages, images, append_dir, lab_docs=()):
+    """The Doxyfile from Doxyfile.in. A chapter's LAB.md is one more page (lab_docs), read through
+    `site.py lab-filter` (its page as lab_page() wrote it), listed before the Markdown filter."""
     readmes = sorted(glob.glob(os.path.join(ROOT, 'chapters', '*', 'README.md')))
     with open(os.path.join(HERE, 'Doxyfile.in'), encoding='utf-8') as fh:
         text = fh.read()
     subst = {
         'DOCS_OUT': out, 'PROJECT_SOURCE_DIR': ROOT, 'DOCS_CHAPTER_READMES': ' '.join(readmes),
         'DOCS_PAGES': pages,
-        'DOCS_PAGE_FILES': ' '.join(sorted(glob.glob(os.path.join(pages, '*.md'))) + bench_pages()),
+        'DOCS_PAGE_FILES': ' '.join(sorted(glob.glob(os.path.join(pages, '*.md'))) + bench_pages() + list(lab_docs)),
         'DOCS_IMAGES': images, 'DOCS_APPEND': append_dir,
         'DOXYGEN_DOT_FOUND': 'YES' if shutil.which('dot') else 'NO',
     }
@@ -518,6 +648,12 @@ def doxyfile(out, pages, images, append_dir):
     left = re.findall(r'@[A-Z_]+@', text)
     if left:
         die('Doxyfile.in: unknown ' + ' '.join(sorted(set(left))))
+    if lab_docs:  # the first pattern that matches a file names its filter
+        lab_filter = f'*/{LAB_DOC}="{sys.executable} {os.path.join(HERE, "site.py")} lab-filter {out}"'
+        text, n = re.subn(r'^(FILTER_PATTERNS\s*=\s*)', lambda m: m.group(1) + lab_filter + ' ', text, count=1,
+                          flags=re.M)
+        if n != 1:
+            die('Doxyfile.in: no FILTER_PATTERNS line for the lab pages\' filter')
     write(os.path.join(out, 'Doxyfile'), text)
     return os.path.join(out, 'Doxyfile')
 
@@ -531,13 +667,17 @@ def cmd_build(args):
         os.makedirs(d)
     chaps = chapters()
     images = pictures(out)
-    diffs_by_chapter, diff_manifest = diff_pages(pages, chaps)
+    diffs_by_chapter, diffs_by_lab, diff_manifest = diff_pages(pages, chaps)
     plot_files = plots(out, pages, args.bench_dir)
     chapter_appendix(append_dir, chaps, diffs_by_chapter)
-    mainpage(pages, chaps)
+    shutil.rmtree(os.path.join(out, 'lab'), ignore_errors=True)
+    for c in chaps:
+        if c.get('lab'):
+            lab_page(out, c, diffs_by_lab.get(c['nn'], []))
+    mainpage(pages, chaps, diffs_by_chapter)
     api_page(pages)
     shutil.copy2(os.path.join(HERE, 'cheatsheet.md'), os.path.join(pages, 'cheatsheet.md'))
-    doxy = doxyfile(out, pages, images, append_dir)
+    doxy = doxyfile(out, pages, images, append_dir, [c['lab']['doc'] for c in chaps if c.get('lab')])
     mathjax = os.path.join(out, 'html', 'mathjax')
     if os.path.lexists(mathjax):
         os.remove(mathjax)
@@ -552,8 +692,14 @@ def cmd_build(args):
     copy_page_images(os.path.join(out, 'html'))
     manifest = dict(
         main='index.html',
-        chapters=[dict(nn=c['nn'], html=f'ch{c["nn"]}.html', title=c['title'],
+        chapters=[dict(nn=c['nn'], html=f'ch{c["nn"]}.html', title=c['title'], minutes=c['minutes'],
+                       main_steps=[os.path.basename(d[1]) for d in diffs_by_chapter.get(c['nn'], [])],
                        formulas=open(c['readme'], encoding='utf-8').read().count('$') > 0) for c in chaps],
+        labs=[dict(nn=c['nn'], html=f'{c["lab"]["label"]}.html', title=c['lab']['title'],
+                   minutes=c['lab']['minutes'], chapter_html=f'ch{c["nn"]}.html',
+                   diffs=[f'{d[3]}.html' for d in diffs_by_lab.get(c['nn'], []) if d[0] is not None])
+              for c in chaps if c.get('lab')],
+        reading_minutes=sum(c['minutes'] for c in chaps),
         diffs=diff_manifest, diff_index='diffs.html', plots='plots.html', plot_files=plot_files,
         cheatsheet='cheatsheet.html', api='api.html')
     write(os.path.join(out, 'site.json'), json.dumps(manifest, indent=1))
@@ -563,8 +709,8 @@ def cmd_build(args):
         die(f'Doxygen reported warnings ({log})')
     if r.returncode != 0:
         die('Doxygen failed')
-    say(f'docs: {out}/html/index.html ({len(chaps)} chapters, {len(diff_manifest)} diff pages, '
-        f'{len(plot_files)} plots, 0 Doxygen warnings)')
+    say(f'docs: {out}/html/index.html ({len(chaps)} chapters, {len(manifest["labs"])} lab page(s), '
+        f'{len(diff_manifest)} diff pages, {len(plot_files)} plots, 0 Doxygen warnings)')
 
 
 def main():
@@ -578,7 +724,12 @@ def main():
     c = sub.add_parser('check')
     c.add_argument('--out', required=True)
     c.add_argument('--chromium', default='')
+    f = sub.add_parser('lab-filter', help='Doxygen\'s input filter for a LAB.md (the Doxyfile calls it)')
+    f.add_argument('out')
+    f.add_argument('file')
     args = ap.parse_args()
+    if args.cmd == 'lab-filter':
+        sys.exit(cmd_lab_filter(args.out, args.file))
     if args.cmd == 'build':
         cmd_build(args)
     else:

@@ -162,8 +162,16 @@ __global__ void postprocess_by_element(const Fa3BwdParams p) {
   }
 }
 
+/// The step whose dQ layout and query blocks a run takes: its own, except the final
+/// backward's, which are b12's at d = 64 and b13's at d = 128 (its configuration table).
+BwdStep layout_step(BwdStep s, int d) {
+  if (s != BwdStep::final_bwd) return s;
+  return d == 64 ? BwdStep::b12_pairs_of_query_blocks : BwdStep::b13_eighty_queries;
+}
 /// Rows of the walk's query blocks and of the accumulator's tiles: 64, b13's 80.
-int block_rows(BwdStep s) { return s >= BwdStep::b13_eighty_queries ? 80 : kBwdBr; }  // b13-b15: 80
+int block_rows(BwdStep s) {  // b13-b15: 80
+  return s >= BwdStep::b13_eighty_queries && s <= BwdStep::b15_scores_ahead ? 80 : kBwdBr;
+}
 /// Query blocks a step walks: b12 takes blocks of 64 in pairs, so it gets an even count (the
 /// extra block is padding: the preprocess gives it LSE +inf and D 0).
 int query_blocks(BwdStep s, int nq) {
@@ -179,22 +187,28 @@ int rows_allocated(int nq) {
 int query_blocks_allocated(int nq) { return query_blocks(BwdStep::b12_pairs_of_query_blocks, nq); }
 
 PreparedStep prepare_step(BwdStep s, const BwdStepArgs& a) {
+  if (!bwd_step_built(s)) throw UsageError(std::string(bwd_step_name(s)) + " is a lab step: configure with -DTUTORIAL_LAB=ON");
   switch (s) {
     case BwdStep::b1_wgmma: return b1::prepare(a);
     case BwdStep::b2_warp_specialized: return b2::prepare(a);
-    case BwdStep::b3_dq_fragment_order: return b3::prepare(a);
-    case BwdStep::b4_no_spills: return b4::prepare(a);
     case BwdStep::b5_dq_writer: return b5::prepare(a);
     case BwdStep::b6_deterministic_walk: return b6::prepare(a);
+    case BwdStep::b10_consumer_offset: return b10::prepare(a);
+    case BwdStep::b11_longest_walks_first: return b11::prepare(a);
+    case BwdStep::final_bwd: return final_bwd::prepare(a);
+#if TUTORIAL_LAB
+    case BwdStep::b3_dq_fragment_order: return b3::prepare(a);
+    case BwdStep::b4_no_spills: return b4::prepare(a);
     case BwdStep::b7_dq_split_by_keys: return b7::prepare(a);
     case BwdStep::b8_named_barrier_release: return b8::prepare(a);
     case BwdStep::b9_two_ds_buffers: return b9::prepare(a);
-    case BwdStep::b10_consumer_offset: return b10::prepare(a);
-    case BwdStep::b11_longest_walks_first: return b11::prepare(a);
     case BwdStep::b12_pairs_of_query_blocks: return b12::prepare(a);
     case BwdStep::b13_eighty_queries: return b13::prepare(a);
     case BwdStep::b14_ds_by_queries: return b14::prepare(a);
     case BwdStep::b15_scores_ahead: return b15::prepare(a);
+#else
+    default: break;
+#endif
   }
   throw UsageError("unknown backward step");
 }
@@ -240,6 +254,7 @@ const char* bwd_step_name(BwdStep s) {
     case BwdStep::b13_eighty_queries: return "b13 backward, 80 queries a step";
     case BwdStep::b14_ds_by_queries: return "b14 backward, dS stored by queries";
     case BwdStep::b15_scores_ahead: return "b15 backward, the next S^T ahead of dQ";
+    case BwdStep::final_bwd: return "final backward";
   }
   return "?";
 }
@@ -319,12 +334,13 @@ GpuBackward BackwardRunner::run(BwdStep step, bool deterministic, bool time,
   a.dout = m.dout.data();
   a.params = m.b;
   a.params.deterministic = deterministic;
-  a.params.dq_fragment_order = step >= BwdStep::b3_dq_fragment_order;
-  a.params.dq_whole_tiles = step == BwdStep::b7_dq_split_by_keys ||  // b8 derives from b6: halves
-                            step == BwdStep::b12_pairs_of_query_blocks;  // a consumer's whole block
-  a.params.dq_transposed = step >= BwdStep::b13_eighty_queries;  // b13-b15
-  a.params.block_rows = block_rows(step);
-  a.params.n_qblocks = query_blocks(step, m.p.nq);
+  const BwdStep layout = layout_step(step, m.p.d);  // the final backward's: b12's or b13's
+  a.params.dq_fragment_order = layout >= BwdStep::b3_dq_fragment_order;
+  a.params.dq_whole_tiles = layout == BwdStep::b7_dq_split_by_keys ||  // b8 derives from b6: halves
+                            layout == BwdStep::b12_pairs_of_query_blocks;  // a consumer's whole block
+  a.params.dq_transposed = layout >= BwdStep::b13_eighty_queries;  // b13-b15
+  a.params.block_rows = block_rows(layout);
+  a.params.n_qblocks = query_blocks(layout, m.p.nq);
   const Fa3BwdParams& b = a.params;
   const PreparedStep main_kernel = prepare_step(step, a);
 

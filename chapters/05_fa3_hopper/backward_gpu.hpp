@@ -18,6 +18,11 @@
 ///     b13 (from b11, d = 128) eighty queries a step: dQ^T = K^T dS^T, dS^T in 32-byte slabs, one dQ buffer
 ///     b14 dS by queries: dS stored [queries][keys] in the 128-byte swizzle, dQ^T's B read K-major
 ///     b15 (from b13) scores ahead: the next step's S^T issued before this step's dQ leaves
+///     final  the final backward (steps/final_backward.cu, from b11): b12's pairs of query blocks
+///            at d = 64 and b13's eighty queries at d = 128, chosen by one configuration table
+///
+/// The main path is b1, b2, b5, b6, b10, b11 and the final backward (steps/); the others
+/// are the lab's (steps/lab/, built with TUTORIAL_LAB=ON; LAB.md).
 ///
 /// Each run is three kernels: the preprocess (D_i = rowsum(dO_i o O_i), LSE in base 2,
 /// dQ's accumulator and the order counters zeroed), the step's main kernel (parallel
@@ -35,14 +40,41 @@ namespace attn::ch05 {
 
 enum class BwdStep { b1_wgmma = 1, b2_warp_specialized, b3_dq_fragment_order, b4_no_spills, b5_dq_writer, b6_deterministic_walk, b7_dq_split_by_keys,
                      b8_named_barrier_release, b9_two_ds_buffers, b10_consumer_offset, b11_longest_walks_first,
-                     b12_pairs_of_query_blocks, b13_eighty_queries, b14_ds_by_queries, b15_scores_ahead };
+                     b12_pairs_of_query_blocks, b13_eighty_queries, b14_ds_by_queries, b15_scores_ahead,
+                     final_bwd = 16 };  ///< final_bwd: the final backward (steps/final_backward.cu), `--backward-step final`
+
+/// The main path: b1, b2, b5, b6, b10, b11 and the final backward.
+constexpr BwdStep kMainBwdSteps[] = {BwdStep::b1_wgmma,           BwdStep::b2_warp_specialized,
+                                     BwdStep::b5_dq_writer,       BwdStep::b6_deterministic_walk,
+                                     BwdStep::b10_consumer_offset, BwdStep::b11_longest_walks_first,
+                                     BwdStep::final_bwd};
+/// The lab's backward steps (steps/lab/).
+constexpr BwdStep kLabBwdSteps[] = {BwdStep::b3_dq_fragment_order, BwdStep::b4_no_spills,
+                                    BwdStep::b7_dq_split_by_keys,  BwdStep::b8_named_barrier_release,
+                                    BwdStep::b9_two_ds_buffers,    BwdStep::b12_pairs_of_query_blocks,
+                                    BwdStep::b13_eighty_queries,   BwdStep::b14_ds_by_queries,
+                                    BwdStep::b15_scores_ahead};
+constexpr bool bwd_step_in_lab(BwdStep s) {
+  for (BwdStep l : kLabBwdSteps)
+    if (l == s) return true;
+  return false;
+}
+/// Every backward step this build holds: the main path, then the lab's with TUTORIAL_LAB=ON.
+#if TUTORIAL_LAB
 constexpr BwdStep kAllBwdSteps[] = {BwdStep::b1_wgmma, BwdStep::b2_warp_specialized, BwdStep::b3_dq_fragment_order,
                                     BwdStep::b4_no_spills, BwdStep::b5_dq_writer, BwdStep::b6_deterministic_walk,
                                     BwdStep::b7_dq_split_by_keys, BwdStep::b8_named_barrier_release,
                                     BwdStep::b9_two_ds_buffers, BwdStep::b10_consumer_offset,
                                     BwdStep::b11_longest_walks_first, BwdStep::b12_pairs_of_query_blocks,
                                     BwdStep::b13_eighty_queries, BwdStep::b14_ds_by_queries,
-                                    BwdStep::b15_scores_ahead};
+                                    BwdStep::b15_scores_ahead, BwdStep::final_bwd};
+#else
+constexpr BwdStep kAllBwdSteps[] = {BwdStep::b1_wgmma,           BwdStep::b2_warp_specialized,
+                                    BwdStep::b5_dq_writer,       BwdStep::b6_deterministic_walk,
+                                    BwdStep::b10_consumer_offset, BwdStep::b11_longest_walks_first,
+                                    BwdStep::final_bwd};
+#endif
+constexpr bool bwd_step_built(BwdStep s) { return !bwd_step_in_lab(s) || TUTORIAL_LAB; }
 
 /// "b1 wgmma backward" etc.
 const char* bwd_step_name(BwdStep s);
@@ -50,8 +82,10 @@ const char* bwd_step_name(BwdStep s);
 /// Empty when the backward runs this problem, else why not (head dim, dtype, d != dv).
 std::string backward_unsupported(const Problem& p);
 
-/// Whether step `s` is built for this problem's head dim (b12: d = 64 only; b13-b15: d = 128 only).
+/// Whether step `s` is built for this problem's head dim (b12: d = 64 only; b13-b15: d = 128 only)
+/// and is in this build (a lab step only with TUTORIAL_LAB=ON).
 inline bool bwd_step_supports(BwdStep s, const Problem& p) {
+  if (!bwd_step_built(s)) return false;
   if (s == BwdStep::b12_pairs_of_query_blocks) return p.d == 64;
   if (s == BwdStep::b13_eighty_queries || s == BwdStep::b14_ds_by_queries || s == BwdStep::b15_scores_ahead)
     return p.d == 128;

@@ -61,5 +61,7 @@ namespace b12 { PreparedStep prepare(const BwdStepArgs& a); }
 namespace b13 { PreparedStep prepare(const BwdStepArgs& a); }
 namespace b14 { PreparedStep prepare(const BwdStepArgs& a); }
 namespace b15 { PreparedStep prepare(const BwdStepArgs& a); }
+// The final backward (steps/final_backward.cu).
+namespace final_bwd { PreparedStep prepare(const BwdStepArgs& a); }
 
 }  // namespace attn::ch05

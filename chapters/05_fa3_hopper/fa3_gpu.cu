@@ -57,6 +57,7 @@ StepArgs make_args(const Problem& p, const void* q, const void* k, const void* v
 }
 
 PreparedStep prepare_step(Step s, const StepArgs& a) {
+  if (!step_built(s)) throw UsageError(std::string(step_name(s)) + " is a lab step: configure with -DTUTORIAL_LAB=ON");
   switch (s) {
     case Step::v1_tma: return v1::prepare(a);
     case Step::v2_wgmma: return v2::prepare(a);
@@ -66,6 +67,9 @@ PreparedStep prepare_step(Step s, const StepArgs& a) {
     case Step::v6_masked_first: return v6::prepare(a);
     case Step::v7_persistent: return v7::prepare(a);
     case Step::v8_head_dims: return v8::prepare(a);
+    case Step::final_fwd: return final_fwd::prepare(a);
+    case Step::final_fp8: return final_fp8::prepare(a);
+#if TUTORIAL_LAB
     case Step::v9_fp8: return v9::prepare(a);
     case Step::v10_tile_sizes: return v10::prepare(a);
     case Step::v11_two_pipe_exp: return v11::prepare(a);
@@ -87,6 +91,11 @@ PreparedStep prepare_step(Step s, const StepArgs& a) {
     case Step::v27_fp8_wide_blocks_d128: return v27::prepare(a);
     case Step::v28_three_consumers_mufu_exp: return v28::prepare(a);
     case Step::v29_fp8_mufu_exp_d256: return v29::prepare(a);
+    case Step::v30_final_causal_grid: return v30::prepare(a);
+    case Step::v31_final_causal_grid_bc128: return v31::prepare(a);
+#else
+    default: break;
+#endif
   }
   throw UsageError("unknown step");
 }

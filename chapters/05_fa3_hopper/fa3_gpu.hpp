@@ -3,7 +3,7 @@
 /// \brief Chapter 05 on the GPU, behind a plain C++ interface (no CUDA types), so
 ///        main.cpp and the tests compile with or without the CUDA toolkit.
 ///
-/// The nine steps, each a full kernel in steps/ (read them in order, `diff` them pairwise):
+/// The main path, each step a whole kernel in steps/ (read them in order, `diff` them pairwise):
 ///
 ///     v1  TMA: chapter 04's last kernel with cp.async replaced by TMA copies and mbarriers
 ///     v2  wgmma: Q K^T from shared memory, P V with P from registers
@@ -13,27 +13,18 @@
 ///     v6  masked blocks first: only the key blocks the causal diagonal crosses take the mask
 ///     v7  persistent blocks: one per SM, each walking a longest-first list of tiles
 ///     v8  every head dim: d = 64, 128, 256, each with its key block and ring depth
-///     v9  FP8 (E4M3): per-block scales, Hadamard rotation of Q and K, V transposed
-///     v10 key blocks for the tensor cores: Bc per head dim and mask (branches from v8)
-///     v11 exponentials on two pipes: one 2^x in four on the FMA pipe (a polynomial)
-///     v12 the FP8 softmax on two pipes: scale folded into the FFMA, 1 in 4 2^x on FMA (from v9)
-///     v13 dynamic tile scheduler: each block takes its next tile from a global counter (from v11)
-///     v14 three consumer warpgroups at d = 64: Br = 192, the pingpong a ring of three
-///     v15 FP8, lazy rescaling: O *= alpha only when a row's max grew by 2^8 (from v12)
-///     v16 causal tiles as a grid: one block per tile, heaviest first (from v11)
-///     v17 causal key blocks: Bc = 192 at d = 64 with the mask too (from v11)
-///     v18 causal key blocks at every head dim (176 at d = 128, 80 at 256), in registers
-///     v19 v18's causal tiles as a grid, d = 128 and 256 (v16's launch)
-///     v20 one exponential in eight on the FMA pipe at d = 64, not four (from v17)
-///     v21 the softmax's row max and row sum as four partial chains a row (from v18)
-///     v22 v21's chains on v14's three consumers, d = 64 (from v14)
-///     v23 wgmma descriptors built once a tile and moved by addition (from v21)
-///     v24 causal tiles longest first within head sections whose K and V fit in L2 (from v23)
-///     v25 v23's descriptors by addition on v14's three consumers, d = 64 (from v14)
-///     v26 FP8 key blocks of 128 at d = 256 (from v15)
-///     v27 FP8 key blocks of 192 at d = 128 (from v15)
-///     v28 every exponential on MUFU in v25's three consumers, d = 64 (from v25)
-///     v29 every exponential on MUFU in v26, fp8 at d = 256 (from v26)
+///     final      the final bf16/fp16 forward (steps/final.cu, from v8): one kernel whose
+///                per-head-dim, per-mask configuration is one table
+///     final-fp8  the final FP8 forward (steps/final_fp8.cu, from v8): E4M3 with the paper's
+///                incoherent processing, its configuration one table too
+///
+/// The lab (steps/lab/, built with TUTORIAL_LAB=ON; LAB.md says what each one taught):
+/// v9 FP8 (E4M3), v10 key blocks per head dim, v11 exponentials on two pipes, v12 the FP8
+/// softmax on two pipes, v13 dynamic tiles, v14 three consumers, v15 FP8 lazy rescaling,
+/// v16 causal grid, v17-v19 causal key blocks, v20 one exponential in eight, v21 reductions
+/// in chains, v22 chains on three consumers, v23 descriptors by addition, v24 causal L2
+/// sections, v25 descriptors on three consumers, v26/v27 FP8 key blocks, v28/v29 every
+/// exponential on MUFU, v30/v31 the final kernel's d = 128 causal row as v6's grid.
 
 #include <cstdint>
 #include <memory>
@@ -53,12 +44,12 @@ enum class Step {
   v5_intra_overlap,
   v6_masked_first,
   v7_persistent,
-  v8_head_dims,  ///< the last bf16/fp16 step (chapter 06 builds on it)
+  v8_head_dims,  ///< every head dim: the main path's last step before the final kernels (chapter 06 builds on it)
   v9_fp8,
   v10_tile_sizes,  ///< v8 with FA3's key blocks (Bc = 192, 176, 80 at d = 64, 128, 256, not causal)
   v11_two_pipe_exp,   ///< v10 with one exponential in four on the FMA pipe
   v12_fp8_two_pipes,  ///< v9 with the scale folded into the exponent's FFMA and 1 in 4 2^x on FMA
-  v13_dynamic_tiles,  ///< v11 with tiles taken on demand from a global counter: the last bf16/fp16 step
+  v13_dynamic_tiles,  ///< v11 with tiles taken on demand from a global counter
   v14_three_consumers,  ///< v13 at d = 64 with three consumer warpgroups (Br = 192)
   v15_fp8_lazy_rescale,  ///< v12 with O rescaled only when some row's max grows by more than 2^8
   v16_causal_grid,       ///< v11 with causal problems launched as a grid of one block per tile
@@ -75,11 +66,19 @@ enum class Step {
   v27_fp8_wide_blocks_d128,         ///< v15 (fp8) at d = 128 with key blocks of 192 (V8^T in two boxes)
   v28_three_consumers_mufu_exp,     ///< v25 (d = 64, three consumers) with every exponential on MUFU
   v29_fp8_mufu_exp_d256,            ///< v26 (fp8, d = 256, Bc = 128) with every exponential on MUFU
+  v30_final_causal_grid,            ///< final with its d = 128 causal row launched as v6's grid
+  v31_final_causal_grid_bc128,      ///< v30 with v6's key block (Bc = 128) at d = 128 causal
+  final_fwd = 40,                   ///< the final bf16/fp16 forward: `--step final`
+  final_fp8 = 41,                   ///< the final FP8 forward: `--step final-fp8`
 };
 
-constexpr Step kAllSteps[] = {Step::v1_tma,         Step::v2_wgmma,       Step::v3_warp_specialized,
-                              Step::v4_pingpong,    Step::v5_intra_overlap, Step::v6_masked_first,
-                              Step::v7_persistent,  Step::v8_head_dims,   Step::v9_fp8,
+/// The main path: v1-v8 and the two final kernels.
+constexpr Step kMainSteps[] = {Step::v1_tma,        Step::v2_wgmma,         Step::v3_warp_specialized,
+                               Step::v4_pingpong,   Step::v5_intra_overlap, Step::v6_masked_first,
+                               Step::v7_persistent, Step::v8_head_dims,     Step::final_fwd,
+                               Step::final_fp8};
+/// The lab's steps (steps/lab/), in the order they were measured.
+constexpr Step kLabSteps[] = {Step::v9_fp8,
                               Step::v10_tile_sizes, Step::v11_two_pipe_exp, Step::v12_fp8_two_pipes,
                               Step::v13_dynamic_tiles, Step::v14_three_consumers, Step::v15_fp8_lazy_rescale,
                               Step::v16_causal_grid, Step::v17_causal_key_blocks,
@@ -88,11 +87,43 @@ constexpr Step kAllSteps[] = {Step::v1_tma,         Step::v2_wgmma,       Step::
                               Step::v22_three_consumers_chains, Step::v23_descriptors_by_addition,
                               Step::v24_causal_l2_sections, Step::v25_three_consumers_descriptors,
                               Step::v26_fp8_wide_blocks_d256, Step::v27_fp8_wide_blocks_d128,
-                              Step::v28_three_consumers_mufu_exp, Step::v29_fp8_mufu_exp_d256};
+                              Step::v28_three_consumers_mufu_exp, Step::v29_fp8_mufu_exp_d256,
+                              Step::v30_final_causal_grid, Step::v31_final_causal_grid_bc128};
+/// True for a lab step.
+constexpr bool step_in_lab(Step s) {
+  for (Step l : kLabSteps)
+    if (l == s) return true;
+  return false;
+}
+/// Every step this build holds: the main path, then the lab's when built with TUTORIAL_LAB=ON.
+#if TUTORIAL_LAB
+constexpr Step kAllSteps[] = {Step::v1_tma,        Step::v2_wgmma,         Step::v3_warp_specialized,
+                              Step::v4_pingpong,   Step::v5_intra_overlap, Step::v6_masked_first,
+                              Step::v7_persistent, Step::v8_head_dims,     Step::final_fwd,
+                              Step::final_fp8,
+                              Step::v9_fp8,
+                              Step::v10_tile_sizes, Step::v11_two_pipe_exp, Step::v12_fp8_two_pipes,
+                              Step::v13_dynamic_tiles, Step::v14_three_consumers, Step::v15_fp8_lazy_rescale,
+                              Step::v16_causal_grid, Step::v17_causal_key_blocks,
+                              Step::v18_causal_blocks_registers, Step::v19_causal_grid_wide_blocks,
+                              Step::v20_exp_one_in_eight, Step::v21_softmax_chains,
+                              Step::v22_three_consumers_chains, Step::v23_descriptors_by_addition,
+                              Step::v24_causal_l2_sections, Step::v25_three_consumers_descriptors,
+                              Step::v26_fp8_wide_blocks_d256, Step::v27_fp8_wide_blocks_d128,
+                              Step::v28_three_consumers_mufu_exp, Step::v29_fp8_mufu_exp_d256,
+                              Step::v30_final_causal_grid, Step::v31_final_causal_grid_bc128};
+#else
+constexpr Step kAllSteps[] = {Step::v1_tma,        Step::v2_wgmma,         Step::v3_warp_specialized,
+                              Step::v4_pingpong,   Step::v5_intra_overlap, Step::v6_masked_first,
+                              Step::v7_persistent, Step::v8_head_dims,     Step::final_fwd,
+                              Step::final_fp8};
+#endif
+/// Whether this build holds step `s` (a lab step only with TUTORIAL_LAB=ON).
+constexpr bool step_built(Step s) { return !step_in_lab(s) || TUTORIAL_LAB; }
 
 /// True for the steps that compute in E4M3 (their inputs go through fp8_prepare first).
 constexpr bool step_is_fp8(Step s) {
-  return s == Step::v9_fp8 || s == Step::v12_fp8_two_pipes || s == Step::v15_fp8_lazy_rescale ||
+  return s == Step::final_fp8 || s == Step::v9_fp8 || s == Step::v12_fp8_two_pipes || s == Step::v15_fp8_lazy_rescale ||
          s == Step::v26_fp8_wide_blocks_d256 || s == Step::v27_fp8_wide_blocks_d128 || s == Step::v29_fp8_mufu_exp_d256;
 }
 

@@ -36,17 +36,31 @@ const char* step_name(Step s) {
     case Step::v27_fp8_wide_blocks_d128: return "v27 fp8 key blocks of 192 at d = 128";
     case Step::v28_three_consumers_mufu_exp: return "v28 three consumers, every exponential on MUFU";
     case Step::v29_fp8_mufu_exp_d256: return "v29 fp8 d = 256, every exponential on MUFU";
+    case Step::v30_final_causal_grid: return "v30 final, d = 128 causal as v6's grid";
+    case Step::v31_final_causal_grid_bc128: return "v31 v30 with key blocks of 128";
+    case Step::final_fwd: return "final forward";
+    case Step::final_fp8: return "final fp8 forward";
   }
   return "?";
 }
 
 bool parse_step(const std::string& text, Step* out) {
+  if (text == "final" || text == "final-fp8") {
+    *out = text == "final" ? Step::final_fwd : Step::final_fp8;
+    return true;
+  }
   std::string t = text;
   if (!t.empty() && (t[0] == 'v' || t[0] == 'V')) t = t.substr(1);
   if (t.empty() || t.size() > 2 || t[0] < '1' || t[0] > '9' || (t.size() == 2 && (t[1] < '0' || t[1] > '9')))
     return false;
   const int n = std::stoi(t);
-  for (Step s : kAllSteps)
+  if (n >= int(Step::final_fwd)) return false;  // the final kernels go by name
+  for (Step s : kLabSteps)
+    if (int(s) == n) {
+      *out = s;
+      return true;
+    }
+  for (Step s : kMainSteps)
     if (int(s) == n) {
       *out = s;
       return true;
@@ -61,6 +75,7 @@ bool step_supports(Step s, const Problem& p, std::string* why) {
   };
   if (p.dtype != DType::bf16 && p.dtype != DType::f16) return no("needs bf16 or fp16 inputs");
   if (p.d != p.dv) return no("needs d == dv");
+  if (!step_built(s)) return no("a lab step: this build has no lab (configure with -DTUTORIAL_LAB=ON)");
   const int s_index = int(s);
   if (s_index >= 2 && s_index <= 7 && p.d != 128)
     return no("built for d = 128 only (steps 1 and 8-13 take d = 64, 128, 256)");
@@ -74,6 +89,8 @@ bool step_supports(Step s, const Problem& p, std::string* why) {
   if (s == Step::v27_fp8_wide_blocks_d128 && p.d != 128) return no("built for d = 128 only (its other kernels would be v15's)");
   if (s == Step::v28_three_consumers_mufu_exp && p.d != 64) return no("built for d = 64 only (as v14)");
   if (s == Step::v29_fp8_mufu_exp_d256 && p.d != 256) return no("built for d = 256 only (as v26)");
+  if ((s == Step::v30_final_causal_grid || s == Step::v31_final_causal_grid_bc128) && !(p.d == 128 && p.causal))
+    return no("built for d = 128 causal only (elsewhere it is the final kernel)");
   if (s == Step::v19_causal_grid_wide_blocks && p.d == 64) return no("built for d = 128 and 256 (the grid lost at d = 64: v16)");
   return true;
 }

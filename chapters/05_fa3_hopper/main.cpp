@@ -1,6 +1,7 @@
 // ch05_fa3_hopper: FlashAttention-3 on Hopper. The CPU model of the producer/consumer
-// schedule (counted traffic), the FP8 accuracy table, and on an sm_90 GPU the seven
-// steps checked against the fp64 reference and timed.
+// schedule (counted traffic), the FP8 accuracy table, and on an sm_90 GPU the main path's
+// steps and final kernels (the lab's too with --lab) checked against the fp64 reference
+// and timed.
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
@@ -75,13 +76,14 @@ void add_backward_model_row(Report& rep, const Problem& p, const AttnInputs& in,
 /// The backward rows: every backward step, dQ added in any order and deterministically,
 /// each checked against the fp64 backward before it is timed (a failing kernel is not timed).
 void add_backward_rows(Report& rep, const Problem& p, const AttnInputs& in, const BackwardOracle& oracle,
-                       const DeviceInfo& dev, const std::string& which, const std::vector<int>& list) {
+                       const DeviceInfo& dev, const std::string& which, const std::vector<int>& list, bool lab) {
   require_device_memory(dev, fa3_backward_device_bytes(p), "the backward's tensors");
   BackwardRunner runner(p, in);  // the tensors uploaded once for every row
   for (BwdStep s : kAllBwdSteps)
     for (bool det : {false, true}) {
       if (!list.empty() ? std::find(list.begin(), list.end(), int(s)) == list.end()
-                        : which != "all" && std::to_string(int(s)) != which)
+          : which == "all" ? bwd_step_in_lab(s) && !lab
+                           : (s == BwdStep::final_bwd ? "final" : std::to_string(int(s))) != which)
         continue;
       if (!bwd_step_supports(s, p)) continue;  // b12: d = 64 only
       ResultRow row;
@@ -117,29 +119,32 @@ int main(int argc, char** argv) {
           "FlashAttention-3 on Hopper: TMA, wgmma, warp specialisation, pingpong, overlap, persistent tiles, FP8.");
   cli.defaults(defaults).head_dims({64, 128, 256}).dtypes({DType::bf16, DType::f16});
   std::vector<int> step_list;  // empty: all
-  constexpr int kLastStep = int(kAllSteps[std::size(kAllSteps) - 1]);
+  constexpr int kLastLabStep = int(kLabSteps[std::size(kLabSteps) - 1]);
   cli.add_int_list("--step", &step_list,
-                   "run these steps' kernels, e.g. 11,18 (1-" + std::to_string(kLastStep) +
-                       "; inputs uploaded once for all), or all that support the problem [all]",
-                   1, kLastStep);
+                   "run these forward steps, e.g. 1,8,final (v1-v8, final, final-fp8; with --lab also the lab's v9-v" +
+                       std::to_string(kLastLabStep) + "; inputs uploaded once for all), or all [all]",
+                   1, kLastLabStep, {{"final", int(Step::final_fwd)}, {"final-fp8", int(Step::final_fp8)}});
+  bool lab = false;
+  cli.add_flag("--lab", &lab,
+               "also run the lab's steps (steps/lab/, LAB.md): forward v9-v31 and backward b3, b4, b7-b9, b12-b15; "
+               "needs a build configured with -DTUTORIAL_LAB=ON");
   bool no_table = false;
   cli.add_flag("--no-fp8-table", &no_table, "skip the CPU FP8 accuracy table");
   bool no_backward = false;
-  cli.add_flag("--no-backward", &no_backward, "skip the backward rows (steps b1, b2; dQ added in any order, then deterministically)");
+  cli.add_flag("--no-backward", &no_backward, "skip the backward rows (dQ added in any order, then deterministically)");
   bool backward_only = false;
   cli.add_flag("--backward-only", &backward_only, "run the backward rows and no forward step (the backward still runs v8 for O and LSE)");
   int launch_only = 0;
   cli.add_int("--launch-only", &launch_only,
               "launch the chosen steps K times each on device-made inputs, and the steps of --backward-steps on seeded ones, nothing checked or timed (for a profiler)", 1, 100);
   std::string bwd_step_text = "auto";
-  cli.add_choice("--backward-step", &bwd_step_text, {"auto", "all", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15"},
-                 "run one backward step (b1-b15) or all (see --backward-steps for several); auto: all with --step all, none with a list of forward steps");
+  cli.add_choice("--backward-step", &bwd_step_text, {"auto", "all", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "final"},
+                 "run one backward step (b1, b2, b5, b6, b10, b11, final; the lab's with --lab) or all (see --backward-steps for several); auto: all with --step all, none with a list of forward steps");
 
   std::vector<int> bwd_step_list;  // empty: --backward-step decides
   cli.add_int_list("--backward-steps", &bwd_step_list,
-                   "run these backward steps, e.g. 10,13 (b1-b" + std::to_string(int(kAllBwdSteps[std::size(kAllBwdSteps) - 1])) +
-                       "), in place of --backward-step",
-                   1, int(kAllBwdSteps[std::size(kAllBwdSteps) - 1]));
+                   "run these backward steps, e.g. 11,final (b1-b15, final), in place of --backward-step", 1,
+                   int(BwdStep::b15_scores_ahead), {{"final", int(BwdStep::final_bwd)}});
 
   return run_chapter(argc, argv, cli, [&](const Options& opt) {
     const Problem& p = opt.problem;
@@ -149,9 +154,20 @@ int main(int argc, char** argv) {
     rep.problem = p;
     rep.inputs = std::string(dist_name(opt.dist)) + ", seed " + std::to_string(opt.seed);
     const auto dev = select_device(opt.device, &rep.mode);
-    std::vector<Step> steps;
+    if (lab && !TUTORIAL_LAB) throw UsageError("--lab: this build has no lab steps (configure with -DTUTORIAL_LAB=ON)");
+    for (int k : step_list)
+      if (!step_built(Step(k)))
+        throw UsageError("--step " + std::to_string(k) + ": a lab step, and this build has no lab (configure with -DTUTORIAL_LAB=ON)");
+    for (int k : bwd_step_list)
+      if (!bwd_step_built(BwdStep(k)))
+        throw UsageError("--backward-steps " + std::to_string(k) + ": a lab step, and this build has no lab (configure with -DTUTORIAL_LAB=ON)");
+    if (bwd_step_text != "auto" && bwd_step_text != "all" && bwd_step_text != "final" &&
+        !bwd_step_built(BwdStep(std::stoi(bwd_step_text))))
+      throw UsageError("--backward-step " + bwd_step_text + ": a lab step, and this build has no lab (configure with -DTUTORIAL_LAB=ON)");
+    std::vector<Step> steps;  // the main path (the lab's too with --lab), or the steps listed
     for (Step s : kAllSteps)
-      if (step_list.empty() || std::find(step_list.begin(), step_list.end(), int(s)) != step_list.end())
+      if (step_list.empty() ? !step_in_lab(s) || lab
+                            : std::find(step_list.begin(), step_list.end(), int(s)) != step_list.end())
         steps.push_back(s);
     if (backward_only) steps.clear();
     if (launch_only > 0) {  // the kernels alone, for Nsight Compute (scripts/ncu_fwd.py)
@@ -222,7 +238,7 @@ int main(int argc, char** argv) {
       rep.notes.push_back(why);
     } else if (dev) {
       rep.device = dev->name;
-      require_device_memory(*dev, fa3_device_bytes(p, Step::v9_fp8), "the chapter's tensors");
+      require_device_memory(*dev, fa3_device_bytes(p, Step::final_fp8), "the chapter's tensors");
       std::optional<double> fp8_ceiling;
       if (opt.bench) {
         rep.ceilings = measure_ceilings(p.dtype);
@@ -270,7 +286,7 @@ int main(int argc, char** argv) {
         rep.rows.push_back(row);
       }
       runner.reset();  // the forward's tensors freed before the backward's are allocated
-      if (with_backward) add_backward_rows(rep, p, in, *boracle, *dev, bwd_step_text, bwd_step_list);
+      if (with_backward) add_backward_rows(rep, p, in, *boracle, *dev, bwd_step_text, bwd_step_list, lab);
       rep.apply_ceilings();
     }
 #else

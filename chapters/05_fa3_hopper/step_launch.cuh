@@ -35,7 +35,8 @@ struct PreparedStep {
   int smem_bytes = 0;
 };
 
-// One launcher per step (steps/vN_*.cu). Each throws UsageError for a problem its
+// One launcher per step (steps/vN_*.cu on the main path, steps/lab/vN_*.cu in the lab,
+// built with TUTORIAL_LAB=ON only). Each throws UsageError for a problem its
 // kernels were not built for (fa3_gpu.hpp: step_supports() says which).
 namespace v1 { PreparedStep prepare(const StepArgs& a); }
 namespace v2 { PreparedStep prepare(const StepArgs& a); }
@@ -66,5 +67,10 @@ namespace v26 { PreparedStep prepare(const StepArgs& a); }
 namespace v27 { PreparedStep prepare(const StepArgs& a); }
 namespace v28 { PreparedStep prepare(const StepArgs& a); }
 namespace v29 { PreparedStep prepare(const StepArgs& a); }
+namespace v30 { PreparedStep prepare(const StepArgs& a); }
+namespace v31 { PreparedStep prepare(const StepArgs& a); }
+// The final kernels (steps/final.cu, steps/final_fp8.cu).
+namespace final_fwd { PreparedStep prepare(const StepArgs& a); }
+namespace final_fp8 { PreparedStep prepare(const StepArgs& a); }
 
 }  // namespace attn::ch05

@@ -72,6 +72,7 @@ TEST_CASE("backward b2 (warp-specialised) at awkward shapes, d = 64 and 128, bf1
   }
 }
 
+#if TUTORIAL_LAB  // a lab step (steps/lab/): built with TUTORIAL_LAB=ON
 TEST_CASE("backward b3 (dQ in fragment order) at awkward shapes, d = 64 and 128, bf16 and fp16") {
   require_hopper();
   for (int d : {64, 128}) {
@@ -81,7 +82,9 @@ TEST_CASE("backward b3 (dQ in fragment order) at awkward shapes, d = 64 and 128,
     check_backward(BwdStep::b3_dq_fragment_order, shape().n(256).d(d).dtype(DType::f16), false, Dist::outliers);
   }
 }
+#endif
 
+#if TUTORIAL_LAB  // a lab step (steps/lab/): built with TUTORIAL_LAB=ON
 TEST_CASE("backward b4 (no spills) at awkward shapes, d = 64 and 128, bf16 and fp16") {
   require_hopper();
   for (int d : {64, 128}) {
@@ -91,6 +94,7 @@ TEST_CASE("backward b4 (no spills) at awkward shapes, d = 64 and 128, bf16 and f
     check_backward(BwdStep::b4_no_spills, shape().n(256).d(d).dtype(DType::f16), false, Dist::outliers);
   }
 }
+#endif
 
 TEST_CASE("backward b5 (dQ writer warp) at awkward shapes, d = 64 and 128, bf16 and fp16") {
   require_hopper();
@@ -111,6 +115,7 @@ TEST_CASE("backward b6 (deterministic walk) at awkward shapes, both modes") {
   }
 }
 
+#if TUTORIAL_LAB  // a lab step (steps/lab/): built with TUTORIAL_LAB=ON
 TEST_CASE("backward b7 (dQ split by keys) at awkward shapes, both modes") {
   require_hopper();
   for (int d : {64, 128}) {
@@ -119,7 +124,9 @@ TEST_CASE("backward b7 (dQ split by keys) at awkward shapes, both modes") {
     awkward_shapes(BwdStep::b7_dq_split_by_keys, d, DType::f16, true);
   }
 }
+#endif
 
+#if TUTORIAL_LAB  // a lab step (steps/lab/): built with TUTORIAL_LAB=ON
 TEST_CASE("backward b8 (named-barrier release) at awkward shapes, both modes") {
   require_hopper();
   for (int d : {64, 128}) {
@@ -128,7 +135,9 @@ TEST_CASE("backward b8 (named-barrier release) at awkward shapes, both modes") {
     awkward_shapes(BwdStep::b8_named_barrier_release, d, DType::f16, true);
   }
 }
+#endif
 
+#if TUTORIAL_LAB  // a lab step (steps/lab/): built with TUTORIAL_LAB=ON
 TEST_CASE("backward b9 (two dS^T buffers) at awkward shapes, both modes") {
   require_hopper();
   for (int d : {64, 128}) {
@@ -137,6 +146,7 @@ TEST_CASE("backward b9 (two dS^T buffers) at awkward shapes, both modes") {
     awkward_shapes(BwdStep::b9_two_ds_buffers, d, DType::f16, true);
   }
 }
+#endif
 
 TEST_CASE("backward b10 (the consumers a dQ apart) at awkward shapes, both modes") {
   require_hopper();
@@ -162,6 +172,7 @@ TEST_CASE("backward b11 (longest walks first) at awkward shapes, both modes") {
   }
 }
 
+#if TUTORIAL_LAB  // a lab step (steps/lab/): built with TUTORIAL_LAB=ON
 TEST_CASE("backward b12 (pairs of query blocks, d = 64) at awkward shapes, both modes") {
   require_hopper();
   awkward_shapes(BwdStep::b12_pairs_of_query_blocks, 64, DType::bf16, false);
@@ -181,7 +192,9 @@ TEST_CASE("backward b12 (pairs of query blocks, d = 64) at awkward shapes, both 
                                    false, false),
                   UsageError);
 }
+#endif
 
+#if TUTORIAL_LAB  // a lab step (steps/lab/): built with TUTORIAL_LAB=ON
 TEST_CASE("backward b13 (80 queries a step, d = 128) at awkward shapes, both modes") {
   require_hopper();
   awkward_shapes(BwdStep::b13_eighty_queries, 128, DType::bf16, false);
@@ -198,7 +211,9 @@ TEST_CASE("backward b13 (80 queries a step, d = 128) at awkward shapes, both mod
   CHECK_THROWS_AS(fa3_backward_gpu(p64, make_inputs(p64, Dist::normal, 1, true), BwdStep::b13_eighty_queries, false, false),
                   UsageError);
 }
+#endif
 
+#if TUTORIAL_LAB  // a lab step (steps/lab/): built with TUTORIAL_LAB=ON
 TEST_CASE("backward b14 (dS stored by queries, d = 128) at awkward shapes, both modes") {
   require_hopper();
   awkward_shapes(BwdStep::b14_ds_by_queries, 128, DType::bf16, false);
@@ -209,7 +224,9 @@ TEST_CASE("backward b14 (dS stored by queries, d = 128) at awkward shapes, both 
       check_backward(BwdStep::b14_ds_by_queries, shape().batch(2).heads(4, 2).n(nq, 130).d(128), det);
     }
 }
+#endif
 
+#if TUTORIAL_LAB  // a lab step (steps/lab/): built with TUTORIAL_LAB=ON
 TEST_CASE("backward b15 (the next S^T ahead of dQ, d = 128) at awkward shapes, both modes") {
   require_hopper();
   awkward_shapes(BwdStep::b15_scores_ahead, 128, DType::bf16, false);
@@ -223,6 +240,7 @@ TEST_CASE("backward b15 (the next S^T ahead of dQ, d = 128) at awkward shapes, b
     }
   CHECK_FALSE(bwd_step_supports(BwdStep::b15_scores_ahead, shape().n(128).d(64)));
 }
+#endif
 
 TEST_CASE("backward, deterministic mode: correct at awkward shapes") {
   require_hopper();
@@ -278,6 +296,28 @@ TEST_CASE("backward at the benchmark's shape (sampled KV groups)") {
   }
 }
 
+TEST_CASE("the final backward at awkward shapes, d = 64 and 128, bf16 and fp16, both modes") {
+  require_hopper();
+  for (int d : {64, 128}) {
+    CAPTURE(d);
+    awkward_shapes(BwdStep::final_bwd, d, DType::bf16, false);
+    awkward_shapes(BwdStep::final_bwd, d, DType::f16, true);
+  }
+  // d = 64 takes query blocks in pairs: an odd and an even number of 64-row blocks.
+  // d = 128 takes blocks of 80: N a multiple of 80 and not, of 64 and not. GQA over batches.
+  for (bool det : {false, true}) {
+    for (int nq : {64, 192, 256, 448}) {
+      check_backward(BwdStep::final_bwd, shape().heads(2).n(nq, 300).d(64).causal(), det);
+      check_backward(BwdStep::final_bwd, shape().batch(2).heads(4, 2).n(nq, 130).d(64), det);
+    }
+    for (int nq : {80, 160, 192, 400}) {
+      check_backward(BwdStep::final_bwd, shape().heads(2).n(nq, 300).d(128).causal(), det);
+      check_backward(BwdStep::final_bwd, shape().batch(2).heads(4, 2).n(nq, 130).d(128), det);
+    }
+    check_backward(BwdStep::final_bwd, shape().batch(2).heads(6, 3).n(700, 900).d(128).causal(), det, Dist::outliers);
+  }
+}
+
 // What scripts run under compute-sanitizer, one step per case: tails, empty rows, GQA,
 // causal, both modes.
 void sanitizer_shape(BwdStep s, int d = 128) {
@@ -286,16 +326,36 @@ void sanitizer_shape(BwdStep s, int d = 128) {
 }
 TEST_CASE("backward sanitizer shape b1") { sanitizer_shape(BwdStep::b1_wgmma); }
 TEST_CASE("backward sanitizer shape b2") { sanitizer_shape(BwdStep::b2_warp_specialized); }
+#if TUTORIAL_LAB  // a lab step (steps/lab/): built with TUTORIAL_LAB=ON
 TEST_CASE("backward sanitizer shape b3") { sanitizer_shape(BwdStep::b3_dq_fragment_order); }
+#endif
+#if TUTORIAL_LAB  // a lab step (steps/lab/): built with TUTORIAL_LAB=ON
 TEST_CASE("backward sanitizer shape b4") { sanitizer_shape(BwdStep::b4_no_spills); }
+#endif
 TEST_CASE("backward sanitizer shape b5") { sanitizer_shape(BwdStep::b5_dq_writer); }
 TEST_CASE("backward sanitizer shape b6") { sanitizer_shape(BwdStep::b6_deterministic_walk); }
+#if TUTORIAL_LAB  // a lab step (steps/lab/): built with TUTORIAL_LAB=ON
 TEST_CASE("backward sanitizer shape b7") { sanitizer_shape(BwdStep::b7_dq_split_by_keys); }
+#endif
+#if TUTORIAL_LAB  // a lab step (steps/lab/): built with TUTORIAL_LAB=ON
 TEST_CASE("backward sanitizer shape b8") { sanitizer_shape(BwdStep::b8_named_barrier_release); }
+#endif
+#if TUTORIAL_LAB  // a lab step (steps/lab/): built with TUTORIAL_LAB=ON
 TEST_CASE("backward sanitizer shape b9") { sanitizer_shape(BwdStep::b9_two_ds_buffers); }
+#endif
 TEST_CASE("backward sanitizer shape b10") { sanitizer_shape(BwdStep::b10_consumer_offset); }
 TEST_CASE("backward sanitizer shape b11") { sanitizer_shape(BwdStep::b11_longest_walks_first); }
+#if TUTORIAL_LAB  // a lab step (steps/lab/): built with TUTORIAL_LAB=ON
 TEST_CASE("backward sanitizer shape b12") { sanitizer_shape(BwdStep::b12_pairs_of_query_blocks, 64); }
+#endif
+#if TUTORIAL_LAB  // a lab step (steps/lab/): built with TUTORIAL_LAB=ON
 TEST_CASE("backward sanitizer shape b13") { sanitizer_shape(BwdStep::b13_eighty_queries); }
+#endif
+#if TUTORIAL_LAB  // a lab step (steps/lab/): built with TUTORIAL_LAB=ON
 TEST_CASE("backward sanitizer shape b14") { sanitizer_shape(BwdStep::b14_ds_by_queries); }
+#endif
+#if TUTORIAL_LAB  // a lab step (steps/lab/): built with TUTORIAL_LAB=ON
 TEST_CASE("backward sanitizer shape b15") { sanitizer_shape(BwdStep::b15_scores_ahead); }
+#endif
+TEST_CASE("backward sanitizer shape final, d = 64") { sanitizer_shape(BwdStep::final_bwd, 64); }
+TEST_CASE("backward sanitizer shape final, d = 128") { sanitizer_shape(BwdStep::final_bwd, 128); }

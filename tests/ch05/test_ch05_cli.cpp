@@ -35,6 +35,24 @@ TEST_CASE("bad input: one line on stderr and exit code 2") {
   }
 }
 
+TEST_CASE("the final kernels go by name, and the lab's steps need the lab build") {
+  // --step final and final-fp8 parse (on the CPU the GPU rows are simply not run).
+  const auto r = run_binary(CH05_BINARY, "--device cpu --n 130 --heads 2 --d 64 --no-fp8-table --step 8,final,final-fp8");
+  CHECK(r.exit_code == 0);
+  CHECK(run_binary(CH05_BINARY, "--device cpu --n 130 --heads 2 --step finalx").exit_code == 2);
+#if TUTORIAL_LAB
+  CHECK(run_binary(CH05_BINARY, "--device cpu --n 130 --heads 2 --no-fp8-table --lab --step 12,23").exit_code == 0);
+#else
+  for (const char* args : {"--lab", "--step 12", "--backward-steps 13", "--backward-step 3"}) {
+    CAPTURE(args);
+    const auto bad = run_binary(CH05_BINARY, std::string("--device cpu --n 130 --heads 2 ") + args);
+    CHECK(bad.exit_code == 2);
+    CHECK(bad.err_lines() == 1);
+    CHECK(bad.err.find("TUTORIAL_LAB") != std::string::npos);
+  }
+#endif
+}
+
 TEST_CASE("every supported head dim runs on the CPU") {
   for (const char* d : {"64", "128", "256"}) {
     CAPTURE(d);
