@@ -25,7 +25,8 @@
 // softmax of S_{j-1}, masked blocks first, persistent blocks), but what the lab measured
 // after v8, one idea at a time, is now a column of one table, Config<D, kCausal> (below).
 // d = 128 and 256 take v23's row (two consumers, wide key blocks, reductions in chains),
-// d = 64 v28's (three consumers, tiles on demand, every exponential on MUFU). Every function
+// except d = 128 causal, which takes v31's (v6's grid and key block); d = 64 takes v28's
+// (three consumers, tiles on demand, every exponential on MUFU). Every function
 // reads its choices from the table, and where the code differs between two choices an
 // `if constexpr` on the column says so. A column a line: the idea, and the lab steps that
 // measured it:
@@ -37,7 +38,7 @@
 //   kExpEvery   one 2^x in kExpEvery on the FMA pipe (a polynomial), the rest on MUFU; 0: all   v11, v28
 //   kChains     partial chains a row of the softmax's row max and row sum; 1: a single chain    v21, v22
 //   regs        setmaxnreg's registers a thread: producer 24, consumers 240 (two) or 160 (three) v3, v14
-//   kSchedule   persistent snake (v7), tiles from a global counter (v13), or a block a tile (v6) v7, v13, v6, v16, v19
+//   kSchedule   persistent snake (v7), tiles from a global counter (v13), or a block a tile (v6) v7, v13, v6, v30, v31
 //
 // The causal tile order goes with the schedule: the list of kPersistent and kDynamic runs
 // the longest tiles of every head first (tile_coords, fa3_tiles.hpp); kGrid launches v6's
@@ -52,14 +53,13 @@
 // stage is computed from the K ring's where it is used (v18). Both compute the output rows
 // again after the loop.
 //
-// The schedules, read from the code: the persistent walk overlaps a tile's start (its Q, the
-// ring's first K and V) with the end of the one before, and without the mask its list goes
-// head by head, so the blocks running together share K and V in L2. With the causal mask the
-// persistent list runs the same query tile of as many heads at once as there are blocks, each
-// block reading its own head's K and V, while v6's grid runs the tiles of one or two heads at
-// once (sharing their K and V in L2) but starts each tile cold. Which one wins at d = 128
-// causal is for the measurement: kSchedule of Config<128, true>, Schedule::kPersistent (v23's)
-// or Schedule::kGrid (v6's launch).
+// The schedules: the persistent walk overlaps a tile's start (its Q, the ring's first K and
+// V) with the end of the one before, and without the mask its list goes head by head, so
+// the blocks running together share K and V in L2. With the causal mask at d = 128 the
+// persistent list runs the same query tile of as many heads at once as there are blocks,
+// each block reading its own head's K and V, while v6's grid runs the tiles of one or two
+// heads at once, sharing their K and V in L2; there the grid won (lab steps v30 and v31),
+// with v6's key block of 128, which the diagonal crosses once per tile.
 #include <memory>
 #include <string>
 
@@ -103,7 +103,7 @@ template <int D, bool kCausal> struct Config;
 template <> struct Config<64, false>  : Row<        3, 192, 128,      4,   0,      1,   24, 160, Schedule::kDynamic> {};
 template <> struct Config<64, true>   : Row<        3, 192, 128,      4,   0,      1,   24, 160, Schedule::kDynamic> {};
 template <> struct Config<128, false> : Row<        2, 128, 176,      2,   0,      4,   24, 240, Schedule::kPersistent> {};
-template <> struct Config<128, true>  : Row<        2, 128, 176,      2,   0,      4,   24, 240, Schedule::kPersistent> {};
+template <> struct Config<128, true>  : Row<        2, 128, 128,      2,   0,      4,   24, 240, Schedule::kGrid> {};
 template <> struct Config<256, false> : Row<        2, 128,  80,      2,   0,      4,   24, 240, Schedule::kPersistent> {};
 template <> struct Config<256, true>  : Row<        2, 128,  80,      2,   0,      4,   24, 240, Schedule::kPersistent> {};
 constexpr int kExpDegree = 4;    // exp2_fma's polynomial, where kExpEvery > 0
