@@ -42,7 +42,7 @@ MARK = re.compile(r"(<!-- bench:([a-z0-9-]+) begin -->\n)(.*?)(<!-- bench:\2 end
 
 
 def newest_run():
-    runs = sorted(glob.glob(os.path.join(RECORDED, "*.json")))
+    runs = sorted(glob.glob(os.path.join(RECORDED, "*.json")), key=run_time)
     if not runs:
         sys.exit("bench_readme: no recorded run in %s" % os.path.relpath(RECORDED, ROOT))
     return runs[-1]
@@ -71,23 +71,22 @@ def provenance(res, run_path):
     rel = os.path.relpath(run_path, ROOT)
     commit = bench_report.commit_text(r)
     commit = ", at " + commit if commit else ", commit not recorded"
-    if r.get("commit"):  # BENCH_COMMIT: the commit a copied tree came from
-        commit += " (the tree copied from commit %s)" % r["commit"]
     return ("Measured on one %s (driver %s) on %s by `%s`%s%s; generated from [%s](%s) by `bench/bench_readme.py` "
             "(never typed by hand). Every ratio is to a peer measured in the same run." % (
                 r.get("gpu"), r.get("driver"), (r.get("date") or "?")[:10], r.get("command"), run_extent(res),
                 commit, rel, rel))
 
 
-def section_text(name, res, md, run_path, readme_dir):
+def section_text(name, res, md, run_path, readme_dir, tables_md=None):
     body = bench_report.extract_section(md, name)
     if body is None:
         return None
     body = "\n".join(l for l in body.splitlines() if not l.startswith("### "))  # the README has its own heading
-    rec = os.path.relpath(os.path.join(RECORDED, "results.md"), readme_dir)
+    tables_md = tables_md or os.path.join(RECORDED, "results.md")
+    rec = os.path.relpath(tables_md, readme_dir)
     text = provenance(res, run_path).replace("](%s)" % os.path.relpath(run_path, ROOT),
                                               "](%s)" % os.path.relpath(run_path, readme_dir))
-    text += " All tables: [%s](%s).\n\n" % (os.path.relpath(os.path.join(RECORDED, "results.md"), ROOT), rec)
+    text += " All tables: [%s](%s).\n\n" % (os.path.relpath(tables_md, ROOT), rec)
     text += body.strip("\n") + "\n"
     if name == "lineage" and os.path.exists(os.path.join(RECORDED, "lineage.png")):
         text += "\n![The lineage at a glance](%s)\n" % os.path.relpath(os.path.join(RECORDED, "lineage.png"),
@@ -101,11 +100,66 @@ def readmes():
                                                        glob.glob(os.path.join(ROOT, "chapters", "*", "LAB.md")))
 
 
-def generate(run_path):
-    """{path: new text} for results.md and every README with markers."""
-    res = read_json(run_path)
-    md = bench_report.markdown(res)
-    out = {os.path.join(RECORDED, "results.md"): md}
+def run_time(path):
+    """A recorded run's date and time from its name (<gpu>-YYYY-MM-DD-HHMM.json), for ordering runs of
+    different GPUs."""
+    m = re.search(r"(\d{4}-\d\d-\d\d)(?:-(\d{4}))?\.json$", os.path.basename(path))
+    return (m.group(1), m.group(2) or "") if m else ("", "")
+
+
+def all_runs():
+    """Every recorded run, newest first."""
+    return sorted(glob.glob(os.path.join(RECORDED, "*.json")), key=run_time, reverse=True)
+
+
+def results_md_path(run_path, main_run):
+    """results.md for the main run; <run>.md beside it for a run that only some sections come from."""
+    if os.path.abspath(run_path) == os.path.abspath(main_run):
+        return os.path.join(RECORDED, "results.md")
+    return os.path.join(RECORDED, os.path.splitext(os.path.basename(run_path))[0] + ".md")
+
+
+def section_run(name, runs, main_run):
+    """The run a section comes from: a chapter's section (chNN-...) from the newest recorded run that
+    measured that chapter and has the table (a run of some chapters, e.g. --chapters 05 --lab, is
+    newer than the last full sweep for those chapters only); every other section (the lineage across
+    chapters) from the main run. None when no run has it."""
+    m = re.match(r"ch(\d\d)-", name)
+    if not m:
+        return main_run if bench_report.extract_section(runs[main_run][1], name) is not None else None
+    for path in all_runs():
+        res, md = runs[path]
+        chapters = res.get("run", {}).get("chapters")
+        if (not chapters or m.group(1) in chapters) and bench_report.extract_section(md, name) is not None:
+            return path
+    return None
+
+
+def main_run_of(runs, given=None):
+    """The run of the lineage table and results.md: the one given, else the newest that measured every
+    chapter it was asked for without a --chapters subset (a full sweep)."""
+    if given:
+        return os.path.abspath(given)
+    for path in all_runs():
+        if "--chapters" not in (runs[path][0].get("run", {}).get("command") or ""):
+            return path
+    return all_runs()[0]
+
+
+def generate(run_path=None):
+    """{path: new text} for results.md (and <run>.md of any other run a section comes from) and every
+    README or LAB.md with markers."""
+    runs = {}
+    for path in all_runs():
+        res = read_json(path)
+        runs[path] = (res, bench_report.markdown(res))
+    if run_path:
+        run_path = os.path.abspath(run_path)
+        if run_path not in runs:
+            res = read_json(run_path)
+            runs[run_path] = (res, bench_report.markdown(res))
+    main_run = main_run_of(runs, run_path)
+    out = {os.path.join(RECORDED, "results.md"): runs[main_run][1]}
     for path in readmes():
         if not os.path.exists(path):
             continue
@@ -113,14 +167,21 @@ def generate(run_path):
         missing = []
 
         def fill(m):
-            t = section_text(m.group(2), res, md, run_path, os.path.dirname(path))
+            src = section_run(m.group(2), runs, main_run) if not run_path else run_path
+            if src is None:
+                missing.append(m.group(2))
+                return m.group(0)
+            res, md = runs[src]
+            t = section_text(m.group(2), res, md, src, os.path.dirname(path), results_md_path(src, main_run))
             if t is None:
                 missing.append(m.group(2))
                 return m.group(0)
+            if src != main_run:
+                out[results_md_path(src, main_run)] = md
             return m.group(1) + t + m.group(4)
         new = MARK.sub(fill, old)
         if missing:
-            sys.exit("bench_readme: %s asks for table(s) %s, which the recorded run does not have" % (
+            sys.exit("bench_readme: %s asks for table(s) %s, which no recorded run has" % (
                 os.path.relpath(path, ROOT), ", ".join(missing)))
         if new != old or MARK.search(old):
             out[path] = new
@@ -175,22 +236,39 @@ def main():
     g.add_argument("--check", action="store_true")
     g.add_argument("--record", metavar="RESULTS_OR_LOG",
                    help="copy a run (its results.json, or a GPU log that holds it) into bench/recorded, then --write")
-    ap.add_argument("--run", help="a recorded results.json (default: the newest in bench/recorded)")
+    ap.add_argument("--run", help="one recorded results.json for every section (default: each chapter's sections "
+                                  "from the newest run that measured it, the rest from the newest full sweep)")
     ap.add_argument("--no-plots", action="store_true", help="with --write: tables only")
     a = ap.parse_args()
-    if a.record:
-        a.run, a.write = record(a.record), True
-    run_path = os.path.abspath(a.run or newest_run())
-    if a.write and not a.no_plots:  # first: the README links the lineage picture when it exists
+    if a.record:  # then every section from the newest run that has it (section_run())
+        record(a.record)
+        a.write = True
+    run_path = os.path.abspath(a.run) if a.run else None
+    plot_run = run_path or main_run_of({p: (read_json(p), None) for p in all_runs()})
+    files = generate(run_path)
+    if a.write and not a.no_plots:  # the README links the lineage picture when it exists
+        import shutil
+        import tempfile
         import bench_plots
-        drawn = bench_plots.draw_all(read_json(run_path), RECORDED)
+        drawn = bench_plots.draw_all(read_json(plot_run), RECORDED)
+        # a chapter whose sections come from a newer run of some chapters: its plots from that run too
+        for other in all_runs():
+            if other == plot_run or results_md_path(other, plot_run) not in files:
+                continue
+            chapters = read_json(other).get("run", {}).get("chapters") or []
+            with tempfile.TemporaryDirectory() as tmp:
+                for p in bench_plots.draw_all(read_json(other), tmp):
+                    m = re.match(r"tflops_ch(\d\d)_", os.path.basename(p))
+                    if m and m.group(1) in chapters:
+                        dst = os.path.join(RECORDED, os.path.basename(p))
+                        shutil.copyfile(p, dst)
+                        drawn = [x for x in drawn if os.path.basename(x) != os.path.basename(p)] + [dst]
         for p in drawn:
             print("wrote", os.path.relpath(p, ROOT))
         for p in glob.glob(os.path.join(RECORDED, "*.png")):  # a plot of an older run that this one lacks
             if os.path.abspath(p) not in {os.path.abspath(x) for x in drawn}:
                 os.remove(p)
                 print("removed", os.path.relpath(p, ROOT))
-    files = generate(run_path)
     if a.check:
         bad = 0
         for path, new in files.items():
@@ -201,10 +279,10 @@ def main():
                                                            os.path.relpath(path, ROOT) + " (in the repository)",
                                                            os.path.relpath(path, ROOT) + " (from the run)"))
         if bad:
-            print("bench_readme: %d file(s) differ from %s: run bench/bench_readme.py --write" % (
-                bad, os.path.relpath(run_path, ROOT)))
+            print("bench_readme: %d file(s) differ from the recorded runs: run bench/bench_readme.py --write" % bad)
             return 1
-        print("bench_readme: %d file(s) match %s" % (len(files), os.path.relpath(run_path, ROOT)))
+        print("bench_readme: %d file(s) match the recorded runs (main run: %s)" % (
+            len(files), os.path.relpath(plot_run, ROOT)))
         return 0
     for path, new in files.items():
         if not os.path.exists(path) or open(path).read() != new:

@@ -66,7 +66,10 @@ def short_commit(head):
 
 def commit_text(run):
     """"commit 09430b9 with uncommitted changes" (git_dirty), "commit 09430b9, clean tree", from the
-    run's git_head and git_dirty ("" without a git_head)."""
+    run's git_head and git_dirty ("" without a git_head). A run on a machine that got a copy of the
+    tree (BENCH_COMMIT, run.commit) names that commit: its own git state is not the tree's."""
+    if run.get("commit"):
+        return "commit %s (the committed tree, copied to the GPU machine)" % short_commit(run["commit"])
     head = short_commit(run.get("git_head"))
     if not head:
         return ""
@@ -516,11 +519,9 @@ def markdown(res, lab=None):
             t = lab_ratio_table(rows, c)
             if t:
                 out.append(section("ch%s-lab" % c, "Chapter %s's lab: each step against its parent" % c, t,
-                                   "Every lab step this run measured, next to the step it changes (its parent, "
-                                   "as its header names it: \"What changes from vN\"): its time over the "
-                                   "parent's on each shape both passed in this run, the smallest, median and "
-                                   "largest over those shapes. Below 1.00x the lab step is faster. A backward "
-                                   "step's deterministic-dQ row is compared with its parent's."))
+                                   "Each lab step's time over its parent's (the step its header names) at the "
+                                   "shapes both passed in this run: smallest, median, largest. Below 1.00x the "
+                                   "lab step is faster; deterministic-dQ rows against their parent's."))
     t = before_after_table(res, rows)
     if t:
         ba = res.get("run", {}).get("before") or {}

@@ -1059,6 +1059,7 @@ class Bench:
         # where the time went: every binary launch and every task, in seconds
         if os.environ.get("BENCH_COMMIT"):  # the commit the tree was copied from, where .git is not that tree's
             m["commit"] = os.environ["BENCH_COMMIT"]
+            m["git_head"], m["git_dirty"] = os.environ["BENCH_COMMIT"], None  # this machine's .git says nothing of it
         if self.before_dir:
             m["before"] = {"build": self.before_dir, "rounds": max(1, self.a.rounds)}
         if self.lab:
