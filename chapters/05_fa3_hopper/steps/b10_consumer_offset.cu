@@ -1,24 +1,8 @@
-// Chapter 05, backward step 10 of 10: consumer 0 multiplies each dQ a step late, the consumers run apart.
+// Chapter 05, backward step 10: consumer 0 multiplies each dQ a step late, the consumers run apart.
 //
-//     b1  wgmma backward: S^T, dP^T, dV, dK and dQ on wgmma; TMA loads; dQ through shared
-//         memory and one bulk reduce-add per tile
-//     b2  warp specialisation: a producer warpgroup feeds Q_i, dO_i, LSE_i, D_i through a
-//         ring of full/empty mbarriers; the consumers never stop for __syncthreads()
-//     b3  dQ in fragment order: each thread's dQ registers go to shared memory (and the
-//         accumulator) in the wgmma accumulator's order, with no bank conflict
-//     b4  no spills: the wgmma descriptors of K_j and V_j are rebuilt every step instead
-//         of being kept in registers across the loop
-//     b5  a dQ writer warp: a warp of the producer warpgroup issues the reduce-adds (and, in
-//         the deterministic mode, waits for its turn), from double-buffered dQ tiles
-//     b6  deterministic walk from the end: in the deterministic mode every key block walks
-//         its query blocks from the last one down, so that the blocks reach a tile together
-//     b7  dQ split by keys: each consumer multiplies its own 64 keys' dS by its own rows of
-//         K_j and hands over a whole 64 x d tile; no barrier between the two consumers
-//     b8  stages released on named barriers (from b6): the consumers arrive, the producer's
-//         warp waits, and compute-sanitizer's racecheck can see the order
-//     b9  two dS^T buffers: step s writes buffer s % 2, and the consumers meet once a step
-//   > b10 consumer offset: consumer 0 computes step s - 1's dQ in step s; the meeting becomes
-//         one-way signals, and the two consumers stop running in lockstep
+// The backward's main path: b1, b2, b5, b6, b10, b11, then final_backward.cu (the lab, steps/lab/,
+// holds b3, b4, b7-b9 and b12-b15). b10 changes the lab's b9, which changes b8, which changes b6:
+// against b6 it makes three changes, b8's and b9's (summarised after b10's own) first.
 //
 // What changes from b9. In b9 both consumers meet on named barrier 1 every step (dQ reads
 // both halves of dS^T) and then run the same phases at the same time: both wait for their
@@ -54,12 +38,6 @@
 // kernel has b9's registers and no local memory; the extra product is one of the ~65 a
 // block computes at N = 8K.
 //
-// Measured (NVIDIA H200, 2026-12-01, the README's same-run table, 15:32 UTC): 429 TFLOP/s
-// causal and 455 not causal at d = 128, N = 8K, against b9's 425 and 450 in the same run
-// (+0.9%, +1.1%; +4-8% was predicted). The lockstep was not what limited a step: ncu finds
-// the tensor pipe active half the time and a third of the issue slots used, the warps
-// waiting on latencies that a larger step (more queries) would amortise (README, next steps).
-//
 // What b9 changed from b8. The consumers meet twice a step: on named barrier 1 once both
 // halves of dS^T are written (dQ reads all 128 keys), and on named barrier 2 once both dQ
 // products are done with them (the next step overwrites dS^T). With two buffers (16 KB more:
@@ -74,123 +52,15 @@
 // reads of a stage are ordinary loads of LSE_i and D_i (the products read it through
 // wgmma), and racecheck, which follows __syncthreads() and named barriers, does not take
 // the mbarrier's arrive and wait as an order between those loads and the bulk copy that
-// follows: it reported 4 hazards on the LSE/D stage in every step from b2 to b6 (and none
-// in b1, which releases with __syncthreads()). b8 releases a stage with a named barrier
-// per stage (ids 5, 6) of 288 threads: the 256 consumer threads arrive (bar.arrive, no
-// wait) once they are done with it, and the producer's warp, all 32 lanes now, waits on it
-// (bar.sync) before lane 0 refills the stage, from the third step on. The full side stays
+// follows, so it flags the LSE/D stage from b2 to b6 (not b1, which releases with
+// __syncthreads()). b8 releases a stage with a named barrier per stage (ids 5, 6) of 288
+// threads: the 256 consumer threads arrive (bar.arrive, no wait) once they are done with it,
+// and the producer's warp, all 32 lanes now, waits on it (bar.sync) before lane 0 refills
+// the stage, from the third step on. The full side stays
 // an mbarrier (the copy engine must complete it), and so do the dQ tiles'.
 //
-// What b6 changed from b5. The deterministic mode adds into each dQ tile in the order of the
-// key blocks, j = 0, 1, 2, ... With the causal mask key block j starts its walk at query
-// block i_first(j) = 2j (Bc = 2 Br) and reaches tile i at step i - 2j: block j - 1 gets
-// there two steps *later* than block j, which must wait for it. Block j waits for j - 1,
-// which waited for j - 2, ...: the waits add up along the key blocks, and the last key
-// blocks of a head start adding only after the first ones are nearly done (b1: -53%
-// causal). Walking the query blocks from the last one down instead, every key block
-// reaches tile i at the same step, Tr - 1 - i, whatever its first block: the wait at each
-// tile is only for the adds just before it, and it does not grow with j. (Without the mask
-// both orders are the same; the non-deterministic mode keeps the ascending walk, which
-// spreads the key blocks' adds over different tiles.) The order of the adds into a tile is
-// still j = 0, 1, 2, ..., so the result is the same bits as b5's deterministic mode.
-//
-// What b5 changed from b4. In b4 one consumer thread per warpgroup issues each step's
-// reduce-add, and the whole warpgroup waits for it at the next step: for the copy engine to
-// have read the tile (a named barrier before the tile is rewritten) and, in the
-// deterministic mode, for the previous key block's add into the same tile and then for its
-// own add to complete, a round trip to L2 every step (b1: the deterministic mode cost 53%
-// causal, 24% not, at d = 128, N = 8K). b5 hands the tile over instead:
-//
-//     consumer warpgroup w, step s:  wait dq_empty[w][s % 2] -> write dQ tile (fragment order)
-//                                    -> fence, __syncwarp, 4 warps arrive dq_full[w][s % 2]
-//     producer warp 1, one thread:   wait dq_full[w][s % 2] -> [deterministic: wait for its turn]
-//                                    -> reduce-add -> [deterministic: wait for it, pass the turn]
-//                                    -> wait until the engine has read the tile -> arrive dq_empty[w][s % 2]
-//
-// Two tiles per warpgroup (32 KB more shared memory at d = 128: 210 KB), so the consumers
-// wait only if the writer falls two steps behind. The named barriers 3 and 4 of b4 are gone.
-// (ptxas: 20 bytes of local memory in the consumers at d = 128, five loads a step; none at
-// d = 64.)
-//
-// What b4 changed from b3. K_j and V_j stay put for the whole walk, so the compiler computes
-// their 24 descriptors (8 K-steps of K_j K-major for S^T, 8 of K_j MN-major for dQ, 8 of
-// V_j) once, before the loop, and keeps their low words alive across it: with dK_j, dV_j
-// (128 fp32) and the step's accumulators that does not fit the consumers' 240 registers,
-// and ptxas spills them to local memory (b3 at d = 128: 128 bytes stored, 152 loaded,
-// every load inside the loop). b4 derives the descriptors every step from a shared-memory
-// base the compiler cannot see through (`smem + fresh_zero()`, roles.cuh): a few integer
-// adds per wgmma, and ptxas reports no local memory at all.
-//
-// What b3 changed from b2. b2 writes a warpgroup's 64 x d/2 fp32 dQ tile to shared memory
-// row by row. A store instruction of a warp covers 8 rows x 4 pairs of columns, and rows
-// are d/2 x 4 = 256 bytes apart (d = 128): the 8 rows fall on the same banks, an 8-way
-// conflict, 32 such stores per thread and step. The tile's layout does not matter to
-// anyone but the postprocess, which reads each element once: so b3 keeps the registers'
-// order,
-//
-//     float2 y (= accumulators 2y, 2y + 1) of thread w (0..127) of the warpgroup  at  (y x 128 + w) x 2,
-//
-// consecutive lanes at consecutive 8 bytes, and the postprocess maps (row, column) to
-// that position (dq_accum_fragment_index(), backward_tiles.hpp). The reduce-add adds
-// tiles element by element, so any layout that is the same for every key block works.
-// (b2's header, what it changed from b1, follows.)
-//
-// What changes from b1. A third warpgroup joins, and it only moves data, as in the
-// forward's v3:
-//
-//     warpgroup 0 (producer)   one thread: wait empty[s] -> expect_tx -> TMA Q_i, dO_i and
-//                              bulk copies of LSE_i, D_i into stage s (K_j, V_j once, first)
-//     warpgroup 1 (consumer)   keys  0-63:  wait full[s] -> five wgmma products -> arrive empty[s]
-//     warpgroup 2 (consumer)   keys 64-127: the same on its keys
-//
-// The two __syncthreads() of b1's loop are gone. The stage is released by an "empty"
-// mbarrier that the 8 consumer warps arrive on once their wgmma no longer read it, so
-// the producer runs up to kStages steps ahead without stopping anyone. The two
-// consumers still meet twice per step, on named barriers of their 256 threads only:
-// once when both halves of dS^T are in shared memory (dQ reads all 128 keys), and once
-// when both dQ products are done with it (the next step overwrites it).
-// Registers are re-divided at run time: the producer drops to 24 per thread and the
-// consumers rise to 240 (setmaxnreg; 128 x 24 + 256 x 240 = 64,512 of 65,536). Each role
-// computes its indices from %tid and %ctaid itself (roles.cuh says why).
-//
-// What b1 changed from chapter 04's last backward (chapters/04_fa2/backward.cu, fa2_bwd_main):
-//
-//   * Two warpgroups of 4 warps (256 threads) instead of 8 independent warps: warpgroup
-//     w owns keys 64w .. 64w + 63 of the block's Bc = 128, as one m64 wgmma tile.
-//   * S^T = K_j Q_i^T and dP^T = V_j dO_i^T: wgmma with both operands in shared memory
-//     (K-major, the forward's Q K^T form), where chapter 04 loaded ldmatrix fragments.
-//   * dV_j += P^T dO_i and dK_j += dS^T Q_i: wgmma with A = P^T, dS^T straight from the
-//     accumulator registers and B = dO_i, Q_i read MN-major (the forward's P V form).
-//   * dQ_i = dS K_j: dS^T goes to shared memory (128-byte swizzled, as TMA would write
-//     it) and wgmma reads it transposed, with K_j transposed too (WgmmaSSMN,
-//     common/cuda/hopper/wgmma.cuh); each warpgroup computes half of dQ_i's columns.
-//   * dQ leaves through shared memory and one cp.reduce.async.bulk .add.f32 per
-//     warpgroup and step (common/cuda/hopper/bulk_copy.cuh) into an fp32 accumulator
-//     laid out by tile halves (backward_tiles.hpp), instead of one fp32 atomic per
-//     two elements from every thread.
-//   * Q_i, dO_i arrive by TMA and LSE_i, D_i by bulk copies (padded by the preprocess,
-//     so a copy never runs past the tensor), in a 2-stage ring: step s + 2 is in
-//     flight while step s computes; K_j, V_j arrive once, by TMA.
-//   * Deterministic mode is a flag of the same kernel: before its add into dQ_i, key
-//     block j waits until blocks 0 .. j-1 have added theirs (a counter per tile half,
-//     acquire/release); chapter 04 recomputed dQ in a separate kernel instead.
-//
-// Per thread block (key block j of KV head hk; d = 128, bf16):
-//
-//     shared memory                                 registers (per consumer thread)
-//     K_j, V_j     128 x d   32 KB each, once       dK_j, dV_j  64 keys x d / wg: 64 + 64 fp32
-//     Q_i, dO_i     64 x d   16 KB each, 2 stages   S^T, dP^T   64 keys x 64 queries: 32 + 32
-//     LSE_i, D_i    64 fp32              2 stages   P^T, dS^T   the same as bf16 pairs: 16 + 16
-//     dS^T    128 x 64 bf16  16 KB                  dQ_i half   64 queries x d/2: 32
-//     dQ_i    64 x d fp32    32 KB (2 halves)
-//
-// Operands (A x B, "smem" = a descriptor, "regs" = the accumulator as A fragments):
-//
-//     S^T  = K_j   Q_i^T    A smem K-major, B smem K-major        m64 n64  k16 x d/16
-//     dP^T = V_j   dO_i^T   A smem K-major, B smem K-major        m64 n64  k16 x d/16
-//     dV  += P^T   dO_i     A regs,         B smem MN-major       m64 n(d) k16 x 4
-//     dK  += dS^T  Q_i      A regs,         B smem MN-major       m64 n(d) k16 x 4
-//     dQ   = dS    K_j      A smem MN-major (dS^T), B smem MN-major m64 n(d/2) k16 x 8
+// In the recorded H100 run it reaches 461 TFLOP/s at d = 128, N = 8K (432 causal), against
+// b9's 461 (428) and b6's 451 (415).
 #include "common/cuda/check.cuh"
 #include "common/errors.hpp"
 #include "common/cuda/fast_math.cuh"

@@ -1,25 +1,5 @@
 // Chapter 05, the final bf16/fp16 forward kernel: v8 with the configuration the lab steps tuned.
 //
-//     v1  TMA: chapter 04's last kernel with cp.async replaced by TMA copies and mbarriers
-//     v2  wgmma: S = Q K^T with both operands in shared memory, O += P V with P in registers
-//     v3  warp specialisation: a producer warpgroup, two consumer warpgroups, setmaxnreg
-//     v4  pingpong: named barriers alternate the two consumers' GEMMs
-//     v5  intra-warpgroup overlap: S_j = Q K_j^T issued before softmax(S_{j-1}) is done
-//     v6  masked blocks first: only the key blocks the causal diagonal crosses take the mask
-//     v7  persistent blocks: one per SM, each walking a longest-first list of tiles
-//     v8  every head dim: d = 64, 128, 256, each with its key block and ring depth
-//     v10 key blocks for the tensor cores: Bc = 192, 176, 80 at d = 64, 128, 256 (not causal)
-//     v11 exponentials on two pipes: one 2^x in four on the FMA pipe (a polynomial)
-//     v13 dynamic tile scheduler: each block takes its next tile from a global counter
-//     v14 three consumer warpgroups at d = 64: Br = 192, the pingpong a ring of three
-//     v17 causal key blocks: Bc = 192 at d = 64 with the mask too
-//     v18 causal key blocks at every head dim: three registers a consumer thread given back
-//     v21 row reductions in chains: the block's row max and row sum as four partial chains
-//     v23 descriptors by addition: each wgmma's descriptor is its tile's base plus a constant
-//     v25 descriptors by addition (v23's idea) on v14's three consumers, d = 64
-//     v28 every exponential on MUFU at d = 64 in the three consumers: v11's split taken back
-//   > final the tuned configuration: one kernel, one row of Config per head dim and mask
-//
 // What changes from v8, the main path's last step: nothing of the kernel's structure (the
 // producer warpgroup, the consumers taking turns for their GEMMs, S_j issued before the
 // softmax of S_{j-1}, masked blocks first, persistent blocks), but what the lab measured
@@ -60,6 +40,9 @@
 // each block reading its own head's K and V, while v6's grid runs the tiles of one or two
 // heads at once, sharing their K and V in L2; there the grid won (lab steps v30 and v31),
 // with v6's key block of 128, which the diagonal crosses once per tile.
+//
+// In the recorded H100 run it reaches 687 TFLOP/s at d = 128, N = 8K (622 causal), 547 at d = 64
+// and 746 at d = 256 (N = 8K, not causal), against v8's 683 (603), 459 and 716.
 #include <memory>
 #include <string>
 

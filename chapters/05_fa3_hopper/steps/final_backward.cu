@@ -39,6 +39,9 @@
 // block), and the postprocess's layout: whole tiles in the registers' order at d = 64
 // (dq_whole_tiles), the transposed product's halves at d = 128 (dq_transposed). prepare()
 // refuses parameters that say otherwise.
+//
+// In the recorded H100 run it reaches 504 TFLOP/s at d = 128, N = 8K (480 causal) and 399 at
+// d = 64 (362 causal), against b11's 466 (452) and 319 (307).
 #include "common/cuda/check.cuh"
 #include "common/errors.hpp"
 #include "common/cuda/fast_math.cuh"

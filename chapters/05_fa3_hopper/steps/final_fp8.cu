@@ -1,21 +1,5 @@
 // Chapter 05, the final FP8 forward kernel: v9 with the configuration the lab steps tuned.
 //
-//     v1  TMA: chapter 04's last kernel with cp.async replaced by TMA copies and mbarriers
-//     v2  wgmma: S = Q K^T with both operands in shared memory, O += P V with P in registers
-//     v3  warp specialisation: a producer warpgroup, two consumer warpgroups, setmaxnreg
-//     v4  pingpong: named barriers alternate the two consumers' GEMMs
-//     v5  intra-warpgroup overlap: S_j = Q K_j^T issued before softmax(S_{j-1}) is done
-//     v6  masked blocks first: only the key blocks the causal diagonal crosses take the mask
-//     v7  persistent blocks: one per SM, each walking a longest-first list of tiles
-//     v8  every head dim: d = 64, 128, 256, each with its key block and ring depth
-//     v9  FP8 (E4M3): per-block scales, Hadamard rotation of Q and K, V transposed
-//     v12 the FP8 softmax on two pipes: K scale folded into the exponent's FFMA, 1 in 4 2^x on FMA
-//     v15 FP8, lazy rescaling: O is multiplied by alpha only when some row's max grew by 2^8
-//     v26 FP8 key blocks of 128 at d = 256: half the blocks a tile visits, each twice as long
-//     v27 FP8 key blocks of 192 at d = 128: a third fewer blocks a tile visits, each 1.5x as long
-//     v29 every exponential on MUFU in v26: v12's polynomial taken back at d = 256
-//   > final the tuned configuration: one kernel, one row of Config per head dim and mask
-//
 // What changes from v8, the main path's last step: the element type and the table. Q, K
 // and V arrive as E4M3 (fp8_prepare.cu: per-block scales, Q and K rotated by a Hadamard
 // matrix so that an outlier channel spreads over all of them, V transposed because the fp8
@@ -49,6 +33,9 @@
 //
 // Everything else is v9's code as the steps above left it. Shared memory, Q + kStages x (K +
 // V8^T) and the barriers: 72 KB at d = 64, 184 KB at d = 128 (144 KB causal), 160 KB at d = 256.
+//
+// In the recorded H100 run it reaches 877 TFLOP/s at d = 128, N = 8K (741 causal) and 1,200 at
+// d = 256 (1,003 causal), against the lab's v9 at 751 (670) and 926 (793).
 #include <string>
 
 #include "common/cuda/check.cuh"

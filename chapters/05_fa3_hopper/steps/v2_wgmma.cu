@@ -1,4 +1,4 @@
-// Chapter 05, step 2 of 9: wgmma.
+// Chapter 05, step 2 of 8: wgmma.
 //
 //     v1  TMA: chapter 04's last kernel with cp.async replaced by TMA copies and mbarriers
 //   > v2  wgmma: S = Q K^T with both operands in shared memory, O += P V with P in registers
@@ -8,7 +8,8 @@
 //     v6  masked blocks first: only the key blocks the causal diagonal crosses take the mask
 //     v7  persistent blocks: one per SM, each walking a longest-first list of tiles
 //     v8  every head dim: d = 64, 128, 256, each with its key block and ring depth
-//     v9  FP8 (E4M3): per-block scales, Hadamard rotation of Q and K, V transposed
+//         then final.cu and final_fp8.cu: v8 with the configurations the lab (steps/lab/)
+//         measured, FP8 inputs (the lab's v9) in final_fp8.cu
 //
 // What changes from v1. The MMA warps become two warpgroups of four, and each
 // warpgroup multiplies its 64 x 128 slice of the tile with one instruction stream:
@@ -37,6 +38,9 @@
 // __syncthreads() that says both warpgroups are done with it, causal tiles visit only
 // the key blocks some row sees (kv_blocks() in fa3_tiles.hpp), and the heaviest
 // causal tiles are launched first.
+//
+// In the recorded H100 run it reaches 547 TFLOP/s at d = 128, N = 8K (435 causal), against
+// v1's 388 (348).
 #include "common/cuda/check.cuh"
 #include "common/cuda/hopper/mbarrier.cuh"
 #include "common/cuda/hopper/tma.cuh"

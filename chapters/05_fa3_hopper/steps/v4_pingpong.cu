@@ -1,4 +1,4 @@
-// Chapter 05, step 4 of 9: pingpong.
+// Chapter 05, step 4 of 8: pingpong.
 //
 //     v1  TMA: chapter 04's last kernel with cp.async replaced by TMA copies and mbarriers
 //     v2  wgmma: S = Q K^T with both operands in shared memory, O += P V with P in registers
@@ -8,7 +8,8 @@
 //     v6  masked blocks first: only the key blocks the causal diagonal crosses take the mask
 //     v7  persistent blocks: one per SM, each walking a longest-first list of tiles
 //     v8  every head dim: d = 64, 128, 256, each with its key block and ring depth
-//     v9  FP8 (E4M3): per-block scales, Hadamard rotation of Q and K, V transposed
+//         then final.cu and final_fp8.cu: v8 with the configurations the lab (steps/lab/)
+//         measured, FP8 inputs (the lab's v9) in final_fp8.cu
 //
 // What changes from v3. In v3 both consumers issue their GEMMs whenever they are
 // ready, so they tend to run in lockstep: both multiply, then both compute the
@@ -30,6 +31,9 @@
 // goes first), and warpgroup 1 syncs once more after it (to take that extra arrival
 // back), so every arrival is matched by a sync. Both warpgroups open the same number of
 // windows, since they walk the same key blocks.
+//
+// In the recorded H100 run it reaches 632 TFLOP/s at d = 128, N = 8K (535 causal), against
+// v3's 622 (511).
 #include "common/cuda/check.cuh"
 #include "common/cuda/hopper/mbarrier.cuh"
 #include "common/cuda/hopper/named_barrier.cuh"

@@ -1,4 +1,4 @@
-// Chapter 05, step 5 of 9: intra-warpgroup overlap.
+// Chapter 05, step 5 of 8: intra-warpgroup overlap.
 //
 //     v1  TMA: chapter 04's last kernel with cp.async replaced by TMA copies and mbarriers
 //     v2  wgmma: S = Q K^T with both operands in shared memory, O += P V with P in registers
@@ -8,7 +8,8 @@
 //     v6  masked blocks first: only the key blocks the causal diagonal crosses take the mask
 //     v7  persistent blocks: one per SM, each walking a longest-first list of tiles
 //     v8  every head dim: d = 64, 128, 256, each with its key block and ring depth
-//     v9  FP8 (E4M3): per-block scales, Hadamard rotation of Q and K, V transposed
+//         then final.cu and final_fp8.cu: v8 with the configurations the lab (steps/lab/)
+//         measured, FP8 inputs (the lab's v9) in final_fp8.cu
 //
 // What changes from v4. Inside one warpgroup, v4 still runs GEMM, softmax, GEMM,
 // softmax in sequence: the warpgroup waits for each product before it computes
@@ -32,6 +33,9 @@
 // The prologue needs a block, so a tile whose rows see no key at all (causal, Nq > Nk)
 // now returns at once: its producer loads nothing, its consumers write O = 0 and
 // LSE = -inf.
+//
+// In the recorded H100 run it reaches 683 TFLOP/s at d = 128, N = 8K (590 causal), against
+// v4's 632 (535).
 #include "common/cuda/check.cuh"
 #include "common/cuda/hopper/mbarrier.cuh"
 #include "common/cuda/hopper/named_barrier.cuh"

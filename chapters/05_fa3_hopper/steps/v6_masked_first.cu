@@ -1,4 +1,4 @@
-// Chapter 05, step 6 of 9: masked blocks first.
+// Chapter 05, step 6 of 8: masked blocks first.
 //
 //     v1  TMA: chapter 04's last kernel with cp.async replaced by TMA copies and mbarriers
 //     v2  wgmma: S = Q K^T with both operands in shared memory, O += P V with P in registers
@@ -8,7 +8,8 @@
 //   > v6  masked blocks first: only the key blocks the causal diagonal crosses take the mask
 //     v7  persistent blocks: one per SM, each walking a longest-first list of tiles
 //     v8  every head dim: d = 64, 128, 256, each with its key block and ring depth
-//     v9  FP8 (E4M3): per-block scales, Hadamard rotation of Q and K, V transposed
+//         then final.cu and final_fp8.cu: v8 with the configurations the lab (steps/lab/)
+//         measured, FP8 inputs (the lab's v9) in final_fp8.cu
 //
 // What changes from v5: only the key blocks that the causal diagonal crosses take the
 // mask. Since v1, a causal tile visits only the blocks some row of it sees; of those,
@@ -26,6 +27,9 @@
 //    block of a causal tile.
 // 2. Causal becomes a template parameter (kernel<T, kCausal>, dispatched by
 //    prepare_mask()), so the non-causal kernel carries no causal code at all.
+//
+// In the recorded H100 run it reaches 631 TFLOP/s causal at d = 128, N = 8K, against v5's 590
+// (683 not causal, as v5).
 #include "common/cuda/check.cuh"
 #include "common/cuda/hopper/mbarrier.cuh"
 #include "common/cuda/hopper/named_barrier.cuh"

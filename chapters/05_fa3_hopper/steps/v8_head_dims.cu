@@ -1,4 +1,4 @@
-// Chapter 05, step 8 of 9: every head dim.
+// Chapter 05, step 8 of 8: every head dim.
 //
 //     v1  TMA: chapter 04's last kernel with cp.async replaced by TMA copies and mbarriers
 //     v2  wgmma: S = Q K^T with both operands in shared memory, O += P V with P in registers
@@ -8,7 +8,8 @@
 //     v6  masked blocks first: only the key blocks the causal diagonal crosses take the mask
 //     v7  persistent blocks: one per SM, each walking a longest-first list of tiles
 //   > v8  every head dim: d = 64, 128, 256, each with its key block and ring depth
-//     v9  FP8 (E4M3): per-block scales, Hadamard rotation of Q and K, V transposed
+//         then final.cu and final_fp8.cu: v8 with the configurations the lab (steps/lab/)
+//         measured, FP8 inputs (the lab's v9) in final_fp8.cu
 //
 // What changes from v7: the kernels are built for d = 64, 128 and 256, each with its
 // own key block Bc and ring depth kStages (Config<D>), chosen so that the consumers'
@@ -23,6 +24,9 @@
 //
 // D becomes a template parameter next to T and kCausal; prepare_head_dim() picks the
 // instantiation and rejects any other head dim (UsageError, never a silent fallback).
+//
+// In the recorded H100 run it reaches 683 TFLOP/s at d = 128, N = 8K (603 causal), v7's rate,
+// and 459 at d = 64 and 716 at d = 256 (N = 8K, not causal).
 #include <string>
 
 #include "common/cuda/check.cuh"
@@ -41,7 +45,7 @@ namespace {
 
 using namespace attn::hopper;
 
-// Key block and K/V ring depth per head dim (the table above).
+// Key block and K/V ring depth per head dim (the header's table).
 template <int D> struct Config;
 template <> struct Config<64> { static constexpr int Bc = 128, kStages = 4; };
 template <> struct Config<128> { static constexpr int Bc = 128, kStages = 2; };

@@ -1,18 +1,5 @@
 // Chapter 05, step 12: the FP8 softmax on two pipes (branches from v9).
 //
-//     v1  TMA: chapter 04's last kernel with cp.async replaced by TMA copies and mbarriers
-//     v2  wgmma: S = Q K^T with both operands in shared memory, O += P V with P in registers
-//     v3  warp specialisation: a producer warpgroup, two consumer warpgroups, setmaxnreg
-//     v4  pingpong: named barriers alternate the two consumers' GEMMs
-//     v5  intra-warpgroup overlap: S_j = Q K_j^T issued before softmax(S_{j-1}) is done
-//     v6  masked blocks first: only the key blocks the causal diagonal crosses take the mask
-//     v7  persistent blocks: one per SM, each walking a longest-first list of tiles
-//     v8  every head dim: d = 64, 128, 256, each with its key block and ring depth
-//     v9  FP8 (E4M3): per-block scales, Hadamard rotation of Q and K, V transposed
-//     v10 key blocks for the tensor cores: Bc = 192, 176, 80 at d = 64, 128, 256 (not causal)
-//     v11 exponentials on two pipes: one 2^x in four on the FMA pipe (a polynomial)
-//   > v12 the FP8 softmax on two pipes: K scale folded into the exponent's FFMA, 1 in 4 2^x on FMA
-//
 // What changes from v9. The fp8 tensor cores do twice the bf16 multiply-adds a clock, so
 // at d = 128 a block's GEMMs take Br Bc / 16 clocks per SM, as long as its Br Bc
 // exponentials on MUFU (16 a clock), and the softmax's own fp32 work comes on top: v9
@@ -32,6 +19,10 @@
 // where v9 had 4 and 1: the exponentials' share of a block falls from 1 to 3/4 of its
 // GEMM time. Rows past Nq take s_q = 1 and key blocks past Nk s_k = 1 (their scores are
 // masked to -inf before the FFMA, and -inf * 0 would be NaN).
+//
+// Prediction: +20% at d = 128.
+// In the recorded H100 run it takes 0.92x its parent v9's time (median over 20 shapes; 0.86x
+// to 0.96x).
 #include <string>
 
 #include "common/cuda/check.cuh"

@@ -1,27 +1,14 @@
 // Chapter 05, step 13: a dynamic tile scheduler.
 //
-//     v1  TMA: chapter 04's last kernel with cp.async replaced by TMA copies and mbarriers
-//     v2  wgmma: S = Q K^T with both operands in shared memory, O += P V with P in registers
-//     v3  warp specialisation: a producer warpgroup, two consumer warpgroups, setmaxnreg
-//     v4  pingpong: named barriers alternate the two consumers' GEMMs
-//     v5  intra-warpgroup overlap: S_j = Q K_j^T issued before softmax(S_{j-1}) is done
-//     v6  masked blocks first: only the key blocks the causal diagonal crosses take the mask
-//     v7  persistent blocks: one per SM, each walking a longest-first list of tiles
-//     v8  every head dim: d = 64, 128, 256, each with its key block and ring depth
-//     v9  FP8 (E4M3): per-block scales, Hadamard rotation of Q and K, V transposed
-//     v10 key blocks for the tensor cores: Bc = 192, 176, 80 at d = 64, 128, 256 (not causal)
-//     v11 exponentials on two pipes: one 2^x in four on the FMA pipe (a polynomial)
-//   > v13 dynamic tile scheduler: each block takes its next tile from a global counter
-//
 // What changes from v11: the persistent blocks no longer walk a fixed snake of the tile
 // list (v7); each takes the next entry of the same longest-first list when it is ready
 // for one, from an atomic counter in global memory, as FA3's dynamic scheduler does:
 //
-//     tile of round 0  = blockIdx.x
-//     tile of round r  = gridDim.x + atomicAdd(counter, 1)      (the producer thread)
+//     a block's tile 0  = blockIdx.x
+//     a block's tile r  = gridDim.x + atomicAdd(counter, 1)      (the producer thread)
 //
-// v7 measured the fixed snake 3% slower than the heaviest-first grid of v6 (causal,
-// d = 128): its balance is fixed before the kernel starts (within 5% of the mean on the
+// v7's fixed snake ran causal problems at d = 128 slower than v6's heaviest-first grid:
+// its balance is fixed before the kernel starts (within 5% of the mean on the
 // CPU model), while tiles take as long as the GPU makes them. Taken on demand, a block
 // that ran long simply takes fewer tiles.
 //
@@ -43,6 +30,10 @@
 // they need them, and a non-causal block asks whether it runs past Nk from Nk itself
 // ((j + 1) Bc > Nk, the same test as j >= n_full = Nk / Bc, with no register held). The
 // main loops stay free of local memory (SASS, every head dim).
+//
+// Prediction: +4% on causal problems.
+// In the recorded H100 run it takes 1.00x its parent v11's time (median over 20 shapes; 0.90x
+// to 1.04x).
 #include <memory>
 #include <string>
 
@@ -63,7 +54,7 @@ namespace {
 
 using namespace attn::hopper;
 
-// Key block and K/V ring depth per head dim and mask (the table above).
+// Key block and K/V ring depth per head dim and mask.
 template <int D, bool kCausal> struct Config;
 template <> struct Config<64, false> { static constexpr int Bc = 192, kStages = 4; };
 template <> struct Config<64, true> { static constexpr int Bc = 128, kStages = 4; };

@@ -1,20 +1,5 @@
 // Chapter 05, step 21: the softmax's row reductions in four chains a row (from v18).
 //
-//     v1  TMA: chapter 04's last kernel with cp.async replaced by TMA copies and mbarriers
-//     v2  wgmma: S = Q K^T with both operands in shared memory, O += P V with P in registers
-//     v3  warp specialisation: a producer warpgroup, two consumer warpgroups, setmaxnreg
-//     v4  pingpong: named barriers alternate the two consumers' GEMMs
-//     v5  intra-warpgroup overlap: S_j = Q K_j^T issued before softmax(S_{j-1}) is done
-//     v6  masked blocks first: only the key blocks the causal diagonal crosses take the mask
-//     v7  persistent blocks: one per SM, each walking a longest-first list of tiles
-//     v8  every head dim: d = 64, 128, 256, each with its key block and ring depth
-//     v9  FP8 (E4M3): per-block scales, Hadamard rotation of Q and K, V transposed
-//     v10 key blocks for the tensor cores: Bc = 192, 176, 80 at d = 64, 128, 256 (not causal)
-//     v11 exponentials on two pipes: one 2^x in four on the FMA pipe (a polynomial)
-//     v17 causal key blocks: Bc = 192 at d = 64 with the mask too
-//     v18 causal key blocks at every head dim: three registers a consumer thread given back
-//   > v21 row reductions in chains: the block's row max and row sum as four partial chains
-//
 // What changes from v18: the two calls of the online softmax. They were RowSoftmax::update
 // (through softmax_update_two_pipes), whose row max over a block is one chain of Bc / 2
 // dependent FMNMX a row and whose row sum one chain of Bc / 2 dependent FADD; they are now
@@ -22,9 +7,7 @@
 // two reductions split into four independent partial chains a row, joined by a tree of
 // two levels (FA4's row max is four partial maxima too). Nothing else changes.
 //
-// Why: Nsight Compute on v17 at d = 64 causal (NOTES.md, 15:08) found the issue slots 55%
-// busy, the tensor pipe 47% and no warp eligible in 44% of the cycles: the loop waits on
-// latency, not on issue (v20, with fewer instructions, lost 1%). Two consumer warps share
+// Why: v17's loop waits on latency, not on issue (LAB.md, v20). Two consumer warps share
 // a scheduler, and while one waits for its S = Q K^T the other is alone: each of its
 // dependent instructions then costs the scheduler the instruction's latency. The longest
 // such run in the loop is the row max, which nothing can start before (the exponentials
@@ -35,9 +18,9 @@
 // hidden, but it is the same loop and it costs nothing to split it (6 FADD more a block).
 // Registers: 6 more values live while the max runs (none while S is produced).
 //
-// Measured (H200, 2026-12-01 17:24 UTC, kernel durations by Nsight Compute in one run): d = 64
-// causal 1249.4 us against v18's 1266.4 (+1.4%, predicted +3%); -0.4% to -1.5% at the other five
-// shapes. Fixed-latency stalls fell (24.8% -> 20.0% of the warps' cycles), turn-barrier waits rose.
+// Prediction: +3% at d = 64, +2% at d = 128, +1% at d = 256.
+// In the recorded H100 run it takes 1.01x its parent v18's time (median over 20 shapes; 0.99x
+// to 1.02x).
 #include <string>
 
 #include "common/cuda/check.cuh"
@@ -56,7 +39,7 @@ namespace {
 
 using namespace attn::hopper;
 
-// Key block and K/V ring depth per head dim and mask (the table above).
+// Key block and K/V ring depth per head dim and mask.
 template <int D, bool kCausal> struct Config;
 template <> struct Config<64, false> { static constexpr int Bc = 192, kStages = 4; };
 template <> struct Config<64, true> { static constexpr int Bc = 192, kStages = 4; };

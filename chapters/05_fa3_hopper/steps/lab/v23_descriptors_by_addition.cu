@@ -1,21 +1,5 @@
 // Chapter 05, step 23: wgmma descriptors built once and moved by addition (from v21).
 //
-//     v1  TMA: chapter 04's last kernel with cp.async replaced by TMA copies and mbarriers
-//     v2  wgmma: S = Q K^T with both operands in shared memory, O += P V with P in registers
-//     v3  warp specialisation: a producer warpgroup, two consumer warpgroups, setmaxnreg
-//     v4  pingpong: named barriers alternate the two consumers' GEMMs
-//     v5  intra-warpgroup overlap: S_j = Q K_j^T issued before softmax(S_{j-1}) is done
-//     v6  masked blocks first: only the key blocks the causal diagonal crosses take the mask
-//     v7  persistent blocks: one per SM, each walking a longest-first list of tiles
-//     v8  every head dim: d = 64, 128, 256, each with its key block and ring depth
-//     v9  FP8 (E4M3): per-block scales, Hadamard rotation of Q and K, V transposed
-//     v10 key blocks for the tensor cores: Bc = 192, 176, 80 at d = 64, 128, 256 (not causal)
-//     v11 exponentials on two pipes: one 2^x in four on the FMA pipe (a polynomial)
-//     v17 causal key blocks: Bc = 192 at d = 64 with the mask too
-//     v18 causal key blocks at every head dim: three registers a consumer thread given back
-//     v21 row reductions in chains: the block's row max and row sum as four partial chains
-//   > v23 descriptors by addition: each wgmma's descriptor is its tile's base plus a constant
-//
 // What changes from v21: the three descriptor lambdas of the consumer. They called
 // desc_k_major / desc_mn_major (common/cuda/hopper/wgmma.cuh: make_desc) on the address of
 // each K-step, so every wgmma of the loop was preceded by the whole construction, five
@@ -25,11 +9,9 @@
 // stage x stage units + the step's offset) (fa3_common.cuh): one add on the low word, the
 // offsets in 16-byte units folded into constants.
 //
-// Why: the Nsight Compute profile of v21 against v17 (NOTES.md, the 17:24 round) moved the
-// stalls, not the time: fixed-latency waits fell from 24.8% to 20.0% of the warps' cycles
-// and barrier waits rose to 10.3% (under 8.5% in v17). The consumers reach the turn barrier
-// sooner and wait there for the other consumer's window, from its bar.sync to its bar.arrive,
-// which holds the issue of its 16 wgmmas (d = 64). In v21's SASS that window is 161
+// Why: v21's chains moved the consumers' stalls from fixed latencies to the turn barrier
+// (LAB.md, v21): they reach it sooner and wait there for the other consumer's window, from
+// its bar.sync to its bar.arrive, which holds the issue of its 16 wgmmas (d = 64). In v21's SASS that window is 161
 // instructions a warp at d = 64 causal, about 90 of them the descriptors' chains; in v23's
 // 117 (32 of which are O's rescale, which ptxas schedules between the Q K^T wgmmas whatever
 // the source order: moved before the turn in the source, the SASS came out identical).
@@ -39,9 +21,9 @@
 // 128 and 256, and 3 loads a block inside the d = 256 causal loop): the bases take fewer
 // registers than the per-step address arithmetic did.
 //
-// Measured (H200, 2026-12-01 18:01 UTC, kernel durations in one run): d = 64 causal 1271.3 us
-// against v21's 1277.9 (+0.5%, predicted +3%), d = 64 +1.7%, d = 128 causal +1.2%; at d = 128
-// and 256 still 0.7-1.7% below v18. The turn-barrier stall rose again (13.9%).
+// Prediction: +3% at d = 64 causal, +2% at d = 128.
+// In the recorded H100 run it takes 0.99x its parent v21's time (median over 20 shapes; 0.93x
+// to 1.01x).
 #include <string>
 
 #include "common/cuda/check.cuh"
@@ -60,7 +42,7 @@ namespace {
 
 using namespace attn::hopper;
 
-// Key block and K/V ring depth per head dim and mask (the table above).
+// Key block and K/V ring depth per head dim and mask.
 template <int D, bool kCausal> struct Config;
 template <> struct Config<64, false> { static constexpr int Bc = 192, kStages = 4; };
 template <> struct Config<64, true> { static constexpr int Bc = 192, kStages = 4; };

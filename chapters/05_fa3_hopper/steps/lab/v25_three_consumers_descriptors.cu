@@ -1,33 +1,16 @@
 // Chapter 05, step 25: v23's descriptors by addition on v14's three consumers, d = 64 (from v14).
 //
-//     v1  TMA: chapter 04's last kernel with cp.async replaced by TMA copies and mbarriers
-//     v2  wgmma: S = Q K^T with both operands in shared memory, O += P V with P in registers
-//     v3  warp specialisation: a producer warpgroup, two consumer warpgroups, setmaxnreg
-//     v4  pingpong: named barriers alternate the two consumers' GEMMs
-//     v5  intra-warpgroup overlap: S_j = Q K_j^T issued before softmax(S_{j-1}) is done
-//     v6  masked blocks first: only the key blocks the causal diagonal crosses take the mask
-//     v7  persistent blocks: one per SM, each walking a longest-first list of tiles
-//     v8  every head dim: d = 64, 128, 256, each with its key block and ring depth
-//     v9  FP8 (E4M3): per-block scales, Hadamard rotation of Q and K, V transposed
-//     v10 key blocks for the tensor cores: Bc = 192, 176, 80 at d = 64, 128, 256 (not causal)
-//     v11 exponentials on two pipes: one 2^x in four on the FMA pipe (a polynomial)
-//     v13 dynamic tile scheduler: each block takes its next tile from a global counter
-//     v14 three consumer warpgroups at d = 64: Br = 192, the pingpong a ring of three
-//   > v25 descriptors by addition (v23's idea) on v14's three consumers, d = 64
-//
 // What changes from v14: the three descriptor lambdas of the consumer, as from v21 to v23.
 // They called desc_k_major / desc_mn_major (common/cuda/hopper/wgmma.cuh: make_desc) on the
 // address of each K-step, five dependent uniform instructions before every wgmma; now the
 // descriptors of the warpgroup's Q rows and of stage 0 of the K and V rings are built once
 // a tile, and a K-step's is desc_advance(base, stage x stage units + the step's offset)
 // (fa3_common.cuh): one add on the low word. Nothing else changes: Br = 192, Bc = 128, the
-// ring of three turns, v14's softmax (one chain a row: v22's chains lost on this kernel).
+// ring of three turns, v14's softmax (one chain a row: v22's chains were slower on this kernel).
 //
-// Why: at d = 64 causal the best kernel (v23, two consumers, Bc = 192) is 5.5% behind
-// cuDNN by kernel durations, bound by its two consumers' instruction streams (tensor pipe
-// 48%, 0.8 eligible warps a scheduler): when one waits, the other is alone on the
-// scheduler. v14's third consumer gives each scheduler three warps (active 3.25 against
-// 2.25 in v14's profile, eligible 1.29 against 0.78-0.84), but its causal kernel carried
+// Why: at d = 64 causal the two-consumer kernel (v23, Bc = 192) is bound by its two
+// consumers' instruction streams: when one waits, the other is alone on the scheduler.
+// v14's third consumer gives each scheduler three warps, but its causal kernel carried
 // the descriptors' chains inside the turn window, which holds every other consumer's wgmma
 // issue: in v21's SASS the window was 161 instructions, about 90 of them descriptors; v23
 // took it to 117. The chapter's d = 64 kernel (and FA3's, and FA4's) is this shape.
@@ -37,14 +20,9 @@
 // 16-17 accesses in the tile's set-up, none in the loop): the three bases take fewer
 // registers than v14's per-step address arithmetic. 24 HGMMA a kernel, as v14.
 //
-// Prediction (NOTES.md, before the run): +1% on v14 at d = 64 causal and not (kernel
-// durations; v23 bought +0.5% for 48 of 1094 instructions), i.e. about 1298 us causal (v23:
-// 1271, cuDNN 1201) and about 2190 us without the mask (v14: 2211): still under cuDNN causal.
-//
-// Measured (H200, 2026-12-01 21:09 UTC, kernel durations in one run): d = 64 causal 1264.6 us
-// against v23's 1279.4 (+1.2%; by events 435.7 against 432.0 TFLOP/s, 0.969x cuDNN, 0.903x FA4),
-// the best d = 64 causal step; d = 64 2259.9 against v14's 2211.8 (-2.1%). Profile (20:42): 3.25
-// warps a scheduler active and 1.21 eligible (v23: 2.25, 0.78), the tensor pipe still at 48%.
+// Prediction: +1% over v14 at d = 64, both masks.
+// In the recorded H100 run it takes 0.97x its parent v14's time (median over the 4 shapes at
+// d = 64; 0.94x to 1.02x).
 #include <memory>
 #include <string>
 
@@ -65,7 +43,7 @@ namespace {
 
 using namespace attn::hopper;
 
-// Key block and K/V ring depth per head dim and mask (the table above).
+// Key block and K/V ring depth per head dim and mask.
 template <int D, bool kCausal> struct Config;
 template <bool kCausal> struct Config<64, kCausal> { static constexpr int Bc = 128, kStages = 4; };
 // One exponential in four on the FMA pipe (degree 4) at d = 64; none at d = 128 and 256

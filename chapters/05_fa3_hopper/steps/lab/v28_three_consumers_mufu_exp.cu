@@ -1,57 +1,24 @@
 // Chapter 05, step 28: every exponential on MUFU in v25's three consumers, d = 64 (from v25).
 //
-//     v1  TMA: chapter 04's last kernel with cp.async replaced by TMA copies and mbarriers
-//     v2  wgmma: S = Q K^T with both operands in shared memory, O += P V with P in registers
-//     v3  warp specialisation: a producer warpgroup, two consumer warpgroups, setmaxnreg
-//     v4  pingpong: named barriers alternate the two consumers' GEMMs
-//     v5  intra-warpgroup overlap: S_j = Q K_j^T issued before softmax(S_{j-1}) is done
-//     v6  masked blocks first: only the key blocks the causal diagonal crosses take the mask
-//     v7  persistent blocks: one per SM, each walking a longest-first list of tiles
-//     v8  every head dim: d = 64, 128, 256, each with its key block and ring depth
-//     v9  FP8 (E4M3): per-block scales, Hadamard rotation of Q and K, V transposed
-//     v10 key blocks for the tensor cores: Bc = 192, 176, 80 at d = 64, 128, 256 (not causal)
-//     v11 exponentials on two pipes: one 2^x in four on the FMA pipe (a polynomial)
-//     v13 dynamic tile scheduler: each block takes its next tile from a global counter
-//     v14 three consumer warpgroups at d = 64: Br = 192, the pingpong a ring of three
-//     v25 descriptors by addition (v23's idea) on v14's three consumers, d = 64
-//   > v28 every exponential on MUFU at d = 64 in the three consumers: v11's split taken back
-//
 // What changes from v25: one constant, kExpEvery<64> = 0: the softmax computes every 2^x
 // with MUFU.EX2 (exp2_approx), none with exp2_fma's polynomial on the FMA pipe.
 //
 // Why: v11 moved one exponential in four to the FMA pipe at d = 64 when two consumers
 // shared an SM and MUFU was the limit there (16 a clock per SM: a block's exponentials took
 // as long as its GEMMs); each polynomial costs 8 issued instructions where MUFU costs one.
-// With three consumers (v14, v25) the limit moved to the issue slots. Nsight Compute on the
-// H200 (2026-12-01 23:43 UTC, `ncu_fwd.py --profile`, one launch each, N = 8K, B = 2, H = 32):
-//
-//                 duration   warp instructions   issue   tensor   MUFU (xu)   FMA pipe
-//     v14           2220 us        1299 M        62.9%    52.4%     41.0%      30.8%
-//     v25 causal    1263 us         695 M        59.2%    47.8%     37.5%      30.7%
-//     FA4           1867 us         889 M        51.6%    62.8%     64.7%      21.2%
-//     FA4 causal    1020 us         487 M        51.7%    59.6%     61.4%      20.2%
-//
-// FlashAttention-4 runs the same tile (192 x 128, three consumers, P in registers) with
-// every exponential on MUFU: MUFU 65% busy, a third fewer instructions, the tensor pipe 10
-// points busier; ours issues more and waits for issue ("not selected", another warp issued,
-// 20% of the active warps' cycles). A quarter of the scores on the polynomial costs about
-// 2^32 / 4 x 7 / 32 = 235 M more warp instructions at this shape than MUFU would, more than
-// half of the 410 M that separate v14 from FA4. With all of them on MUFU it runs about 55%
-// busy (41% for three quarters), under FA4's 65%.
+// With three consumers (v14, v25) each softmax hides behind two GEMM windows, and the limit
+// moves to the issue slots. FlashAttention-4 runs the same tile (192 x 128, three consumers,
+// P in registers) with every exponential on MUFU. A quarter of the scores on the polynomial
+// costs about 2^32 / 4 x 7 / 32 = 235 M more warp instructions at N = 8K, B = 2, H = 32 than
+// MUFU would.
 //
 // SASS (scripts/sass_loops.py --mix, bf16): the key-block loop 714 -> 579 instructions a
 // thread without the mask and 770 -> 641 causal (66 MUFU a block, none of exp2_fma's FFMA
 // chains), 24 HGMMA a kernel, no local memory anywhere.
 //
-// Prediction (NOTES.md, before the run): +6% over v14 unmasked (2220 us -> about 2090), +5%
-// over v25 causal (about 1195 us, cuDNN's 1200).
-//
-// Measured (H200, 2026-12-02 00:15 UTC, kernel durations in one run, N = 8K, B = 2, H = 32):
-// 2044.7 us against v14's 2211.4 (+8.2%) and v25's 2273.9; causal 1170.2 against v25's 1261.4
-// (+7.8%): 1.096x and 1.029x cuDNN's kernel, 0.917x and 0.872x FA4's; by events 540.0 and 467.7
-// TFLOP/s (1.120x / 1.101x cuDNN). Profile: 971 M warp instructions (v14 1,299 M), MUFU 59%,
-// the tensor pipe 57.4% (52.4%). Its test case and memcheck, racecheck and synccheck clean.
-//
+// Prediction: +6% over v14 not causal, +5% over v25 causal.
+// In the recorded H100 run it takes 0.93x its parent v25's time (median over the 4 shapes at
+// d = 64; 0.91x to 0.94x).
 #include <memory>
 #include <string>
 
@@ -72,7 +39,7 @@ namespace {
 
 using namespace attn::hopper;
 
-// Key block and K/V ring depth per head dim and mask (the table above).
+// Key block and K/V ring depth per head dim and mask.
 template <int D, bool kCausal> struct Config;
 template <bool kCausal> struct Config<64, kCausal> { static constexpr int Bc = 128, kStages = 4; };
 // Every exponential on MUFU (see the header): exp2_two_pipes with kEvery = 0.

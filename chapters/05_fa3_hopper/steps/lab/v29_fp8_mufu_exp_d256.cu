@@ -1,23 +1,5 @@
 // Chapter 05, step 29: every exponential on MUFU in v26, fp8 at d = 256 (from v26).
 //
-//     v1  TMA: chapter 04's last kernel with cp.async replaced by TMA copies and mbarriers
-//     v2  wgmma: S = Q K^T with both operands in shared memory, O += P V with P in registers
-//     v3  warp specialisation: a producer warpgroup, two consumer warpgroups, setmaxnreg
-//     v4  pingpong: named barriers alternate the two consumers' GEMMs
-//     v5  intra-warpgroup overlap: S_j = Q K_j^T issued before softmax(S_{j-1}) is done
-//     v6  masked blocks first: only the key blocks the causal diagonal crosses take the mask
-//     v7  persistent blocks: one per SM, each walking a longest-first list of tiles
-//     v8  every head dim: d = 64, 128, 256, each with its key block and ring depth
-//     v9  FP8 (E4M3): per-block scales, Hadamard rotation of Q and K, V transposed
-//     v10 key blocks for the tensor cores: Bc = 192, 176, 80 at d = 64, 128, 256 (not causal)
-//     v11 exponentials on two pipes: one 2^x in four on the FMA pipe (a polynomial)
-//     v12 the FP8 softmax on two pipes: K scale folded into the exponent's FFMA, 1 in 4 2^x on FMA
-//     v13 dynamic tile scheduler: each block takes its next tile from a global counter
-//     v14 three consumer warpgroups at d = 64: Br = 192, the pingpong a ring of three
-//     v15 FP8, lazy rescaling: O is multiplied by alpha only when some row's max grew by 2^8
-//     v26 FP8 key blocks of 128 at d = 256: half the blocks a tile visits, each twice as long
-//   > v29 every exponential on MUFU in v26: v12's polynomial taken back at d = 256
-//
 // What changes from v26: one constant, kExpEvery = 0: every 2^x of the softmax on MUFU.EX2,
 // none as exp2_fma's polynomial on the FMA pipe.
 //
@@ -25,24 +7,14 @@
 // MUFU's 16 a clock per SM took as long as the fp8 GEMMs. At d = 256 with v26's Bc = 128 a
 // block pair is 2 x 2 x 64 x 128 x 256 multiply-adds (about 2,048 tensor clocks at 8,192 fp8
 // flops a clock) against 2 x 128 x 64 exponentials (1,024 MUFU clocks): MUFU has room, and
-// each polynomial costs about 8 issued instructions where MUFU costs one. v26's profile (H200,
-// 2026-12-01 23:59 UTC): the consumers stall on fixed-latency waits (21%) and for their own
-// next instruction (selected 19%), the tensor pipe 66%, MUFU 26% busy; FA4 at d = 64 (same
-// profile) keeps every exponential on MUFU at 61-65% busy. SASS (`sass_loops.py --mix`): the
-// unmasked loop 892 -> 779 instructions a thread (MUFU 50 -> 66 a block, the polynomial's FFMA
-// and FADD chains gone), and the registers it frees shrink ptxas's spill in that loop from 10
-// local accesses to 6 (causal: 20 -> 22).
+// each polynomial costs about 8 issued instructions where MUFU costs one. SASS
+// (`sass_loops.py --mix`): the unmasked loop 892 -> 779 instructions a thread (MUFU 50 -> 66
+// a block, the polynomial's FFMA and FADD chains gone), and the registers it frees shrink
+// ptxas's spill in that loop from 10 local accesses to 6 (causal: 20 -> 22).
 //
-// Prediction (NOTES.md, before the run): +3% over v26 unmasked (929.3 us -> about 902, about
-// 1,220 TFLOP/s: past the 1,200 goal), +1% causal (more spill there).
-//
-// Measured (H200, 2026-12-02 00:35 UTC, kernel durations in one run): 921.2 us against v26's
-// 943.1 (+2.4%, 1,194 TFLOP/s), causal 535.3 against 537.5 (+0.4%); by events (01:00 UTC,
-// three runs) 1,183.3-1,187.2 TFLOP/s against v26's 1,159.1-1,161.3, the FP8 rule met: 1.1-1.4%
-// short of the 1,200 goal. The profile: 18% fewer
-// warp instructions, the consumers' barrier wait up from 17.7% to 20.1%. Its test case and
-// memcheck, racecheck and synccheck clean.
-//
+// Prediction: +3% over v26 not causal, +1% causal (more spill there).
+// In the recorded H100 run it takes 1.00x its parent v26's time (median over the 4 shapes at
+// d = 256; 0.98x to 1.01x).
 #include <string>
 
 #include "common/cuda/check.cuh"

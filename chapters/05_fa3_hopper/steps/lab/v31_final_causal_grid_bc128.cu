@@ -11,6 +11,9 @@
 // of the work, and none at 8K and 16K.
 //
 // Built for d = 128 causal only (elsewhere it is the final kernel itself).
+//
+// In the recorded H100 run it takes 0.98x its parent v30's time (median over the 6 shapes at
+// d = 128 causal; 0.90x to 1.03x).
 #include <memory>
 #include <string>
 

@@ -1,14 +1,4 @@
-// Chapter 05, step 9 of 9: FP8.
-//
-//     v1  TMA: chapter 04's last kernel with cp.async replaced by TMA copies and mbarriers
-//     v2  wgmma: S = Q K^T with both operands in shared memory, O += P V with P in registers
-//     v3  warp specialisation: a producer warpgroup, two consumer warpgroups, setmaxnreg
-//     v4  pingpong: named barriers alternate the two consumers' GEMMs
-//     v5  intra-warpgroup overlap: S_j = Q K_j^T issued before softmax(S_{j-1}) is done
-//     v6  masked blocks first: only the key blocks the causal diagonal crosses take the mask
-//     v7  persistent blocks: one per SM, each walking a longest-first list of tiles
-//     v8  every head dim: d = 64, 128, 256, each with its key block and ring depth
-//   > v9  FP8 (E4M3): per-block scales, Hadamard rotation of Q and K, V transposed
+// Chapter 05, step 9: FP8.
 //
 // What changes from v8. Q, K and V arrive as E4M3 (1 byte, 3 mantissa bits, largest
 // value 448), prepared by fp8_prepare.cu:
@@ -38,6 +28,9 @@
 // v8's 2 (Config<128>::kStages: 2 -> 4; d = 64 keeps 4, d = 256 keeps 2). The kernel
 // is instantiated per output type TO (bf16 or fp16: the type of the original inputs,
 // which O is written in); Q, K and V are E4M3 whatever TO is.
+//
+// In the recorded H100 run it takes 0.90x its parent v8's time (median over 20 shapes; 0.74x
+// to 1.08x).
 #include <string>
 
 #include "common/cuda/check.cuh"
