@@ -107,6 +107,31 @@ TEST_CASE("the final fp8 forward at every head dim against the plain FP8 computa
   check_step(s, shape().heads(2, 1).n(150, 400).d(128).causal().dtype(DType::bf16));
 }
 
+TEST_CASE("the final kernels' rows by sequence length: each side of the switch, at awkward shapes") {
+  require_hopper();
+  // final-fp8, d = 128 not causal: v12's row up to 1K keys, v27's above (blocks of 192, V^T in two boxes).
+  for (int nk : {1024, 1025, 1100, 1300}) {
+    CAPTURE(nk);
+    check_step(Step::final_fp8, shape().heads(2, 1).n(150, nk).d(128).dtype(DType::bf16));
+    check_step(Step::final_fp8, shape().batch(2).heads(4, 2).n(nk, nk).d(128).dtype(DType::f16), Dist::outliers);
+  }
+  // final-fp8, d = 256 causal (v29's row, one at every length): blocks of 128 around 2K keys.
+  for (int nk : {2048, 2049, 2100}) {
+    CAPTURE(nk);
+    check_step(Step::final_fp8, shape().heads(2, 1).n(300, nk).d(256).causal().dtype(DType::bf16));
+    check_step(Step::final_fp8, shape().heads(2).n(nk, nk).d(256).causal().dtype(DType::bf16), Dist::mean_shifted);
+  }
+  // final, d = 128 causal: v31's row below 8K keys, v30's (blocks of 176) from 8K on.
+  for (int nk : {8191, 8192, 8300}) {
+    CAPTURE(nk);
+    check_step(Step::final_fwd, shape().heads(2, 1).n(100, nk).d(128).causal().dtype(DType::bf16));
+    check_step(Step::final_fwd, shape().heads(2).n(300, nk).d(128).causal().dtype(DType::f16), Dist::outliers);
+  }
+  check_repeatable(Step::final_fwd, shape().heads(2).n(600, 8300).d(128).causal().dtype(DType::bf16));
+  check_repeatable(Step::final_fp8, shape().heads(2).n(600, 1000).d(128).dtype(DType::bf16));
+  check_repeatable(Step::final_fp8, shape().heads(2).n(600, 2000).d(256).causal().dtype(DType::bf16));
+}
+
 TEST_CASE("every main-path step at the benchmark's causal shape (sampled rows)") {
   // B = 2, H = 16, N = 8192, d = 128: the shape of the README's causal row.
   require_hopper();

@@ -81,12 +81,19 @@ struct Row {
 
 // The table: one row per head dim and mask, the one place where they differ (the columns:
 // see the header; regs: setmaxnreg's registers a thread, producer and consumers).
-template <int D, bool kCausal> struct Config;
+template <int D, bool kCausal, bool kLong = false> struct Config;
+// A head dim and mask may have a second row for long sequences: a problem of at least
+// kLongKeys<D, kCausal> keys takes Config<D, kCausal, true> (0: one row at every length).
+template <int D, bool kCausal> constexpr int kLongKeys = 0;
+template <> constexpr int kLongKeys<128, true> = 8192;  // from 8K keys v30's blocks of 176 win
+template <int D, bool kCausal> struct Config<D, kCausal, true> : Config<D, kCausal, false> {};
 //                                          consumers   Br   Bc  stages  exp  chains     regs    schedule
 template <> struct Config<64, false>  : Row<        3, 192, 128,      4,   0,      1,   24, 160, Schedule::kDynamic> {};
 template <> struct Config<64, true>   : Row<        3, 192, 128,      4,   0,      1,   24, 160, Schedule::kDynamic> {};
 template <> struct Config<128, false> : Row<        2, 128, 176,      2,   0,      4,   24, 240, Schedule::kPersistent> {};
 template <> struct Config<128, true>  : Row<        2, 128, 128,      2,   0,      4,   24, 240, Schedule::kGrid> {};
+// the long row of d = 128 causal (from kLongKeys<128, true> keys on): v30's block of 176
+template <> struct Config<128, true, true> : Row<   2, 128, 176,      2,   0,      4,   24, 240, Schedule::kGrid> {};
 template <> struct Config<256, false> : Row<        2, 128,  80,      2,   0,      4,   24, 240, Schedule::kPersistent> {};
 template <> struct Config<256, true>  : Row<        2, 128,  80,      2,   0,      4,   24, 240, Schedule::kPersistent> {};
 constexpr int kExpDegree = 4;    // exp2_fma's polynomial, where kExpEvery > 0
@@ -100,9 +107,9 @@ __device__ __forceinline__ int next_consumer(int wg) {
 }
 
 /// The shared memory of a configuration: v8's plan with the tile height kBr.
-template <class T, int D, bool kCausal>
-using PlanOf = SmemPlan<T, D, Config<D, kCausal>::Bc, Config<D, kCausal>::kStages, Config<D, kCausal>::Bc,
-                        Config<D, kCausal>::kBr>;
+template <class T, int D, bool kCausal, bool kLong>
+using PlanOf = SmemPlan<T, D, Config<D, kCausal, kLong>::Bc, Config<D, kCausal, kLong>::kStages, Config<D, kCausal, kLong>::Bc,
+                        Config<D, kCausal, kLong>::kBr>;
 
 /// kPersistent: the list of tiles of this thread block: entry `round` of the snake, as (m_block, bh).
 struct TileWalk {
@@ -162,12 +169,12 @@ __device__ __forceinline__ void grid_tile(int* m_block, int* bh) {
 // ---------------------------------------------------------------- producer warpgroup (warps 0-3)
 // One thread issues every copy: for each tile, Q once the previous tile's Q is released,
 // then K_j and V_j into the ring as stages free up.
-template <class T, int D, bool kCausal>
+template <class T, int D, bool kCausal, bool kLong>
 __device__ __forceinline__ void producer_tile(const CUtensorMap& tm_q, const CUtensorMap& tm_k,
                                               const CUtensorMap& tm_v, const Fa3Params& p, unsigned char* smem,
-                                              int m_block, int bh, RingState<Config<D, kCausal>::kStages>& ring, int& loaded) {
-  constexpr int kBr = Config<D, kCausal>::kBr, Bc = Config<D, kCausal>::Bc, kStages = Config<D, kCausal>::kStages;
-  using Plan = PlanOf<T, D, kCausal>;
+                                              int m_block, int bh, RingState<Config<D, kCausal, kLong>::kStages>& ring, int& loaded) {
+  constexpr int kBr = Config<D, kCausal, kLong>::kBr, Bc = Config<D, kCausal, kLong>::Bc, kStages = Config<D, kCausal, kLong>::kStages;
+  using Plan = PlanOf<T, D, kCausal, kLong>;
   const Barriers<kStages> bar(smem + Plan::kBars);
   const int bhk = (bh / p.heads) * p.kv_heads + kv_head_of(bh % p.heads, p.heads, p.kv_heads);
   const KvRange kv = kv_blocks(m_block, kBr, Bc, p.nq, p.nk, kCausal);
@@ -193,10 +200,10 @@ __device__ __forceinline__ void producer_tile(const CUtensorMap& tm_q, const CUt
   }
 }
 
-template <class T, int D, bool kCausal>
+template <class T, int D, bool kCausal, bool kLong>
 __device__ __forceinline__ void producer(const CUtensorMap& tm_q, const CUtensorMap& tm_k, const CUtensorMap& tm_v,
                                          const Fa3Params& p, unsigned char* smem) {
-  using C = Config<D, kCausal>;
+  using C = Config<D, kCausal, kLong>;
   constexpr int kStages = C::kStages;
   if (fresh_thread_index() != 0) return;
   RingState<kStages> ring;  // runs on from tile to tile
@@ -205,12 +212,12 @@ __device__ __forceinline__ void producer(const CUtensorMap& tm_q, const CUtensor
   if constexpr (C::kSchedule == Schedule::kPersistent) {
     const TileWalk walk = tile_walk(p);
     for (int round = 0; walk.next(round, &m_block, &bh); ++round)
-      producer_tile<T, D, kCausal>(tm_q, tm_k, tm_v, p, smem, m_block, bh, ring, loaded);
+      producer_tile<T, D, kCausal, kLong>(tm_q, tm_k, tm_v, p, smem, m_block, bh, ring, loaded);
   } else if constexpr (C::kSchedule == Schedule::kDynamic) {
     // Tile of round 0: blockIdx.x; of round r: gridDim.x + the counter's next value. Each
     // goes to the consumers through a slot of the tile ring, the walk ending past the list.
     const TileList list = tile_list(p);
-    const TileRing tiles(smem + kTileRingAt<PlanOf<T, D, kCausal>>);
+    const TileRing tiles(smem + kTileRingAt<PlanOf<T, D, kCausal, kLong>>);
     for (int round = 0;; ++round) {
       const int t = round == 0 ? fresh_block_index_x() : fresh_grid_size_x() + atomicAdd(p.tile_counter, 1);
       const int slot = round & 1;
@@ -218,7 +225,7 @@ __device__ __forceinline__ void producer(const CUtensorMap& tm_q, const CUtensor
       tiles.slot[slot] = t;
       mbarrier_arrive(&tiles.full[slot]);  // release: the consumers' wait sees the slot
       if (!list.coords(t, &m_block, &bh)) break;
-      producer_tile<T, D, kCausal>(tm_q, tm_k, tm_v, p, smem, m_block, bh, ring, loaded);
+      producer_tile<T, D, kCausal, kLong>(tm_q, tm_k, tm_v, p, smem, m_block, bh, ring, loaded);
     }
     // Every block asks until it finds the list empty; the last one to do so resets the counters.
     __threadfence();
@@ -228,18 +235,18 @@ __device__ __forceinline__ void producer(const CUtensorMap& tm_q, const CUtensor
     }
   } else {  // kGrid
     grid_tile<kCausal>(&m_block, &bh);
-    producer_tile<T, D, kCausal>(tm_q, tm_k, tm_v, p, smem, m_block, bh, ring, loaded);
+    producer_tile<T, D, kCausal, kLong>(tm_q, tm_k, tm_v, p, smem, m_block, bh, ring, loaded);
   }
 }
 
 // ---------------------------------------------------------------- consumer warpgroups (warps 4-11, or 4-15)
-template <class T, int D, bool kCausal>
+template <class T, int D, bool kCausal, bool kLong>
 __device__ __forceinline__ void consumer_tile(const Fa3Params& p, unsigned char* smem, int m_block, int bh,
-                                              RingState<Config<D, kCausal>::kStages>& ring, int& loaded) {
-  using C = Config<D, kCausal>;
+                                              RingState<Config<D, kCausal, kLong>::kStages>& ring, int& loaded) {
+  using C = Config<D, kCausal, kLong>;
   constexpr int kBr = C::kBr, Bc = C::Bc, kStages = C::kStages;
   constexpr bool kThree = C::kConsumers == 3;  // 160 registers a thread: v14's forms below, else v18's
-  using Plan = PlanOf<T, D, kCausal>;
+  using Plan = PlanOf<T, D, kCausal, kLong>;
   const Barriers<kStages> bar(smem + Plan::kBars);
   // wg: 0, 1 (or 2) for warpgroups 1, 2 (and 3), rows 64 wg .. 64 wg + 63; warp: counted from warpgroup 1.
   const int tid = fresh_thread_index() - 128, wg = tid / 128, warp = tid / 32, lane = tid % 32;
@@ -404,9 +411,9 @@ __device__ __forceinline__ void consumer_tile(const Fa3Params& p, unsigned char*
   }
 }
 
-template <class T, int D, bool kCausal>
+template <class T, int D, bool kCausal, bool kLong>
 __device__ __forceinline__ void consumer(const Fa3Params& p, unsigned char* smem) {
-  using C = Config<D, kCausal>;
+  using C = Config<D, kCausal, kLong>;
   constexpr int kStages = C::kStages;
   const int wg = (fresh_thread_index() - 128) / 128;
   const TileWalk walk = C::kSchedule == Schedule::kPersistent ? tile_walk(p) : TileWalk{};  // kPersistent: the tiles
@@ -418,34 +425,34 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, unsigned char* smem
   int m_block, bh;
   if constexpr (C::kSchedule == Schedule::kPersistent) {
     for (int round = 0; walk.next(round, &m_block, &bh); ++round)
-      consumer_tile<T, D, kCausal>(p, smem, m_block, bh, ring, loaded);
+      consumer_tile<T, D, kCausal, kLong>(p, smem, m_block, bh, ring, loaded);
   } else if constexpr (C::kSchedule == Schedule::kDynamic) {
     for (int round = 0;; ++round) {
       // Built afresh each round from the parameters and the shared-memory base, so that
       // nothing of it stays in registers across the tile.
-      const TileRing tiles(smem + kTileRingAt<PlanOf<T, D, kCausal>>);
+      const TileRing tiles(smem + kTileRingAt<PlanOf<T, D, kCausal, kLong>>);
       const int slot = round & 1;
       mbarrier_wait(&tiles.full[slot], (round >> 1) & 1);
       const int t = tiles.slot[slot];
       __syncwarp();
       if (fresh_thread_index() % 32 == 0) mbarrier_arrive(&tiles.empty[slot]);  // the warp has read it
       if (!tile_list(p).coords(t, &m_block, &bh)) break;
-      consumer_tile<T, D, kCausal>(p, smem, m_block, bh, ring, loaded);
+      consumer_tile<T, D, kCausal, kLong>(p, smem, m_block, bh, ring, loaded);
     }
   } else {  // kGrid
     grid_tile<kCausal>(&m_block, &bh);
-    consumer_tile<T, D, kCausal>(p, smem, m_block, bh, ring, loaded);
+    consumer_tile<T, D, kCausal, kLong>(p, smem, m_block, bh, ring, loaded);
   }
   if (wg == 0) my_turn();  // warpgroup 1 takes back the last warpgroup's last hand-over
 }
 
-template <class T, int D, bool kCausal>
-__global__ void __launch_bounds__(Config<D, kCausal>::kThreads, 1)
+template <class T, int D, bool kCausal, bool kLong>
+__global__ void __launch_bounds__(Config<D, kCausal, kLong>::kThreads, 1)
     kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
            const __grid_constant__ CUtensorMap tm_v, const Fa3Params p) {
-  using C = Config<D, kCausal>;
+  using C = Config<D, kCausal, kLong>;
   constexpr int kStages = C::kStages;
-  using Plan = PlanOf<T, D, kCausal>;
+  using Plan = PlanOf<T, D, kCausal, kLong>;
   extern __shared__ unsigned char smem_raw[];
   if (threadIdx.x == 0) {
     const Barriers<kStages> bar(align_1024(smem_raw) + Plan::kBars);
@@ -470,18 +477,18 @@ __global__ void __launch_bounds__(Config<D, kCausal>::kThreads, 1)
   // The role split: every value below is computed inside its role (see fa3_common.cuh).
   if (threadIdx.x < 128) {
     setmaxnreg_dec<C::kProducerRegs>();
-    producer<T, D, kCausal>(tm_q, tm_k, tm_v, p, fresh_smem(smem_raw));
+    producer<T, D, kCausal, kLong>(tm_q, tm_k, tm_v, p, fresh_smem(smem_raw));
   } else {
     setmaxnreg_inc<C::kConsumerRegs>();
-    consumer<T, D, kCausal>(p, fresh_smem(smem_raw));
+    consumer<T, D, kCausal, kLong>(p, fresh_smem(smem_raw));
   }
 }
 
-template <class T, int D, bool kCausal>
+template <class T, int D, bool kCausal, bool kLong>
 PreparedStep prepare(const StepArgs& a) {
-  using C = Config<D, kCausal>;
+  using C = Config<D, kCausal, kLong>;
   constexpr int Bc = C::Bc;
-  using Plan = PlanOf<T, D, kCausal>;
+  using Plan = PlanOf<T, D, kCausal, kLong>;
   const Problem& pr = a.problem;
   const CUtensorMapDataType ty = tma_type<T>();
   const uint64_t bhq = uint64_t(pr.batch) * pr.heads, bhk = uint64_t(pr.batch) * pr.kv_heads;
@@ -489,7 +496,7 @@ PreparedStep prepare(const StepArgs& a) {
   const CUtensorMap tk = make_tensor_map_3d(a.k, ty, 2, D, pr.nk, bhk, Plan::kBoxCols, Bc);
   const CUtensorMap tv = make_tensor_map_3d(a.v, ty, 2, D, pr.nk, bhk, Plan::kBoxCols, Bc);
   constexpr int kBytes = Plan::kBytes + (C::kSchedule == Schedule::kDynamic ? TileRing::kBytes : 0);
-  CUDA_CHECK(cudaFuncSetAttribute(kernel<T, D, kCausal>, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
+  CUDA_CHECK(cudaFuncSetAttribute(kernel<T, D, kCausal, kLong>, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
   Fa3Params params = a.params;
   params.n_qtiles = ceil_div(pr.nq, C::kBr);  // tiles of kBr rows (make_args counted 128)
   const long tiles = long(params.n_qtiles) * long(bhq);
@@ -510,15 +517,22 @@ PreparedStep prepare(const StepArgs& a) {
   s.smem_bytes = kBytes;
   s.launch = [=] {
     (void)counter;  // owned by the launch: it lives as long as the prepared step
-    kernel<T, D, kCausal><<<grid, C::kThreads, kBytes>>>(tq, tk, tv, params);
+    kernel<T, D, kCausal, kLong><<<grid, C::kThreads, kBytes>>>(tq, tk, tv, params);
     CUDA_CHECK_LAUNCH("kernel");
   };
   return s;
 }
 
+template <class T, int D, bool kCausal>
+PreparedStep prepare_length(const StepArgs& a) {
+  if constexpr (kLongKeys<D, kCausal> > 0)
+    if (a.problem.nk >= kLongKeys<D, kCausal>) return prepare<T, D, kCausal, true>(a);
+  return prepare<T, D, kCausal, false>(a);
+}
+
 template <class T, int D>
 PreparedStep prepare_mask(const StepArgs& a) {
-  return a.problem.causal ? prepare<T, D, true>(a) : prepare<T, D, false>(a);
+  return a.problem.causal ? prepare_length<T, D, true>(a) : prepare_length<T, D, false>(a);
 }
 
 template <class T>

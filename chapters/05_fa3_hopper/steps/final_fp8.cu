@@ -68,11 +68,17 @@ struct Row {
 //   kExpEvery  one exponential in kExpEvery on the FMA pipe as a polynomial (v12: 4); 0: all on MUFU (v29)
 //   kLazy      O rescaled only when a row's max grows by more than 2^kLazy (v15: 8); 0: every block (v12)
 //   kVBoxes    TMA boxes of kVBoxKeys keys a V8^T stage: 2 for 192 keys (v27), else 1
-template <int D, bool kCausal> struct Config;
+template <int D, bool kCausal, bool kShort = false> struct Config;
+// A head dim and mask may have a second row for short sequences: a problem of at most
+// kShortKeys<D, kCausal> keys takes Config<D, kCausal, true> (0: one row at every length).
+template <int D, bool kCausal> constexpr int kShortKeys = 0;
+template <> constexpr int kShortKeys<128, false> = 1024;  // up to 1K keys v12's blocks of 128 win
+template <int D, bool kCausal> struct Config<D, kCausal, true> : Config<D, kCausal, false> {};
 //                                      Row<Bc, kStages, kExpEvery, kLazy, kVBoxes>
 template <> struct Config<64, false>  : Row<128, 4, 4, 0, 1> {};  // v12
 template <> struct Config<64, true>   : Row<128, 4, 4, 8, 1> {};  // v15
 template <> struct Config<128, false> : Row<192, 3, 4, 8, 2> {};  // v27
+template <> struct Config<128, false, true> : Row<128, 4, 4, 0, 1> {};  // v12: up to kShortKeys<128, false> keys
 template <> struct Config<128, true>  : Row<128, 4, 4, 8, 1> {};  // v15 (v27's wider blocks lost with the mask)
 template <> struct Config<256, false> : Row<128, 2, 0, 8, 1> {};  // v29
 template <> struct Config<256, true>  : Row<128, 2, 0, 8, 1> {};  // v29
@@ -114,11 +120,11 @@ __device__ __forceinline__ void rescale_o(float (&o)[NO], const float (&alpha)[2
 // ---------------------------------------------------------------- producer warpgroup (warps 0-3)
 // One thread issues every copy: for each tile, Q once the previous tile's Q is released,
 // then K_j and V_j into the ring as stages free up.
-template <class TO, int D, bool kCausal>
+template <class TO, int D, bool kCausal, bool kShort>
 __device__ __forceinline__ void producer_tile(const CUtensorMap& tm_q, const CUtensorMap& tm_k,
                                               const CUtensorMap& tm_v, const Fa3Params& p, unsigned char* smem,
-                                              int m_block, int bh, RingState<Config<D, kCausal>::kStages>& ring, int& loaded) {
-  using Cfg = Config<D, kCausal>;
+                                              int m_block, int bh, RingState<Config<D, kCausal, kShort>::kStages>& ring, int& loaded) {
+  using Cfg = Config<D, kCausal, kShort>;
   constexpr int Bc = Cfg::Bc, kStages = Cfg::kStages;
   using Plan = SmemPlan<E4M3, D, Bc, kStages, Cfg::kVBoxes * kVBoxKeys>;  // V stage: V8^T, boxes of d rows of 128 keys
   const Barriers<kStages> bar(smem + Plan::kBars);
@@ -146,24 +152,24 @@ __device__ __forceinline__ void producer_tile(const CUtensorMap& tm_q, const CUt
   }
 }
 
-template <class TO, int D, bool kCausal>
+template <class TO, int D, bool kCausal, bool kShort>
 __device__ __forceinline__ void producer(const CUtensorMap& tm_q, const CUtensorMap& tm_k, const CUtensorMap& tm_v,
                                          const Fa3Params& p, unsigned char* smem) {
-  constexpr int kStages = Config<D, kCausal>::kStages;
+  constexpr int kStages = Config<D, kCausal, kShort>::kStages;
   if (fresh_thread_index() != 0) return;
   const TileWalk walk = tile_walk(p);
   RingState<kStages> ring;  // runs on from tile to tile
   int loaded = 0;           // tiles whose Q this block has loaded: the phase of full_q / empty_q
   int m_block, bh;
   for (int round = 0; walk.next(round, &m_block, &bh); ++round)
-    producer_tile<TO, D, kCausal>(tm_q, tm_k, tm_v, p, smem, m_block, bh, ring, loaded);
+    producer_tile<TO, D, kCausal, kShort>(tm_q, tm_k, tm_v, p, smem, m_block, bh, ring, loaded);
 }
 
 // ---------------------------------------------------------------- consumer warpgroups (warps 4-11)
-template <class TO, int D, bool kCausal>
+template <class TO, int D, bool kCausal, bool kShort>
 __device__ __forceinline__ void consumer_tile(const Fa3Params& p, unsigned char* smem, int m_block, int bh,
-                                              RingState<Config<D, kCausal>::kStages>& ring, int& loaded) {
-  using Cfg = Config<D, kCausal>;
+                                              RingState<Config<D, kCausal, kShort>::kStages>& ring, int& loaded) {
+  using Cfg = Config<D, kCausal, kShort>;
   constexpr int Bc = Cfg::Bc, kStages = Cfg::kStages;
   using Plan = SmemPlan<E4M3, D, Bc, kStages, Cfg::kVBoxes * kVBoxKeys>;
   const Barriers<kStages> bar(smem + Plan::kBars);
@@ -331,9 +337,9 @@ __device__ __forceinline__ void consumer_tile(const Fa3Params& p, unsigned char*
   store_o<TO>(p, bh, row, lane, o, inv_l, lse);
 }
 
-template <class TO, int D, bool kCausal>
+template <class TO, int D, bool kCausal, bool kShort>
 __device__ __forceinline__ void consumer(const Fa3Params& p, unsigned char* smem) {
-  constexpr int kStages = Config<D, kCausal>::kStages;
+  constexpr int kStages = Config<D, kCausal, kShort>::kStages;
   const int wg = (fresh_thread_index() - 128) / 128;
   const TileWalk walk = tile_walk(p);
   auto my_turn = [&] { named_barrier_sync(kTurnBarrier + wg, kConsumerThreads); };
@@ -343,15 +349,15 @@ __device__ __forceinline__ void consumer(const Fa3Params& p, unsigned char* smem
   int loaded = 0;            // tiles with work so far: the phase of full_q
   int m_block, bh;
   for (int round = 0; walk.next(round, &m_block, &bh); ++round)
-    consumer_tile<TO, D, kCausal>(p, smem, m_block, bh, ring, loaded);
+    consumer_tile<TO, D, kCausal, kShort>(p, smem, m_block, bh, ring, loaded);
   if (wg == 0) my_turn();  // warpgroup 1 takes back warpgroup 2's last hand-over
 }
 
-template <class TO, int D, bool kCausal>
+template <class TO, int D, bool kCausal, bool kShort>
 __global__ void __launch_bounds__(kThreads, 1)
     kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
            const __grid_constant__ CUtensorMap tm_v, const Fa3Params p) {
-  using Cfg = Config<D, kCausal>;
+  using Cfg = Config<D, kCausal, kShort>;
   constexpr int Bc = Cfg::Bc, kStages = Cfg::kStages;
   using Plan = SmemPlan<E4M3, D, Bc, kStages, Cfg::kVBoxes * kVBoxKeys>;
   static_assert(Bc % 64 == 0 && (Cfg::kVBoxes - 1) * kVBoxKeys < Bc && Bc <= Cfg::kVBoxes * kVBoxKeys,
@@ -373,16 +379,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The role split: every value below is computed inside its role (see fa3_common.cuh).
   if (threadIdx.x < 128) {
     setmaxnreg_dec<24>();
-    producer<TO, D, kCausal>(tm_q, tm_k, tm_v, p, fresh_smem(smem_raw));
+    producer<TO, D, kCausal, kShort>(tm_q, tm_k, tm_v, p, fresh_smem(smem_raw));
   } else {
     setmaxnreg_inc<240>();
-    consumer<TO, D, kCausal>(p, fresh_smem(smem_raw));
+    consumer<TO, D, kCausal, kShort>(p, fresh_smem(smem_raw));
   }
 }
 
-template <class TO, int D, bool kCausal>
+template <class TO, int D, bool kCausal, bool kShort>
 PreparedStep prepare(const StepArgs& a) {
-  using Cfg = Config<D, kCausal>;
+  using Cfg = Config<D, kCausal, kShort>;
   constexpr int Bc = Cfg::Bc, kStages = Cfg::kStages;
   using Plan = SmemPlan<E4M3, D, Bc, kStages, Cfg::kVBoxes * kVBoxKeys>;
   const Problem& pr = a.problem;
@@ -391,7 +397,7 @@ PreparedStep prepare(const StepArgs& a) {
   const CUtensorMap tq = make_tensor_map_3d(a.q, ty, 1, D, pr.nq, bhq, Plan::kBoxCols, kBr);
   const CUtensorMap tk = make_tensor_map_3d(a.k, ty, 1, D, pr.nk, bhk, Plan::kBoxCols, Bc);
   const CUtensorMap tv = make_tensor_map_3d(a.v, ty, 1, a.nk_pad, D, bhk, kVBoxKeys, D);  // V8^T: [d][Nk_pad]
-  CUDA_CHECK(cudaFuncSetAttribute(kernel<TO, D, kCausal>, cudaFuncAttributeMaxDynamicSharedMemorySize, Plan::kBytes));
+  CUDA_CHECK(cudaFuncSetAttribute(kernel<TO, D, kCausal, kShort>, cudaFuncAttributeMaxDynamicSharedMemorySize, Plan::kBytes));
   const long tiles = long(a.params.n_qtiles) * long(bhq);
   const int grid = int(tiles < a.sms ? tiles : a.sms);  // one block per SM, each walking its tiles
   const Fa3Params params = a.params;
@@ -399,15 +405,22 @@ PreparedStep prepare(const StepArgs& a) {
   s.grid = grid;
   s.smem_bytes = Plan::kBytes;
   s.launch = [=] {
-    kernel<TO, D, kCausal><<<grid, kThreads, Plan::kBytes>>>(tq, tk, tv, params);
+    kernel<TO, D, kCausal, kShort><<<grid, kThreads, Plan::kBytes>>>(tq, tk, tv, params);
     CUDA_CHECK_LAUNCH("kernel");
   };
   return s;
 }
 
+template <class T, int D, bool kCausal>
+PreparedStep prepare_length(const StepArgs& a) {
+  if constexpr (kShortKeys<D, kCausal> > 0)
+    if (a.problem.nk <= kShortKeys<D, kCausal>) return prepare<T, D, kCausal, true>(a);
+  return prepare<T, D, kCausal, false>(a);
+}
+
 template <class T, int D>
 PreparedStep prepare_mask(const StepArgs& a) {
-  return a.problem.causal ? prepare<T, D, true>(a) : prepare<T, D, false>(a);
+  return a.problem.causal ? prepare_length<T, D, true>(a) : prepare_length<T, D, false>(a);
 }
 
 template <class T>
