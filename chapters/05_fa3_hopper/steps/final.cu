@@ -25,6 +25,10 @@
 // grid, blockIdx.x one head's query tiles heaviest first and blockIdx.y the head (v16 and v19
 // launched the longest-first list as a grid instead).
 //
+// One head dim and mask may have two rows, one for short and one for long sequences: d = 128
+// causal takes v31's row below 8K keys and v30's (blocks of 176) from 8K on, the launcher
+// choosing by Nk (kLongKeys), as FA3's launch heuristics choose their tiles.
+//
 // Not in the table, because every row takes it: each wgmma's descriptor is its tile's base
 // plus a constant, built once a tile and moved by addition (v23, v25). And the two consumer
 // counts keep registers free across the key-block loop in the ways their steps did: with

@@ -16,6 +16,9 @@
 //     d = 128, causal     v15: v27's wider blocks were slower with the mask, so the causal row stays v15's
 //     d = 256, both       v29: v15 with key blocks of 128, every exponential on MUFU
 //
+// One head dim and mask may have two rows by sequence length: d = 128 without the mask takes
+// v12's row up to 1K keys and v27's above, the launcher choosing by Nk (kShortKeys).
+//
 // The kernel reads the table where the code depends on it (`if constexpr` where it differs):
 //   * the softmax, softmax_update_scaled_two_pipes<kExpEvery, kExpDegree, Bc / 2, kLazy>
 //     (fa3_common.cuh): v9's multiplication by the scales folded into the exponent's FFMA
