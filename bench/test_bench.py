@@ -717,7 +717,12 @@ class Provenance(unittest.TestCase):
     def test_provenance_names_gpu_date_commit_and_dirty_tree(self):
         import bench_readme
         res = load()
-        res["run"].update(git_head="09430b9", git_dirty=True)
+        # a run on a copy of a committed tree (BENCH_COMMIT) names that commit, whatever its .git said
+        res["run"].update(commit="0000000", git_head="09430b9", git_dirty=True)
+        line = bench_readme.provenance(res, os.path.join(HERE, "recorded", "x.json"))
+        self.assertIn("at commit 0000000 (the committed tree, copied to the GPU machine)", line)
+        self.assertNotIn("09430b9", line)
+        del res["run"]["commit"]
         line = bench_readme.provenance(res, os.path.join(HERE, "recorded", "x.json"))
         for want in ("Fixture GPU (not a measurement)", "2026-01-01", "commit 09430b9 with uncommitted changes"):
             self.assertIn(want, line)
@@ -886,13 +891,29 @@ class Record(unittest.TestCase):
 
 
 class Recorded(unittest.TestCase):
+    def test_a_chapter_section_comes_from_the_newest_run_that_measured_the_chapter(self):
+        import bench_readme
+        runs = {p: (read_json(p), bench_report.markdown(read_json(p))) for p in bench_readme.all_runs()}
+        if len(runs) < 2:
+            self.skipTest("fewer than two recorded runs")
+        main = bench_readme.main_run_of(runs)
+        self.assertNotIn("--chapters", runs[main][0]["run"].get("command", ""))  # the lineage's run is a full sweep
+        for name in ("ch05-fwd", "ch04-fwd"):
+            src = bench_readme.section_run(name, runs, main)
+            if src is None:
+                continue
+            newer = [p for p in bench_readme.all_runs() if bench_readme.run_time(p) > bench_readme.run_time(src)]
+            for p in newer:  # no newer run measured that chapter's table
+                chapters = runs[p][0].get("run", {}).get("chapters") or []
+                self.assertFalse(name[2:4] in chapters and bench_report.extract_section(runs[p][1], name), (name, p))
+
     def test_readme_sections_match_the_recorded_run(self):
         import bench_readme
         if not any(n.endswith(".json") for n in os.listdir(bench_readme.RECORDED)):
             self.skipTest("no recorded run yet")
-        files = bench_readme.generate(bench_readme.newest_run())
+        files = bench_readme.generate()  # each section from its run (bench_readme.section_run())
         for path, new in files.items():
-            self.assertEqual(open(path).read(), new, "%s differs from the recorded run: "
+            self.assertEqual(open(path).read(), new, "%s differs from the recorded runs: "
                              "bench/bench_readme.py --write" % path)
         readme = open(os.path.join(os.path.dirname(HERE), "README.md")).read()
         m = re.search(r"<!-- bench:lineage begin -->\n(.*?)<!-- bench:lineage end -->", readme, re.S)

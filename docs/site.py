@@ -618,16 +618,28 @@ def copy_page_images(html_dir):
             text = fh.read()
         if '<img' not in text:
             continue
+        changed = False
         for src in set(re.findall(r'<img[^>]*\bsrc="([^"]+)"', text)):
             if re.match(r'^[a-z]+:', src) or os.path.exists(os.path.join(html_dir, src)):
                 continue
             for b in bases:
                 cand = os.path.normpath(os.path.join(b, src))
+                if not (os.path.isfile(cand) and cand.startswith(ROOT)):
+                    continue
                 dst = os.path.normpath(os.path.join(html_dir, src))
-                if os.path.isfile(cand) and cand.startswith(ROOT) and dst.startswith(html_dir):
-                    os.makedirs(os.path.dirname(dst), exist_ok=True)
-                    shutil.copy2(cand, dst)
-                    break
+                if not dst.startswith(html_dir):
+                    # a chapter README's ../../bench/recorded/x.png: the same file, kept inside the
+                    # site under its path from the repository root, and the page pointed at it
+                    new_src = os.path.relpath(cand, ROOT)
+                    dst = os.path.join(html_dir, new_src)
+                    text = text.replace('src="%s"' % src, 'src="%s"' % new_src)
+                    changed = True
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                shutil.copy2(cand, dst)
+                break
+        if changed:
+            with open(page, 'w', encoding='utf-8') as fh:
+                fh.write(text)
 
 
 def doxyfile(out, pages, images, append_dir, lab_docs=()):
