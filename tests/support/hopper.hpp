@@ -1,5 +1,6 @@
 #pragma once
-// GPU test cases of sm_90a-only kernels: on another GPU the case ends with ctest's skip code.
+// For the GPU tests of sm_90a-only kernels (a helper, no tests of its own): on another GPU the
+// calling test ends with ctest's skip code.
 #include <cstdlib>
 #include <iostream>
 #include <string>
@@ -15,7 +16,7 @@ inline bool on_hopper() {
 }
 
 /// Ends this test case's process with ctest's skip code (77) unless the GPU is a Hopper one:
-/// ctest runs each TEST_CASE as its own process, so that case alone reports "skipped".
+/// ctest runs each doctest case as its own process, so that case alone reports "skipped".
 inline void require_hopper(const std::string& what) {
   const auto dev = attn::query_device();
   std::string why;
