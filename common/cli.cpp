@@ -52,6 +52,11 @@ Cli& Cli::sram_default(std::size_t bytes) {
   return *this;
 }
 
+Cli& Cli::faults(std::vector<Fault> f) {
+  faults_ = std::move(f);
+  return *this;
+}
+
 void Cli::add_int(const std::string& flag, int* target, const std::string& help, int lo, int hi) {
   Extra e;
   e.flag = flag, e.help = help, e.kind = "int", e.i = target, e.lo = lo, e.hi = hi;
@@ -101,6 +106,7 @@ std::string Cli::usage() const {
     << "  --bench          measure the GPU ceilings and run the chapter's sweep\n"
     << "  --sram-bytes M   on-chip budget of the CPU models in bytes     [" << sram_default_ << "]\n"
     << "  --check-all      check every row in fp64, however large the problem\n"
+    << "  --inject-fault F put fault F into every implementation it applies to (list: the faults)\n"
     << "  --json           print the report as one JSON object\n"
     << "  --help           this text\n";
   if (!head_dims_.empty()) {
@@ -202,6 +208,20 @@ bool Cli::parse(int argc, char** argv, Options* out) const {
     } else if (arg == "--json") {
       no_value();
       o.json = true;
+    } else if (arg == "--inject-fault") {
+      const std::string v = next();
+      if (v == "list") {
+        for (Fault f : faults_) std::cout << fault_name(f) << "  " << fault_help(f) << "\n";
+        return false;
+      }
+      const auto it =
+          std::find_if(faults_.begin(), faults_.end(), [&](Fault f) { return v == fault_name(f); });
+      if (it == faults_.end()) {
+        std::string names;
+        for (Fault f : faults_) names += (names.empty() ? "" : ", ") + std::string(fault_name(f));
+        throw UsageError("--inject-fault: no fault '" + v + "' here (" + (names.empty() ? "none" : names) + ")");
+      }
+      o.fault = *it;
     } else {
       auto it = std::find_if(extras_.begin(), extras_.end(), [&](const Extra& e) { return e.flag == arg; });
       if (it == extras_.end()) throw UsageError("unknown option '" + arg + "' (see --help)");

@@ -5,7 +5,7 @@
 ///     chNN_name [--n N] [--nk N] [--d D] [--dv D] [--batch B] [--heads H] [--kv-heads H]
 ///               [--causal] [--dtype fp32|fp16|bf16] [--scale S] [--inputs DIST]
 ///               [--seed S] [--device cpu|cuda|auto] [--bench] [--sram-bytes M]
-///               [--check-all] [--json] [--help]
+///               [--check-all] [--inject-fault NAME|list] [--json] [--help]
 ///
 /// Chapters add their own flags with add_int() / add_flag() / add_choice() / add_int_list(). Any bad
 /// value (zero, negative, not a number, an unsupported head dim, a size that does
@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/errors.hpp"
+#include "common/faults.hpp"
 #include "common/inputs.hpp"
 #include "common/problem.hpp"
 
@@ -34,6 +35,7 @@ struct Options {
   std::size_t sram_bytes = 96 * 1024;   ///< on-chip budget M of the CPU models
   bool json = false;
   bool check_all = false;               ///< fp64-check every row, however large the problem
+  Fault fault = Fault::none;            ///< --inject-fault: the bug to put into every implementation it applies to
 };
 
 class Cli {
@@ -47,6 +49,8 @@ class Cli {
   Cli& dtypes(std::vector<DType> types);
   /// The chapter's default on-chip budget for its CPU models (--sram-bytes).
   Cli& sram_default(std::size_t bytes);
+  /// The faults `--inject-fault` accepts here (common/faults.hpp); `--inject-fault list` prints them.
+  Cli& faults(std::vector<Fault> f);
 
   void add_int(const std::string& flag, int* target, const std::string& help, int min_value = 1,
                int max_value = 1 << 30);
@@ -84,6 +88,7 @@ class Cli {
   std::vector<DType> dtypes_ = {DType::f32, DType::f16, DType::bf16};
   std::size_t sram_default_ = 96 * 1024;
   std::vector<Extra> extras_;
+  std::vector<Fault> faults_;
 };
 
 /// Strict integer parsing: the whole string, in range, else UsageError naming the flag.

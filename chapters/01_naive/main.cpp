@@ -24,6 +24,10 @@ namespace {
 /// report takes the model's bytes from the formula instead of running it.
 constexpr double kModelFlopBudget = 2e10;
 
+/// The key block of --inject-fault last-key-block, stale-lse and partial-tile-full (the
+/// softmax kernel walks a row of S in blocks of this many scores).
+constexpr int kFaultKeyTile = 64;
+
 #if TUTORIAL_HAVE_CUDA
 /// Largest N at which one fp32 score matrix for all (batch, head) still fits in `bytes`.
 long largest_n_for_s(const Problem& p, double bytes) {
@@ -42,6 +46,7 @@ int main(int argc, char** argv) {
   defaults.dtype = DType::bf16;
   Cli cli("ch01_naive", "Naive attention: S = tau Q K^T, P = softmax(S), O = P V, with S and P in HBM.");
   cli.defaults(defaults).head_dims({16, 32, 64, 96, 128, 256});
+  cli.faults({Fault::last_key_block, Fault::last_batch, Fault::stale_lse, Fault::partial_tile_full});
 
   return run_chapter(argc, argv, cli, [&](const Options& opt) {
     const Problem& p = opt.problem;
@@ -76,11 +81,15 @@ int main(int argc, char** argv) {
       row.device = "cpu";
       row.flops = flops_forward(p);
       if (run_model) {
-        const ch01::NaiveForwardResult m = ch01::naive_forward_model(p, in, opt.sram_bytes);
+        const ch01::NaiveForwardResult m =
+            run_faulty(opt.fault, p, in, kFaultKeyTile, [&](const Problem& fp, const AttnInputs& fin) {
+              return ch01::naive_forward_model(fp, fin, opt.sram_bytes);
+            });
         row.set_traffic(m.traffic);
         row.set_check(oracle.judge(m.o, &m.lse));
         if (m.traffic.bytes_read != formula.read() || m.traffic.bytes_written != formula.write())
           row.note = "counted traffic differs from naive_forward_traffic()";
+        if (opt.fault != Fault::none) row.note = fault_note(opt.fault);
       } else {
         row.hbm_read_bytes = formula.read();
         row.hbm_write_bytes = formula.write();
@@ -105,8 +114,12 @@ int main(int argc, char** argv) {
         row.hbm_write_bytes = f.write();
         row.extra_bytes = f.extra();
         row.bound = Bound::memory;
-        const ch01::GpuForward g = ch01::naive_forward_gpu(p, in, which, /*time=*/true);
+        const ch01::GpuForward g =
+            run_faulty(opt.fault, p, in, kFaultKeyTile, [&](const Problem& fp, const AttnInputs& fin) {
+              return ch01::naive_forward_gpu(fp, fin, which, /*time=*/true);
+            });
         row.set_check(oracle.judge(g.o, &g.lse));
+        if (opt.fault != Fault::none) row.note = fault_note(opt.fault);
         row.set_time(g.time_ms);
         rep.notes.push_back("  " + row.impl + ": QK^T " + fmt("%.3f", g.qk_ms) + " ms, softmax " +
                             fmt("%.3f", g.softmax_ms) + " ms, PV " + fmt("%.3f", g.pv_ms) + " ms (each timed alone)");
