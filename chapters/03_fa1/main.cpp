@@ -110,7 +110,7 @@ ResultRow gpu_backward_row(const Problem& p, const AttnInputs& in, const Options
 }
 
 ResultRow gpu_forward_row(const Problem& p, const AttnInputs& in, const ForwardOracle& oracle, const std::string& label,
-                          int warmup) {
+                          int warmup, Fault fault = Fault::none) {
   ResultRow row;
   row.impl = label;
   row.device = "cuda";
@@ -120,8 +120,12 @@ ResultRow gpu_forward_row(const Problem& p, const AttnInputs& in, const ForwardO
   row.hbm_write_bytes = t.write();
   row.extra_bytes = t.extra;
   row.bound = Bound::compute;
-  const GpuForward g = fa1_forward_gpu(p, in, /*time=*/true, warmup);
+  const GpuForward g = run_faulty(fault, p, in, kernel_forward_blocks(p.d).Bc,
+                                  [&](const Problem& fp, const AttnInputs& fin) {
+                                    return fa1_forward_gpu(fp, fin, /*time=*/true, warmup);
+                                  });
   row.set_check(oracle.judge(g.o, &g.lse));
+  if (fault != Fault::none) row.note = fault_note(fault);
   row.set_time(g.time_ms);
   return row;
 }
@@ -203,6 +207,7 @@ int main(int argc, char** argv) {
           "FlashAttention-1: Q, K, V tiled through on-chip memory (K/V outer, Q inner), no N^2 matrix in HBM,\n"
           "S and P recomputed in the backward. CPU models with counted traffic; the kernels when a GPU is present.");
   cli.defaults(defaults).head_dims({32, 64, 128});
+  cli.faults({Fault::last_key_block, Fault::last_batch, Fault::stale_lse});
   int br = 0, bc = 0;
   cli.add_int("--br", &br, "B_r of the CPU models (0: the paper's rule from --sram-bytes)", 0, 1 << 20);
   cli.add_int("--bc", &bc, "B_c of the CPU models (0: the paper's rule from --sram-bytes)", 0, 1 << 20);
@@ -255,7 +260,11 @@ int main(int argc, char** argv) {
       f.flops = flops_forward(p);
       b.flops = flops_backward(p);
       if (run_model) {
-        const Fa1ForwardResult m = fa1_forward_model(p, in, opt.sram_bytes, model_fwd_blocks);
+        // An injected fault goes into the forward; the backward then reads its O and LSE.
+        const Fa1ForwardResult m =
+            run_faulty(opt.fault, p, in, model_fwd_blocks.Bc, [&](const Problem& fp, const AttnInputs& fin) {
+              return fa1_forward_model(fp, fin, opt.sram_bytes, model_fwd_blocks);
+            });
         f.set_traffic(m.traffic);
         f.set_check(oracle.judge(m.o, &m.lse));
         fa1_fwd_bytes = m.traffic.bytes();
@@ -268,6 +277,7 @@ int main(int argc, char** argv) {
           f.note = "counted traffic differs from fa1_forward_traffic()";
         if (mb.traffic.bytes_read != bwd_formula.read() || mb.traffic.bytes_written != bwd_formula.write())
           b.note = "counted traffic differs from fa1_backward_traffic()";
+        if (opt.fault != Fault::none) f.note = fault_note(opt.fault);
       } else {
         for (auto* r : {&f, &b}) {
           const Fa1Traffic& t = r == &f ? fwd_formula : bwd_formula;
@@ -313,7 +323,7 @@ int main(int argc, char** argv) {
     if (dev && !unsupported.empty()) rep.notes.push_back("GPU rows skipped: " + unsupported);
     if (dev && unsupported.empty()) {
       if (opt.bench) rep.ceilings = measure_ceilings(p.dtype);
-      ResultRow f = gpu_forward_row(p, in, oracle, "FA1 forward kernel", 3);
+      ResultRow f = gpu_forward_row(p, in, oracle, "FA1 forward kernel", 3, opt.fault);
       fa1_fwd_ms = f.time_ms.value_or(0);
       rep.rows.push_back(f);
       rep.rows.push_back(gpu_backward_row(p, in, opt, "FA1 backward kernel", bwd_oracle ? &*bwd_oracle : nullptr, 3));

@@ -1,6 +1,6 @@
 // ch04_fa2: FlashAttention-2. The CPU model of Algorithms 1 and 2 with counted
-// traffic, and (with a GPU) every forward step and the backward, checked against
-// the fp64 reference and timed.
+// traffic, and (with a GPU) the forward steps of the main path, the final kernel (the
+// lab's steps too with --lab) and the backward, checked against the fp64 reference and timed.
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
@@ -39,17 +39,21 @@ int main(int argc, char** argv) {
   defaults.d = defaults.dv = 64;
   defaults.causal = false;  // --causal turns the mask on (the CLI has no flag to turn it off)
   defaults.dtype = DType::bf16;
-  Cli cli("ch04_fa2", "FlashAttention-2: Q outer, K/V inner, tensor cores; forward steps 1-9 and the backward.");
+  Cli cli("ch04_fa2", "FlashAttention-2: Q outer, K/V inner, tensor cores; forward steps v1-v6, the final kernel and the backward.");
   cli.defaults(defaults).head_dims({64, 128, 256}).dtypes({DType::bf16, DType::f16});
+  cli.faults({Fault::last_key_block, Fault::last_batch, Fault::stale_lse, Fault::wrong_kv_head});
   // The CPU model's on-chip budget: one SM of an H100/H200, 228 KB of shared memory plus the
   // 256 KB register file, which holds the final kernel's tiles at every head dim the chapter
   // accepts (d = 256: 128 KB of shared-memory tiles and 160 KB of fp32 S, O and (m, l)).
   cli.sram_default(ch04::kSmOnChipBytes);
-  std::vector<int> steps;  // empty (all, or 0): every step
-  bool no_backward = false, forward_only_model = false, with_fa1 = false;
+  std::vector<int> steps;  // empty (all, or 0): the main path (and the lab with --lab)
+  bool no_backward = false, forward_only_model = false, with_fa1 = false, lab = false;
   cli.add_int_list("--step", &steps,
-                   "run only these forward steps, e.g. 6,9 (1-9; inputs uploaded once for all; all or 0 = every step)",
-                   0, ch04::kSteps);
+                   "run only these forward steps, e.g. 6,final (v1-v6, final; with --lab also the lab's v7-v9; "
+                   "inputs uploaded once for all; all or 0 = the main path)",
+                   0, ch04::kLastLabStep, {{"final", ch04::kFinal}});
+  cli.add_flag("--lab", &lab,
+               "also run the lab's steps (steps/lab/, LAB.md): v7-v9; needs a build configured with -DTUTORIAL_LAB=ON");
   cli.add_flag("--no-backward", &no_backward, "skip the backward rows");
   cli.add_flag("--no-model", &forward_only_model, "skip the CPU model rows");
   cli.add_flag("--fa1", &with_fa1, "also time chapter 03's FA1 kernels (slow: one block per head)");
@@ -60,6 +64,17 @@ int main(int argc, char** argv) {
       if (steps.size() > 1) throw UsageError("--step: 0 (every step) cannot be listed with other steps");
       steps.clear();
     }
+    if (lab && !TUTORIAL_LAB) throw UsageError("--lab: this build has no lab steps (configure with -DTUTORIAL_LAB=ON)");
+    for (int k : steps)
+      if (!ch04::step_built(k))
+        throw UsageError("--step " + std::to_string(k) +
+                         ": a lab step, and this build has no lab (configure with -DTUTORIAL_LAB=ON)");
+    std::vector<int> order;  // the main path (the lab's too with --lab), or the steps listed, in path order
+    for (int s : ch04::kMainSteps)
+      if (steps.empty() || std::find(steps.begin(), steps.end(), s) != steps.end()) order.push_back(s);
+    for (int s : ch04::kLabSteps)
+      if (steps.empty() ? lab && ch04::step_built(s) : std::find(steps.begin(), steps.end(), s) != steps.end())
+        order.push_back(s);
     Report rep;
     rep.chapter = "ch04_fa2";
     rep.title = "FlashAttention-2 (Q outer, K/V inner, tensor cores)";
@@ -75,7 +90,7 @@ int main(int argc, char** argv) {
                         "this problem");
 
     const AttnInputs in = make_inputs(p, opt.dist, opt.seed, with_backward);
-    const ch04::Fa2Tiles final_tiles = ch04::step_tiles(ch04::kSteps, p.d);  // the model runs the final step's tiles
+    const ch04::Fa2Tiles final_tiles = ch04::step_tiles(ch04::kFinal, p.d);  // the model runs the final kernel's tiles
     const ForwardOracle oracle(p, in, opt.check_all ? CheckPlan::full(p) : CheckPlan::sampled(p));
     rep.check_plan = oracle.plan().describe(p);
 
@@ -84,9 +99,13 @@ int main(int argc, char** argv) {
       row.impl = "FA2 model, forward (Alg. 1)";
       row.device = "cpu";
       row.flops = flops_forward(p);
-      const ch04::Fa2ForwardResult m = ch04::fa2_forward_model(p, in, opt.sram_bytes, final_tiles);
+      const ch04::Fa2ForwardResult m =
+          run_faulty(opt.fault, p, in, final_tiles.Bc, [&](const Problem& fp, const AttnInputs& fin) {
+            return ch04::fa2_forward_model(fp, fin, opt.sram_bytes, final_tiles);
+          });
       row.set_traffic(m.traffic);
       row.set_check(oracle.judge(m.o, &m.lse));
+      if (opt.fault != Fault::none) row.note = fault_note(opt.fault);
       rep.rows.push_back(row);
       rep.notes.push_back("model: Q read " + fmt("%.2f", m.q_read / (dtype_bytes(p.dtype) * double(p.q_elems()))) +
                           "x, K/V read " + fmt("%.2f", m.kv_read / (dtype_bytes(p.dtype) * double(p.k_elems() + p.v_elems()))) +
@@ -112,8 +131,7 @@ int main(int argc, char** argv) {
     if (dev) {
       if (opt.bench) rep.ceilings = measure_ceilings(p.dtype);
       std::unique_ptr<ch04::ForwardRunner> runner;  // Q, K, V uploaded once for every step's row
-      for (int s = 1; s <= ch04::kSteps; ++s) {
-        if (!steps.empty() && std::find(steps.begin(), steps.end(), s) == steps.end()) continue;
+      for (int s : order) {
         ResultRow row;
         row.impl = ch04::step_name(s);
         row.device = "cuda";
@@ -131,8 +149,15 @@ int main(int argc, char** argv) {
         row.hbm_write_bytes = double(p.o_elems()) * dtype_bytes(p.dtype) + 4.0 * double(p.lse_elems());
         row.extra_bytes = 0;
         if (!runner) runner = std::make_unique<ch04::ForwardRunner>(p, in);
-        const ch04::GpuForward g = runner->run(s, /*time=*/true);
+        // An injected fault launches the step on the faulty problem, with its own upload.
+        const ch04::GpuForward g =
+            opt.fault == Fault::none
+                ? runner->run(s, /*time=*/true)
+                : run_faulty(opt.fault, p, in, tiles.Bc, [&](const Problem& fp, const AttnInputs& fin) {
+                    return ch04::ForwardRunner(fp, fin).run(s, /*time=*/true);
+                  });
         row.set_check(oracle.judge(g.o, &g.lse));
+        if (opt.fault != Fault::none) row.note = fault_note(opt.fault);
         row.set_time(g.time_ms);
         rep.rows.push_back(row);
       }

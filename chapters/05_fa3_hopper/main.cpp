@@ -118,6 +118,7 @@ int main(int argc, char** argv) {
   Cli cli("ch05_fa3_hopper",
           "FlashAttention-3 on Hopper: TMA, wgmma, warp specialisation, pingpong, overlap, persistent tiles, FP8.");
   cli.defaults(defaults).head_dims({64, 128, 256}).dtypes({DType::bf16, DType::f16});
+  cli.faults({Fault::last_key_block, Fault::last_batch, Fault::stale_lse, Fault::wrong_kv_head});
   std::vector<int> step_list;  // empty: all
   constexpr int kLastLabStep = int(kLabSteps[std::size(kLabSteps) - 1]);
   cli.add_int_list("--step", &step_list,
@@ -200,7 +201,10 @@ int main(int argc, char** argv) {
       row.device = "cpu";
       row.flops = flops_forward(p);
       if (run_model) {
-        const Fa3ModelResult m = fa3_forward_model(p, in, cfg, opt.sram_bytes);
+        const Fa3ModelResult m =
+            run_faulty(opt.fault, p, in, cfg.Bc, [&](const Problem& fp, const AttnInputs& fin) {
+              return fa3_forward_model(fp, fin, cfg, opt.sram_bytes);
+            });
         row.set_traffic(m.traffic);
         row.set_check(oracle.judge(m.o, &m.lse));
         if (m.traffic.bytes_read != formula.read() || m.traffic.bytes_written != formula.write())
@@ -218,6 +222,7 @@ int main(int argc, char** argv) {
         row.note = "model not run at this size (" + fmt("%.3g", flops_forward(p)) +
                    " FLOPs on one core); bytes from fa3_forward_traffic()";
       }
+      if (opt.fault != Fault::none) row.note = fault_note(opt.fault);
       rep.rows.push_back(row);
     }
     // The backward's fp64 oracle, once for the model row and the GPU rows.
@@ -263,7 +268,14 @@ int main(int argc, char** argv) {
         row.hbm_write_bytes = f.write();
         row.extra_bytes = 0.0;
         if (!runner) runner = std::make_unique<ForwardRunner>(p, in);
-        const GpuForward g = runner->run(s, /*time=*/true);
+        // An injected fault launches the step on the faulty problem, with its own upload.
+        const GpuForward g =
+            opt.fault == Fault::none
+                ? runner->run(s, /*time=*/true)
+                : run_faulty(opt.fault, p, in, schedule_for(s, p.d, p.causal).Bc,
+                             [&](const Problem& fp, const AttnInputs& fin) {
+                               return ForwardRunner(fp, fin).run(s, /*time=*/true);
+                             });
         if (step_is_fp8(s)) {
           if (!fp8_oracle) fp8_oracle = std::make_unique<Fp8Oracle>(p, in, oracle.plan());
           const CheckResult c = fp8_oracle->judge(g.o, &g.lse);
@@ -283,6 +295,7 @@ int main(int argc, char** argv) {
         }
         if (row.note.empty())
           row.note = std::to_string(g.grid) + " blocks, " + std::to_string(g.smem_bytes / 1024) + " KB smem each";
+        if (opt.fault != Fault::none) row.note = fault_note(opt.fault) + "; " + row.note;
         rep.rows.push_back(row);
       }
       runner.reset();  // the forward's tensors freed before the backward's are allocated
