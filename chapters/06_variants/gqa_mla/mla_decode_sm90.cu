@@ -44,9 +44,8 @@
 //                   P_j V_j as in kReleaseArrive; warpgroup 0 then waits at "P read" for warpgroup
 //                   1's product and refill before it stores P_{j+1}, as in kReleaseSync.
 //                   racecheck 0 hazards at 1, 2, 8 and 24 blocks and on one block's data twice,
-//                   synccheck and memcheck 0 errors (rounds of 00:02 and 00:18 UTC, 2026-12-02);
-//                   1.03-1.04x kReleaseArrive's time at H = 128 (run of 00:18), kReleaseBlock's.
-//                   Its first form, the softmax after "P read" (round of 23:46 UTC): racecheck
+//                   synccheck and memcheck 0 errors; 1.03-1.04x kReleaseArrive's time at H = 128,
+//                   kReleaseBlock's. Its first form, the softmax after "P read": racecheck
 //                   0 hazards at 1, 2 and 8 blocks and on one block's data twice, synccheck and
 //                   memcheck 0 errors, but 0.98-1.13x kReleaseArrive's time: warpgroup 0 waited
 //                   there for warpgroup 1's P_j V_j, queued behind its own S_{j+1}, and the
@@ -78,15 +77,14 @@
 //                   warpgroups, each computing S for half of the key block; every barrier a
 //                   __syncthreads(). racecheck 0 hazards at 1, 2 and 8 blocks and on the one-block
 //                   shape run twice; 1.03-1.30x kReleaseArrive's time: its 72 m64n32k16 a block each
-//                   read all of Q, and it runs 1.50x the instructions (ncu, 23:46 UTC).
-// (GPU rounds of 20:44, 21:18 and 23:46 UTC, 2026-12-01, and 00:02 and 00:18 UTC, 2026-12-02.)
+//                   read all of Q, and it runs 1.50x the instructions (ncu).
+// (Measured on the H200, 2026-12-01 and 2026-12-02; LAB.md.)
 //
 // With exactly 2 key ranges (DecodeParams::cluster_merge, the default there) the two blocks of
 // a (tile, sequence) run as one cluster and merge_in_cluster() merges them through distributed
 // shared memory: no fp32 partials, no combine kernel (H = 128, B = 32 x 4K: 0.0858 -> 0.0791 ms).
 // (An earlier alternative, P in the k_rope box of its own stage, released through the
-// ring's mbarriers, was also flagged by racecheck and ran 9-11% slower: rounds of 15:08 and
-// 15:34 UTC, 2026-12-01.)
+// ring's mbarriers, was also flagged by racecheck and ran 9-11% slower on the H200.)
 //
 // New instructions: `barrier.sync` without .aligned (common/cuda/hopper/barrier_unaligned.cuh,
 // the wgmma-sync variant only). wgmma (SS and RS forms), TMA and mbarriers are chapter 05's

@@ -135,10 +135,10 @@ ErrorStats mla_naive_error(const MlaShape& s, const MlaInputs& in, const CheckPl
 /// tiles on 132 slots: 1 range (128 blocks, 0.97 of a wave), not 2 or 3 (a last wave half
 /// full). One sequence of 64K keys at H = 16 (1024 blocks, 132 slots): 128 ranges of 8
 /// blocks, so that every SM reads; 8 of them: 16 ranges (128 blocks), not 15 (120 blocks,
-/// 0.91: 6% slower on the H200, round of 17:25 UTC, 2026-12-01). The 64-row tile asks for 2
+/// 0.91: 6% slower on the H200, 2026-12-01; LAB.md). The 64-row tile asks for 2
 /// blocks a range: a range writes 64 rows x 512 fp32 = 128 KB of partials, which the combine
 /// reads back, against 72 KB of latent keys a block (one sequence of 4K keys at H = 128: 32
-/// ranges of 2 blocks ran 15% faster than 64 of 1 in the same round).
+/// ranges of 2 blocks ran 15% faster than 64 of 1 in the same run).
 constexpr int kMlaMaxSplits = 256;
 int mla_pick_splits(int tiles, int batch, int nblocks, int slots, int min_blocks_per_range = 1);
 

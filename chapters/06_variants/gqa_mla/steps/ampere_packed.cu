@@ -266,7 +266,7 @@ void launch_cfg(const FwdParams& p, int pos_rows, cudaStream_t s) {
 template <class T>
 bool launch_dtype(const FwdParams& p, int pos_rows, cudaStream_t s) {
   switch (p.d) {
-    case 64: launch_cfg<T, Cfg<64, 4, 2, 128>>(p, pos_rows, s); return true;    // Br 128, Bc 128, 48 KB smem (NOTES.md)
+    case 64: launch_cfg<T, Cfg<64, 4, 2, 128>>(p, pos_rows, s); return true;    // Br 128, Bc 128, 48 KB smem
     case 128: launch_cfg<T, Cfg<128, 4, 2, 64>>(p, pos_rows, s); return true;   // Br 128, Bc 64, 64 KB smem
     case 256: launch_cfg<T, Cfg<256, 8, 1, 64>>(p, pos_rows, s); return true;   // Br 128, Bc 64, 128 KB smem
     default: return false;

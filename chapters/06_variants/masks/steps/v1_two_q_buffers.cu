@@ -18,9 +18,9 @@
 //      loaded & 1.
 //   4. The namespace (hopper_v1), for a step of its own.
 //
-// Measured (H200, 2026-12-01, the GPU round of 15:07 UTC; chapter README, "Measured"): window
-// 1K at N = 16K, H = 16, 0.320 -> 0.317 ms, causal 1.77 -> 1.76 ms: nothing. The next Q was
-// already hidden behind the epilogue. v2 needs it.
+// Measured (H200, 2026-12-01; LAB.md): window 1K at N = 16K, H = 16, 0.320 -> 0.317 ms,
+// causal 1.77 -> 1.76 ms: nothing. The next Q was already hidden behind the epilogue. v2
+// needs it.
 //
 // Chapter 05's shared header is included by path: chapters/05_fa3_hopper/fa3_common.cuh.
 #include <functional>

@@ -29,8 +29,8 @@
 //      is read while this tile runs: no load stands between two tiles.
 //   5. The namespace (hopper_v2), for a step of its own.
 //
-// Measured (H200, 2026-12-01, 15:07 and 15:36 UTC): window 1K at N = 16K 0.317 -> 0.316 ms
-// (15:07), causal 1% slower: nothing. The other warpgroup's GEMMs already covered one
+// Measured (H200, 2026-12-01; LAB.md): window 1K at N = 16K 0.317 -> 0.316 ms, causal 1%
+// slower: nothing. The other warpgroup's GEMMs already covered one
 // warpgroup's prologue and epilogue (chapter 05's ping-pong).
 //
 // Chapter 05's shared header is included by path: chapters/05_fa3_hopper/fa3_common.cuh.

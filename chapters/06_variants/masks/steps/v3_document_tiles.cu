@@ -22,7 +22,7 @@
 //      the tile, belong to the next document's tiles); Carry keeps row1 for the owed tile.
 //   4. The namespace (hopper_v3), for a step of its own.
 //
-// Measured (H200, 2026-12-01, 15:36 UTC): 8 packed documents at N = 16K, causal, 0.959 ms
+// Measured (H200, 2026-12-01; LAB.md): 8 packed documents at N = 16K, causal, 0.959 ms
 // (hopper_mask.cu) -> 0.485 ms, 0.85x the documents run alone (0.569 ms summed).
 //
 // Chapter 05's shared header is included by path: chapters/05_fa3_hopper/fa3_common.cuh.

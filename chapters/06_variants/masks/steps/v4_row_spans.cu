@@ -17,7 +17,7 @@
 //      its row's spans (first key and count per row and interval, computed once per tile).
 //   2. The namespace (hopper_v4), for a step of its own.
 //
-// Measured (H200, 2026-12-01, 15:36 UTC; against hopper_mask.cu in the same request): window
+// Measured (H200, 2026-12-01, against hopper_mask.cu in the same run; LAB.md): window
 // 1K at N = 16K 0.322 -> 0.288 ms (6.22x faster than causal, 1.79 ms, unchanged); at 8K
 // chunked 0.185 -> 0.103 ms (keep() divided twice per element), the sink mask 0.193 -> 0.082.
 //
