@@ -1,6 +1,7 @@
 #include "common/faults.hpp"
 
 #include <algorithm>
+#include <utility>
 
 #include "common/errors.hpp"
 
@@ -19,9 +20,9 @@ const Entry kFaults[] = {
     {Fault::last_key_block, "last-key-block", "the key loop runs one block short: the last key tile is never read"},
     {Fault::last_batch, "last-batch", "the grid skips the last batch: its O and LSE stay zero"},
     {Fault::stale_lse, "stale-lse", "the LSE written is the state before the last key block was merged"},
-    {Fault::wrong_kv_head, "wrong-kv-head", "the last query head reads the next KV head"},
+    {Fault::wrong_kv_head, "wrong-kv-head", "two query heads read each other's KV head"},
     {Fault::partial_tile_full, "partial-tile-full",
-     "the last partial key tile is treated as full: its missing keys read as zeros"},
+     "the last partial key tile is treated as full: no element mask there (keys past Nk read as zeros)"},
     {Fault::split_dropped, "split-dropped", "split-K decode: the merge leaves out one split"},
     {Fault::page_table_shift, "page-table-shift", "one block-table entry off by one: a neighbour page is read"},
 };
@@ -44,6 +45,15 @@ std::vector<float> resize_keys(const std::vector<float>& x, int bh, int nk, int 
 
 std::vector<float> first_part(const std::vector<float>& x, std::size_t n) {
   return std::vector<float>(x.begin(), x.begin() + std::min(n, x.size()));
+}
+
+/// The (batch, head) pairs whose KV heads wrong-kv-head swaps: the first and last query
+/// head of batch 0 when they read different KV heads, else the last head of the first
+/// and the last batch.
+std::pair<std::pair<int, int>, std::pair<int, int>> swapped_heads(const Problem& p) {
+  if (p.kv_heads > 1) return {{0, 0}, {0, p.heads - 1}};
+  if (p.batch > 1) return {{0, p.heads - 1}, {p.batch - 1, p.heads - 1}};
+  throw UsageError("wrong-kv-head needs --kv-heads > 1 or --batch > 1");
 }
 
 }  // namespace
@@ -99,21 +109,11 @@ FaultyLaunch faulty_launch(Fault f, const Problem& p, const AttnInputs& in, int 
       break;
     }
     case Fault::wrong_kv_head: {
-      if (p.kv_heads < 2 && p.batch < 2) throw UsageError("wrong-kv-head needs --kv-heads > 1 or --batch > 1");
-      // Each query head gets its own copy of the KV head it reads (MHA), the last one the wrong one.
-      l.p.kv_heads = p.heads;
-      l.in.k.assign(l.p.k_elems(), 0.0f);
-      l.in.v.assign(l.p.v_elems(), 0.0f);
-      for (int b = 0; b < p.batch; ++b)
-        for (int h = 0; h < p.heads; ++h) {
-          int sb = b, sh = p.kv_head_of(h);
-          if (h == p.heads - 1) {
-            if (p.kv_heads > 1) sh = (sh + 1) % p.kv_heads;
-            else sb = (b + 1) % p.batch;
-          }
-          std::copy_n(in.k.begin() + p.k_off(sb, sh), std::size_t(p.nk) * p.d, l.in.k.begin() + l.p.k_off(b, h));
-          std::copy_n(in.v.begin() + p.v_off(sb, sh), std::size_t(p.nk) * p.dv, l.in.v.begin() + l.p.v_off(b, h));
-        }
+      // Two query heads that read different KV heads trade their queries; faulty_outputs()
+      // trades their outputs back, so each holds its own query's attention over the other's KV head.
+      const auto [a, z] = swapped_heads(p);
+      for (std::size_t c = 0; c < std::size_t(p.nq) * p.d; ++c)
+        std::swap(l.in.q[p.q_off(a.first, a.second) + c], l.in.q[p.q_off(z.first, z.second) + c]);
       break;
     }
     default:
@@ -123,6 +123,15 @@ FaultyLaunch faulty_launch(Fault f, const Problem& p, const AttnInputs& in, int 
 }
 
 void faulty_outputs(Fault f, const Problem& p, std::vector<float>* o, std::vector<float>* lse) {
+  if (f == Fault::wrong_kv_head) {
+    const auto [a, z] = swapped_heads(p);
+    if (o)
+      for (std::size_t c = 0; c < std::size_t(p.nq) * p.dv; ++c)
+        std::swap((*o)[p.o_off(a.first, a.second) + c], (*o)[p.o_off(z.first, z.second) + c]);
+    if (lse && !lse->empty())
+      for (int c = 0; c < p.nq; ++c)
+        std::swap((*lse)[p.lse_off(a.first, a.second) + c], (*lse)[p.lse_off(z.first, z.second) + c]);
+  }
   if (f != Fault::last_batch) return;
   if (o) o->resize(p.o_elems(), 0.0f);
   if (lse && !lse->empty()) lse->resize(p.lse_elems(), 0.0f);

@@ -14,8 +14,8 @@
 /// | `last-key-block` | the key loop runs one block short (a launch bound off by one): the last, possibly partial, key tile is never read |
 /// | `last-batch` | the grid covers batch - 1 sequences; the last batch's outputs stay as the zeroed buffer left them |
 /// | `stale-lse` | O is right, but the LSE written is the state before the last key block was merged |
-/// | `wrong-kv-head` | the last query head reads the next KV head (a wrong GQA head map) |
-/// | `partial-tile-full` | the key-length bound of the last partial tile is skipped: its missing keys read as zeros (as out-of-bounds TMA fills them) |
+/// | `wrong-kv-head` | two query heads read each other's KV head (a wrong GQA head map) |
+/// | `partial-tile-full` | the last partial key tile is treated as full: its element mask is skipped (chapter 06 masks: its masked scores count), or past Nk its missing keys read as zeros (as out-of-bounds TMA fills them) |
 /// | `split-dropped` | split-K decode: the merge leaves out one split's partial state |
 /// | `page-table-shift` | one block-table entry off by one: a sequence reads its neighbour page in place of one of its own |
 #include <string>

@@ -41,6 +41,26 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ch06_variants: error: unknown subcommand '%s' (mask, gqa, mla or ring)\n", argv[1]);
     return 2;
   }
+  // --inject-fault: each part has its own faults. `list` prints every part's; a fault goes
+  // to one part, named by its subcommand.
+  for (int a = 1; a + 1 < argc; ++a) {
+    if (std::strcmp(argv[a], "--inject-fault") != 0) continue;
+    if (std::strcmp(argv[a + 1], "list") != 0) {
+      std::fprintf(stderr, "ch06_variants: error: --inject-fault %s needs a subcommand (mask, gqa, mla or ring)\n",
+                   argv[a + 1]);
+      return 2;
+    }
+    int status = 0;
+    for (int i = 0; i < n; ++i) {
+      std::string prog = std::string("ch06_variants ") + parts[i].name;
+      char flag[] = "--inject-fault", list[] = "list";
+      char* sub_argv[] = {prog.data(), flag, list, nullptr};
+      std::printf("%s:\n", parts[i].name);
+      std::fflush(stdout);
+      if (const int rc = parts[i].main(3, sub_argv)) status = rc;
+    }
+    return status;
+  }
   // The tour: each part at its default size, with the options given (--device cpu, --json ...).
   int status = 0;
   for (int i = 0; i < n; ++i) {

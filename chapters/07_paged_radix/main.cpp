@@ -12,6 +12,7 @@
 #include <cstring>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <sstream>
 
 #include "common/check.hpp"
@@ -44,6 +45,11 @@ constexpr int kDefaultSms = 132;
 /// The CPU model runs when a step is at most this many FLOPs; above it the report
 /// takes the bytes from decode_traffic() alone.
 constexpr double kModelFlopBudget = 4e9;
+
+/// The faults `decode` takes (common/faults.hpp); paged and radix accept them too (the tour
+/// passes one command line to all three) and have nothing to put them into.
+const std::vector<Fault> kDecodeFaults = {Fault::split_dropped, Fault::page_table_shift, Fault::last_batch};
+
 
 std::string pct(double x) { return fmt("%.1f%%", 100.0 * x); }
 
@@ -121,6 +127,7 @@ int run_paged(int argc, char** argv, bool tour, bool dry = false) {
   Cli cli(std::string(kChapter) + " paged",
           "The paged KV cache: block tables, fork, copy-on-write, and the internal fragmentation of\n"
           "paged storage against a contiguous allocator that reserves the maximum length.");
+  cli.faults(kDecodeFaults);
   cli.add_int("--page-size", &po.page_size, "page size of the highlighted row (1..256)", 1, 256);
   cli.add_int("--seqs", &po.seqs, "sequences in the length sample", 1, 1000000);
   cli.add_int("--max-len", &po.max_len, "the model's maximum length (the contiguous reservation)", 2, 1 << 20);
@@ -339,6 +346,45 @@ int run_sweep(const Options& opt, const DecodeOptions& dopt, const DeviceInfo& d
 }
 #endif
 
+/// Whether fault `f` goes into a run with `splits` splits (split-dropped: split-K runs only).
+bool fault_applies(Fault f, int splits) { return f != Fault::none && (f != Fault::split_dropped || splits > 1); }
+
+/// The batch a decode launch with fault `f` hands the kernels, the pool unchanged:
+/// split-dropped removes the pages of split 0 of `splits` (keys_per_split()) from every
+/// sequence that has a second split; page-table-shift makes the first sequence's first
+/// block-table entry read its second page; last-batch leaves out the last sequence.
+DecodeBatch faulty_batch(Fault f, const DecodeBatch& b, int splits) {
+  DecodeBatch x = b;
+  auto entry = [&](int s, int j) -> int32_t& { return x.block_table[std::size_t(s) * x.max_pages + j]; };
+  if (f == Fault::split_dropped) {
+    bool dropped = false;
+    for (int s = 0; s < b.batch(); ++s) {
+      const int per = keys_per_split(b.lens[s], splits), pages = per / b.page_size;
+      if (b.lens[s] <= per || pages == 0) continue;
+      for (int j = 0; j < b.max_pages; ++j) entry(s, j) = j + pages < b.max_pages ? entry(s, j + pages) : -1;
+      x.lens[s] = b.lens[s] - pages * b.page_size;
+      dropped = true;
+    }
+    if (!dropped) throw UsageError("split-dropped needs a sequence with two splits of whole pages (a longer --nk)");
+  } else if (f == Fault::page_table_shift) {
+    if (b.lens[0] <= b.page_size) throw UsageError("page-table-shift needs --nk > --page-size");
+    entry(0, 0) = entry(0, 1);
+  } else if (f == Fault::last_batch) {
+    if (b.batch() < 2) throw UsageError("last-batch needs --batch > 1");
+    x.lens.pop_back();
+    x.block_table.resize(std::size_t(x.batch()) * x.max_pages);
+  }
+  return x;
+}
+
+/// A faulty launch's outputs as the full batch's buffers hold them (last-batch: zeros).
+template <class Out>
+Out widen_outputs(Out out, const DecodeBatch& b) {
+  out.o.resize(std::size_t(b.batch()) * b.heads * b.d, 0.0f);
+  out.lse.resize(std::size_t(b.batch()) * b.heads, 0.0f);
+  return out;
+}
+
 int run_decode(int argc, char** argv, bool dry = false) {
   DecodeOptions dopt;
   Problem defaults;
@@ -359,6 +405,7 @@ int run_decode(int argc, char** argv, bool dry = false) {
           "each against the fp64 reference.\n"
           "--nk is the longest cached length; --batch the number of sequences.");
   cli.defaults(defaults).head_dims({64, 128}).dtypes({DType::bf16});
+  cli.faults(kDecodeFaults);
   cli.add_int("--page-size", &dopt.page_size, "tokens per page, a power of two in [1, 256]", 1, 256);
   cli.add_choice("--lengths", &dopt.lengths, {"ragged", "equal"},
                  "ragged: --nk, 1, P-1, P, P+1, ... ; equal: every sequence --nk long");
@@ -430,6 +477,9 @@ int run_decode(int argc, char** argv, bool dry = false) {
     const KvContents hash_kv = hashed_contents(b, opt.seed, opt.dist, &scales);
     const DecodeOracle oracle(b, q, hash_kv, opt.check_all);
     rep.check_plan = oracle.describe();
+    // --inject-fault: the batch (and queries) a faulty launch hands the model and the kernels.
+    const DecodeBatch fb = opt.fault == Fault::none ? b : faulty_batch(opt.fault, b, v2_splits);
+    const std::vector<float> fq(q.begin(), q.begin() + std::size_t(fb.batch()) * b.heads * b.d);
 
     // CPU model rows (counted traffic), while the step is small enough to simulate.
     const double step_flops = 4.0 * double(b.total_tokens()) * b.heads * b.d;
@@ -447,11 +497,14 @@ int run_decode(int argc, char** argv, bool dry = false) {
       if (kv_quantised(b.kv_dtype)) row.impl += std::string(", ") + kv_dtype_name(b.kv_dtype) + " K/V";
       const DecodeTraffic f = decode_traffic(b, splits, true);
       if (run_model) {
-        const DecodeModelResult m = decode_model(b, q, pools, splits, opt.sram_bytes);
+        const bool faulty = fault_applies(opt.fault, splits);
+        const DecodeModelResult m = faulty ? widen_outputs(decode_model(fb, fq, pools, splits, opt.sram_bytes), b)
+                                           : decode_model(b, q, pools, splits, opt.sram_bytes);
         row.set_traffic(m.traffic);
         row.set_check(oracle.judge(m.o, m.lse));
         if (m.traffic.bytes_read != f.read() || m.traffic.bytes_written != f.write())
           row.note = "counted traffic differs from decode_traffic()";
+        if (faulty) row.note = fault_note(opt.fault) + (row.note.empty() ? "" : "; " + row.note);
       } else {
         set_traffic(row, f);
         row.note = "model not run at this size; bytes from decode_traffic()";
@@ -504,6 +557,7 @@ int run_decode(int argc, char** argv, bool dry = false) {
         skip_hopper_runs(runs, *dev, &skipped);
         if (!skipped.empty()) rep.notes.push_back("  " + skipped);
       }
+      std::unique_ptr<GpuDecoder> gpu_fault;  // --inject-fault: the faulty batch, uploaded once
       for (const Run& r : runs) {
         if (!kernel_kept(dopt.since, r.kernel)) continue;
         ResultRow row;
@@ -512,8 +566,12 @@ int run_decode(int argc, char** argv, bool dry = false) {
         row.flops = step_flops;
         row.bound = Bound::memory;
         set_traffic(row, decode_traffic(b, r.splits, r.layout == KvLayout::paged));
-        const GpuDecodeOutput out = gpu.run(r.kernel, r.splits, r.layout);
+        const bool faulty = fault_applies(opt.fault, r.splits);
+        if (faulty && !gpu_fault) gpu_fault = std::make_unique<GpuDecoder>(fb, fq, KvContents{opt.seed, opt.dist, nullptr});
+        const GpuDecodeOutput out =
+            faulty ? widen_outputs(gpu_fault->run(r.kernel, r.splits, r.layout), b) : gpu.run(r.kernel, r.splits, r.layout);
         row.set_check(oracle.judge(out.o, out.lse));
+        if (faulty) row.note = fault_note(opt.fault);
         if (dopt.untimed) {
           rep.rows.push_back(row);
           continue;
@@ -631,6 +689,7 @@ int run_radix(int argc, char** argv, bool tour, bool dry = false) {
   Cli cli(std::string(kChapter) + " radix",
           "RadixAttention's prefix cache against a vLLM-style hash-of-block cache and no cache, on seeded\n"
           "serving traces: hit rate, prefill tokens saved, peak pages. --draw: the radix tree of a tiny trace.");
+  cli.faults(kDecodeFaults);
   cli.add_int("--page-size", &ro.page_size, "tokens per page", 1, 4096);
   cli.add_int("--requests", &ro.requests, "requests per workload", 1, 1000000);
   cli.add_int("--pool-pages", &ro.pool_pages, "pages in the pool", 1, 1 << 26);
@@ -862,6 +921,9 @@ int run_tour(int argc, char** argv) {
       return kExitUsage;
     }
   }
+  for (int a = 1; a + 1 < argc; ++a)  // the faults go into decode: it lists them
+    if (std::strcmp(argv[a], "--inject-fault") == 0 && std::strcmp(argv[a + 1], "list") == 0)
+      return run_decode(argc, argv);
   // Every part must accept the options before any of them prints anything.
   if (const int rc = run_paged(argc, argv, true, true)) return rc;
   if (const int rc = run_decode(argc, argv, true)) return rc;

@@ -90,6 +90,9 @@ void gqa_sweep(Report& rep) {
 }
 #endif
 
+/// The key tile of --inject-fault last-key-block and stale-lse (the packed kernels' K/V tile).
+constexpr int kFaultKeyTile = 128;
+
 int run_gqa(const Options& opt, bool sweep, bool no_table, bool no_time) {
   const Problem& p = opt.problem;
   Report rep;
@@ -113,12 +116,15 @@ int run_gqa(const Options& opt, bool sweep, bool no_table, bool no_time) {
     row.device = "cpu";
     row.flops = flops_forward(p);
     if (run_model) {
-      const GroupedResult m = grouped_forward_model(p, in, go);
+      const GroupedResult m = run_faulty(opt.fault, p, in, kFaultKeyTile, [&](const Problem& fp, const AttnInputs& fin) {
+        return grouped_forward_model(fp, fin, go);
+      });
       row.set_traffic(m.traffic);
       row.set_check(oracle.judge(m.o, &m.lse));
       row.note = std::to_string(m.tiles) + " tiles; K/V read " + format_bytes(m.kv_bytes) + " (" +
                  fmt("%.2f", m.kv_bytes / (double(p.k_elems() + p.v_elems()) * dtype_bytes(p.dtype))) +
                  "x each K/V element once)";
+      if (opt.fault != Fault::none) row.note = fault_note(opt.fault) + "; " + row.note;
     } else {
       row.note = "model not run at this size; K/V bytes by formula: " + format_bytes(grouped_kv_bytes(p, go));
     }
@@ -139,9 +145,12 @@ int run_gqa(const Options& opt, bool sweep, bool no_table, bool no_time) {
   if (dev && packed_sm80_supports(p, &why)) {
     rep.device = dev->name;
     for (bool pack : {true, false}) {
-      const GpuResult g = packed_forward_sm80_gpu(p, in, pack, !no_time);
+      const GpuResult g = run_faulty(opt.fault, p, in, kFaultKeyTile, [&](const Problem& fp, const AttnInputs& fin) {
+        return packed_forward_sm80_gpu(fp, fin, pack, !no_time);
+      });
       rep.rows.push_back(packed_row(p, oracle, pack ? "packed (sm_80, ch04 v9)" : "unpacked (sm_80, ch04 v9)", pack, g,
                                     std::to_string(g.grid) + " blocks of 128 packed rows", !no_time));
+      if (opt.fault != Fault::none) rep.rows.back().note = fault_note(opt.fault) + "; " + rep.rows.back().note;
     }
   } else if (dev) {
     rep.notes.push_back("sm_80 rows not run: " + why);
@@ -156,10 +165,13 @@ int run_gqa(const Options& opt, bool sweep, bool no_table, bool no_time) {
                                     4.0 * p.lse_elems(), "the problem's tensors");
     if (opt.bench) rep.ceilings = measure_ceilings(p.dtype);
     for (bool pack : {true, false}) {
-      const GpuResult g = packed_forward_gpu(p, in, pack, !no_time);
+      const GpuResult g = run_faulty(opt.fault, p, in, kFaultKeyTile, [&](const Problem& fp, const AttnInputs& fin) {
+        return packed_forward_gpu(fp, fin, pack, !no_time);
+      });
       rep.rows.push_back(packed_row(p, oracle, pack ? "packed (sm_90a)" : "unpacked (sm_90a)", pack, g,
                                     std::to_string(g.grid) + " blocks, " + std::to_string(g.smem_bytes / 1024) + " KB smem each",
                                     !no_time));
+      if (opt.fault != Fault::none) rep.rows.back().note = fault_note(opt.fault) + "; " + rep.rows.back().note;
     }
     rep.apply_ceilings();
     if (sweep) gqa_sweep(rep);
@@ -285,6 +297,39 @@ void mla_sweep(Report& rep, const Ceilings& ceil, int tile64, int only_heads, in
 }
 #endif
 
+/// --inject-fault in MLA: the shape and inputs a faulty launch hands the model and the kernels
+/// (last-key-block: the last 64-key tile of the latent cache never read; last-batch: the
+/// last sequence left out). faulty_mla_output() widens its O back to `s` (zeros).
+std::pair<MlaShape, MlaInputs> faulty_mla(Fault f, const MlaShape& s, const MlaInputs& in) {
+  MlaShape fs = s;
+  MlaInputs fin = in;
+  if (f == Fault::last_key_block) {
+    if (s.nk <= 64) throw UsageError("last-key-block needs --nk > 64");
+    fs.nk = s.nk - (s.nk % 64 ? s.nk % 64 : 64);
+    if (fs.nk < fs.nq) throw UsageError("last-key-block needs --nk >= --n + 64");
+    auto keys = [&](const std::vector<float>& x, int width) {
+      std::vector<float> y(std::size_t(s.batch) * fs.nk * width);
+      for (int b = 0; b < s.batch; ++b)
+        std::copy_n(x.begin() + std::size_t(b) * s.nk * width, std::size_t(fs.nk) * width,
+                    y.begin() + std::size_t(b) * fs.nk * width);
+      return y;
+    };
+    fin.c = keys(in.c, 512);
+    fin.k_rope = keys(in.k_rope, 64);
+  } else if (f == Fault::last_batch) {
+    if (s.batch < 2) throw UsageError("last-batch needs --batch > 1");
+    fs.batch = s.batch - 1;
+    const double keep = double(fs.batch) / s.batch;
+    for (auto* x : {&fin.c, &fin.k_rope, &fin.q_nope, &fin.q_rope}) x->resize(std::size_t(double(x->size()) * keep));
+  }
+  return {fs, fin};
+}
+
+std::vector<float> faulty_mla_output(std::vector<float> o, const MlaShape& s) {
+  o.resize(s.output().o_elems(), 0.0f);
+  return o;
+}
+
 int run_mla(const Options& opt, const std::string& form, long pos0, int splits, bool sweep, bool no_time,
             int tile16, int tile64, int sweep_heads, int sweep_batch, int combine, const std::vector<int>& sweep_splits,
             int combine_parts, bool pdl) {
@@ -320,6 +365,8 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
     return c;
   };
   const MlaCost ca = mla_cost_absorb(s, 64), cd = mla_cost_decompress(s);
+  // --inject-fault: every model and kernel below runs on what a faulty launch hands it.
+  const auto [fs, fin] = faulty_mla(opt.fault, s, in);
 
   if (do_dec) {
     ResultRow row;
@@ -328,19 +375,20 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
     row.flops = cd.flops;
     row.hbm_read_bytes = cd.bytes;  // both kernels; written bytes folded in (see note)
     if (cd.flops <= kModelFlopBudget || opt.check_all) {
-      const Problem pd = s.decompressed();
-      const AttnInputs dec = decompress(s, in);
+      const Problem pd = fs.decompressed();
+      const AttnInputs dec = decompress(fs, fin);
       GroupedOptions go;
       go.pack = false;
       go.sram_bytes = std::max<std::size_t>(opt.sram_bytes, 227 * 1024);
       const GroupedResult m = grouped_forward_model(pd, dec, go);
-      row.set_check(judge(m.o));
+      row.set_check(judge(faulty_mla_output(m.o, s)));
       row.note = "K = [c W_UK ; k_rope] (192 per head) and V = c W_UV materialised: " +
                  format_bytes(double(pd.k_elems() + pd.v_elems()) * 2) + " written, then attention reads " +
                  format_bytes(m.kv_bytes) + " of them";
     } else {
       row.note = "model not run at this size (over " + fmt("%.0e", kModelFlopBudget) + " FLOPs; --check-all runs it)";
     }
+    if (opt.fault != Fault::none && row.pass) row.note = fault_note(opt.fault) + "; " + row.note;
     rep.rows.push_back(row);
   }
   if (do_abs) {
@@ -350,8 +398,8 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
     row.flops = ca.flops;
     row.hbm_read_bytes = ca.bytes;
     if (ca.flops <= kModelFlopBudget || opt.check_all) {
-      const Problem pa = s.absorbed();
-      const AttnInputs ab = absorb(s, in);
+      const Problem pa = fs.absorbed();
+      const AttnInputs ab = absorb(fs, fin);
       GroupedOptions go;
       go.pack = true;  // the H heads share the one latent head: an MQA, packed
       go.m_tile = 64;
@@ -360,13 +408,14 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
       go.v_in_k = true;
       go.sram_bytes = std::max<std::size_t>(opt.sram_bytes, 227 * 1024);
       const GroupedResult m = grouped_forward_model(pa, ab, go);
-      row.set_check(judge(project_out(s, m.o, in)));
+      row.set_check(judge(faulty_mla_output(project_out(fs, m.o, fin), s)));
       row.note = "q_c = q_nope W_UK^T; " + std::to_string(go.splits) + " key splits merged with ⊕; latent read " +
                  format_bytes(m.kv_bytes) + " (" + fmt("%.2f", m.kv_bytes / (double(s.batch) * s.nk * 1152)) +
                  "x the cache once); o = o_c W_UV";
     } else {
       row.note = "model not run at this size (over " + fmt("%.0e", kModelFlopBudget) + " FLOPs; --check-all runs it)";
     }
+    if (opt.fault != Fault::none && row.pass) row.note = fault_note(opt.fault) + "; " + row.note;
     rep.rows.push_back(row);
   }
 
@@ -376,7 +425,7 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
     require_device_memory(*dev, mla_device_bytes(s, do_dec), "the MLA tensors");
     if (opt.bench || sweep) rep.ceilings = measure_ceilings(DType::bf16);
     if (do_abs) {
-      const MlaGpuResult g = mla_absorb_gpu(s, in, splits, !no_time, tile16, tile64, combine, combine_parts, pdl);
+      const MlaGpuResult g = mla_absorb_gpu(fs, fin, splits, !no_time, tile16, tile64, combine, combine_parts, pdl);
       ResultRow row;
       row.impl = g.what.find("wgmma") != std::string::npos ? "absorb decode (wgmma)" : "absorb decode (mma.sync)";
       row.device = "cuda";
@@ -384,7 +433,7 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
       row.flops = c.flops;
       row.hbm_read_bytes = c.bytes;
       row.hbm_write_bytes = 0.0;
-      const CheckResult chk = judge(g.o);
+      const CheckResult chk = judge(faulty_mla_output(g.o, s));
       row.set_check(chk);
       row.bound = Bound::memory;
       if (!no_time) row.set_time(g.total_ms);
@@ -392,24 +441,26 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
                  : no_time   ? g.what
                              : g.what + "; attention kernels " + fmt("%.4f", g.attn_ms) + " ms = " +
                                  fmt("%.0f", c.cache_bytes / (g.attn_ms * 1e-3) / 1e9) + " GB/s of latent cache";
+      if (opt.fault != Fault::none && row.pass) row.note = fault_note(opt.fault) + "; " + row.note;
       rep.rows.push_back(row);
     }
     std::string why;
     if (do_dec && !hopper_ready(&why)) {
       rep.notes.push_back("decompress on the GPU: " + why);
     } else if (do_dec) {
-      const MlaGpuResult g = mla_decompress_gpu(s, in, !no_time);
+      const MlaGpuResult g = mla_decompress_gpu(fs, fin, !no_time);
       ResultRow row;
       row.impl = "decompress + packed_fwd d=192";
       row.device = "cuda";
       row.flops = cd.flops;
       row.hbm_read_bytes = cd.bytes;
       row.hbm_write_bytes = 0.0;
-      const CheckResult chk = judge(g.o);
+      const CheckResult chk = judge(faulty_mla_output(g.o, s));
       row.set_check(chk);
       row.bound = Bound::compute;
       if (!no_time) row.set_time(g.total_ms);
       row.note = !chk.pass() ? chk.failures() : no_time ? g.what : g.what + "; attention alone " + fmt("%.4f", g.attn_ms) + " ms";
+      if (opt.fault != Fault::none && row.pass) row.note = fault_note(opt.fault) + "; " + row.note;
       rep.rows.push_back(row);
     }
     rep.apply_ceilings();
@@ -454,6 +505,7 @@ int gqa_main(int argc, char** argv) {
   d.dtype = DType::bf16;
   Cli cli(argv[0], "GQA/MQA with packed query groups: K/V loaded once per group of query heads, not once per head.");
   cli.defaults(d).dtypes({DType::bf16, DType::f16}).sram_default(227 * 1024);
+  cli.faults({Fault::wrong_kv_head, Fault::last_key_block, Fault::last_batch, Fault::stale_lse});
   bool sweep = false, no_table = false, no_time = false;
   cli.add_flag("--sweep", &sweep, "GPU: packed vs unpacked over G and Nq (the README's table)");
   cli.add_flag("--no-table", &no_table, "leave out the cache table of real models");
@@ -475,6 +527,7 @@ int mla_main(int argc, char** argv) {
           "MLA with DeepSeek-V3's dims: the latent cache, decompressed prefill and absorbed decode, against fp64.\n"
           "--n is the number of new tokens per sequence (1 = decode); causal (bottom-right) always.");
   cli.defaults(d).dtypes({DType::bf16}).sram_default(227 * 1024);
+  cli.faults({Fault::last_key_block, Fault::last_batch});
   std::string form = "both";
   int pos0 = 1000, splits = 0;
   bool sweep = false, no_time = false;

@@ -1,5 +1,6 @@
 #include "block_map.hpp"
 
+#include <algorithm>
 #include <sstream>
 
 namespace attn::ch06 {
@@ -70,6 +71,41 @@ std::string BlockMap::svg(int b, int h, const std::string& title) const {
   }
   s << "</svg>\n";
   return s.str();
+}
+
+int inject_map_fault(BlockMap& map, Fault f) {
+  if (f != Fault::partial_tile_full && f != Fault::last_key_block) return 0;
+  // A grid map's lists hold key block indices, a document map's each tile's first key.
+  auto first_key = [&](int e) { return map.q_row0.empty() ? e * map.Bc : e; };
+  int changed = 0;
+  for (std::size_t l = 0; l < map.n_part.size(); ++l) {
+    int* part = map.part.data() + l * map.tk;
+    int* full = map.full.data() + l * map.tk;
+    int& np = map.n_part[l];
+    int& nf = map.n_full[l];
+    int best = -1;  // position in part (>= 0) or in full (encoded as -2 - k)
+    int best_key = -1;
+    for (int k = 0; k < np; ++k)
+      if (first_key(part[k]) > best_key &&
+          (f == Fault::last_key_block || first_key(part[k]) + map.Bc <= map.nk))
+        best = k, best_key = first_key(part[k]);
+    if (f == Fault::last_key_block)
+      for (int k = 0; k < nf; ++k)
+        if (first_key(full[k]) > best_key) best = -2 - k, best_key = first_key(full[k]);
+    if (best_key < 0) continue;
+    if (best >= 0) {
+      const int e = part[best];
+      std::copy(part + best + 1, part + np, part + best);
+      --np;
+      if (f == Fault::partial_tile_full) full[nf++] = e;
+    } else {
+      const int k = -2 - best;
+      std::copy(full + k + 1, full + nf, full + k);
+      --nf;
+    }
+    ++changed;
+  }
+  return changed;
 }
 
 }  // namespace attn::ch06

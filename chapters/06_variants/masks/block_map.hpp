@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "common/faults.hpp"
 #include "mask_policy.hpp"
 
 namespace attn::ch06 {
@@ -126,6 +127,13 @@ void finish_block_map(BlockMap& m, const std::vector<int>& map_b, const std::vec
   };
   std::stable_sort(m.order.begin(), m.order.end(), [&](int a, int c) { return work(a) > work(c); });
 }
+
+/// --inject-fault on the forward lists (common/faults.hpp), as a faulty map builder would
+/// leave them. partial-tile-full: each list's last partial tile that lies inside Nk moves
+/// to the full list, so its element mask is skipped; last-key-block: each list loses its
+/// last key tile (the loop one tile short). Other faults change nothing. Returns how many
+/// lists changed.
+int inject_map_fault(BlockMap& map, Fault f);
 
 /// Asks the policy's classify() once per tile. A full tile of a ragged last key
 /// block becomes partial (its missing keys must be masked).

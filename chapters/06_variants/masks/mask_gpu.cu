@@ -111,6 +111,7 @@ GpuMaskForward mask_forward_gpu(const Problem& p, const MaskSpec& s, const Token
       map.n_full[f] = 0;
     }
   }
+  const int faulted_lists = inject_map_fault(map, opt.fault);
   DeviceProblem dp(p, in);
   dp.poison_outputs();
   const DeviceMap dmap = upload_map(map, false);
@@ -144,6 +145,7 @@ GpuMaskForward mask_forward_gpu(const Problem& p, const MaskSpec& s, const Token
   r.o = dp.o.to_host();
   r.lse = dp.lse.download();
   r.tiles = map.kept_tiles();
+  r.faulted_lists = faulted_lists;
   if (time) r.time_ms = time_gpu(run).median_ms;
   return r;
 }

@@ -18,6 +18,7 @@
 
 #include "common/device.hpp"
 #include "common/inputs.hpp"
+#include "common/faults.hpp"
 #include "common/problem.hpp"
 #include "mask_spec.hpp"
 
@@ -33,6 +34,7 @@ struct GpuMaskForward {
   std::vector<float> o, lse;  ///< o in the layout's order, lse [B][H][N]
   double time_ms = 0;         ///< median with the L2 flushed; 0 when not timed
   double tiles = 0;           ///< K/V tiles the kernel visited (from the block map)
+  int faulted_lists = 0;      ///< forward lists an injected fault changed (GpuForwardOptions::fault)
 };
 struct GpuMaskBackward {
   std::vector<float> dq, dk, dv;
@@ -57,6 +59,8 @@ struct GpuForwardOptions {
   /// A measurement: every visited tile is listed as partial, so each takes the element
   /// mask (the same output; the time says what the mask costs per tile).
   bool all_partial = false;
+  /// --inject-fault: the forward lists as a faulty map builder leaves them (inject_map_fault()).
+  Fault fault = Fault::none;
 };
 
 /// Forward on the GPU (`path` sm80 or sm90a). Inputs in the layout's order.

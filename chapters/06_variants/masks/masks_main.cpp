@@ -194,7 +194,10 @@ void run_variant(const MaskSpec& spec, const Problem& user, const Options& opt, 
 
   const bool run_model = !a.no_model && (flops_forward(p) <= kModelFlopBudget || opt.device == DeviceChoice::cpu);
   if (run_model) {
-    const MaskForwardResult f = mask_forward_model(p, spec, layout, lin, map, opt.sram_bytes);
+    // --inject-fault: the forward reads the lists a faulty map builder leaves (the backward reads its O and LSE).
+    BlockMap fmap = map;
+    const int faulted = inject_map_fault(fmap, opt.fault);
+    const MaskForwardResult f = mask_forward_model(p, spec, layout, lin, fmap, opt.sram_bytes);
     ResultRow row;
     row.impl = name + ": model forward";
     row.device = "cpu";
@@ -202,6 +205,7 @@ void run_variant(const MaskSpec& spec, const Problem& user, const Options& opt, 
     row.set_traffic(f.traffic);
     const std::vector<float> o = from_layout(f.o, p.heads, p.nq, p.dv, layout.packed);
     row.set_check(oracle.judge(o, &f.lse));
+    if (faulted) row.note = fault_note(opt.fault) + " (" + std::to_string(faulted) + " key lists)";
     rep.rows.push_back(row);
     if (!a.no_backward) {
     const MaskBackwardResult g = mask_backward_model(p, spec, layout, lin, f.o, f.lse, map, opt.sram_bytes);
@@ -265,11 +269,14 @@ void run_variant(const MaskSpec& spec, const Problem& user, const Options& opt, 
         fo.hopper_step = step;
         fo.ctas = a.ctas;
         fo.all_partial = a.all_partial;
+        fo.fault = opt.fault;
         const GpuMaskForward f = mask_forward_gpu(p, spec, layout, lin, path, !a.no_time, fo);
         row.set_check(oracle.judge(from_layout(f.o, p.heads, p.nq, p.dv, layout.packed), &f.lse));
         if (!a.no_time) row.set_time(f.time_ms);
         row.note = fmt("%.0f", f.tiles) + " tiles visited" + (a.all_partial ? " (all partial: --all-partial)" : "");
         if (path == GpuPath::sm90a) row.note += std::string(", ") + hopper_step_file(step);
+        if (f.faulted_lists)
+          row.note = fault_note(opt.fault) + " (" + std::to_string(f.faulted_lists) + " key lists); " + row.note;
         // The kernel's own count: Q read once per query block, K and V once per visited tile, O and LSE written once.
         const double e = dtype_bytes(p.dtype), bc = path == GpuPath::sm80 ? ampere_tile_keys() : hopper_tile_keys();
         row.hbm_read_bytes = e * (double(p.q_elems()) + f.tiles * bc * (p.d + p.dv));
@@ -306,6 +313,7 @@ int mask_main(int argc, char** argv) {
           "With no --mask: every variant at a small size.");
   cli.defaults(defaults).head_dims({32, 64, 128}).dtypes({DType::bf16, DType::f16});
   cli.sram_default(224 * 1024);
+  cli.faults({Fault::partial_tile_full, Fault::last_key_block});
   cli.add_choice("--mask", &a.mask, names, "the variant (default: every one)");
   cli.add_int("--chunk", &a.chunk, "chunked: chunk length C", 1);
   cli.add_int("--prefix", &a.prefix, "prefix: bidirectional prefix length P", 0);
