@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <iostream>
 #include <string>
+#include <utility>
 
 #include "common/cli.hpp"
 #include "common/device.hpp"
@@ -32,6 +33,61 @@ constexpr int kSweep[] = {4096, 8192, 16384, 32768};
 constexpr long kSweepScores = 1L << 28;
 constexpr int kSweepHeads = 16;
 
+/// The key block of --inject-fault last-key-block and stale-lse: a row's last block of this
+/// many scores (and V's rows with them) is never read.
+constexpr int kFaultKeyTile = 128;
+
+/// The scores and values a launch with fault `f` hands a variant (common/faults.hpp).
+std::pair<Problem, SoftmaxInputs> faulty_softmax(Fault f, const Problem& p, const SoftmaxInputs& in) {
+  Problem fp = p;
+  SoftmaxInputs fin;
+  if (f == Fault::last_key_block) {
+    if (p.nk <= kFaultKeyTile)
+      throw UsageError("last-key-block needs --nk > " + std::to_string(kFaultKeyTile));
+    fp.nk = p.nk - (p.nk % kFaultKeyTile ? p.nk % kFaultKeyTile : kFaultKeyTile);
+    fin.s.resize(fp.s_elems());
+    for (std::size_t r = 0; r < row_count(p); ++r)
+      std::copy_n(in.s.begin() + r * p.nk, fp.nk, fin.s.begin() + r * fp.nk);
+    fin.v.resize(fp.v_elems());
+    for (int g = 0; g < p.batch * p.kv_heads; ++g)
+      std::copy_n(in.v.begin() + std::size_t(g) * p.nk * p.dv, std::size_t(fp.nk) * p.dv,
+                  fin.v.begin() + std::size_t(g) * fp.nk * p.dv);
+  } else if (f == Fault::last_batch) {
+    if (p.batch < 2) throw UsageError("last-batch needs --batch > 1");
+    fp.batch = p.batch - 1;
+    fin.s.assign(in.s.begin(), in.s.begin() + fp.s_elems());
+    fin.v.assign(in.v.begin(), in.v.begin() + fp.v_elems());
+  } else {
+    fin = in;
+  }
+  return {fp, fin};
+}
+
+/// Runs `run(problem, inputs)` (a variant, returning P or O and the LSE) with fault `f`: the
+/// outputs of a faulty launch as p's buffers hold them (columns or batches never written
+/// stay zero), or for stale-lse the right P or O with the LSE of a launch one key block short.
+template <class Run>
+auto run_faulty_softmax(Fault f, const Problem& p, const SoftmaxInputs& in, Run run) -> decltype(run(p, in)) {
+  if (f == Fault::none) return run(p, in);
+  if (f == Fault::stale_lse) {
+    auto r = run(p, in);
+    const auto [fp, fin] = faulty_softmax(Fault::last_key_block, p, in);
+    r.lse = run(fp, fin).lse;
+    return r;
+  }
+  const auto [fp, fin] = faulty_softmax(f, p, in);
+  auto r = run(fp, fin);
+  if (!r.p.empty()) {
+    std::vector<float> full(p.s_elems(), 0.0f);
+    for (std::size_t row = 0; row < row_count(fp); ++row)
+      std::copy_n(r.p.begin() + row * fp.nk, fp.nk, full.begin() + row * p.nk);
+    r.p = std::move(full);
+  }
+  if (!r.o.empty()) r.o.resize(p.o_elems(), 0.0f);
+  r.lse.resize(p.lse_elems(), 0.0f);
+  return r;
+}
+
 void add_note(ResultRow& row, const std::string& note) {
   row.note = row.note.empty() ? note : row.note + "; " + note;
 }
@@ -50,9 +106,12 @@ ResultRow model_row(const Problem& p, const SoftmaxInputs& in, const SoftmaxOrac
     row.note = "model not run at this size; bytes from softmax_traffic()";
     return row;
   }
-  const SoftmaxRun m = softmax_model(p, in, v, opt.sram_bytes);
+  const SoftmaxRun m = run_faulty_softmax(opt.fault, p, in, [&](const Problem& fp, const SoftmaxInputs& fin) {
+    return softmax_model(fp, fin, v, opt.sram_bytes);
+  });
   row.set_traffic(m.traffic);
   row.set_check(v == Variant::fused ? oracle.judge_fused(m.o, m.lse) : oracle.judge_softmax(m.p, m.lse));
+  if (opt.fault != Fault::none) add_note(row, fault_note(opt.fault));
   if (m.traffic.bytes_read != f.read || m.traffic.bytes_written != f.write)
     add_note(row, "counted traffic differs from softmax_traffic()");
   if (v == Variant::online_on_chip && !m.on_chip)
@@ -68,7 +127,9 @@ ResultRow model_row(const Problem& p, const SoftmaxInputs& in, const SoftmaxOrac
 
 #if TUTORIAL_HAVE_CUDA
 /// One kernel as a report row: checked, then timed (median of 20, L2 flushed before each).
-ResultRow gpu_row(GpuSoftmax& gpu, Kernel k, const Problem& p, const SoftmaxOracle& oracle, const std::string& suffix) {
+/// `fault`: the kernel runs as run_faulty_softmax() says, on its own upload of `in`.
+ResultRow gpu_row(GpuSoftmax& gpu, Kernel k, const Problem& p, const SoftmaxOracle& oracle, const std::string& suffix,
+                  Fault fault = Fault::none, const SoftmaxInputs* in = nullptr) {
   ResultRow row;
   row.impl = kernel_name(k) + suffix;
   row.device = "cuda";
@@ -77,8 +138,13 @@ ResultRow gpu_row(GpuSoftmax& gpu, Kernel k, const Problem& p, const SoftmaxOrac
   row.hbm_write_bytes = f.write;
   row.extra_bytes = 0;
   row.bound = Bound::memory;
-  const GpuResult g = gpu.run(k, /*time=*/true);
+  const GpuResult g = fault == Fault::none
+                         ? gpu.run(k, /*time=*/true)
+                         : run_faulty_softmax(fault, p, *in, [&](const Problem& fp, const SoftmaxInputs& fin) {
+                             return GpuSoftmax(fp, fin).run(k, /*time=*/true);
+                           });
   row.set_check(k == Kernel::fused ? oracle.judge_fused(g.o, g.lse) : oracle.judge_softmax(g.p, g.lse));
+  if (fault != Fault::none) add_note(row, fault_note(fault));
   row.set_time(g.time_ms);
   if (g.streamed) add_note(row, "rows longer than " + std::to_string(kRowInRegisters) + " scores: v2 ran");
   return row;
@@ -123,6 +189,7 @@ int main(int argc, char** argv) {
           "and O = P V in one sweep that never stores P. Rows: batch x heads x Nq; row length: Nk (--nk).\n"
           "tau = 1 unless --scale; V has --dv columns (--d sets both).");
   cli.defaults(defaults).head_dims({32, 64, 128}).dtypes({DType::f32});
+  cli.faults({Fault::last_key_block, Fault::last_batch, Fault::stale_lse});
   int shift = kShiftUnset;
   cli.add_int("--shift", &shift, "offset of --inputs mean-shifted scores [100]", -1000, 1000);
 
@@ -161,7 +228,7 @@ int main(int argc, char** argv) {
       rep.ceilings.read_gbps = measure_read_gbps();
       {
         GpuSoftmax gpu(p, in);
-        for (Kernel k : all_kernels()) rep.rows.push_back(gpu_row(gpu, k, p, oracle, ""));
+        for (Kernel k : all_kernels()) rep.rows.push_back(gpu_row(gpu, k, p, oracle, "", opt.fault, &in));
       }
       if (opt.bench) bench_sweep(opt, score_shift, *dev, rep);
       rep.apply_ceilings();
