@@ -1,71 +1,24 @@
-// Chapter 07 - decode over a paged KV cache. The series:
+// Chapter 07, decode step v12: the last split's merge with all its loads in one round trip;
+// bf16 pages (the chapter's README, section 3).
 //
-//   decode_tile.cuh                 what the kernels share (addressing, tile load, one warp's tile, warp merge)
-//   steps/v1_paged_decode.cu        v1: one thread block per (sequence, KV head group)
-//   steps/v2_split_k.cu             v2: split-K over the sequence, then a merge kernel (flash-decoding)
-//   steps/v3_fused_combine.cu       v3: the merge done by the last split to finish, in the same kernel
-//   steps/v4_codes_to_fragments.cu  v4: 8-bit codes straight from the stage into MMA fragments
-//   steps/v5_table_lookahead.cu     v5: block-table entries fetched ahead of the loads that need them
-//   steps/v6_lazy_rescale.cu .. v10  the 8-bit steps (v6-v10: see their headers)
-//   steps/v12_one_trip_merge.cu     <- this file: v12, the last split's merge with its loads in one round trip
+// What changes from v5, every change: merge_states() (the one-trip form, v5's as the
+// fallback); the launcher's name; v12 is instantiated for bf16 pages.
 //
-// At B = 1 a step costs 11.5 us more than its bytes at the stream's 4.4 TB/s (NOTES.md: the
-// times at L = 8K-128K fit t = 10.7-11.5 us + bytes / 4.4 TB/s), and the end of the step is
-// a chain of round trips after the last split's last tile: its partial state stored and
-// fenced, the ticket, then v5's merge_states(): every (row, split) m and l loaded and staged
-// (one round trip, a block barrier), then sixteen O slices per thread loaded, folded, and
-// the next sixteen (two more for S = 32). v12 issues every load of the merge at once: the
-// O slices of all splits go to the drained stages by cp.async (16 bytes each, L2 only:
-// .cg, never a stale L1 line), the m and l by __ldcg into registers and then to shared
-// memory, and after one wait and one barrier the threads fold from shared memory. The
-// merge is one round trip instead of three; it falls back to v5's form when the states
-// do not fit the stages (thousands of splits).
+// Why: at B = 1 a step pays a fixed time on top of its bytes, and its end is a chain of round
+// trips after the last split's last tile: its partial state stored and fenced, the ticket,
+// then v5's merge_states(): every (row, split) m and l loaded and staged (one round trip, a
+// block barrier), then sixteen O slices per thread loaded and folded, and the next sixteen.
+// v12 issues every load of the merge at once: the O slices of all splits go to the drained
+// stages by cp.async (16 bytes each, .cg: L2 only, never a stale L1 line), the m and l by
+// __ldcg, and after one wait and one barrier the threads fold from shared memory, the same
+// states in the same order. It falls back to v5's form when the states do not fit the stages.
 //
 //   v5:   m, l -> smem | barrier | O slices 0-15 -> fold | O slices 16-31 -> fold    three trips
 //   v12:  m, l, every O slice -> smem | wait, barrier | fold                          one
 //
-// What changes from v5, every change: merge_states() (the one-trip form, v5's as the
-// fallback); the launcher's name; v12 is instantiated for bf16 pages (the B = 1 path).
-//
-// v5's header, what v12 keeps:
-//
-// A K/V load in v1-v4 waits for two loads before it: the row's block-table entry
-// (kv.row() reads it), and before that the sequence's length, because a split's first
-// key is split * ceil(len / S). At the start of a block all three are cold (the L2 was
-// just flushed, or the step before touched other memory), so the block's first bytes
-// of K and V arrive three DRAM round trips after it starts, and the DRAM idles for the
-// first two. Inside the loop, each refill reads the entries of its rows as it issues
-// the loads; a thread whose rows cross into a new 128-byte line of the table (every
-// 32 pages) stalls for a round trip with the refill half issued, and the tile it
-// should be computing waits behind it.
-//
-// v5 takes both reads off the path of the loads:
-//
-//   - the split size no longer depends on the length: every sequence is cut into
-//     splits of split_keys = keys_per_split(max_len, S) keys (whole tiles), so a
-//     block knows its keys from its coordinates alone, and a shorter sequence simply
-//     has empty splits at the end (the identity state, as in v2);
-//   - tile_pages() reads the table entries of this thread's rows of one tile into
-//     registers; the prologue reads those of the first kStages tiles together with the
-//     length and Q (one round trip for all), and each refill uses entries read one
-//     iteration earlier, while it reads the entries of the tile after it.
-//
-//   block start:   v4  len -> entries -> K/V               (three round trips)
-//                  v5  len, entries of tiles 0..2 -> K/V   (two)
-//   iteration it:  v4  entries of tile it+2 -> cp.async tile it+2 -> compute tile it
-//                  v5  cp.async tile it+2 (entries ready) ; read entries of tile it+3 ; compute tile it
-//
-// The work per split is unchanged for equal lengths (the B = 1 and B = 8 shapes); for
-// ragged batches the longest split is the same, and shorter sequences use fewer blocks.
-//
-// Every change from v4: DecodeParams' split_keys; TilePages, tile_pages() and row_at();
-// load_stage() takes the pages instead of reading the table; the kernel's split bounds
-// come from split_keys, the prologue reads the entries of the first tiles before it
-// needs the length, and the loop keeps one tile's entries ahead; kMinBlocks in the
-// launch bounds (three 8-bit blocks per SM, as v4 runs); the launcher's name.
-// Measured (NVIDIA H200, 2026-12-01, NOTES.md): FP8 at B = 8, L = 32K 0.1964 -> 0.1868 ms
-// (1.36x bf16); bf16 at B = 1, L = 32K under ncu 42.1 -> 40.2 us, but not in the timed
-// harness (2701 against v3's 2741 GB/s); bf16 at B = 8 within 1% of v3.
+// What it buys: two round trips off the end of a one-sequence step, with v5's bits (recorded
+// H200 run, B = 1, L = 32K, GQA 32/8: 3259 GB/s against v5's 3228).
+
 #include "common/cuda/check.cuh"
 #include "decode_steps.cuh"
 

