@@ -102,14 +102,14 @@ CROSS: dict[str, Last | File | New] = {
     "chapters/05_fa3_hopper/steps": File("chapters/04_fa2/steps/lab/v9_per_dim_tiles.cu"),
     # chapter 06's mask kernels: each is one earlier kernel with a mask policy put in
     # (chapter 04's v9, wherever it lives: steps/ or steps/lab/)
-    "chapters/06_variants/masks/steps/ampere_mask.cu": File("chapters/04_fa2/steps/v9_per_dim_tiles.cu"),
+    "chapters/06_variants/masks/ampere_mask.cu": File("chapters/04_fa2/steps/v9_per_dim_tiles.cu"),
     # (chapter 05's v8: its later bf16 steps came after chapter 06 was derived from it)
-    "chapters/06_variants/masks/steps/hopper_mask.cu": File("chapters/05_fa3_hopper/steps/v8_head_dims.cu"),
-    "chapters/06_variants/masks/steps/backward_mask.cu": File("chapters/04_fa2/backward.cu"),
-    # the sm90a mask steps v1, v2, ... improve hopper_mask.cu
-    "chapters/06_variants/masks/steps": File("chapters/06_variants/masks/steps/hopper_mask.cu"),
+    "chapters/06_variants/masks/hopper_mask.cu": File("chapters/05_fa3_hopper/steps/v8_head_dims.cu"),
+    "chapters/06_variants/masks/backward_mask.cu": File("chapters/04_fa2/backward.cu"),
+    # the main path's sm90a mask steps v1-v4 improve hopper_mask.cu
+    "chapters/06_variants/masks/steps": File("chapters/06_variants/masks/hopper_mask.cu"),
     # chapter 06's packed GQA for non-Hopper GPUs: chapter 04's v9 with the packed view
-    "chapters/06_variants/gqa_mla/steps/ampere_packed.cu": File("chapters/04_fa2/steps/v9_per_dim_tiles.cu"),
+    "chapters/06_variants/gqa_mla/ampere_packed.cu": File("chapters/04_fa2/steps/v9_per_dim_tiles.cu"),
     # chapter 05's backward: b1 is chapter 04's backward on Hopper's machinery, b2 warp-specialises b1.
     # The main path is b1, b2, b5, b6, b10, b11 and final_backward.cu; b3, b4, b7-b9 and b12-b15 live
     # in steps/lab/ (their table is LAB.md's, from their headers), and a main step's parent is the file

@@ -41,7 +41,7 @@ void check_packed(const Problem& p, Dist dist = Dist::normal) {
   }
 }
 
-/// The chapter 04-derived packed forward (steps/ampere_packed.cu), packed and unpacked.
+/// The chapter 04-derived packed forward (ampere_packed.cu), packed and unpacked.
 void check_sm80(const Problem& p, Dist dist = Dist::normal) {
   const AttnInputs in = make_inputs(p, dist, 13);
   const ForwardOracle oracle(p, in, CheckPlan::sampled(p, 2e9));

@@ -1,7 +1,7 @@
 #pragma once
 /// \file ampere_packed.cuh
-/// \brief The packed GQA forward for GPUs other than Hopper (steps/ampere_packed.cu,
-///        sm_80+): chapter 04's last forward step with the G query heads of a KV head
+/// \brief The packed GQA forward for GPUs other than Hopper (ampere_packed.cu,
+///        sm_80+): chapter 04's forward step v9 with the G query heads of a KV head
 ///        packed on a tile's rows.
 
 #include <cuda_runtime.h>

@@ -36,7 +36,7 @@ struct GpuResult {
 /// (pack = false: chapter 05's GQA). Throws UsageError when unsupported.
 GpuResult packed_forward_gpu(const Problem& p, const AttnInputs& in, bool pack, bool time);
 
-/// Whether the packed sm_80 forward (steps/ampere_packed.cu, chapter 04's v9 packed) has a
+/// Whether the packed sm_80 forward (ampere_packed.cu, chapter 04's v9 packed) has a
 /// kernel for `p` (bf16 or fp16; d = dv in {64, 128, 256}); the reason when not.
 bool packed_sm80_supports(const Problem& p, std::string* why = nullptr);
 /// That kernel, packed (pack = true) or with one query head per tile (chapter 04's v9), on

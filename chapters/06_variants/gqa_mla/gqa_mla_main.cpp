@@ -81,7 +81,7 @@ void gqa_sweep(Report& rep) {
       std::snprintf(line, sizeof line, "  sweep %-33s  %9.4f  %11.4f  %8.2fx   %s / %s", shape_of(p).c_str(), a.time_ms,
                     b.time_ms, b.time_ms / a.time_ms, format_bytes(kp).c_str(), format_bytes(ku).c_str());
       rep.notes.push_back(line);
-      // The chapter 04-derived kernel (steps/ampere_packed.cu, no split-K) on the same shape.
+      // The chapter 04-derived kernel (ampere_packed.cu, no split-K) on the same shape.
       const GpuResult c = packed_forward_sm80_bench(p, true), d = packed_forward_sm80_bench(p, false);
       std::snprintf(line, sizeof line, "  sweep80 %-33s  %9.4f  %11.4f  %8.2fx", shape_of(p).c_str(), c.time_ms, d.time_ms,
                     d.time_ms / c.time_ms);
@@ -141,7 +141,7 @@ int run_gqa(const Options& opt, bool sweep, bool no_table, bool no_time) {
 
 #if TUTORIAL_HAVE_CUDA && CH06_GQA_MLA_KERNELS
   std::string why;
-  // The chapter 04-derived packed forward (steps/ampere_packed.cu): any CUDA GPU of sm_80 on.
+  // The chapter 04-derived packed forward (ampere_packed.cu): any CUDA GPU of sm_80 on.
   if (dev && packed_sm80_supports(p, &why)) {
     rep.device = dev->name;
     for (bool pack : {true, false}) {

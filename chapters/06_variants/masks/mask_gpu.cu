@@ -34,7 +34,7 @@ std::string mask_gpu_unsupported(const Problem& p, GpuPath path, const DeviceInf
 
 const char* hopper_step_file(int step) {
   switch (step) {
-    case 0: return "steps/hopper_mask.cu";
+    case 0: return "hopper_mask.cu";
     case 1: return "steps/v1_two_q_buffers.cu";
     case 2: return "steps/v2_tile_overlap.cu";
     case 3: return "steps/v3_document_tiles.cu";

@@ -3,13 +3,13 @@
 /// \brief The masked kernels from the host: upload, block map, launch, download.
 ///        Declared without CUDA headers (the binary's CPU-only build includes it).
 ///
-///     steps/ampere_mask.cu    sm_80+: chapter 04's final forward step + the policy
-///     steps/hopper_mask.cu    sm_90a: chapter 05's final bf16 step + the policy
+///     ampere_mask.cu          sm_80+: chapter 04's forward step v9 + the policy
+///     hopper_mask.cu          sm_90a: chapter 05's bf16 step v8 + the policy
 ///     steps/v1_two_q_buffers.cu   sm_90a step 1: the next tile's Q loads while this one runs
 ///     steps/v2_tile_overlap.cu    sm_90a step 2: one pipeline across tiles
 ///     steps/v3_document_tiles.cu  sm_90a step 3: documents tiled from their own starts
 ///     steps/v4_row_spans.cu       sm_90a step 4: partial tiles masked from each row's span (the default)
-///     steps/backward_mask.cu  chapter 04's backward + the policy (score' included)
+///     backward_mask.cu        chapter 04's backward + the policy (score' included)
 ///
 /// Every kernel is instantiated for d = 128 and bf16 only, once per policy.
 
@@ -46,7 +46,7 @@ struct GpuMaskBackward {
 int ampere_tile_keys();
 int hopper_tile_keys();
 
-/// The sm90a forward's steps: 0 steps/hopper_mask.cu, 1 steps/v1_two_q_buffers.cu,
+/// The sm90a forward's steps: 0 hopper_mask.cu, 1 steps/v1_two_q_buffers.cu,
 /// 2 steps/v2_tile_overlap.cu, 3 steps/v3_document_tiles.cu, 4 steps/v4_row_spans.cu.
 constexpr int kHopperSteps = 5;
 const char* hopper_step_file(int step);  ///< "steps/v2_tile_overlap.cu", ...

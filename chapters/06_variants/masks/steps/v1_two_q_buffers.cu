@@ -1,9 +1,9 @@
 // Chapter 06 - masks on sm_90a, step 1: two Q buffers.
 //
-//   hopper_mask.cu         chapter 05's final bf16 step with the mask policy (this file's parent)
+//   ../hopper_mask.cu      chapter 05's v8 with the mask policy (this file's parent)
 // > v1_two_q_buffers.cu    + Q of the next tile loads while this tile runs
 //
-// `diff hopper_mask.cu v1_two_q_buffers.cu` shows the idea. A short tile (a 1K window
+// `diff ../hopper_mask.cu v1_two_q_buffers.cu` shows the idea. A short tile (a 1K window
 // visits 9 key blocks, a chunk or a document a few) cannot hide the load of the next
 // tile's Q: in hopper_mask.cu the producer may start it only once the consumers have
 // issued this tile's last Q K^T (one Q buffer), a few hundred cycles before they need it.

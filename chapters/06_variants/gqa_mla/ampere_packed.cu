@@ -1,8 +1,8 @@
-// Chapter 06, packed GQA for GPUs other than Hopper: chapter 04's last forward step
-// (steps/v9_per_dim_tiles.cu) with the G query heads of one KV head packed on the rows
+// Chapter 06, packed GQA for GPUs other than Hopper: chapter 04's forward step v9
+// (steps/lab/v9_per_dim_tiles.cu) with the G query heads of one KV head packed on the rows
 // of a tile, as packed_fwd.cu does for chapter 05's kernel.
 //
-//     diff chapters/04_fa2/steps/v9_per_dim_tiles.cu chapters/06_variants/gqa_mla/steps/ampere_packed.cu
+//     diff chapters/04_fa2/steps/lab/v9_per_dim_tiles.cu chapters/06_variants/gqa_mla/ampere_packed.cu
 //
 // What changes from chapter 04's v9 (one idea: the packed view):
 //

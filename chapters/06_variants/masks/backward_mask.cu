@@ -1,9 +1,9 @@
 // Chapter 06 - masks in the backward: chapter 04's backward with a mask policy.
 //
-//   ../../../04_fa2/backward.cu   chapter 04's backward (this file's parent)
-// > backward_mask.cu              + the policy: block map, keep, score and its derivative
+//   ../../04_fa2/backward.cu   chapter 04's backward (this file's parent)
+// > backward_mask.cu           + the policy: block map, keep, score and its derivative
 //
-// `diff ../../../04_fa2/backward.cu backward_mask.cu` shows the policy going in. What
+// `diff ../../04_fa2/backward.cu backward_mask.cu` shows the policy going in. What
 // changes (masks/mask_policy.hpp has the interface):
 //
 //   1. fa2_bwd_main takes a Policy. Its steps are the block map's query blocks of this

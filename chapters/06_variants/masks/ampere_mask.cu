@@ -1,9 +1,9 @@
-// Chapter 06 - masks on sm_80+: chapter 04's final forward step with a mask policy.
+// Chapter 06 - masks on sm_80+: chapter 04's forward step v9 with a mask policy.
 //
-//   ../../../04_fa2/steps/v9_per_dim_tiles.cu   chapter 04's final step (this file's parent)
-// > ampere_mask.cu                              + the policy: block map, keep, score, sink
+//   ../../04_fa2/steps/lab/v9_per_dim_tiles.cu   chapter 04's v9 (this file's parent)
+// > ampere_mask.cu                               + the policy: block map, keep, score, sink
 //
-// `diff ../../../04_fa2/steps/v9_per_dim_tiles.cu ampere_mask.cu` shows the policy going
+// `diff ../../04_fa2/steps/lab/v9_per_dim_tiles.cu ampere_mask.cu` shows the policy going
 // in, and nothing else. What changes (masks/mask_policy.hpp has the interface):
 //
 //   1. The kernel takes a Policy (a template parameter, passed by value). Its key loop

@@ -1,9 +1,10 @@
-// Chapter 06 - masks on sm_90a: chapter 05's final bf16 step with a mask policy.
+// Chapter 06 - masks on sm_90a: chapter 05's bf16 step v8 with a mask policy.
 //
-//   ../../../05_fa3_hopper/steps/v8_head_dims.cu   chapter 05's final bf16 step (this file's parent)
-// > hopper_mask.cu                                 + the policy: block map, keep, score, sink
+//   ../../05_fa3_hopper/steps/v8_head_dims.cu   chapter 05's v8 (this file's parent)
+// > hopper_mask.cu                              + the policy: block map, keep, score, sink
+//   steps/v1_two_q_buffers.cu ... v4           the main path's four steps after it
 //
-// `diff ../../../05_fa3_hopper/steps/v8_head_dims.cu hopper_mask.cu` shows the policy
+// `diff ../../05_fa3_hopper/steps/v8_head_dims.cu hopper_mask.cu` shows the policy
 // going in. What changes (masks/mask_policy.hpp has the interface):
 //
 //   1. The kernel takes a Policy (a template parameter, by value) in place of kCausal.
