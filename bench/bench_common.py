@@ -39,15 +39,17 @@ SPEED_FIELDS = ("time_ms", "tflops", "gbps", "share", "vs")
 # out, the lab's own tables (`--lab`) and the ch05-lab section show it. A lab step may change a final
 # kernel (v30 changes final.cu): its parent is then "final".
 MAIN_PATH = {
+    "04": {"fwd": ["v1", "v2", "v3", "v4", "v5", "v6", "final"]},  # chapter 04: v7-v9 are its lab
     "05": {"fwd": ["v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "final", "final-fp8"],
            "bwd": ["b1", "b2", "b5", "b6", "b10", "b11", "final"]},
 }
 # The kernel that stands for a chapter in the lineage when a run has it (else its fastest kernel).
-FINAL_KERNEL = {"05": "ch05 final forward"}
+FINAL_KERNEL = {"04": "ch04 final forward", "05": "ch05 final forward"}
 # Each lab step's parent, as the step files' headers say ("What changes from vN", "(from vN)"): used
 # where the headers cannot be read (bench_report.step_parents reads them; bench/test_bench.py checks
 # that the two agree).
 LAB_PARENTS = {
+    "04": {"v7": "v6", "v8": "v7", "v9": "v8"},
     "05": {"v9": "v8", "v10": "v8", "v11": "v10", "v12": "v9", "v13": "v11", "v14": "v13", "v15": "v12",
            "v16": "v11", "v17": "v11", "v18": "v17", "v19": "v18", "v20": "v17", "v21": "v18", "v22": "v14",
            "v23": "v21", "v24": "v23", "v25": "v14", "v26": "v15", "v27": "v15", "v28": "v25", "v29": "v26",

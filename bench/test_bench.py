@@ -640,7 +640,11 @@ class MainPathReport(unittest.TestCase):
                                                                         "pass": "bwd" if " b1" in k else "fwd"})]
         self.assertEqual(lab, ["ch05 v10 key blocks", "ch05 v11 two pipes", "ch05 b13 backward, 80 queries a step",
                                "ch05 b13 backward, 80 queries a step, deterministic dQ"])
-        self.assertFalse(bench_common.is_lab_row({"chapter": "04", "kind": "ours", "kernel": "ch04 v9 x", "pass": "fwd"}))
+        # chapter 04's main path is v1-v6 and its final kernel; v7-v9 are its lab
+        self.assertTrue(bench_common.is_lab_row({"chapter": "04", "kind": "ours", "kernel": "ch04 v9 x", "pass": "fwd"}))
+        for k in ("ch04 v6 x", "ch04 final forward"):
+            self.assertFalse(bench_common.is_lab_row({"chapter": "04", "kind": "ours", "kernel": k, "pass": "fwd"}))
+        self.assertFalse(bench_common.is_lab_row({"chapter": "03", "kind": "ours", "kernel": "ch03 v9 x", "pass": "fwd"}))
 
     def test_default_tables_show_the_main_path_and_the_finals(self):
         md = bench_report.markdown(self.res())

@@ -97,6 +97,8 @@ CROSS: dict[str, Last | File | New] = {
     "chapters/02_online_softmax/steps": File("chapters/01_naive/naive.cu"),
     "chapters/03_fa1/fa1.cu": Last("chapters/02_online_softmax/steps"),
     "chapters/04_fa2/steps": File("chapters/03_fa1/fa1.cu"),
+    # chapter 04's final forward kernel: v6, the main path's last step, with the lab's table (LAB.md)
+    "chapters/04_fa2/steps/final.cu": File("chapters/04_fa2/steps/v6_two_tiles_per_warp.cu"),
     # chapter 05's v1 is chapter 04's v9 (now in its lab; final.cu took its d = 64 and 256 rows)
     # with cp.async replaced by TMA
     "chapters/05_fa3_hopper/steps": File("chapters/04_fa2/steps/lab/v9_per_dim_tiles.cu"),

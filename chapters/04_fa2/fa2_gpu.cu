@@ -20,15 +20,18 @@ const char* step_name(int step) {
     case 7: return "v7 deferred row sums";
     case 8: return "v8 O through smem";
     case 9: return "v9 tiles per head dim";
+    case kFinal: return "final forward";
   }
   return "?";
 }
 
 std::string step_unsupported(int step, const Problem& p) {
   if (p.d != p.dv) return "d != dv";
-  if (step == kSteps) {
+  if (!step_built(step)) return "a lab step: this build has no lab (configure with -DTUTORIAL_LAB=ON)";
+  if (step == kFinal || step == 9) {
     if (p.dtype == DType::f32) return "fp32 inputs (tensor-core steps take bf16 or fp16)";
-    if (p.d != 64 && p.d != 128 && p.d != 256) return "head dim " + std::to_string(p.d) + " (v9: 64, 128, 256)";
+    if (p.d != 64 && p.d != 128 && p.d != 256)
+      return "head dim " + std::to_string(p.d) + (step == 9 ? " (v9: 64, 128, 256)" : " (final: 64, 128, 256)");
     return "";
   }
   if (p.dtype != DType::bf16) return std::string(dtype_name(p.dtype)) + " (steps 1-8 are built for bf16)";
@@ -66,9 +69,12 @@ bool launch_step(int step, const FwdParams& f, DType t) {
     case 4: return v4::launch(f, t, 0);
     case 5: return v5::launch(f, t, 0);
     case 6: return v6::launch(f, t, 0);
+#if TUTORIAL_LAB
     case 7: return v7::launch(f, t, 0);
     case 8: return v8::launch(f, t, 0);
     case 9: return v9::launch(f, t, 0);
+#endif
+    case kFinal: return final_fwd::launch(f, t, 0);
   }
   return false;
 }
@@ -131,7 +137,7 @@ GpuBackward fa2_backward_gpu(const Problem& p, const AttnInputs& in, bool determ
   DeviceTensor o(p.dtype, p.o_elems());
   DeviceBuffer<float> lse(p.lse_elems());
   const FwdParams f = make_params(p, q, k, v, o, lse);
-  if (!v9::launch(f, p.dtype, 0)) throw CudaError("backward: no forward kernel for this problem");
+  if (!final_fwd::launch(f, p.dtype, 0)) throw CudaError("backward: no forward kernel for this problem");
   CUDA_CHECK_LAUNCH("forward for the backward");
 
   DeviceTensor dq(p.dtype, p.q_elems()), dk(p.dtype, p.k_elems()), dv(p.dtype, p.v_elems());

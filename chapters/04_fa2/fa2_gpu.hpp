@@ -11,8 +11,18 @@
 
 namespace attn::ch04 {
 
-/// The forward steps, 1..9 (steps/vN_*.cu); step kSteps is the final kernel.
-constexpr int kSteps = 9;
+/// The forward steps by number: the main path v1-v6 (steps/vN_*.cu) and the final kernel
+/// (steps/final.cu, number kFinal, `--step final`); the lab's v7-v9 (steps/lab/, LAB.md),
+/// built with TUTORIAL_LAB=ON.
+constexpr int kFinal = 10;
+constexpr int kLastLabStep = 9;
+constexpr int kMainSteps[] = {1, 2, 3, 4, 5, 6, kFinal};
+constexpr int kLabSteps[] = {7, 8, 9};
+/// True for a lab step.
+constexpr bool step_in_lab(int step) { return step >= 7 && step <= kLastLabStep; }
+/// Whether this build holds the step (a lab step only with TUTORIAL_LAB=ON).
+constexpr bool step_built(int step) { return !step_in_lab(step) || TUTORIAL_LAB; }
+/// "v2 mma.sync", ..., "final forward".
 const char* step_name(int step);
 /// Empty when the step runs this problem, else why not (dtype, head dim).
 std::string step_unsupported(int step, const Problem& p);

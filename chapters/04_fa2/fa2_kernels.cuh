@@ -24,9 +24,10 @@ struct FwdParams {
   bool causal;       ///< bottom-right aligned: row i sees keys j <= i + (nk - nq)
 };
 
-/// The forward steps, steps/vN_*.cu: each in its own namespace vN, with the same
-/// names in every step (kernel `fwd_kernel`, this launcher), so that a step's diff
-/// against its predecessor shows only its idea. The launcher dispatches on dtype and
+/// The forward steps, steps/vN_*.cu (the main path v1-v6 and the final kernel, steps/final.cu)
+/// and steps/lab/vN_*.cu (the lab's v7-v9, built with TUTORIAL_LAB=ON): each in its own
+/// namespace (vN, final_fwd), with the same names in every step (kernel `fwd_kernel`, this
+/// launcher), so that a step's diff against its predecessor shows only its idea. The launcher dispatches on dtype and
 /// head dim; it returns false when the step has no kernel for them (the caller
 /// reports "not supported"), and launches on stream `s` otherwise.
 namespace v1 { bool launch(const FwdParams& p, DType t, cudaStream_t s); }
@@ -38,6 +39,7 @@ namespace v6 { bool launch(const FwdParams& p, DType t, cudaStream_t s); }
 namespace v7 { bool launch(const FwdParams& p, DType t, cudaStream_t s); }
 namespace v8 { bool launch(const FwdParams& p, DType t, cudaStream_t s); }
 namespace v9 { bool launch(const FwdParams& p, DType t, cudaStream_t s); }
+namespace final_fwd { bool launch(const FwdParams& p, DType t, cudaStream_t s); }
 
 struct BwdParams {
   const void* q;

@@ -25,19 +25,20 @@
 
 namespace attn::ch04 {
 
-/// The final kernel's tiles (steps/v9_per_dim_tiles.cu at d = 128): Br query rows
-/// per thread block, Bc keys per K/V tile.
+/// The final kernel's tiles (steps/final.cu at d = 128): Br query rows per thread block,
+/// Bc keys per K/V tile.
 struct Fa2Tiles {
   int Br = 128, Bc = 64;
 };
 
-/// The tiles forward step `step` (1..9) runs at head dim d: v1 has chapter 03's
-/// blocks, v2-v5 64 x 64, v6-v8 two 16-row tiles per warp (Br = 128), v9 its own
-/// per head dim (Bc = 128 at d = 64).
+/// The tiles forward step `step` runs at head dim d (1..9, and 10: the final kernel,
+/// fa2_gpu.hpp's kFinal): v1 has chapter 03's blocks, v2-v5 64 x 64, v6-v8 two 16-row
+/// tiles per warp (Br = 128), v9 and the final kernel their own per head dim (Bc = 128
+/// at d = 64).
 constexpr Fa2Tiles step_tiles(int step, int d) {
   if (step == 1) return d == 64 ? Fa2Tiles{64, 128} : Fa2Tiles{64, 64};
   if (step <= 5) return {64, 64};
-  if (step == 9 && d == 64) return {128, 128};
+  if ((step == 9 || step == 10) && d == 64) return {128, 128};
   return {128, 64};
 }
 

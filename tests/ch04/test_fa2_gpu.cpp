@@ -1,5 +1,5 @@
-// Chapter 04's kernels on the GPU: every forward step and the backward against the
-// fp64 reference at awkward shapes (skipped without a device).
+// Chapter 04's kernels on the GPU: every forward step of the main path, the final kernel
+// (the lab's steps in a TUTORIAL_LAB build) and the backward against the fp64 reference at awkward shapes (skipped without a device).
 #include <doctest/doctest.h>
 
 #include "chapters/04_fa2/fa2_gpu.hpp"
@@ -67,15 +67,32 @@ TEST_CASE("forward step 6 (two tiles per warp)") {
   for (const Problem& p : kShapes) check_step(6, p);
   check_step(6, shape().heads(2).n(127, 129).d(128).causal(), Dist::mean_shifted);  // one row short of Br
 }
-TEST_CASE("forward step 7 (deferred row sums)") {
+TEST_CASE("final forward: bf16 and fp16, d 64/128/256, mean-shifted and outliers") {
+  for (const Problem& p : kShapes) {
+    check_step(kFinal, p);
+    Problem h = p;
+    h.dtype = DType::f16;
+    check_step(kFinal, h);
+  }
+  check_step(kFinal, shape().heads(2).n(300).d(256).causal());
+  check_step(kFinal, shape().batch(2).heads(2, 1).n(129, 257).d(256).dtype(DType::f16));
+  check_step(kFinal, shape().n(700, 100).d(256).causal());  // empty rows at d = 256
+  check_step(kFinal, shape().heads(4).n(512).d(128).causal(), Dist::mean_shifted);
+  check_step(kFinal, shape().heads(4).n(512).d(64), Dist::outliers);
+  check_step(kFinal, shape().heads(2).n(129).d(128).causal(), Dist::outliers);  // one row past Br, O from registers
+  check_step(kFinal, shape().batch(3).heads(2, 1).n(65, 400).d(64).causal());    // O through shared memory
+}
+
+#if TUTORIAL_LAB  // the lab's steps (steps/lab/), built with TUTORIAL_LAB=ON
+TEST_CASE("lab step 7 (deferred row sums)") {
   for (const Problem& p : kShapes) check_step(7, p);
   check_step(7, shape().heads(2).n(129).d(64).causal(), Dist::outliers);  // one row past Br
 }
-TEST_CASE("forward step 8 (O through shared memory)") {
+TEST_CASE("lab step 8 (O through shared memory)") {
   for (const Problem& p : kShapes) check_step(8, p);
   check_step(8, shape().batch(3).heads(2, 1).n(65, 400).d(128).causal());
 }
-TEST_CASE("forward step 9 (final): bf16 and fp16, d 64/128/256, mean-shifted and outliers") {
+TEST_CASE("lab step 9 (tiles per head dim): bf16 and fp16, d 64/128/256, mean-shifted and outliers") {
   for (const Problem& p : kShapes) {
     check_step(9, p);
     Problem h = p;
@@ -88,13 +105,17 @@ TEST_CASE("forward step 9 (final): bf16 and fp16, d 64/128/256, mean-shifted and
   check_step(9, shape().heads(4).n(512).d(128).causal(), Dist::mean_shifted);
   check_step(9, shape().heads(4).n(512).d(64), Dist::outliers);
 }
+#endif
 
 // One small awkward shape through every kernel of the chapter: quick, and the set that
 // compute-sanitizer (memcheck, racecheck) runs: tests_ch04_gpu -tc="every kernel*".
 TEST_CASE("every kernel at one small awkward shape") {
   for (int d : {64, 128, 256}) {
     const Problem p = shape().heads(2, 1).n(130, 257).d(d).causal();
-    for (int s = 1; s <= kSteps; ++s) check_step(s, p);
+    for (int s : kMainSteps) check_step(s, p);
+#if TUTORIAL_LAB
+    for (int s : kLabSteps) check_step(s, p);
+#endif
     if (backward_unsupported(p).empty())
       for (bool det : {false, true}) check_backward(p, det);
   }

@@ -1,5 +1,6 @@
-// Chapter 04 - FlashAttention-2 forward, built in steps. Each file is a whole kernel;
-// `diff` two neighbours to see one move (the first against chapter 03's fa1.cu).
+// Chapter 04 - FlashAttention-2 forward, built in steps (the main path; the lab's
+// experiments are in lab/, LAB.md). Each file is a whole kernel; `diff` two
+// neighbours to see one move (the first against chapter 03's fa1.cu).
 //
 //   ../../03_fa1/fa1.cu        chapter 03: K/V outer, Q inner, (m, l, O) through HBM
 //   v1_loop_swap.cu            Q outer, K/V inner, grid (Nq/Br, B*H): (m, l, O) stay on chip
@@ -8,9 +9,7 @@
 //   v4_cp_async.cu             cp.async: K_{j+1} and V_j stream in while the other product runs
 // > v5_heaviest_first.cu       causal: the query blocks with the most keys start first
 //   v6_two_tiles_per_warp.cu   each warp owns 2 x 16 query rows (Br = 128): a K/V fragment feeds 2 mmas
-//   v7_deferred_rowsum.cu      row sums stay per-thread partial sums until the epilogue
-//   v8_smem_o_store.cu         O leaves through shared memory in coalesced 16-byte rows
-//   v9_per_dim_tiles.cu        a tile shape per head dim (d = 64: Bc = 128; d = 256: 8 warps), fp16 too
+//   final.cu                   one configuration table per head dim, fp16 too (the final kernel)
 //
 // This step (causal only): the query blocks with the most keys start first. Under
 // the causal mask block i sees about (i + 1) / Tr of the keys, so in launch order the

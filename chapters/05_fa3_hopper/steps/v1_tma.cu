@@ -11,7 +11,7 @@
 //         then final.cu and final_fp8.cu: v8 with the configurations the lab (steps/lab/)
 //         measured, FP8 inputs (the lab's v9) in final_fp8.cu
 //
-// This step is chapter 04's last forward step (chapters/04_fa2/steps/v9_per_dim_tiles.cu)
+// This step is chapter 04's v9 (chapters/04_fa2/steps/lab/v9_per_dim_tiles.cu, its lab)
 // with cp.async replaced by TMA and mbarriers; diff the two files to see it. Chapter
 // 04's threads each copied 16-byte pieces with cp.async and computed the swizzled
 // address of every piece. Here one thread asks the copy engine (TMA) for a whole box

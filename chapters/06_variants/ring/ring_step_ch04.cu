@@ -31,7 +31,7 @@ bool step_forward(const StepProblem& p, const StepForwardOut& out, cudaStream_t 
   f.scale = p.scale;
   f.scale_log2 = float(double(p.scale) * kLog2e);
   f.causal = p.causal;
-  return ch04::v9::launch(f, p.dtype, s);  // chapter 04's final forward step (v9, ch04::kSteps)
+  return ch04::final_fwd::launch(f, p.dtype, s);  // chapter 04's final forward kernel (steps/final.cu)
 }
 
 bool step_backward(const StepProblem& p, const StepBackwardArgs& a, cudaStream_t s) {

@@ -1,18 +1,9 @@
-// Chapter 04 - FlashAttention-2 forward, built in steps. Each file is a whole kernel;
-// `diff` two neighbours to see one move (the first against chapter 03's fa1.cu).
+// Chapter 04, lab step 8 (from v7): O leaves through shared memory in coalesced 16-byte rows.
 //
-//   ../../03_fa1/fa1.cu        chapter 03: K/V outer, Q inner, (m, l, O) through HBM
-//   v1_loop_swap.cu            Q outer, K/V inner, grid (Nq/Br, B*H): (m, l, O) stay on chip
-//   v2_mma.cu                  tensor cores: mma.sync m16n8k16, Q split over 4 warps, P in registers
-//   v3_ldmatrix_swizzle.cu     ldmatrix fragments from XOR-swizzled shared memory: no bank conflicts
-//   v4_cp_async.cu             cp.async: K_{j+1} and V_j stream in while the other product runs
-//   v5_heaviest_first.cu       causal: the query blocks with the most keys start first
-//   v6_two_tiles_per_warp.cu   each warp owns 2 x 16 query rows (Br = 128): a K/V fragment feeds 2 mmas
-//   v7_deferred_rowsum.cu      row sums stay per-thread partial sums until the epilogue
-// > v8_smem_o_store.cu         O leaves through shared memory in coalesced 16-byte rows
-//   v9_per_dim_tiles.cu        a tile shape per head dim (d = 64: Bc = 128; d = 256: 8 warps), fp16 too
+// A tuning experiment beside the main path (steps/), built with TUTORIAL_LAB=ON; LAB.md
+// says what it measured. What changes from v7:
 //
-// This step: O leaves through shared memory. Straight from the accumulators, a
+// O leaves through shared memory. Straight from the accumulators, a
 // thread stores 4 bytes (two bf16) at a time, and the 4 lanes of a quad cover 16
 // contiguous bytes of a row: each warp-wide store touches 8 rows x 16 bytes. Here
 // the normalised O_i is first written into the Q_i tile (free once the last S has

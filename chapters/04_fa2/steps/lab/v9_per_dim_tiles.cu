@@ -1,24 +1,19 @@
-// Chapter 04 - FlashAttention-2 forward, built in steps. Each file is a whole kernel;
-// `diff` two neighbours to see one move (the first against chapter 03's fa1.cu).
+// Chapter 04, lab step 9 (from v8): a tile shape per head dim (d = 64: Bc = 128; d = 256: 8 warps), fp16 too.
 //
-//   ../../03_fa1/fa1.cu        chapter 03: K/V outer, Q inner, (m, l, O) through HBM
-//   v1_loop_swap.cu            Q outer, K/V inner, grid (Nq/Br, B*H): (m, l, O) stay on chip
-//   v2_mma.cu                  tensor cores: mma.sync m16n8k16, Q split over 4 warps, P in registers
-//   v3_ldmatrix_swizzle.cu     ldmatrix fragments from XOR-swizzled shared memory: no bank conflicts
-//   v4_cp_async.cu             cp.async: K_{j+1} and V_j stream in while the other product runs
-//   v5_heaviest_first.cu       causal: the query blocks with the most keys start first
-//   v6_two_tiles_per_warp.cu   each warp owns 2 x 16 query rows (Br = 128): a K/V fragment feeds 2 mmas
-// > v7_deferred_rowsum.cu      row sums stay per-thread partial sums until the epilogue
-//   v8_smem_o_store.cu         O leaves through shared memory in coalesced 16-byte rows
-//   v9_per_dim_tiles.cu        a tile shape per head dim (d = 64: Bc = 128; d = 256: 8 warps), fp16 too
+// A tuning experiment beside the main path (steps/), built with TUTORIAL_LAB=ON; LAB.md
+// says what it measured. What changes from v8:
 //
-// This step: the row sums l_i stay per-thread partial sums until the end. Each of
-// the 4 lanes of a quad holds a quarter of a row's columns; the rescale by
-// 2^(m_old - m_new) is the same for all four (m is already reduced across the quad,
-// because P needs the row maximum), so the four partial sums can each be rescaled
-// and accumulated on their own and added once, in the epilogue: one quad reduction
-// (two shuffles) per row instead of one per K/V block. The epilogue adds the
-// partials before it divides O_i by l_i and writes the LSE.
+// A tile shape per head dim, and the dtypes and head dims the chapter
+// supports. The kernel is v8's; only launch_dtype() and launch() change:
+//
+//   d = 64:  Bc = 128 keys per K/V tile (was 64): the S tile is twice as wide for
+//            the same Q fragments, half as many K/V iterations and barriers, and
+//            48 KB of shared memory (measured +8% at d = 64 on an H200, LAB.md);
+//   d = 128: unchanged, Br 128 x Bc 64 with 4 warps x 2 tiles;
+//   d = 256: new, 8 warps x 1 tile (Br 128, Bc 64, 128 KB of shared memory): two
+//            16-row tiles per warp would need 2 x 128 fp32 O accumulators per
+//            thread, past the 255-register limit;
+//   fp16 next to bf16 (the same kernel: mma_m16n8k16<__half>, pack2<__half>).
 #include "common/cuda/check.cuh"
 #include "common/cuda/cp_async.cuh"
 #include "common/cuda/fast_math.cuh"
@@ -29,7 +24,7 @@
 #include "common/online_softmax.hpp"
 #include "fa2_kernels.cuh"
 
-namespace attn::ch04::v7 {
+namespace attn::ch04::v9 {
 namespace {
 using namespace attn::cuda;
 
@@ -51,7 +46,7 @@ template <class T, class C>
 __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
   constexpr int D = C::D, MT = C::MT, Bc = C::Bc, Br = C::Br, NT = C::NT, DT = C::DT, KC = C::kChunks;
   extern __shared__ __align__(128) unsigned char smem[];
-  T* sQ = reinterpret_cast<T*>(smem);  // [Br][D]  Q_i
+  T* sQ = reinterpret_cast<T*>(smem);  // [Br][D]  Q_i, later O_i on its way out
   T* sK = sQ + Br * D;                 // [Bc][D]  K_j
   T* sV = sK + Bc * D;                 // [Bc][D]  V_j
 
@@ -211,8 +206,9 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
   }
   cp_async_wait<0>();
 
-  // Epilogue: l_i = quad sum of the partial sums; O_i / l_i straight from the
-  // accumulators (4 bytes per store) and LSE_i = (m_i + log2 l_i) * ln 2.
+  // Epilogue: l_i = quad sum of the partial sums; O_i / l_i staged in sQ (swizzled, as Q
+  // was), then written out 16 bytes at a time; LSE_i = (m_i + log2 l_i) * ln 2.
+  __syncthreads();  // every warp is done reading sQ (its Q fragments)
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -221,14 +217,23 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
       lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
       lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
       const float inv = lsum > 0.f ? 1.f / lsum : 0.f;  // an empty row's output is 0
-      const int row = row0 + wrow + mt * 16 + g + r * 8;
-      if (row >= p.nq) continue;
+      const int r_tile = wrow + mt * 16 + g + r * 8;
 #pragma unroll
       for (int dt = 0; dt < DT; ++dt)
-        *reinterpret_cast<uint32_t*>(O + std::size_t(row) * D + dt * 8 + 2 * t) =
+        *reinterpret_cast<uint32_t*>(sQ + swizzle<KC>(r_tile, dt) * 8 + 2 * t) =
             pack2<T>(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
-      if (t == 0) LSE[row] = lsum > 0.f ? Base2::lse(m[mt][r], lsum) : neg_inf<float>();
+      const int row = row0 + r_tile;
+      if (t == 0 && row < p.nq) LSE[row] = lsum > 0.f ? Base2::lse(m[mt][r], lsum) : neg_inf<float>();
     }
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < Br * KC / C::kThreads; ++k) {
+    const int idx = threadIdx.x + k * C::kThreads;
+    const int r = idx / KC, c = idx % KC;
+    if (row0 + r < p.nq)
+      *reinterpret_cast<uint4*>(O + std::size_t(row0 + r) * D + c * 8) =
+          *reinterpret_cast<const uint4*>(sQ + swizzle<KC>(r, c) * 8);
+  }
 }
 
 template <class T, class C>
@@ -245,8 +250,9 @@ void launch_cfg(const FwdParams& p, cudaStream_t s) {
 template <class T>
 bool launch_dtype(const FwdParams& p, cudaStream_t s) {
   switch (p.d) {
-    case 64: launch_cfg<T, Cfg<64, 4, 2, 64>>(p, s); return true;     // Br 128, Bc 64, 32 KB smem
+    case 64: launch_cfg<T, Cfg<64, 4, 2, 128>>(p, s); return true;    // Br 128, Bc 128, 48 KB smem
     case 128: launch_cfg<T, Cfg<128, 4, 2, 64>>(p, s); return true;   // Br 128, Bc 64, 64 KB smem
+    case 256: launch_cfg<T, Cfg<256, 8, 1, 64>>(p, s); return true;   // Br 128, Bc 64, 128 KB smem
     default: return false;
   }
 }
@@ -255,7 +261,8 @@ bool launch_dtype(const FwdParams& p, cudaStream_t s) {
 
 bool launch(const FwdParams& p, DType t, cudaStream_t s) {
   if (t == DType::bf16) return launch_dtype<__nv_bfloat16>(p, s);
+  if (t == DType::f16) return launch_dtype<__half>(p, s);
   return false;
 }
 
-}  // namespace attn::ch04::v7
+}  // namespace attn::ch04::v9

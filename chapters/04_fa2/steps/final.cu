@@ -1,5 +1,6 @@
-// Chapter 04 - FlashAttention-2 forward, built in steps. Each file is a whole kernel;
-// `diff` two neighbours to see one move (the first against chapter 03's fa1.cu).
+// Chapter 04, the final forward kernel: v6 with what the lab measured after it (from v6).
+//
+// The main path, each file a whole kernel (`diff` two neighbours to see one idea):
 //
 //   ../../03_fa1/fa1.cu        chapter 03: K/V outer, Q inner, (m, l, O) through HBM
 //   v1_loop_swap.cu            Q outer, K/V inner, grid (Nq/Br, B*H): (m, l, O) stay on chip
@@ -8,21 +9,27 @@
 //   v4_cp_async.cu             cp.async: K_{j+1} and V_j stream in while the other product runs
 //   v5_heaviest_first.cu       causal: the query blocks with the most keys start first
 //   v6_two_tiles_per_warp.cu   each warp owns 2 x 16 query rows (Br = 128): a K/V fragment feeds 2 mmas
-//   v7_deferred_rowsum.cu      row sums stay per-thread partial sums until the epilogue
-//   v8_smem_o_store.cu         O leaves through shared memory in coalesced 16-byte rows
-// > v9_per_dim_tiles.cu        a tile shape per head dim (d = 64: Bc = 128; d = 256: 8 warps), fp16 too
+// > final.cu                   one configuration table per head dim, fp16 too
 //
-// This step: a tile shape per head dim, and the dtypes and head dims the chapter
-// supports. The kernel is v8's; only launch_dtype() and launch() change:
+// What changes from v6: the kernel's structure stays (Q_i outside, K_{j+1} and V_j streamed
+// by cp.async under the two products, P kept in registers, heaviest query blocks first),
+// and what the lab (steps/lab/, LAB.md) measured after v6 becomes one table, Cfg, read in
+// launch_dtype(), a row per head dim:
 //
-//   d = 64:  Bc = 128 keys per K/V tile (was 64): the S tile is twice as wide for
-//            the same Q fragments, half as many K/V iterations and barriers, and
-//            48 KB of shared memory (NOTES.md: measured +8% at d = 64);
-//   d = 128: unchanged, Br 128 x Bc 64 with 4 warps x 2 tiles;
-//   d = 256: new, 8 warps x 1 tile (Br 128, Bc 64, 128 KB of shared memory): two
-//            16-row tiles per warp would need 2 x 128 fp32 O accumulators per
-//            thread, past the 255-register limit;
-//   fp16 next to bf16 (the same kernel: mma_m16n8k16<__half>, pack2<__half>).
+//   d     warps x tiles   Br    Bc    O leaves through    smem     taken from
+//   64    4 x 2           128   128   shared memory       48 KB    v9 (the wider key tile)
+//   128   4 x 2           128    64   registers           64 KB    v7 (v6 + deferred row sums)
+//   256   8 x 1           128    64   shared memory      128 KB    v9 (two tiles a warp would need
+//                                                                    2 x 128 O accumulators a thread)
+//
+// Every row keeps v7's row sums: each thread's partial sum, rescaled with the row and added
+// across the quad once, in the epilogue. The column kSmemO chooses the epilogue: through
+// the Q tile in shared memory and out in 16-byte rows (v8), or straight from the
+// accumulators, 4 bytes a store (v7); an `if constexpr` on it is the only place the code
+// differs. fp16 runs the same kernel as bf16 (mma_m16n8k16<__half>, pack2<__half>).
+//
+// Each row compiles to the machine code of the step it is taken from (sm_90,
+// scripts/same_machine_code.py --pair): d = 128 to v7's kernel, d = 64 and 256 to v9's.
 #include "common/cuda/check.cuh"
 #include "common/cuda/cp_async.cuh"
 #include "common/cuda/fast_math.cuh"
@@ -33,16 +40,17 @@
 #include "common/online_softmax.hpp"
 #include "fa2_kernels.cuh"
 
-namespace attn::ch04::v9 {
+namespace attn::ch04::final_fwd {
 namespace {
 using namespace attn::cuda;
 
-/// Tile shapes of one configuration.
+/// One row of the configuration table.
 ///   Br = kWarps * 16 * MT query rows per thread block (warp w owns rows [w*16*MT, (w+1)*16*MT))
-///   Bc keys per K/V tile; D head dim.
-template <int D_, int kWarps_, int MT_, int Bc_>
+///   Bc keys per K/V tile; D head dim; kSmemO: O leaves through shared memory (else from registers).
+template <int D_, int kWarps_, int MT_, int Bc_, bool kSmemO_>
 struct Cfg {
   static constexpr int D = D_, kWarps = kWarps_, MT = MT_, Bc = Bc_;
+  static constexpr bool kSmemO = kSmemO_;
   static constexpr int Br = kWarps * 16 * MT;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kChunks = D / 8;  // 16-byte chunks per row of a tile
@@ -55,7 +63,7 @@ template <class T, class C>
 __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
   constexpr int D = C::D, MT = C::MT, Bc = C::Bc, Br = C::Br, NT = C::NT, DT = C::DT, KC = C::kChunks;
   extern __shared__ __align__(128) unsigned char smem[];
-  T* sQ = reinterpret_cast<T*>(smem);  // [Br][D]  Q_i, later O_i on its way out
+  T* sQ = reinterpret_cast<T*>(smem);  // [Br][D]  Q_i (with kSmemO, later O_i on its way out)
   T* sK = sQ + Br * D;                 // [Bc][D]  K_j
   T* sV = sK + Bc * D;                 // [Bc][D]  V_j
 
@@ -215,33 +223,54 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
   }
   cp_async_wait<0>();
 
-  // Epilogue: l_i = quad sum of the partial sums; O_i / l_i staged in sQ (swizzled, as Q
-  // was), then written out 16 bytes at a time; LSE_i = (m_i + log2 l_i) * ln 2.
-  __syncthreads();  // every warp is done reading sQ (its Q fragments)
+  if constexpr (C::kSmemO) {
+    // Epilogue: l_i = quad sum of the partial sums; O_i / l_i staged in sQ (swizzled, as Q
+    // was), then written out 16 bytes at a time; LSE_i = (m_i + log2 l_i) * ln 2.
+    __syncthreads();  // every warp is done reading sQ (its Q fragments)
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float lsum = l[mt][r];
-      lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
-      lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
-      const float inv = lsum > 0.f ? 1.f / lsum : 0.f;  // an empty row's output is 0
-      const int r_tile = wrow + mt * 16 + g + r * 8;
+      for (int r = 0; r < 2; ++r) {
+        float lsum = l[mt][r];
+        lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
+        lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
+        const float inv = lsum > 0.f ? 1.f / lsum : 0.f;  // an empty row's output is 0
+        const int r_tile = wrow + mt * 16 + g + r * 8;
 #pragma unroll
-      for (int dt = 0; dt < DT; ++dt)
-        *reinterpret_cast<uint32_t*>(sQ + swizzle<KC>(r_tile, dt) * 8 + 2 * t) =
-            pack2<T>(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
-      const int row = row0 + r_tile;
-      if (t == 0 && row < p.nq) LSE[row] = lsum > 0.f ? Base2::lse(m[mt][r], lsum) : neg_inf<float>();
+        for (int dt = 0; dt < DT; ++dt)
+          *reinterpret_cast<uint32_t*>(sQ + swizzle<KC>(r_tile, dt) * 8 + 2 * t) =
+              pack2<T>(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
+        const int row = row0 + r_tile;
+        if (t == 0 && row < p.nq) LSE[row] = lsum > 0.f ? Base2::lse(m[mt][r], lsum) : neg_inf<float>();
+      }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < Br * KC / C::kThreads; ++k) {
+      const int idx = threadIdx.x + k * C::kThreads;
+      const int r = idx / KC, c = idx % KC;
+      if (row0 + r < p.nq)
+        *reinterpret_cast<uint4*>(O + std::size_t(row0 + r) * D + c * 8) =
+            *reinterpret_cast<const uint4*>(sQ + swizzle<KC>(r, c) * 8);
     }
-  __syncthreads();
+  } else {
+    // Epilogue: l_i = quad sum of the partial sums; O_i / l_i straight from the
+    // accumulators (4 bytes per store) and LSE_i = (m_i + log2 l_i) * ln 2.
 #pragma unroll
-  for (int k = 0; k < Br * KC / C::kThreads; ++k) {
-    const int idx = threadIdx.x + k * C::kThreads;
-    const int r = idx / KC, c = idx % KC;
-    if (row0 + r < p.nq)
-      *reinterpret_cast<uint4*>(O + std::size_t(row0 + r) * D + c * 8) =
-          *reinterpret_cast<const uint4*>(sQ + swizzle<KC>(r, c) * 8);
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float lsum = l[mt][r];
+        lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
+        lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
+        const float inv = lsum > 0.f ? 1.f / lsum : 0.f;  // an empty row's output is 0
+        const int row = row0 + wrow + mt * 16 + g + r * 8;
+        if (row >= p.nq) continue;
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt)
+          *reinterpret_cast<uint32_t*>(O + std::size_t(row) * D + dt * 8 + 2 * t) =
+              pack2<T>(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
+        if (t == 0) LSE[row] = lsum > 0.f ? Base2::lse(m[mt][r], lsum) : neg_inf<float>();
+      }
   }
 }
 
@@ -259,9 +288,10 @@ void launch_cfg(const FwdParams& p, cudaStream_t s) {
 template <class T>
 bool launch_dtype(const FwdParams& p, cudaStream_t s) {
   switch (p.d) {
-    case 64: launch_cfg<T, Cfg<64, 4, 2, 128>>(p, s); return true;    // Br 128, Bc 128, 48 KB smem (NOTES.md)
-    case 128: launch_cfg<T, Cfg<128, 4, 2, 64>>(p, s); return true;   // Br 128, Bc 64, 64 KB smem
-    case 256: launch_cfg<T, Cfg<256, 8, 1, 64>>(p, s); return true;   // Br 128, Bc 64, 128 KB smem
+    //                         D    warps  MT  Bc   kSmemO
+    case 64: launch_cfg<T, Cfg<64,  4,     2,  128, true>>(p, s); return true;    // v9's row: 48 KB smem
+    case 128: launch_cfg<T, Cfg<128, 4,    2,  64,  false>>(p, s); return true;   // v7's row: 64 KB smem
+    case 256: launch_cfg<T, Cfg<256, 8,    1,  64,  true>>(p, s); return true;    // v9's row: 128 KB smem
     default: return false;
   }
 }
@@ -274,4 +304,4 @@ bool launch(const FwdParams& p, DType t, cudaStream_t s) {
   return false;
 }
 
-}  // namespace attn::ch04::v9
+}  // namespace attn::ch04::final_fwd
