@@ -45,13 +45,13 @@ enum class TileMask { skip, full, partial };
 /// The causal rule of one problem (nq queries, nk keys), bottom-right aligned: the
 /// one implementation the free functions below use.
 ///
-/// **In tensor-core kernels** (chapter 04's steps 2-9 and backward, and the kernels
+/// **In tensor-core kernels** (chapter 04's steps 2-9, its final kernel and backward, and the kernels
 /// derived from them) the rule is written as `const int diag = causal_diag(nq, nk);`
 /// once, then `key > row + diag` (masked) inline. The same arithmetic through this
 /// struct or through a helper call compiled to other machine code at 255 registers:
 /// ptxas allocated differently and spilled more (chapter 04's backward at d = 128:
-/// 24 bytes spilled per thread instead of 4; NOTES.md, 2026-12-01), while the inline
-/// form compiles to the landed kernels' code.
+/// 24 bytes spilled per thread instead of 4; chapter 04's LAB.md), while the inline
+/// form keeps the kernels' code as it was measured.
 struct CausalMask {
   int nq, nk;
   int diag;  ///< query i sees keys j <= i + diag; diag = nk - nq

@@ -501,8 +501,9 @@ def mainpage(pages, chaps, diffs_by_chapter=None):
               '- \\subpage cheatsheet "Which kernel when", the cheat sheet.',
               '- \\subpage api "API reference of common/": the problem, the reference, the acceptance rule, '
               'the online-softmax state, the traffic model, the CLI and the CUDA primitives.',
-              '- The project\'s README, DEVELOPERS.md (conventions, the acceptance rule) and NOTES.md '
-              '(the measurement log) are in the page list.', '']
+              '- The project\'s README and DEVELOPERS.md (conventions, the acceptance rule) are in the '
+              'page list; each chapter\'s lab (LAB.md: its experiments, predictions and outcomes) is linked '
+              'from its chapter.', '']
     write(os.path.join(pages, 'mainpage.md'), '\n'.join(lines) + '\n')
 
 
