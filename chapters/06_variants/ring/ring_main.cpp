@@ -58,6 +58,9 @@ int print_precision(const Problem& base) {
   return 0;
 }
 
+/// The key tile run_faulty() is given (the ring's faults, last-batch and wrong-kv-head, do not use it).
+constexpr int kFaultKeyTile = 64;
+
 }  // namespace
 
 int ring_main(int argc, char** argv) {
@@ -73,6 +76,7 @@ int ring_main(int argc, char** argv) {
           "ring attention: K/V shards rotate over P ranks; partials merge with the LSE form of ⊕.\n"
           "  --timeline FILE  GPU backends: write the timeline of one timed ring as an SVG");
   cli.defaults(defaults).head_dims({32, 64, 128}).dtypes({DType::bf16, DType::f16});
+  cli.faults({Fault::last_batch, Fault::wrong_kv_head});
   int ranks = 4;
   std::string layout_s = "zigzag", backend_s = "threads", timeline;
   bool no_backward = false, table = false, precision = false, no_decode = false, no_causal = false,
@@ -161,7 +165,10 @@ int ring_main(int argc, char** argv) {
       RingOptions ro;
       ro.layout = layout;
       ro.ranks = ranks;
-      const RingForwardResult f = ring_forward_cpu(p, in, ro);
+      // --inject-fault: the forward runs as a faulty launch (the backward then reads its O and LSE).
+      const RingForwardResult f = run_faulty(opt.fault, p, in, kFaultKeyTile, [&](const Problem& fp, const AttnInputs& fin) {
+        return ring_forward_cpu(fp, fin, ro);
+      });
       ResultRow row;
       row.impl = "ring forward (" + tag + ")";
       row.device = "cpu";
@@ -172,6 +179,7 @@ int ring_main(int argc, char** argv) {
                  std::to_string(f.stats.pairs_skipped) + " skipped; busiest rank " +
                  fmt("%.2f", double(*hi) / std::max(1.0, double(*lo))) + "x the least busy; " +
                  fmt("%.1f", f.stats.bytes_sent / 1e6) + " MB through the mailboxes";
+      if (opt.fault != Fault::none) row.note = fault_note(opt.fault) + "; " + row.note;
       rep.rows.push_back(row);
       if (with_backward) {
         const RingBackwardResult b = ring_backward_cpu(p, in, f.o, f.lse, ro);
@@ -194,7 +202,13 @@ int ring_main(int argc, char** argv) {
       go.serial_ranks = serial_ranks;
       const std::string why = ring_gpu_unsupported(p, with_backward);
       if (!why.empty()) throw UsageError("the GPU ring does not run this problem: " + why);
-      const GpuRingResult g = ring_gpu(p, in, go);
+      GpuRingResult g = run_faulty(opt.fault, p, in, kFaultKeyTile, [&](const Problem& fp, const AttnInputs& fin) {
+        return ring_gpu(fp, fin, go);
+      });
+      // A faulty launch's gradients, as p's buffers would hold them (last-batch: zeros).
+      g.dq.resize(p.q_elems(), 0.0f);
+      g.dk.resize(p.k_elems(), 0.0f);
+      g.dv.resize(p.v_elems(), 0.0f);
       ResultRow row;
       row.impl = "ring forward (" + tag + ")";
       row.device = "cuda";
@@ -206,6 +220,7 @@ int ring_main(int argc, char** argv) {
                    fmt("%.1f", g.copy_ms > 0 ? 100.0 * g.hidden_copy_ms / g.copy_ms : 100.0) +
                    "% hidden behind compute";
       }
+      if (opt.fault != Fault::none) row.note = fault_note(opt.fault) + (row.note.empty() ? "" : "; " + row.note);
       rep.rows.push_back(row);
       if (with_backward) {
         ResultRow br;
