@@ -65,17 +65,18 @@ def short_commit(head):
 
 
 def commit_text(run):
-    """"commit 09430b9 with uncommitted changes" (git_dirty), "commit 09430b9, clean tree", from the
+    """"commit 09430b9 (uncommitted changes)" (git_dirty), "commit 09430b9 (clean tree)", from the
     run's git_head and git_dirty ("" without a git_head). A run on a machine that got a copy of the
-    tree (BENCH_COMMIT, run.commit) names that commit: its own git state is not the tree's."""
+    tree (BENCH_COMMIT, run.commit) names that commit: its own git state is not the tree's, and the
+    copy is the committed tree, clean by construction."""
     if run.get("commit"):
-        return "commit %s (the committed tree, copied to the GPU machine)" % short_commit(run["commit"])
+        return "commit %s (clean tree: the committed tree, copied to the GPU machine)" % short_commit(run["commit"])
     head = short_commit(run.get("git_head"))
     if not head:
         return ""
     dirty = run.get("git_dirty")
-    return "commit %s%s" % (head, " with uncommitted changes" if dirty else ", clean tree" if dirty is False
-                            else " (tree state not recorded)")
+    return "commit %s (%s)" % (head, "uncommitted changes" if dirty else "clean tree" if dirty is False
+                               else "tree state not recorded")
 
 
 def run_line(res):

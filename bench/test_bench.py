@@ -724,16 +724,18 @@ class Provenance(unittest.TestCase):
         # a run on a copy of a committed tree (BENCH_COMMIT) names that commit, whatever its .git said
         res["run"].update(commit="0000000", git_head="09430b9", git_dirty=True)
         line = bench_readme.provenance(res, os.path.join(HERE, "recorded", "x.json"))
-        self.assertIn("at commit 0000000 (the committed tree, copied to the GPU machine)", line)
+        self.assertIn("at commit 0000000 (clean tree: the committed tree, copied to the GPU machine)", line)
         self.assertNotIn("09430b9", line)
         del res["run"]["commit"]
         line = bench_readme.provenance(res, os.path.join(HERE, "recorded", "x.json"))
-        for want in ("Fixture GPU (not a measurement)", "2026-01-01", "commit 09430b9 with uncommitted changes"):
+        for want in ("Fixture GPU (not a measurement)", "2026-01-01", "commit 09430b9 (uncommitted changes)"):
             self.assertIn(want, line)
         res["run"].update(git_head="0123456789abcdef0123456789abcdef01234567", git_dirty=False)
         line = bench_readme.provenance(res, os.path.join(HERE, "recorded", "x.json"))
-        self.assertIn("commit 0123456, clean tree", line)
-        self.assertIn("commit 0123456, clean tree", bench_report.run_line(res))
+        self.assertIn("at commit 0123456 (clean tree)", line)
+        self.assertIn("commit 0123456 (clean tree)", bench_report.run_line(res))
+        res["run"]["git_dirty"] = None
+        self.assertIn("commit 0123456 (tree state not recorded)", bench_readme.provenance(res, os.path.join(HERE, "recorded", "x.json")))
         del res["run"]["git_head"]
         self.assertIn("commit not recorded", bench_readme.provenance(res, os.path.join(HERE, "recorded", "x.json")))
 
