@@ -7,7 +7,8 @@
     python3 bench/ch04_fa2.py --no-backward    # forward only
     python3 bench/ch04_fa2.py --json out.json  # also copy the run's results.json there
 
-Every step of ch04_fa2 and its backward, each checked against the fp64 reference before it is
+The main path of ch04_fa2 (v1-v6 and the final kernel; with --lab the lab's v7-v9 too, from a
+build with -DTUTORIAL_LAB=ON) and its backward, each checked against the fp64 reference before it is
 timed, at the FlashAttention papers' shapes (B*N = 16K tokens, H*d = 2048), next to PyTorch
 SDPA's flash, cuDNN and efficient backends, FlexAttention and FlashAttention-4 where
 importable, with the ceilings of the same run. The binary comes from build/bin, or from the
