@@ -121,13 +121,17 @@ TEST_CASE("the final kernels' rows by sequence length: each side of the switch, 
     check_step(Step::final_fp8, shape().heads(2, 1).n(300, nk).d(256).causal().dtype(DType::bf16));
     check_step(Step::final_fp8, shape().heads(2).n(nk, nk).d(256).causal().dtype(DType::bf16), Dist::mean_shifted);
   }
-  // final, d = 128 causal: v31's row below 8K keys, v30's (blocks of 176) from 8K on.
+  // final, d = 128, either mask: blocks of 128 below 8K keys (v31's grid when causal), of 176 from 8K on.
   for (int nk : {8191, 8192, 8300}) {
     CAPTURE(nk);
     check_step(Step::final_fwd, shape().heads(2, 1).n(100, nk).d(128).causal().dtype(DType::bf16));
     check_step(Step::final_fwd, shape().heads(2).n(300, nk).d(128).causal().dtype(DType::f16), Dist::outliers);
+    check_step(Step::final_fwd, shape().heads(2, 1).n(130, nk).d(128).dtype(DType::bf16), Dist::mean_shifted);
+    check_step(Step::final_fwd, shape().batch(2).heads(2).n(nk, nk).d(128).dtype(DType::f16), Dist::outliers);
   }
   check_repeatable(Step::final_fwd, shape().heads(2).n(600, 8300).d(128).causal().dtype(DType::bf16));
+  check_repeatable(Step::final_fwd, shape().heads(2).n(600, 8300).d(128).dtype(DType::bf16));
+  check_repeatable(Step::final_fwd, shape().heads(2).n(600, 1000).d(256).dtype(DType::bf16));
   check_repeatable(Step::final_fp8, shape().heads(2).n(600, 1000).d(128).dtype(DType::bf16));
   check_repeatable(Step::final_fp8, shape().heads(2).n(600, 2000).d(256).causal().dtype(DType::bf16));
 }

@@ -5,8 +5,9 @@
 // softmax of S_{j-1}, masked blocks first, persistent blocks), but what the lab measured
 // after v8, one idea at a time, is now a column of one table, Config<D, kCausal> (below).
 // d = 128 and 256 take v23's row (two consumers, wide key blocks, reductions in chains),
-// except d = 128 causal, which takes v31's (v6's grid and key block); d = 64 takes v28's
-// (three consumers, tiles on demand, every exponential on MUFU). Every function
+// except that d = 128 causal runs on v31's grid, d = 128 below 8K keys takes v8's key
+// block of 128 and d = 256 not causal keeps v18's single chain; d = 64 takes v28's (three
+// consumers, tiles on demand, every exponential on MUFU). Every function
 // reads its choices from the table, and where the code differs between two choices an
 // `if constexpr` on the column says so. A column a line: the idea, and the lab steps that
 // measured it:
@@ -26,8 +27,10 @@
 // launched the longest-first list as a grid instead).
 //
 // One head dim and mask may have two rows, one for short and one for long sequences: d = 128
-// causal takes v31's row below 8K keys and v30's (blocks of 176) from 8K on, the launcher
-// choosing by Nk (kLongKeys), as FA3's launch heuristics choose their tiles.
+// takes blocks of 128 keys below 8K keys (v8's, and v31's on the causal grid) and of 176 from
+// 8K on (v10's, v30's), the launcher choosing by Nk (kLongKeys), as FA3's launch heuristics
+// choose their tiles. Below 8K keys a block of 176 leaves its last block partly empty in more
+// of the few blocks a row has (N = 512: three blocks for 512 keys), which v8 measured.
 //
 // Not in the table, because every row takes it: each wgmma's descriptor is its tile's base
 // plus a constant, built once a tile and moved by addition (v23, v25). And the two consumer
@@ -89,16 +92,18 @@ template <int D, bool kCausal, bool kLong = false> struct Config;
 // A head dim and mask may have a second row for long sequences: a problem of at least
 // kLongKeys<D, kCausal> keys takes Config<D, kCausal, true> (0: one row at every length).
 template <int D, bool kCausal> constexpr int kLongKeys = 0;
-template <> constexpr int kLongKeys<128, true> = 8192;  // from 8K keys v30's blocks of 176 win
+template <> constexpr int kLongKeys<128, false> = 8192;  // from 8K keys blocks of 176 win (v10), below them v8's 128
+template <> constexpr int kLongKeys<128, true> = 8192;   // from 8K keys v30's blocks of 176 win, below them v31's 128
 template <int D, bool kCausal> struct Config<D, kCausal, true> : Config<D, kCausal, false> {};
 //                                          consumers   Br   Bc  stages  exp  chains     regs    schedule
 template <> struct Config<64, false>  : Row<        3, 192, 128,      4,   0,      1,   24, 160, Schedule::kDynamic> {};
 template <> struct Config<64, true>   : Row<        3, 192, 128,      4,   0,      1,   24, 160, Schedule::kDynamic> {};
-template <> struct Config<128, false> : Row<        2, 128, 176,      2,   0,      4,   24, 240, Schedule::kPersistent> {};
+template <> struct Config<128, false> : Row<        2, 128, 128,      2,   0,      4,   24, 240, Schedule::kPersistent> {};
 template <> struct Config<128, true>  : Row<        2, 128, 128,      2,   0,      4,   24, 240, Schedule::kGrid> {};
-// the long row of d = 128 causal (from kLongKeys<128, true> keys on): v30's block of 176
+// the long rows of d = 128 (from kLongKeys<128, kCausal> keys on): blocks of 176
+template <> struct Config<128, false, true> : Row<  2, 128, 176,      2,   0,      4,   24, 240, Schedule::kPersistent> {};
 template <> struct Config<128, true, true> : Row<   2, 128, 176,      2,   0,      4,   24, 240, Schedule::kGrid> {};
-template <> struct Config<256, false> : Row<        2, 128,  80,      2,   0,      4,   24, 240, Schedule::kPersistent> {};
+template <> struct Config<256, false> : Row<        2, 128,  80,      2,   0,      1,   24, 240, Schedule::kPersistent> {};
 template <> struct Config<256, true>  : Row<        2, 128,  80,      2,   0,      4,   24, 240, Schedule::kPersistent> {};
 constexpr int kExpDegree = 4;    // exp2_fma's polynomial, where kExpEvery > 0
 constexpr int kTurnBarrier = 1;  // named barriers 1, 2 (and 3): consumer 0's, 1's (and 2's) turn (0 is __syncthreads)
