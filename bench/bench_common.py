@@ -42,6 +42,8 @@ MAIN_PATH = {
     "04": {"fwd": ["v1", "v2", "v3", "v4", "v5", "v6", "final"]},  # chapter 04: v7-v9 are its lab
     "05": {"fwd": ["v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "final", "final-fp8"],
            "bwd": ["b1", "b2", "b5", "b6", "b10", "b11", "final"]},
+    # chapter 07: the decode steps of the main path (bf16 and the 8-bit cache); v8, v10 and v13 are its lab
+    "07": {"decode": ["v1", "v2", "v3", "v4", "v5", "v6", "v7", "v9", "v12", "v14"]},
 }
 # The kernel that stands for a chapter in the lineage when a run has it (else its fastest kernel).
 FINAL_KERNEL = {"04": "ch04 final forward", "05": "ch05 final forward"}
@@ -56,6 +58,7 @@ LAB_PARENTS = {
            "v30": "final", "v31": "v30",
            "b3": "b2", "b4": "b3", "b7": "b6", "b8": "b6", "b9": "b8", "b12": "b11", "b13": "b11", "b14": "b13",
            "b15": "b13"},
+    "07": {"v8": "v7", "v10": "v9", "v13": "v10"},
 }
 
 

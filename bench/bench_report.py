@@ -316,18 +316,20 @@ def lineage_table(res, rows):
                      "best / best peer", "failed its check"], body)
 
 
-def decode_table(res, rows):
+def decode_table(res, rows, which="main"):
+    """Chapter 07's decode table: the main path's steps ("main", with the peers) or the lab's ("lab")."""
+    kernels = chapter_kernels(rows, "07", "decode", which)
     cfgs = []
     for r in rows:
-        if r.get("pass") == "decode" and r.get("kind") == "ours" and r.get("B") and shape_key(r) not in cfgs:
+        if r.get("pass") == "decode" and r.get("kind") == "ours" and r.get("B") and shape_key(r) not in cfgs \
+                and r["kernel"] in kernels:
             cfgs.append(shape_key(r))
     if not cfgs:
         return None
     by = {(shape_key(r), r["kernel"]): r for r in rows}
-    kernels = chapter_kernels(rows, "07", "decode")
     with_kv = any(k[9] for k in cfgs)  # 8-bit caches: a column says which format the row reads
     head = ["B", "L", "Hq/Hkv", "page"] + (["KV"] if with_kv else []) + [k[5:] for k in kernels] + \
-           [PEER_LABEL[p] for p in DECODE_PEERS] + ["chosen / cuDNN"]
+        ([] if which == "lab" else [PEER_LABEL[p] for p in DECODE_PEERS] + ["chosen / cuDNN"])
     body = []
     for key in cfgs:
         ours = [by.get((key, k)) for k in kernels]
@@ -335,6 +337,9 @@ def decode_table(res, rows):
             ([(key[9] or "bf16").replace("KV ", "")] if with_kv else []) + \
             [fmt_speed(r) + (" S=%d" % r["splits"] if r is not None and speed(r) and (r.get("splits") or 1) > 1
                              else "") for r in ours]
+        if which == "lab":
+            body.append(cells)
+            continue
         for p in DECODE_PEERS:
             cells.append(peer_cell(res, by, key, p, True) if key[8] == 16 and not key[9] else "-")
         chosen = [r for r in ours if r and r.get("chosen") and "paged" in r["kernel"]]
@@ -541,6 +546,11 @@ def markdown(res, lab=None):
         out.append(section("ch07-decode", "Chapter 07: paged decode (KV GB/s)", t,
                            "Bytes of every cached key and value over the median time; d = 128; S: the key "
                            "splits a kernel used; chosen: the kernel the split heuristic picks. Peers read contiguous bf16 K/V (page 16 rows only)."))
+    t = decode_table(res, rows, "lab")  # the sweep runs the lab's decode steps too: their table whenever they ran
+    if t:
+        out.append(section("ch07-decode-lab", "Chapter 07's lab: decode (KV GB/s)", t,
+                           "The lab's decode steps (chapter 07's LAB.md): KV GB/s (share of the read ceiling) and S, the key splits, "
+                           "as in the ch07-decode table."))
     notes = res.get("notes") or []
     if notes:
         out += ["### Notes", ""] + ["- " + n for n in notes] + [""]

@@ -23,6 +23,11 @@ at batch 8 x 32K and 1 x 64K) and prints tokens per second and each format's rat
 Both print markdown with the GPU, the date, the versions and the command. `--since vN`
 passes through to the binary: only kernel vN and the later steps run (and are timed).
 
+    python3 bench/ch07_decode.py --lab [...]
+
+The main path's steps by default; `--lab` adds the lab's (v8, v10, v13: steps/lab/, LAB.md), from a
+build configured with -DTUTORIAL_LAB=ON (./tutorial bench --lab builds one).
+
     python3 bench/ch07_decode.py --focus readme --binary B/bin/ch07_paged_radix [--since v5] [--chain R]
 
 The README's four tables from one invocation: the accuracy table (`decode --accuracy`, the CPU
@@ -44,6 +49,8 @@ def focus(kind, binary, since=None, chain=8):
         cmd += ["--chain", str(chain)]  # v12 and later also timed as `chain` steps back to back
     if since:
         cmd += ["--since", since]
+    if "--lab" in sys.argv[1:]:
+        cmd += ["--lab"]  # the lab's steps too (a build configured with -DTUTORIAL_LAB=ON)
     r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
     try:
         rep = json.loads(r.stdout)

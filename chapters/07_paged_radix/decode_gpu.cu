@@ -210,10 +210,12 @@ struct GpuDecoder::Impl {
           if constexpr (kv_quantised(std::decay_t<decltype(kv)>::kDtype)) {
             if (kernel == DecodeKernel::v6) return gpu::v6::launch<D>(p, kv, b.batch(), b.kv_heads);
             if (kernel == DecodeKernel::v7) return gpu::v7::launch<D>(p, kv, code_maps(), b.batch(), b.kv_heads);
-            if (kernel == DecodeKernel::v8) return gpu::v8::launch<D>(p, kv, code_maps(), b.batch(), b.kv_heads);
             if (kernel == DecodeKernel::v9) return gpu::v9::launch<D>(p, kv, code_maps(), b.batch(), b.kv_heads);
+#if TUTORIAL_LAB
+            if (kernel == DecodeKernel::v8) return gpu::v8::launch<D>(p, kv, code_maps(), b.batch(), b.kv_heads);
             if (kernel == DecodeKernel::v10) return gpu::v10::launch<D>(p, kv, code_maps(), b.batch(), b.kv_heads);
             if (kernel == DecodeKernel::v13) return gpu::v13::launch<D>(p, kv, code_maps(), b.batch(), b.kv_heads);
+#endif
           }
         }
         if (kernel == DecodeKernel::v3) gpu::v3::launch<D>(p, kv, b.batch(), b.kv_heads);
@@ -238,6 +240,9 @@ struct GpuDecoder::Impl {
 
   void prepare(DecodeKernel kernel, int splits, KvLayout layout) {
     if (splits < 1) throw UsageError("the split count must be >= 1");
+    if (kernel_in_lab(kernel) && !TUTORIAL_LAB)
+      throw UsageError(std::string(kernel_name(kernel)) +
+                       " is a lab step, and this build has no lab (configure with -DTUTORIAL_LAB=ON)");
     if (kernel_needs_hopper(kernel)) {
       std::string why;
       const auto dev = query_device(&why);

@@ -22,6 +22,11 @@ const char* layout_name(KvLayout l);
 /// (v11, a stage refilled without a proxy fence, raced and was removed; v13 is its fenced form.)
 enum class DecodeKernel { v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v12, v13, v14 };  ///< v4, v5: paged K/V only; v6-v10, v13: 8-bit pages only; v12, v14: bf16 pages only
 const char* kernel_name(DecodeKernel k);
+/// v8, v10 and v13 are the chapter's lab (steps/lab/, LAB.md): built only when the chapter is
+/// configured with -DTUTORIAL_LAB=ON (TUTORIAL_LAB), and run by `decode --lab`.
+inline bool kernel_in_lab(DecodeKernel k) {
+  return k == DecodeKernel::v8 || k == DecodeKernel::v10 || k == DecodeKernel::v13;
+}
 /// v7-v10 and v13 (TMA page copies, mbarriers) and v14 (programmatic dependent launch) are
 /// built for sm_90a alone: on another GPU their rows are skipped, in one line.
 bool kernel_needs_hopper(DecodeKernel k);

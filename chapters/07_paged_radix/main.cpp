@@ -183,13 +183,15 @@ int run_paged(int argc, char** argv, bool tour, bool dry = false) {
 struct DecodeOptions {
   int page_size = 16, shared_prefix = 0, splits = 0, sms = 0, chain = 0;
   std::string lengths = "ragged", kv_dtype = "bf16", sweep_set = "all", since = "v1";
-  bool sweep = false, accuracy = false, untimed = false;
+  bool sweep = false, accuracy = false, untimed = false, lab = false;
 };
 
 #if TUTORIAL_HAVE_CUDA
-/// `--since vN`: the GPU runs keep kernel vN and the steps after it (v1 by default: every one).
-bool kernel_kept(const std::string& since, DecodeKernel k) {
-  return std::stoi(std::string(kernel_name(k)).substr(1)) >= std::stoi(since.substr(1));
+/// `--since vN`: the GPU runs keep kernel vN and the steps after it (v1 by default: every one);
+/// the lab's steps (kernel_in_lab()) only with `--lab`.
+bool kernel_kept(const DecodeOptions& dopt, DecodeKernel k) {
+  if (kernel_in_lab(k) && !dopt.lab) return false;
+  return std::stoi(std::string(kernel_name(k)).substr(1)) >= std::stoi(dopt.since.substr(1));
 }
 #endif
 
@@ -307,7 +309,7 @@ int run_sweep(const Options& opt, const DecodeOptions& dopt, const DeviceInfo& d
       said = said || !skipped.empty();
     }
     for (const Run& r : runs) {
-      if (!kernel_kept(dopt.since, r.kernel)) continue;
+      if (!kernel_kept(dopt, r.kernel)) continue;
       SweepRun x;
       x.kernel = kernel_name(r.kernel);
       x.layout = layout_name(r.layout);
@@ -424,6 +426,9 @@ int run_decode(int argc, char** argv, bool dry = false) {
               "also time v12 and later as R steps launched back to back (the time per step; v14 overlaps each "
               "step with the one before; 0: not timed)", 0, 64);
   cli.add_flag("--untimed", &dopt.untimed, "run and check each GPU kernel once, without timing it (for a profiler)");
+  cli.add_flag("--lab", &dopt.lab,
+               "also run the lab's steps (v8, v10, v13: steps/lab/, LAB.md); needs a build configured with "
+               "-DTUTORIAL_LAB=ON");
   cli.add_flag("--accuracy", &dopt.accuracy,
                "the accuracy table of the 8-bit caches against bf16 and fp64 (CPU model; any machine)");
   return run_chapter(argc, argv, cli, [&](const Options& opt) {
@@ -437,6 +442,8 @@ int run_decode(int argc, char** argv, bool dry = false) {
     parse_kv_dtype(dopt.kv_dtype, &kv_dtype);
     if (kv_quantised(kv_dtype) && p0.d != 128)
       throw UsageError("--kv-dtype " + dopt.kv_dtype + " is built for --d 128 (the 8-bit kernels' one head dim)");
+    if (dopt.lab && !TUTORIAL_LAB)
+      throw UsageError("--lab: this build has no lab steps (configure with -DTUTORIAL_LAB=ON)");
     if (dopt.accuracy && dopt.sweep) throw UsageError("--accuracy and --sweep are two different tables: pick one");
     if (dry) return 0;
     if (dopt.accuracy) {
@@ -559,7 +566,7 @@ int run_decode(int argc, char** argv, bool dry = false) {
       }
       std::unique_ptr<GpuDecoder> gpu_fault;  // --inject-fault: the faulty batch, uploaded once
       for (const Run& r : runs) {
-        if (!kernel_kept(dopt.since, r.kernel)) continue;
+        if (!kernel_kept(dopt, r.kernel)) continue;
         ResultRow row;
         row.impl = r.name;
         row.device = "cuda";

@@ -51,6 +51,7 @@ void check_kernels(const DecodeBatch& b, const std::vector<int>& splits, Dist di
         if (eight_bit_only && !kv_quantised(b.kv_dtype)) continue;
         if ((k == DecodeKernel::v12 || k == DecodeKernel::v14) && kv_quantised(b.kv_dtype)) continue;  // bf16 pages only
         if (kernel_needs_hopper(k) && !testing_support::on_hopper()) continue;  // their own cases skip off Hopper
+        if (kernel_in_lab(k) && !TUTORIAL_LAB) continue;  // the lab's steps: built with -DTUTORIAL_LAB=ON only
         CAPTURE(layout_name(layout));
         CAPTURE(kernel_name(k));
         CAPTURE(s);
@@ -284,6 +285,7 @@ TEST_CASE("v7-v10, v13 (8-bit pages by TMA): page sizes 8, 16, 64, 256, ragged l
   GpuDecoder gpu(b, q, KvContents{41, Dist::normal, nullptr});
   const GpuDecodeOutput v6 = gpu.run(DecodeKernel::v6, 9, KvLayout::paged);
   for (DecodeKernel k : {DecodeKernel::v7, DecodeKernel::v8}) {
+    if (kernel_in_lab(k) && !TUTORIAL_LAB) continue;
     CAPTURE(kernel_name(k));
     for (int rep = 0; rep < 3; ++rep) {
       const GpuDecodeOutput out = gpu.run(k, 9, KvLayout::paged);
@@ -298,8 +300,11 @@ TEST_CASE("v7-v10, v13 (8-bit pages by TMA): page sizes 8, 16, 64, 256, ragged l
   // after timed steps (the arrival counters and mbarrier phases start afresh).
   const GpuDecodeOutput v9 = gpu.run(DecodeKernel::v9, 9, KvLayout::paged);
   CHECK(gpu.time_ms(DecodeKernel::v9, 9, KvLayout::paged) > 0);
+#if TUTORIAL_LAB
   CHECK(gpu.time_ms(DecodeKernel::v10, 9, KvLayout::paged) > 0);
+#endif
   for (DecodeKernel k : {DecodeKernel::v9, DecodeKernel::v10}) {
+    if (kernel_in_lab(k) && !TUTORIAL_LAB) continue;
     CAPTURE(kernel_name(k));
     const GpuDecodeOutput out = gpu.run(k, 9, KvLayout::paged);
     CHECK(out.o == v9.o);
@@ -316,6 +321,7 @@ TEST_CASE("v7-v10, v13 (8-bit pages by TMA): page sizes 8, 16, 64, 256, ragged l
   CHECK_THROWS_AS(g4.run(DecodeKernel::v13, 2, KvLayout::paged), UsageError);
 }
 
+#if TUTORIAL_LAB  // v10 and v13 are the lab's
 TEST_CASE("v13 (a stage refilled once its codes are in registers): v10's bits in every one of many steps") {
   testing_support::require_hopper("v7-v10, v13 and v14");
   // v13 computes what v10 computes, in the same order: any difference is a stage overwritten
@@ -349,6 +355,7 @@ TEST_CASE("v13 (a stage refilled once its codes are in registers): v10's bits in
   }
 }
 
+#endif
 TEST_CASE("v12 (the merge in one round trip): equal to v5 within rounding, and its fallback for many splits") {
   // One long sequence with many splits (the one-trip path), and a group of 16 heads with
   // more splits than the stages hold (v5's path inside v12).

@@ -1,82 +1,22 @@
-// Chapter 07 - decode over a paged KV cache. The series:
+// Chapter 07 lab, decode step v8: one "empty" mbarrier per stage in place of the loop's block
+// barrier; 8-bit pages (Hopper; the chapter's LAB.md).
 //
-//   decode_tile.cuh                 what the kernels share (addressing, tile load, one warp's tile, warp merge)
-//   steps/v1_paged_decode.cu        v1: one thread block per (sequence, KV head group)
-//   steps/v2_split_k.cu             v2: split-K over the sequence, then a merge kernel (flash-decoding)
-//   steps/v3_fused_combine.cu       v3: the merge done by the last split to finish, in the same kernel
-//   steps/v4_codes_to_fragments.cu  v4: 8-bit codes straight from the stage into MMA fragments
-//   steps/v5_table_lookahead.cu     v5: block-table entries fetched ahead of the loads that need them
-//   steps/v6_lazy_rescale.cu        v6: O rescaled only when a maximum grew (8-bit)
-//   steps/v7_tma_pages.cu           v7: the 8-bit pages copied by the TMA, one page per instruction
-//   steps/v8_empty_barriers.cu      <- this file: v8, one "empty" mbarrier per stage in place of the block barrier
-//
-// v7's loop meets all four warps at a __syncthreads() once per tile: warp 0 may refill
-// the stage that tile it - 1 used only when every warp is done with it. So every warp
-// waits, every tile, for the slowest warp of the block, and the block's four dependent
-// chains (S = Q K^T, the softmax's shuffles, O += P V) run in lockstep; ncu on v7 at
-// B = 8, L = 32K (FP8) shows the issue slots 37% busy and DRAM at 63%: the warps wait.
-// What the refill needs is narrower than a block barrier: to know that the four warps
-// have read one stage. v8 gives each stage a second mbarrier, `empty`, expecting one
-// arrival per warp (common/cuda/hopper/mbarrier.cuh, the ring's producer/consumer
-// pair): a warp arrives on it (lane 0, after __syncwarp()) when its tile's fragments
-// are in registers and used, and warp 0 waits on it, with the phase bit of the stage's
-// round, before it issues that stage's next TMA copies. Warps 1-3 now wait only for
-// their own tile to land; a warp may run up to the ring's depth ahead of another.
-//
-//   iteration it:  warp 0: wait empty[(it - 1) % S] (every warp is done with tile it - 1),
-//                          then v7's refill: one TMA per box for tile it + 2, boxes of it + 3
-//                  every warp: wait full[it % S]; tile it, as in v7; arrive on empty[it % S]
-//
-// Every change from v7: the `empty` barriers (declared, initialised for kWarps arrivals),
-// warp 0's wait on them before a refill, each warp's arrival after its tile, and the loop's
-// __syncthreads() removed; issue_boxes() stores the scales before lane 0's arrival on the
-// full barrier (the block barrier used to publish them; now the barrier's phase does);
+// What changes from v7, every change: the `empty` barriers (declared, initialised for kWarps
+// arrivals), warp 0's wait on them before a refill, each warp's arrival after its tile, and
+// the loop's __syncthreads() removed; issue_boxes() stores the scales before lane 0's arrival
+// on the full barrier (the block barrier used to publish them; now the barrier's phase does);
 // the launcher's name.
 //
-// v7's header, what v8 keeps:
+// Why: v7's four warps meet at a block barrier every tile only so that warp 0 may refill the
+// stage tile it - 1 used, so every tile waits for the slowest warp. Here each stage's empty
+// barrier expects one arrival per warp, and only warp 0 waits on it, with the phase bit of the
+// stage's round, before the refill: a warp waits only for its own tile to land. The output is
+// v6's bit for bit.
 //
-// In v4-v6 every thread of a block issues the loads of a tile: 64 rows of K and of V
-// codes, 16 bytes per cp.async, four passes per thread with the address arithmetic of
-// each (the page, the row, the 64-bit offsets) and the scales' 4-byte copies, a large
-// share of the ~640 instructions each warp spends per tile, in a loop that is bound
-// by its instructions and their latencies (NOTES.md). But a page of one KV head is one contiguous run,
-// P rows of 128 bytes, and Hopper's Tensor Memory Accelerator copies such a box with
-// one instruction from one thread (common/cuda/hopper/tma.cuh, taught in chapter 05),
-// completing on a transaction mbarrier (mbarrier.cuh), and its 128-byte swizzle is the
-// stage layout v4 chose: chunk ch of row r at ch ^ (r & 7) (code_offset()).
-//
-// The pool is viewed as the 3-D tensor [page x KV head][slot][128 bytes]; a box is
-// min(P, 64) slots of one (page, KV head). Warp 0's lanes own the boxes of a tile (lane j
-// box j: four at P = 16), read their block-table entries and scales one tile ahead (v5's
-// lookahead, now per box), and issue one TMA each for K and for V; lane 0 first tells the
-// stage's mbarrier to expect the 16 KB. A box's K and V scale is one (page, KV head)
-// scale, stored once per box (the warps index it by row >> log2(box rows)). Rows past
-// the sequence's end still arrive (a box is whole): their scales are 0 and their scores
-// masked, and a box past the last page reads the last page again (the pool holds only
-// valid codes, PagePool::validate(), so 0 x code stays 0). The stage's codes must sit on
-// 1024-byte boundaries for the swizzle: the scales move to their own array after the
-// stages.
-//
-//   iteration it:  every thread waits for stage it's mbarrier phase, then the block barrier;
-//                  warp 0: expect 16 KB on stage (it - 1); one TMA per box for tile it + 2;
-//                          read the entries and scales of tile it + 3's boxes
-//                  every warp: tile it, as in v6
-//
-// A box lands at a multiple of P x 128 bytes, and a swizzled box must start on a
-// 1024-byte boundary, so v7 takes pages of 8 tokens or more (kMinPageSize; the
-// launcher's caller refuses smaller ones). The bf16 path would be v6's, so v7 is built
-// for the 8-bit caches only.
-//
-// Every change from v6: CodeMaps (the two tensor maps) and the kernel's __grid_constant__
-// parameter; BoxPages (a lane's boxes read ahead) and issue_boxes(), which replace
-// tile_pages() and load_stage() for the 8-bit stage; CodeRows' scale per box; the
-// stage layout (codes 1024-aligned, scales after the stages, one mbarrier per stage);
-// the pipeline's waits (mbarrier phases instead of cp.async groups); the launcher's
-// parameters and name.
-// Measured (NVIDIA H200, 2026-12-01, NOTES.md): FP8 at B = 8, L = 32K: 83.6 M -> 58.5 M
-// instructions (30%, about 190 per warp per tile), 0.1852 -> 0.1796 ms (1.42x bf16);
-// issue slots 37% busy, DRAM 63% of peak: what is left is waiting. Four stages instead
-// of three were measured 0.8% slower.
+// What it buys: nothing; the loop was not waiting on the warps' lockstep, and the waits and
+// arrivals add instructions (recorded H200 run, FP8, B = 8, L = 32K, GQA 32/8: 3046 GB/s
+// against v7's 3077). v9 starts again from v7.
+
 #include "common/cuda/check.cuh"
 #include "common/cuda/hopper/mbarrier.cuh"
 #include "common/cuda/hopper/tma.cuh"

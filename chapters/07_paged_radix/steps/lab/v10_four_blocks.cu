@@ -1,98 +1,19 @@
-// Chapter 07 - decode over a paged KV cache. The series:
-//
-//   decode_tile.cuh                 what the kernels share (addressing, tile load, one warp's tile, warp merge)
-//   steps/v1_paged_decode.cu        v1: one thread block per (sequence, KV head group)
-//   steps/v2_split_k.cu             v2: split-K over the sequence, then a merge kernel (flash-decoding)
-//   steps/v3_fused_combine.cu       v3: the merge done by the last split to finish, in the same kernel
-//   steps/v4_codes_to_fragments.cu  v4: 8-bit codes straight from the stage into MMA fragments
-//   steps/v5_table_lookahead.cu     v5: block-table entries fetched ahead of the loads that need them
-//   steps/v6_lazy_rescale.cu        v6: O rescaled only when a maximum grew (8-bit)
-//   steps/v7_tma_pages.cu           v7: the 8-bit pages copied by the TMA, one page per instruction
-//   steps/v8_empty_barriers.cu      v8: one "empty" mbarrier per stage in place of the block barrier (not kept: slower)
-//   steps/v9_keys_as_rows.cu        v9: S^T = K Q^T: the keys on the MMA's M side, the heads on N
-//   steps/v10_four_blocks.cu        <- this file: v10, four 8-bit blocks per SM (at most 128 registers)
-//
-// v9's loop is latency-bound with 12 warps per SM (three blocks of four): ptxas gives it
-// 140 registers, so a fourth block does not fit (4 x 128 threads x 140 > 64 K registers),
-// though its shared memory would (4 x 50.5 KB). v9 freed the registers that v5's four-block
-// form lacked (it spilled 76 bytes at 128 and ran 19% slower): v10 asks the launch bounds
-// for four blocks per SM, so ptxas keeps the 8-bit kernel within 128 registers (8 bytes
-// spilled), and an SM runs 16 warps. The split count must give the fourth block work:
-// the host's plan counts three 8-bit blocks per SM, so v10 is measured with `--splits`
-// set for four (B = 8, GQA 32/8: S = 8, 512 blocks for 528 slots).
+// Chapter 07 lab, decode step v10: four 8-bit blocks per SM, at most 128 registers (Hopper;
+// the chapter's LAB.md).
 //
 // What changes from v9, every change: kMinBlocks = 4 for an 8-bit cache; the launcher's name.
 //
-// v9's header, what v10 keeps:
+// Why: v9's loop is latency-bound with 12 warps per SM. ptxas gives it 140 registers, so a
+// fourth block does not fit (4 x 128 threads x 140 > 64 K registers), though its shared memory
+// would (4 x 50.5 KB). Launch bounds for four blocks per SM keep the 8-bit kernel within 128
+// registers (8 bytes spilled), and an SM runs 16 warps. The split plan must give the fourth
+// block work: the host plans v10 for four blocks per SM (kV10BlocksPerSm; B = 8, GQA 32/8:
+// S = 8, 512 blocks for 528 slots). The output is v9's bit for bit.
 //
-// A decode step has one query row per head: with GQA 32/8 a KV head's block has G = 4
-// query heads, and v4-v8 put them on the M side of m16n8k16 (16 rows, Q as A), so 12 of
-// every 16 rows the tensor cores multiply are zeros, and every per-row register array (S,
-// the softmax, O) is twice what 8 rows would need. v9 transposes the products: S^T = K Q^T
-// (K as A: 16 keys of the warp on M; Q^T as B: the heads on N, 8 columns) and O^T = V^T
-// P^T (V^T as A: 16 dims on M, the keys on K; P^T as B). The codes are loaded and
-// converted as in v8, the same words in the same registers, only handed to the MMA as A
-// fragments; per warp and tile the MMAs fall from 32 to 16, a lane's scores from 8 to 4,
-// its O accumulator from 64 floats to 32, and S^T's eight k-steps run as two chains of
-// four. The softmax is over S^T's columns (ColSoftmax: a max over the 8 lanes of a head,
-// xor 4, 8, 16), and P^T's C fragment becomes the B fragment of O^T by four shuffles.
-// A block takes 8 heads (kHeads; G = 16 and MQA take two or more blocks per KV head).
-//
-//   per warp, tile it:  S^T (16 keys x 8 heads) = K (16 x 128) Q^T          8 MMAs
-//                       column softmax, K and V scales on S^T's rows (the warp's two boxes)
-//                       O^T (128 dims x 8 heads) += V^T (128 x 16 keys) P^T   8 MMAs
-//
-// What changes from v7 (v8's empty barriers measured slower than v7's block barrier, so
-// v9 starts from v7's loop): WarpCodes rewritten for the transposed products (Q^T as B
-// fragments, the column softmax ColSoftmax, the four shuffles of P^T, O^T's store with the
-// dims back in order; the K and V scales per box, two per warp, so the V scales' max needs
-// no shuffles); kHeads = 8 heads per block in place of Geo::kRows = 16 (the block's first
-// head and row count; the launcher's head chunks); the launcher's name.
-//
-// v7's header, what v9 keeps:
-//
-// In v4-v6 every thread of a block issues the loads of a tile: 64 rows of K and of V
-// codes, 16 bytes per cp.async, four passes per thread with the address arithmetic of
-// each (the page, the row, the 64-bit offsets) and the scales' 4-byte copies, a large
-// share of the ~640 instructions each warp spends per tile, in a loop that is bound
-// by its instructions and their latencies (NOTES.md). But a page of one KV head is one contiguous run,
-// P rows of 128 bytes, and Hopper's Tensor Memory Accelerator copies such a box with
-// one instruction from one thread (common/cuda/hopper/tma.cuh, taught in chapter 05),
-// completing on a transaction mbarrier (mbarrier.cuh), and its 128-byte swizzle is the
-// stage layout v4 chose: chunk ch of row r at ch ^ (r & 7) (code_offset()).
-//
-// The pool is viewed as the 3-D tensor [page x KV head][slot][128 bytes]; a box is
-// min(P, 64) slots of one (page, KV head). Warp 0's lanes own the boxes of a tile (lane j
-// box j: four at P = 16), read their block-table entries and scales one tile ahead (v5's
-// lookahead, now per box), and issue one TMA each for K and for V; lane 0 first tells the
-// stage's mbarrier to expect the 16 KB. A box's K and V scale is one (page, KV head)
-// scale, stored once per box (the warps index it by row >> log2(box rows)). Rows past
-// the sequence's end still arrive (a box is whole): their scales are 0 and their scores
-// masked, and a box past the last page reads the last page again (the pool holds only
-// valid codes, PagePool::validate(), so 0 x code stays 0). The stage's codes must sit on
-// 1024-byte boundaries for the swizzle: the scales move to their own array after the
-// stages.
-//
-//   iteration it:  every thread waits for stage it's mbarrier phase, then the block barrier;
-//                  warp 0: expect 16 KB on stage (it - 1); one TMA per box for tile it + 2;
-//                          read the entries and scales of tile it + 3's boxes
-//                  every warp: tile it, as in v6
-//
-// A box lands at a multiple of P x 128 bytes, and a swizzled box must start on a
-// 1024-byte boundary, so v7 takes pages of 8 tokens or more (kMinPageSize; the
-// launcher's caller refuses smaller ones). The bf16 path would be v6's, so v7 is built
-// for the 8-bit caches only.
-//
-// Every change from v6: CodeMaps (the two tensor maps) and the kernel's __grid_constant__
-// parameter; BoxPages (a lane's boxes read ahead) and issue_boxes(), which replace
-// tile_pages() and load_stage() for the 8-bit stage; CodeRows' scale per box; the
-// stage layout (codes 1024-aligned, scales after the stages, one mbarrier per stage);
-// the pipeline's waits (mbarrier phases instead of cp.async groups); the launcher's
-// parameters and name.
-// Measured (NVIDIA H200, 2026-12-01, NOTES.md): FP8 at B = 8, L = 32K: 83.6 M -> 58.5 M
-// instructions (30%, about 190 per warp per tile), 0.1852 -> 0.1796 ms (1.42x bf16);
-// issue slots 37% busy, DRAM 63% of peak: what is left is waiting. Four stages instead
-// of three were measured 0.8% slower.
+// What it buys: more warps where a batch gives every block work (recorded H200 run, FP8,
+// B = 8, L = 32K, GQA 32/8: 3655 GB/s against v9's 3550), and shorter splits where it does not
+// (B = 1, L = 64K: 2550 against 2650).
+
 #include "common/cuda/check.cuh"
 #include "common/cuda/hopper/mbarrier.cuh"
 #include "common/cuda/hopper/tma.cuh"
