@@ -747,7 +747,14 @@ class Bench:
                 self.notes.append("ch07 decode sweep %s: the binary has no --sweep-shapes" % shapes)
                 return
             args[2:2] = ["--sweep-shapes", shapes]
+        if self.lab and "--lab" in self.bins[c].sub_flags("decode"):
+            args.append("--lab")  # chapter 07's lab steps (v8, v10, v13) join the sweep
         st, rep, msg = self.bins[c].run(args, timeout=self.a.timeout)
+        if st == "unsupported" and "--lab" in args:  # a binary built without its lab: the main path runs
+            self.notes.append("--lab: %s was built without its lab steps (configure with -DTUTORIAL_LAB=ON): "
+                              "its main path ran" % self.bins[c].path)
+            args.remove("--lab")
+            st, rep, msg = self.bins[c].run(args, timeout=self.a.timeout)
         if st != "ok" or not isinstance(rep, dict):
             self.notes.append("ch07 decode sweep%s: %s: %s" % (" " + shapes if shapes else "", st, msg))
             return
