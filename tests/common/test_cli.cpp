@@ -131,6 +131,22 @@ TEST_CASE("an integer-list option: K[,K...] in range, distinct, in order, and al
   CHECK(cli.usage().find("--step K[,K]") != std::string::npos);
 }
 
+TEST_CASE("--inject-fault: a declared fault parses, list prints the names, anything else is a usage error") {
+  Cli cli = make_cli();
+  CHECK(parse(cli, {}).fault == Fault::none);
+  bad(cli, {"--inject-fault", "last-batch"}, "no fault 'last-batch' here (none)");  // no faults declared
+  cli.faults({Fault::last_key_block, Fault::last_batch});
+  CHECK(parse(cli, {"--inject-fault", "last-batch"}).fault == Fault::last_batch);
+  CHECK(parse(cli, {"--inject-fault=last-key-block"}).fault == Fault::last_key_block);
+  bad(cli, {"--inject-fault", "stale-lse"}, "no fault 'stale-lse' here (last-key-block, last-batch)");
+  bad(cli, {"--inject-fault", "none"}, "no fault 'none'");
+  bad(cli, {"--inject-fault"}, "needs a value");
+  Args a({"--inject-fault", "list"});
+  Options o;
+  CHECK_FALSE(cli.parse(a.argc(), a.argv(), &o));  // list: printed, the caller exits 0
+  for (Fault f : all_faults()) CHECK(std::string(fault_help(f)).size() > 10);
+}
+
 TEST_CASE("memory that does not fit is a usage error") {
   CHECK_THROWS_AS(require_host_memory(1e18, "a huge problem"), UsageError);
   CHECK_NOTHROW(require_host_memory(1e3, "a tiny problem"));
