@@ -5,7 +5,8 @@
 
 namespace attn {
 TensorCheck judge_tensor(const std::string& name, const std::vector<float>& out, std::size_t expected_elems,
-                         const CheckedRows<double>& ref, const ErrorStats& naive, DType stored, bool allow_neg_inf) {
+                         const CheckedRows<double>& ref, const ErrorStats& naive, DType stored, bool allow_neg_inf,
+                         Magnitude magnitude) {
   TensorCheck t;
   t.name = name;
   t.naive = naive;
@@ -17,8 +18,8 @@ TensorCheck judge_tensor(const std::string& name, const std::vector<float>& out,
   }
   t.err = compare_rows(out.data(), ref);
   const std::size_t unwritten = count_unwritten(out.data(), out.size(), allow_neg_inf);
-  t.verdict = accept(t.err, naive, stored, unwritten);
-  if (!t.verdict.pass) t.mismatches = describe_mismatches(out.data(), ref, t.verdict.tolerance);
+  t.verdict = accept(t.err, naive, stored, unwritten, allow_neg_inf ? Magnitude::log : magnitude);
+  if (!t.verdict.pass) t.mismatches = describe_mismatches(out.data(), ref, t.verdict);
   return t;
 }
 
@@ -79,15 +80,17 @@ BackwardOracle::BackwardOracle(const Problem& p, const AttnInputs& in, BackwardP
   naive_ = naive_backward_same_precision(p_, in, plan_, mod);
   naive_dq_ = compact_error(naive_.dq, ref_.dq);
   naive_dk_ = compact_error(naive_.dk, ref_.dk);
+  naive_dq_.floor_scale = ref_.dq_unmodified_max;  // 0 without a score modifier
+  naive_dk_.floor_scale = ref_.dk_unmodified_max;
   naive_dv_ = compact_error(naive_.dv, ref_.dv);
 }
 
 CheckResult BackwardOracle::judge(const std::vector<float>& dq, const std::vector<float>& dk,
                                   const std::vector<float>& dv) const {
   CheckResult r;
-  r.tensors.push_back(judge_tensor("dQ", dq, p_.q_elems(), ref_.dq, naive_dq_, p_.dtype, false));
-  r.tensors.push_back(judge_tensor("dK", dk, p_.k_elems(), ref_.dk, naive_dk_, p_.dtype, false));
-  r.tensors.push_back(judge_tensor("dV", dv, p_.v_elems(), ref_.dv, naive_dv_, p_.dtype, false));
+  r.tensors.push_back(judge_tensor("dQ", dq, p_.q_elems(), ref_.dq, naive_dq_, p_.dtype, false, Magnitude::tensor));
+  r.tensors.push_back(judge_tensor("dK", dk, p_.k_elems(), ref_.dk, naive_dk_, p_.dtype, false, Magnitude::tensor));
+  r.tensors.push_back(judge_tensor("dV", dv, p_.v_elems(), ref_.dv, naive_dv_, p_.dtype, false, Magnitude::tensor));
   return r;
 }
 

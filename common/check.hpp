@@ -36,8 +36,11 @@ struct CheckResult {
 
 /// The verdict on one whole output tensor: size, NaN/poison over every element, and
 /// the acceptance rule on the rows `ref` covers, against the yardstick's error `naive`.
+/// `allow_neg_inf` marks the LSE: -inf allowed (empty rows), magnitude measured in log space
+/// (Magnitude::log); otherwise `magnitude` says how (Magnitude::tensor for gradients).
 TensorCheck judge_tensor(const std::string& name, const std::vector<float>& out, std::size_t expected_elems,
-                         const CheckedRows<double>& ref, const ErrorStats& naive, DType stored, bool allow_neg_inf);
+                         const CheckedRows<double>& ref, const ErrorStats& naive, DType stored, bool allow_neg_inf,
+                         Magnitude magnitude = Magnitude::row);
 
 /// The error of values stored compactly, one row after another in the order `ref`
 /// lists its rows (how the yardstick stores what it computes).

@@ -130,16 +130,11 @@ CheckPlan CheckPlan::sampled(const Problem& p, double budget_flops) {
   CheckPlan c = full(p);
   const double per_row = 2.0 * p.nk * (p.d + p.dv);
   if (per_row * double(c.heads.size()) * p.nq <= budget_flops) return c;
-  // Heads: first, last and a few evenly spaced (at most 4).
-  const int total = p.batch * p.heads;
-  const int nh = std::min(total, 4);
-  c.heads.clear();
-  for (int k = 0; k < nh; ++k) {
-    const int g = nh == 1 ? 0 : int((long(total - 1) * k) / (nh - 1));
-    c.heads.emplace_back(g / p.heads, g % p.heads);
-  }
-  // Rows: the budget split over the chosen heads, never fewer than 8.
-  const long nr = std::clamp<long>(long(budget_flops / (per_row * nh)), 8, p.nq);
+  // Every (batch, head) pair is checked, on the same rows: 0, 1, the last two, and evenly
+  // spaced ones between, as many as the budget allows over all heads, never fewer than 8
+  // a head (a problem with many heads may cost more than the budget; a head left out
+  // would be checked for NaN only).
+  const long nr = std::clamp<long>(long(budget_flops / (per_row * double(c.heads.size()))), std::min(8, p.nq), p.nq);
   std::vector<int> rows = {0, std::min(1, p.nq - 1), std::max(0, p.nq - 2), p.nq - 1};
   for (long k = 0; k < nr; ++k) rows.push_back(int((long(p.nq - 1) * k) / std::max(1L, nr - 1)));
   std::sort(rows.begin(), rows.end());
@@ -155,8 +150,9 @@ bool CheckPlan::covers_everything(const Problem& p) const {
 std::string CheckPlan::describe(const Problem& p) const {
   if (covers_everything(p)) return "all rows checked";
   std::ostringstream s;
-  s << rows.size() << " of " << p.nq << " rows in " << heads.size() << " of " << p.batch * p.heads
-    << " heads checked in fp64 (sampled); every element checked for NaN";
+  s << rows.size() << " of " << p.nq << " rows (0, 1, " << p.nq - 2 << ", " << p.nq - 1 << " and spread between) in "
+    << heads.size() << " of " << p.batch * p.heads << " (batch, head) pairs checked in fp64 (sampled); every element "
+    << "checked for NaN";
   return s.str();
 }
 
@@ -171,11 +167,14 @@ BackwardPlan BackwardPlan::sampled(const Problem& p, double budget_flops) {
   BackwardPlan c = full(p);
   const double per_group = 2.0 * 5.0 * p.nq * double(p.nk) * p.d * p.group();
   const int total = int(c.kv_groups.size());
-  const int keep = std::clamp(int(budget_flops / per_group), 1, total);
+  // The first and the last KV group and one in the middle at least (each needs all N x N
+  // pairs of its heads, so a large problem may cost more than the budget), more spread
+  // evenly between them as the budget allows.
+  const int keep = std::clamp(int(budget_flops / per_group), std::min(total, 3), total);
   if (keep == total) return c;
   BackwardPlan s;
   for (int k = 0; k < keep; ++k) {
-    const int g = keep == 1 ? 0 : int((long(total - 1) * k) / (keep - 1));
+    const int g = int((long(total - 1) * k) / (keep - 1));
     s.kv_groups.push_back(c.kv_groups[g]);
   }
   return s;
@@ -188,8 +187,10 @@ bool BackwardPlan::covers_everything(const Problem& p) const {
 std::string BackwardPlan::describe(const Problem& p) const {
   if (covers_everything(p)) return "all KV groups checked";
   std::ostringstream s;
-  s << kv_groups.size() << " of " << p.batch * p.kv_heads
-    << " KV groups checked in fp64 (sampled); every element checked for NaN";
+  s << kv_groups.size() << " of " << p.batch * p.kv_heads << " KV groups (batch, KV head) checked in fp64 (sampled: ";
+  for (std::size_t k = 0; k < kv_groups.size(); ++k)
+    s << (k ? ", " : "") << "(" << kv_groups[k].first << ", " << kv_groups[k].second << ")";
+  s << "); every element checked for NaN";
   return s.str();
 }
 
@@ -250,6 +251,11 @@ RefBackward reference_backward(const Problem& p, const AttnInputs& in, const Bac
   const int parts = std::max(1, std::min({blocks, int(std::max<std::size_t>(1, 16 / std::max<std::size_t>(1, ng))),
                                           int(std::max(1.0, 1e9 / std::max(1.0, part_bytes)))}));
   std::vector<Mat> dk_part(ng * parts), dv_part(ng * parts);
+  // With a score modifier, dQ and dK also with its derivative taken as 1: their magnitude sets
+  // the floor of the gradients' check (RefBackward::dq_unmodified_max).
+  const bool modded = mod != nullptr;
+  std::vector<Mat> dku_part(modded ? ng * parts : 0);
+  std::vector<double> dqu_max(modded ? ng * parts : 0, 0.0);
 
   parallel_for(long(ng * parts), [&](long item) {
     const std::size_t gi = std::size_t(item) / parts;
@@ -261,6 +267,7 @@ RefBackward reference_backward(const Problem& p, const AttnInputs& in, const Bac
     Mat& dv = dv_part[item];
     dk = Mat::Zero(p.nk, p.d);
     dv = Mat::Zero(p.nk, p.dv);
+    if (modded) dku_part[item] = Mat::Zero(p.nk, p.d);
     const int first = int(long(blocks) * part / parts), last = int(long(blocks) * (part + 1) / parts);
     for (int blk = first; blk < last; ++blk) {
       const int hh = blk / chunks, c0 = (blk % chunks) * kRowChunk;
@@ -276,6 +283,10 @@ RefBackward reference_backward(const Problem& p, const AttnInputs& in, const Bac
       dv.noalias() += x.transpose() * dout;     // dV = P^T dO
       Mat dp = dout * v.transpose();            // dP = dO V^T
       Mat ds = x.cwiseProduct(dp.colwise() - D);  // dX = P o (dP - D)
+      if (modded) {
+        dqu_max[item] = std::max(dqu_max[item], (tau * ds * k).cwiseAbs().maxCoeff());
+        dku_part[item].noalias() += tau * ds.transpose() * q;
+      }
       if (mod)
         for (std::size_t rr = 0; rr < rows.size(); ++rr)
           for (int j = 0; j < p.nk; ++j)
@@ -295,6 +306,15 @@ RefBackward reference_backward(const Problem& p, const AttnInputs& in, const Bac
       dv.resize(0, 0);
     }
   });
+  if (modded) {
+    for (long gi = 0; gi < long(ng); ++gi) {
+      Mat& dku = dku_part[gi * parts];
+      for (int part = 1; part < parts; ++part) dku += dku_part[gi * parts + part];
+      if (dku.size()) r.dk_unmodified_max = std::max(r.dk_unmodified_max, dku.cwiseAbs().maxCoeff());
+    }
+    for (double x : dqu_max) r.dq_unmodified_max = std::max(r.dq_unmodified_max, x);
+    dku_part.clear();
+  }
   if (parts == 1) return r;
   parallel_for(long(ng), [&](long gi) {
     Mat& dk = dk_part[gi * parts];

@@ -66,9 +66,9 @@ struct CheckPlan {
 
   /// Every head and every row.
   static CheckPlan full(const Problem& p);
-  /// At most about `budget_flops` of fp64 work: the first and last heads plus a few
-  /// in between, and rows 0, 1, the last two rows and evenly spaced ones between.
-  /// Returns full() when that already fits.
+  /// Every (batch, head) pair, on rows 0, 1, the last two rows and evenly spaced ones
+  /// between: as many as about `budget_flops` of fp64 work allows, never fewer than 8 a
+  /// head (or all, when N < 8). Deterministic. Returns full() when that already fits.
   static CheckPlan sampled(const Problem& p, double budget_flops = 4e9);
   bool covers_everything(const Problem& p) const;
   std::string describe(const Problem& p) const;
@@ -78,6 +78,8 @@ struct CheckPlan {
 struct BackwardPlan {
   std::vector<std::pair<int, int>> kv_groups;  ///< (batch, kv head)
   static BackwardPlan full(const Problem& p);
+  /// The first and last KV groups and at least one between (evenly spaced, more as about
+  /// `budget_flops` of fp64 work allows). Deterministic. Returns full() when that fits.
   static BackwardPlan sampled(const Problem& p, double budget_flops = 8e9);
   bool covers_everything(const Problem& p) const;
   std::string describe(const Problem& p) const;
@@ -90,6 +92,12 @@ struct RefForward {
 
 struct RefBackward {
   CheckedRows<double> dq, dk, dv;
+  /// With a score modifier: max |dQ| and max |dK| over the checked groups with the modifier's
+  /// derivative taken as 1 (0 without one). A kernel computes that derivative in its own
+  /// arithmetic (softcap: 1 - tanh^2 from an approximate tanh), with an error that is absolute,
+  /// not relative to the derivative, so where the modifier saturates the gradients' floor
+  /// scales with these magnitudes, not with the (then tiny) gradients themselves.
+  double dq_unmodified_max = 0, dk_unmodified_max = 0;
 };
 
 /// fp64 forward on the plan's rows.
