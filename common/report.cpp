@@ -140,11 +140,15 @@ void Report::print_text(std::ostream& os) const {
   const std::vector<std::string> head = {"impl", "dev", "max err", "rel L2", "HBM read", "HBM write",
                                          "FLOPs", "extra", "ms", "TFLOP/s", "GB/s", "ceil", "check"};
   std::vector<std::vector<std::string>> cells;
-  for (const auto& r : rows)
+  for (const auto& r : rows) {
+    // A row that was not compared with fp64 shows no speed (ResultRow::speed_shown).
+    const bool sp = r.speed_shown();
+    const std::optional<double> none;
     cells.push_back({r.impl, r.device, fmt_err(r.max_abs_err), fmt_err(r.rel_l2_err), fmt_bytes(r.hbm_read_bytes),
                      fmt_bytes(r.hbm_write_bytes), fmt_flops(r.flops), fmt_bytes(r.extra_bytes),
-                     fmt_num(r.time_ms), fmt_num(r.tflops), fmt_num(r.gbps, 4), fmt_share(r.ceiling_share),
-                     r.pass ? (*r.pass ? "pass" : "FAIL") : "-"});
+                     fmt_num(sp ? r.time_ms : none), fmt_num(sp ? r.tflops : none), fmt_num(sp ? r.gbps : none, 4),
+                     fmt_share(sp ? r.ceiling_share : none), r.pass ? (*r.pass ? "pass" : "FAIL") : "unchecked"});
+  }
   std::vector<std::size_t> w(head.size());
   for (std::size_t c = 0; c < head.size(); ++c) {
     w[c] = head[c].size();
@@ -196,11 +200,14 @@ void Report::print_json(std::ostream& os) const {
     field("hbm_write_bytes", r.hbm_write_bytes);
     field("flops", r.flops);
     field("extra_bytes", r.extra_bytes);
-    field("time_ms", r.time_ms);
-    field("tflops", r.tflops);
-    field("gbps", r.gbps);
-    field("ceiling_share", r.ceiling_share);
+    const bool sp = r.speed_shown();
+    const std::optional<double> none;
+    field("time_ms", sp ? r.time_ms : none);
+    field("tflops", sp ? r.tflops : none);
+    field("gbps", sp ? r.gbps : none);
+    field("ceiling_share", sp ? r.ceiling_share : none);
     os << ", \"pass\": " << (r.pass ? (*r.pass ? "true" : "false") : "null");
+    if (!r.pass && r.time_ms) os << ", \"ran_unchecked\": true";  // timed, never compared: no speed
     os << ", \"note\": \"" << json_escape(r.note) << "\"}";
   }
   os << "], \"notes\": [";

@@ -8,7 +8,9 @@
 ///                   "hbm_write_bytes", "flops", "extra_bytes", "time_ms", "tflops",
 ///                   "gbps", ...}]}
 ///
-/// A field that was not measured is null, never a made-up number.
+/// A field that was not measured is null, never a made-up number. A row that was not
+/// compared with fp64 has `"pass": null`, prints "unchecked", and carries no speed; when it
+/// was run and timed all the same, its JSON says `"ran_unchecked": true`.
 
 #include <optional>
 #include <ostream>
@@ -28,15 +30,22 @@ struct ResultRow {
   std::string impl;
   std::string device;  ///< "cpu" (a counted model) or "cuda"
   std::optional<double> max_abs_err, rel_l2_err;
-  std::optional<double> hbm_read_bytes, hbm_write_bytes;  ///< counted (model) or the kernel's own count
+  /// Counted by a CPU model as it runs; for a GPU row, the output of the kernel's traffic
+  /// formula (what its loop structure reads and writes), not a measurement.
+  std::optional<double> hbm_read_bytes, hbm_write_bytes;
   std::optional<double> flops;                            ///< by the FlashAttention convention
   std::optional<double> extra_bytes;                      ///< global memory beyond inputs and outputs
   std::optional<double> time_ms;                          ///< median of the timed repeats
   std::optional<double> tflops, gbps;
   Bound bound = Bound::none;
   std::optional<double> ceiling_share;  ///< tflops / GEMM ceiling, or gbps / read ceiling
-  std::optional<bool> pass;             ///< the acceptance rule; unset when not checked
+  std::optional<bool> pass;             ///< the acceptance rule; unset when not checked ("unchecked")
   std::string note;                     ///< short remark shown after the table
+
+  /// Whether the row's speed (time, TFLOP/s, GB/s, share) is printed: only once its output
+  /// was compared with fp64. An unchecked row prints "unchecked" and no speed, in the
+  /// table and in the JSON (null), so no speed is ever shown for a result nobody checked.
+  bool speed_shown() const { return pass.has_value(); }
 
   /// Fills the error columns and `pass` from a check.
   void set_check(const CheckResult& c);

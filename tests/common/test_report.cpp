@@ -30,6 +30,7 @@ Report sample() {
   b.hbm_write_bytes = 1e9;
   b.bound = Bound::compute;
   b.set_time(4.0);
+  b.pass = true;
   r.rows = {a, b};
   r.ceilings.gemm_tflops = 1000.0;
   r.apply_ceilings();
@@ -69,4 +70,23 @@ TEST_CASE("a failing row makes the exit code 1 and the text table shows FAIL") {
   std::ostringstream t;
   CHECK(r.emit(t, false) == 1);
   CHECK(t.str().find("FAIL") != std::string::npos);
+}
+
+TEST_CASE("a row that was not compared with fp64 prints unchecked and no speed") {
+  Report r = sample();
+  r.rows[1].pass.reset();
+  std::ostringstream t;
+  CHECK(r.emit(t, false) == 0);
+  const std::string text = t.str();
+  CHECK(text.find("unchecked") != std::string::npos);
+  CHECK(text.find("500") == std::string::npos);  // neither its TFLOP/s nor its GB/s
+  std::ostringstream j;
+  r.print_json(j);
+  CHECK(j.str().find("\"tflops\": null") != std::string::npos);
+  CHECK(j.str().find("\"tflops\": 500") == std::string::npos);
+  CHECK(j.str().find("\"time_ms\": 4") == std::string::npos);
+  r.rows[1].pass = true;
+  std::ostringstream k;
+  r.print_json(k);
+  CHECK(k.str().find("\"tflops\": 500") != std::string::npos);
 }
