@@ -420,7 +420,10 @@ def report_rows(rep, chapter, shape):
         elif r.get("pass") is False:
             row["status"] = "failed"
         else:
-            row["status"] = "unsupported" if r.get("tflops") is None else "unchecked"
+            # run but not compared with fp64 (the report drops its speed and says ran_unchecked),
+            # or not run at all
+            ran = r.get("tflops") is not None or r.get("ran_unchecked")
+            row["status"] = "unchecked" if ran else "unsupported"
         out.append(clean_row(row))
     return out
 

@@ -295,16 +295,21 @@ class Runner(unittest.TestCase):
                     "hbm_read_bytes": 1.0, "hbm_write_bytes": 2.0, "flops": 6e11},
                    {"impl": "v1 loop swap", "device": "cuda", "pass": None, "tflops": None,
                     "note": "not built for d=256"},
+                   {"impl": "v2 timed only", "device": "cuda", "pass": None, "tflops": None, "time_ms": None,
+                    "ran_unchecked": True},
                    {"impl": "backward, dQ atomics", "device": "cuda", "pass": True, "tflops": 200.0, "time_ms": 3.0},
                    {"impl": "ch01 cuBLAS (fwd)", "device": "cuda", "pass": True, "tflops": 50.0, "time_ms": 9.0}]}
         rows = lineage.report_rows(rep, "04", {"d": 128, "N": 8192, "causal": True})
         by = {r["kernel"]: r for r in rows}
-        self.assertEqual(set(by), {"ch04 v5 exp2", "ch04 v6 final", "ch04 v1 loop swap", "ch04 backward, dQ atomics"})
+        self.assertEqual(set(by), {"ch04 v5 exp2", "ch04 v6 final", "ch04 v1 loop swap", "ch04 v2 timed only",
+                                   "ch04 backward, dQ atomics"})
         self.assertEqual(by["ch04 v5 exp2"]["status"], "failed")
         self.assertNotIn("tflops", by["ch04 v5 exp2"])
         self.assertEqual(by["ch04 v6 final"]["status"], "ok")
         self.assertEqual(by["ch04 v6 final"]["bytes"], 3.0)
         self.assertEqual(by["ch04 v1 loop swap"]["status"], "unsupported")
+        self.assertEqual(by["ch04 v2 timed only"]["status"], "unchecked")  # run, never compared: no speed
+        self.assertNotIn("tflops", by["ch04 v2 timed only"])
         self.assertEqual(by["ch04 backward, dQ atomics"]["pass"], "bwd")
         self.assertTrue(all(r["causal"] and r["N"] == 8192 for r in rows))
 
@@ -1036,6 +1041,61 @@ class PeerTimerFlush(unittest.TestCase):
         torch = FakeTorch([2.0])  # the probe of 200000 cycles took 2 ms
         self.assertEqual(peer_timer.spin_cycles(torch, 300.0), 30000)
         self.assertEqual([x for x in torch.log if x[0] == "sleep"], [("sleep", 1000), ("sleep", 200000)])
+
+
+class PeerCheck(unittest.TestCase):
+    """The peers' check (bench_peers.py), its parts that need no GPU: the rule of common/compare.hpp
+    on per-row numbers, the sampling, and which exceptions are the peer's and which are ours."""
+
+    def setUp(self):
+        import bench_peers
+        self.bp = bench_peers
+
+    def test_rows_and_pairs_cover_the_problem(self):
+        rows = self.bp.sample_rows(8192)
+        for r in (0, 1, 8190, 8191):
+            self.assertIn(r, rows)
+        self.assertGreaterEqual(len(rows), 8)
+        self.assertEqual(self.bp.sample_rows(1), [0])
+        pairs = self.bp.sample_pairs(32, 16)
+        self.assertEqual(pairs[0], (0, 0))
+        self.assertEqual(pairs[-1], (31, 15))
+        self.assertGreaterEqual(len({b for b, _ in pairs}), 4)  # several batches and several heads
+        self.assertGreaterEqual(len({h for _, h in pairs}), 4)
+        self.assertEqual(self.bp.sample_pairs(2, 2), [(0, 0), (0, 1), (1, 0), (1, 1)])
+
+    def test_scale_aware_rule_fails_zeros_and_passes_a_bf16_result(self):
+        # decode at 128K: rows of max |O| ~ 0.015, a correct bf16 result is off by ~ 2^-9 of that
+        scale = [0.015, 0.012, 0.017]
+        naive = [3e-5, 2.5e-5, 3.5e-5]
+        margin, bad = self.bp.judge_rows("O", [4e-5, 3e-5, 3e-5], naive, scale, 4e-4, 3e-4, 128)
+        self.assertIsNone(bad)
+        self.assertLess(margin, 1.0)
+        # all zeros: each row's error is its own max |ref|, far above 2 x naive + 2^-8 |ref|
+        margin, bad = self.bp.judge_rows("O", scale, naive, scale, 0.1, 3e-4, 128)
+        self.assertIsNotNone(bad)
+        self.assertGreater(margin, 10)
+        # the old rule, 2e-2 x max(1, max |ref|), let every one of these through
+        self.assertTrue(all(e <= 2e-2 * max(1.0, s) for e, s in zip(scale, scale)))
+
+    def test_an_overflowing_yardstick_and_nan_fail(self):
+        inf = float("inf")
+        self.assertIsNotNone(self.bp.judge_rows("O", [0.0], [inf], [1.0], 0.0, inf, 4)[1])
+        self.assertIsNotNone(self.bp.judge_rows("O", [float("nan")], [0.0], [1.0], 0.0, 0.0, 4)[1])
+
+    def test_l2_bound_fails_an_error_spread_over_every_row(self):
+        n = 64
+        margin, bad = self.bp.judge_rows("O", [0.9e-3] * n, [1e-3] + [0.0] * (n - 1), [1.0] * n,
+                                         0.9e-3 * (4 * n) ** 0.5, 1e-3, 4, u=3.8e-6)
+        self.assertIsNotNone(bad)
+        self.assertIn("L2", bad)
+
+    def test_a_harness_error_is_not_unsupported(self):
+        self.assertTrue(self.bp.peer_refused(RuntimeError("No available kernel. Aborting execution.")))
+        self.assertTrue(self.bp.peer_refused(NotImplementedError("fa4: d=256")))
+        self.assertFalse(self.bp.peer_refused(TypeError("f() got an unexpected keyword argument")))
+        self.assertFalse(self.bp.peer_refused(NameError("name 'x' is not defined")))
+        self.assertFalse(self.bp.peer_refused(IndexError("list index out of range")))
 
 
 if __name__ == "__main__":
