@@ -457,8 +457,13 @@ def cmd_status(root, wb, expect_fresh, only):
             if started[ex_id]:
                 note = (f'{n_fail} of {len(rs)} tests fail; why: ctest --test-dir {os.path.relpath(build, os.getcwd())} '
                         f"--output-on-failure -R 'exercise {ex_id.replace('.', chr(92) + '.')}:'")
+            elif n_pass:
+                # On the stub every one of the exercise's own tests must fail: one that passes
+                # cannot tell the stub from the solution.
+                defects += 1
+                note = f'DEFECT: {n_pass} of its {len(rs)} tests pass on the stub ({n_fail} fail)'
             else:
-                note = 'its test fails on the stub' if len(rs) == 1 else f'its {len(rs)} tests fail on the stub'
+                note = 'its test fails on the stub' if n_fail == 1 else f'its {n_fail} tests fail on the stub'
         elif n_pass and not n_skip:
             state = 'solved' if started[ex_id] else 'not started'
             note = f'{n_pass} of {len(rs)} tests pass'
