@@ -277,7 +277,15 @@ int run_chapter(int argc, char** argv, const Cli& cli, const std::function<int(c
   try {
     Options o;
     if (!cli.parse(argc, argv, &o)) return 0;
-    return body(o);
+    const int rc = body(o);
+    if (rc == 0 && o.fault != Fault::none) {
+      // A fault that changes no checked row would read as a pass: never report one.
+      std::cerr << cli.program() << ": error: --inject-fault " << fault_name(o.fault)
+                << ": every check passed, so no checked row ran with the fault (these options skip every "
+                   "implementation it goes into) or the check missed it\n";
+      return kExitUsage;
+    }
+    return rc;
   } catch (const UsageError& e) {
     std::cerr << cli.program() << ": error: " << e.what() << "\n";
     return kExitUsage;
