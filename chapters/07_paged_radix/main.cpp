@@ -46,8 +46,7 @@ constexpr int kDefaultSms = 132;
 /// takes the bytes from decode_traffic() alone.
 constexpr double kModelFlopBudget = 4e9;
 
-/// The faults `decode` takes (common/faults.hpp); paged and radix accept them too (the tour
-/// passes one command line to all three) and have nothing to put them into.
+/// The faults `decode` takes (common/faults.hpp); the tour hands --inject-fault to decode alone.
 const std::vector<Fault> kDecodeFaults = {Fault::split_dropped, Fault::page_table_shift, Fault::last_batch};
 
 
@@ -127,7 +126,6 @@ int run_paged(int argc, char** argv, bool tour, bool dry = false) {
   Cli cli(std::string(kChapter) + " paged",
           "The paged KV cache: block tables, fork, copy-on-write, and the internal fragmentation of\n"
           "paged storage against a contiguous allocator that reserves the maximum length.");
-  cli.faults(kDecodeFaults);
   cli.add_int("--page-size", &po.page_size, "page size of the highlighted row (1..256)", 1, 256);
   cli.add_int("--seqs", &po.seqs, "sequences in the length sample", 1, 1000000);
   cli.add_int("--max-len", &po.max_len, "the model's maximum length (the contiguous reservation)", 2, 1 << 20);
@@ -696,7 +694,6 @@ int run_radix(int argc, char** argv, bool tour, bool dry = false) {
   Cli cli(std::string(kChapter) + " radix",
           "RadixAttention's prefix cache against a vLLM-style hash-of-block cache and no cache, on seeded\n"
           "serving traces: hit rate, prefill tokens saved, peak pages. --draw: the radix tree of a tiny trace.");
-  cli.faults(kDecodeFaults);
   cli.add_int("--page-size", &ro.page_size, "tokens per page", 1, 4096);
   cli.add_int("--requests", &ro.requests, "requests per workload", 1, 1000000);
   cli.add_int("--pool-pages", &ro.pool_pages, "pages in the pool", 1, 1 << 26);
@@ -928,9 +925,8 @@ int run_tour(int argc, char** argv) {
       return kExitUsage;
     }
   }
-  for (int a = 1; a + 1 < argc; ++a)  // the faults go into decode: it lists them
-    if (std::strcmp(argv[a], "--inject-fault") == 0 && std::strcmp(argv[a + 1], "list") == 0)
-      return run_decode(argc, argv);
+  for (int a = 1; a < argc; ++a)  // the faults go into decode alone: the tour is decode's run
+    if (std::strncmp(argv[a], "--inject-fault", 14) == 0) return run_decode(argc, argv);
   // Every part must accept the options before any of them prints anything.
   if (const int rc = run_paged(argc, argv, true, true)) return rc;
   if (const int rc = run_decode(argc, argv, true)) return rc;
