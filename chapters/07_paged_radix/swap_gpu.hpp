@@ -15,7 +15,7 @@ struct CopyRates {
 };
 
 /// `blocks` cudaMemcpyAsync calls of `block_bytes` each, between a pinned host buffer
-/// and a device buffer, in each direction; warm-up, then the median of 7 repeats.
+/// and a device buffer, in each direction; warm-up, then the median of 20 repeats.
 CopyRates measure_pinned_copy(std::size_t block_bytes, int blocks);
 
 }  // namespace attn::ch07
