@@ -137,6 +137,9 @@ CROSS: dict[str, Last | File | New] = {
     "chapters/05_fa3_hopper/steps/final_fp8.cu": File("chapters/05_fa3_hopper/steps/v8_head_dims.cu"),
     "chapters/05_fa3_hopper/steps/final_backward.cu": File("chapters/05_fa3_hopper/steps/b11_longest_walks_first.cu"),
     "chapters/07_paged_radix/steps": New("a decode (one query row per head), built on common/cuda/, not on an earlier loop"),
+    # chapter 07's final kernels: the main path's bf16 and 8-bit decode steps with one configuration table each
+    "chapters/07_paged_radix/steps/final_bf16.cu": File("chapters/07_paged_radix/steps/v12_one_trip_merge.cu"),
+    "chapters/07_paged_radix/steps/final_8bit.cu": File("chapters/07_paged_radix/steps/v9_keys_as_rows.cu"),
 }
 
 

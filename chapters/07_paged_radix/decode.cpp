@@ -432,4 +432,10 @@ CheckResult DecodeOracle::judge(const std::vector<float>& o, const std::vector<f
   return r;
 }
 
+SplitPlan final_8bit_plan(const DecodeBatch& b, int sms) {
+  const SplitPlan four = choose_splits(b, sms, 4);
+  if (final_8bit_blocks_per_sm(keys_per_split(b.max_len(), std::max(2, four.splits))) == 4) return four;
+  return choose_splits(b, sms, 3);
+}
+
 }  // namespace attn::ch07

@@ -185,8 +185,15 @@ SplitPlan choose_splits(int batch, int kv_heads, int group, int max_len, int d, 
 inline SplitPlan choose_splits(const DecodeBatch& b, int sms, int blocks_per_sm = 0) {
   return choose_splits(b.batch(), b.kv_heads, b.group(), b.max_len(), b.d, sms, b.kv_dtype, blocks_per_sm);
 }
-/// Blocks per SM of v10's 8-bit kernel (steps/v10_four_blocks.cu: __launch_bounds__(128, 4)).
+/// Blocks per SM of v10's 8-bit kernel (steps/lab/v10_four_blocks.cu: __launch_bounds__(128, 4)).
 constexpr int kV10BlocksPerSm = 4;
+/// The final 8-bit kernel's configuration table (steps/final_8bit.cu): four blocks per SM (at
+/// most 128 registers) when each split keeps at least 2048 keys, else three (v9's 140).
+constexpr int kFinal8FourBlockKeys = 2048;
+inline int final_8bit_blocks_per_sm(int split_keys) { return split_keys >= kFinal8FourBlockKeys ? 4 : 3; }
+/// The final 8-bit kernel's split plan: for four blocks per SM when that plan's splits are long
+/// enough, else for three (the same table, asked from the host).
+SplitPlan final_8bit_plan(const DecodeBatch& b, int sms);
 
 /// Keys of each split of a `len`-key sequence cut into `splits`: whole tiles.
 int keys_per_split(int len, int splits);

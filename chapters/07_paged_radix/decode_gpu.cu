@@ -20,7 +20,7 @@ const char* layout_name(KvLayout l) { return l == KvLayout::paged ? "paged" : "c
 
 bool kernel_needs_hopper(DecodeKernel k) {
   return k == DecodeKernel::v7 || k == DecodeKernel::v8 || k == DecodeKernel::v9 || k == DecodeKernel::v10 ||
-         k == DecodeKernel::v13 || k == DecodeKernel::v14;
+         k == DecodeKernel::v13 || k == DecodeKernel::v14 || k == DecodeKernel::final_8bit;
 }
 
 const char* kernel_name(DecodeKernel k) {
@@ -38,6 +38,8 @@ const char* kernel_name(DecodeKernel k) {
     case DecodeKernel::v12: return "v12";
     case DecodeKernel::v13: return "v13";
     case DecodeKernel::v14: return "v14";
+    case DecodeKernel::final_bf16: return "final-bf16";
+    case DecodeKernel::final_8bit: return "final-8bit";
   }
   return "?";
 }
@@ -206,11 +208,14 @@ struct GpuDecoder::Impl {
           if constexpr (!kv_quantised(std::decay_t<decltype(kv)>::kDtype)) {
             if (kernel == DecodeKernel::v12) return gpu::v12::launch<D>(p, kv, b.batch(), b.kv_heads);
             if (kernel == DecodeKernel::v14) return gpu::v14::launch<D>(p, kv, b.batch(), b.kv_heads);
+            if (kernel == DecodeKernel::final_bf16) return gpu::final_bf16::launch<D>(p, kv, b.batch(), b.kv_heads);
           }
           if constexpr (kv_quantised(std::decay_t<decltype(kv)>::kDtype)) {
             if (kernel == DecodeKernel::v6) return gpu::v6::launch<D>(p, kv, b.batch(), b.kv_heads);
             if (kernel == DecodeKernel::v7) return gpu::v7::launch<D>(p, kv, code_maps(), b.batch(), b.kv_heads);
             if (kernel == DecodeKernel::v9) return gpu::v9::launch<D>(p, kv, code_maps(), b.batch(), b.kv_heads);
+            if (kernel == DecodeKernel::final_8bit)
+              return gpu::final_8bit::launch<D>(p, kv, code_maps(), b.batch(), b.kv_heads);
 #if TUTORIAL_LAB
             if (kernel == DecodeKernel::v8) return gpu::v8::launch<D>(p, kv, code_maps(), b.batch(), b.kv_heads);
             if (kernel == DecodeKernel::v10) return gpu::v10::launch<D>(p, kv, code_maps(), b.batch(), b.kv_heads);
@@ -248,14 +253,13 @@ struct GpuDecoder::Impl {
       const auto dev = query_device(&why);
       if (!dev || !hopper_device(*dev, kernel_name(kernel), &why)) throw UsageError(why);
     }
-    if ((kernel == DecodeKernel::v12 || kernel == DecodeKernel::v14) && kv_quantised(batch.kv_dtype))
+    const bool bf16_only = kernel == DecodeKernel::v12 || kernel == DecodeKernel::v14 || kernel == DecodeKernel::final_bf16;
+    if (bf16_only && kv_quantised(batch.kv_dtype))
       throw UsageError(std::string(kernel_name(kernel)) + " is built for bf16 pages (the 8-bit steps are v6-v10 and v13)");
-    if ((kernel == DecodeKernel::v4 || kernel == DecodeKernel::v5 || kernel == DecodeKernel::v12 ||
-         kernel == DecodeKernel::v14) &&
-        layout == KvLayout::contiguous)
+    if ((kernel == DecodeKernel::v4 || kernel == DecodeKernel::v5 || bf16_only) && layout == KvLayout::contiguous)
       throw UsageError(std::string(kernel_name(kernel)) + " reads paged K/V only");
     const bool tma = kernel == DecodeKernel::v7 || kernel == DecodeKernel::v8 || kernel == DecodeKernel::v9 ||
-                     kernel == DecodeKernel::v10 || kernel == DecodeKernel::v13;
+                     kernel == DecodeKernel::v10 || kernel == DecodeKernel::v13 || kernel == DecodeKernel::final_8bit;
     if (tma && batch.page_size < gpu::v7::kMinPageSize)
       throw UsageError(std::string(kernel_name(kernel)) + " copies whole pages of at least " + std::to_string(gpu::v7::kMinPageSize) +
                        " tokens (a swizzled TMA box starts on a 1024-byte boundary), got " +

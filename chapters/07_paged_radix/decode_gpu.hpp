@@ -20,10 +20,12 @@ const char* layout_name(KvLayout l);
 
 /// Which decode step runs.
 /// (v11, a stage refilled without a proxy fence, raced and was removed; v13 is its fenced form.)
-enum class DecodeKernel { v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v12, v13, v14 };  ///< v4, v5: paged K/V only; v6-v10, v13: 8-bit pages only; v12, v14: bf16 pages only
+/// final_bf16 and final_8bit are the chapter's final kernels (steps/final_bf16.cu, steps/final_8bit.cu).
+enum class DecodeKernel { v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v12, v13, v14, final_bf16, final_8bit };  ///< v4, v5: paged K/V only; v6-v10, v13, final_8bit: 8-bit pages only; v12, v14, final_bf16: bf16 pages only
 const char* kernel_name(DecodeKernel k);
 /// v8, v10 and v13 are the chapter's lab (steps/lab/, LAB.md): built only when the chapter is
 /// configured with -DTUTORIAL_LAB=ON (TUTORIAL_LAB), and run by `decode --lab`.
+inline bool kernel_is_final(DecodeKernel k) { return k == DecodeKernel::final_bf16 || k == DecodeKernel::final_8bit; }
 inline bool kernel_in_lab(DecodeKernel k) {
   return k == DecodeKernel::v8 || k == DecodeKernel::v10 || k == DecodeKernel::v13;
 }

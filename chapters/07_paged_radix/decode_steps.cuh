@@ -113,4 +113,19 @@ template <int D, class Kv>
 void launch(const DecodeParams& p, const Kv& kv, int batch, int kv_heads);
 }  // namespace v14
 
+namespace final_bf16 {
+/// The final bf16 kernel (steps/final_bf16.cu): v12's configuration in one table; bf16 pages only.
+template <int D, class Kv>
+void launch(const DecodeParams& p, const Kv& kv, int batch, int kv_heads);
+}  // namespace final_bf16
+
+namespace final_8bit {
+using v7::CodeMaps;
+using v7::kMinPageSize;
+/// The final 8-bit kernel (steps/final_8bit.cu): v9 with three or four blocks per SM from one
+/// table (final_8bit_blocks_per_sm()); 8-bit pages only.
+template <int D, class Kv>
+void launch(const DecodeParams& p, const Kv& kv, const CodeMaps& maps, int batch, int kv_heads);
+}  // namespace final_8bit
+
 }  // namespace attn::ch07::gpu

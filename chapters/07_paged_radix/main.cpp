@@ -189,6 +189,7 @@ struct DecodeOptions {
 /// the lab's steps (kernel_in_lab()) only with `--lab`.
 bool kernel_kept(const DecodeOptions& dopt, DecodeKernel k) {
   if (kernel_in_lab(k) && !dopt.lab) return false;
+  if (kernel_is_final(k)) return true;  // the final kernels come after every step
   return std::stoi(std::string(kernel_name(k)).substr(1)) >= std::stoi(dopt.since.substr(1));
 }
 #endif
@@ -260,6 +261,7 @@ int run_sweep(const Options& opt, const DecodeOptions& dopt, const DeviceInfo& d
     const int v2_splits = std::max(2, dopt.splits > 0 ? dopt.splits : plan.splits);
     // v10 and v13 fill four 8-bit blocks per SM: their own plan (the same as v2's where three fill the GPU).
     const int v10_splits = std::max(2, dopt.splits > 0 ? dopt.splits : choose_splits(b, dev.sms, kV10BlocksPerSm).splits);
+    const int final8_splits = std::max(2, dopt.splits > 0 ? dopt.splits : final_8bit_plan(b, dev.sms).splits);
     const bool contiguous = c.page_size == 16 && c.kv == KvDtype::bf16 && dopt.sweep_set == "all";
     res.kv_bytes = b.kv_bytes();
     res.tokens = b.total_tokens();
@@ -285,6 +287,7 @@ int run_sweep(const Options& opt, const DecodeOptions& dopt, const DeviceInfo& d
     runs.push_back({DecodeKernel::v5, v2_splits, KvLayout::paged});  // v4 with the table entries read ahead
     if (!kv_quantised(c.kv)) {
       runs.push_back({DecodeKernel::v12, v2_splits, KvLayout::paged});  // v5, one-trip merge
+      runs.push_back({DecodeKernel::final_bf16, v2_splits, KvLayout::paged});  // the final bf16 kernel
       // v12 overlapping the kernel before it: only where a chain can show it (b1, quant; not the bench's "all" set).
       if (dopt.sweep_set != "all") runs.push_back({DecodeKernel::v14, v2_splits, KvLayout::paged});
     }
@@ -295,7 +298,8 @@ int run_sweep(const Options& opt, const DecodeOptions& dopt, const DeviceInfo& d
                                  {DecodeKernel::v8, v2_splits, KvLayout::paged},
                                  {DecodeKernel::v9, v2_splits, KvLayout::paged},
                                  {DecodeKernel::v10, v10_splits, KvLayout::paged},
-                                 {DecodeKernel::v13, v10_splits, KvLayout::paged}});
+                                 {DecodeKernel::v13, v10_splits, KvLayout::paged},
+                                 {DecodeKernel::final_8bit, final8_splits, KvLayout::paged}});
     }
     if (contiguous)
       runs.insert(runs.end(), {{DecodeKernel::v1, 1, KvLayout::contiguous}, {DecodeKernel::v2, v2_splits, KvLayout::contiguous}});
@@ -476,6 +480,7 @@ int run_decode(int argc, char** argv, bool dry = false) {
     const SplitPlan plan = choose_splits(b, sms);
     const int v2_splits = std::max(2, dopt.splits > 0 ? dopt.splits : plan.splits);
     const int v10_splits = std::max(2, dopt.splits > 0 ? dopt.splits : choose_splits(b, sms, kV10BlocksPerSm).splits);
+    const int final8_splits = std::max(2, dopt.splits > 0 ? dopt.splits : final_8bit_plan(b, sms).splits);
     const std::vector<float> q = make_queries(b, opt.seed, opt.dist);
     // An 8-bit pool: the scales of its pages, computed on the host as the device does.
     const KvScales scales = pool_scales(b, opt.seed, opt.dist);
@@ -542,7 +547,9 @@ int run_decode(int argc, char** argv, bool dry = false) {
                                {"v5 paged, S=" + std::to_string(v2_splits), DecodeKernel::v5, v2_splits, KvLayout::paged}};
       if (!kv_quantised(b.kv_dtype))
         runs.insert(runs.end(), {{"v12 paged, S=" + std::to_string(v2_splits), DecodeKernel::v12, v2_splits, KvLayout::paged},
-                                 {"v14 paged, S=" + std::to_string(v2_splits), DecodeKernel::v14, v2_splits, KvLayout::paged}});
+                                 {"v14 paged, S=" + std::to_string(v2_splits), DecodeKernel::v14, v2_splits, KvLayout::paged},
+                                 {"final-bf16 paged, S=" + std::to_string(v2_splits), DecodeKernel::final_bf16, v2_splits,
+                                  KvLayout::paged}});
       if (kv_quantised(b.kv_dtype))
         runs.insert(runs.end(),
                     {{"v6 paged, S=" + std::to_string(v2_splits), DecodeKernel::v6, v2_splits, KvLayout::paged},
@@ -550,9 +557,11 @@ int run_decode(int argc, char** argv, bool dry = false) {
                      {"v8 paged, S=" + std::to_string(v2_splits), DecodeKernel::v8, v2_splits, KvLayout::paged},
                      {"v9 paged, S=" + std::to_string(v2_splits), DecodeKernel::v9, v2_splits, KvLayout::paged},
                      {"v10 paged, S=" + std::to_string(v10_splits), DecodeKernel::v10, v10_splits, KvLayout::paged},
-                     {"v13 paged, S=" + std::to_string(v10_splits), DecodeKernel::v13, v10_splits, KvLayout::paged}});
+                     {"v13 paged, S=" + std::to_string(v10_splits), DecodeKernel::v13, v10_splits, KvLayout::paged},
+                     {"final-8bit paged, S=" + std::to_string(final8_splits), DecodeKernel::final_8bit, final8_splits,
+                      KvLayout::paged}});
       if (kv_quantised(b.kv_dtype) && b.page_size < DecodeGeometry::kTmaMinPage)
-        runs.resize(runs.size() - 5);  // v7-v10 and v13 copy whole pages of >= 8 tokens
+        runs.resize(runs.size() - 6);  // v7-v10, v13 and final-8bit copy whole pages of >= 8 tokens
       if (!kv_quantised(b.kv_dtype))
         runs.insert(runs.end(),
                     {{"v1 contiguous", DecodeKernel::v1, 1, KvLayout::contiguous},

@@ -21,8 +21,9 @@ namespace {
 /// split count of 1, v2-v6, v12 and v14 (or the kernels given) for the others (v4-v10 and v12-v14 paged only, v6-v10 and v13
 /// 8-bit only); an 8-bit batch paged only, after its
 /// device scales are compared with the host's.
-const std::vector<DecodeKernel> kSteps1to6 = {DecodeKernel::v1, DecodeKernel::v2, DecodeKernel::v3, DecodeKernel::v4,
-                                              DecodeKernel::v5, DecodeKernel::v6, DecodeKernel::v12, DecodeKernel::v14};
+const std::vector<DecodeKernel> kSteps1to6 = {DecodeKernel::v1, DecodeKernel::v2,  DecodeKernel::v3,
+                                              DecodeKernel::v4, DecodeKernel::v5,  DecodeKernel::v6,
+                                              DecodeKernel::v12, DecodeKernel::v14, DecodeKernel::final_bf16};
 
 void check_kernels(const DecodeBatch& b, const std::vector<int>& splits, Dist dist = Dist::normal,
                    uint64_t seed = 7, bool contiguous = true, const std::vector<DecodeKernel>& kernels = kSteps1to6) {
@@ -44,12 +45,13 @@ void check_kernels(const DecodeBatch& b, const std::vector<int>& splits, Dist di
       for (DecodeKernel k : kernels) {
         if ((k == DecodeKernel::v1) != (s == 1)) continue;
         const bool eight_bit_only = k == DecodeKernel::v6 || k == DecodeKernel::v7 || k == DecodeKernel::v8 ||
-                                    k == DecodeKernel::v9 || k == DecodeKernel::v10 || k == DecodeKernel::v13;
-        const bool pages_only = eight_bit_only || k == DecodeKernel::v4 || k == DecodeKernel::v5 || k == DecodeKernel::v12 ||
-                                k == DecodeKernel::v14;
+                                    k == DecodeKernel::v9 || k == DecodeKernel::v10 || k == DecodeKernel::v13 ||
+                                    k == DecodeKernel::final_8bit;
+        const bool bf16_only = k == DecodeKernel::v12 || k == DecodeKernel::v14 || k == DecodeKernel::final_bf16;
+        const bool pages_only = eight_bit_only || bf16_only || k == DecodeKernel::v4 || k == DecodeKernel::v5;
         if (pages_only && layout == KvLayout::contiguous) continue;
         if (eight_bit_only && !kv_quantised(b.kv_dtype)) continue;
-        if ((k == DecodeKernel::v12 || k == DecodeKernel::v14) && kv_quantised(b.kv_dtype)) continue;  // bf16 pages only
+        if (bf16_only && kv_quantised(b.kv_dtype)) continue;  // bf16 pages only
         if (kernel_needs_hopper(k) && !testing_support::on_hopper()) continue;  // their own cases skip off Hopper
         if (kernel_in_lab(k) && !TUTORIAL_LAB) continue;  // the lab's steps: built with -DTUTORIAL_LAB=ON only
         CAPTURE(layout_name(layout));
@@ -260,7 +262,7 @@ TEST_CASE("v7-v10, v13 (8-bit pages by TMA): page sizes 8, 16, 64, 256, ragged l
   // Its own test case, last: a TMA or mbarrier fault shows here without taking the others with it.
   // v9, v10 and v13 (8 heads per block, from v7) also at G = 1, 4, 8, 16 and 32: one, two and four blocks per KV head.
   const std::vector<DecodeKernel> v7 = {DecodeKernel::v7, DecodeKernel::v8, DecodeKernel::v9, DecodeKernel::v10,
-                                        DecodeKernel::v13};
+                                        DecodeKernel::v13, DecodeKernel::final_8bit};
   for (KvDtype t : {KvDtype::fp8, KvDtype::int8}) {
     CAPTURE(kv_dtype_name(t));
     for (int P : {8, 16, 64, 256}) {
@@ -271,7 +273,7 @@ TEST_CASE("v7-v10, v13 (8-bit pages by TMA): page sizes 8, 16, 64, 256, ragged l
     }
     check_kernels(with_kv(build_batch(16, 4, 128, 16, {900, 31, 1, 257}, 0, 7), t), {5}, Dist::outliers, 7, false, v7);
     check_kernels(with_kv(build_batch(8, 2, 128, 16, {100, 1, 64, 65}, 0, 8), t), {16, 64}, Dist::normal, 7, false, v7);
-    const std::vector<DecodeKernel> v9 = {DecodeKernel::v9, DecodeKernel::v10, DecodeKernel::v13};
+    const std::vector<DecodeKernel> v9 = {DecodeKernel::v9, DecodeKernel::v10, DecodeKernel::v13, DecodeKernel::final_8bit};
     for (int G : {1, 8, 16, 32}) {
       CAPTURE(G);
       check_kernels(with_kv(build_batch(G * 2, 2, 128, 16, {1500, 17, 8}, 0, 9), t), {3}, Dist::outliers, 7, false, v9);
@@ -310,6 +312,15 @@ TEST_CASE("v7-v10, v13 (8-bit pages by TMA): page sizes 8, 16, 64, 256, ragged l
     CHECK(out.o == v9.o);
     CHECK(out.lse == v9.lse);
   }
+  // The final 8-bit kernel is v9's arithmetic with three or four blocks per SM: v9's bits on
+  // both sides of its table (9 splits of 576 keys: three blocks; 2 of 2560: four).
+  for (int s : {9, 2}) {
+    CAPTURE(s);
+    const GpuDecodeOutput ref = gpu.run(DecodeKernel::v9, s, KvLayout::paged);
+    const GpuDecodeOutput fin = gpu.run(DecodeKernel::final_8bit, s, KvLayout::paged);
+    CHECK(fin.o == ref.o);
+    CHECK(fin.lse == ref.lse);
+  }
   // Pages below kTmaMinPage tokens are refused, not read wrong.
   DecodeBatch small = build_batch(8, 2, 128, 4, {100}, 0, 3);
   small.kv_dtype = KvDtype::int8;
@@ -319,6 +330,7 @@ TEST_CASE("v7-v10, v13 (8-bit pages by TMA): page sizes 8, 16, 64, 256, ragged l
   CHECK_THROWS_AS(g4.run(DecodeKernel::v9, 2, KvLayout::paged), UsageError);
   CHECK_THROWS_AS(g4.run(DecodeKernel::v10, 2, KvLayout::paged), UsageError);
   CHECK_THROWS_AS(g4.run(DecodeKernel::v13, 2, KvLayout::paged), UsageError);
+  CHECK_THROWS_AS(g4.run(DecodeKernel::final_8bit, 2, KvLayout::paged), UsageError);
 }
 
 #if TUTORIAL_LAB  // v10 and v13 are the lab's
@@ -370,15 +382,19 @@ TEST_CASE("v12 (the merge in one round trip): equal to v5 within rounding, and i
     const GpuDecodeOutput v12 = gpu.run(DecodeKernel::v12, splits, KvLayout::paged);
     const CheckResult c = oracle.judge(v12.o, v12.lse);
     CHECK_MESSAGE(c.pass(), c.failures());
-    // The same states folded in the same order: the same bits as v5.
+    // The same states folded in the same order: the same bits as v5; the final bf16 kernel is v12.
     CHECK(v12.o == v5.o);
     CHECK(v12.lse == v5.lse);
+    const GpuDecodeOutput fin = gpu.run(DecodeKernel::final_bf16, splits, KvLayout::paged);
+    CHECK(fin.o == v12.o);
+    CHECK(fin.lse == v12.lse);
   }
   DecodeBatch e = build_batch(8, 2, 128, 16, {100}, 0, 3);
   e.kv_dtype = KvDtype::fp8;
   GpuDecoder g8(e, make_queries(e, 3, Dist::normal), KvContents{3, Dist::normal, nullptr});
   CHECK_THROWS_AS(g8.run(DecodeKernel::v12, 2, KvLayout::paged), UsageError);
   CHECK_THROWS_AS(g8.run(DecodeKernel::v14, 2, KvLayout::paged), UsageError);
+  CHECK_THROWS_AS(g8.run(DecodeKernel::final_bf16, 2, KvLayout::paged), UsageError);
 }
 
 TEST_CASE("v14 (the launch overlapped with the kernel before): v12's bits alone and in chains of steps") {

@@ -229,3 +229,17 @@ TEST_CASE("v10's split plan fills four 8-bit blocks per SM, where shared memory 
   CHECK(four.splits == 8);   // 512 blocks for 528 slots
   CHECK(four.splits * four.base_blocks <= four.target_blocks);
 }
+
+TEST_CASE("the final 8-bit kernel's table: four blocks per SM where the splits stay long, three where they would not") {
+  CHECK(final_8bit_blocks_per_sm(kFinal8FourBlockKeys) == 4);
+  CHECK(final_8bit_blocks_per_sm(kFinal8FourBlockKeys - 64) == 3);
+  // B = 8, L = 32K, GQA 32/8, FP8 on 132 SMs: four blocks give 8 splits of 4096 keys.
+  DecodeBatch b8 = build_batch(32, 8, 128, 16, std::vector<int>(8, 32768), 0, 1);
+  b8.kv_dtype = KvDtype::fp8;
+  CHECK(final_8bit_plan(b8, 132).splits == 8);
+  // B = 1, L = 64K: four blocks would cut 64 splits of 1024 keys; three give 49 of 1344.
+  DecodeBatch b1 = build_batch(32, 8, 128, 16, {65536}, 0, 1);
+  b1.kv_dtype = KvDtype::fp8;
+  CHECK(final_8bit_plan(b1, 132).splits == choose_splits(b1, 132, 3).splits);
+  CHECK(final_8bit_plan(b1, 132).target_blocks == 3 * 132);
+}

@@ -1,0 +1,465 @@
+// Chapter 07, the final bf16 decode kernel: the main path's v12 with its configuration in one
+// table (the chapter's README, "Which kernel to use").
+//
+// What changes from v12, every change: the launcher's name. The configuration the main path
+// arrived at is v12's, gathered here:
+//
+//   configuration (bf16 pages, d = 64 and 128)
+//   | keys per tile | stages | warps | blocks per SM (d = 128)  | splits                                   | merge                     |
+//   |---------------|--------|-------|--------------------------|------------------------------------------|---------------------------|
+//   | 64            | 3      | 4     | 2 (96 KB of shared memory) | choose_splits(): one wave, >= 512 keys each | the last split, one round trip |
+//
+// Why this one: in the recorded H200 run v12 is within 2% of the fastest step at every bf16
+// shape (v1 where B * Hkv fills the GPU without splits, v3 at pages of 32 and 64 tokens), so
+// one kernel and one rule serve every shape; the block table is read ahead (v5) and the
+// merge's loads leave in one round trip (v12). A step that follows another kernel on Hopper can
+// overlap its start with it (v14's programmatic dependent launch, measured in LAB.md).
+//
+// What it buys: one answer to "which bf16 decode kernel": v12's numbers (recorded H200 run,
+// B = 1, L = 64K, GQA 32/8: 3727 GB/s, 82% of the read ceiling; B = 8, L = 32K: 4280 GB/s, 95%).
+
+#include "common/cuda/check.cuh"
+#include "decode_steps.cuh"
+
+namespace attn::ch07::gpu::final_bf16 {
+
+/// 16-byte chunks per K or V row (bf16: D / 8; 8-bit: D / 16), and so the rows a
+/// thread loads per tile: one per pass of the 128 threads over the tile's 64 rows.
+template <int D, class Kv>
+constexpr int kRowChunks = D * int(kv_elem_bytes(Kv::kDtype)) / 16;
+template <int D, class Kv>
+constexpr int kPasses = Geo::kBc * kRowChunks<D, Kv> / Geo::kThreads;
+
+/// The pool pages of this thread's rows of one tile, read ahead of its loads.
+template <int D, class Kv>
+struct TilePages {
+  int page[kPasses<D, Kv>];
+};
+
+/// Reads the block-table entries of this thread's rows of the tile at t0 (row
+/// pass * ROWS + tid / CH, as in load_tile()); -1 for a row past the table.
+template <int D, class Kv>
+__device__ __forceinline__ TilePages<D, Kv> tile_pages(const Kv& kv, int b, int t0) {
+  constexpr int CH = kRowChunks<D, Kv>, ROWS = Geo::kThreads / CH;
+  TilePages<D, Kv> tp;
+#pragma unroll
+  for (int pass = 0; pass < kPasses<D, Kv>; ++pass) {
+    const int pg = (t0 + pass * ROWS + int(threadIdx.x) / CH) >> kv.page_shift;
+    tp.page[pass] = pg < kv.max_pages ? __ldg(kv.block_table + std::size_t(b) * kv.max_pages + pg) : -1;
+  }
+  return tp;
+}
+
+/// kv.row() with the page already read: row of token t of KV head hk in `page`.
+template <class Kv>
+__device__ __forceinline__ std::size_t row_at(const Kv& kv, int page, int hk, int t) {
+  return ((std::size_t(page) * kv.kv_heads + hk) << kv.page_shift) + (t & ((1 << kv.page_shift) - 1));
+}
+
+/// Byte offset of 16-byte chunk `ch` of row `row` in a [64][D] tile of 8-bit codes,
+/// XOR-swizzled: chunk ch ^ (row & 7), so the rows a load phase reads at one chunk
+/// position fall in different bank groups (d = 128: 8 chunks per row).
+template <int D>
+__device__ __forceinline__ uint32_t code_offset(int row, int ch) {
+  static_assert(D == 128, "the 8-bit stage is laid out for d = 128");
+  return uint32_t(row) * D + uint32_t((ch ^ (row & 7)) * 16);
+}
+
+/// load_tile() for PagedKv8 (decode_tile.cuh) with the chunks at code_offset().
+template <int D, KvDtype F>
+__device__ __forceinline__ void load_codes(uint32_t sk, uint32_t sv, const PagedKv8<F>& kv,
+                                           const TilePages<D, PagedKv8<F>>& tp, int hk, int t0, int t_end) {
+  constexpr int CH = D / 16;                     // 16-byte chunks per row
+  constexpr int ROWS = Geo::kThreads / CH;       // rows per pass
+  const int ch = threadIdx.x % CH;
+  const uint32_t scales = sv + uint32_t(Geo::kBc) * D;  // K scales, then V scales
+#pragma unroll
+  for (int pass = 0; pass < Geo::kBc / ROWS; ++pass) {
+    const int row = pass * ROWS + threadIdx.x / CH;
+    const int t = t0 + row;
+    const bool in = t < t_end;
+    const std::size_t r = in ? row_at(kv, tp.page[pass], hk, t) : 0;
+    const uint32_t dst = code_offset<D>(row, ch);
+    cuda::cp_async_16(sk + dst, kv.k + r * D + ch * 16, in);
+    cuda::cp_async_16(sv + dst, kv.v + r * D + ch * 16, in);
+    if (ch == 0) {
+      cuda::cp_async_4(scales + 4 * row, kv.k_scale + (r >> kv.page_shift), in);
+      cuda::cp_async_4(scales + 4 * (Geo::kBc + row), kv.v_scale + (r >> kv.page_shift), in);
+    }
+  }
+}
+
+/// load_tile() for bf16 pages (decode_tile.cuh) with the pages read ahead.
+template <int D>
+__device__ __forceinline__ void load_rows(uint32_t sk, uint32_t sv, const PagedKv& kv, const TilePages<D, PagedKv>& tp,
+                                          int hk, int t0, int t_end) {
+  constexpr int CH = D / 8;                      // 16-byte chunks per row
+  constexpr int ROWS = Geo::kThreads / CH;       // rows per pass
+  const int ch = threadIdx.x % CH;
+#pragma unroll
+  for (int pass = 0; pass < Geo::kBc / ROWS; ++pass) {
+    const int row = pass * ROWS + threadIdx.x / CH;
+    const int t = t0 + row;
+    const bool in = t < t_end;
+    const std::size_t off = in ? row_at(kv, tp.page[pass], hk, t) * D + ch * 8 : 0;
+    const uint32_t dst = tile_offset<D>(row, ch);
+    cuda::cp_async_16(sk + dst, kv.k + off, in);
+    cuda::cp_async_16(sv + dst, kv.v + off, in);
+  }
+}
+
+/// One stage's loads, from pages read ahead: the swizzled codes for an 8-bit cache,
+/// v3's tile for bf16.
+template <int D, class Kv>
+__device__ __forceinline__ void load_stage(uint32_t sk, uint32_t sv, const Kv& kv, const TilePages<D, Kv>& tp, int hk,
+                                           int t0, int t_end) {
+  if constexpr (kv_quantised(Kv::kDtype)) load_codes<D>(sk, sv, kv, tp, hk, t0, t_end);
+  else load_rows<D>(sk, sv, kv, tp, hk, t0, t_end);
+}
+
+/// An 8-bit stage as the warp reads it: the K and V codes (code_offset() layout) and
+/// the 64 K scales, then the 64 V scales.
+struct CodeRows {
+  const unsigned char* k;
+  const unsigned char* v;
+  const float* scales;
+  /// Row `row`'s (0..63 of the tile) K scale (which = 0) or V scale (which = 1).
+  __device__ __forceinline__ float scale(int row, int which) const { return scales[which * Geo::kBc + row]; }
+};
+
+/// The 16 bytes of chunk `ch` of row `row` of a code tile.
+template <int D>
+__device__ __forceinline__ uint4 load_chunk(const unsigned char* tile, int row, int ch) {
+  return *reinterpret_cast<const uint4*>(tile + code_offset<D>(row, ch));
+}
+
+/// Word i (0..3) of a 16-byte chunk.
+__device__ __forceinline__ uint32_t word(const uint4& c, int i) { return i == 0 ? c.x : i == 1 ? c.y : i == 2 ? c.z : c.w; }
+
+/// WarpDecode<D, __half> (decode_tile.cuh) with its fragments loaded from the codes:
+/// Q in the dim order of the K codes (init), K and V fragments converted from the
+/// stage's codes in registers (tile), O's dims put back in order (store). The scales,
+/// the online softmax and O's unit vsig are WarpDecode's.
+template <int D, KvDtype F>
+struct WarpCodes : WarpDecode<D, __half> {
+  using Base = WarpDecode<D, __half>;
+  using Base::KS;
+  using Base::ND;
+  using Base::o;
+  using Base::qa;
+  using Base::softmax;
+  using Base::vsig;
+  static_assert(D == 128, "lane q's K bytes [32q, 32q + 32) are 4 KS bytes: d = 128");
+
+  /// Q rows of heads h0 .. h0 + rows - 1 (rows <= 16); register pair i of k-step ks
+  /// holds dims 32q + 4ks + 2 (i / 2) + {0, 1}: the dims of the K codes' word ks.
+  __device__ __forceinline__ void init(const bf16* q, int rows) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int row = Frag::a_row(lane, i), col = (D / 4) * (lane % 4) + 4 * ks + 2 * (i / 2);
+        const uint32_t x = row < rows ? *reinterpret_cast<const uint32_t*>(q + std::size_t(row) * D + col) : 0u;
+        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x));
+        qa[ks][i] = cuda::pack2<__half>(f.x, f.y);
+      }
+#pragma unroll
+    for (int i = 0; i < 4 * ND; ++i) o[i] = 0.f;
+    vsig = 0.f;
+    softmax.init();
+  }
+
+  /// Keys k0 .. k0 + 15 of the stage; only the first `valid` exist. WarpDecode::tile
+  /// with the ldmatrix reads of the f16 slot replaced by the codes' own fragments.
+  __device__ __forceinline__ void tile(const CodeRows& rows, int k0, int valid, float c) {
+    const int lane = threadIdx.x % 32, n = lane / 4, q = lane % 4;
+    // K: keys k0 + n (n-tile 0) and k0 + 8 + n (n-tile 1), chunks 2q and 2q + 1 of each.
+    uint4 kc[2][2];
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) kc[t][j] = load_chunk<D>(rows.k, k0 + 8 * t + n, 2 * q + j);
+    float s[8] = {};
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+        uint32_t b0, b1;
+        codes_to_f16<F>(word(kc[t][ks / 4], ks % 4), b0, b1);
+        cuda::mma_m16n8k16<__half>(acc4(s, t), qa[ks], b0, b1);
+      }
+    // S's column j times key j's K scale (this lane holds 4 keys' columns).
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s[i] *= rows.scale(k0 + 8 * (i / 4) + Frag::c_col(lane, i % 4), 0);
+    // Mask the keys past the end: -inf, which the softmax turns into P = 0.
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      if (8 * (i / 4) + Frag::c_col(lane, i % 4) >= valid) s[i] = neg_inf<float>();
+    float alpha[2];
+    softmax.update(s, c, alpha);
+    cuda::rescale(o, alpha);
+    // P's column j times s_j / vsig, vsig the largest V scale so far (p_times_v_scales()).
+    p_times_v_scales(s, o, vsig, [&](int key) { return rows.scale(k0 + key, 1); });
+    const uint32_t pa[4] = {cuda::pack2<__half>(s[0], s[1]), cuda::pack2<__half>(s[2], s[3]),
+                            cuda::pack2<__half>(s[4], s[5]), cuda::pack2<__half>(s[6], s[7])};
+    // V: keys 2q, 2q + 1 (b0) and 2q + 8, 2q + 9 (b1), dims 16n .. 16n + 15: chunk n.
+    uint4 vc[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) vc[i] = load_chunk<D>(rows.v, k0 + 2 * q + (i & 1) + 8 * (i >> 1), n);
+    // Word w holds dims 16n + 4w .. + 3 of each key: interleaved key by key (bytes
+    // k_a d, k_b d, k_a d+1, k_b d+1), then converted, they are the B registers of the
+    // n-tiles 4w .. 4w + 3 (column n of n-tile nt is dim 16n + nt).
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      uint32_t b0[4], b1[4];
+      codes_to_f16<F>(__byte_perm(word(vc[0], w), word(vc[1], w), 0x5140u), b0[0], b0[1]);
+      codes_to_f16<F>(__byte_perm(word(vc[0], w), word(vc[1], w), 0x7362u), b0[2], b0[3]);
+      codes_to_f16<F>(__byte_perm(word(vc[2], w), word(vc[3], w), 0x5140u), b1[0], b1[1]);
+      codes_to_f16<F>(__byte_perm(word(vc[2], w), word(vc[3], w), 0x7362u), b1[2], b1[3]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) cuda::mma_m16n8k16<__half>(acc4(o, 4 * w + j), pa, b0[j], b1[j]);
+    }
+  }
+
+  /// WarpDecode::store with O's dims in order: column 2q + j of n-tile nt is dim
+  /// ND (2q + j) + nt.
+  __device__ __forceinline__ void store(float* ms, float* ls, float* os, float c) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = Frag::c_row(lane, 0), cl = Frag::c_col(lane, 0);
+    float l[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      l[i] = softmax.l[i];
+      l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+      l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    }
+    if (lane % 4 == 0) {
+      ms[warp * 16 + r] = softmax.m[0] * c;  // -inf stays -inf (c > 0)
+      ms[warp * 16 + r + 8] = softmax.m[1] * c;
+      ls[warp * 16 + r] = l[0];
+      ls[warp * 16 + r + 8] = l[1];
+    }
+    const float u = vsig;  // O back to value units
+#pragma unroll
+    for (int nt = 0; nt < ND; ++nt) {
+      float* top = os + std::size_t(warp * 16 + r) * D + nt;
+      float* bottom = os + std::size_t(warp * 16 + r + 8) * D + nt;
+      top[ND * cl] = o[4 * nt] * u;
+      top[ND * (cl + 1)] = o[4 * nt + 1] * u;
+      bottom[ND * cl] = o[4 * nt + 2] * u;
+      bottom[ND * (cl + 1)] = o[4 * nt + 3] * u;
+    }
+  }
+};
+
+/// The warp's state for a K/V type: v3's for bf16, WarpCodes for an 8-bit cache.
+template <int D, class Kv, bool = kv_quantised(Kv::kDtype)>
+struct WarpDecodeV4Of {
+  using type = WarpDecodeFor<D, Kv>;
+};
+template <int D, class Kv>
+struct WarpDecodeV4Of<D, Kv, true> {
+  using type = WarpCodes<D, Kv::kDtype>;
+};
+template <int D, class Kv>
+using WarpDecodeV4 = typename WarpDecodeV4Of<D, Kv>::type;
+
+/// The rows of warp `warp` in a stage: v3's for bf16; the stage itself for 8-bit codes.
+template <int D, class Kv>
+__device__ __forceinline__ auto warp_rows_v4(const Kv& kv, uint32_t sk, uint32_t sv, int warp, unsigned char* smem,
+                                             uint32_t s0) {
+  if constexpr (kv_quantised(Kv::kDtype)) {
+    return CodeRows{smem + (sk - s0), smem + (sv - s0),
+                    reinterpret_cast<const float*>(smem + (sv - s0) + std::size_t(Geo::kBc) * D)};
+  } else {
+    return warp_rows<D>(kv, sk, sv, warp, smem, s0);
+  }
+}
+
+/// Shared memory of a v4 block: the stages (an 8-bit stage without the f16 slots).
+template <int D, class Kv>
+constexpr std::size_t smem_bytes() {
+  return kv_quantised(Kv::kDtype) ? std::size_t(kStagesFor<Kv>) * kStageBytes<D, Kv> : decode_smem_bytes(D);
+}
+
+/// The last block of a (b, KV head group) merges the S split states of its `rows`
+/// heads. The states were written by other blocks: read through L2 (__ldcg), not L1.
+/// First every (row, split) m and l goes to shared memory, all loads in flight at once;
+/// then thread task (row i, dims c4 .. c4 + 3) folds the splits with merge(), sixteen
+/// O slices loaded before they are folded: two round trips to L2 for 32 splits, where
+/// v2's merge kernel waits for one per split.
+template <int D>
+__device__ __forceinline__ void merge_states(const DecodeParams& p, int b, int h0, int rows, float* sm,
+                                             int sm_floats) {
+  constexpr int kBatch = 16;
+  const std::size_t row0 = std::size_t(b) * p.heads + h0;
+  // One trip: [rows x S] m, l pairs, then [rows x S][D] O slices, all in shared memory.
+  const int pairs = rows * p.splits;
+  if (((2 * pairs + 3) & ~3) + pairs * D <= sm_floats) {
+    float* so = sm + ((2 * pairs + 3) & ~3);  // the O slices 16-byte aligned
+    const uint32_t so_addr = cuda::smem_u32(so);
+    for (int t = threadIdx.x; t < pairs * (D / 4); t += Geo::kThreads) {  // rows consecutive: (row0 + i) * S + s
+      cuda::cp_async_16(so_addr + 16u * uint32_t(t), p.part_o + (row0 * p.splits) * D + 4 * std::size_t(t), true);
+    }
+    cuda::cp_async_commit();
+    for (int t = threadIdx.x; t < pairs; t += Geo::kThreads) {
+      const float m = __ldcg(p.part_m + row0 * p.splits + t), l = __ldcg(p.part_l + row0 * p.splits + t);
+      sm[2 * t] = m;
+      sm[2 * t + 1] = l;
+    }
+    cuda::cp_async_wait<0>();
+    __syncthreads();
+    for (int task = threadIdx.x; task < rows * (D / 4); task += Geo::kThreads) {
+      const int i = task / (D / 4), c4 = task % (D / 4) * 4;
+      auto acc = AttnState<4, float, Base2>::identity();
+      for (int s = 0; s < p.splits; ++s) {
+        const int t = i * p.splits + s;
+        AttnState<4, float, Base2> part;
+        part.s = SoftmaxState<float, Base2>{sm[2 * t], sm[2 * t + 1]};
+        const float4 v = *reinterpret_cast<const float4*>(so + std::size_t(t) * D + c4);
+        part.o[0] = v.x, part.o[1] = v.y, part.o[2] = v.z, part.o[3] = v.w;
+        acc = merge(acc, part);
+      }
+      const std::size_t row = row0 + i;
+      uint2 out;
+      out.x = cuda::pack2<bf16>(acc.out(0), acc.out(1));
+      out.y = cuda::pack2<bf16>(acc.out(2), acc.out(3));
+      *reinterpret_cast<uint2*>(p.o + row * D + c4) = out;
+      if (c4 == 0) p.lse[row] = acc.s.lse();
+    }
+    return;
+  }
+  const bool staged = 2 * rows * p.splits <= sm_floats;  // v5's form: always, but for thousands of splits
+  if (staged) {
+    for (int t = threadIdx.x; t < rows * p.splits; t += Geo::kThreads) {
+      sm[2 * t] = __ldcg(p.part_m + row0 * p.splits + t);  // rows are consecutive: (row0 + i) * S + s
+      sm[2 * t + 1] = __ldcg(p.part_l + row0 * p.splits + t);
+    }
+    __syncthreads();
+  }
+  for (int task = threadIdx.x; task < rows * (D / 4); task += Geo::kThreads) {
+    const int i = task / (D / 4), c4 = task % (D / 4) * 4;
+    const std::size_t row = row0 + i;
+    auto acc = AttnState<4, float, Base2>::identity();
+    for (int s0 = 0; s0 < p.splits; s0 += kBatch) {
+      AttnState<4, float, Base2> part[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        part[j] = AttnState<4, float, Base2>::identity();
+        if (s0 + j < p.splits) {
+          const std::size_t at = row * p.splits + s0 + j;
+          const int t = i * p.splits + s0 + j;
+          part[j].s = staged ? SoftmaxState<float, Base2>{sm[2 * t], sm[2 * t + 1]}
+                             : SoftmaxState<float, Base2>{__ldcg(p.part_m + at), __ldcg(p.part_l + at)};
+          const float4 v = __ldcg(reinterpret_cast<const float4*>(p.part_o + at * D + c4));
+          part[j].o[0] = v.x, part[j].o[1] = v.y, part[j].o[2] = v.z, part[j].o[3] = v.w;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) acc = merge(acc, part[j]);
+    }
+    uint2 out;
+    out.x = cuda::pack2<bf16>(acc.out(0), acc.out(1));
+    out.y = cuda::pack2<bf16>(acc.out(2), acc.out(3));
+    *reinterpret_cast<uint2*>(p.o + row * D + c4) = out;
+    if (c4 == 0) p.lse[row] = acc.s.lse();
+  }
+}
+
+/// Blocks per SM the launch bounds ask for: an 8-bit block keeps v4's three (without
+/// the bound ptxas gives v5's 8-bit kernel 224 registers, and two blocks run per SM).
+template <class Kv>
+constexpr int kMinBlocks = kv_quantised(Kv::kDtype) ? 3 : 1;
+
+template <int D, class Kv>
+__global__ void __launch_bounds__(Geo::kThreads, kMinBlocks<Kv>) decode(DecodeParams p, Kv kv) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int b = blockIdx.z, hk = blockIdx.y / p.chunks, chunk = blockIdx.y % p.chunks, split = blockIdx.x;
+  const int h0 = hk * p.group + chunk * Geo::kRows;  // the block's first query head
+  const int rows = min(Geo::kRows, p.group - chunk * Geo::kRows);
+  const int warp = threadIdx.x / 32;
+  // The block's keys: split `split`, split_keys keys from split * split_keys, whatever
+  // the length; the table entries of its first tiles are read before the length is used.
+  const int t_first = split * p.split_keys;
+  TilePages<D, Kv> first[kStagesFor<Kv> - 1];
+#pragma unroll
+  for (int st = 0; st < kStagesFor<Kv> - 1; ++st) first[st] = tile_pages<D>(kv, b, t_first + st * Geo::kBc);
+  TilePages<D, Kv> ahead = tile_pages<D>(kv, b, t_first + (kStagesFor<Kv> - 1) * Geo::kBc);  // the first refill's
+  const int len = p.lens[b];
+  const int t_begin = min(len, t_first), t_end = min(len, t_first + p.split_keys);
+
+  const float c = p.scale * float(kLog2e);  // the softmax scale in base 2
+  WarpDecodeV4<D, Kv> wd;  // bf16 MMAs, or f16 ones over fragments converted from the codes
+  wd.init(p.q + (std::size_t(b) * p.heads + h0) * D, rows);
+  const uint32_t s0 = cuda::smem_u32(smem);
+  auto stage_k = [&](int st) { return s0 + uint32_t(st) * kStageBytes<D, Kv>; };
+  auto stage_v = [&](int st) { return stage_k(st) + kCodeTileBytes<D, Kv>; };
+  const int n_tiles = cuda::ceil_div(t_end - t_begin, Geo::kBc);
+
+  // Fill the pipeline: kStages - 1 tiles in flight before the first is used.
+  for (int st = 0; st < kStagesFor<Kv> - 1; ++st) {
+    if (st < n_tiles) load_stage<D>(stage_k(st), stage_v(st), kv, first[st], hk, t_begin + st * Geo::kBc, t_end);
+    cuda::cp_async_commit();
+  }
+  for (int it = 0; it < n_tiles; ++it) {
+    cuda::cp_async_wait<kStagesFor<Kv> - 2>();  // tile `it` has landed for this thread...
+    __syncthreads();                    // ...for all threads, and every warp is done with tile it - 1
+    const int next = it + kStagesFor<Kv> - 1;  // refill the stage that tile it - 1 used
+    if (next < n_tiles) {
+      load_stage<D>(stage_k(next % kStagesFor<Kv>), stage_v(next % kStagesFor<Kv>), kv, ahead, hk,
+                    t_begin + next * Geo::kBc, t_end);
+      if (next + 1 < n_tiles) ahead = tile_pages<D>(kv, b, t_begin + (next + 1) * Geo::kBc);  // for the next refill
+    }
+    cuda::cp_async_commit();
+    const int t0 = t_begin + it * Geo::kBc;
+    const int valid = min(Geo::kWarpKeys, t_end - t0 - warp * Geo::kWarpKeys);  // this warp's keys in the tile
+    // The warp's rows of the stage (8-bit K/V: the codes, converted in the warp's registers).
+    const auto rows = warp_rows_v4<D>(kv, stage_k(it % kStagesFor<Kv>), stage_v(it % kStagesFor<Kv>), warp, smem, s0);
+    if (valid > 0) wd.tile(rows, warp * Geo::kWarpKeys, valid, c);
+  }
+  cuda::cp_async_wait<0>();
+  __syncthreads();  // every stage is drained: reuse the memory for the merge
+
+  const MergeSmem sm(smem);
+  wd.store(sm.ms, sm.ls, sm.os, c);
+  __syncthreads();
+  for (int task = threadIdx.x; task < rows * (D / 4); task += Geo::kThreads) {
+    const int i = task / (D / 4), c4 = task % (D / 4) * 4;
+    const AttnState<4, float, Base2> acc = merge_warps<D>(sm.ms, sm.ls, sm.os, i, c4);
+    // The block saw one split: store its unnormalised (m, l, O) for the merge kernel.
+    const std::size_t at = (std::size_t(b) * p.heads + h0 + i) * p.splits + split;
+    *reinterpret_cast<float4*>(p.part_o + at * D + c4) = make_float4(acc.o[0], acc.o[1], acc.o[2], acc.o[3]);
+    if (c4 == 0) {
+      p.part_m[at] = acc.s.m;
+      p.part_l[at] = acc.s.l;
+    }
+  }
+  // Arrive: the stores above are made visible to every block first, then one ticket.
+  __threadfence();
+  __syncthreads();
+  __shared__ int ticket;
+  int* counter = p.arrivals + std::size_t(b) * gridDim.y + blockIdx.y;
+  if (threadIdx.x == 0) ticket = atomicAdd(counter, 1);
+  __syncthreads();
+  if (ticket != p.splits - 1) return;  // another split will merge
+  __threadfence();                     // the last: every other split's state is visible
+  merge_states<D>(p, b, h0, rows, reinterpret_cast<float*>(smem), int(smem_bytes<D, Kv>() / 4));
+  if (threadIdx.x == 0) *counter = 0;  // ready for the next step
+}
+
+template <int D, class Kv>
+void launch(const DecodeParams& p, const Kv& kv, int batch, int kv_heads) {
+  const int smem = int(smem_bytes<D, Kv>());
+  static const bool configured = [&] {  // more than 48 KB of shared memory needs an opt-in
+    CUDA_CHECK(cudaFuncSetAttribute(decode<D, Kv>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    return true;
+  }();
+  (void)configured;
+  decode<D, Kv><<<dim3(p.splits, kv_heads * p.chunks, batch), Geo::kThreads, smem>>>(p, kv);
+  CUDA_CHECK_LAUNCH("final_bf16::decode");
+}
+
+template void launch<64, PagedKv>(const DecodeParams&, const PagedKv&, int, int);
+template void launch<128, PagedKv>(const DecodeParams&, const PagedKv&, int, int);
+
+}  // namespace attn::ch07::gpu::final_bf16
