@@ -4,12 +4,12 @@
     python3 bench/ch06_gqa_mla.py --binary build/bin/ch06_variants [--budget 55] [--part gqa|mla|both]
 
 1. GQA/MQA. `ch06_variants gqa --sweep --json`: the packed and unpacked Hopper forward
-   (packed_fwd.cu), and the chapter 04-derived packed forward (steps/ampere_packed.cu,
+   (packed_fwd.cu), and the chapter 04-derived packed forward (ampere_packed.cu,
    "sm_80" columns), over G in {1, 2, 4, 8} (8 KV heads) and MQA (32 query heads, 1 KV
    head), Nq in {1, 4, 16, 64, 128, 4096}, Nk = 8192, d = 128, bf16, not causal, with the
    K/V bytes each one streams. The peers on the same shapes: SDPA's cuDNN backend with
    enable_gqa=True and FlashAttention-4 (flash_attn.cute.flash_attn_func, pack_gqa=True).
-2. MLA. `ch06_variants mla --sweep --json`: the absorbed decode (mla_decode.cu; at H = 128
+2. MLA. `ch06_variants mla --sweep --lab --json`: the absorbed decode (mla_decode.cu; at H = 128
    the 64-row tile on wgmma + TMA, mla_decode_sm90.cu, with the mma.sync tile of the same
    process in the "other 64-row kernel" column) in the memory-bound (H = 16) and
    compute-bound (H = 128) regimes, with the read and bf16 GEMM
@@ -305,7 +305,8 @@ def main():
             row["sm80"] = sm80.get(tuple(row["key"]), {})
         log(f"ours, gqa: {time.time() - t0:.0f} s")
     if a.part in ("mla", "both"):
-        rep, err = run_binary(a.binary, ["mla", "--device", "cuda", "--sweep", "--form", "absorb"], lock)
+        # --lab: the lab's forms of LAB.md beside the default in the same process (the extra columns)
+        rep, err = run_binary(a.binary, ["mla", "--device", "cuda", "--sweep", "--lab", "--form", "absorb"], lock)
         out["mla"], out["mla_error"] = [], err
         out["ceilings"] = (rep or {}).get("ceilings", {})
         other, general = {}, {}

@@ -53,7 +53,10 @@ TEST_CASE("bad input: one line on stderr and exit code 2") {
                        "mla --tile64 wgmma-phased", "mla --sweep-splits -1", "mla --sweep-splits 4,x", "mla --combine-parts 5",
                        "mla --tile64 halves",  "mla --combine clusters", "mla --combine auto=1",
                        "mla --sweep-batch -1", "mla --sweep-batch x",
-                       "gqa --combine fused"};  // the combine options are mla's: gqa has none
+                       "gqa --combine fused",   // the combine options are mla's: gqa has none
+                       // the lab's forms (LAB.md) need --lab
+                       "mla --tile64 wgmma-arrive", "mla --tile64 mma", "mla --tile16 ring4", "mla --combine separate",
+                       "mla --combine-parts 8", "mla --no-pdl", "mla --sweep-splits 4", "gqa --lab"};
   for (const char* args : bad) {
     const auto r = run_binary(CH06_BINARY, std::string(args) + " --device cpu");
     CAPTURE(args);
@@ -61,4 +64,13 @@ TEST_CASE("bad input: one line on stderr and exit code 2") {
     CHECK(r.exit_code == 2);
     CHECK(r.err_lines() == 1);
   }
+}
+
+TEST_CASE("mla --lab accepts the lab's forms (LAB.md), which the CPU run ignores") {
+  const auto r = run_binary(CH06_BINARY,
+                            "mla --device cpu --lab --tile64 wgmma-arrive --tile16 ring4 --combine separate "
+                            "--combine-parts 8 --no-pdl --heads 3 --nk 40");
+  CHECK(r.exit_code == 0);
+  CHECK(r.out.find("model absorb") != std::string::npos);
+  CHECK(r.out.find("FAIL") == std::string::npos);
 }

@@ -190,9 +190,11 @@ int run_gqa(const Options& opt, bool sweep, bool no_table, bool no_time) {
 // ----------------------------------------------------------------------------- mla
 
 #if TUTORIAL_HAVE_CUDA && CH06_GQA_MLA_KERNELS
-/// The two regimes of the README, on the GPU (absorbed decode kernel, Nq = 1).
+/// The two regimes of the README, on the GPU (absorbed decode kernel, Nq = 1). With `lab`, every
+/// case also runs the measured alternatives of LAB.md in the same process (the other 16-row tiles,
+/// the other combines, the other 64-row forms, other split counts).
 void mla_sweep(Report& rep, const Ceilings& ceil, int tile64, int only_heads, int only_batch,
-               const std::vector<int>& more_splits) {
+               const std::vector<int>& more_splits, bool lab) {
   rep.notes.push_back("sweep: absorbed decode, Nq = 1 (time of decode + combine; cache GB/s = latent bytes read / time)");
   rep.notes.push_back("  H    B     Nk     splits  attn ms   total ms   cache GB/s  of read ceil   TFLOP/s  of GEMM ceil");
   struct Case { int h, b, nk; };
@@ -215,7 +217,7 @@ void mla_sweep(Report& rep, const Ceilings& ceil, int tile64, int only_heads, in
                   100 * tf / ceil.gemm_tflops.value_or(1));
     rep.notes.push_back(line);
     // The 16-row tile's other shapes on the same case (mla_decode.cuh), for the choice of the default.
-    if (c.h * s.nq <= 16)
+    if (lab && c.h * s.nq <= 16)
       for (int v = 1; v < 3; ++v) {
         const MlaGpuResult gv = mla_absorb_bench(s, 0, v);
         const double gb = cost.cache_bytes / (gv.attn_ms * 1e-3) / 1e9;
@@ -224,7 +226,7 @@ void mla_sweep(Report& rep, const Ceilings& ceil, int tile64, int only_heads, in
         rep.notes.push_back(line);
       }
     // The combine launched after the decode, not as a programmatic dependent launch (same process).
-    {
+    if (lab) {
       const MlaGpuResult gn = mla_absorb_bench(s, 0, 0, tile64, kCombineSeparate, 0, false);
       const double gb = cost.cache_bytes / (gn.attn_ms * 1e-3) / 1e9;
       std::snprintf(line, sizeof line, "  nopdl %3d %4d %6d  %6d  %8.4f  %10.1f  %11.1f%%", c.h, c.b, c.nk, gn.splits,
@@ -232,7 +234,7 @@ void mla_sweep(Report& rep, const Ceilings& ceil, int tile64, int only_heads, in
       rep.notes.push_back(line);
     }
     // The combine in 4 parts where the grid gave it more (the form before 16 parts; same process).
-    if (g.what.find("combine in 4 parts") == std::string::npos && g.what.find("fused") == std::string::npos &&
+    if (lab && g.what.find("combine in 4 parts") == std::string::npos && g.what.find("fused") == std::string::npos &&
         g.what.find("cluster") == std::string::npos) {
       const MlaGpuResult g4 = mla_absorb_bench(s, 0, 0, tile64, kCombineSeparate, 4);
       const double gb = cost.cache_bytes / (g4.attn_ms * 1e-3) / 1e9;
@@ -241,7 +243,7 @@ void mla_sweep(Report& rep, const Ceilings& ceil, int tile64, int only_heads, in
       rep.notes.push_back(line);
     }
     // The combine in its general form where it took the few-ranges one (the same process).
-    if (g.what.find("one trip") != std::string::npos) {
+    if (lab && g.what.find("one trip") != std::string::npos) {
       const MlaGpuResult gg = mla_absorb_bench(s, 0, 0, tile64, kCombineGeneral);
       const double gb = cost.cache_bytes / (gg.attn_ms * 1e-3) / 1e9;
       std::snprintf(line, sizeof line, "  general %3d %4d %6d  %6d  %8.4f  %10.1f  %11.1f%%", c.h, c.b, c.nk, gg.splits,
@@ -249,7 +251,7 @@ void mla_sweep(Report& rep, const Ceilings& ceil, int tile64, int only_heads, in
       rep.notes.push_back(line);
     }
     // The default merged its 2 ranges in a cluster: the separate combine on the same case (same process).
-    if (g.what.find("cluster") != std::string::npos) {
+    if (lab && g.what.find("cluster") != std::string::npos) {
       const MlaGpuResult gc = mla_absorb_bench(s, 0, 0, tile64, kCombineSeparate);
       const double gb = cost.cache_bytes / (gc.attn_ms * 1e-3) / 1e9;
       std::snprintf(line, sizeof line, "  separate %3d %4d %6d  %6d  %8.4f  %10.1f  %11.1f%%", c.h, c.b, c.nk, gc.splits,
@@ -257,19 +259,19 @@ void mla_sweep(Report& rep, const Ceilings& ceil, int tile64, int only_heads, in
       rep.notes.push_back(line);
     }
     // The combine fused into the decode kernel where it can be (the same process).
-    if (c.h * s.nq <= 16 && g.splits <= 4) {
+    if (lab && c.h * s.nq <= 16 && g.splits <= 4) {
       const MlaGpuResult gs = mla_absorb_bench(s, 0, 0, tile64, kCombineFused);
       const double gb = cost.cache_bytes / (gs.attn_ms * 1e-3) / 1e9;
       std::snprintf(line, sizeof line, "  combine fused %3d %4d %6d  %6d  %8.4f  %10.1f  %11.1f%%", c.h, c.b, c.nk,
                     gs.splits, gs.attn_ms, gb, 100 * gb / ceil.read_gbps.value_or(1));
       rep.notes.push_back(line);
     }
-    // The 64-row tile's other kernels on the same case (wgmma against mma.sync, and the
-    // wgmma kernel with P released by bar.sync; one process).
+    // The 64-row tile's other kernels on the same case (wgmma against mma.sync; with lab also the
+    // other releases of P; one process).
     if (c.h * s.nq > 16)
       for (int other : {kTile64Mma, kTile64Wgmma, kTile64WgmmaSync, kTile64WgmmaBlock, kTile64WgmmaLockstep,
                          kTile64WgmmaHalves, kTile64WgmmaArrive}) {
-        if (other == tile64) continue;
+        if (other == tile64 || (!lab && other != kTile64Mma && other != kTile64Wgmma)) continue;
         const MlaGpuResult gv = mla_absorb_bench(s, 0, 0, other);
         const double tv = attn_flops / (gv.attn_ms * 1e-3) / 1e12;
         const char* name = gv.what.find("bar.arrive") != std::string::npos ? "wgmma-arrive"
@@ -332,7 +334,7 @@ std::vector<float> faulty_mla_output(std::vector<float> o, const MlaShape& s) {
 
 int run_mla(const Options& opt, const std::string& form, long pos0, int splits, bool sweep, bool no_time,
             int tile16, int tile64, int sweep_heads, int sweep_batch, int combine, const std::vector<int>& sweep_splits,
-            int combine_parts, bool pdl) {
+            int combine_parts, bool pdl, bool lab) {
   const Problem& cp = opt.problem;
   if (cp.d != kDQK || cp.dv != kDV)
     throw UsageError("mla uses DeepSeek-V3's head dims (d_qk = 192, d_v = 128, d_c = 512, d_rope = 64); --d/--dv "
@@ -464,7 +466,7 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
       rep.rows.push_back(row);
     }
     rep.apply_ceilings();
-    if (sweep) mla_sweep(rep, rep.ceilings, tile64, sweep_heads, sweep_batch, sweep_splits);
+    if (sweep) mla_sweep(rep, rep.ceilings, tile64, sweep_heads, sweep_batch, sweep_splits, lab);
   }
 #else
   (void)dev;
@@ -478,6 +480,7 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
   (void)sweep_splits;
   (void)combine_parts;
   (void)pdl;
+  (void)lab;
 #endif
   rep.notes.push_back("cache per token and layer: latent [c ; k_rope] = 576 x 2 B = 1152 B, shared by all " +
                       std::to_string(s.heads) + " heads; decompressed K + V = " + std::to_string(s.heads) +
@@ -539,14 +542,19 @@ int mla_main(int argc, char** argv) {
   cli.add_int("--sweep-heads", &sweep_heads, "GPU: only the sweep's rows with this H (16 or 128; 0: all) [0]", 0, 128);
   int sweep_batch = 0;
   cli.add_int("--sweep-batch", &sweep_batch, "GPU: only the sweep's rows with this batch B (0: all) [0]", 0, 1 << 20);
+  // The measured alternatives of LAB.md: accepted with --lab only (the defaults are the chapter's kernels).
+  bool lab = false;
+  cli.add_flag("--lab", &lab,
+               "allow the lab's forms (LAB.md): --tile16, --tile64, --combine, --combine-parts, --no-pdl, "
+               "--sweep-splits; with --sweep, also time them beside the default");
   std::string tile16 = "wide";
-  cli.add_choice("--tile16", &tile16, {"wide", "ring2x2", "ring4"}, "GPU: the shape of the 16-row decode tile [wide]");
+  cli.add_choice("--tile16", &tile16, {"wide", "ring2x2", "ring4"}, "GPU, lab: the shape of the 16-row decode tile [wide]");
   int sweep_splits = 0;
   cli.add_int("--sweep-splits", &sweep_splits,
-              "GPU: also time each sweep row with 1, 2, 4, ... up to this many key ranges (0: none) [0]", 0, 1024);
+              "GPU, lab: also time each sweep row with 1, 2, 4, ... up to this many key ranges (0: none) [0]", 0, 1024);
   std::string tile64 = "wgmma";
   cli.add_choice("--tile64", &tile64, {"wgmma", "wgmma-arrive", "wgmma-sync", "wgmma-block", "wgmma-lockstep", "wgmma-halves", "mma"},
-                 "GPU: the 64-row decode tile's kernel (wgmma + TMA on sm_90, else mma.sync; wgmma: both "
+                 "GPU, lab: the 64-row decode tile's kernel (wgmma + TMA on sm_90, else mma.sync; wgmma: both "
                  "warpgroups in one loop at __syncthreads(), each wgmma issued and waited for in its "
                  "warpgroup's branch; wgmma-arrive: P released by bar.arrive, the former default; "
                  "wgmma-sync: P released by bar.sync; wgmma-block: the same on barrier 0, all threads of "
@@ -554,18 +562,26 @@ int mla_main(int argc, char** argv) {
                  "branch; wgmma-halves: each warpgroup computes S for half of the key block) [wgmma]");
   std::string combine = "auto";
   cli.add_choice("--combine", &combine, {"auto", "separate", "fused", "general", "cluster"},
-                 "GPU: how the key ranges are merged: auto (exactly 2 ranges on sm_90: in a cluster of the "
+                 "GPU, lab: how the key ranges are merged: auto (exactly 2 ranges on sm_90: in a cluster of the "
                  "two blocks; otherwise separate), separate (a second kernel, one round trip for up to 8 "
                  "ranges in 4 parts), fused (the decode kernel's last range: mma.sync tiles, at most 4 "
                  "ranges), general (the second kernel's two-trip form always), cluster (as auto) [auto]");
   std::string parts = "auto";
   cli.add_choice("--combine-parts", &parts, {"auto", "4", "8", "16"},
-                 "GPU: the separate combine's column parts, one thread block each (auto: more while the "
+                 "GPU, lab: the separate combine's column parts, one thread block each (auto: more while the "
                  "blocks would not fill two per SM) [auto]");
   bool no_pdl = false;
-  cli.add_flag("--no-pdl", &no_pdl, "GPU: launch the combine after the decode, not as a programmatic dependent launch");
+  cli.add_flag("--no-pdl", &no_pdl, "GPU, lab: launch the combine after the decode, not as a programmatic dependent launch");
   cli.add_flag("--no-time", &no_time, "GPU: check only, no timing (for compute-sanitizer)");
   return run_chapter(argc, argv, cli, [&](const Options& o) {
+    const std::string lab_form = tile16 != "wide"    ? "--tile16 " + tile16
+                                 : tile64 != "wgmma" ? "--tile64 " + tile64
+                                 : combine != "auto" ? "--combine " + combine
+                                 : parts != "auto"   ? "--combine-parts " + parts
+                                 : no_pdl            ? std::string("--no-pdl")
+                                 : sweep_splits > 0  ? std::string("--sweep-splits")
+                                                     : std::string();
+    if (!lab && !lab_form.empty()) throw UsageError(lab_form + " is one of the lab's forms (LAB.md): add --lab");
     const int v = tile16 == "ring2x2" ? 1 : tile16 == "ring4" ? 2 : 0;
     const int t64 = tile64 == "mma"           ? kTile64Mma
                     : tile64 == "wgmma-sync"  ? kTile64WgmmaSync
@@ -583,7 +599,7 @@ int mla_main(int argc, char** argv) {
                    : combine == "separate"  ? kCombineSeparate
                                             : kCombineAuto,
                    more_splits,
-                   parts == "auto" ? 0 : std::stoi(parts), !no_pdl);
+                   parts == "auto" ? 0 : std::stoi(parts), !no_pdl, lab);
   });
 }
 
