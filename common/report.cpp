@@ -1,5 +1,6 @@
 #include "common/report.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -15,6 +16,9 @@ void ResultRow::set_check(const CheckResult& c) {
   rel_l2_err = c.rel_l2();
   pass = c.pass();
   if (!c.pass()) note = c.failures();
+  double m = 0;
+  for (const auto& t : c.tensors) m = std::max(m, t.verdict.margin);
+  check_margin = m;
 }
 
 void ResultRow::set_traffic(const Traffic& t) {
@@ -206,6 +210,7 @@ void Report::print_json(std::ostream& os) const {
     field("tflops", sp ? r.tflops : none);
     field("gbps", sp ? r.gbps : none);
     field("ceiling_share", sp ? r.ceiling_share : none);
+    field("check_margin", r.check_margin);
     os << ", \"pass\": " << (r.pass ? (*r.pass ? "true" : "false") : "null");
     if (!r.pass && r.time_ms) os << ", \"ran_unchecked\": true";  // timed, never compared: no speed
     os << ", \"note\": \"" << json_escape(r.note) << "\"}";

@@ -40,6 +40,9 @@ struct ResultRow {
   Bound bound = Bound::none;
   std::optional<double> ceiling_share;  ///< tflops / GEMM ceiling, or gbps / read ceiling
   std::optional<bool> pass;             ///< the acceptance rule; unset when not checked ("unchecked")
+  /// The share of its tolerance the worst checked row used, over the row's tensors
+  /// (Verdict::margin: <= 1 passes); JSON "check_margin".
+  std::optional<double> check_margin;
   std::string note;                     ///< short remark shown after the table
 
   /// Whether the row's speed (time, TFLOP/s, GB/s, share) is printed: only once its output
