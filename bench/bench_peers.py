@@ -6,7 +6,8 @@ ours (common/compare.hpp): sampled rows (0, 1, N-2, N-1 and a spread between) of
 the same scale-aware rule: per row, error <= 2 x the error of a plain bf16 computation
 of that row (fp32 scores, P and O rounded to bf16) + 2^-8 x the row's own max |ref|, and
 the same bound in L2 (`judge_rows()`). An all-zero output fails. The backward checks dQ,
-dK and dV of the first and last KV groups (every query head of the group). Then the peer
+dK and dV of the first and last KV groups (every query head of the group), each tensor
+judged as one row, as the chapters judge gradients. Then the peer
 is timed with peer_timer.PeerTimer: 3 warm-ups, an L2 flush that leaves the cache clean
 before every repeat, CUDA events, the median.
 
@@ -219,16 +220,21 @@ class Peers:
             naives.append(naive)
         return self._judge("O", got, refs, naives, "%d rows in %d (batch, head) pairs" % (len(rows), len(pairs)))
 
-    def _judge(self, name, got, refs, naives, what):
+    def _judge(self, name, got, refs, naives, what, per_row=True):
+        """judge_rows() on the checked rows; `per_row` False judges the tensor as one row (the
+        gradients, as common/compare.hpp's Magnitude::tensor: their rows' errors follow the
+        cancelling terms they sum, not the rows' own size)."""
         torch = self.torch
         g, r, nv = torch.cat(got), torch.cat(refs), torch.cat(naives)
         if r.abs().max().item() > 0 and g.abs().max().item() == 0:
             return 0.0, "%s is all zeros on the %s checked" % (name, what)
         e, ne = (g - r).abs(), (nv - r).abs()
-        err = e.amax(-1).tolist()
-        margin, bad = judge_rows(name, err, ne.amax(-1).tolist(), r.abs().amax(-1).tolist(),
-                                 torch.linalg.vector_norm(g - r).item(), torch.linalg.vector_norm(nv - r).item(),
-                                 r.shape[-1])
+        if per_row:
+            err, nerr, scale, width = e.amax(-1).tolist(), ne.amax(-1).tolist(), r.abs().amax(-1).tolist(), r.shape[-1]
+        else:
+            err, nerr, scale, width = [e.max().item()], [ne.max().item()], [r.abs().max().item()], r.numel()
+        margin, bad = judge_rows(name, err, nerr, scale, torch.linalg.vector_norm(g - r).item(),
+                                 torch.linalg.vector_norm(nv - r).item(), width)
         return max(err) if err else 0.0, (bad + " (%s)" % what) if bad else None
 
     def _check_backward(self, q, k, v, o, do, causal, bnhd):
@@ -281,7 +287,7 @@ class Peers:
                 got[x].append(sl(t, bb, kh).float())
         for name in ("dQ", "dK", "dV"):
             _, bad = self._judge(name, got[name], refs[name], naives[name],
-                                 "KV groups %s, every row" % ", ".join("(%d, %d)" % g for g in groups))
+                                 "KV groups %s, every row" % ", ".join("(%d, %d)" % g for g in groups), per_row=False)
             if bad:
                 return bad
         return None
