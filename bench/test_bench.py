@@ -292,17 +292,21 @@ class Runner(unittest.TestCase):
                    {"impl": "v5 exp2", "device": "cuda", "pass": False, "tflops": 500.0, "time_ms": 1.0,
                     "hbm_read_bytes": 1.0, "hbm_write_bytes": 2.0},
                    {"impl": "v6 final", "device": "cuda", "pass": True, "tflops": 300.0, "time_ms": 2.0,
-                    "hbm_read_bytes": 1.0, "hbm_write_bytes": 2.0, "flops": 6e11},
+                    "hbm_read_bytes": 1.0, "hbm_write_bytes": 2.0, "flops": 6e11, "max_abs_err": 1e-3},
                    {"impl": "v1 loop swap", "device": "cuda", "pass": None, "tflops": None,
                     "note": "not built for d=256"},
                    {"impl": "v2 timed only", "device": "cuda", "pass": None, "tflops": None, "time_ms": None,
                     "ran_unchecked": True},
-                   {"impl": "backward, dQ atomics", "device": "cuda", "pass": True, "tflops": 200.0, "time_ms": 3.0},
+                   {"impl": "v3 no error figure", "device": "cuda", "pass": True, "tflops": 400.0, "time_ms": 1.5},
+                   {"impl": "backward, dQ atomics", "device": "cuda", "pass": True, "tflops": 200.0, "time_ms": 3.0,
+                    "max_abs_err": 2e-3},
                    {"impl": "ch01 cuBLAS (fwd)", "device": "cuda", "pass": True, "tflops": 50.0, "time_ms": 9.0}]}
         rows = lineage.report_rows(rep, "04", {"d": 128, "N": 8192, "causal": True})
         by = {r["kernel"]: r for r in rows}
         self.assertEqual(set(by), {"ch04 v5 exp2", "ch04 v6 final", "ch04 v1 loop swap", "ch04 v2 timed only",
-                                   "ch04 backward, dQ atomics"})
+                                   "ch04 v3 no error figure", "ch04 backward, dQ atomics"})
+        self.assertEqual(by["ch04 v3 no error figure"]["status"], "unchecked")  # "pass" without an error figure
+        self.assertNotIn("tflops", by["ch04 v3 no error figure"])
         self.assertEqual(by["ch04 v5 exp2"]["status"], "failed")
         self.assertNotIn("tflops", by["ch04 v5 exp2"])
         self.assertEqual(by["ch04 v6 final"]["status"], "ok")
