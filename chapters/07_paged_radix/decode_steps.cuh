@@ -5,13 +5,13 @@
 ///        instantiated for d = 64 and 128 over paged and contiguous bf16 K/V, and for
 ///        d = 128 over 8-bit pages (PagedKv8, FP8 and INT8); and `gpu::v4::launch`
 ///        (steps/v4_codes_to_fragments.cu) and `gpu::v5::launch` (steps/v5_table_lookahead.cu),
-///        for paged K/V only; `gpu::v6::launch` (steps/v6_lazy_rescale.cu) and
-///        `gpu::v7::launch` (steps/v7_tma_pages.cu), `gpu::v8::launch`
-///        (steps/v8_empty_barriers.cu), `gpu::v9::launch` (steps/v9_keys_as_rows.cu) and
-///        `gpu::v10::launch` (steps/v10_four_blocks.cu), for 8-bit pages only; `gpu::v12::launch`
-///        (steps/v12_one_trip_merge.cu), for bf16 pages; `gpu::v13::launch`
-///        (steps/v13_fenced_release.cu), for 8-bit pages; `gpu::v14::launch`
-///        (steps/v14_overlapped_launch.cu), for bf16 pages.
+///        for paged K/V only; `gpu::v6::launch` (steps/v6_lazy_rescale.cu), `gpu::v7::launch`
+///        (steps/v7_tma_pages.cu) and `gpu::v9::launch` (steps/v9_keys_as_rows.cu), for 8-bit
+///        pages only; `gpu::v12::launch` (steps/v12_one_trip_merge.cu) and `gpu::v14::launch`
+///        (steps/v14_overlapped_launch.cu), for bf16 pages; the final kernels
+///        `gpu::final_bf16::launch` (steps/final_bf16.cu) and `gpu::final_8bit::launch`
+///        (steps/final_8bit.cu); and the lab's `gpu::v8`, `gpu::v10` and `gpu::v13`
+///        (steps/lab/, built with TUTORIAL_LAB=ON), for 8-bit pages.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (v7)
