@@ -64,8 +64,9 @@ inline int last_visible(const Problem& p, int i) {
 ///
 /// The yardstick is the plain way to compute the same rows in fp32: the safe softmax
 /// of three passes with a sequential sum, then \f$O = PV\f$ by a sequential dot product.
-/// A variant passes when its error is at most twice the yardstick's plus
-/// \f$u \max(1, \max|\mathrm{ref}|)\f$, as every chapter's kernels must.
+/// A variant passes by the rule of compare.hpp, as every chapter's kernels must: per
+/// row, its error at most twice the yardstick's plus \f$u\f$ times the row's own
+/// \f$\max|\mathrm{ref}|\f$ (the LSE: \f$\max(1, |\mathrm{ref}|)\f$), and the same in L2.
 class SoftmaxOracle {
  public:
   SoftmaxOracle(const Problem& p, const SoftmaxInputs& in, CheckPlan plan);
