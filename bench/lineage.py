@@ -723,7 +723,7 @@ class Bench:
                            note=r.get("note", ""))
                 rd, wr = r.get("hbm_read_bytes"), r.get("hbm_write_bytes")
                 if rd is not None and wr is not None:
-                    row["bytes"] = rd + wr  # the kernel's own count (every sweep over S)
+                    row["bytes"] = rd + wr  # the kernel's traffic formula (every sweep over S), not measured
                 if r.get("pass") is True and r.get("time_ms") and wr is not None:
                     # one count for every kernel and for torch.softmax: S read once + what it writes
                     eff = 4.0 * rows_total * n + wr

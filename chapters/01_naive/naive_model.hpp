@@ -39,8 +39,8 @@ NaiveForwardResult naive_forward_model(const Problem& p, const AttnInputs& in, s
                                        GemmTiles t = {});
 
 /// Bytes the three kernels move, from the tile sizes alone (no simulation). The
-/// model's counted traffic must equal this; the GPU report uses it as the kernels'
-/// own count.
+/// model's counted traffic must equal this; the GPU report gives it as the kernels'
+/// bytes (a formula of their loop structure, not a measurement).
 struct NaiveTrafficFormula {
   double qk_read = 0, qk_write = 0;            ///< kernel 1
   double softmax_read = 0, softmax_write = 0;  ///< kernel 2 (P and LSE)

@@ -59,7 +59,8 @@ Fa1BackwardResult fa1_backward_model(const Problem& p, const AttnInputs& in, con
                                      const std::vector<float>& lse, std::size_t sram_bytes, Blocks blocks = {});
 
 /// Bytes FA1 moves, from the block sizes alone. The models' counted traffic equals
-/// this, and the GPU report uses it (with the kernels' blocks) as the kernels' own count.
+/// this, and the GPU report gives it (with the kernels' blocks) as the kernels' bytes: a
+/// formula of their loop structure, not a measurement.
 struct Fa1Traffic {
   double kv_read = 0;       ///< K_j, V_j: once per K/V block
   double q_read = 0;        ///< Q_i (and dO_i, LSE_i, D_i in the backward): once per visited (i, j)
