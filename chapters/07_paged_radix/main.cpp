@@ -402,11 +402,10 @@ int run_decode(int argc, char** argv, bool dry = false) {
   Cli cli(std::string(kChapter) + " decode",
           "One decode step (one query token per sequence) over a paged KV cache with GQA: v1 (one block per\n"
           "sequence and KV head), v2 (split-K, flash-decoding), v3 (the merge fused), v4 (8-bit codes into\n"
-          "MMA fragments), v5 (block table read ahead), v6-v10 (8-bit: lazy rescale, pages by TMA, per-stage\n"
-          "empty barriers, keys as the MMA's rows, four blocks per SM), v12 (bf16: the merge in one round\n"
-          "trip), v13 (8-bit: each stage refilled once its codes are in registers, behind a proxy fence),\n"
-          "v14 (bf16: v12 launched to overlap the kernel before it; timed in a --chain of steps),\n"
-          "each against the fp64 reference.\n"
+          "MMA fragments), v5 (block table read ahead), v6, v7, v9 (8-bit: lazy rescale, pages by TMA, keys\n"
+          "as the MMA's rows), v12 (bf16: the merge in one round trip), v14 (bf16: v12 launched to overlap\n"
+          "the kernel before it; timed in a --chain of steps), the final kernels final-bf16 and final-8bit,\n"
+          "and with --lab the lab's v8, v10, v13; each against the fp64 reference.\n"
           "--nk is the longest cached length; --batch the number of sequences.");
   cli.defaults(defaults).head_dims({64, 128}).dtypes({DType::bf16});
   cli.faults(kDecodeFaults);
@@ -455,7 +454,7 @@ int run_decode(int argc, char** argv, bool dry = false) {
     }
     Report rep;
     rep.chapter = kChapter;
-    rep.title = std::string("decode over a paged KV cache: v1, split-K v2, fused-combine v3, codes-to-fragments v4, table lookahead v5, lazy rescale v6, TMA pages v7, empty barriers v8, keys as rows v9, four blocks v10, one-trip merge v12, fenced release v13, overlapped launch v14; K/V ") + kv_dtype_name(kv_dtype);
+    rep.title = std::string("decode over a paged KV cache: v1, split-K v2, fused-combine v3, codes-to-fragments v4, table lookahead v5, lazy rescale v6, TMA pages v7, keys as rows v9, one-trip merge v12, overlapped launch v14, final-bf16, final-8bit (--lab: v8, v10, v13); K/V ") + kv_dtype_name(kv_dtype);
     const auto dev = select_device(opt.device, &rep.mode);
     if (dopt.sweep) {
 #if TUTORIAL_HAVE_CUDA
