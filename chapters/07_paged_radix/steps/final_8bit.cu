@@ -18,7 +18,9 @@
 //   | < 2048         | 3             | 140       | 12           | B = 1, L = 64K, FP8: 2650 GB/s (v10 2550) |
 //
 // What it buys: the faster of v9 and v10 at each shape of the recorded run, in one source; the
-// arithmetic is v9's, so its output is v9's bit for bit.
+// arithmetic is v9's, so its output is v9's bit for bit. Each row's machine code is that step's:
+// scripts/same_machine_code.py --pair finds the three-block kernels' SASS identical to v9's and
+// the four-block kernels' to the lab's v10, for FP8 and INT8 (nvcc -arch=sm_90a -cubin -O3).
 
 #include "common/cuda/check.cuh"
 #include "common/cuda/hopper/mbarrier.cuh"

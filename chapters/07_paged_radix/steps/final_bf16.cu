@@ -17,6 +17,8 @@
 //
 // What it buys: one answer to "which bf16 decode kernel": v12's numbers (recorded H200 run,
 // B = 1, L = 64K, GQA 32/8: 3727 GB/s, 82% of the read ceiling; B = 8, L = 32K: 4280 GB/s, 95%).
+// Its machine code is v12's: scripts/same_machine_code.py --pair finds the SASS of both head
+// dims identical (nvcc -cubin -O3, sm_80 and sm_90a).
 
 #include "common/cuda/check.cuh"
 #include "decode_steps.cuh"
