@@ -1,6 +1,6 @@
 // Chapter 07, the final 8-bit decode kernel: the main path's v9 (keys on the MMA's rows, pages
 // by the TMA) with its blocks per SM taken from one configuration table (Hopper; the chapter's
-// README, "Which kernel to use").
+// README, "The final kernels").
 //
 // What changes from v9, every change: the kernel's launch bounds take the blocks per SM as a
 // template parameter, and the launcher picks it from the table below; the launcher's name.

@@ -1,5 +1,5 @@
 // Chapter 07, the final bf16 decode kernel: the main path's v12 with its configuration in one
-// table (the chapter's README, "Which kernel to use").
+// table (the chapter's README, "The final kernels").
 //
 // What changes from v12, every change: the launcher's name. The configuration the main path
 // arrived at is v12's, gathered here:
