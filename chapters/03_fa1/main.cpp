@@ -247,6 +247,9 @@ int main(int argc, char** argv) {
                           bwd_check.heads == p.heads;
     std::optional<BackwardOracle> bwd_oracle;
     if (bwd_here) bwd_oracle.emplace(p, in, backward_plan(p, opt.check_all));
+    rep.check_plan += "; backward: " + (bwd_here ? bwd_oracle->plan().describe(p)
+                                                 : "values in fp64 at " + bwd_check.describe() +
+                                                       " (all KV groups), every element for NaN");
 
     // Row 1-2: the CPU models, counted; or the formulas when the models would take too long.
     const Fa1Traffic fwd_formula = fa1_forward_traffic(p, model_fwd_blocks);
