@@ -21,6 +21,8 @@ import re
 import statistics
 import sys
 
+import final_vs_steps
+
 from bench_common import (DECODE_PEERS, FINAL_KERNEL, LAB_PARENTS, MAIN_PATH, PEER_LABEL, PEERS, SOFTMAX_PEERS,
                           clean_row, is_lab_row, read_json, shape_key, shape_text, speed, step_token)
 
@@ -554,6 +556,10 @@ def markdown(res, lab=None):
         out.append(section("ch07-decode-lab", "Chapter 07's lab: decode (KV GB/s)", t,
                            "The lab's decode steps (chapter 07's LAB.md): KV GB/s (share of the read ceiling) and S, the key splits, "
                            "as in the ch07-decode table."))
+    for c in sorted({r.get("chapter") for r in rows if step_token(r.get("kernel")) in ("final", "final-fp8")} - {None}):
+        t = final_vs_steps.section_text(rows, c, lab=any(is_lab_row(r) for r in rows if r.get("chapter") == c))
+        if t:
+            out.append(section("ch%s-final" % c, "Chapter %s: the final kernels against every step" % c, t))
     notes = res.get("notes") or []
     if notes:
         out += ["### Notes", ""] + ["- " + n for n in notes] + [""]

@@ -50,16 +50,18 @@ def _shape(r):
     return "d=%s N=%s%s%s" % (r.get("d"), r.get("N"), nk, " causal" if r.get("causal") else "")
 
 
-def section_text(rows, chapter):
-    """The section's markdown, or None when the run has no final kernel of the chapter."""
+def section_text(rows, chapter, lab=True):
+    """The section's markdown, or None when the run has no final kernel of the chapter. lab: whether
+    the run timed the chapter's lab steps (the text says which steps the finals were held against)."""
     cs = [c for c in cells(rows, chapter) if c["ratio"] is not None]
     if not cs:
         return None
     held = sum(1 for c in cs if c["ratio"] >= BAR)
     worst = min(cs, key=lambda c: c["ratio"])
     lines = ["At %d of the %d cells (a final kernel on one shape) the final kernel is at least %.2fx the fastest "
-             "of the chapter's steps, the lab's included, of the same pass, dtype and mode; the smallest ratio is "
-             "%.3fx (%s, %s against %s)." % (held, len(cs), BAR, worst["ratio"], worst["final"][5:],
+             "of the chapter's %s, of the same pass, dtype and mode; the smallest ratio is "
+             "%.3fx (%s, %s against %s)." % (held, len(cs), BAR, "steps, the lab's included" if lab else
+                                             "main-path steps (this run did not time the lab)", worst["ratio"], worst["final"][5:],
                                              _shape(worst["row"]), worst["step"][5:]), ""]
     shown = sorted((c for c in cs if c["ratio"] < SHOWN), key=lambda c: c["ratio"])
     if not shown:
