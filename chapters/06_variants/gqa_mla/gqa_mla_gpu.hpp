@@ -72,14 +72,14 @@ constexpr int kTile64Wgmma = 0, kTile64Mma = 1, kTile64WgmmaSync = 2, kTile64Wgm
 /// How the key ranges are merged: by the separate combine kernel (the default), or fused into
 /// the mma.sync decode kernel, whose last range of a tile merges them (at most 4 ranges;
 /// otherwise, and on the wgmma tile, the separate kernel). Fused was measured slower on the
-/// H200 (chapter README): the last block's merge is a serial tail.
+/// H200 (LAB.md): the last block's merge is a serial tail.
 /// kCombineGeneral: the separate kernel always in its general form (two round trips), not
 /// the few-ranges form it takes for up to 8 ranges in 4 parts (mla_decode.cuh).
 /// kCombineCluster: with exactly 2 key ranges on the mma.sync tiles (sm_90), the two ranges of
 /// a (tile, sequence) as one cluster of two blocks, merged through distributed shared memory
 /// (mla_decode.cu); otherwise the separate kernel.
 /// kCombineAuto (the default): kCombineCluster where it applies (measured faster at every
-/// 2-range row but one, chapter README), else kCombineSeparate.
+/// 2-range row but one, LAB.md), else kCombineSeparate.
 constexpr int kCombineSeparate = 0, kCombineFused = 1, kCombineGeneral = 2, kCombineCluster = 3, kCombineAuto = 4;
 /// Absorbed decode. `splits` = 0 picks the split count from the SM count. Timed when `time`.
 /// `small_variant`: the 16-row tile's shape (mla_decode.cuh; 0 is the default); `tile64`:

@@ -60,7 +60,7 @@ std::string shape_of(const Problem& p) {
          " Nq=" + std::to_string(p.nq) + " Nk=" + std::to_string(p.nk);
 }
 
-/// The packed-vs-unpacked sweep of the README (GPU): G in {1, 2, 4, 8} over 8 KV heads and
+/// The packed-vs-unpacked sweep of LAB.md (GPU): G in {1, 2, 4, 8} over 8 KV heads and
 /// MQA (32 query heads, 1 KV head), Nq in {1, 4, 16, 64, 128, 4096}, Nk = 8192, d = 128.
 void gqa_sweep(Report& rep) {
   rep.notes.push_back("sweep (Nk=8192, d=128, bf16, not causal, device-generated inputs; medians of 20, L2 flushed):");
@@ -190,7 +190,7 @@ int run_gqa(const Options& opt, bool sweep, bool no_table, bool no_time) {
 // ----------------------------------------------------------------------------- mla
 
 #if TUTORIAL_HAVE_CUDA && CH06_GQA_MLA_KERNELS
-/// The two regimes of the README, on the GPU (absorbed decode kernel, Nq = 1). With `lab`, every
+/// The two regimes of the MLA decode (README; measured in LAB.md), on the GPU (absorbed decode kernel, Nq = 1). With `lab`, every
 /// case also runs the measured alternatives of LAB.md in the same process (the other 16-row tiles,
 /// the other combines, the other 64-row forms, other split counts).
 void mla_sweep(Report& rep, const Ceilings& ceil, int tile64, int only_heads, int only_batch,
@@ -510,7 +510,7 @@ int gqa_main(int argc, char** argv) {
   cli.defaults(d).dtypes({DType::bf16, DType::f16}).sram_default(227 * 1024);
   cli.faults({Fault::wrong_kv_head, Fault::last_key_block, Fault::last_batch, Fault::stale_lse});
   bool sweep = false, no_table = false, no_time = false;
-  cli.add_flag("--sweep", &sweep, "GPU: packed vs unpacked over G and Nq (the README's table)");
+  cli.add_flag("--sweep", &sweep, "GPU: packed vs unpacked over G and Nq (LAB.md's sweep)");
   cli.add_flag("--no-table", &no_table, "leave out the cache table of real models");
   cli.add_flag("--no-time", &no_time, "GPU: check only, no timing (for compute-sanitizer)");
   return run_chapter(argc, argv, cli, [&](const Options& o) { return run_gqa(o, sweep, no_table, no_time); });
@@ -537,7 +537,7 @@ int mla_main(int argc, char** argv) {
   cli.add_choice("--form", &form, {"absorb", "decompress", "both"}, "which form(s) to run");
   cli.add_int("--pos0", &pos0, "RoPE position of key 0 [1000]", 0, 1 << 30);
   cli.add_int("--splits", &splits, "key splits of the absorbed decode (0: from the SM count) [0]", 0, 1024);
-  cli.add_flag("--sweep", &sweep, "GPU: the memory-bound and compute-bound decode tables of the README");
+  cli.add_flag("--sweep", &sweep, "GPU: the memory-bound and compute-bound decode sweep (LAB.md)");
   int sweep_heads = 0;
   cli.add_int("--sweep-heads", &sweep_heads, "GPU: only the sweep's rows with this H (16 or 128; 0: all) [0]", 0, 128);
   int sweep_batch = 0;

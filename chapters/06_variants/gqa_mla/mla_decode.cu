@@ -26,7 +26,7 @@
 // order), so the O columns of different warps are scaled alike; l is summed over the key
 // groups at the end. The memory-bound case (H = 16) needs bytes in flight and threads to
 // issue them: three shapes of the 16-row tile were measured side by side on the H200
-// (chapter README): 8 warps over 64-key blocks ("wide", the default) reached 93% of the
+// (LAB.md): 8 warps over 64-key blocks ("wide", the default) reached 93% of the
 // read ceiling at B = 64, Nk = 16K, two 4-warp blocks per SM with 32-key rings of 2
 // ("ring2x2") 88%, one 4-warp block with a ring of 4 ("ring4") 57%: each 16-byte cp.async
 // is a thread's instruction, and 128 threads do not keep 110 KB moving. The compute-bound

@@ -49,7 +49,7 @@ namespace {
 using namespace attn::hopper;
 using namespace attn::ch05;
 
-// Key block and K/V ring depth per head dim (the table above).
+// Key block and K/V ring depth per head dim (change 2 above).
 template <int D> struct Config;
 template <> struct Config<128> { static constexpr int Bc = 128, kStages = 2; };
 template <> struct Config<192> { static constexpr int Bc = 128, kStages = 2; };
