@@ -66,7 +66,7 @@ class FailedKernels(unittest.TestCase):
     def test_unchecked_kernel_has_no_speed(self):
         md = bench_report.markdown(load())
         head, body = table_rows(md, "ch05-fwd")
-        self.assertEqual(body[0][head.index("v7 fp8 e4m3")], "unchecked")
+        self.assertEqual(body[0][head.index("v7 fp8 e4m3 (kernel alone)")], "unchecked")
         self.assertNotIn("735", md)
 
     def test_csv_has_no_speed_for_failed_rows(self):
@@ -659,7 +659,7 @@ class MainPathReport(unittest.TestCase):
         md = bench_report.markdown(self.res())
         head, _ = table_rows(md, "ch05-fwd")
         self.assertIn("final forward", head)
-        self.assertIn("final fp8 forward", head)
+        self.assertIn("final fp8 forward (kernel alone)", head)
         self.assertIn("v8 every head dim", head)
         self.assertNotIn("v10 key blocks", head)
         self.assertNotIn("v11 two pipes", head)
