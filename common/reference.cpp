@@ -531,12 +531,12 @@ NaiveBackward naive_backward_same_precision(const Problem& p, const AttnInputs& 
   });
   const auto key_rows = [&](long gi, bool values) {
     const auto [b, hk] = plan.kv_groups[gi];
-    KeyRows r;
-    r.y = values ? in.v.data() + p.v_off(b, hk) : in.k.data() + p.k_off(b, hk);
-    r.yT = values ? vt[gi].data() : kt[gi].data();
-    r.ld = std::size_t(p.nk);
-    r.n = values ? p.dv : p.d;
-    return r;
+    KeyRows kr;
+    kr.y = values ? in.v.data() + p.v_off(b, hk) : in.k.data() + p.k_off(b, hk);
+    kr.yT = values ? vt[gi].data() : kt[gi].data();
+    kr.ld = std::size_t(p.nk);
+    kr.n = values ? p.dv : p.d;
+    return kr;
   };
 
   // Pass 1: per query row, P, O (rounded as the forward stores it), D = dO . O, and dQ.
