@@ -46,7 +46,9 @@ MAIN_PATH = {
     "07": {"decode": ["v1", "v2", "v3", "v4", "v5", "v6", "v7", "v9", "v12", "v14", "final"]},
 }
 # The kernel that stands for a chapter in the lineage when a run has it (else its fastest kernel).
-FINAL_KERNEL = {"04": "ch04 final forward", "05": "ch05 final forward"}
+# (Chapter 06 has no lab steps in a run, so no MAIN_PATH entry: its mask steps are rows "ch06 mask sm90a
+# forward, step K" (step_token "vK"), its final kernels "ch06 mask final sm90a forward" and "... final backward".)
+FINAL_KERNEL = {"04": "ch04 final forward", "05": "ch05 final forward", "06": "ch06 mask final sm90a forward"}
 # Each lab step's parent, as the step files' headers say ("What changes from vN", "(from vN)"): used
 # where the headers cannot be read (bench_report.step_parents reads them; bench/test_bench.py checks
 # that the two agree).
@@ -74,6 +76,11 @@ def step_token(kernel):
         return "final-fp8" if m.group(1) else "final"
     if re.match(r"ch07 final-(bf16|8bit)\b", kernel or ""):
         return "final"  # chapter 07's final decode kernels; the row's KV format tells the two apart
+    if re.match(r"ch06 mask final (sm90a forward|backward)\b", kernel or ""):
+        return "final"  # chapter 06's final masked forward and backward (the row's variant is its mask)
+    m = re.match(r"ch06 mask sm90a forward, step ([1-9])$", kernel or "")
+    if m:
+        return "v" + m.group(1)  # the masked forward's main path (--hopper-step 1,2,3,4,final)
     return None
 
 

@@ -71,10 +71,11 @@ def run_ours(binary, args, lock, timeout=120):
 
 
 def ours_rows(rep, label):
-    """{"sm90a": {...}, "sm80": {...}} for the rows `label: sm90a forward` / `label: sm80 forward`."""
+    """{"sm90a": {...}, "sm80": {...}} for the rows `label: final sm90a forward` (the default: the final
+    kernel, steps/final.cu) or `label: sm90a forward` (one step, --hopper-step K) / `label: sm80 forward`."""
     out = {}
     for r in (rep or {}).get("results", []):
-        for path, key in (("sm90a forward", "sm90a"), ("sm80 forward", "sm80")):
+        for path, key in (("final sm90a forward", "sm90a"), ("sm90a forward", "sm90a"), ("sm80 forward", "sm80")):
             if r["impl"] == f"{label}: {path}":
                 m = re.search(r"([0-9.]+) tiles visited", r.get("note") or "")
                 out[key] = {"ms": r.get("time_ms"), "pass": r.get("pass"), "tiles": float(m.group(1)) if m else None,

@@ -982,7 +982,9 @@ class Bench:
                 extras.append(Task("ours", "ch02 softmax, rows of %d" % sn, 6, lambda sn=sn: self.softmax_task(sn)))
         ring = []
         if "06" in self.chapters:
-            masks = ["--no-model"] + (["--mask", "causal"] if q else [])
+            # the full sweep times the masked forward's main path beside its final kernel (v1-v4, final:
+            # bench/final_vs_steps.py holds the final to the fastest step of every variant)
+            masks = ["--no-model"] + (["--mask", "causal"] if q else ["--hopper-step", "1,2,3,4,final"])
             # the ring on P = 4 virtual ranks of one GPU (--backend streams): its default backend is
             # CPU threads, which took 132 s at the papers' shape on the H200's host (first full sweep) and
             # reports no GPU row; it runs last, after every shape (a multi-GPU algorithm on one GPU).
@@ -994,7 +996,8 @@ class Bench:
                 # unless --quick asks for causal only
                 # (the ring on streams: 3.1 s on the H200 when its backward was checked for NaN only;
                 # its backward is now checked in fp64 on 3 sampled KV groups, not yet timed here)
-                est = {"mask": 7 if q else 50, "ring": 4}.get(sub, 8)
+                # (the full sweep's mask run now has four more sm90a rows a variant: 80 s, an estimate)
+                est = {"mask": 7 if q else 80, "ring": 4}.get(sub, 8)
                 (ring if sub == "ring" else extras).append(
                     Task("ours", "ch06 %s" % sub, est, lambda sub=sub, extra=extra:
                          self.ch06_task(sub, 128, 8192, sub != "mask", extra)))

@@ -110,6 +110,8 @@ CROSS: dict[str, Last | File | New] = {
     "chapters/06_variants/masks/backward_mask.cu": File("chapters/04_fa2/backward.cu"),
     # the main path's sm90a mask steps v1-v4 improve hopper_mask.cu
     "chapters/06_variants/masks/steps": File("chapters/06_variants/masks/hopper_mask.cu"),
+    # chapter 06's final masked forward: v4, the main path's last step, with its configuration as one table
+    "chapters/06_variants/masks/steps/final.cu": File("chapters/06_variants/masks/steps/v4_row_spans.cu"),
     # chapter 06's packed GQA for non-Hopper GPUs: chapter 04's v9 with the packed view
     "chapters/06_variants/gqa_mla/ampere_packed.cu": File("chapters/04_fa2/steps/v9_per_dim_tiles.cu"),
     # chapter 05's backward: b1 is chapter 04's backward on Hopper's machinery, b2 warp-specialises b1.

@@ -69,7 +69,9 @@ TEST_CASE("mask CLI: bad mask options exit 2 with one line") {
       {"--mask", "window", "--alone"},                          // --alone belongs to --mask document
       {"--mask", "window", "--gpu-path", "sm70"},
       {"--mask", "causal", "--d", "96"},
-      {"--mask", "causal", "--hopper-step", "5"},               // the sm90a steps are 0 to 4
+      {"--mask", "causal", "--hopper-step", "5"},               // the sm90a steps are 0 to 4, and final
+      {"--mask", "causal", "--hopper-step", "4,finale"},
+      {"--mask", "causal", "--hopper-step", "final,"},
       {"--mask", "causal", "--hopper-step", "0,-1"},
       {"--mask", "causal", "--hopper-step"},
       {"--mask", "causal", "--ctas", "-1"},
@@ -82,6 +84,14 @@ TEST_CASE("mask CLI: bad mask options exit 2 with one line") {
     CHECK(r.code == 2);
     CHECK(r.err_lines() == 1);
     CHECK(r.err.find("error") != std::string::npos);
+  }
+}
+
+TEST_CASE("mask CLI: --hopper-step takes the steps by number and the final kernel by name") {
+  for (const char* steps : {"final", "1,2,3,4,final", "0"}) {
+    CAPTURE(steps);
+    const Run r = run_mask({"--device", "cpu", "--no-backward", "--mask", "causal", "--n", "64", "--hopper-step", steps});
+    CHECK(r.code == 0);
   }
 }
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
+#include <string>
 #include <vector>
 
 #include "chapters/06_variants/masks/mask_gpu.hpp"
@@ -251,4 +252,32 @@ TEST_CASE("GPU edge cases: window 0, a window wider than the sequence, 1000 docu
       }
     }
   CHECK(bad == 0);
+}
+
+TEST_CASE("final sm90a forward (steps/final.cu): the default kernel passes every variant, and empty rows are exact") {
+  require_path(GpuPath::sm90a);
+  REQUIRE(GpuForwardOptions{}.hopper_step == kHopperFinal);
+  CHECK(std::string(hopper_step_file(kHopperFinal)) == "steps/final.cu");
+  // Every variant at the awkward shapes (N off the tile, N below one tile, Nq != Nk, batches, GQA),
+  // with one block per SM and with two blocks walking every tile.
+  every_variant([](const MaskSpec& s, const Problem& p, Dist d) {
+    check_forward(GpuPath::sm90a, s, p, d, {GpuForwardOptions{}, GpuForwardOptions{kHopperFinal, 2, false}});
+  });
+  // Rows that see no key (Nq > Nk, causal, two batches, GQA): O = 0 and LSE = -inf exactly.
+  const Problem e = masked_problem(shape().batch(2).heads(4, 2).n(300, 130).d(128));
+  const MaskSpec c = spec_of(MaskKind::causal, e);
+  const Inputs x = inputs(c, e, Dist::normal);
+  for (const int ctas : {0, 2}) {
+    CAPTURE(ctas);
+    const GpuMaskForward f = mask_forward_gpu(x.p, c, x.L, x.lin, GpuPath::sm90a, false, {kHopperFinal, ctas, false});
+    int bad = 0;
+    for (int b = 0; b < e.batch; ++b)
+      for (int h = 0; h < e.heads; ++h)
+        for (int i = 0; i < e.nq - e.nk; ++i) {
+          const float l = f.lse[e.lse_off(b, h) + i];
+          bad += !(std::isinf(l) && l < 0);
+          for (int k = 0; k < e.dv; ++k) bad += f.o[e.o_off(b, h) + std::size_t(i) * e.dv + k] != 0.f;
+        }
+    CHECK(bad == 0);
+  }
 }

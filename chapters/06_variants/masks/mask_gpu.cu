@@ -39,6 +39,7 @@ const char* hopper_step_file(int step) {
     case 2: return "steps/v2_tile_overlap.cu";
     case 3: return "steps/v3_document_tiles.cu";
     case 4: return "steps/v4_row_spans.cu";
+    case kHopperFinal: return "steps/final.cu";
   }
   return "?";
 }
@@ -99,7 +100,7 @@ DevicePolicyData upload_policy_data(const MaskSpec& s) {
 GpuMaskForward mask_forward_gpu(const Problem& p, const MaskSpec& s, const TokenLayout& layout, const AttnInputs& in,
                                 GpuPath path, bool time, const GpuForwardOptions& opt) {
   const bool hopper = path == GpuPath::sm90a;
-  // sm90a from v3 on: documents are tiled from each document's start (the document map).
+  // sm90a from v3 on (the final kernel too): documents are tiled from each document's start (the document map).
   const bool doc_tiles = hopper && opt.hopper_step >= 3 && s.kind == MaskKind::document && p.batch == 1 && p.nq == p.nk;
   BlockMap map = doc_tiles ? build_document_block_map(s, p, hopper_v3::Br, hopper_v3::Bc)
                  : hopper  ? build_block_map(s, p, hopper_mask::Br, hopper_mask::Bc)
@@ -132,7 +133,8 @@ GpuMaskForward mask_forward_gpu(const Problem& p, const MaskSpec& s, const Token
                                            : opt.hopper_step == 1 ? hopper_v1::prepare(f, s, p, pd.view(), 0)
                                            : opt.hopper_step == 2 ? hopper_v2::prepare(f, s, p, pd.view(), 0)
                                            : opt.hopper_step == 3 ? hopper_v3::prepare(f, s, p, pd.view(), 0)
-                                                                  : hopper_v4::prepare(f, s, p, pd.view(), 0);
+                                           : opt.hopper_step == 4 ? hopper_v4::prepare(f, s, p, pd.view(), 0)
+                                                                  : hopper_final::prepare(f, s, p, pd.view(), 0);
   if (hopper && !hopper_run) throw std::runtime_error("no masked kernel for this problem");
   auto run = [&] {
     if (hopper) return hopper_run();

@@ -8,8 +8,9 @@
 ///     steps/v1_two_q_buffers.cu   sm_90a step 1: the next tile's Q loads while this one runs
 ///     steps/v2_tile_overlap.cu    sm_90a step 2: one pipeline across tiles
 ///     steps/v3_document_tiles.cu  sm_90a step 3: documents tiled from their own starts
-///     steps/v4_row_spans.cu       sm_90a step 4: partial tiles masked from each row's span (the default)
-///     backward_mask.cu        chapter 04's backward + the policy (score' included)
+///     steps/v4_row_spans.cu       sm_90a step 4: partial tiles masked from each row's span
+///     steps/final.cu              the final masked forward (sm_90a): v4 with one configuration table (the default)
+///     backward_mask.cu        the final masked backward: chapter 04's backward + the policy (score' included)
 ///
 /// Every kernel is instantiated for d = 128 and bf16 only, once per policy.
 
@@ -47,14 +48,16 @@ int ampere_tile_keys();
 int hopper_tile_keys();
 
 /// The sm90a forward's steps: 0 hopper_mask.cu, 1 steps/v1_two_q_buffers.cu,
-/// 2 steps/v2_tile_overlap.cu, 3 steps/v3_document_tiles.cu, 4 steps/v4_row_spans.cu.
-constexpr int kHopperSteps = 5;
+/// 2 steps/v2_tile_overlap.cu, 3 steps/v3_document_tiles.cu, 4 steps/v4_row_spans.cu, and
+/// kHopperFinal, steps/final.cu (the final masked forward, "final" on the command line).
+constexpr int kHopperFinal = 5;
+constexpr int kHopperSteps = kHopperFinal + 1;
 const char* hopper_step_file(int step);  ///< "steps/v2_tile_overlap.cu", ...
 
 /// How a forward runs besides its problem: which sm90a step, and how many thread blocks
 /// its persistent grid has (0: one per SM; a test gives a few, so each walks many tiles).
 struct GpuForwardOptions {
-  int hopper_step = kHopperSteps - 1;
+  int hopper_step = kHopperFinal;
   int ctas = 0;
   /// A measurement: every visited tile is listed as partial, so each takes the element
   /// mask (the same output; the time says what the mask costs per tile).

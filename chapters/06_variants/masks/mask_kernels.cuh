@@ -120,6 +120,14 @@ std::function<void()> prepare(const FwdParams& p, const MaskSpec& s, const Probl
                               cudaStream_t st);
 constexpr int Br = hopper_mask::Br, Bc = hopper_mask::Bc;
 }  // namespace hopper_v4
+/// The final masked forward (steps/final.cu): v4 with its configuration in one table.
+namespace hopper_final {
+bool available();
+bool launch(const FwdParams& p, const MaskSpec& s, const Problem& prob, const PolicyData& d, cudaStream_t st);
+std::function<void()> prepare(const FwdParams& p, const MaskSpec& s, const Problem& prob, const PolicyData& d,
+                              cudaStream_t st);
+constexpr int Br = hopper_mask::Br, Bc = hopper_mask::Bc;
+}  // namespace hopper_final
 namespace backward_mask {
 bool launch(const BwdParams& p, const MaskSpec& s, const Problem& prob, const PolicyData& d, cudaStream_t st);
 constexpr int Br = 64, Bc = 128;

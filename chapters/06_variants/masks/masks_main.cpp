@@ -5,8 +5,8 @@
 //   ch06_variants mask --mask document --doc-lens 100,900,24 --n 1024 --causal
 //
 // Each variant runs its CPU model (forward and backward) and, with a GPU, the sm_80
-// forward, the sm_90a forward (Hopper) and the backward kernels; every result is
-// judged against the fp64 reference of the same mask.
+// forward, the final sm_90a forward (Hopper; --hopper-step picks the main path's steps) and
+// the final backward; every result is judged against the fp64 reference of the same mask.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -91,7 +91,7 @@ struct MaskArgs {
   bool alone = false;          ///< document: also run each document alone
   int check_mflops = 4000;     ///< the fp64 check's budget per variant, in MFLOPs (sampled rows)
   std::string gpu_path = "all";  ///< sm80, sm90a or all (the forwards; the backward follows --no-backward)
-  std::vector<int> hopper_steps = {kHopperSteps - 1};  ///< the sm90a steps that run (mask_gpu.hpp: 0 hopper_mask.cu, ...)
+  std::vector<int> hopper_steps = {kHopperFinal};  ///< the sm90a steps that run (mask_gpu.hpp: 0 hopper_mask.cu, ..., final)
   int ctas = 0;                ///< sm90a: thread blocks of the persistent grid (0: one per SM)
   bool all_partial = false;    ///< forwards: every visited tile takes the element mask (a measurement)
   TextOptions text;
@@ -230,9 +230,11 @@ void run_variant(const MaskSpec& spec, const Problem& user, const Options& opt, 
     if (!a.no_backward) runs.push_back({GpuPath::backward, 0});
     for (const auto& [path, step] : runs) {
       ResultRow row;
-      row.impl = name + ": " + gpu_path_name(path);
-      // Several sm90a steps: one row each, named by step (one step: "sm90a forward").
-      if (path == GpuPath::sm90a && a.hopper_steps.size() > 1) row.impl += ", step " + std::to_string(step);
+      // The final kernels are named so: "final sm90a forward" (steps/final.cu), "final backward"
+      // (backward_mask.cu). Several sm90a steps: a row each, a step by its number.
+      const bool final_row = (path == GpuPath::sm90a && step == kHopperFinal) || path == GpuPath::backward;
+      row.impl = name + ": " + (final_row ? "final " : "") + gpu_path_name(path);
+      if (path == GpuPath::sm90a && !final_row && a.hopper_steps.size() > 1) row.impl += ", step " + std::to_string(step);
       row.device = "cuda";
       row.flops = path == GpuPath::backward ? 2.5 * fwd_flops : fwd_flops;
       row.bound = Bound::compute;
@@ -247,7 +249,7 @@ void run_variant(const MaskSpec& spec, const Problem& user, const Options& opt, 
         // Two rows: dQ by fp32 atomics, and by chapter 04's deterministic dQ kernel.
         for (const bool det : {false, true}) {
           ResultRow br = row;
-          if (det) br.impl = name + ": backward, deterministic dQ";
+          if (det) br.impl = name + ": final backward, deterministic dQ";
           const GpuMaskBackward g = mask_backward_gpu(p, spec, layout, lin, f.o, f.lse, !a.no_time, det);
           br.set_check(boracle->judge(from_layout(g.dq, p.heads, p.nq, p.d, layout.packed),
                                      from_layout(g.dk, p.kv_heads, p.nk, p.d, layout.packed),
@@ -309,7 +311,8 @@ int mask_main(int argc, char** argv) {
           "masks and score modifiers through one policy interface (keep / score / classify) and a block map.\n"
           "Text-valued mask options: --window L[,R] (window; L for sink), --doc-lens a,b,c (document),\n"
           "--softcap C (softcap), --svg PATH (with --map), --hopper-step K[,K...] (the sm90a steps: 0 hopper_mask.cu,\n"
-          "1 v1_two_q_buffers.cu, 2 v2_tile_overlap.cu, 3 v3_document_tiles.cu, 4 v4_row_spans.cu; default 4).\n"
+          "1 v1_two_q_buffers.cu, 2 v2_tile_overlap.cu, 3 v3_document_tiles.cu, 4 v4_row_spans.cu, final: the final\n"
+          "kernel, steps/final.cu; default final).\n"
           "With no --mask: every variant at a small size.");
   cli.defaults(defaults).head_dims({32, 64, 128}).dtypes({DType::bf16, DType::f16});
   cli.sram_default(224 * 1024);
@@ -332,11 +335,22 @@ int mask_main(int argc, char** argv) {
   return run_chapter(int(args.size()), args.data(), cli, [&](const Options& opt) {
     if (!a.text.error.empty()) throw UsageError(a.text.error);
     if (a.text.hopper_steps_set) {
-      a.hopper_steps = parse_int_list("--hopper-step", a.text.hopper_steps);
-      for (int st : a.hopper_steps)
-        if (st < 0 || st >= kHopperSteps)
-          throw UsageError("--hopper-step: a step is in [0, " + std::to_string(kHopperSteps - 1) + "], got " +
+      // The steps by number, the final kernel by its name: "1,2,3,4,final".
+      const std::string& text = a.text.hopper_steps;
+      if (text.empty() || text.back() == ',') throw UsageError("--hopper-step expects a comma-separated list, got '" + text + "'");
+      a.hopper_steps.clear();
+      std::stringstream ss(text);
+      for (std::string item; std::getline(ss, item, ',');) {
+        if (item == "final") {
+          a.hopper_steps.push_back(kHopperFinal);
+          continue;
+        }
+        const long long st = parse_integer("--hopper-step", item, -(1LL << 30), 1LL << 30);
+        if (st < 0 || st >= kHopperFinal)
+          throw UsageError("--hopper-step: a step is in [0, " + std::to_string(kHopperFinal - 1) + "] or final, got " +
                            std::to_string(st));
+        a.hopper_steps.push_back(int(st));
+      }
     }
     const bool explicit_mask = !a.mask.empty();
     std::vector<MaskSpec> specs;

@@ -10,7 +10,9 @@ list(APPEND CH06_CUDA_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/ampere_mask.cu
   ${CMAKE_CURRENT_LIST_DIR}/backward_mask.cu)
 # sm_90a: the forward from chapter 05's v8 (hopper_mask.cu), then the main path's four steps
-# (steps/): two Q buffers, the tile boundary overlapped, tiles from each document's start, row spans.
+# (steps/): two Q buffers, the tile boundary overlapped, tiles from each document's start, row
+# spans; and the final masked forward (steps/final.cu: v4 with its configuration in one table).
 list(APPEND CH06_HOPPER_SOURCES ${CMAKE_CURRENT_LIST_DIR}/hopper_mask.cu
   ${CMAKE_CURRENT_LIST_DIR}/steps/v1_two_q_buffers.cu ${CMAKE_CURRENT_LIST_DIR}/steps/v2_tile_overlap.cu
-  ${CMAKE_CURRENT_LIST_DIR}/steps/v3_document_tiles.cu ${CMAKE_CURRENT_LIST_DIR}/steps/v4_row_spans.cu)
+  ${CMAKE_CURRENT_LIST_DIR}/steps/v3_document_tiles.cu ${CMAKE_CURRENT_LIST_DIR}/steps/v4_row_spans.cu
+  ${CMAKE_CURRENT_LIST_DIR}/steps/final.cu)
