@@ -1,4 +1,14 @@
-// Chapter 06 - masks in the backward: chapter 04's backward with a mask policy.
+// Chapter 06 - masks in the backward: chapter 04's backward with a mask policy. This is the
+// chapter's final masked backward (rows "final backward" in the report): one source, its
+// configuration the constants at the top of namespace backward_mask below and the block
+// map's tiles beside its declaration in mask_kernels.cuh (Br, Bc, DqBc):
+//
+//   configuration (bf16, d = 128; one row, every mask and score modifier)
+//   | kernel             | keys a block         | query rows a step | threads | dQ                          |
+//   |--------------------|----------------------|-------------------|---------|-----------------------------|
+//   | fa2_bwd_main       | Bc = 128 (kBcMain)   | Br = 64           | 256     | fp32 atomics (the default)  |
+//   | fa2_bwd_dq         | DqBc = 64 (kDqBc)    | Br = 64           | 128     | fixed order (deterministic) |
+//   | preprocess, convert, sink | -             | -                 | 256     | -                           |
 //
 //   ../../04_fa2/backward.cu   chapter 04's backward (this file's parent)
 // > backward_mask.cu           + the policy: block map, keep, score and its derivative
