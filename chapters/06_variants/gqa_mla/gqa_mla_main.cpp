@@ -168,7 +168,8 @@ int run_gqa(const Options& opt, bool sweep, bool no_table, bool no_time) {
       const GpuResult g = run_faulty(opt.fault, p, in, kFaultKeyTile, [&](const Problem& fp, const AttnInputs& fin) {
         return packed_forward_gpu(fp, fin, pack, !no_time);
       });
-      rep.rows.push_back(packed_row(p, oracle, pack ? "packed (sm_90a)" : "unpacked (sm_90a)", pack, g,
+      // The packed form is the chapter's final GQA forward (packed_fwd.cu); unpacked, the same kernel.
+      rep.rows.push_back(packed_row(p, oracle, pack ? "final packed (sm_90a)" : "unpacked (sm_90a)", pack, g,
                                     std::to_string(g.grid) + " blocks, " + std::to_string(g.smem_bytes / 1024) + " KB smem each",
                                     !no_time));
       if (opt.fault != Fault::none) rep.rows.back().note = fault_note(opt.fault) + "; " + rep.rows.back().note;
@@ -429,7 +430,13 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
     if (do_abs) {
       const MlaGpuResult g = mla_absorb_gpu(fs, fin, splits, !no_time, tile16, tile64, combine, combine_parts, pdl);
       ResultRow row;
-      row.impl = g.what.find("wgmma") != std::string::npos ? "absorb decode (wgmma)" : "absorb decode (mma.sync)";
+      // Without a lab form (--tile16, --tile64, --combine, --combine-parts, --no-pdl) this is the
+      // chapter's final MLA decode, its tile chosen by the head count (absorb_run(): above 16 packed
+      // rows mla_decode_sm90.cu's 64-row wgmma tile on sm_90; otherwise mla_decode.cu's mma.sync tiles).
+      const bool final_form = tile16 == 0 && tile64 == kTile64Wgmma && combine == kCombineAuto &&
+                              combine_parts == 0 && pdl;
+      row.impl = std::string(final_form ? "final " : "") +
+                 (g.what.find("wgmma") != std::string::npos ? "absorb decode (wgmma)" : "absorb decode (mma.sync)");
       row.device = "cuda";
       const MlaCost c = mla_cost_absorb(s, g.head_tile);
       row.flops = c.flops;

@@ -1,6 +1,12 @@
 // MLA's absorbed decode on Hopper (sm_90a): the 64-row tile of mla_decode.cu rebuilt on
 // wgmma and TMA, in the structure of FlashMLA.
 //
+// With its defaults (kReleasePhased, the combine chosen by absorb_run()) it is the chapter's
+// final MLA decode at more than 16 packed rows (the row "final absorb decode (wgmma)"); at 16 or
+// fewer, mla_decode.cu's 16-row tile is (absorb_run() in gqa_mla_gpu.cu picks the tile by the
+// head count). The other release forms and decode_sm90_halves_kernel below are the lab's forms
+// (`--lab --tile64 ...`, LAB.md).
+//
 // Why a second kernel. At H = 128 the decode is compute-bound (242 FLOP per latent byte,
 // the balance of the H200 is about 185), and the mma.sync tile (mla_decode.cu, "Large")
 // stalls on shared memory: every warp re-reads its Q and K fragments with ldmatrix for

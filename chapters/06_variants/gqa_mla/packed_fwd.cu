@@ -1,5 +1,13 @@
 // Chapter 06, packed GQA: chapter 05's last bf16 step (steps/v8_head_dims.cu) with the
-// query heads of one KV head packed on the M dimension of a tile, and d != dv.
+// query heads of one KV head packed on the M dimension of a tile, and d != dv. This is the
+// chapter's final GQA forward (the row "final packed (sm_90a)"; "unpacked" is the same
+// kernel, one query head a tile). Its configuration: Config<D> below (keys a block, stages, a
+// row per head dim), and beside it the constants every row shares (threads, registers):
+//
+//   | (d, dv)    | query rows a tile | keys a block | K/V stages | warpgroups              | registers a thread         |
+//   |------------|-------------------|--------------|------------|-------------------------|----------------------------|
+//   | (128, 128) | 128 (2 x 64)      | 128          | 2          | 1 producer, 2 consumers | producer 24, consumers 240 |
+//   | (192, 128) | 128 (2 x 64)      | 128          | 2          | 1 producer, 2 consumers | producer 24, consumers 240 |
 //
 //     diff chapters/05_fa3_hopper/steps/v8_head_dims.cu chapters/06_variants/gqa_mla/packed_fwd.cu
 //
