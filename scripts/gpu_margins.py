@@ -39,7 +39,8 @@ CASES = [
 
 
 def run(binary, args):
-    cmd = [binary, "--device", "cuda", "--json"] + args
+    sub = [args[0]] if args and not args[0].startswith("-") else []  # a subcommand comes first
+    cmd = [binary] + sub + ["--device", "cuda", "--json"] + args[len(sub):]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     try:
         rep = json.loads(p.stdout)
