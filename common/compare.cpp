@@ -72,6 +72,10 @@ Verdict accept(const ErrorStats& kernel, const ErrorStats& naive, DType stored, 
   // (measured: mma.sync scores put an LSE of 6.9 off by 1.8e-5 at Nk = 8K).
   const double u = std::max(dtype_unit_roundoff(stored), 64.0 * dtype_unit_roundoff(DType::f32));
   const auto scale = [&](double ref_max) { return magnitude == Magnitude::log ? std::max(1.0, ref_max) : ref_max; };
+  // The LSE's magnitude is the tensor's (compare.hpp): every row takes the largest.
+  double log_scale = 1.0;
+  if (magnitude == Magnitude::log)
+    for (const double m : kernel.row_ref_max) log_scale = std::max(log_scale, m);
   // Per row, unless the tensor is judged as a whole (gradients) or the stats carry no rows.
   const std::size_t rows = magnitude == Magnitude::tensor ? 0 : kernel.row_err.size();
   const bool naive_rows = naive.row_err.size() == rows;
@@ -80,24 +84,25 @@ Verdict accept(const ErrorStats& kernel, const ErrorStats& naive, DType stored, 
   std::size_t worst = 0;
   double worst_floor = 0, worst_naive = 0;
   if (rows == 0) {  // one "row": the whole tensor, of magnitude max |ref|
-    const double s = scale(std::max({naive.ref_max_abs, kernel.ref_max_abs, naive.floor_scale}));
+    double s = scale(std::max({naive.ref_max_abs, kernel.ref_max_abs, naive.floor_scale}));
+    if (s == 0) s = 1.0;  // a reference of exact zeros: the inputs' scale (compare.hpp)
     worst_floor = u * s;
     worst_naive = naive.max_abs;
     v.tolerance = 2.0 * naive.max_abs + worst_floor;
     v.margin = v.tolerance > 0 ? kernel.max_abs / v.tolerance : (kernel.max_abs > 0 ? INFINITY : 0.0);
     if (kernel.checked > 0) v.l2_tolerance = 2.0 * naive.l2 + u * std::sqrt(double(kernel.checked)) * s;
   } else {
-    // tol_r = 2 max(n_r, n_max s_r / S) + u s_r (compare.hpp).
-    double big = 0;
-    for (std::size_t r = 0; r < rows; ++r) big = std::max(big, scale(kernel.row_ref_max[r]));
+    // tol_r = 2 n + u s_r, n the naive's worst checked row (compare.hpp).
+    double n = naive.max_abs;
+    if (naive_rows)
+      for (std::size_t r = 0; r < rows; ++r) n = std::max(n, naive.row_err[r]);
     v.row_tolerance.resize(rows);
     double sum_s2 = 0;
     const double width = kernel.checked / double(rows);
     for (std::size_t r = 0; r < rows; ++r) {
-      const double s = scale(kernel.row_ref_max[r]);
+      const double s = magnitude == Magnitude::log ? log_scale : scale(kernel.row_ref_max[r]);
       sum_s2 += width * s * s;
-      const double n_r = naive_rows ? naive.row_err[r] : naive.max_abs;
-      const double yard = std::max(n_r, big > 0 ? naive.max_abs * s / big : 0.0);
+      const double yard = n;
       const double tol = 2.0 * yard + u * s;
       v.row_tolerance[r] = tol;
       v.tolerance = std::max(v.tolerance, tol);
