@@ -559,7 +559,8 @@ def markdown(res, lab=None):
                            "The lab's decode steps (chapter 07's LAB.md): KV GB/s (share of the read ceiling) and S, the key splits, "
                            "as in the ch07-decode table."))
     for c in sorted({r.get("chapter") for r in rows if step_token(r.get("kernel")) in ("final", "final-fp8")} - {None}):
-        t = final_vs_steps.section_text(rows, c, lab=any(is_lab_row(r) for r in rows if r.get("chapter") == c))
+        lab = any(is_lab_row(r) for r in rows if r.get("chapter") == c) if c in MAIN_PATH else None
+        t = final_vs_steps.section_text(rows, c, lab=lab)
         if t:
             out.append(section("ch%s-final" % c, "Chapter %s: the final kernels against every step" % c, t))
     notes = res.get("notes") or []

@@ -23,8 +23,11 @@ SHOWN = 0.99  # cells below this ratio are listed
 
 
 def _mode(row):
-    """What must match besides the shape: dtype, and the backward's deterministic-dQ mode."""
-    return (row.get("dtype"), (row.get("kernel") or "").endswith("deterministic dQ"))
+    """What must match besides the shape: dtype, the backward's deterministic-dQ mode, and the
+    KV layout: a decode kernel that reads contiguous K/V (no page table) solves another problem
+    than a paged one, so it is not a paged final kernel's rival."""
+    k = row.get("kernel") or ""
+    return (row.get("dtype"), k.endswith("deterministic dQ"), "contiguous" in k)
 
 
 def cells(rows, chapter):
@@ -47,12 +50,14 @@ def _shape(r):
     if r.get("pass") == "decode":
         return "B=%s L=%s P=%s" % (r.get("B"), r.get("nk"), r.get("page_size"))
     nk = "" if r.get("nk") in (None, r.get("N")) else "/%s" % r["nk"]
-    return "d=%s N=%s%s%s" % (r.get("d"), r.get("N"), nk, " causal" if r.get("causal") else "")
+    var = " %s" % r["variant"] if r.get("variant") else ""
+    return "d=%s N=%s%s%s%s" % (r.get("d"), r.get("N"), nk, " causal" if r.get("causal") else "", var)
 
 
 def section_text(rows, chapter, lab=True):
     """The section's markdown, or None when the run has no final kernel of the chapter. lab: whether
-    the run timed the chapter's lab steps (the text says which steps the finals were held against)."""
+    the run timed the chapter's lab steps (the text says which steps the finals were held against);
+    None for a chapter without a lab."""
     cs = [c for c in cells(rows, chapter) if c["ratio"] is not None]
     if not cs:
         return None
@@ -60,7 +65,8 @@ def section_text(rows, chapter, lab=True):
     worst = min(cs, key=lambda c: c["ratio"])
     lines = ["At %d of the %d cells (a final kernel on one shape) the final kernel is at least %.2fx the fastest "
              "of the chapter's %s, of the same pass, dtype and mode; the smallest ratio is "
-             "%.3fx (%s, %s against %s)." % (held, len(cs), BAR, "steps, the lab's included" if lab else
+             "%.3fx (%s, %s against %s)." % (held, len(cs), BAR, "steps" if lab is None else
+                                             "steps, the lab's included" if lab else
                                              "main-path steps (this run did not time the lab)", worst["ratio"], worst["final"][5:],
                                              _shape(worst["row"]), worst["step"][5:]), ""]
     shown = sorted((c for c in cs if c["ratio"] < SHOWN), key=lambda c: c["ratio"])

@@ -48,8 +48,9 @@
 // heads at once, sharing their K and V in L2; there the grid won (lab steps v30 and v31),
 // with v6's key block of 128, which the diagonal crosses once per tile.
 //
-// In the recorded H100 run it reaches 687 TFLOP/s at d = 128, N = 8K (622 causal), 547 at d = 64
-// and 746 at d = 256 (N = 8K, not causal), against v8's 683 (603), 459 and 716.
+// In the recorded H100 run of 2026-12-06 (bench/recorded/h100-80gb-hbm3-2026-12-06-1352.json) it
+// reaches 679 TFLOP/s at d = 128, N = 8K (625 causal), 548 at d = 64 and 749 at d = 256 (N = 8K,
+// not causal), against v8's 673 (591), 459 and 705.
 #include <memory>
 #include <string>
 
