@@ -48,7 +48,8 @@ MAIN_PATH = {
 # The kernel that stands for a chapter in the lineage when a run has it (else its fastest kernel).
 # (Chapter 06 has no lab steps in a run, so no MAIN_PATH entry: its mask steps are rows "ch06 mask sm90a
 # forward, step K" (step_token "vK"), its final kernels "ch06 mask final sm90a forward" and "... final backward".)
-FINAL_KERNEL = {"04": "ch04 final forward", "05": "ch05 final forward", "06": "ch06 mask final sm90a forward"}
+FINAL_KERNEL = {"04": "ch04 final forward", "05": "ch05 final forward", "06": "ch06 mask final sm90a forward",
+                "07": "ch07 final-bf16 paged"}
 # Each lab step's parent, as the step files' headers say ("What changes from vN", "(from vN)"): used
 # where the headers cannot be read (bench_report.step_parents reads them; bench/test_bench.py checks
 # that the two agree).
