@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(kMainThreads) fa2_bwd_main(const BwdParams p, 
   for (int s = 0; s < n_steps; ++s) {
     const int i = i_first + s % steps_per_head;
     const int row0 = i * Br;
-    cp_async_wait<0>();  // Q_i, dO_i (and K_j, V_j) have landed ...
+    cp_async_wait<0>();  // Q_i, dO_i (and K_j, V_j) have arrived ...
     __syncthreads();     // ... and LSE_i, D_i are in shared memory, for every thread
 
     // S^T = K_w Q_i^T and dP^T = V_w dO_i^T: 16 keys x 64 queries per warp.

@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
   }
 
   for (int j = 0; j < n_blocks; ++j) {
-    cp_async_wait<0>();  // K_j (and, the first time, Q_i) have landed ...
+    cp_async_wait<0>();  // K_j (and, the first time, Q_i) have arrived ...
     __syncthreads();     // ... for every thread, and every warp is done with V_{j-1}
     load_tile<Bc, D, C::kThreads>(aV, V, j * Bc, p.nk);  // V_j streams in while S = Q_i K_j^T runs
     cp_async_commit();
@@ -179,7 +179,7 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p) {
         }
       }
 
-    cp_async_wait<0>();  // V_j has landed ...
+    cp_async_wait<0>();  // V_j has arrived ...
     __syncthreads();     // ... for every thread, and every warp is done reading K_j
     if (j + 1 < n_blocks) {
       load_tile<Bc, D, C::kThreads>(aK, K, (j + 1) * Bc, p.nk);  // K_{j+1} streams in while O += P V_j runs

@@ -146,7 +146,7 @@ __global__ void __launch_bounds__(C::kThreads)
   }
 
   for (int j = 0; j < n_blocks; ++j) {
-    mbarrier_wait(full_k, j & 1);  // K_j (and, the first time, Q_i) have landed ...
+    mbarrier_wait(full_k, j & 1);  // K_j (and, the first time, Q_i) have arrived ...
     __syncthreads();     // ... for every thread, and every warp is done with V_{j-1}
     if (threadIdx.x == 0) {  // V_j streams in while S = Q_i K_j^T runs
       mbarrier_arrive_expect_tx(full_v, Bc * D * 2);
@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(C::kThreads)
         }
       }
 
-    mbarrier_wait(full_v, j & 1);  // V_j has landed ...
+    mbarrier_wait(full_v, j & 1);  // V_j has arrived ...
     __syncthreads();     // ... for every thread, and every warp is done reading K_j
     if (threadIdx.x == 0 && j + 1 < n_blocks) {
       mbarrier_arrive_expect_tx(full_k, Bc * D * 2);

@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kBlocksPerSm) decode_kernel(co
   // stage is filled at once, and a stage is refilled as soon as the block that used it is
   // done, so that kStages blocks are in flight at the start and kStages - 1 while a block is
   // computed; late refill (ATTN_CH06_MLA_REFILL=late, the form before): kStages - 1 blocks, a
-  // stage refilled once the next block has landed.
+  // stage refilled once the next block has arrived.
   const bool early = p.early_refill;
   const int prologue = early ? kStages : kStages - 1;
   load_rows<kM, kThreads>(sq, qb, m0, p.rows);
@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kBlocksPerSm) decode_kernel(co
     // K_j's group is complete; the newer kStages - 1 (early) or kStages - 2 (late) may still fly
     if (early) cp_async_wait<kStages - 1>();
     else cp_async_wait<kStages - 2>();
-    __syncthreads();  // K_j has landed for everyone; block j-1's P V is done with its stage
+    __syncthreads();  // K_j has arrived for everyone; block j-1's P V is done with its stage
     if (!early) {
       if (j + kStages - 1 < blk_hi)  // into the stage block j-1 used
         load_rows<kBc, kThreads>(sk + uint32_t(((j - blk_lo + kStages - 1) % kStages) * S::kKStage), kb,

@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p, con
   for (int n = 0; n < n_blocks; ++n) {
     const int j = j_next;
     j_next = n + 1 < n_blocks ? key_block(n + 1) : 0;  // in flight while S = Q_i K_j^T runs
-    cp_async_wait<0>();  // K_j (and, the first time, Q_i) have landed ...
+    cp_async_wait<0>();  // K_j (and, the first time, Q_i) have arrived ...
     __syncthreads();     // ... for every thread, and every warp is done with V_{j-1}
     load_tile_ld<Bc, D, C::kThreads>(aV, V, j * Bc, p.nk, p.sv.row);  // V_j streams in while S = Q_i K_j^T runs
     cp_async_commit();
@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(C::kThreads) fwd_kernel(const FwdParams p, con
         }
       }
 
-    cp_async_wait<0>();  // V_j has landed ...
+    cp_async_wait<0>();  // V_j has arrived ...
     __syncthreads();     // ... for every thread, and every warp is done reading K_j
     if (n + 1 < n_blocks) {
       load_tile_ld<Bc, D, C::kThreads>(aK, K, j_next * Bc, p.nk, p.sk.row);  // K_{j+1} streams in while O += P V_j runs

@@ -7,7 +7,7 @@
 ///
 ///     rank r:   start(ch, send, recv)   ->  [ attend the shard it holds ]  ->  finish(ch)
 ///                  |  send  --> rank r + 1                                       |
-///                  |  recv  <-- rank r - 1              recv has landed, send is free
+///                  |  recv  <-- rank r - 1              recv has arrived, send is free
 ///
 /// Three implementations share this contract (the ring code above it is the same):
 ///
@@ -42,7 +42,7 @@ class RingComm {
   /// Starts sending `send_bytes` of `send` to rank + 1 and receiving from rank - 1 into
   /// `recv` (room for `recv_bytes`). Returns before the transfer is complete.
   virtual void start(Channel ch, const void* send, std::size_t send_bytes, void* recv, std::size_t recv_bytes) = 0;
-  /// Returns once the message started on `ch` has landed in its `recv` and `send` may be reused.
+  /// Returns once the message started on `ch` has arrived in its `recv` and `send` may be reused.
   virtual void finish(Channel ch) = 0;
   /// Every rank's `bytes` of `send`, in rank order, into `recv` (size() * bytes): the
   /// decode all-reduce's exchange.

@@ -42,7 +42,7 @@ class GpuTransport {
   /// far on `compute` (the rank's compute stream).
   virtual void start(Channel ch, int rank, int step, const void* send, std::size_t send_bytes, void* recv,
                      std::size_t recv_bytes, cudaStream_t compute) = 0;
-  /// Makes `compute` wait until the transfer into `rank` on `ch` has landed.
+  /// Makes `compute` wait until the transfer into `rank` on `ch` has arrived.
   virtual void finish(Channel ch, int rank, int step, cudaStream_t compute) = 0;
 };
 

@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(Geo::kThreads) decode(DecodeParams p, Kv kv) {
     cuda::cp_async_commit();
   }
   for (int it = 0; it < n_tiles; ++it) {
-    cuda::cp_async_wait<kStagesFor<Kv> - 2>();  // tile `it` has landed for this thread...
+    cuda::cp_async_wait<kStagesFor<Kv> - 2>();  // tile `it` has arrived for this thread...
     __syncthreads();                    // ...for all threads, and every warp is done with tile it - 1
     const int next = it + kStagesFor<Kv> - 1;  // refill the stage that tile it - 1 used
     if (next < n_tiles)

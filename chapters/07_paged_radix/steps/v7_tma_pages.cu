@@ -310,7 +310,7 @@ __global__ void __launch_bounds__(Geo::kThreads, kMinBlocks<Kv>)
   extern __shared__ __align__(128) unsigned char smem_raw[];
   // The codes on a 1024-byte boundary, as the TMA's 128-byte swizzle needs.
   unsigned char* smem = smem_raw + ((1024u - (cuda::smem_u32(smem_raw) & 1023u)) & 1023u);
-  __shared__ __align__(8) uint64_t full[kStagesFor<Kv>];  // one mbarrier per stage: its tile has landed
+  __shared__ __align__(8) uint64_t full[kStagesFor<Kv>];  // one mbarrier per stage: its tile has arrived
   const int b = blockIdx.z, hk = blockIdx.y / p.chunks, chunk = blockIdx.y % p.chunks, split = blockIdx.x;
   const int h0 = hk * p.group + chunk * Geo::kRows;  // the block's first query head
   const int rows = min(Geo::kRows, p.group - chunk * Geo::kRows);
@@ -349,7 +349,7 @@ __global__ void __launch_bounds__(Geo::kThreads, kMinBlocks<Kv>)
     if (S - 1 < n_tiles) ahead = read_boxes(kv, b, hk, t_begin + (S - 1) * Geo::kBc, t_end, box_shift);
   }
   for (int it = 0; it < n_tiles; ++it) {
-    hopper::mbarrier_wait(&full[it % S], uint32_t(it / S) & 1u);  // tile `it` has landed...
+    hopper::mbarrier_wait(&full[it % S], uint32_t(it / S) & 1u);  // tile `it` has arrived...
     __syncthreads();                    // ...and every warp is done with tile it - 1
     const int next = it + S - 1;        // refill the stage that tile it - 1 used
     if (warp == 0 && next < n_tiles) {

@@ -424,7 +424,7 @@ __global__ void __launch_bounds__(Geo::kThreads, kMinBlocks<Kv>)
   extern __shared__ __align__(128) unsigned char smem_raw[];
   // The codes on a 1024-byte boundary, as the TMA's 128-byte swizzle needs.
   unsigned char* smem = smem_raw + ((1024u - (cuda::smem_u32(smem_raw) & 1023u)) & 1023u);
-  __shared__ __align__(8) uint64_t full[kStagesFor<Kv>];  // one mbarrier per stage: its tile has landed
+  __shared__ __align__(8) uint64_t full[kStagesFor<Kv>];  // one mbarrier per stage: its tile has arrived
   const int b = blockIdx.z, hk = blockIdx.y / p.chunks, chunk = blockIdx.y % p.chunks, split = blockIdx.x;
   const int h0 = hk * p.group + chunk * kHeads;  // the block's first query head
   const int rows = min(kHeads, p.group - chunk * kHeads);
@@ -464,7 +464,7 @@ __global__ void __launch_bounds__(Geo::kThreads, kMinBlocks<Kv>)
   }
   __syncthreads();  // warp 0's stores of the first tiles' scales before any warp reads them
   for (int it = 0; it < n_tiles; ++it) {
-    hopper::mbarrier_wait(&full[it % S], uint32_t(it / S) & 1u);  // tile `it` has landed
+    hopper::mbarrier_wait(&full[it % S], uint32_t(it / S) & 1u);  // tile `it` has arrived
     const int t0 = t_begin + it * Geo::kBc;
     const int valid = min(Geo::kWarpKeys, t_end - t0 - warp * Geo::kWarpKeys);  // this warp's keys in the tile
     // The warp's codes and scales of the stage, into its registers.

@@ -307,7 +307,7 @@ __global__ void __launch_bounds__(Geo::kThreads, kMinBlocks<Kv>)
   extern __shared__ __align__(128) unsigned char smem_raw[];
   // The codes on a 1024-byte boundary, as the TMA's 128-byte swizzle needs.
   unsigned char* smem = smem_raw + ((1024u - (cuda::smem_u32(smem_raw) & 1023u)) & 1023u);
-  __shared__ __align__(8) uint64_t full[kStagesFor<Kv>];  // one mbarrier per stage: its tile has landed
+  __shared__ __align__(8) uint64_t full[kStagesFor<Kv>];  // one mbarrier per stage: its tile has arrived
   __shared__ __align__(8) uint64_t empty[kStagesFor<Kv>];  // and one: every warp is done with its tile
   const int b = blockIdx.z, hk = blockIdx.y / p.chunks, chunk = blockIdx.y % p.chunks, split = blockIdx.x;
   const int h0 = hk * p.group + chunk * Geo::kRows;  // the block's first query head
@@ -357,7 +357,7 @@ __global__ void __launch_bounds__(Geo::kThreads, kMinBlocks<Kv>)
                      box_shift);
       if (next + 1 < n_tiles) ahead = read_boxes(kv, b, hk, t_begin + (next + 1) * Geo::kBc, t_end, box_shift);
     }
-    hopper::mbarrier_wait(&full[it % S], uint32_t(it / S) & 1u);  // tile `it` has landed
+    hopper::mbarrier_wait(&full[it % S], uint32_t(it / S) & 1u);  // tile `it` has arrived
     const int t0 = t_begin + it * Geo::kBc;
     const int valid = min(Geo::kWarpKeys, t_end - t0 - warp * Geo::kWarpKeys);  // this warp's keys in the tile
     // The warp's rows of the stage: the codes, converted in the warp's registers.
