@@ -48,6 +48,14 @@ def peer_refused(e):
     return False
 
 
+
+def failure(e, refused):
+    """A peer's exception as a row: "unsupported" where `refused` (the peer declined the shape),
+    else "error" (the harness failed, never relabelled)."""
+    if refused:
+        return {"status": "unsupported", "note": _first_line(e)}
+    return {"status": "error", "note": "harness: " + _first_line(e)}
+
 def sample_pairs(b, h, most=8):
     """(batch, head) pairs: all of them when there are at most `most`, else `most` evenly spaced
     over the flat index b * h, the first and the last among them."""
@@ -316,9 +324,7 @@ class Peers:
                 o = fwd()
                 torch.cuda.synchronize()
             except Exception as e:
-                if peer_refused(e):
-                    return {"status": "unsupported", "note": _first_line(e)}
-                return {"status": "error", "note": "harness: " + _first_line(e)}
+                return failure(e, peer_refused(e))
             t_first = time.time()
             if peer in ("flex", "fa4"):
                 self.compile_s[peer] = self.compile_s.get(peer, 0.0) + t_first - t0
@@ -349,9 +355,7 @@ class Peers:
             call["check_s"] = round(t_check - t_first, 2)
             call["timed_s"] = round(time.time() - t_check, 2)
         except Exception as e:  # the check or the timing: out of memory is the peer's; the rest is ours
-            if "OutOfMemory" in type(e).__name__:
-                return {"status": "unsupported", "note": _first_line(e)}
-            return {"status": "error", "note": "harness: " + _first_line(e)}
+            return failure(e, "OutOfMemory" in type(e).__name__)
         finally:
             q = k = v = o = None
             self.done()
@@ -381,9 +385,7 @@ class Peers:
                 o = fwd()
                 torch.cuda.synchronize()
             except Exception as e:
-                if peer_refused(e):
-                    return {"status": "unsupported", "note": _first_line(e)}
-                return {"status": "error", "note": "harness: " + _first_line(e)}
+                return failure(e, peer_refused(e))
             call = {"peer": peer, "what": "decode B=%d H=%d/%d L=%d d=%d" % (b, hq, hkv, length, d),
                     "first_s": round(time.time() - t0, 2)}
             self.calls.append(call)
@@ -396,9 +398,7 @@ class Peers:
             ms = self._time(fwd)
             call["timed_s"] = round(time.time() - t1, 2)
         except Exception as e:
-            if "OutOfMemory" in type(e).__name__:
-                return {"status": "unsupported", "note": _first_line(e)}
-            return {"status": "error", "note": "harness: " + _first_line(e)}
+            return failure(e, "OutOfMemory" in type(e).__name__)
         finally:
             q = k = v = o = None
             self.done()
@@ -433,9 +433,7 @@ class Peers:
                 return {"status": "failed", "max_abs_err": err, "note": bad}
             ms = self._time(fn)
         except Exception as e:
-            if peer_refused(e):
-                return {"status": "unsupported", "note": _first_line(e)}
-            return {"status": "error", "note": "harness: " + _first_line(e)}
+            return failure(e, peer_refused(e))
         finally:
             s = p = None
             self.done()
