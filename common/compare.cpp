@@ -78,7 +78,6 @@ Verdict accept(const ErrorStats& kernel, const ErrorStats& naive, DType stored, 
     for (const double m : kernel.row_ref_max) log_scale = std::max(log_scale, m);
   // Per row, unless the tensor is judged as a whole (gradients) or the stats carry no rows.
   const std::size_t rows = magnitude == Magnitude::tensor ? 0 : kernel.row_err.size();
-  const bool naive_rows = naive.row_err.size() == rows;
   std::ostringstream why;
   const bool yardstick_finite = naive.nan == 0 && std::isfinite(naive.max_abs) && std::isfinite(naive.l2);
   std::size_t worst = 0;
@@ -93,17 +92,14 @@ Verdict accept(const ErrorStats& kernel, const ErrorStats& naive, DType stored, 
     if (kernel.checked > 0) v.l2_tolerance = 2.0 * naive.l2 + u * std::sqrt(double(kernel.checked)) * s;
   } else {
     // tol_r = 2 n + u s_r, n the naive's worst checked row (compare.hpp).
-    double n = naive.max_abs;
-    if (naive_rows)
-      for (std::size_t r = 0; r < rows; ++r) n = std::max(n, naive.row_err[r]);
+    const double n = naive.max_abs;
     v.row_tolerance.resize(rows);
     double sum_s2 = 0;
     const double width = kernel.checked / double(rows);
     for (std::size_t r = 0; r < rows; ++r) {
       const double s = magnitude == Magnitude::log ? log_scale : scale(kernel.row_ref_max[r]);
       sum_s2 += width * s * s;
-      const double yard = n;
-      const double tol = 2.0 * yard + u * s;
+      const double tol = 2.0 * n + u * s;
       v.row_tolerance[r] = tol;
       v.tolerance = std::max(v.tolerance, tol);
       const double ratio = tol > 0 ? kernel.row_err[r] / tol : (kernel.row_err[r] > 0 ? INFINITY : 0.0);
@@ -111,7 +107,7 @@ Verdict accept(const ErrorStats& kernel, const ErrorStats& naive, DType stored, 
         v.margin = ratio;
         worst = r;
         worst_floor = u * s;
-        worst_naive = yard;
+        worst_naive = n;
       }
     }
     v.l2_tolerance = 2.0 * naive.l2 + u * std::sqrt(sum_s2);
