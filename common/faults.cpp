@@ -25,6 +25,8 @@ const Entry kFaults[] = {
      "the last partial key tile is treated as full: no element mask there (keys past Nk read as zeros)"},
     {Fault::split_dropped, "split-dropped", "split-K decode: the merge leaves out one split"},
     {Fault::page_table_shift, "page-table-shift", "one block-table entry off by one: a neighbour page is read"},
+    {Fault::ring_step_skipped, "ring-step-skipped",
+     "ring attention: one rank never merges one of the K/V blocks passed around the ring"},
 };
 
 const Entry& entry(Fault f) {
@@ -64,7 +66,7 @@ const char* fault_help(Fault f) { return entry(f).help; }
 const std::vector<Fault>& all_faults() {
   static const std::vector<Fault> v = {Fault::last_key_block, Fault::last_batch,        Fault::stale_lse,
                                        Fault::wrong_kv_head,  Fault::partial_tile_full, Fault::split_dropped,
-                                       Fault::page_table_shift};
+                                       Fault::page_table_shift, Fault::ring_step_skipped};
   return v;
 }
 

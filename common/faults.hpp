@@ -18,6 +18,7 @@
 /// | `partial-tile-full` | the last partial key tile is treated as full: its element mask is skipped (chapter 06 masks: its masked scores count), or past Nk its missing keys read as zeros (as out-of-bounds TMA fills them) |
 /// | `split-dropped` | split-K decode: the merge leaves out one split's partial state |
 /// | `page-table-shift` | one block-table entry off by one: a sequence reads its neighbour page in place of one of its own |
+/// | `ring-step-skipped` | ring attention: one rank never merges one of the K/V blocks passed to it around the ring (a step's partial left out of its running O and LSE) |
 #include <string>
 #include <vector>
 
@@ -26,7 +27,17 @@
 
 namespace attn {
 
-enum class Fault { none, last_key_block, last_batch, stale_lse, wrong_kv_head, partial_tile_full, split_dropped, page_table_shift };
+enum class Fault {
+  none,
+  last_key_block,
+  last_batch,
+  stale_lse,
+  wrong_kv_head,
+  partial_tile_full,
+  split_dropped,
+  page_table_shift,
+  ring_step_skipped,
+};
 
 /// The fault's name on the command line (`last-key-block`, ...) and its one-line description.
 const char* fault_name(Fault f);

@@ -7,8 +7,11 @@ Each case runs one chapter binary with --json and prints, for every GPU row whos
 "final" (or, for a part without a final kernel, every GPU row), its largest error against the
 fp64 reference (max_abs_err, the largest over the row's outputs) and its check_margin: the
 worst row's error over its own tolerance (common/compare.hpp), 1 being the edge. The shapes are
-DEVELOPERS.md's shapes A and B of the same table for the CPU models. A case that fails or that
-the GPU cannot run (not Hopper, no such option) is printed as such, never left out.
+DEVELOPERS.md's shapes A and B, except where a part's problem differs: chapter 02 is fp32 (its
+only dtype), the ring's shape B is not causal (the ring is causal unless --no-causal), and MLA
+decodes (A: H = 128 heads, 2 new tokens a sequence over 1000 keys; B: H = 16, one token over
+32K keys). A case that fails or that the GPU cannot run (not Hopper, no such
+option) is printed as such, never left out.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ B = ["--batch", "1", "--heads", "2", "--n", "2048", "--d", "128"]
 # (label, binary, arguments common to both shapes, shape A, shape B)
 CASES = [
     ("ch01 cuBLAS + softmax", "ch01_naive", [], A, B),
+    ("ch02 softmax v1-v4 (fp32)", "ch02_online_softmax", [], A, B),
     ("ch03 FA1", "ch03_fa1", [], A, B),
     ("ch04 final", "ch04_fa2", ["--step", "final"], A, B),
     ("ch05 final, final backward", "ch05_fa3_hopper", ["--step", "final", "--backward-step", "final", "--no-fp8-table"], A, B),
@@ -34,6 +38,10 @@ CASES = [
      ["--batch", "2", "--heads", "4", "--n", "1000"], ["--batch", "1", "--heads", "2", "--n", "2048"]),
     ("ch06 gqa", "ch06_variants", ["gqa"], ["--batch", "2", "--heads", "8", "--kv-heads", "2", "--n", "1000", "--d", "64", "--causal"],
      ["--batch", "1", "--heads", "8", "--kv-heads", "1", "--n", "2048", "--d", "128"]),
+    ("ch06 MLA decode (absorb)", "ch06_variants", ["mla", "--form", "absorb", "--no-time"],
+     ["--batch", "2", "--heads", "128", "--n", "2", "--nk", "1000"], ["--batch", "1", "--heads", "16", "--nk", "32768"]),
+    ("ch06 ring forward, backward (streams, P = 4)", "ch06_variants", ["ring", "--backend", "streams", "--no-decode"],
+     A, B + ["--no-causal"]),
     ("ch07 decode", "ch07_paged_radix", ["decode"], ["--nk", "1000"], ["--nk", "65536", "--lengths", "equal"]),
 ]
 

@@ -2,7 +2,9 @@
 // in fp64, and both bf16 forms against the fp64 reference at awkward shapes.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "chapters/06_variants/gqa_mla/grouped_model.hpp"
@@ -184,6 +186,53 @@ TEST_CASE("exercise ch06.5: the absorbed form (q_c = q_nope W_UK^T) equals the d
   for (std::size_t k = 0; k < a.size(); ++k) worst = std::max(worst, double(std::abs(a[k] - d[k])));
   const double tol = accept(compare_rows(a.data(), ref), naive, DType::bf16).tolerance;
   CHECK(worst <= 2 * tol);
+}
+
+TEST_CASE("MLA check plan: every (batch, head) pair, a long prefill thins its rows, never its pairs") {
+  // A prefill of 200 rows at Nk = 4096: over the budget, so rows are sampled, in every pair.
+  const MlaShape p = mla(2, 16, 200, 4096);
+  const CheckPlan pp = mla_check_plan(p, false);
+  CHECK(pp.heads.size() == 32);
+  CHECK(pp.rows.size() >= 8);
+  CHECK(pp.rows.size() < 200);
+  for (int r : {0, 1, 198, 199}) CHECK(std::find(pp.rows.begin(), pp.rows.end(), r) != pp.rows.end());
+  // A decode whose yardstick (K and V decompressed per pair) is over its budget: the
+  // yardstick thins its pairs, the check does not.
+  const MlaShape s = mla(2, 16, 1, 1024);
+  const double budget = 2e9;  // 7 pairs' decompression at Nk = 1024
+  const CheckPlan plan = mla_check_plan(s, false, budget);
+  CHECK(plan.covers_everything(s.output()));
+  const std::vector<std::pair<int, int>> yard = mla_yardstick_pairs(s, plan, budget);
+  REQUIRE(yard.size() < plan.heads.size());
+  CHECK(yard.front() == std::make_pair(0, 0));
+  CHECK(yard.back() == std::make_pair(1, 15));
+  CHECK(mla_check_describe(s, plan, budget).find("yardstick") != std::string::npos);
+
+  // Outputs that are the fp64 reference rounded to bf16 pass; one row of a pair the
+  // yardstick left out, off by a tenth of its magnitude, fails.
+  const MlaInputs in = make_mla_inputs(s, Dist::normal, 3);
+  const CheckedRows<double> ref = mla_reference(s, in, plan);
+  const ErrorStats naive = mla_naive_error(s, in, plan, ref, budget);
+  std::vector<float> o(s.output().o_elems(), 0.f);
+  for (std::size_t k = 0; k < ref.rows.size(); ++k)
+    for (int j = 0; j < ref.width; ++j) o[ref.rows[k] * ref.width + j] = round_to(DType::bf16, float(ref.row(k)[j]));
+  CHECK(accept(compare_rows(o.data(), ref), naive, DType::bf16).pass);
+  std::pair<int, int> outside{-1, -1};
+  for (const auto& bh : plan.heads)
+    if (std::find(yard.begin(), yard.end(), bh) == yard.end()) outside = bh;
+  REQUIRE(outside.first >= 0);
+  CAPTURE(outside.first);
+  CAPTURE(outside.second);
+  // Row `row` (nq = 1: one row a pair) off by a tenth of its magnitude plus 10 x the yardstick.
+  auto off = [&](std::size_t row) {
+    std::vector<float> x = o;
+    double mag = 0;
+    for (int j = 0; j < kDV; ++j) mag = std::max(mag, double(std::abs(x[row * kDV + j])));
+    x[row * kDV + 5] += float(0.1 * mag + 10 * naive.max_abs);
+    return accept(compare_rows(x.data(), ref), naive, DType::bf16).pass;
+  };
+  CHECK_FALSE(off(std::size_t(outside.first) * s.heads + outside.second));
+  CHECK_FALSE(off(std::size_t(s.batch) * s.heads - 1));  // the last head of the last batch
 }
 
 TEST_CASE("MLA costs: the absorb model reads the latent cache once per 64-row tile, decompress writes H x 320") {

@@ -289,6 +289,22 @@ MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool 
 
 }  // namespace
 
+MlaRanges mla_absorb_ranges(const MlaShape& s, int splits, int small_variant) {
+  const int rows = s.heads * s.nq;
+  const int per_tile = rows <= mla::kRowsSmall ? mla::kRowsSmall : mla::kRowsLarge;
+  const int kpb = mla::keys_per_block(per_tile, small_variant);
+  const int tiles = ceil_div(rows, per_tile), nblocks = ceil_div(s.nk, kpb);
+  // Split-K: whole waves of (tile, range, sequence) blocks (mla_pick_splits(), mla_model.hpp).
+  if (splits <= 0)
+    splits = mla_pick_splits(tiles, s.batch, nblocks, sm_count() * mla::blocks_per_sm(per_tile, small_variant),
+                             per_tile == mla::kRowsLarge ? 2 : 1);
+  const int bps = ceil_div(nblocks, std::min(splits, nblocks));
+  MlaRanges r;
+  r.ranges = ceil_div(nblocks, bps);  // no empty ranges
+  r.keys_per_range = bps * kpb;
+  return r;
+}
+
 MlaGpuResult mla_absorb_gpu(const MlaShape& s, const MlaInputs& in, int splits, bool time, int small_variant,
                             int tile64, int combine, int combine_parts, bool pdl) {
   validate(s);
@@ -321,13 +337,10 @@ MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool 
                       : tile64 == kTile64WgmmaHalves ? mla::kHalves
                       : tile64 == kTile64WgmmaArrive ? mla::kReleaseArrive
                                                     : mla::kReleasePhased;
-  const int tiles = ceil_div(rows, per_tile), nblocks = ceil_div(s.nk, mla::keys_per_block(per_tile, variant));
-  // Split-K: whole waves of (tile, range, sequence) blocks (mla_pick_splits(), mla_model.hpp).
-  if (splits <= 0)
-    splits = mla_pick_splits(tiles, s.batch, nblocks, sm_count() * mla::blocks_per_sm(per_tile, variant),
-                             per_tile == mla::kRowsLarge ? 2 : 1);
-  const int bps = ceil_div(nblocks, std::min(splits, nblocks));
-  splits = ceil_div(nblocks, bps);  // no empty ranges
+  const int tiles = ceil_div(rows, per_tile);
+  const MlaRanges rg = mla_absorb_ranges(s, splits, variant);
+  splits = rg.ranges;
+  const int bps = rg.keys_per_range / mla::keys_per_block(per_tile, variant);
   DeviceTensor q(DType::bf16, std::size_t(s.batch) * rows * kDLatentKey), o_c(DType::bf16, std::size_t(s.batch) * rows * kDC),
       o(DType::bf16, std::size_t(s.batch) * rows * kDV);
   DeviceBuffer<float> o_part(std::size_t(s.batch) * splits * rows * kDC), ml_part(std::size_t(s.batch) * splits * rows * 2);

@@ -90,6 +90,13 @@ MlaGpuResult mla_absorb_gpu(const MlaShape& s, const MlaInputs& in, int splits, 
                             int tile64 = kTile64Wgmma, int combine = kCombineAuto, int combine_parts = 0,
                             bool pdl = true);
 /// Absorbed decode timed on device-generated inputs (the sweeps).
+/// The key ranges mla_absorb_gpu(s, ..., splits, ..., small_variant) cuts each sequence
+/// into: how many, and the keys of each but the last (whole key blocks).
+struct MlaRanges {
+  int ranges = 1;
+  int keys_per_range = 0;
+};
+MlaRanges mla_absorb_ranges(const MlaShape& s, int splits, int small_variant = 0);
 MlaGpuResult mla_absorb_bench(const MlaShape& s, int splits, int small_variant = 0, int tile64 = kTile64Wgmma,
                               int combine = kCombineAuto, int combine_parts = 0, bool pdl = true);
 /// The name of a 16-row tile shape: "ring4", "ring2x2", "wide".

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <iostream>
 #include <sstream>
+#include <tuple>
 #include <vector>
 
 #include "common/check.hpp"
@@ -300,32 +301,59 @@ void mla_sweep(Report& rep, const Ceilings& ceil, int tile64, int only_heads, in
 }
 #endif
 
+/// `s` and `in` with keys [first, first + count) of every sequence's latent cache (the
+/// RoPE parts are stored rotated, so the keys keep their positions; the causal mask is
+/// bottom-right, so every query still sees the keys it saw among them).
+std::pair<MlaShape, MlaInputs> mla_keys(const MlaShape& s, const MlaInputs& in, int first, int count) {
+  MlaShape fs = s;
+  MlaInputs fin = in;
+  fs.nk = count;
+  auto keys = [&](const std::vector<float>& x, int width) {
+    std::vector<float> y(std::size_t(s.batch) * count * width);
+    for (int b = 0; b < s.batch; ++b)
+      std::copy_n(x.begin() + (std::size_t(b) * s.nk + first) * width, std::size_t(count) * width,
+                  y.begin() + std::size_t(b) * count * width);
+    return y;
+  };
+  fin.c = keys(in.c, kDC);
+  fin.k_rope = keys(in.k_rope, kDRope);
+  return {fs, fin};
+}
+
 /// --inject-fault in MLA: the shape and inputs a faulty launch hands the model and the kernels
 /// (last-key-block: the last 64-key tile of the latent cache never read; last-batch: the
 /// last sequence left out). faulty_mla_output() widens its O back to `s` (zeros).
+/// split-dropped goes into the absorbed decode alone (split_dropped_mla()).
 std::pair<MlaShape, MlaInputs> faulty_mla(Fault f, const MlaShape& s, const MlaInputs& in) {
-  MlaShape fs = s;
-  MlaInputs fin = in;
   if (f == Fault::last_key_block) {
     if (s.nk <= 64) throw UsageError("last-key-block needs --nk > 64");
-    fs.nk = s.nk - (s.nk % 64 ? s.nk % 64 : 64);
-    if (fs.nk < fs.nq) throw UsageError("last-key-block needs --nk >= --n + 64");
-    auto keys = [&](const std::vector<float>& x, int width) {
-      std::vector<float> y(std::size_t(s.batch) * fs.nk * width);
-      for (int b = 0; b < s.batch; ++b)
-        std::copy_n(x.begin() + std::size_t(b) * s.nk * width, std::size_t(fs.nk) * width,
-                    y.begin() + std::size_t(b) * fs.nk * width);
-      return y;
-    };
-    fin.c = keys(in.c, 512);
-    fin.k_rope = keys(in.k_rope, 64);
-  } else if (f == Fault::last_batch) {
+    const int nk = s.nk - (s.nk % 64 ? s.nk % 64 : 64);
+    if (nk < s.nq) throw UsageError("last-key-block needs --nk >= --n + 64");
+    return mla_keys(s, in, 0, nk);
+  }
+  MlaShape fs = s;
+  MlaInputs fin = in;
+  if (f == Fault::last_batch) {
     if (s.batch < 2) throw UsageError("last-batch needs --batch > 1");
     fs.batch = s.batch - 1;
     const double keep = double(fs.batch) / s.batch;
     for (auto* x : {&fin.c, &fin.k_rope, &fin.q_nope, &fin.q_rope}) x->resize(std::size_t(double(x->size()) * keep));
   }
   return {fs, fin};
+}
+
+/// split-dropped in an absorbed decode of `ranges` key ranges of `keys_per_range` keys each:
+/// the merge leaves out range 0's partial state, and what it returns is the decode of the
+/// keys past range 0 in the remaining ranges, the launch this hands the model or the kernels.
+/// False (nothing changed) when the decode has one range: the fault does not go into it.
+bool split_dropped_mla(const MlaShape& s, const MlaInputs& in, int ranges, int keys_per_range, MlaShape* fs,
+                       MlaInputs* fin) {
+  if (ranges < 2 || keys_per_range >= s.nk) return false;
+  if (s.nk - keys_per_range < s.nq)
+    throw UsageError("split-dropped needs --nk >= --n + the " + std::to_string(keys_per_range) +
+                     " keys of one split");
+  std::tie(*fs, *fin) = mla_keys(s, in, keys_per_range, s.nk - keys_per_range);
+  return true;
 }
 
 std::vector<float> faulty_mla_output(std::vector<float> o, const MlaShape& s) {
@@ -359,7 +387,7 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
   const MlaInputs in = make_mla_inputs(s, opt.dist, opt.seed);
   const Problem out = s.output();
   const CheckPlan plan = mla_check_plan(s, opt.check_all);
-  rep.check_plan = plan.describe(out) + "; reference: fp64 MLA";
+  rep.check_plan = mla_check_describe(s, plan);
   const CheckedRows<double> ref = mla_reference(s, in, plan);
   const ErrorStats naive = mla_naive_error(s, in, plan, ref);
   auto judge = [&](const std::vector<float>& o) {
@@ -391,7 +419,8 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
     } else {
       row.note = "model not run at this size (over " + fmt("%.0e", kModelFlopBudget) + " FLOPs; --check-all runs it)";
     }
-    if (opt.fault != Fault::none && row.pass) row.note = fault_note(opt.fault) + "; " + row.note;
+    if (opt.fault != Fault::none && opt.fault != Fault::split_dropped && row.pass)
+      row.note = fault_note(opt.fault) + "; " + row.note;
     rep.rows.push_back(row);
   }
   if (do_abs) {
@@ -400,9 +429,8 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
     row.device = "cpu";
     row.flops = ca.flops;
     row.hbm_read_bytes = ca.bytes;
+    bool faulted = opt.fault != Fault::none && opt.fault != Fault::split_dropped;
     if (ca.flops <= kModelFlopBudget || opt.check_all) {
-      const Problem pa = fs.absorbed();
-      const AttnInputs ab = absorb(fs, fin);
       GroupedOptions go;
       go.pack = true;  // the H heads share the one latent head: an MQA, packed
       go.m_tile = 64;
@@ -410,15 +438,25 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
       go.splits = splits > 0 ? splits : std::min(4, (s.nk + 63) / 64);
       go.v_in_k = true;
       go.sram_bytes = std::max<std::size_t>(opt.sram_bytes, 227 * 1024);
-      const GroupedResult m = grouped_forward_model(pa, ab, go);
-      row.set_check(judge(faulty_mla_output(project_out(fs, m.o, fin), s)));
-      row.note = "q_c = q_nope W_UK^T; " + std::to_string(go.splits) + " key splits merged with ⊕; latent read " +
-                 format_bytes(m.kv_bytes) + " (" + fmt("%.2f", m.kv_bytes / (double(s.batch) * s.nk * 1152)) +
-                 "x the cache once); o = o_c W_UV";
+      MlaShape ms = fs;
+      MlaInputs ms_in = fin;
+      std::string dropped;
+      // The model's ranges: whole 64-key blocks, ceil(blocks / splits) of them a range (grouped_model.cpp).
+      const int per_range = ((s.nk + 63) / 64 + go.splits - 1) / go.splits * 64;
+      if (opt.fault == Fault::split_dropped && split_dropped_mla(s, in, go.splits, per_range, &ms, &ms_in)) {
+        faulted = true;
+        dropped = " (split 0, keys 0-" + std::to_string(per_range - 1) + ", left out of the merge)";
+        go.splits -= 1;
+      }
+      const GroupedResult m = grouped_forward_model(ms.absorbed(), absorb(ms, ms_in), go);
+      row.set_check(judge(faulty_mla_output(project_out(ms, m.o, ms_in), s)));
+      row.note = "q_c = q_nope W_UK^T; " + std::to_string(go.splits) + " key splits merged with ⊕" + dropped +
+                 "; latent read " + format_bytes(m.kv_bytes) + " (" +
+                 fmt("%.2f", m.kv_bytes / (double(s.batch) * s.nk * 1152)) + "x the cache once); o = o_c W_UV";
     } else {
       row.note = "model not run at this size (over " + fmt("%.0e", kModelFlopBudget) + " FLOPs; --check-all runs it)";
     }
-    if (opt.fault != Fault::none && row.pass) row.note = fault_note(opt.fault) + "; " + row.note;
+    if (faulted && row.pass) row.note = fault_note(opt.fault) + "; " + row.note;
     rep.rows.push_back(row);
   }
 
@@ -428,7 +466,19 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
     require_device_memory(*dev, mla_device_bytes(s, do_dec), "the MLA tensors");
     if (opt.bench || sweep) rep.ceilings = measure_ceilings(DType::bf16);
     if (do_abs) {
-      const MlaGpuResult g = mla_absorb_gpu(fs, fin, splits, !no_time, tile16, tile64, combine, combine_parts, pdl);
+      // split-dropped: the kernels' own key ranges (mla_absorb_ranges()), range 0 left out.
+      MlaShape gs = fs;
+      MlaInputs gin = fin;
+      int gsplits = splits;
+      bool faulted = opt.fault != Fault::none && opt.fault != Fault::split_dropped;
+      if (opt.fault == Fault::split_dropped) {
+        const MlaRanges rg = mla_absorb_ranges(s, splits, tile16);
+        if (split_dropped_mla(s, in, rg.ranges, rg.keys_per_range, &gs, &gin)) {
+          faulted = true;
+          gsplits = rg.ranges - 1;
+        }
+      }
+      const MlaGpuResult g = mla_absorb_gpu(gs, gin, gsplits, !no_time, tile16, tile64, combine, combine_parts, pdl);
       ResultRow row;
       // Without a lab form (--tile16, --tile64, --combine, --combine-parts, --no-pdl) this is the
       // chapter's final MLA decode, its tile chosen by the head count (absorb_run(): above 16 packed
@@ -450,7 +500,7 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
                  : no_time   ? g.what
                              : g.what + "; attention kernels " + fmt("%.4f", g.attn_ms) + " ms = " +
                                  fmt("%.0f", c.cache_bytes / (g.attn_ms * 1e-3) / 1e9) + " GB/s of latent cache";
-      if (opt.fault != Fault::none && row.pass) row.note = fault_note(opt.fault) + "; " + row.note;
+      if (faulted && row.pass) row.note = fault_note(opt.fault) + "; " + row.note;
       rep.rows.push_back(row);
     }
     std::string why;
@@ -469,7 +519,8 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
       row.bound = Bound::compute;
       if (!no_time) row.set_time(g.total_ms);
       row.note = !chk.pass() ? chk.failures() : no_time ? g.what : g.what + "; attention alone " + fmt("%.4f", g.attn_ms) + " ms";
-      if (opt.fault != Fault::none && row.pass) row.note = fault_note(opt.fault) + "; " + row.note;
+      if (opt.fault != Fault::none && opt.fault != Fault::split_dropped && row.pass)
+        row.note = fault_note(opt.fault) + "; " + row.note;
       rep.rows.push_back(row);
     }
     rep.apply_ceilings();
@@ -537,7 +588,7 @@ int mla_main(int argc, char** argv) {
           "MLA with DeepSeek-V3's dims: the latent cache, decompressed prefill and absorbed decode, against fp64.\n"
           "--n is the number of new tokens per sequence (1 = decode); causal (bottom-right) always.");
   cli.defaults(d).dtypes({DType::bf16}).sram_default(227 * 1024);
-  cli.faults({Fault::last_key_block, Fault::last_batch});
+  cli.faults({Fault::last_key_block, Fault::last_batch, Fault::split_dropped});
   std::string form = "both";
   int pos0 = 1000, splits = 0;
   bool sweep = false, no_time = false;

@@ -228,16 +228,31 @@ std::vector<float> project_out(const MlaShape& s, const std::vector<float>& o_c,
 CheckPlan mla_check_plan(const MlaShape& s, bool all, double budget) {
   const Problem out = s.output();
   if (all) return CheckPlan::full(out);
-  CheckPlan plan = CheckPlan::sampled(out, budget / 2);
-  const double per_head = 2.0 * s.nk * kDC * (kDNope + kDV);
-  const std::size_t keep = std::max<std::size_t>(2, std::size_t(budget / per_head));
-  if (plan.heads.size() > keep) {
-    std::vector<std::pair<int, int>> thinned;
-    for (std::size_t k = 0; k < keep; ++k) thinned.push_back(plan.heads[(plan.heads.size() - 1) * k / (keep - 1)]);
-    thinned.erase(std::unique(thinned.begin(), thinned.end()), thinned.end());
-    plan.heads = thinned;
-  }
-  return plan;
+  // CheckPlan::sampled() prices a row at 2 Nk (d + dv): with the absorbed dims that is
+  // what a row of the fp64 reference costs at a long context (mla_reference()).
+  Problem priced = out;
+  priced.d = kDLatentKey;
+  priced.dv = kDC;
+  return CheckPlan::sampled(priced, budget);
+}
+
+std::vector<std::pair<int, int>> mla_yardstick_pairs(const MlaShape& s, const CheckPlan& plan, double budget) {
+  const double per_pair = 2.0 * s.nk * kDC * (kDNope + kDV);
+  const std::size_t keep = std::max<std::size_t>(2, std::size_t(budget / per_pair));
+  if (plan.heads.size() <= keep) return plan.heads;
+  std::vector<std::pair<int, int>> thinned;
+  for (std::size_t k = 0; k < keep; ++k) thinned.push_back(plan.heads[(plan.heads.size() - 1) * k / (keep - 1)]);
+  thinned.erase(std::unique(thinned.begin(), thinned.end()), thinned.end());
+  return thinned;
+}
+
+std::string mla_check_describe(const MlaShape& s, const CheckPlan& plan, double budget) {
+  const std::size_t yard = mla_yardstick_pairs(s, plan, budget).size();
+  std::string d = plan.describe(s.output()) + "; reference: fp64 MLA";
+  if (yard < plan.heads.size())
+    d += "; yardstick (bf16, decompressed) on " + std::to_string(yard) + " of the " +
+         std::to_string(plan.heads.size()) + " pairs (first, last, spread), its L2 scaled to all";
+  return d;
 }
 
 CheckedRows<double> mla_reference(const MlaShape& s, const MlaInputs& in, const CheckPlan& plan, MlaRefPath path) {
@@ -252,41 +267,66 @@ CheckedRows<double> mla_reference(const MlaShape& s, const MlaInputs& in, const 
     path = cost <= 4e9 ? MlaRefPath::definition : MlaRefPath::absorbed;
   }
   const std::size_t nr = plan.rows.size();
-  parallel_for(long(plan.heads.size()), [&](long hi) {
-    const auto [b, h] = plan.heads[hi];
+  // One batch at a time: its latent cache is read into fp64 once and shared by its heads.
+  for (int b = 0; b < s.batch; ++b) {
+    std::vector<long> items;
+    for (std::size_t hi = 0; hi < plan.heads.size(); ++hi)
+      if (plan.heads[hi].first == b) items.push_back(long(hi));
+    if (items.empty()) continue;
     const Mat c = block(in.c, latent_off(s, b, 0), s.nk, kDC);
     const Mat kr = block(in.k_rope, krope_off(s, b, 0), s.nk, kDRope);
-    const Mat wuk = block(in.w_uk, w_off(h), kDC, kDNope), wuv = block(in.w_uv, w_off(h), kDC, kDV);
-    Mat qn(nr, kDNope), qr(nr, kDRope);
-    for (std::size_t r = 0; r < nr; ++r) {
-      for (int j = 0; j < kDNope; ++j) qn(r, j) = in.q_nope[qrow(s, b, h, plan.rows[r]) * kDNope + j];
-      for (int j = 0; j < kDRope; ++j) qr(r, j) = in.q_rope[qrow(s, b, h, plan.rows[r]) * kDRope + j];
-    }
-    Mat o;
-    if (path == MlaRefPath::definition) {
-      const Mat k_nope = c * wuk;  // [Nk][128]
-      const Mat v = c * wuv;       // [Nk][128]
-      Mat sc = qn * k_nope.transpose() + qr * kr.transpose();
-      masked_softmax(p, plan.rows, sc);
-      o = sc * v;
-    } else {
-      const Mat qc = qn * wuk.transpose();  // [rows][512]: q_c = q_nope W_UK^T
-      Mat sc = qc * c.transpose() + qr * kr.transpose();
-      masked_softmax(p, plan.rows, sc);
-      const Mat oc = sc * c;  // [rows][512]
-      o = oc * wuv;           // o = o_c W_UV
-    }
-    for (std::size_t r = 0; r < nr; ++r)
-      for (int j = 0; j < kDV; ++j) ref.values[(hi * nr + r) * kDV + j] = o(r, j);
-  });
+    parallel_for(long(items.size()), [&](long item) {
+      const long hi = items[item];
+      const int h = plan.heads[hi].second;
+      const Mat wuk = block(in.w_uk, w_off(h), kDC, kDNope), wuv = block(in.w_uv, w_off(h), kDC, kDV);
+      Mat qn(nr, kDNope), qr(nr, kDRope);
+      for (std::size_t r = 0; r < nr; ++r) {
+        for (int j = 0; j < kDNope; ++j) qn(r, j) = in.q_nope[qrow(s, b, h, plan.rows[r]) * kDNope + j];
+        for (int j = 0; j < kDRope; ++j) qr(r, j) = in.q_rope[qrow(s, b, h, plan.rows[r]) * kDRope + j];
+      }
+      Mat o;
+      if (path == MlaRefPath::definition) {
+        const Mat k_nope = c * wuk;  // [Nk][128]
+        const Mat v = c * wuv;       // [Nk][128]
+        Mat sc = qn * k_nope.transpose() + qr * kr.transpose();
+        masked_softmax(p, plan.rows, sc);
+        o = sc * v;
+      } else {
+        const Mat qc = qn * wuk.transpose();  // [rows][512]: q_c = q_nope W_UK^T
+        Mat sc = qc * c.transpose() + qr * kr.transpose();
+        masked_softmax(p, plan.rows, sc);
+        const Mat oc = sc * c;  // [rows][512]
+        o = oc * wuv;           // o = o_c W_UV
+      }
+      for (std::size_t r = 0; r < nr; ++r)
+        for (int j = 0; j < kDV; ++j) ref.values[(hi * nr + r) * kDV + j] = o(r, j);
+    });
+  }
   return ref;
 }
 
 ErrorStats mla_naive_error(const MlaShape& s, const MlaInputs& in, const CheckPlan& plan,
-                           const CheckedRows<double>& ref) {
-  const AttnInputs dec = decompress(s, in, &plan.heads);
-  const NaiveForward naive = naive_forward_same_precision(s.decompressed(), dec, plan);
-  return compact_error(naive.o, ref);
+                           const CheckedRows<double>& ref, double budget) {
+  // The pairs the yardstick computes, and their rows of `ref` (pair-major, as the plan).
+  CheckPlan sub;
+  sub.heads = mla_yardstick_pairs(s, plan, budget);
+  sub.rows = plan.rows;
+  const std::size_t nr = plan.rows.size(), w = std::size_t(ref.width);
+  CheckedRows<double> sub_ref;
+  sub_ref.width = ref.width;
+  std::size_t k = 0;
+  for (std::size_t hi = 0; hi < plan.heads.size() && k < sub.heads.size(); ++hi) {
+    if (plan.heads[hi] != sub.heads[k]) continue;
+    sub_ref.rows.insert(sub_ref.rows.end(), ref.rows.begin() + hi * nr, ref.rows.begin() + (hi + 1) * nr);
+    sub_ref.values.insert(sub_ref.values.end(), ref.values.begin() + hi * nr * w,
+                          ref.values.begin() + (hi + 1) * nr * w);
+    ++k;
+  }
+  const AttnInputs dec = decompress(s, in, &sub.heads);
+  const NaiveForward naive = naive_forward_same_precision(s.decompressed(), dec, sub);
+  ErrorStats e = compact_error(naive.o, sub_ref);
+  if (sub.heads.size() < plan.heads.size()) e.l2 *= std::sqrt(double(plan.heads.size()) / double(sub.heads.size()));
+  return e;
 }
 
 int mla_pick_splits(int tiles, int batch, int nblocks, int slots, int min_blocks_per_range) {

@@ -111,10 +111,17 @@ enum class MlaRefPath {
   automatic,   ///< definition when it costs under ~4 GFLOP, else absorbed
 };
 
-/// The rows the MLA check covers: every row, or (sampled) the plan of CheckPlan::sampled()
-/// thinned to at most ~`budget` FLOPs of decompression (each checked head's K and V cost
-/// 2 Nk 512 256 FLOPs in the yardstick), keeping the first and last heads.
+/// The rows the MLA check covers: every row, or (sampled) every (batch, head) pair on the
+/// rows of CheckPlan::sampled() (0, 1, Nq - 2, Nq - 1 and a spread between, never fewer than
+/// 8 a head), as many as about `budget` FLOPs of the fp64 reference's absorbed path allow
+/// (2 Nk (576 + 512) a row). A long context thins the rows of each pair, never the pairs.
 CheckPlan mla_check_plan(const MlaShape& s, bool all, double budget = 8e9);
+
+/// The (batch, head) pairs of `plan` on which mla_naive_error() computes the yardstick: all
+/// of them, or where their decompression would cost more than about `budget` FLOPs (each
+/// pair's K and V cost 2 Nk 512 256, whatever its rows), the first, the last and an even
+/// spread between, at least 2.
+std::vector<std::pair<int, int>> mla_yardstick_pairs(const MlaShape& s, const CheckPlan& plan, double budget = 8e9);
 
 /// The fp64 reference of the final output o on the rows of `plan` (a plan over
 /// output()), in the order naive_forward_same_precision() uses.
@@ -122,10 +129,17 @@ CheckedRows<double> mla_reference(const MlaShape& s, const MlaInputs& in, const 
                                   MlaRefPath path = MlaRefPath::automatic);
 
 /// The yardstick of the acceptance rule: the decompressed form computed plainly in
-/// bf16 (K, V stored in bf16, fp32 dot products, P and O rounded), on the plan's rows,
-/// its error against `ref`.
+/// bf16 (K, V stored in bf16, fp32 dot products, P and O rounded), its error against `ref`
+/// on the plan's rows of the pairs of mla_yardstick_pairs(s, plan, budget). Its worst row
+/// is the rule's `n` for every checked pair; where it covers fewer pairs than the plan, its
+/// L2 error is scaled by sqrt(plan pairs / its pairs), the same error per row over every
+/// checked row (the inputs of every head are drawn alike).
 ErrorStats mla_naive_error(const MlaShape& s, const MlaInputs& in, const CheckPlan& plan,
-                           const CheckedRows<double>& ref);
+                           const CheckedRows<double>& ref, double budget = 8e9);
+
+/// What the MLA check covers, for the report's `checked` line: the plan, the reference and
+/// the yardstick's pairs.
+std::string mla_check_describe(const MlaShape& s, const CheckPlan& plan, double budget = 8e9);
 
 /// The split-K count of the absorbed decode: `tiles` x `batch` x splits thread blocks should
 /// fill whole waves of `slots` (SMs x blocks resident per SM): the fewest key ranges (fewer

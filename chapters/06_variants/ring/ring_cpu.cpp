@@ -185,7 +185,10 @@ RingForwardResult ring_forward_cpu(const Problem& p, const AttnInputs& in, const
                    kv_cap * sizeof(float));
       const StepPlan plan = step_plan(opt.layout, n, P, r, s, p.causal);
       const KvView view{kv.data(), &geo[src], &p};
+      // ring-step-skipped: this block's partials never reach the accumulator.
+      const bool skip = r == opt.skip.rank && s == opt.skip.step;
       for (const StepPair& pr : plan.pairs) {
+        if (skip) break;
         const Chunk& qc = gq.chunks[pr.q_chunk];
         const Chunk& kc = geo[src].chunks[pr.k_chunk];
         const std::size_t q0 = gq.chunk_offset(pr.q_chunk, p.batch, p.heads, p.d);

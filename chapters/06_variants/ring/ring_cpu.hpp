@@ -43,6 +43,9 @@ struct RingOptions {
   /// How the running O (forward) and the travelling dK/dV (backward) are stored
   /// between steps: fp32, or bf16 (the precision study).
   DType acc = DType::f32;
+  /// --inject-fault ring-step-skipped: rank `skip.rank` never merges the K/V block it holds
+  /// at step `skip.step` (skipped_ring_step()); {-1, -1}: none.
+  SkippedStep skip;
 };
 
 /// UsageError unless the ring can shard this problem: self-attention (nq == nk),

@@ -314,8 +314,9 @@ void GpuRank::fwd_compute(int s) {
     const std::size_t rows = std::size_t(p_.batch) * p_.heads * qc.count;
     const std::size_t o0 = gq.chunk_offset(pr.q_chunk, p_.batch, p_.heads, p_.dv);
     const std::size_t l0 = gq.chunk_offset(pr.q_chunk, p_.batch, p_.heads, 1);
-    launch_merge_partial(acc_o_.get() + o0, acc_lse_.get() + l0, part_o_.get(), part_lse_.get(), rows, p_.dv, p_.dtype,
-                         compute_);
+    if (s != skip_step_)
+      launch_merge_partial(acc_o_.get() + o0, acc_lse_.get() + l0, part_o_.get(), part_lse_.get(), rows, p_.dv,
+                           p_.dtype, compute_);
   }
   mark_end();
 }
@@ -604,6 +605,7 @@ GpuRingResult ring_streams(const Problem& p, const AttnInputs& in, const GpuRing
   std::vector<GpuRank*> ranks;
   for (int r = 0; r < P; ++r) {
     owned.push_back(std::make_unique<GpuRank>(p, in, opt.layout, P, r, opt.backward));
+    if (r == opt.skip.rank) owned.back()->skip_merge_at(opt.skip.step);
     ranks.push_back(owned.back().get());
   }
   StreamsTransport tr(ranks, false);

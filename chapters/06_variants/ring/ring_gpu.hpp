@@ -42,6 +42,9 @@ struct GpuRingOptions {
   /// streams: one rank computes at a time (each rank's compute waits for the previous
   /// rank's), so that every rank's per-step time is measured alone; copies still overlap
   bool serial_ranks = false;
+  /// --inject-fault ring-step-skipped: rank `skip.rank`'s merge of step `skip.step` is left
+  /// out (its partial is computed, never merged); {-1, -1}: none.
+  SkippedStep skip;
 };
 
 struct GpuRingResult {

@@ -96,6 +96,9 @@ class GpuRank {
   std::vector<LaneMark>& marks() { return marks_; }
   void clear_marks();
   int rank() const { return r_; }
+  /// --inject-fault ring-step-skipped: the forward's partials of step `step` are computed
+  /// and never merged into the running O and LSE.
+  void skip_merge_at(int step) { skip_step_ = step; }
 
  private:
   std::size_t kv_bytes(int src) const;  // K/V message of shard src, bytes (dtype)
@@ -116,6 +119,7 @@ class GpuRank {
 
   DeviceBuffer<unsigned char> q_, kv_own_, kv_[2];
   int cur_ = 0;
+  int skip_step_ = -1;
   DeviceBuffer<float> acc_o_, acc_lse_;
   DeviceBuffer<unsigned char> part_o_;
   DeviceBuffer<float> part_lse_;

@@ -58,8 +58,16 @@ int print_precision(const Problem& base) {
   return 0;
 }
 
-/// The key tile run_faulty() is given (the ring's faults, last-batch and wrong-kv-head, do not use it).
+/// The key tile run_faulty() is given (the ring's faults, last-batch and wrong-kv-head, do not use it;
+/// ring-step-skipped goes into the ring's own merge, RingOptions::skip and GpuRingOptions::skip).
 constexpr int kFaultKeyTile = 64;
+
+/// ring-step-skipped's place in a row's note: which rank left which step's block out.
+std::string skipped_what(const SkippedStep& k) {
+  if (k.rank < 0) return "";
+  return " (rank " + std::to_string(k.rank) + " never merges the K/V block of rank " +
+         std::to_string(kv_source(k.rank, k.step, k.rank + 1)) + ", its step " + std::to_string(k.step) + ")";
+}
 
 }  // namespace
 
@@ -76,7 +84,7 @@ int ring_main(int argc, char** argv) {
           "ring attention: K/V shards rotate over P ranks; partials merge with the LSE form of ⊕.\n"
           "  --timeline FILE  GPU backends: write the timeline of one timed ring as an SVG");
   cli.defaults(defaults).head_dims({32, 64, 128}).dtypes({DType::bf16, DType::f16});
-  cli.faults({Fault::last_batch, Fault::wrong_kv_head});
+  cli.faults({Fault::last_batch, Fault::wrong_kv_head, Fault::ring_step_skipped});
   int ranks = 4;
   std::string layout_s = "zigzag", backend_s = "threads", timeline;
   bool no_backward = false, table = false, precision = false, no_decode = false, no_causal = false,
@@ -155,6 +163,7 @@ int ring_main(int argc, char** argv) {
       RingOptions ro;
       ro.layout = layout;
       ro.ranks = ranks;
+      if (opt.fault == Fault::ring_step_skipped) ro.skip = skipped_ring_step(layout, p.nq, ranks, p.causal);
       // --inject-fault: the forward runs as a faulty launch (the backward then reads its O and LSE).
       const RingForwardResult f = run_faulty(opt.fault, p, in, kFaultKeyTile, [&](const Problem& fp, const AttnInputs& fin) {
         return ring_forward_cpu(fp, fin, ro);
@@ -169,7 +178,7 @@ int ring_main(int argc, char** argv) {
                  std::to_string(f.stats.pairs_skipped) + " skipped; busiest rank " +
                  fmt("%.2f", double(*hi) / std::max(1.0, double(*lo))) + "x the least busy; " +
                  fmt("%.1f", f.stats.bytes_sent / 1e6) + " MB through the mailboxes";
-      if (opt.fault != Fault::none) row.note = fault_note(opt.fault) + "; " + row.note;
+      if (opt.fault != Fault::none) row.note = fault_note(opt.fault) + skipped_what(ro.skip) + "; " + row.note;
       rep.rows.push_back(row);
       if (with_backward) {
         const RingBackwardResult b = ring_backward_cpu(p, in, f.o, f.lse, ro);
@@ -190,6 +199,7 @@ int ring_main(int argc, char** argv) {
       go.backward = with_backward;
       go.time = opt.bench || !timeline.empty();
       go.serial_ranks = serial_ranks;
+      if (opt.fault == Fault::ring_step_skipped) go.skip = skipped_ring_step(layout, p.nq, ranks, p.causal);
       const std::string why = ring_gpu_unsupported(p, with_backward);
       if (!why.empty()) throw UsageError("the GPU ring does not run this problem: " + why);
       GpuRingResult g = run_faulty(opt.fault, p, in, kFaultKeyTile, [&](const Problem& fp, const AttnInputs& fin) {
@@ -210,7 +220,8 @@ int ring_main(int argc, char** argv) {
                    fmt("%.1f", g.copy_ms > 0 ? 100.0 * g.hidden_copy_ms / g.copy_ms : 100.0) +
                    "% hidden behind compute";
       }
-      if (opt.fault != Fault::none) row.note = fault_note(opt.fault) + (row.note.empty() ? "" : "; " + row.note);
+      if (opt.fault != Fault::none)
+        row.note = fault_note(opt.fault) + skipped_what(go.skip) + (row.note.empty() ? "" : "; " + row.note);
       rep.rows.push_back(row);
       if (with_backward) {
         ResultRow br;

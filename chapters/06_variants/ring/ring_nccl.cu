@@ -152,6 +152,7 @@ GpuRingResult ring_nccl(const Problem& p, const AttnInputs& in, const GpuRingOpt
   auto rank_main = [&](int r) {
     CUDA_CHECK(cudaSetDevice(r));
     GpuRank g(p, in, opt.layout, P, r, opt.backward);
+    if (r == opt.skip.rank) g.skip_merge_at(opt.skip.step);
     NcclTransport t(comms[r], r, P);
     auto forward = [&] {
       g.fwd_init();

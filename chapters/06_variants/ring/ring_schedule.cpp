@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <sstream>
 
+#include "common/errors.hpp"
+
 namespace attn::ch06::ring {
 
 const char* layout_name(Layout l) {
@@ -130,6 +132,13 @@ StepPlan step_plan(Layout layout, int n, int ranks, int rank, int step, bool cau
       plan.work += visible_pairs(qs[a], ks[b], m);
     }
   return plan;
+}
+
+SkippedStep skipped_ring_step(Layout layout, int n, int ranks, bool causal) {
+  const int r = ranks - 1;
+  for (int s = ranks - 1; s >= 1; --s)
+    if (!step_plan(layout, n, ranks, r, s, causal).pairs.empty()) return {r, s};
+  throw UsageError("ring-step-skipped needs a rank that receives a K/V block it attends to (--ranks > 1)");
 }
 
 std::vector<std::vector<long long>> work_table(Layout layout, int n, int ranks, bool causal) {

@@ -91,6 +91,14 @@ struct StepPlan {
 
 StepPlan step_plan(Layout layout, int n, int ranks, int rank, int step, bool causal);
 
+/// The (rank, step) whose K/V block `--inject-fault ring-step-skipped` leaves out of the
+/// merge: rank P - 1 at its last step with work (a block passed around the ring, step >= 1).
+/// UsageError when no rank receives a block it needs (P = 1).
+struct SkippedStep {
+  int rank = -1, step = -1;
+};
+SkippedStep skipped_ring_step(Layout layout, int n, int ranks, bool causal);
+
 /// work[rank][step]: visible (query, key) pairs of every rank at every step.
 std::vector<std::vector<long long>> work_table(Layout layout, int n, int ranks, bool causal);
 
