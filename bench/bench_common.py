@@ -42,12 +42,14 @@ MAIN_PATH = {
     "04": {"fwd": ["v1", "v2", "v3", "v4", "v5", "v6", "final"]},  # chapter 04: v7-v9 are its lab
     "05": {"fwd": ["v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "final", "final-fp8"],
            "bwd": ["b1", "b2", "b5", "b6", "b10", "b11", "final"]},
+    # chapter 06: the masked forward's main path (rows "ch06 mask sm90a forward, step K", step_token "vK"),
+    # its lab step v5 (--hopper-step 5, built with TUTORIAL_LAB) and its final kernel
+    "06": {"fwd": ["v1", "v2", "v3", "v4", "final"]},
     # chapter 07: the decode steps of the main path (bf16 and the 8-bit cache); v8, v10 and v13 are its lab
     "07": {"decode": ["v1", "v2", "v3", "v4", "v5", "v6", "v7", "v9", "v12", "v14", "final"]},
 }
 # The kernel that stands for a chapter in the lineage when a run has it (else its fastest kernel).
-# (Chapter 06 has no lab steps in a run, so no MAIN_PATH entry: its mask steps are rows "ch06 mask sm90a
-# forward, step K" (step_token "vK"), its final kernels "ch06 mask final sm90a forward" and "... final backward".)
+# (Chapter 06's final kernels are the rows "ch06 mask final sm90a forward" and "... final backward".)
 FINAL_KERNEL = {"04": "ch04 final forward", "05": "ch05 final forward", "06": "ch06 mask final sm90a forward",
                 "07": "ch07 final-bf16 paged"}
 # Each lab step's parent, as the step files' headers say ("What changes from vN", "(from vN)"): used
@@ -61,6 +63,7 @@ LAB_PARENTS = {
            "v30": "final", "v31": "v30",
            "b3": "b2", "b4": "b3", "b7": "b6", "b8": "b6", "b9": "b8", "b12": "b11", "b13": "b11", "b14": "b13",
            "b15": "b13"},
+    "06": {"v5": "v4"},  # masks/steps/lab/v5_epilogue_in_place.cu (step_parents reads steps/ of a chapter's root)
     "07": {"v8": "v7", "v10": "v9", "v13": "v10"},
 }
 
@@ -81,7 +84,7 @@ def step_token(kernel):
         return "final"  # chapter 06's final masked forward and backward (the row's variant is its mask)
     m = re.match(r"ch06 mask sm90a forward, step ([1-9])$", kernel or "")
     if m:
-        return "v" + m.group(1)  # the masked forward's main path (--hopper-step 1,2,3,4,final)
+        return "v" + m.group(1)  # the masked forward's steps (--hopper-step 1,2,3,4,final; the lab's 5)
     return None
 
 

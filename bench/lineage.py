@@ -518,6 +518,22 @@ class Bench:
         prev = [k[3] for k in self.ours_at if k[:3] == (chapter, d, causal) and k[3] < n]
         return (max(prev), self.ours_at[(chapter, d, causal, max(prev))]) if prev else (None, None)
 
+    def ch06_mask_lab(self):
+        """--lab: whether ch06_variants runs the masked forward's lab step 5 (a build without the
+        lab refuses `--hopper-step 5` as bad input, exit 2). Asked once, on the CPU."""
+        if not self.lab or "06" not in self.bins:
+            return False
+        if not hasattr(self, "_ch06_mask_lab"):
+            args = ["mask", "--hopper-step", "5", "--mask", "causal", "--n", "64", "--batch", "1", "--heads", "1",
+                    "--d", "128", "--device", "cpu", "--no-model", "--json"]
+            try:
+                r = subprocess.run([self.bins["06"].path] + args, capture_output=True, text=True, timeout=60,
+                                   env=binary_env())
+                self._ch06_mask_lab = r.returncode in (0, 1)
+            except (OSError, subprocess.TimeoutExpired):
+                self._ch06_mask_lab = False
+        return self._ch06_mask_lab
+
     def lab_for(self, chapter):
         """--lab: whether this chapter's binary runs its lab steps (it takes --lab and was built with
         them); a chapter that has a lab but whose binary cannot run it gets a note, once."""
@@ -984,7 +1000,9 @@ class Bench:
         if "06" in self.chapters:
             # the full sweep times the masked forward's main path beside its final kernel (v1-v4, final:
             # bench/final_vs_steps.py holds the final to the fastest step of every variant)
-            masks = ["--no-model"] + (["--mask", "causal"] if q else ["--hopper-step", "1,2,3,4,final"])
+            # (with --lab, and a binary built with the lab, its step 5 as well: LAB.md)
+            steps = "1,2,3,4,5,final" if self.ch06_mask_lab() else "1,2,3,4,final"
+            masks = ["--no-model"] + (["--mask", "causal"] if q else ["--hopper-step", steps])
             # the ring on P = 4 virtual ranks of one GPU (--backend streams): its default backend is
             # CPU threads, which took 132 s at the papers' shape on the H200's host (first full sweep) and
             # reports no GPU row; it runs last, after every shape (a multi-GPU algorithm on one GPU).

@@ -106,21 +106,34 @@ constexpr int kConsumerThreads = 256;
 
 /// The list of tiles of this thread block: entry `round` of the snake, as (m_block, bh,
 /// split); the splits of one tile are neighbours in the list.
+///
+/// Causal tiles go longest first, as chapter 05's tile_coords() orders them, by query
+/// *position*: packed tile m holds positions of head m / pos_tiles, so ordering by m would
+/// run one head's tiles longest to shortest, then the next head's, and the last round
+/// would mix long and short tiles (a packed causal forward at G = 4 ran at 0.79x the same
+/// kernel unpacked). With Nq a multiple of the tile (pos_tiles > 0), entry r of a KV head
+/// is position block pos_tiles - 1 - r / G of query head r % G, so the G tiles that share
+/// a K/V range also run side by side. Otherwise tiles straddle heads, and the order is m's.
 struct TileWalk {
-  int cta, ctas, n_tiles, n_qtiles, bh_count, splits;
+  int cta, ctas, n_tiles, n_qtiles, bh_count, splits, pos_tiles;
   bool causal;
   __device__ __forceinline__ bool next(int round, int* m_block, int* bh, int* split) const {
     const int t = snake_tile(cta, round, ctas);
     if (t >= n_tiles) return false;
     *split = t % splits;
     tile_coords(t / splits, n_qtiles, bh_count, causal, m_block, bh);
+    if (causal && pos_tiles > 0) {  // by position, longest first (above)
+      const int r = n_qtiles - 1 - *m_block, group = n_qtiles / pos_tiles;
+      *m_block = (r % group) * pos_tiles + pos_tiles - 1 - r / group;
+    }
     return true;
   }
 };
 
 __device__ __forceinline__ TileWalk tile_walk(const PackedParams& p) {
+  const int pos_tiles = p.pos_rows % kBr == 0 ? p.pos_rows / kBr : 0;
   return {fresh_block_index_x(), fresh_grid_size_x(), p.n_qtiles * p.batch * p.heads * p.splits, p.n_qtiles,
-          p.batch * p.heads, p.splits, p.causal};
+          p.batch * p.heads, p.splits, pos_tiles, p.causal};
 }
 
 /// The key blocks [lo, hi) of split s of a tile whose blocks are [0, n_max).

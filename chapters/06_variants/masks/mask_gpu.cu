@@ -39,6 +39,7 @@ const char* hopper_step_file(int step) {
     case 2: return "steps/v2_tile_overlap.cu";
     case 3: return "steps/v3_document_tiles.cu";
     case 4: return "steps/v4_row_spans.cu";
+    case kHopperLab: return "steps/lab/v5_epilogue_in_place.cu";
     case kHopperFinal: return "steps/final.cu";
   }
   return "?";
@@ -126,14 +127,17 @@ GpuMaskForward mask_forward_gpu(const Problem& p, const MaskSpec& s, const Token
   f.map = dmap.view(map, false);
   f.ctas = opt.ctas;
   // sm90a: the tensor maps are encoded once, outside the timed launches.
-  if (hopper && (opt.hopper_step < 0 || opt.hopper_step >= kHopperSteps))
-    throw std::runtime_error("no sm90a step " + std::to_string(opt.hopper_step));
+  if (hopper && !hopper_step_built(opt.hopper_step))
+    throw std::runtime_error("no sm90a step " + std::to_string(opt.hopper_step) + " in this build");
   const std::function<void()> hopper_run = !hopper              ? nullptr
                                            : opt.hopper_step == 0 ? hopper_mask::prepare(f, s, p, pd.view(), 0)
                                            : opt.hopper_step == 1 ? hopper_v1::prepare(f, s, p, pd.view(), 0)
                                            : opt.hopper_step == 2 ? hopper_v2::prepare(f, s, p, pd.view(), 0)
                                            : opt.hopper_step == 3 ? hopper_v3::prepare(f, s, p, pd.view(), 0)
                                            : opt.hopper_step == 4 ? hopper_v4::prepare(f, s, p, pd.view(), 0)
+#if TUTORIAL_LAB
+                                           : opt.hopper_step == kHopperLab ? hopper_v5::prepare(f, s, p, pd.view(), 0)
+#endif
                                                                   : hopper_final::prepare(f, s, p, pd.view(), 0);
   if (hopper && !hopper_run) throw std::runtime_error("no masked kernel for this problem");
   auto run = [&] {

@@ -9,6 +9,7 @@
 ///     steps/v2_tile_overlap.cu    sm_90a step 2: one pipeline across tiles
 ///     steps/v3_document_tiles.cu  sm_90a step 3: documents tiled from their own starts
 ///     steps/v4_row_spans.cu       sm_90a step 4: partial tiles masked from each row's span
+///     steps/lab/v5_epilogue_in_place.cu  sm_90a lab step 5 (TUTORIAL_LAB builds): v4 without v2's deferred epilogue
 ///     steps/final.cu              the final masked forward (sm_90a): v4 with one configuration table (the default)
 ///     backward_mask.cu        the final masked backward: chapter 04's backward + the policy (score' included)
 ///
@@ -48,11 +49,15 @@ int ampere_tile_keys();
 int hopper_tile_keys();
 
 /// The sm90a forward's steps: 0 hopper_mask.cu, 1 steps/v1_two_q_buffers.cu,
-/// 2 steps/v2_tile_overlap.cu, 3 steps/v3_document_tiles.cu, 4 steps/v4_row_spans.cu, and
+/// 2 steps/v2_tile_overlap.cu, 3 steps/v3_document_tiles.cu, 4 steps/v4_row_spans.cu, the
+/// lab's 5 (steps/lab/v5_epilogue_in_place.cu, built with TUTORIAL_LAB only), and
 /// kHopperFinal, steps/final.cu (the final masked forward, "final" on the command line).
-constexpr int kHopperFinal = 5;
+constexpr int kHopperLab = 5;
+constexpr int kHopperFinal = 6;
 constexpr int kHopperSteps = kHopperFinal + 1;
 const char* hopper_step_file(int step);  ///< "steps/v2_tile_overlap.cu", ...
+/// Whether this build carries sm90a step `step` (the lab's only with TUTORIAL_LAB).
+inline bool hopper_step_built(int step) { return step >= 0 && step < kHopperSteps && (step != kHopperLab || TUTORIAL_LAB); }
 
 /// How a forward runs besides its problem: which sm90a step, and how many thread blocks
 /// its persistent grid has (0: one per SM; a test gives a few, so each walks many tiles).

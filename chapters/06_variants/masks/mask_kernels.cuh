@@ -120,6 +120,12 @@ std::function<void()> prepare(const FwdParams& p, const MaskSpec& s, const Probl
                               cudaStream_t st);
 constexpr int Br = hopper_mask::Br, Bc = hopper_mask::Bc;
 }  // namespace hopper_v4
+/// The lab's step 5 (steps/lab/v5_epilogue_in_place.cu): v4 with every tile's epilogue in place.
+namespace hopper_v5 {
+std::function<void()> prepare(const FwdParams& p, const MaskSpec& s, const Problem& prob, const PolicyData& d,
+                              cudaStream_t st);
+constexpr int Br = hopper_mask::Br, Bc = hopper_mask::Bc;
+}  // namespace hopper_v5
 /// The final masked forward (steps/final.cu): v4 with its configuration in one table.
 namespace hopper_final {
 bool available();

@@ -311,8 +311,8 @@ int mask_main(int argc, char** argv) {
           "masks and score modifiers through one policy interface (keep / score / classify) and a block map.\n"
           "Text-valued mask options: --window L[,R] (window; L for sink), --doc-lens a,b,c (document),\n"
           "--softcap C (softcap), --svg PATH (with --map), --hopper-step K[,K...] (the sm90a steps: 0 hopper_mask.cu,\n"
-          "1 v1_two_q_buffers.cu, 2 v2_tile_overlap.cu, 3 v3_document_tiles.cu, 4 v4_row_spans.cu, final: the final\n"
-          "kernel, steps/final.cu; default final).\n"
+          "1 v1_two_q_buffers.cu, 2 v2_tile_overlap.cu, 3 v3_document_tiles.cu, 4 v4_row_spans.cu, with the lab 5\n"
+          "lab/v5_epilogue_in_place.cu; final: the final kernel, steps/final.cu; default final).\n"
           "With no --mask: every variant at a small size.");
   cli.defaults(defaults).head_dims({32, 64, 128}).dtypes({DType::bf16, DType::f16});
   cli.sram_default(224 * 1024);
@@ -349,6 +349,9 @@ int mask_main(int argc, char** argv) {
         if (st < 0 || st >= kHopperFinal)
           throw UsageError("--hopper-step: a step is in [0, " + std::to_string(kHopperFinal - 1) + "] or final, got " +
                            std::to_string(st));
+        if (!hopper_step_built(int(st)))
+          throw UsageError("--hopper-step " + std::to_string(st) +
+                           ": a lab step, and this build has no lab (configure with -DTUTORIAL_LAB=ON)");
         a.hopper_steps.push_back(int(st));
       }
     }

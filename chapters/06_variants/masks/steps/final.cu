@@ -1,24 +1,35 @@
 // Chapter 06, the final masked forward on sm_90a: the main path's v4 with its configuration in
 // one table (the chapter's README, "The final kernels").
 //
-// What changes from v4, every change: the configuration, v4's tile and ring constants and its
-// register split, is one table, Config<D>, read in one place per function; the namespace
-// (hopper_final). The kernel is v4's: the producer warpgroup and two consumer warpgroups taking
-// turns (chapter 05's v8), the next tile's Q in a second buffer (v1), a tile's epilogue deferred
-// into the next tile's prologue (v2), documents tiled from their own starts (v3), and partial
-// tiles masked from each row's span (v4).
+// What changes from v4, every change: the configuration, v4's tile and ring constants, its
+// register split, and per mask whether a tile's epilogue is deferred (v2's idea) and whether
+// partial tiles are masked from row spans (v4's), is one table, read in one place per
+// function; the namespace (hopper_final). The kernel is v4's: the producer warpgroup and two
+// consumer warpgroups taking turns (chapter 05's v8), the next tile's Q in a second buffer
+// (v1), documents tiled from their own starts (v3), and the two ideas the table switches.
 //
-//   configuration (bf16, d = 128; one row, every mask and score modifier)
+//   configuration (bf16, d = 128; every mask and score modifier)
 //   | query rows a tile | keys a block | K/V stages | warpgroups               | registers a thread          |
 //   |-------------------|--------------|------------|--------------------------|-----------------------------|
 //   | 128 (2 x 64)      | 128          | 2          | 1 producer, 2 consumers  | producer 24, consumers 240  |
 //
-// Why this one: in the measurements of LAB.md ("The sm_90a steps side by side", H200) v4 is the
-// fastest step on the window, chunked, sink and document masks and within 1% of the fastest on
-// causal, so one row serves every mask; the policy (mask_policy.hpp) is a template parameter,
-// and each mask its own instantiation of the same code. Its machine code is v4's:
-// scripts/same_machine_code.py --pair finds every policy's SASS identical (nvcc -cubin -O3,
-// sm_90a).
+//   per mask (MaskConfig)                           | epilogue            | partial tiles     | the step it is
+//   |-----------------------------------------------|---------------------|-------------------|---------------|
+//   | window, chunked, sink + window, document,     | deferred (v2)       | row spans (v4)    | v4            |
+//   | custom block-sparse (no spans: keep())        |                     |                   |               |
+//   | causal, prefix-LM, learned sink, softcap      | in place            | row spans (v4)    | lab's v5      |
+//   | ALiBi                                         | deferred (v2)       | keep() (v3)       | v3            |
+//
+// Why these: a deferred epilogue hides about one key block of latency per tile, which pays
+// where tiles are short (a 1K window, a chunk, the sinks) and costs where they are long (the
+// causal and dense masks: the carried accumulator and state live across the tile boundary);
+// ALiBi's bias and the span test together cost more than keep() on its few partial tiles.
+// Measured side by side in one run (LAB.md, "Masks"; H100, d = 128, N = 8K), each mask's row
+// takes the fastest of the three forms (v3, v4, v5). v1, without v2's carried state, stays
+// ahead by up to 2% on the dense masks. The policy (mask_policy.hpp) is a template parameter,
+// each mask its own instantiation of the same code. Each instantiation's machine code is that
+// of the step whose form it takes: scripts/same_machine_code.py --pair finds the SASS of all ten
+// policies identical to v3's, v4's or v5's (nvcc -cubin -O3, sm_90a).
 //
 // Chapter 05's shared header is included by path: chapters/05_fa3_hopper/fa3_common.cuh.
 #include <functional>
@@ -48,6 +59,20 @@ template <int D> struct Config;
 template <> struct Config<128> {
   static constexpr int Br = 128, Bc = 128, kStages = 2, kProducerRegs = 24, kConsumerRegs = 240;
 };
+/// The table's per-mask columns (the header's second table): kDeferEpilogue, a tile's epilogue
+/// (its last P V and the O store) deferred into the next tile's prologue (v2's idea) or run in
+/// place at the tile's end; kRowSpans, a partial tile masked from each row's span (v4's) or
+/// by keep() per element (v3's). A policy without span() always asks keep().
+template <bool Defer, bool Spans>
+struct MaskForm {
+  static constexpr bool kDeferEpilogue = Defer, kRowSpans = Spans;
+};
+template <class Policy> struct MaskConfig : MaskForm<true, true> {};  // v4: short tiles
+template <> struct MaskConfig<Causal> : MaskForm<false, true> {};     // the lab's v5: long tiles
+template <> struct MaskConfig<PrefixLM> : MaskForm<false, true> {};
+template <> struct MaskConfig<LearnedSink> : MaskForm<false, true> {};
+template <> struct MaskConfig<Softcap> : MaskForm<false, true> {};
+template <> struct MaskConfig<Alibi> : MaskForm<true, false> {};      // v3
 constexpr int kThreads = 384; // producer + two consumer warpgroups
 constexpr int kConsumerWarps = 8;
 constexpr int kTurnBarrier = 1;  // named barriers 1 and 2: consumer 0's and 1's turn (0 is __syncthreads)
@@ -247,7 +272,7 @@ __device__ __forceinline__ void consumer_tile(const FwdParams& p, const Policy& 
       // Nq - 1, so that per-row data (documents) is never read past its end. (A test of
       // r >= Nq here made ptxas spill the causal kernel, 36 bytes.)
       const int row_c[2] = {min(row[0], p.nq - 1), min(row[1], p.nq - 1)};
-      if constexpr (Policy::kSpans > 0) {
+      if constexpr (Policy::kSpans > 0 && MaskConfig<Policy>::kRowSpans) {
         // Row r keeps j iff unsigned(j - lo) < count for one of its intervals: base[r][k] is
         // this thread's first column minus lo, so element i tests base + 8 (i / 4) + (i & 1).
         int base[2][Policy::kSpans], count[2][Policy::kSpans];
@@ -448,7 +473,8 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const Policy& pol, 
   for (int round = 0; more; ++round) {
     int m_next = 0, bh_next = 0;
     const bool more_next = walk.next(round + 1, &m_next, &bh_next);
-    consumer_tile<T, D>(p, pol, smem, m_block, bh, ring, loaded, c, work(round), work(round) && !work(round + 1));
+    consumer_tile<T, D>(p, pol, smem, m_block, bh, ring, loaded, c, work(round),
+                        work(round) && (!MaskConfig<Policy>::kDeferEpilogue || !work(round + 1)));
     more = more_next, m_block = m_next, bh = bh_next;
   }
   if (wg == 0) my_turn();  // warpgroup 1 takes back warpgroup 2's last hand-over
