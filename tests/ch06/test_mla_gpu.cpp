@@ -1,5 +1,7 @@
-// Chapter 06 (gqa_mla) on the GPU: MLA's absorbed decode kernel and the decompressed
-// form against the fp64 MLA reference, at awkward shapes and with RoPE positions.
+// Chapter 06 (gqa_mla) on the GPU: MLA's absorbed decode kernels (the final mla_final.cu on
+// sm_90a, mla_decode.cu's and mla_decode_sm90.cu's forms) and the decompressed form against the
+// fp64 MLA reference, at awkward shapes and with RoPE positions.
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 #include <doctest/doctest.h>
@@ -53,6 +55,8 @@ TEST_CASE("MLA absorbed decode kernel: decode, MTP, Nk = 1, H off the tile, spli
       CAPTURE(splits);
       // the default merge: exactly 2 ranges on sm_90 in a cluster, otherwise the combine kernel
       CHECK((g.what.find("cluster") != std::string::npos) == (g.splits == 2 && hopper_ready(nullptr)));
+      // no lab form asked for: the final decode on sm_90a, mla_decode.cu's kernels elsewhere
+      CHECK((g.what.find("mla_final.cu") != std::string::npos) == hopper_ready(nullptr));
       CHECK(oracle.pass(g.o, s.output().o_elems()));
     }
   }
@@ -101,7 +105,8 @@ TEST_CASE("MLA absorbed decode kernel: the 64-row tile on wgmma + TMA (every rel
         CAPTURE(s.describe());
         CAPTURE(g.what);
         CAPTURE(splits);
-        // the kernel asked for is the kernel that ran
+        // the kernel asked for is the kernel that ran (the default: the final, mla_final.cu)
+        CHECK((g.what.find("mla_final.cu") != std::string::npos) == (tile64 == kTile64Wgmma));
         CHECK((g.what.find("wgmma") != std::string::npos) == (tile64 != kTile64Mma));
         CHECK((g.what.find("bar.sync") != std::string::npos) ==
               (tile64 == kTile64WgmmaSync || tile64 == kTile64WgmmaBlock));
@@ -110,7 +115,46 @@ TEST_CASE("MLA absorbed decode kernel: the 64-row tile on wgmma + TMA (every rel
         CHECK((g.what.find("halves") != std::string::npos) == (tile64 == kTile64WgmmaHalves));
         CHECK((g.what.find("bar.arrive") != std::string::npos) == (tile64 == kTile64WgmmaArrive));
         CHECK(oracle.pass(g.o, s.output().o_elems()));
+        if (tile64 == kTile64Wgmma) {  // the same release in the lab's file (a lab form of the merge)
+          const MlaGpuResult gl = mla_absorb_gpu(s, in, splits, false, 0, tile64, kCombineSeparate);
+          CAPTURE(gl.what);
+          CHECK(gl.what.find("mla_final.cu") == std::string::npos);
+          CHECK(gl.what.find("wgmma") != std::string::npos);
+          CHECK(oracle.pass(gl.o, s.output().o_elems()));
+        }
       }
+    }
+  }
+}
+
+TEST_CASE("MLA final decode (mla_final.cu): both tiles, splits 1, 2 and many, Nk = 1 and off the block") {
+  std::string why;
+  const bool hopper = hopper_ready(&why);
+  if (!hopper) MESSAGE("the final decode is sm_90a's; here mla_decode.cu's kernels run: " << why);
+  // rows = H Nq <= 16 (the 16-row tile: 16, 3, 5 x 2, 13) and > 16 (the 64-row tile: 17, 20 x 3,
+  // 65, 128); Nk = 1, off the key block, one key past a block, 129 blocks (many ranges)
+  const MlaShape cases[] = {mla(2, 16, 1, 300), mla(1, 3, 1, 1),      mla(3, 5, 2, 67, 100000), mla(1, 13, 1, 8193),
+                            mla(1, 17, 1, 1),   mla(1, 20, 3, 129, 0), mla(3, 65, 1, 333),       mla(1, 128, 1, 8193)};
+  for (const MlaShape& s : cases) {
+    const MlaInputs in = make_mla_inputs(s, Dist::normal, 11);
+    const Oracle oracle(s, in);
+    const int rows = s.heads * s.nq, nblocks = (s.nk + 63) / 64;  // 64-key blocks in both rows of the table
+    for (int splits : {1, 2, 5, 64, 0}) {
+      const MlaGpuResult g = mla_absorb_gpu(s, in, splits, false);
+      CAPTURE(s.describe());
+      CAPTURE(g.what);
+      CAPTURE(splits);
+      // the kernel asked for is the kernel that ran: the final on sm_90a, its tile by the rows
+      CHECK((g.what.find("mla_final.cu") != std::string::npos) == hopper);
+      CHECK(g.head_tile == (rows <= 16 ? 16 : 64));
+      CHECK((g.what.find("wgmma") != std::string::npos) == (hopper && rows > 16));
+      // the ranges asked for, whole key blocks, none empty; 2 of them merged in a cluster on sm_90
+      if (splits > 0) {
+        const int bps = (nblocks + std::min(splits, nblocks) - 1) / std::min(splits, nblocks);
+        CHECK(g.splits == (nblocks + bps - 1) / bps);
+      }
+      CHECK((g.what.find("cluster") != std::string::npos) == (g.splits == 2 && hopper));
+      CHECK(oracle.pass(g.o, s.output().o_elems()));
     }
   }
 }

@@ -1,6 +1,7 @@
 // Host side of this part's kernels: uploads, the packed GQA forward (packed_fwd.cu), the
-// absorbed MLA decode (mla_decode.cu) with its two small GEMM kernels, and the
-// decompressed MLA form (cuBLAS K/V GEMMs, then the packed forward with d = 192).
+// absorbed MLA decode (the final mla_final.cu on sm_90a, mla_decode.cu elsewhere and for the
+// lab's forms) with its two small GEMM kernels, and the decompressed MLA form (cuBLAS K/V
+// GEMMs, then the packed forward with d = 192).
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include "gqa_mla/gqa_mla_gpu.hpp"
 #include "gqa_mla/ampere_packed.cuh"
 #include "gqa_mla/mla_decode.cuh"
+#include "gqa_mla/mla_final.cuh"
 #if CH06_HAVE_HOPPER
 #include "gqa_mla/packed_fwd.cuh"
 #endif
@@ -287,9 +289,15 @@ namespace {
 MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool time, int variant, int tile64,
                         int combine, int combine_parts, bool pdl);
 
-}  // namespace
+/// Whether the decode asked for is the final one (no lab form) and the GPU runs mla_final.cu
+/// (sm_90a, hopper_ready()); elsewhere, and for the lab's forms, mla_decode.cu's kernels.
+bool final_decode(int variant, int tile64, int combine, int combine_parts, bool pdl) {
+  return CH06_HAVE_HOPPER && variant == 0 && tile64 == kTile64Wgmma && combine == kCombineAuto &&
+         combine_parts == 0 && pdl && hopper_ready(nullptr);
+}
 
-MlaRanges mla_absorb_ranges(const MlaShape& s, int splits, int small_variant) {
+/// The key ranges of mla_decode.cu's kernels (the lab's forms, and GPUs that are not sm_90a).
+MlaRanges lab_ranges(const MlaShape& s, int splits, int small_variant) {
   const int rows = s.heads * s.nq;
   const int per_tile = rows <= mla::kRowsSmall ? mla::kRowsSmall : mla::kRowsLarge;
   const int kpb = mla::keys_per_block(per_tile, small_variant);
@@ -303,6 +311,18 @@ MlaRanges mla_absorb_ranges(const MlaShape& s, int splits, int small_variant) {
   r.ranges = ceil_div(nblocks, bps);  // no empty ranges
   r.keys_per_range = bps * kpb;
   return r;
+}
+
+}  // namespace
+
+MlaRanges mla_absorb_ranges(const MlaShape& s, int splits, int small_variant) {
+#if CH06_HAVE_HOPPER
+  if (final_decode(small_variant, kTile64Wgmma, kCombineAuto, 0, true)) {
+    const mla::FinalPlan f = mla::final_plan(s.batch, s.heads * s.nq, s.nk, splits, sm_count());
+    return {f.splits, f.blocks_per_split * f.keys_per_block};
+  }
+#endif
+  return lab_ranges(s, splits, small_variant);
 }
 
 MlaGpuResult mla_absorb_gpu(const MlaShape& s, const MlaInputs& in, int splits, bool time, int small_variant,
@@ -326,11 +346,16 @@ MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool 
   if (combine_parts != 0 && combine_parts != 4 && combine_parts != 8 && combine_parts != 16)
     throw UsageError("the combine's column parts: 4, 8 or 16 (0: from the grid)");
   const int rows = s.heads * s.nq;
-  const int per_tile = rows <= mla::kRowsSmall ? mla::kRowsSmall : mla::kRowsLarge;
-  // The 64-row tile: wgmma + TMA (mla_decode_sm90.cu) where the GPU is sm_90 and the
+  // The final decode (mla_final.cu): its table's row for `rows` gives the tile, ranges and merge.
+  const bool final_path = final_decode(variant, tile64, combine, combine_parts, pdl);
+  mla::FinalPlan plan;
+#if CH06_HAVE_HOPPER
+  if (final_path) plan = mla::final_plan(s.batch, rows, s.nk, splits, sm_count());
+#endif
+  const int per_tile = final_path ? plan.tile_rows : rows <= mla::kRowsSmall ? mla::kRowsSmall : mla::kRowsLarge;
+  // Otherwise the 64-row tile: wgmma + TMA (mla_decode_sm90.cu) where the GPU is sm_90 and the
   // binary carries the Hopper kernels, unless mma.sync is asked for; mma.sync elsewhere.
-  const bool wgmma = per_tile == mla::kRowsLarge && tile64 != kTile64Mma &&
-                     hopper_ready(nullptr);
+  const bool wgmma = !final_path && per_tile == mla::kRowsLarge && tile64 != kTile64Mma && hopper_ready(nullptr);
   const int release = tile64 == kTile64WgmmaSync    ? mla::kReleaseSync
                       : tile64 == kTile64WgmmaBlock ? mla::kReleaseBlock
                       : tile64 == kTile64WgmmaLockstep ? mla::kReleaseLockstep
@@ -338,9 +363,10 @@ MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool 
                       : tile64 == kTile64WgmmaArrive ? mla::kReleaseArrive
                                                     : mla::kReleasePhased;
   const int tiles = ceil_div(rows, per_tile);
-  const MlaRanges rg = mla_absorb_ranges(s, splits, variant);
+  const MlaRanges rg = final_path ? MlaRanges{plan.splits, plan.blocks_per_split * plan.keys_per_block}
+                                  : lab_ranges(s, splits, variant);
   splits = rg.ranges;
-  const int bps = rg.keys_per_range / mla::keys_per_block(per_tile, variant);
+  const int bps = final_path ? plan.blocks_per_split : rg.keys_per_range / mla::keys_per_block(per_tile, variant);
   DeviceTensor q(DType::bf16, std::size_t(s.batch) * rows * kDLatentKey), o_c(DType::bf16, std::size_t(s.batch) * rows * kDC),
       o(DType::bf16, std::size_t(s.batch) * rows * kDV);
   DeviceBuffer<float> o_part(std::size_t(s.batch) * splits * rows * kDC), ml_part(std::size_t(s.batch) * splits * rows * 2);
@@ -351,13 +377,15 @@ MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool 
   p.ml_part = ml_part.get();
   p.batch = s.batch, p.rows = rows, p.nq = s.nq, p.nk = s.nk, p.splits = splits, p.blocks_per_split = bps;
   p.scale_log2 = float(s.scale() * kLog2e);
-  p.combine_parts = combine_parts;
-  p.pdl = pdl;
+  p.combine_parts = final_path ? plan.combine_parts : combine_parts;
+  p.pdl = final_path ? plan.pdl : pdl;
   p.combine_general = combine == kCombineGeneral;
   // The fused combine: the mma.sync kernels, at most kFuseMaxSplits ranges (mla_decode.cuh).
   const bool fused = !wgmma && combine == kCombineFused && splits <= mla::kFuseMaxSplits;
   // The cluster merge: exactly 2 ranges, sm_90 (mla_decode.cuh), on every decode kernel.
-  const bool cluster = (combine == kCombineCluster || combine == kCombineAuto) && splits == 2 && hopper_ready(nullptr);
+  const bool cluster = final_path ? plan.cluster
+                                  : (combine == kCombineCluster || combine == kCombineAuto) && splits == 2 &&
+                                        hopper_ready(nullptr);
   p.cluster_merge = cluster;
   if (cluster) p.o_c = o_c.as<__nv_bfloat16>();
   DeviceBuffer<int> counters(fused ? std::size_t(s.batch) * tiles : 1);
@@ -372,6 +400,10 @@ MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool 
   };
   auto attend = [&] {
 #if CH06_HAVE_HOPPER
+    if (final_path) {
+      mla::launch_final(p, o_c.as<__nv_bfloat16>());
+      return;
+    }
     if (wgmma)
       mla::launch_decode_sm90(p, release);
     else
@@ -396,9 +428,11 @@ MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool 
   r.o = o.to_host();
   r.splits = splits;
   r.head_tile = per_tile;
-  r.what = "q_c GEMM, decode (" + std::to_string(tiles) + " x " + std::to_string(splits) + " x " +
-           std::to_string(s.batch) + " blocks of " + std::to_string(per_tile) + " rows" +
-           (per_tile == mla::kRowsSmall ? std::string(", ") + mla::small_variant_name(variant)
+  r.what = std::string(final_path ? "q_c GEMM, mla_final.cu decode (" : "q_c GEMM, decode (") + std::to_string(tiles) +
+           " x " + std::to_string(splits) + " x " + std::to_string(s.batch) + " blocks of " + std::to_string(per_tile) +
+           " rows" +
+           (final_path                    ? std::string(", ") + plan.kernel
+            : per_tile == mla::kRowsSmall ? std::string(", ") + mla::small_variant_name(variant)
                                         : std::string(!wgmma                          ? ", mma.sync"
                                                       : release == mla::kReleaseSync ? ", wgmma, P released by bar.sync"
                                                       : release == mla::kReleaseBlock
@@ -414,7 +448,7 @@ MlaGpuResult absorb_run(const MlaShape& s, const MlaDevice& d, int splits, bool 
             : fused ? "), fused combine"
                   : "), combine in " + std::to_string(mla::combine_parts(p, sm_count())) + " parts" +
                         (mla::combine_one_trip(p, mla::combine_parts(p, sm_count())) ? ", one trip" : "")) +
-           (fused || cluster || !pdl || !hopper_ready(nullptr) ? "" : " (dependent launch)") + ", W_UV GEMM";
+           (fused || cluster || !p.pdl || !hopper_ready(nullptr) ? "" : " (dependent launch)") + ", W_UV GEMM";
   if (time) {
     r.attn_ms = time_gpu(attend).median_ms;
     r.total_ms = time_gpu([&] {

@@ -8,6 +8,8 @@
 ///     mla_decode.cu   (sm_80+) MLA's absorbed decode: the (head, query) rows of one
 ///                     sequence on the M dimension of mma.sync tiles, the latent cache
 ///                     streamed once per tile, split-K, one ⊕ combine
+///     mla_decode_sm90.cu  (sm_90a) its 64-row tile on wgmma + TMA, every release of P
+///     mla_final.cu    (sm_90a) the final MLA decode: the default forms, one table
 ///     gqa_mla_gpu.cu  host side: uploads, the cuBLAS GEMMs of absorb / decompress, timing
 
 #include <string>
@@ -82,6 +84,8 @@ constexpr int kTile64Wgmma = 0, kTile64Mma = 1, kTile64WgmmaSync = 2, kTile64Wgm
 /// 2-range row but one, LAB.md), else kCombineSeparate.
 constexpr int kCombineSeparate = 0, kCombineFused = 1, kCombineGeneral = 2, kCombineCluster = 3, kCombineAuto = 4;
 /// Absorbed decode. `splits` = 0 picks the split count from the SM count. Timed when `time`.
+/// With every form at its default (no lab form) the final decode, mla_final.cu, where
+/// hopper_ready(); otherwise, and on other GPUs, mla_decode.cu's and mla_decode_sm90.cu's kernels.
 /// `small_variant`: the 16-row tile's shape (mla_decode.cuh; 0 is the default); `tile64`:
 /// the 64-row tile's kernel.
 /// `combine_parts`: the separate combine's column parts, 4, 8 or 16 (0: from the grid, mla_decode.cuh);

@@ -481,8 +481,8 @@ int run_mla(const Options& opt, const std::string& form, long pos0, int splits, 
       const MlaGpuResult g = mla_absorb_gpu(gs, gin, gsplits, !no_time, tile16, tile64, combine, combine_parts, pdl);
       ResultRow row;
       // Without a lab form (--tile16, --tile64, --combine, --combine-parts, --no-pdl) this is the
-      // chapter's final MLA decode, its tile chosen by the head count (absorb_run(): above 16 packed
-      // rows mla_decode_sm90.cu's 64-row wgmma tile on sm_90; otherwise mla_decode.cu's mma.sync tiles).
+      // chapter's final MLA decode: mla_final.cu on sm_90a, its tile by the packed rows (its table);
+      // on other GPUs mla_decode.cu's mma.sync tiles.
       const bool final_form = tile16 == 0 && tile64 == kTile64Wgmma && combine == kCombineAuto &&
                               combine_parts == 0 && pdl;
       row.impl = std::string(final_form ? "final " : "") +

@@ -10,6 +10,9 @@
 
 namespace attn::ch06::mla {
 
+constexpr int kDK = 576;   ///< latent key: c (512) ; k_rope (64)
+constexpr int kDVl = 512;  ///< latent value: c
+
 /// The latent decode: for each sequence b, the rows = H * Nq (head, query) pairs,
 /// packed head-major (row = h Nq + i), against the sequence's cache of Nk latent keys.
 struct DecodeParams {
@@ -44,7 +47,12 @@ struct DecodeParams {
   bool early_refill = true;
 };
 /// The part count launch_combine() uses for `p` on a GPU of `sms` SMs.
-int combine_parts(const DecodeParams& p, int sms);
+inline int combine_parts(const DecodeParams& p, int sms) {
+  if (p.combine_parts != 0) return p.combine_parts;
+  int parts = 4;  // more parts while the blocks would not fill two per SM
+  while (parts < 16 && long(p.batch) * p.rows * parts < 2L * sms) parts *= 2;
+  return parts;
+}
 /// The combine's few-ranges form: up to kCombineFewSplits ranges in 4 parts, one warp per
 /// (row, part) that loads every range's (m, l) and float4 at once (one round trip to memory).
 constexpr int kCombineFewSplits = 8;
