@@ -517,7 +517,7 @@ def markdown(res, lab=None):
                 intro = "best / peer: the fastest bf16 kernel of the row over the peer."
                 if c in MAIN_PATH:
                     intro = ("The main path's steps and the final kernels (the lab's steps: %s). " % (
-                        "the lab tables below" if lab and has_lab_rows(rows) else
+                        "their own tables in the run's results file, and LAB.md" if lab and has_lab_rows(rows) else
                         "not in this table; `--lab` adds their tables") + intro)
                 out.append(section("ch%s-%s" % (c, pss), "%s, %s (TFLOP/s)" % (title, what), t, intro))
         if c in MAIN_PATH and lab:
