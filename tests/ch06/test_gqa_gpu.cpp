@@ -102,6 +102,14 @@ TEST_CASE("packed forward: awkward shapes (Nk = 1, Nk off the block, G Nq off th
   check_packed(shape().heads(16, 16).n(100, 1).d(128).causal());                      // Nq > Nk: empty rows
 }
 
+TEST_CASE("packed forward: causal tiles walked by position (Nq a multiple of the tile, G > 1)") {
+  if (!hopper_or_skip()) return;
+  // TileWalk's position order: packed tile m is position block m % (Nq / 128) of head m / (Nq / 128).
+  check_packed(shape().batch(2).heads(8, 2).n(256, 256).d(128).causal());             // G = 4, square
+  check_packed(shape().heads(6, 2).n(384, 1000).d(128).causal(), Dist::mean_shifted);  // G = 3, bottom-right
+  check_packed(shape().batch(3).heads(16, 2).n(128, 128).d(128).causal());            // G = 8, one block a head
+}
+
 TEST_CASE("packed forward: d = 192, dv = 128 (MLA's decompressed prefill)") {
   if (!hopper_or_skip()) return;
   check_packed(shape().heads(4, 4).n(200, 333).d(192).dv(128));
