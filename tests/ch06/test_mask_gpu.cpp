@@ -117,18 +117,18 @@ void check_backward(const MaskSpec& s, const Problem& user, Dist dist = Dist::no
 /// Every variant at the awkward shapes: batches and GQA, N not a multiple of any tile,
 /// N below one tile, Nq != Nk (causal family), mean-shifted and outlier inputs.
 template <class Check>
-void every_variant(Check&& check) {
+void every_variant(Check&& check, int d = 128) {
   for (MaskKind k : all_mask_kinds()) {
     const bool doc = k == MaskKind::document;
-    const Problem many = shape().batch(doc ? 1 : 2).heads(4, 2).n(200).d(128);
+    const Problem many = shape().batch(doc ? 1 : 2).heads(4, 2).n(200).d(d);
     check(spec_of(k, many), many, Dist::normal);
-    const Problem tiny = shape().heads(2).n(50).d(128);
+    const Problem tiny = shape().heads(2).n(50).d(d);
     check(spec_of(k, tiny), tiny, Dist::normal);
-    const Problem shifted = shape().heads(2).n(190).d(128);
+    const Problem shifted = shape().heads(2).n(190).d(d);
     check(spec_of(k, shifted, true), shifted, Dist::mean_shifted);
     check(spec_of(k, shifted, true), shifted, Dist::outliers);
     if (doc) continue;
-    for (const Problem p : {Problem(shape().heads(4, 1).n(100, 300).d(128)), Problem(shape().heads(2).n(300, 100).d(128))})
+    for (const Problem p : {Problem(shape().heads(4, 1).n(100, 300).d(d)), Problem(shape().heads(2).n(300, 100).d(d))})
       check(spec_of(k, p, true), p, Dist::normal);
   }
 }
@@ -280,5 +280,36 @@ TEST_CASE("final sm90a forward (steps/final.cu): the default kernel passes every
           for (int k = 0; k < e.dv; ++k) bad += f.o[e.o_off(b, h) + std::size_t(i) * e.dv + k] != 0.f;
         }
     CHECK(bad == 0);
+  }
+}
+
+TEST_CASE("final sm90a forward at d = 64: every variant at the awkward shapes, and many tiles a block") {
+  require_path(GpuPath::sm90a);
+  std::string why;
+  const auto dev = query_device(&why);
+  REQUIRE(dev);
+  // The final kernel has d = 64 and 128; the steps before it, the sm80 forward and the
+  // backward d = 128 only, and say so rather than run.
+  CHECK(mask_gpu_unsupported(shape().n(64).d(64), GpuPath::sm90a, *dev, kHopperFinal).empty());
+  CHECK(mask_gpu_unsupported(shape().n(64).d(128), GpuPath::sm90a, *dev, kHopperFinal).empty());
+  CHECK_FALSE(mask_gpu_unsupported(shape().n(64).d(32), GpuPath::sm90a, *dev, kHopperFinal).empty());
+  CHECK_FALSE(mask_gpu_unsupported(shape().n(64).d(64), GpuPath::sm90a, *dev, 4).empty());
+  CHECK_FALSE(mask_gpu_unsupported(shape().n(64).d(64), GpuPath::sm80, *dev).empty());
+  CHECK_FALSE(mask_gpu_unsupported(shape().n(64).d(64), GpuPath::backward, *dev).empty());
+  every_variant(
+      [](const MaskSpec& s, const Problem& p, Dist d) {
+        check_forward(GpuPath::sm90a, s, p, d, {GpuForwardOptions{}, GpuForwardOptions{kHopperFinal, 2, false}});
+      },
+      64);
+  // Two or three blocks walking 16 to 64 tiles each: the four-stage ring's phases run on
+  // across tile boundaries, and tiles with no kept block sit between tiles with work.
+  for (MaskKind k : all_mask_kinds()) {
+    const bool doc = k == MaskKind::document;
+    const Problem many = shape().batch(doc ? 1 : 2).heads(4, 2).n(doc ? 1000 : 400).d(64);
+    for (const int ctas : {2, 3})
+      check_forward(GpuPath::sm90a, spec_of(k, many, true), many, Dist::normal, {GpuForwardOptions{kHopperFinal, ctas, false}});
+    if (doc) continue;
+    const Problem tall = shape().heads(4, 2).n(500, 200).d(64);
+    check_forward(GpuPath::sm90a, spec_of(k, tall, true), tall, Dist::normal, {GpuForwardOptions{kHopperFinal, 2, false}});
   }
 }

@@ -21,8 +21,12 @@ const char* gpu_path_name(GpuPath p) {
   return "?";
 }
 
-std::string mask_gpu_unsupported(const Problem& p, GpuPath path, const DeviceInfo& dev) {
-  if (p.d != 128 || p.dv != 128) return "not built for d = " + std::to_string(p.d) + " (the GPU kernels: d = 128)";
+std::string mask_gpu_unsupported(const Problem& p, GpuPath path, const DeviceInfo& dev, int hopper_step) {
+  const bool final_fwd = path == GpuPath::sm90a && hopper_step == kHopperFinal;
+  if (final_fwd && !(p.d == p.dv && (p.d == 64 || p.d == 128)))
+    return "not built for d = " + std::to_string(p.d) + " (the final sm90a forward: d = 64 and 128)";
+  if (!final_fwd && (p.d != 128 || p.dv != 128))
+    return "not built for d = " + std::to_string(p.d) + " (this kernel: d = 128; the final sm90a forward: 64 and 128)";
   if (p.dtype != DType::bf16) return std::string("not built for ") + dtype_name(p.dtype) + " (bf16 only)";
   if (dev.cc_major < 8) return "needs sm_80 or newer";
   if (path == GpuPath::sm90a) {

@@ -29,8 +29,6 @@ namespace attn::ch06 {
 enum class GpuPath { sm80, sm90a, backward };
 const char* gpu_path_name(GpuPath p);  ///< "sm80 forward", "sm90a forward", "backward"
 
-/// Empty when `path` runs this problem on `dev`; otherwise why not (d, dtype, GPU).
-std::string mask_gpu_unsupported(const Problem& p, GpuPath path, const DeviceInfo& dev);
 
 struct GpuMaskForward {
   std::vector<float> o, lse;  ///< o in the layout's order, lse [B][H][N]
@@ -58,6 +56,12 @@ constexpr int kHopperSteps = kHopperFinal + 1;
 const char* hopper_step_file(int step);  ///< "steps/v2_tile_overlap.cu", ...
 /// Whether this build carries sm90a step `step` (the lab's only with TUTORIAL_LAB).
 inline bool hopper_step_built(int step) { return step >= 0 && step < kHopperSteps && (step != kHopperLab || TUTORIAL_LAB); }
+
+/// Empty when `path` runs this problem on `dev`; otherwise why not (d, dtype, GPU). For sm90a,
+/// `hopper_step` names the kernel: the final one (steps/final.cu) has d = 64 and 128, the
+/// steps before it d = 128 only.
+std::string mask_gpu_unsupported(const Problem& p, GpuPath path, const DeviceInfo& dev,
+                                 int hopper_step = kHopperFinal);
 
 /// How a forward runs besides its problem: which sm90a step, and how many thread blocks
 /// its persistent grid has (0: one per SM; a test gives a few, so each walks many tiles).

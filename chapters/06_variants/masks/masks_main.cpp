@@ -238,7 +238,7 @@ void run_variant(const MaskSpec& spec, const Problem& user, const Options& opt, 
       row.device = "cuda";
       row.flops = path == GpuPath::backward ? 2.5 * fwd_flops : fwd_flops;
       row.bound = Bound::compute;
-      const std::string why = mask_gpu_unsupported(p, path, *dev);
+      const std::string why = mask_gpu_unsupported(p, path, *dev, step);
       if (!why.empty()) {
         row.note = why;
         rep.rows.push_back(row);

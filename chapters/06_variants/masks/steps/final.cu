@@ -8,10 +8,16 @@
 // consumer warpgroups taking turns (chapter 05's v8), the next tile's Q in a second buffer
 // (v1), documents tiled from their own starts (v3), and the two ideas the table switches.
 //
-//   configuration (bf16, d = 128; every mask and score modifier)
-//   | query rows a tile | keys a block | K/V stages | warpgroups               | registers a thread          |
-//   |-------------------|--------------|------------|--------------------------|-----------------------------|
-//   | 128 (2 x 64)      | 128          | 2          | 1 producer, 2 consumers  | producer 24, consumers 240  |
+//   configuration (bf16; every mask and score modifier)
+//   | d   | query rows a tile | keys a block | K/V stages | warpgroups              | registers a thread         |
+//   |-----|-------------------|--------------|------------|-------------------------|----------------------------|
+//   | 64  | 128 (2 x 64)      | 128          | 4          | 1 producer, 2 consumers | producer 24, consumers 240 |
+//   | 128 | 128 (2 x 64)      | 128          | 2          | 1 producer, 2 consumers | producer 24, consumers 240 |
+//
+//   At d = 64 a K or V block is half d = 128's bytes, so the shared memory that holds d = 128's
+//   two stages holds four (chapter 05's final kernel keeps four at d = 64 too): 32 KB of Q
+//   buffers and 128 KB of K/V, 161 KB in all. The tiles stay 128 x 128 at both head dims, the
+//   block map's, so one map serves both.
 //
 //   per mask (MaskConfig)                           | epilogue            | partial tiles     | the step it is
 //   |-----------------------------------------------|---------------------|-------------------|---------------|
@@ -56,6 +62,9 @@ using namespace attn::ch05;  // SmemPlan, Barriers, RowSoftmax, convert_p, snake
 /// The configuration table (see the header): one row per head dim, every constant of the
 /// kernel that a row could change. Br is the block map's query tile (kBr, chapter 05's).
 template <int D> struct Config;
+template <> struct Config<64> {
+  static constexpr int Br = 128, Bc = 128, kStages = 4, kProducerRegs = 24, kConsumerRegs = 240;
+};
 template <> struct Config<128> {
   static constexpr int Br = 128, Bc = 128, kStages = 2, kProducerRegs = 24, kConsumerRegs = 240;
 };
@@ -548,9 +557,13 @@ bool available() { return true; }
 
 std::function<void()> prepare(const FwdParams& p, const MaskSpec& spec, const Problem& prob, const PolicyData& d,
                               cudaStream_t st) {
-  if (prob.dtype != DType::bf16 || p.d != 128) return {};
-  static_assert(Config<128>::Bc == Bc && Config<128>::Br == Br && kBr == Br, "the block map is built for these tiles");
-  return visit_policy(spec, prob, d, [&](const auto& pol) { return prepare_policy<__nv_bfloat16, 128>(p, pol, st); });
+  if (prob.dtype != DType::bf16 || (p.d != 64 && p.d != 128) || prob.dv != p.d) return {};
+  static_assert(Config<64>::Bc == Bc && Config<64>::Br == Br && Config<128>::Bc == Bc && Config<128>::Br == Br &&
+                    kBr == Br,
+                "the block map is built for these tiles");
+  return visit_policy(spec, prob, d, [&](const auto& pol) {
+    return p.d == 64 ? prepare_policy<__nv_bfloat16, 64>(p, pol, st) : prepare_policy<__nv_bfloat16, 128>(p, pol, st);
+  });
 }
 
 bool launch(const FwdParams& p, const MaskSpec& spec, const Problem& prob, const PolicyData& d, cudaStream_t st) {
