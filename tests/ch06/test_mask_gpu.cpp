@@ -283,33 +283,40 @@ TEST_CASE("final sm90a forward (steps/final.cu): the default kernel passes every
   }
 }
 
-TEST_CASE("final sm90a forward at d = 64: every variant at the awkward shapes, and many tiles a block") {
+TEST_CASE("final sm90a forward at d = 64 and 256: every variant at the awkward shapes, and many tiles a block") {
   require_path(GpuPath::sm90a);
   std::string why;
   const auto dev = query_device(&why);
   REQUIRE(dev);
-  // The final kernel has d = 64 and 128; the steps before it, the sm80 forward and the
+  // The final kernel has d = 64, 128 and 256; the steps before it, the sm80 forward and the
   // backward d = 128 only, and say so rather than run.
   CHECK(mask_gpu_unsupported(shape().n(64).d(64), GpuPath::sm90a, *dev, kHopperFinal).empty());
   CHECK(mask_gpu_unsupported(shape().n(64).d(128), GpuPath::sm90a, *dev, kHopperFinal).empty());
+  CHECK(mask_gpu_unsupported(shape().n(64).d(256), GpuPath::sm90a, *dev, kHopperFinal).empty());
+  CHECK_FALSE(mask_gpu_unsupported(shape().n(64).d(256), GpuPath::sm90a, *dev, 4).empty());
   CHECK_FALSE(mask_gpu_unsupported(shape().n(64).d(32), GpuPath::sm90a, *dev, kHopperFinal).empty());
   CHECK_FALSE(mask_gpu_unsupported(shape().n(64).d(64), GpuPath::sm90a, *dev, 4).empty());
   CHECK_FALSE(mask_gpu_unsupported(shape().n(64).d(64), GpuPath::sm80, *dev).empty());
   CHECK_FALSE(mask_gpu_unsupported(shape().n(64).d(64), GpuPath::backward, *dev).empty());
-  every_variant(
-      [](const MaskSpec& s, const Problem& p, Dist d) {
-        check_forward(GpuPath::sm90a, s, p, d, {GpuForwardOptions{}, GpuForwardOptions{kHopperFinal, 2, false}});
-      },
-      64);
-  // Two or three blocks walking 16 to 64 tiles each: the four-stage ring's phases run on
-  // across tile boundaries, and tiles with no kept block sit between tiles with work.
-  for (MaskKind k : all_mask_kinds()) {
-    const bool doc = k == MaskKind::document;
-    const Problem many = shape().batch(doc ? 1 : 2).heads(4, 2).n(doc ? 1000 : 400).d(64);
-    for (const int ctas : {2, 3})
-      check_forward(GpuPath::sm90a, spec_of(k, many, true), many, Dist::normal, {GpuForwardOptions{kHopperFinal, ctas, false}});
-    if (doc) continue;
-    const Problem tall = shape().heads(4, 2).n(500, 200).d(64);
-    check_forward(GpuPath::sm90a, spec_of(k, tall, true), tall, Dist::normal, {GpuForwardOptions{kHopperFinal, 2, false}});
+  for (const int hd : {64, 256}) {
+    CAPTURE(hd);
+    every_variant(
+        [](const MaskSpec& s, const Problem& p, Dist d) {
+          check_forward(GpuPath::sm90a, s, p, d, {GpuForwardOptions{}, GpuForwardOptions{kHopperFinal, 2, false}});
+        },
+        hd);
+    // Two or three blocks walking 16 to 64 tiles each: the ring's phases (four stages at
+    // d = 64) and the Q buffers' (one at d = 256) run on across tile boundaries, and tiles
+    // with no kept block sit between tiles with work.
+    for (MaskKind k : all_mask_kinds()) {
+      const bool doc = k == MaskKind::document;
+      const Problem many = shape().batch(doc ? 1 : 2).heads(4, 2).n(doc ? 1000 : 400).d(hd);
+      for (const int ctas : {2, 3})
+        check_forward(GpuPath::sm90a, spec_of(k, many, true), many, Dist::normal,
+                      {GpuForwardOptions{kHopperFinal, ctas, false}});
+      if (doc) continue;
+      const Problem tall = shape().heads(4, 2).n(500, 200).d(hd);
+      check_forward(GpuPath::sm90a, spec_of(k, tall, true), tall, Dist::normal, {GpuForwardOptions{kHopperFinal, 2, false}});
+    }
   }
 }

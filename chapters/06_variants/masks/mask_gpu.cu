@@ -23,10 +23,10 @@ const char* gpu_path_name(GpuPath p) {
 
 std::string mask_gpu_unsupported(const Problem& p, GpuPath path, const DeviceInfo& dev, int hopper_step) {
   const bool final_fwd = path == GpuPath::sm90a && hopper_step == kHopperFinal;
-  if (final_fwd && !(p.d == p.dv && (p.d == 64 || p.d == 128)))
-    return "not built for d = " + std::to_string(p.d) + " (the final sm90a forward: d = 64 and 128)";
+  if (final_fwd && !(p.d == p.dv && (p.d == 64 || p.d == 128 || p.d == 256)))
+    return "not built for d = " + std::to_string(p.d) + " (the final sm90a forward: d = 64, 128 and 256)";
   if (!final_fwd && (p.d != 128 || p.dv != 128))
-    return "not built for d = " + std::to_string(p.d) + " (this kernel: d = 128; the final sm90a forward: 64 and 128)";
+    return "not built for d = " + std::to_string(p.d) + " (this kernel: d = 128; the final sm90a forward: 64, 128, 256)";
   if (p.dtype != DType::bf16) return std::string("not built for ") + dtype_name(p.dtype) + " (bf16 only)";
   if (dev.cc_major < 8) return "needs sm_80 or newer";
   if (path == GpuPath::sm90a) {
@@ -49,8 +49,6 @@ const char* hopper_step_file(int step) {
   return "?";
 }
 
-int ampere_tile_keys() { return ampere_mask::Bc; }
-int hopper_tile_keys() { return hopper_mask::Bc; }
 
 namespace {
 
@@ -107,9 +105,12 @@ GpuMaskForward mask_forward_gpu(const Problem& p, const MaskSpec& s, const Token
   const bool hopper = path == GpuPath::sm90a;
   // sm90a from v3 on (the final kernel too): documents are tiled from each document's start (the document map).
   const bool doc_tiles = hopper && opt.hopper_step >= 3 && s.kind == MaskKind::document && p.batch == 1 && p.nq == p.nk;
-  BlockMap map = doc_tiles ? build_document_block_map(s, p, hopper_v3::Br, hopper_v3::Bc)
-                 : hopper  ? build_block_map(s, p, hopper_mask::Br, hopper_mask::Bc)
-                           : build_block_map(s, p, ampere_mask::Br, ampere_mask::Bc);
+  // The tiles of the kernel that runs: the final sm90a forward's keys a tile depend on d.
+  const int bc = !hopper ? ampere_mask::Bc : opt.hopper_step == kHopperFinal ? hopper_final::tile_keys(p.d) : hopper_mask::Bc;
+  static_assert(hopper_v3::Br == hopper_mask::Br && hopper_final::Br == hopper_mask::Br, "one query tile on sm90a");
+  BlockMap map = doc_tiles ? build_document_block_map(s, p, hopper_mask::Br, bc)
+                 : hopper  ? build_block_map(s, p, hopper_mask::Br, bc)
+                           : build_block_map(s, p, ampere_mask::Br, bc);
   if (opt.all_partial) {  // every full tile moves to the partial list (forward lists only)
     for (std::size_t f = 0; f < map.n_full.size(); ++f) {
       for (int k = 0; k < map.n_full[f]; ++k) map.part[f * map.tk + map.n_part[f] + k] = map.full[f * map.tk + k];
@@ -155,6 +156,7 @@ GpuMaskForward mask_forward_gpu(const Problem& p, const MaskSpec& s, const Token
   r.o = dp.o.to_host();
   r.lse = dp.lse.download();
   r.tiles = map.kept_tiles();
+  r.tile_keys = bc;
   r.faulted_lists = faulted_lists;
   if (time) r.time_ms = time_gpu(run).median_ms;
   return r;

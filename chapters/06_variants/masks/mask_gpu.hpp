@@ -34,6 +34,7 @@ struct GpuMaskForward {
   std::vector<float> o, lse;  ///< o in the layout's order, lse [B][H][N]
   double time_ms = 0;         ///< median with the L2 flushed; 0 when not timed
   double tiles = 0;           ///< K/V tiles the kernel visited (from the block map)
+  int tile_keys = 0;          ///< keys per K/V tile of the kernel that ran (its block map's Bc)
   int faulted_lists = 0;      ///< forward lists an injected fault changed (GpuForwardOptions::fault)
 };
 struct GpuMaskBackward {
@@ -42,9 +43,6 @@ struct GpuMaskBackward {
   double time_ms = 0;
 };
 
-/// Keys per K/V tile of the sm80 and sm90a forwards (their block maps' Bc).
-int ampere_tile_keys();
-int hopper_tile_keys();
 
 /// The sm90a forward's steps: 0 hopper_mask.cu, 1 steps/v1_two_q_buffers.cu,
 /// 2 steps/v2_tile_overlap.cu, 3 steps/v3_document_tiles.cu, 4 steps/v4_row_spans.cu, the
@@ -58,8 +56,8 @@ const char* hopper_step_file(int step);  ///< "steps/v2_tile_overlap.cu", ...
 inline bool hopper_step_built(int step) { return step >= 0 && step < kHopperSteps && (step != kHopperLab || TUTORIAL_LAB); }
 
 /// Empty when `path` runs this problem on `dev`; otherwise why not (d, dtype, GPU). For sm90a,
-/// `hopper_step` names the kernel: the final one (steps/final.cu) has d = 64 and 128, the
-/// steps before it d = 128 only.
+/// `hopper_step` names the kernel: the final one (steps/final.cu) has d = 64, 128 and 256,
+/// the steps before it d = 128 only.
 std::string mask_gpu_unsupported(const Problem& p, GpuPath path, const DeviceInfo& dev,
                                  int hopper_step = kHopperFinal);
 

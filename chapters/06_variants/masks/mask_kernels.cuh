@@ -126,13 +126,17 @@ std::function<void()> prepare(const FwdParams& p, const MaskSpec& s, const Probl
                               cudaStream_t st);
 constexpr int Br = hopper_mask::Br, Bc = hopper_mask::Bc;
 }  // namespace hopper_v5
-/// The final masked forward (steps/final.cu): v4 with its configuration in one table.
+/// The final masked forward (steps/final.cu): v4 with its configuration in one table,
+/// d = 64, 128 and 256.
 namespace hopper_final {
 bool available();
 bool launch(const FwdParams& p, const MaskSpec& s, const Problem& prob, const PolicyData& d, cudaStream_t st);
 std::function<void()> prepare(const FwdParams& p, const MaskSpec& s, const Problem& prob, const PolicyData& d,
                               cudaStream_t st);
 constexpr int Br = hopper_mask::Br, Bc = hopper_mask::Bc;
+/// Keys per K/V tile at head dim d, the block map's Bc: 128, and 80 at d = 256, where two
+/// stages of 128 keys do not fit beside Q (its configuration table).
+constexpr int tile_keys(int d) { return d == 256 ? 64 : Bc; }
 }  // namespace hopper_final
 namespace backward_mask {
 bool launch(const BwdParams& p, const MaskSpec& s, const Problem& prob, const PolicyData& d, cudaStream_t st);

@@ -280,7 +280,7 @@ void run_variant(const MaskSpec& spec, const Problem& user, const Options& opt, 
         if (f.faulted_lists)
           row.note = fault_note(opt.fault) + " (" + std::to_string(f.faulted_lists) + " key lists); " + row.note;
         // The kernel's own count: Q read once per query block, K and V once per visited tile, O and LSE written once.
-        const double e = dtype_bytes(p.dtype), bc = path == GpuPath::sm80 ? ampere_tile_keys() : hopper_tile_keys();
+        const double e = dtype_bytes(p.dtype), bc = f.tile_keys;
         row.hbm_read_bytes = e * (double(p.q_elems()) + f.tiles * bc * (p.d + p.dv));
         row.hbm_write_bytes = e * double(p.o_elems()) + 4.0 * double(p.lse_elems());
         row.extra_bytes = 0;

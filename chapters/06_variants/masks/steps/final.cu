@@ -8,16 +8,22 @@
 // consumer warpgroups taking turns (chapter 05's v8), the next tile's Q in a second buffer
 // (v1), documents tiled from their own starts (v3), and the two ideas the table switches.
 //
-//   configuration (bf16; every mask and score modifier)
-//   | d   | query rows a tile | keys a block | K/V stages | warpgroups              | registers a thread         |
-//   |-----|-------------------|--------------|------------|-------------------------|----------------------------|
-//   | 64  | 128 (2 x 64)      | 128          | 4          | 1 producer, 2 consumers | producer 24, consumers 240 |
-//   | 128 | 128 (2 x 64)      | 128          | 2          | 1 producer, 2 consumers | producer 24, consumers 240 |
+//   configuration (bf16; every mask and score modifier; 1 producer and 2 consumer warpgroups,
+//   24 and 240 registers a thread)
+//   | d   | query rows a tile | keys a block | K/V stages | Q buffers | epilogue             |
+//   |-----|-------------------|--------------|------------|-----------|----------------------|
+//   | 64  | 128 (2 x 64)      | 128          | 4          | 2 (v1)    | per mask (below)     |
+//   | 128 | 128 (2 x 64)      | 128          | 2          | 2 (v1)    | per mask (below)     |
+//   | 256 | 128 (2 x 64)      | 64           | 2          | 1         | in place, every mask |
 //
-//   At d = 64 a K or V block is half d = 128's bytes, so the shared memory that holds d = 128's
-//   two stages holds four (chapter 05's final kernel keeps four at d = 64 too): 32 KB of Q
-//   buffers and 128 KB of K/V, 161 KB in all. The tiles stay 128 x 128 at both head dims, the
-//   block map's, so one map serves both.
+//   d = 64: a K or V block is half d = 128's bytes, so the shared memory of d = 128's two stages
+//   holds four (chapter 05's final kernel keeps four at d = 64 too): 32 KB of Q and 128 KB of
+//   K/V. d = 256: one Q tile is 64 KB, so a second buffer and two stages of 128 keys (256 KB)
+//   cannot fit in 227 KB; one Q buffer and two stages of 64 keys take 192 KB. Its accumulator
+//   is 128 fp32 registers a thread, so no tile's state is carried into the next (no deferred
+//   epilogue, and none of its code), and 64 keys keep S and P at 32 and 16 registers. Even so
+//   ptxas spills 80-136 bytes a thread at d = 256 (-Xptxas -v); LAB.md has what it costs.
+//   The block map is built for each row's tiles (mask_kernels.cuh: tile_keys()).
 //
 //   per mask (MaskConfig)                           | epilogue            | partial tiles     | the step it is
 //   |-----------------------------------------------|---------------------|-------------------|---------------|
@@ -60,13 +66,18 @@ using namespace attn::hopper;
 using namespace attn::ch05;  // SmemPlan, Barriers, RowSoftmax, convert_p, snake_tile (chapter 05)
 
 /// The configuration table (see the header): one row per head dim, every constant of the
-/// kernel that a row could change. Br is the block map's query tile (kBr, chapter 05's).
+/// kernel that a row could change. Br is the block map's query tile (kBr, chapter 05's), Bc
+/// its key block (mask_kernels.cuh: tile_keys()); kQBuffers, one or two Q tiles (v1's idea);
+/// kDefers, 0 where no mask may defer its epilogue (the per-mask column below is then ignored).
 template <int D> struct Config;
 template <> struct Config<64> {
-  static constexpr int Br = 128, Bc = 128, kStages = 4, kProducerRegs = 24, kConsumerRegs = 240;
+  static constexpr int Br = 128, Bc = 128, kStages = 4, kQBuffers = 2, kDefers = 1, kProducerRegs = 24, kConsumerRegs = 240;
 };
 template <> struct Config<128> {
-  static constexpr int Br = 128, Bc = 128, kStages = 2, kProducerRegs = 24, kConsumerRegs = 240;
+  static constexpr int Br = 128, Bc = 128, kStages = 2, kQBuffers = 2, kDefers = 1, kProducerRegs = 24, kConsumerRegs = 240;
+};
+template <> struct Config<256> {
+  static constexpr int Br = 128, Bc = 64, kStages = 2, kQBuffers = 1, kDefers = 0, kProducerRegs = 24, kConsumerRegs = 240;
 };
 /// The table's per-mask columns (the header's second table): kDeferEpilogue, a tile's epilogue
 /// (its last P V and the O store) deferred into the next tile's prologue (v2's idea) or run in
@@ -87,18 +98,29 @@ constexpr int kConsumerWarps = 8;
 constexpr int kTurnBarrier = 1;  // named barriers 1 and 2: consumer 0's and 1's turn (0 is __syncthreads)
 constexpr int kConsumerThreads = 256;
 
-/// Two Q buffers (the plan's Q region of 2 Br rows): tile t's Q in buffer t % 2. Buffer 0
-/// uses Barriers' full_q / empty_q, buffer 1 a pair laid out the same way after Barriers'
-/// own. Addresses are computed when asked (four pointers held in registers made ptxas spill).
-template <class Plan>
+/// kBufs Q buffers (the plan's Q region of kBufs Br rows): tile t's Q in buffer t % kBufs,
+/// two where they fit (v1's idea), one at d = 256. Buffer 0 uses Barriers' full_q / empty_q,
+/// buffer 1 a pair laid out the same way after Barriers' own. Addresses are computed when
+/// asked (four pointers held in registers made ptxas spill).
+template <class Plan, int kBufs>
 struct QBuffers {
-  static constexpr int kTileBytes = Plan::kQBytes / 2;  ///< one Q tile
+  static_assert(kBufs == 1 || kBufs == 2, "one or two Q buffers");
+  static constexpr int kTileBytes = Plan::kQBytes / kBufs;  ///< one Q tile
   static constexpr int kBytes = Plan::kBytes + 16;      ///< the plan and the two barriers more
   static __device__ __forceinline__ uint64_t* full(unsigned char* smem, int buf) {
     return reinterpret_cast<uint64_t*>(smem + Plan::kBars + buf * 8 * Plan::kNumBars);
   }
   static __device__ __forceinline__ uint64_t* empty(unsigned char* smem, int buf) { return full(smem, buf) + 1; }
+  /// The buffer of the tile that is the loaded-th to load its Q, and its barriers' phase.
+  static __device__ __forceinline__ int buffer(int loaded) { return loaded & (kBufs - 1); }
+  static __device__ __forceinline__ int phase(int loaded) { return (loaded >> (kBufs - 1)) & 1; }
 };
+
+/// The shared memory plan of a row: its Q buffers, its K/V ring.
+template <class T, int D>
+using PlanOf = SmemPlan<T, D, Config<D>::Bc, Config<D>::kStages, Config<D>::Bc, Config<D>::kQBuffers * kBr>;
+template <class T, int D>
+using QBuffersOf = QBuffers<PlanOf<T, D>, Config<D>::kQBuffers>;
 
 /// The list of tiles of this thread block: entry `round` of the snake over the map's order.
 struct TileWalk {
@@ -127,11 +149,12 @@ struct KeyList {
   int unit, row0, row1;
   __device__ __forceinline__ int block(int k) const { return k < n_part ? part[k] : full[k - n_part]; }
 };
+template <int D>
 __device__ __forceinline__ KeyList key_list(const FwdParams& p, int b, int h, int m_block) {
   const int owner = p.map.owner(b, h, m_block), np = p.map.n_part[owner];
   const bool docs = p.map.q_row0 != nullptr;
   return {p.map.part + std::size_t(owner) * p.map.inner, p.map.full + std::size_t(owner) * p.map.inner, np,
-          np + p.map.n_full[owner], docs ? 1 : Bc, docs ? p.map.q_row0[owner] : m_block * Br,
+          np + p.map.n_full[owner], docs ? 1 : Config<D>::Bc, docs ? p.map.q_row0[owner] : m_block * Br,
           docs ? p.map.q_row1[owner] : p.nq};
 }
 
@@ -170,19 +193,19 @@ __device__ __forceinline__ void producer_tile(const CUtensorMap& tm_q, const CUt
                                               const CUtensorMap& tm_v, const FwdParams& p, unsigned char* smem,
                                               int m_block, int bh, RingState<Config<D>::kStages>& ring, int& loaded) {
   constexpr int Bc = Config<D>::Bc, kStages = Config<D>::kStages;
-  using Plan = SmemPlan<T, D, Bc, kStages, Bc, 2 * kBr>;
+  using Plan = PlanOf<T, D>;
   const Barriers<kStages> bar(smem + Plan::kBars);
   const int bi = bh / p.heads, h = bh % p.heads, hk = kv_head_of(h, p.heads, p.kv_heads);
   const Coords cq = tensor_coords(p.sq, bi, h, p.heads, D), ck = tensor_coords(p.sk, bi, hk, p.kv_heads, D);
-  const KeyList kv = key_list(p, bi, h, m_block);
+  const KeyList kv = key_list<D>(p, bi, h, m_block);
   if (kv.n == 0) return;  // the tile has no kept block: nothing to load
 
-  using qb = QBuffers<Plan>;
-  const int buf = loaded & 1;
-  mbarrier_wait(qb::empty(smem, buf), ((loaded >> 1) & 1) ^ 1);  // tile t - 2's Q is no longer read
-  mbarrier_arrive_expect_tx(qb::full(smem, buf), QBuffers<Plan>::kTileBytes);
+  using qb = QBuffersOf<T, D>;
+  const int buf = qb::buffer(loaded);
+  mbarrier_wait(qb::empty(smem, buf), qb::phase(loaded) ^ 1);  // tile t - kQBuffers's Q is no longer read
+  mbarrier_arrive_expect_tx(qb::full(smem, buf), QBuffersOf<T, D>::kTileBytes);
   for (int b = 0; b < Plan::kBoxes; ++b)
-    tma_load_3d(smem + Plan::kQ + buf * QBuffers<Plan>::kTileBytes + b * kBr * Plan::kRowBytes, &tm_q, qb::full(smem, buf),
+    tma_load_3d(smem + Plan::kQ + buf * QBuffersOf<T, D>::kTileBytes + b * kBr * Plan::kRowBytes, &tm_q, qb::full(smem, buf),
                 cq.col + b * Plan::kBoxCols, kv.row0, cq.outer);
   ++loaded;
   int j_next = kv.block(0);  // the map's next index, read one block ahead of its copies
@@ -235,19 +258,19 @@ __device__ __forceinline__ void consumer_tile(const FwdParams& p, const Policy& 
                                               int bh, RingState<Config<D>::kStages>& ring, int& loaded, Carry<D>& c,
                                               bool work, bool last) {
   constexpr int Bc = Config<D>::Bc, kStages = Config<D>::kStages;
-  using Plan = SmemPlan<T, D, Bc, kStages, Bc, 2 * kBr>;
+  using Plan = PlanOf<T, D>;
   const Barriers<kStages> bar(smem + Plan::kBars);
   // wg: 0 or 1 for warpgroups 1 and 2 (rows 0-63, 64-127); warp: 0-7 counted from warpgroup 1.
   const int tid = fresh_thread_index() - 128, wg = tid / 128, warp = tid / 32, lane = tid % 32;
   const int b = bh / p.heads, h = bh % p.heads;
-  const KeyList kv = key_list(p, b, h, m_block);
-  using qb = QBuffers<Plan>;
-  const int buf = loaded & 1;  // this tile's Q buffer (if it has work)
+  const KeyList kv = key_list<D>(p, b, h, m_block);
+  using qb = QBuffersOf<T, D>;
+  const int buf = qb::buffer(loaded);  // this tile's Q buffer (if it has work)
 
   // Descriptors. Q: this warpgroup's 64 rows; the k-th K-step is 32 bytes into the rows.
   auto q_desc = [&](int k) {
     const int byte = 32 * k;
-    return desc_k_major(smem + Plan::kQ + buf * QBuffers<Plan>::kTileBytes + (byte / Plan::kRowBytes) * kBr * Plan::kRowBytes +
+    return desc_k_major(smem + Plan::kQ + buf * QBuffersOf<T, D>::kTileBytes + (byte / Plan::kRowBytes) * kBr * Plan::kRowBytes +
                             wg * 64 * Plan::kRowBytes + byte % Plan::kRowBytes,
                         Plan::kRowBytes);
   };
@@ -335,7 +358,7 @@ __device__ __forceinline__ void consumer_tile(const FwdParams& p, const Policy& 
   auto my_turn = [&] { named_barrier_sync(kTurnBarrier + wg, kConsumerThreads); };
   auto your_turn = [&] { named_barrier_arrive(kTurnBarrier + 1 - wg, kConsumerThreads); };
 
-  mbarrier_wait(qb::full(smem, buf), (loaded >> 1) & 1);
+  mbarrier_wait(qb::full(smem, buf), qb::phase(loaded));
   ++loaded;
   RingState<kStages>& ring_v = c.ring_v;
   float s[Bc / 2];                     // S_j, then P_j in fp32
@@ -351,7 +374,7 @@ __device__ __forceinline__ void consumer_tile(const FwdParams& p, const Policy& 
   int col0 = kv.block(0) * kv.unit;
   float inv_l[2], lse[2];
   mbarrier_wait(&bar.full_k[ring.stage], ring.phase);
-  if (c.owed) {
+  if (Config<D>::kDefers && c.owed) {  // (a row without deferral has no owed tile, nor its code)
     mbarrier_wait(&bar.full_v[ring_v.stage], ring_v.phase);
     my_turn();
     wgmma_fence();
@@ -483,7 +506,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, const Policy& pol, 
     int m_next = 0, bh_next = 0;
     const bool more_next = walk.next(round + 1, &m_next, &bh_next);
     consumer_tile<T, D>(p, pol, smem, m_block, bh, ring, loaded, c, work(round),
-                        work(round) && (!MaskConfig<Policy>::kDeferEpilogue || !work(round + 1)));
+                        work(round) && (!(Config<D>::kDefers && MaskConfig<Policy>::kDeferEpilogue) || !work(round + 1)));
     more = more_next, m_block = m_next, bh = bh_next;
   }
   if (wg == 0) my_turn();  // warpgroup 1 takes back warpgroup 2's last hand-over
@@ -493,14 +516,14 @@ template <class T, int D, class Policy>
 __global__ void __launch_bounds__(kThreads, 1)
     kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
            const __grid_constant__ CUtensorMap tm_v, const FwdParams p, const Policy pol) {
-  constexpr int Bc = Config<D>::Bc, kStages = Config<D>::kStages;
-  using Plan = SmemPlan<T, D, Bc, kStages, Bc, 2 * kBr>;
+  constexpr int kStages = Config<D>::kStages;
+  using Plan = PlanOf<T, D>;
   extern __shared__ unsigned char smem_raw[];
   if (threadIdx.x == 0) {
     const Barriers<kStages> bar(align_1024(smem_raw) + Plan::kBars);
     for (int b = 0; b < 2; ++b) {
-      mbarrier_init(QBuffers<Plan>::full(align_1024(smem_raw), b), 1);
-      mbarrier_init(QBuffers<Plan>::empty(align_1024(smem_raw), b), kConsumerWarps);
+      mbarrier_init(QBuffersOf<T, D>::full(align_1024(smem_raw), b), 1);
+      mbarrier_init(QBuffersOf<T, D>::empty(align_1024(smem_raw), b), kConsumerWarps);
     }
     for (int s = 0; s < kStages; ++s) {
       mbarrier_init(&bar.full_k[s], 1);
@@ -523,8 +546,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 template <class T, int D, class Policy>
 std::function<void()> prepare_policy(const FwdParams& p, const Policy& pol, cudaStream_t st) {
-  constexpr int Bc = Config<D>::Bc, kStages = Config<D>::kStages;
-  using Plan = SmemPlan<T, D, Bc, kStages, Bc, 2 * kBr>;
+  constexpr int Bc = Config<D>::Bc;
+  using Plan = PlanOf<T, D>;
   const CUtensorMapDataType ty = tma_type<T>();
   // Standard [B*H][N][d], or packed [N][H*d] (one row of every head per token).
   const bool packed = p.sq.row != D;
@@ -535,7 +558,7 @@ std::function<void()> prepare_policy(const FwdParams& p, const Policy& pol, cuda
   const CUtensorMap tq = map(p.q, p.nq, p.heads, kBr), tk = map(p.k, p.nk, p.kv_heads, Bc),
                     tv = map(p.v, p.nk, p.kv_heads, Bc);
   static const bool configured = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(kernel<T, D, Policy>, cudaFuncAttributeMaxDynamicSharedMemorySize, QBuffers<Plan>::kBytes));
+    CUDA_CHECK(cudaFuncSetAttribute(kernel<T, D, Policy>, cudaFuncAttributeMaxDynamicSharedMemorySize, QBuffersOf<T, D>::kBytes));
     return true;
   }();
   (void)configured;
@@ -546,7 +569,7 @@ std::function<void()> prepare_policy(const FwdParams& p, const Policy& pol, cuda
   const int grid = int(tiles < sms ? tiles : sms);  // one block per SM, each walking its tiles
   // The tensor maps are encoded here, once; the launch alone is what a timed repeat runs.
   return [=] {
-    kernel<T, D, Policy><<<grid, kThreads, QBuffers<Plan>::kBytes, st>>>(tq, tk, tv, p, pol);
+    kernel<T, D, Policy><<<grid, kThreads, QBuffersOf<T, D>::kBytes, st>>>(tq, tk, tv, p, pol);
     CUDA_CHECK_LAUNCH("hopper_final kernel");
   };
 }
@@ -557,12 +580,15 @@ bool available() { return true; }
 
 std::function<void()> prepare(const FwdParams& p, const MaskSpec& spec, const Problem& prob, const PolicyData& d,
                               cudaStream_t st) {
-  if (prob.dtype != DType::bf16 || (p.d != 64 && p.d != 128) || prob.dv != p.d) return {};
-  static_assert(Config<64>::Bc == Bc && Config<64>::Br == Br && Config<128>::Bc == Bc && Config<128>::Br == Br &&
-                    kBr == Br,
-                "the block map is built for these tiles");
+  if (prob.dtype != DType::bf16 || (p.d != 64 && p.d != 128 && p.d != 256) || prob.dv != p.d) return {};
+  static_assert(Config<64>::Bc == tile_keys(64) && Config<128>::Bc == tile_keys(128) &&
+                    Config<256>::Bc == tile_keys(256) && Config<64>::Br == Br && Config<128>::Br == Br &&
+                    Config<256>::Br == Br && kBr == Br,
+                "the block map is built for these tiles (mask_kernels.cuh: tile_keys)");
   return visit_policy(spec, prob, d, [&](const auto& pol) {
-    return p.d == 64 ? prepare_policy<__nv_bfloat16, 64>(p, pol, st) : prepare_policy<__nv_bfloat16, 128>(p, pol, st);
+    return p.d == 64    ? prepare_policy<__nv_bfloat16, 64>(p, pol, st)
+           : p.d == 128 ? prepare_policy<__nv_bfloat16, 128>(p, pol, st)
+                        : prepare_policy<__nv_bfloat16, 256>(p, pol, st);
   });
 }
 
