@@ -118,6 +118,34 @@ ATTN_HD TileKind classify_causal(bool causal, int diag, const TileRange& t) {
   return TileKind::partial;
 }
 
+/// The mask of a policy that is causal or none, with an optional causal sliding window
+/// on top (`window` >= 0; -1: none): row i sees key j iff j <= q and q - j <= window,
+/// q = i + diag, the left bound of the Window policy (window 0 sees only j = q). A window
+/// implies causal. LearnedSink and Softcap hold one (gpt-oss: sink + window 128; Gemma 2:
+/// softcap + window 4096), so the composition costs no new policy type.
+struct CausalOrWindow {
+  int diag;
+  bool causal;
+  int window = -1;
+  ATTN_HD bool keep(int i, int j) const {
+    const int q = i + diag;
+    if (window >= 0) return j <= q && q - j <= window;
+    return !causal || j <= q;
+  }
+  ATTN_HD Span span(int i) const {
+    const int q = i + diag;
+    if (window >= 0) return {q - window, q};
+    return {0, causal ? q : 0x7fffffff};
+  }
+  ATTN_HD TileKind classify(const TileRange& t) const {
+    if (window < 0) return classify_causal(causal, diag, t);
+    const int q0 = t.i0 + diag, q1 = t.i1 - 1 + diag;  // first and last row's position
+    if (t.j0 > q1 || q0 - (t.j1 - 1) > window) return TileKind::skip;  // above the diagonal / left of every band
+    if (t.j1 - 1 <= q0 && q1 - t.j0 <= window) return TileKind::full;   // inside every row's band
+    return TileKind::partial;
+  }
+};
+
 // ============================================================================ the variants
 
 /// No mask at all (the score modifiers below build on it).
@@ -242,16 +270,19 @@ struct SinkWindow : PolicyBase {
 /// A learnable per-head sink logit (gpt-oss, FA4's learnable_sink): one extra term
 /// e^{sink_h} in every row's softmax denominator, with no value row. It changes only
 /// the state the row starts from (online_softmax.hpp, SoftmaxState::with_sink):
-/// (m, l) = (sink, 1) instead of (-inf, 0). The mask is causal or none.
+/// (m, l) = (sink, 1) instead of (-inf, 0). The mask is causal or none, or a causal
+/// sliding window (`window` >= 0, as gpt-oss's sliding layers: window 128).
 struct LearnedSink : PolicyBase {
   static constexpr bool kSink = true;
   static constexpr int kSpans = 1;
   const float* sinks;  // [heads], natural-log units
   int diag;
   bool causal;
-  ATTN_HD bool keep(int, int, int i, int j) const { return !causal || j <= i + diag; }
-  ATTN_HD Span span(int, int, int i) const { return {0, causal ? i + diag : 0x7fffffff}; }
-  ATTN_HD TileKind classify(int, int, const TileRange& t) const { return classify_causal(causal, diag, t); }
+  int window = -1;  ///< -1: none; else j <= q and q - j <= window (implies causal)
+  ATTN_HD CausalOrWindow mask() const { return {diag, causal, window}; }
+  ATTN_HD bool keep(int, int, int i, int j) const { return mask().keep(i, j); }
+  ATTN_HD Span span(int, int, int i) const { return mask().span(i); }
+  ATTN_HD TileKind classify(int, int, const TileRange& t) const { return mask().classify(t); }
   ATTN_HD float sink(int h) const { return sinks[h]; }
 };
 
@@ -273,20 +304,23 @@ struct Alibi : PolicyBase {
 };
 
 /// Softcap (Gemma 2, Grok): score = cap tanh(s / cap), derivative 1 - tanh^2(s / cap).
+/// Causal or none, or a causal sliding window (`window` >= 0; Gemma 2's local layers: 4096).
 struct Softcap : PolicyBase {
   static constexpr bool kScore = true;
   static constexpr int kSpans = 1;
   float cap;
   int diag;
   bool causal;
-  ATTN_HD Span span(int, int, int i) const { return {0, causal ? i + diag : 0x7fffffff}; }
-  ATTN_HD bool keep(int, int, int i, int j) const { return !causal || j <= i + diag; }
+  int window = -1;  ///< -1: none; else j <= q and q - j <= window (implies causal)
+  ATTN_HD CausalOrWindow mask() const { return {diag, causal, window}; }
+  ATTN_HD Span span(int, int, int i) const { return mask().span(i); }
+  ATTN_HD bool keep(int, int, int i, int j) const { return mask().keep(i, j); }
   template <class T> ATTN_HD T score(T s, int, int, int, int) const { return T(cap) * mask_math::tanh_(s * (T(1) / T(cap))); }
   template <class T> ATTN_HD T dscore(T s, int, int, int, int) const {
     const T th = mask_math::tanh_(s * (T(1) / T(cap)));
     return T(1) - th * th;
   }
-  ATTN_HD TileKind classify(int, int, const TileRange& t) const { return classify_causal(causal, diag, t); }
+  ATTN_HD TileKind classify(int, int, const TileRange& t) const { return mask().classify(t); }
 };
 
 // EXERCISE ch06.3: a custom mask: causal, and a random quarter of the 128 x 128 blocks

@@ -68,9 +68,17 @@ std::string MaskSpec::describe() const {
       break;
     }
     case MaskKind::sink: o << ", " << sinks << " sink tokens + window " << left; break;
-    case MaskKind::learned_sink: o << ", one sink logit per head" << (causal ? ", causal" : ""); break;
+    case MaskKind::learned_sink:
+      o << ", one sink logit per head";
+      if (sliding >= 0) o << ", sliding window " << sliding << " (causal)";
+      else o << (causal ? ", causal" : "");
+      break;
     case MaskKind::alibi: o << ", slopes 2^(-8(h+1)/H)" << (causal ? ", causal" : ""); break;
-    case MaskKind::softcap: o << ", cap " << softcap << (causal ? ", causal" : ""); break;
+    case MaskKind::softcap:
+      o << ", cap " << softcap;
+      if (sliding >= 0) o << ", sliding window " << sliding << " (causal)";
+      else o << (causal ? ", causal" : "");
+      break;
     case MaskKind::custom: o << " (random block-sparse, 128 x 128 blocks, seed " << seed << ")"; break;
     case MaskKind::causal: o << " (bottom-right)"; break;
   }
@@ -126,6 +134,13 @@ void finalize_spec(MaskSpec& s, const Problem& p) {
   if (s.sinks < 0) throw UsageError("--sinks must be >= 0");
   if (!(s.softcap > 0) || !std::isfinite(s.softcap)) throw UsageError("--softcap must be a number > 0");
   if (s.prefix < 0) s.prefix = p.nk / 4;
+  if (s.sliding < -1) throw UsageError("--window must be L >= 0 with --mask " + std::string(mask_name(s.kind)));
+  if (s.sliding >= 0) {
+    if (s.kind != MaskKind::learned_sink && s.kind != MaskKind::softcap)
+      throw UsageError(std::string("a sliding window on --mask ") + mask_name(s.kind) +
+                       " (only learned-sink and softcap take one)");
+    s.causal = true;  // a sliding window is causal
+  }
   if (s.kind == MaskKind::document) {
     if (p.nq != p.nk) throw UsageError("--mask document needs Nq = Nk (one packed sequence of documents)");
     if (p.batch != 1) throw UsageError("--mask document packs every document into one batch: use --batch 1");
@@ -197,8 +212,10 @@ class ReferenceMask : public ScoreMod {
       case MaskKind::document: return doc(i) == doc(j) && (!s_.causal || j <= i);
       case MaskKind::sink: return causal && (j < s_.sinks || q - j <= s_.left);
       case MaskKind::learned_sink:
-      case MaskKind::alibi:
-      case MaskKind::softcap: return !s_.causal || causal;
+      case MaskKind::softcap:
+        if (s_.sliding >= 0) return causal && q - j <= s_.sliding;  // a causal sliding window
+        return !s_.causal || causal;
+      case MaskKind::alibi: return !s_.causal || causal;
       case MaskKind::custom: {
         if (!causal) return false;
         const long bq = q / 128, bk = j / 128;

@@ -31,6 +31,7 @@ struct MaskSpec {
   int sinks = 4;               ///< --sinks S        (sink)
   double softcap = 30.0;       ///< --softcap C      (softcap)
   bool causal = false;         ///< --causal: for document, learned-sink, alibi, softcap
+  int sliding = -1;            ///< --window L with learned-sink or softcap: a causal sliding window (-1: none)
   int seed = 7;                ///< custom: the random block pattern
   std::vector<float> sink_logits;  ///< learned-sink: one per head (natural log)
 
@@ -40,7 +41,8 @@ struct MaskSpec {
 
 /// Fills the defaults that depend on the problem (prefix, doc lengths, sink logits)
 /// and checks everything: a UsageError (one line, exit 2) for a window below 0, doc
-/// lengths that do not sum to N, a softcap of 0, ...
+/// lengths that do not sum to N, a softcap of 0, a sliding window other than -1 below 0
+/// or on a variant other than learned-sink and softcap, ... A sliding window sets `causal`.
 void finalize_spec(MaskSpec& s, const Problem& p);
 
 /// `k` random document lengths >= 1 summing to n (seeded).
@@ -71,9 +73,9 @@ decltype(auto) visit_policy(const MaskSpec& s, const Problem& p, const PolicyDat
     case MaskKind::prefix: { PrefixLM c; c.diag = diag, c.prefix = s.prefix; return f(c); }
     case MaskKind::document: { Document c; c.doc = d.doc, c.n = p.nq, c.causal = s.causal; return f(c); }
     case MaskKind::sink: { SinkWindow c; c.diag = diag, c.sinks = s.sinks, c.window = s.left; return f(c); }
-    case MaskKind::learned_sink: { LearnedSink c; c.sinks = d.sinks, c.diag = diag, c.causal = s.causal; return f(c); }
+    case MaskKind::learned_sink: { LearnedSink c; c.sinks = d.sinks, c.diag = diag, c.causal = s.causal, c.window = s.sliding; return f(c); }
     case MaskKind::alibi: { Alibi c; c.diag = diag, c.heads = p.heads, c.causal = s.causal; return f(c); }
-    case MaskKind::softcap: { Softcap c; c.cap = float(s.softcap), c.diag = diag, c.causal = s.causal; return f(c); }
+    case MaskKind::softcap: { Softcap c; c.cap = float(s.softcap), c.diag = diag, c.causal = s.causal, c.window = s.sliding; return f(c); }
     case MaskKind::custom: default: { BlockSparse c; c.diag = diag, c.seed = s.seed; return f(c); }
   }
 }
