@@ -29,6 +29,14 @@ namespace attn::ch06 {
 /// Tiles of the CPU model: the sm_80 kernel's (Br = 128, Bc = 64).
 constexpr int kModelBr = 128, kModelBc = 64;
 
+/// The CPU model's tiles at head dim `d` (query rows Br, keys Bc).
+struct ModelTiles {
+  int Br, Bc;
+};
+/// (kModelBr, kModelBc) up to d = 128; above (Gemma 2's d = 256) 64 x 32, so that the
+/// forward's and the backward's tiles still fit the chapter's on-chip budget.
+inline ModelTiles model_tiles(int d) { return d > 128 ? ModelTiles{64, 32} : ModelTiles{kModelBr, kModelBc}; }
+
 struct MaskForwardResult {
   std::vector<float> o, lse;  ///< in the layout's order (o) and [B][H][N] (lse)
   Traffic traffic;

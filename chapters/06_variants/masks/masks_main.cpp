@@ -3,6 +3,7 @@
 //   ch06_variants mask                        every variant at a small size (CPU model; GPU when present)
 //   ch06_variants mask --mask window --window 256,0 --n 4096 --map
 //   ch06_variants mask --mask document --doc-lens 100,900,24 --n 1024 --causal
+//   ch06_variants mask --model gpt-oss --n 4096     a published model's heads, head dim and mask
 //
 // Each variant runs its CPU model (forward and backward) and, with a GPU, the sm_80
 // forward, the final sm_90a forward (Hopper; --hopper-step picks the main path's steps) and
@@ -24,6 +25,7 @@
 #include "mask_gpu.hpp"
 #include "mask_model.hpp"
 #include "mask_spec.hpp"
+#include "model_cases.hpp"
 #include "parts.hpp"
 
 #if TUTORIAL_HAVE_CUDA
@@ -35,12 +37,15 @@ namespace {
 
 /// The mask options that take text (the shared Cli parses numbers and choices only).
 struct TextOptions {
-  std::string window, doc_lens, softcap, svg, windows, hopper_steps;
+  std::string window, doc_lens, softcap, svg, windows, hopper_steps, model;
   bool window_set = false, doc_lens_set = false, softcap_set = false, windows_set = false, hopper_steps_set = false;
+  bool model_set = false;
+  std::vector<std::string> seen;  ///< every option given (the name before any '='), for --model's conflicts
   std::string error;  // reported as a UsageError once the Cli has parsed the rest
 };
 
-/// Takes --window, --doc-lens, --softcap and --svg (with their values) out of argv.
+/// Takes --window, --doc-lens, --softcap, --svg, --windows, --hopper-step and --model (with
+/// their values) out of argv, and notes the name of every option given.
 std::vector<char*> take_text_options(int argc, char** argv, TextOptions* t) {
   std::vector<char*> rest;
   for (int a = 0; a < argc; ++a) {
@@ -49,9 +54,11 @@ std::vector<char*> take_text_options(int argc, char** argv, TextOptions* t) {
     if (const auto eq = arg.find('='); a > 0 && arg.rfind("--", 0) == 0 && eq != std::string::npos) {
       value = arg.substr(eq + 1), arg = arg.substr(0, eq), inline_value = true;
     }
+    if (a > 0 && arg.rfind("--", 0) == 0) t->seen.push_back(arg);
     std::string* target = arg == "--window" ? &t->window : arg == "--doc-lens" ? &t->doc_lens
                         : arg == "--softcap" ? &t->softcap : arg == "--svg" ? &t->svg
-                        : arg == "--windows" ? &t->windows : arg == "--hopper-step" ? &t->hopper_steps : nullptr;
+                        : arg == "--windows" ? &t->windows : arg == "--hopper-step" ? &t->hopper_steps
+                        : arg == "--model" ? &t->model : nullptr;
     if (a == 0 || !target) {
       rest.push_back(argv[a]);
       continue;
@@ -69,6 +76,7 @@ std::vector<char*> take_text_options(int argc, char** argv, TextOptions* t) {
     if (arg == "--softcap") t->softcap_set = true;
     if (arg == "--windows") t->windows_set = true;
     if (arg == "--hopper-step") t->hopper_steps_set = true;
+    if (arg == "--model") t->model_set = true;
   }
   return rest;
 }
@@ -117,7 +125,7 @@ MaskSpec make_spec(MaskKind kind, const MaskArgs& a, const Options& opt, bool ex
       if (k == kind) return;
     throw UsageError(std::string(flag) + " does not apply to --mask " + mask_name(kind));
   };
-  only(a.text.window_set, "--window", {MaskKind::window, MaskKind::sink});
+  only(a.text.window_set, "--window", {MaskKind::window, MaskKind::sink, MaskKind::learned_sink, MaskKind::softcap});
   only(a.chunk >= 0, "--chunk", {MaskKind::chunked});
   only(a.prefix >= 0, "--prefix", {MaskKind::prefix});
   only(a.text.doc_lens_set || a.docs >= 0, a.docs >= 0 ? "--docs" : "--doc-lens", {MaskKind::document});
@@ -129,11 +137,18 @@ MaskSpec make_spec(MaskKind kind, const MaskArgs& a, const Options& opt, bool ex
   const bool mine_window = explicit_mask || kind == MaskKind::window;
   if (a.text.window_set && mine_window) {
     const std::vector<int> w = parse_int_list("--window", a.text.window);
-    if (w.size() > 2 || (kind == MaskKind::sink && w.size() != 1))
-      throw UsageError(kind == MaskKind::sink ? "--window takes one value L with --mask sink"
-                                              : "--window takes L or L,R");
-    s.left = w[0];
-    s.right = w.size() == 2 ? w[1] : 0;
+    // learned-sink and softcap: --window L is a causal sliding window on top (gpt-oss, Gemma 2).
+    const bool sliding = kind == MaskKind::learned_sink || kind == MaskKind::softcap;
+    if (w.size() > 2 || ((kind == MaskKind::sink || sliding) && w.size() != 1))
+      throw UsageError(kind == MaskKind::window ? "--window takes L or L,R"
+                                                : std::string("--window takes one value L with --mask ") + mask_name(kind));
+    if (sliding) {
+      if (w[0] < 0) throw UsageError(std::string("--window must be L >= 0 with --mask ") + mask_name(kind));
+      s.sliding = w[0];
+    } else {
+      s.left = w[0];
+      s.right = w.size() == 2 ? w[1] : 0;
+    }
   }
   {
     if (a.chunk >= 0) s.chunk = a.chunk;
@@ -153,6 +168,30 @@ MaskSpec make_spec(MaskKind kind, const MaskArgs& a, const Options& opt, bool ex
   return s;
 }
 
+/// --model: the problem's head dim and heads and the mask from a published config (sets them
+/// in `opt`). An option that says otherwise (another --mask, --d, --heads, a mask option) is
+/// a UsageError; --n, --nk, --batch, --causal and --docs (packed-docs) still apply.
+MaskSpec model_case_spec(const ModelCase& m, const MaskArgs& a, Options* opt) {
+  auto given = [&](const char* flag) {
+    return std::find(a.text.seen.begin(), a.text.seen.end(), flag) != a.text.seen.end();
+  };
+  const std::string who = std::string("--model ") + m.name;
+  Problem& p = opt->problem;
+  if (!a.mask.empty() && a.mask != mask_name(m.kind))
+    throw UsageError(who + " sets --mask " + mask_name(m.kind) + ", not " + a.mask);
+  if ((given("--d") && p.d != m.d) || (given("--dv") && p.dv != m.d))
+    throw UsageError(who + " sets d = " + std::to_string(m.d));
+  if ((given("--heads") && p.heads != m.heads) || (given("--kv-heads") && p.kv_heads != m.kv_heads))
+    throw UsageError(who + " sets " + std::to_string(m.heads) + " query heads and " + std::to_string(m.kv_heads) +
+                     " KV heads");
+  for (const char* flag : {"--window", "--softcap", "--doc-lens", "--chunk", "--prefix", "--sinks"})
+    if (given(flag)) throw UsageError(who + " sets the mask: " + flag + " does not apply");
+  if (a.docs >= 0 && m.kind != MaskKind::document) throw UsageError(who + ": --docs applies to packed-docs only");
+  apply_model_problem(m, &p);
+  validate(p);
+  return model_spec(m, p, unsigned(opt->seed), a.docs);
+}
+
 constexpr double kModelFlopBudget = 2e9;  // the CPU model's limit (one core)
 
 /// One variant: the model's rows (and the kernels'), judged against the reference.
@@ -161,7 +200,8 @@ void run_variant(const MaskSpec& spec, const Problem& user, const Options& opt, 
   const Problem p = masked_problem(user);
   const std::string name = ro.label.empty() ? mask_name(spec.kind) : ro.label;
   const TokenLayout layout = layout_for(spec, p);
-  const BlockMap map = build_block_map(spec, p, kModelBr, kModelBc);
+  const ModelTiles tiles = model_tiles(p.d);
+  const BlockMap map = build_block_map(spec, p, tiles.Br, tiles.Bc);
   if (a.map) {
     std::ostream& os = opt.json ? std::cerr : std::cout;
     os << name << ": " << spec.describe() << "\n" << map.text(0, 0);
@@ -310,7 +350,9 @@ int mask_main(int argc, char** argv) {
   Cli cli(argv[0],
           "masks and score modifiers through one policy interface (keep / score / classify) and a block map.\n"
           "Text-valued mask options: --window L[,R] (window; L for sink), --doc-lens a,b,c (document),\n"
-          "--softcap C (softcap), --svg PATH (with --map), --hopper-step K[,K...] (the sm90a steps: 0 hopper_mask.cu,\n"
+          "--softcap C (softcap), --window L with learned-sink or softcap (a causal sliding window on top),\n"
+          "--model NAME (" + model_case_names() + ": a published model's head dim, heads and mask),\n"
+          "--svg PATH (with --map), --hopper-step K[,K...] (the sm90a steps: 0 hopper_mask.cu,\n"
           "1 v1_two_q_buffers.cu, 2 v2_tile_overlap.cu, 3 v3_document_tiles.cu, 4 v4_row_spans.cu, with the lab 5\n"
           "lab/v5_epilogue_in_place.cu; final: the final kernel, steps/final.cu; default final).\n"
           "With no --mask: every variant at a small size.");
@@ -332,8 +374,14 @@ int mask_main(int argc, char** argv) {
   cli.add_flag("--all-partial", &a.all_partial,
                "GPU forwards: every visited tile takes the element mask (what the mask costs per tile)");
   cli.add_int("--ctas", &a.ctas, "sm90a: thread blocks of the persistent grid (0: one per SM) [0]", 0);
-  return run_chapter(int(args.size()), args.data(), cli, [&](const Options& opt) {
+  return run_chapter(int(args.size()), args.data(), cli, [&](const Options& given) {
     if (!a.text.error.empty()) throw UsageError(a.text.error);
+    Options opt = given;  // --model sets the problem's head dim and heads
+    const ModelCase* model = nullptr;
+    if (a.text.model_set) {
+      model = find_model_case(a.text.model);
+      if (!model) throw UsageError("--model: no model '" + a.text.model + "' (" + model_case_names() + ")");
+    }
     if (a.text.hopper_steps_set) {
       // The steps by number, the final kernel by its name: "1,2,3,4,final".
       const std::string& text = a.text.hopper_steps;
@@ -355,9 +403,11 @@ int mask_main(int argc, char** argv) {
         a.hopper_steps.push_back(int(st));
       }
     }
-    const bool explicit_mask = !a.mask.empty();
+    const bool explicit_mask = !a.mask.empty() || model;
     std::vector<MaskSpec> specs;
-    if (explicit_mask) {
+    if (model) {
+      specs.push_back(model_case_spec(*model, a, &opt));
+    } else if (explicit_mask) {
       MaskKind k;
       parse_mask(a.mask, &k);
       specs.push_back(make_spec(k, a, opt, true));
@@ -370,8 +420,14 @@ int mask_main(int argc, char** argv) {
     }
     Report rep;
     rep.chapter = "ch06_variants mask";
-    rep.title = explicit_mask ? "masks and score modifiers: " + specs[0].describe()
-                              : "masks and score modifiers: every variant";
+    rep.title = model ? "masks and score modifiers: " + std::string(model->name) + ", " + specs[0].describe()
+                : explicit_mask ? "masks and score modifiers: " + specs[0].describe()
+                                : "masks and score modifiers: every variant";
+    if (model)
+      rep.notes.push_back(std::string("--model ") + model->name + ": " + model->source +
+                          (model->window > 0 ? "; a sliding_window of W keys (the query's own included) is the "
+                                               "left bound W - 1"
+                                             : ""));
     rep.problem = masked_problem(opt.problem);
     rep.inputs = std::string(dist_name(opt.dist)) + ", seed " + std::to_string(opt.seed);
     const auto dev = select_device(opt.device, &rep.mode);
@@ -396,6 +452,7 @@ int mask_main(int argc, char** argv) {
       RunOptions ro;
       ro.inputs = &in;
       ro.check_flops = 1e6 * a.check_mflops;
+      if (model) ro.label = model->name;  // rows "gpt-oss: model forward", ...
       for (const MaskSpec& s : specs) run_variant(s, opt.problem, opt, a, dev, explicit_mask, rep, ro);
     }
     // The window sweep: the same inputs, one window after another (rows "window L=...").

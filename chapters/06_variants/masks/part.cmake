@@ -3,7 +3,8 @@ list(APPEND CH06_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/masks_main.cpp
   ${CMAKE_CURRENT_LIST_DIR}/mask_spec.cpp
   ${CMAKE_CURRENT_LIST_DIR}/block_map.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/mask_model.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/mask_model.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/model_cases.cpp)
 # sm_80+: the host side, the forward from chapter 04's v9, the backward from chapter 04's.
 list(APPEND CH06_CUDA_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/mask_gpu.cu
