@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "chapters/06_variants/masks/model_cases.hpp"
 #include "chapters/06_variants/parts.hpp"
 
 namespace {
@@ -75,6 +76,23 @@ TEST_CASE("mask CLI: bad mask options exit 2 with one line") {
       {"--mask", "causal", "--hopper-step", "0,-1"},
       {"--mask", "causal", "--hopper-step"},
       {"--mask", "causal", "--ctas", "-1"},
+      {"--mask", "learned-sink", "--window", "-1"},             // a sliding window on the sink or softcap: L >= 0
+      {"--mask", "softcap", "--window", "-3"},
+      {"--mask", "softcap", "--window", "64,0"},                // one value L
+      {"--mask", "alibi", "--window", "64"},                    // only learned-sink and softcap take one
+      {"--model", "llama"},                                     // --model: no such case
+      {"--model"},
+      {"--model", "gpt-oss", "--mask", "softcap"},              // --model with a conflicting option
+      {"--model", "gemma2", "--d", "128"},
+      {"--model", "gpt-oss", "--dv", "128"},
+      {"--model", "mistral", "--heads", "4"},
+      {"--model", "gpt-oss", "--kv-heads", "4"},
+      {"--model", "gpt-oss", "--window", "64"},
+      {"--model", "gemma2", "--softcap", "30"},
+      {"--model", "mistral", "--docs", "3"},
+      {"--model", "packed-docs", "--doc-lens", "100,233"},
+      {"--model", "packed-docs", "--batch", "2"},               // documents pack into one batch
+      {"--model", "packed-docs", "--n", "10", "--docs", "11"},
   };
   for (const auto& args : bad) {
     std::string line;
@@ -165,4 +183,50 @@ TEST_CASE("mask CLI: --json prints one object with a row per kernel") {
   CHECK(r.out.find("\"results\"") != std::string::npos);
   CHECK(r.out.find("softcap: model forward") != std::string::npos);
   CHECK(r.out.find("\"pass\": false") == std::string::npos);
+}
+
+TEST_CASE("mask CLI: --window L puts a causal sliding window on learned-sink and softcap") {
+  const Run r = run_mask({"--device", "cpu", "--mask", "softcap", "--softcap", "5", "--window", "40", "--n", "200"});
+  CHECK(r.code == 0);
+  CHECK(r.out.find("cap 5, sliding window 40 (causal)") != std::string::npos);
+  CHECK(r.out.find("FAIL") == std::string::npos);
+  const Run s = run_mask({"--device", "cpu", "--no-backward", "--mask", "learned-sink", "--window", "0", "--n", "150",
+                          "--nk", "190"});
+  CHECK(s.code == 0);
+  CHECK(s.out.find("one sink logit per head, sliding window 0 (causal)") != std::string::npos);
+  CHECK(s.out.find("FAIL") == std::string::npos);
+  const Run plain = run_mask({"--device", "cpu", "--no-backward", "--mask", "learned-sink", "--n", "100"});
+  CHECK(plain.code == 0);
+  CHECK(plain.out.find("sliding") == std::string::npos);  // no --window: no window, as before
+}
+
+TEST_CASE("mask CLI: --model runs a published model's heads, head dim and mask, rows named after it") {
+  struct Case {
+    const char* name;
+    const char* describe;
+    const char* heads;
+  };
+  for (const Case& c : {Case{"gpt-oss", "learned-sink, one sink logit per head, sliding window 127 (causal)", "Hq=64 Hkv=8"},
+                        Case{"gemma2", "softcap, cap 50, sliding window 4095 (causal)", "Hq=16 Hkv=8"},
+                        Case{"mistral", "window (left 4095, right 0)", "Hq=32 Hkv=8"},
+                        Case{"packed-docs", "document, 4 documents", "Hq=32 Hkv=8"}}) {
+    const std::string name = c.name;
+    CAPTURE(name);
+    const Run r = run_mask({"--device", "cpu", "--model", name, "--n", "160", "--check-mflops", "300"});
+    CAPTURE(r.err);
+    CHECK(r.code == 0);
+    CHECK(r.out.find(std::string(c.name) + ": model forward") != std::string::npos);
+    CHECK(r.out.find(std::string(c.name) + ": model backward") != std::string::npos);
+    CHECK(r.out.find(c.describe) != std::string::npos);
+    CHECK(r.out.find(attn::ch06::find_model_case(name)->source) != std::string::npos);  // the note names the source
+    CHECK(r.out.find(c.heads) != std::string::npos);
+    CHECK(r.out.find("FAIL") == std::string::npos);
+  }
+  // The options that agree with the case are fine.
+  const Run same = run_mask({"--device", "cpu", "--no-backward", "--model", "gpt-oss", "--mask", "learned-sink", "--d",
+                             "64", "--heads", "64", "--kv-heads", "8", "--causal", "--n", "100"});
+  CHECK(same.code == 0);
+  const Run docs = run_mask({"--device", "cpu", "--no-backward", "--model", "packed-docs", "--docs", "9", "--n", "300"});
+  CHECK(docs.code == 0);
+  CHECK(docs.out.find("document, 9 documents") != std::string::npos);
 }

@@ -37,6 +37,16 @@ MaskSpec spec_of(MaskKind k, const Problem& p, bool causal = false) {
   return s;
 }
 
+/// learned-sink or softcap with a causal sliding window of `window` on top (gpt-oss, Gemma 2).
+MaskSpec composed_spec(MaskKind k, const Problem& p, int window) {
+  MaskSpec s;
+  s.kind = k;
+  s.softcap = 2.0;
+  s.sliding = window;
+  finalize_spec(s, p);
+  return s;
+}
+
 /// Exits 77 (a ctest skip) unless this GPU runs `path`.
 void require_path(GpuPath path) {
   std::string why;
@@ -131,6 +141,13 @@ void every_variant(Check&& check, int d = 128) {
     for (const Problem p : {Problem(shape().heads(4, 1).n(100, 300).d(d)), Problem(shape().heads(2).n(300, 100).d(d))})
       check(spec_of(k, p, true), p, Dist::normal);
   }
+  // The compositions: a sliding window on the learned sink (gpt-oss) and on softcap (Gemma 2),
+  // at the same shapes, with a window inside a tile (0), across tiles (70) and past N (1000).
+  for (MaskKind k : {MaskKind::learned_sink, MaskKind::softcap})
+    for (const int w : {0, 70, 1000})
+      for (const Problem p : {Problem(shape().batch(2).heads(4, 2).n(200).d(d)), Problem(shape().heads(2).n(50).d(d)),
+                              Problem(shape().heads(4, 1).n(100, 300).d(d)), Problem(shape().heads(2).n(300, 100).d(d))})
+        check(composed_spec(k, p, w), p, w == 70 ? Dist::mean_shifted : Dist::normal);
 }
 
 }  // namespace

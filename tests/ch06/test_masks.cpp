@@ -12,7 +12,9 @@
 
 #include "chapters/06_variants/masks/mask_model.hpp"
 #include "chapters/06_variants/masks/mask_spec.hpp"
+#include "chapters/06_variants/masks/model_cases.hpp"
 #include "common/check.hpp"
+#include "common/errors.hpp"
 #include "support/shapes.hpp"
 
 using namespace attn;
@@ -514,4 +516,211 @@ TEST_CASE("exercise ch06.3: the custom block-sparse mask keeps a random quarter 
   s.kind = MaskKind::custom;
   finalize_spec(s, p);
   check_model(s, p);
+}
+
+// ------------------------------------------------------------------ compositions and model cases
+
+namespace {
+
+/// The window a policy holds: LearnedSink's and Softcap's; -100 for the others
+/// (visit_policy instantiates its function for every policy).
+template <class P>
+int window_of(const P& pol) {
+  if constexpr (std::is_same_v<P, LearnedSink> || std::is_same_v<P, Softcap>) return pol.window;
+  (void)pol;
+  return -100;
+}
+
+/// A policy's span of row i (empty for a policy without one).
+template <class P>
+Span span_of(const P& pol, int h, int i) {
+  if constexpr (P::kSpans > 0) return pol.span(0, h, i);
+  (void)pol, (void)h, (void)i;
+  return Span{1, 0};
+}
+
+/// learned-sink or softcap with a causal sliding window of `window` on top.
+MaskSpec composed(MaskKind k, const Problem& p, int window) {
+  MaskSpec s;
+  s.kind = k;
+  s.softcap = 1.5;
+  s.sliding = window;
+  finalize_spec(s, p);
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("composed masks: a sliding window on learned-sink and softcap keeps what the definition and Window keep") {
+  int checked = 0;
+  for (const auto& [nq, nk] : {std::pair{97, 97}, std::pair{40, 150}, std::pair{150, 40}, std::pair{130, 400}})
+    for (const MaskKind k : {MaskKind::learned_sink, MaskKind::softcap})
+      for (const int w : {0, 1, 37, 64, 1000}) {
+        const Problem p = masked_problem(shape().heads(2).n(nq, nk).d(32));
+        const MaskSpec s = composed(k, p, w);
+        CAPTURE(s.describe());
+        CAPTURE(p.describe());
+        CHECK(s.causal);
+        const auto ref = reference_mod(s, p);
+        Window win;  // the causal sliding window (left w, right 0): the same keys
+        win.diag = nk - nq, win.left = w, win.right = 0;
+        visit_policy(s, p, PolicyData{nullptr, s.sink_logits.data()}, [&](const auto& pol) {
+          REQUIRE(window_of(pol) == w);
+          long bad_def = 0, bad_ref = 0, bad_win = 0, bad_span = 0, kept = 0;
+          for (int i = 0; i < nq; ++i) {
+            const Span sp = span_of(pol, 1, i);
+            for (int j = 0; j < nk; ++j) {
+              const int q = i + (nk - nq);
+              const bool want = j <= q && q - j <= w;  // the definition
+              const bool got = pol.keep(0, 1, i, j);
+              kept += got;
+              bad_def += got != want;
+              bad_ref += got != ref->keep(p, 0, 1, i, j);
+              bad_win += got != win.keep(0, 1, i, j);
+              bad_span += (j >= sp.lo0 && j <= sp.hi0) != got;
+            }
+          }
+          CHECK(bad_def == 0);
+          CHECK(bad_ref == 0);
+          CHECK(bad_win == 0);
+          CHECK(bad_span == 0);
+          CHECK(kept > 0);
+          ++checked;
+        });
+      }
+  CHECK(checked == 4 * 2 * 5);
+}
+
+TEST_CASE("composed masks: classify() is exact per tile (full only if every pair is kept, skip only if none)") {
+  for (const auto& [nq, nk] : {std::pair{300, 300}, std::pair{100, 333}, std::pair{333, 100}})
+    for (const MaskKind k : {MaskKind::learned_sink, MaskKind::softcap})
+      for (const int w : {0, 15, 16, 63, 64, 100, 5000}) {
+        const Problem p = masked_problem(shape().heads(2).n(nq, nk).d(32));
+        const MaskSpec s = composed(k, p, w);
+        for (auto [Br, Bc] : {std::pair{16, 16}, std::pair{128, 64}, std::pair{64, 176}, std::pair{32, 8}}) {
+          CAPTURE(s.describe());
+          CAPTURE(p.describe());
+          CAPTURE(Br);
+          CAPTURE(Bc);
+          const BlockMap m = build_block_map(s, p, Br, Bc);
+          long wrong = 0, pairs = 0;
+          visit_policy(s, p, PolicyData{nullptr, s.sink_logits.data()}, [&](const auto& pol) {
+            for (int qb = 0; qb < m.tq; ++qb)
+              for (int kb = 0; kb < m.tk; ++kb) {
+                const TileRange t = tile_range(qb, kb, Br, Bc, p.nq, p.nk);
+                wrong += pol.classify(0, 0, t) != classify_by_elements(pol, 0, 0, t);
+                wrong += m.kind(0, 0, qb, kb) != classify_by_elements(pol, 0, 0, t);
+                for (int i = t.i0; i < t.i1; ++i)
+                  for (int j = t.j0; j < t.j1; ++j) pairs += pol.keep(0, 0, i, j);
+              }
+          });
+          CHECK(wrong == 0);
+          CHECK(m.kept_pairs == doctest::Approx(double(pairs) * p.heads));  // the FLOPs count kept pairs
+        }
+      }
+}
+
+TEST_CASE("composed masks: the CPU model passes the fp64 reference at awkward shapes") {
+  for (const MaskKind k : {MaskKind::learned_sink, MaskKind::softcap})
+    for (const int w : {0, 70, 1000}) {
+      const Problem many = shape().batch(2).heads(4, 2).n(200).d(32);  // batches, GQA, N off the tile
+      check_model(composed(k, many, w), many);
+      for (const Problem p : {Problem(shape().heads(4, 1).n(70, 260).d(32)), Problem(shape().heads(2).n(260, 70).d(32)),
+                              Problem(shape().heads(2).n(50).d(64))}) {
+        check_model(composed(k, p, w), p);
+        check_model(composed(k, p, w), p, Dist::mean_shifted, 32, 16);
+      }
+    }
+}
+
+TEST_CASE("composed masks: the default of every variant is unchanged, and a bad window is a usage error") {
+  const Problem p = masked_problem(shape().heads(2).n(100).d(32));
+  CHECK(MaskSpec{}.sliding == -1);
+  for (const MaskKind k : {MaskKind::learned_sink, MaskKind::softcap}) {
+    MaskSpec s;
+    s.kind = k;
+    finalize_spec(s, p);
+    CHECK(!s.causal);  // no window: neither causal nor windowed, as before
+    CHECK(s.describe().find("window") == std::string::npos);
+    visit_policy(s, p, PolicyData{nullptr, s.sink_logits.data()}, [&](const auto& pol) {
+      CHECK(window_of(pol) == -1);
+      CHECK(pol.keep(0, 0, 3, 90));  // a key after the query: kept (no mask)
+    });
+    MaskSpec w = s;
+    w.sliding = 12;
+    finalize_spec(w, p);
+    CHECK(w.causal);
+    CHECK(w.describe().find("sliding window 12 (causal)") != std::string::npos);
+    MaskSpec bad = s;
+    bad.sliding = -2;
+    CHECK_THROWS_AS(finalize_spec(bad, p), UsageError);
+  }
+  MaskSpec other;
+  other.kind = MaskKind::alibi;
+  other.sliding = 5;  // only learned-sink and softcap take a sliding window
+  CHECK_THROWS_AS(finalize_spec(other, p), UsageError);
+}
+
+TEST_CASE("model cases: each sets the head dim, heads and mask of its published config") {
+  struct Want {
+    const char* name;
+    int d, heads, kv_heads;
+    MaskKind kind;
+    int left;  // the chapter's left bound: the config's sliding_window W less one
+    double softcap;
+  };
+  const std::vector<Want> want = {{"gpt-oss", 64, 64, 8, MaskKind::learned_sink, 127, 0},
+                                  {"gemma2", 256, 16, 8, MaskKind::softcap, 4095, 50.0},
+                                  {"mistral", 128, 32, 8, MaskKind::window, 4095, 0},
+                                  {"packed-docs", 128, 32, 8, MaskKind::document, -1, 0}};
+  REQUIRE(model_cases().size() == want.size());
+  CHECK(find_model_case("llama") == nullptr);
+  for (const Want& w : want) {
+    CAPTURE(w.name);
+    const ModelCase* m = find_model_case(w.name);
+    REQUIRE(m != nullptr);
+    CHECK(std::string(m->source).size() > 20);
+    Problem p = shape().batch(1).heads(4, 2).n(5000).d(32);
+    apply_model_problem(*m, &p);
+    CHECK(p.d == w.d);
+    CHECK(p.dv == w.d);
+    CHECK(p.heads == w.heads);
+    CHECK(p.kv_heads == w.kv_heads);
+    CHECK(p.nq == 5000);  // N stays as given
+    const MaskSpec s = model_spec(*m, p, 9);
+    CAPTURE(s.describe());
+    CHECK(s.kind == w.kind);
+    CHECK(s.causal);
+    if (w.kind == MaskKind::window) {
+      CHECK(s.left == w.left);
+      CHECK(s.right == 0);
+    } else if (w.kind == MaskKind::document) {
+      CHECK(int(s.doc_lens.size()) == default_model_docs(5000));
+      int sum = 0;
+      for (int l : s.doc_lens) sum += l;
+      CHECK(sum == 5000);
+      CHECK(model_spec(*m, p, 9).doc_lens == s.doc_lens);  // seeded
+      CHECK(model_spec(*m, p, 10).doc_lens != s.doc_lens);
+      CHECK(model_spec(*m, p, 9, 7).doc_lens.size() == 7);
+    } else {
+      CHECK(s.sliding == w.left);
+    }
+    if (w.kind == MaskKind::softcap) CHECK(s.softcap == w.softcap);
+  }
+}
+
+TEST_CASE("model cases: the CPU model passes the fp64 reference at a small N for each case") {
+  for (const ModelCase& m : model_cases()) {
+    for (const int n : {300, 130}) {
+      Problem p = shape().n(n).d(32);
+      apply_model_problem(m, &p);
+      p = masked_problem(p);
+      MaskSpec s = model_spec(m, p, 3);
+      if (s.kind == MaskKind::window) s.left = 70;           // a window shorter than N, so it masks
+      if (s.sliding >= 0) s.sliding = n == 300 ? 70 : 4095;  // and one longer than N
+      const ModelTiles t = model_tiles(p.d);
+      CAPTURE(m.name);
+      check_model(s, p, Dist::normal, t.Br, t.Bc);
+    }
+  }
 }
