@@ -356,7 +356,7 @@ int mask_main(int argc, char** argv) {
           "1 v1_two_q_buffers.cu, 2 v2_tile_overlap.cu, 3 v3_document_tiles.cu, 4 v4_row_spans.cu, with the lab 5\n"
           "lab/v5_epilogue_in_place.cu; final: the final kernel, steps/final.cu; default final).\n"
           "With no --mask: every variant at a small size.");
-  cli.defaults(defaults).head_dims({32, 64, 128}).dtypes({DType::bf16, DType::f16});
+  cli.defaults(defaults).head_dims({32, 64, 128, 256}).dtypes({DType::bf16, DType::f16});
   cli.sram_default(224 * 1024);
   cli.faults({Fault::partial_tile_full, Fault::last_key_block});
   cli.add_choice("--mask", &a.mask, names, "the variant (default: every one)");
