@@ -13,6 +13,18 @@ Measures, on one GPU in one run:
   * the sliding-window sweep at N = --sweep-n: time against kept tiles, windows 128 .. N,
     with our causal of the same run (and Flex and FA4 on causal and window 1024);
   * document masking: the packed documents against each document alone (sum of the runs).
+  * with --models gpt-oss,gemma2,mistral,packed-docs (and only then; nothing else runs): the
+    masks in the shapes of real models, `ch06_variants mask --model NAME` at every N of
+    --model-n with B = --model-tokens / N (16K tokens): gpt-oss d = 64, Hq/Hkv 64/8, a learned
+    sink per head + causal window 128; gemma2 d = 256, 16/8, softcap 50 + causal window 4096;
+    mistral d = 128, 32/8, causal window 4096; packed-docs d = 128, 32/8, seeded documents
+    summing to N, causal within each (the lengths our run reports). Ours: the forwards and the
+    backward (a kernel not built for the head dim is a cell that says so); FlexAttention
+    (mask_mod, score_mod for the softcap, the sink from its LSE as for learned-sink,
+    enable_gqa=True) and FA4 through its own arguments (causal, window_size=(L, 0), softcap,
+    learnable_sink; flash_attn_varlen_func with cu_seqlens for the packed documents), checked
+    as every peer. The peers are timed forward only: this script times no peer backward.
+    FLOPs 4 B Hq (kept pairs) d, the binary's count where it reports one.
 TFLOP/s are counted over kept pairs (4 d FLOPs per kept pair, the project's halved count
 for causal).
 
@@ -46,6 +58,33 @@ import time
 VARIANTS = ["causal", "window", "chunked", "prefix", "document", "sink", "learned-sink", "alibi", "softcap", "custom"]
 FA4_VARIANTS = ("causal", "window", "softcap", "learned-sink")
 
+# The named model cases of `ch06_variants mask --model NAME` (--models): head dim, query and K/V
+# heads, and the mask. Every window is causal and left-only: key j is kept for query i iff
+# j <= i + (Nk - Nq) and i + (Nk - Nq) - j <= left, the Window policy of mask_policy.hpp
+# (q - left <= j <= q + right with q = i + diag). FA4's window_size=(left, 0) keeps the same
+# pairs: its left bound is the diagonal minus window_size[0], inclusive (flash_attn/cute/mask.py:
+# col >= row + seqlen_k - seqlen_q - window_size_left), so (128, 0) is our window 128, not 127.
+# The fp32 check on sampled rows below confirms it on every run.
+MODELS = {
+    "gpt-oss": {"d": 64, "hq": 64, "hkv": 8, "left": 128, "sink": True,
+                "mask": "learned sink + causal window 128"},
+    "gemma2": {"d": 256, "hq": 16, "hkv": 8, "left": 4096, "softcap": 50.0,
+               "mask": "softcap 50 + causal window 4096"},
+    "mistral": {"d": 128, "hq": 32, "hkv": 8, "left": 4096, "mask": "causal window 4096"},
+    "packed-docs": {"d": 128, "hq": 32, "hkv": 8, "docs": True, "mask": "packed documents, causal within each"},
+}
+
+
+def model_kept_pairs(case, n, doc_lens=None):
+    """Kept (query, key) pairs of one head of one sequence of a model case (Nq = Nk = n)."""
+    if case.get("docs"):
+        return sum(x * (x + 1) // 2 for x in doc_lens) if doc_lens else None
+    L = case.get("left")
+    if L is None:
+        return n * (n + 1) // 2
+    m = min(n, L + 1)  # rows 0 .. L keep i + 1 keys, every later row L + 1
+    return m * (m + 1) // 2 + max(0, n - L - 1) * (L + 1)
+
 
 def log(*a):
     print(*a, file=sys.stderr, flush=True)
@@ -56,14 +95,17 @@ def log(*a):
 OURS_EXTRA = []  # --hopper-step K: the sm90a step every run of ours uses (default: the binary's)
 
 
-def run_ours(binary, args, lock, timeout=120):
+def run_ours(binary, args, lock, timeout=120, backward=False):
     """Runs `ch06_variants mask ... --json` holding the GPU lock; returns (report, error)."""
-    cmd = [binary, "mask"] + args + ["--device", "cuda", "--no-model", "--no-backward", "--json"] + OURS_EXTRA
+    cmd = [binary, "mask"] + args + ["--device", "cuda", "--no-model", "--json"] + \
+        ([] if backward else ["--no-backward"]) + OURS_EXTRA
     try:
         with lock:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return None, "timeout"
+    except OSError as e:  # no binary there: a cell that says so, never a crash of the run
+        return None, f"{type(e).__name__}: {e}"[:200]
     try:
         return json.loads(r.stdout), None if r.returncode in (0, 1) else r.stderr.strip()[:200]
     except json.JSONDecodeError:
@@ -82,6 +124,33 @@ def ours_rows(rep, label):
                             "flops": r.get("flops"), "tflops": r.get("tflops"), "err": r.get("max_abs_err"),
                             "note": r.get("note") or ""}
     return out
+
+
+def model_ours_rows(rep, model):
+    """{"sm90a", "sm80", "bwd"} of a `--model NAME` report: the rows `NAME: final sm90a forward`
+    (or `NAME: sm90a forward` with --hopper-step), `NAME: sm80 forward` and `NAME: final backward`.
+    A kernel built without the case's head dim is a row whose note says "not built for d = ..."
+    and has no time: it is kept, with that note, as the cell's reason."""
+    out = ours_rows(rep, model)
+    for r in (rep or {}).get("results", []):
+        if r.get("impl") in (f"{model}: final backward", f"{model}: backward"):
+            out["bwd"] = {"ms": r.get("time_ms"), "pass": r.get("pass"), "flops": r.get("flops"),
+                          "tflops": r.get("tflops"), "err": r.get("max_abs_err"), "note": r.get("note") or ""}
+    for k, r in out.items():
+        if "not built" in r.get("note", "") and not r.get("ms"):
+            m = re.search(r"not built for d ?= ?\d+", r["note"])
+            r["why"] = m.group(0) if m else "not built for this head dim"
+    return out
+
+
+def doc_lens_of(rep):
+    """The document lengths a report names ("documents (l1 l2 ...)" in a note), or None."""
+    texts = list((rep or {}).get("notes", [])) + [r.get("note") or "" for r in (rep or {}).get("results", [])]
+    for t in texts:
+        m = re.search(r"documents \(([0-9 ]+)\)", t)
+        if m:
+            return [int(x) for x in m.group(1).split()]
+    return None
 
 
 def spec_of_note(rep, name):
@@ -187,6 +256,30 @@ def reference_rows(torch, q, k, v, mm, sm, sink, heads_to_check, rows):
     return torch.stack(out)
 
 
+def model_reference(torch, q, k, v, b, mm, sm, sink, heads_to_check, rows):
+    """fp32 reference O of sequence b for sampled rows of some query heads, with GQA (query head h
+    reads K/V head h // (Hq / Hkv)): [len(heads)][len(rows)][d]."""
+    out = []
+    n, g = k.shape[2], q.shape[1] // k.shape[1]
+    kv = torch.arange(n, device=q.device)
+    scale = q.shape[-1] ** -0.5
+    for h in heads_to_check:
+        s = q[b, h, rows].float() @ k[b, h // g].float().T * scale
+        qi = rows[:, None]
+        if sm is not None:
+            s = sm(s, b, h, qi, kv[None, :])
+        s = s.masked_fill(~mm(b, h, qi, kv[None, :]), float("-inf"))
+        if sink is not None:
+            s = torch.cat([s, sink[h].expand(s.shape[0], 1)], dim=1)
+        m = s.amax(dim=1, keepdim=True).clamp(min=-1e30)
+        p = torch.exp(s - m)
+        p = p / p.sum(dim=1, keepdim=True).clamp(min=1e-30)
+        if sink is not None:
+            p = p[:, :-1]
+        out.append(p @ v[b, h // g].float())
+    return torch.stack(out)
+
+
 def peer_worker(wid, tasks, results, lock, fake=False):
     """One process: imports torch (and FA4); then prepares (compiles and checks) the peer
     tasks it is sent, keeping each prepared call, and times one when the main process asks."""
@@ -202,7 +295,8 @@ def peer_worker(wid, tasks, results, lock, fake=False):
     except Exception as e:  # noqa: BLE001
         results.put(("ready", wid, {"flex_why": f"torch not usable: {e}"[:100], "fa4_why": "torch not usable"}))
         return
-    flex = fa4 = None
+    flex = fa4 = fa4_varlen = None
+    fa4_params = fa4_varlen_params = set()
     try:
         import torch._dynamo
         torch._dynamo.config.cache_size_limit = 64
@@ -215,6 +309,11 @@ def peer_worker(wid, tasks, results, lock, fake=False):
         from flash_attn.cute import flash_attn_func
         fa4 = flash_attn_func
         fa4_params = set(inspect.signature(flash_attn_func).parameters)
+        try:  # the packed (varlen) entry point, for the packed-documents model case
+            from flash_attn.cute import flash_attn_varlen_func as fa4_varlen
+            fa4_varlen_params = set(inspect.signature(fa4_varlen).parameters)
+        except Exception:  # noqa: BLE001
+            fa4_varlen, fa4_varlen_params = None, set()
         try:
             from importlib.metadata import version
             info["fa4"] = version("flash-attn-4")
@@ -288,6 +387,104 @@ def peer_worker(wid, tasks, results, lock, fake=False):
             r["why"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:90] if str(e) else ''}"
         return r
 
+    def prepare_model(task):
+        """One model case (--models): B sequences, Hq query heads over Hkv K/V heads, head dim d,
+        the case's mask; Flex with enable_gqa=True, FA4 through its own arguments (causal,
+        window_size, softcap, learnable_sink; flash_attn_varlen_func with cu_seqlens for the packed
+        documents). Checked against fp32 on sampled rows of two heads of the first and last
+        sequence before it may be timed. Forward only."""
+        _, key, peer, name, prm, n, hq, d, kept_pairs = task
+        t0 = time.time()
+        r = {"flops": 4.0 * kept_pairs * d}
+        try:
+            if peer == "flex" and flex is None:
+                return dict(r, why=info["flex_why"])
+            if peer == "fa4" and fa4 is None:
+                return dict(r, why=info["fa4_why"])
+            dev = "cuda"
+            B, hkv, L = prm["batch"], prm["hkv"], prm.get("left")
+            cap, lens = prm.get("softcap"), prm.get("doc_lens")
+            g = torch.Generator(device=dev).manual_seed(1)
+            q = torch.randn(B, hq, n, d, device=dev, dtype=torch.bfloat16, generator=g)
+            k, v = (torch.randn(B, hkv, n, d, device=dev, dtype=torch.bfloat16, generator=g) for _ in range(2))
+            sink = (torch.tensor([math.log(n) - 1.0 + 0.5 * (h % 4) for h in range(hq)], device=dev,
+                                 dtype=torch.float32) if prm.get("sink") else None)  # default_sink_logits()
+            doc = None
+            if lens:
+                doc = torch.repeat_interleave(torch.arange(len(lens), device=dev), torch.tensor(lens, device=dev))
+                mm = lambda b, h, qi, kv: (doc[qi] == doc[kv]) & (kv <= qi)
+            elif L is not None:  # the Window policy (left, 0): kv <= q and q - kv <= left
+                mm = lambda b, h, qi, kv: (kv <= qi) & (qi - kv <= L)
+            else:
+                mm = lambda b, h, qi, kv: kv <= qi
+            sm = (lambda s_, b, h, qi, kv: cap * torch.tanh(s_ / cap)) if cap else None
+            fn = None
+            if peer == "flex":
+                bm = create_block_mask(mm, None, None, n, n, device=dev)
+                if sink is None:
+                    fn = lambda: flex(q, k, v, score_mod=sm, block_mask=bm, enable_gqa=True)
+                else:  # as the learned-sink variant: O sigmoid(LSE - sink) from Flex's LSE
+                    def fn():
+                        o_, lse = flex(q, k, v, score_mod=sm, block_mask=bm, enable_gqa=True, return_lse=True)
+                        return o_ * torch.sigmoid(lse - sink[None, :, None]).unsqueeze(-1).to(o_.dtype)
+                    r["note"] = "sink applied as O sigmoid(LSE - sink), one more kernel"
+                fn()  # the compile
+                out_of = fn
+            else:
+                kw = {"causal": True}
+                if L is not None:
+                    kw["window_size"] = (L, 0)  # FA4's (left, right): the same pairs as our Window (left, 0)
+                if cap:
+                    kw["softcap"] = cap
+                if sink is not None:
+                    kw["learnable_sink"] = sink
+                if lens:
+                    if fa4_varlen is None:
+                        return dict(r, why="not supported: this FA4 has no flash_attn_varlen_func")
+                    offs = [0]  # every sequence of the batch holds the same documents, packed end to end
+                    for _b in range(B):
+                        for x in lens:
+                            offs.append(offs[-1] + x)
+                    cu = torch.tensor(offs, device=dev, dtype=torch.int32)
+                    kw.update(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lens), max_seqlen_k=max(lens))
+                    params, call = fa4_varlen_params, fa4_varlen
+                    for opt in ("max_seqlen_q", "max_seqlen_k"):  # optional in some versions
+                        if opt not in params:
+                            kw.pop(opt)
+                    qt, kt, vt = (x.transpose(1, 2).reshape(B * n, x.shape[1], d).contiguous() for x in (q, k, v))
+                else:
+                    params, call = fa4_params, fa4
+                    qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))  # [B, N, H, d]
+                missing = [x for x in kw if x not in params]
+                if missing:
+                    return dict(r, why="not supported: this FA4 has no " + ", ".join(missing))
+
+                def fn():
+                    o_ = call(qt, kt, vt, **kw)
+                    return o_[0] if isinstance(o_, tuple) else o_
+                fn()  # the compile
+                out_of = lambda: fn().reshape(B, n, hq, d).transpose(1, 2)
+            hc = [0, hq - 1]
+            rows = torch.unique(torch.cat([torch.tensor([0, 1, n - 2, n - 1]),
+                                           torch.randint(0, n, (60,), generator=torch.Generator().manual_seed(2))])).to(dev)
+            with lock:  # the check runs kernels: never beside a timing
+                out = out_of()
+                err, refmax, nan = 0.0, 0.0, False
+                for b in sorted({0, B - 1}):
+                    ref = model_reference(torch, q, k, v, b, mm, sm, sink, hc, rows)
+                    got = out[b][hc][:, rows].float()
+                    nan = nan or bool(torch.isnan(got).any().item())
+                    err = max(err, (got - ref).abs().max().item())
+                    refmax = max(refmax, ref.abs().max().item())
+                del out
+            ok = not nan and err <= 2e-2 * max(1.0, refmax)
+            r.update({"pass": bool(ok), "err": err, "compile_check_s": round(time.time() - t0, 1)})
+            if ok:
+                prepared[(key, peer)] = fn
+        except Exception as e:  # noqa: BLE001
+            r["why"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:90] if str(e) else ''}"
+        return r
+
     while True:
         task = tasks.get()
         if task is None:
@@ -301,7 +498,7 @@ def peer_worker(wid, tasks, results, lock, fake=False):
             except Exception as e:  # noqa: BLE001
                 results.put(("timed", wid, key, peer, rnd, None, f"{type(e).__name__}: {str(e)[:80]}"))
             continue
-        results.put(("prepared", wid, task[1], task[2], prepare(task)))
+        results.put(("prepared", wid, task[1], task[2], prepare_model(task) if task[3] == "model" else prepare(task)))
 
 
 def fake_worker(wid, tasks, results, lock):
@@ -319,13 +516,25 @@ def fake_worker(wid, tasks, results, lock):
             continue
         _, key, peer, name, prm, n, heads, d, kept_pairs = task
         time.sleep(0.1 + 0.2 * rnd_.random())
-        if peer == "fa4" and name not in FA4_VARIANTS:
+        if name == "model" and peer == "fa4" and d == 256:  # to try the cell of a case a peer lacks
+            results.put(("prepared", wid, key, peer, {"why": "not supported: head dim 256 (fake peers)"}))
+        elif name == "model":
+            results.put(("prepared", wid, key, peer, {"flops": 4.0 * kept_pairs * d, "pass": True, "err": 0.0}))
+        elif peer == "fa4" and name not in FA4_VARIANTS:
             results.put(("prepared", wid, key, peer, {"why": "not in FA4's interface"}))
         else:
             results.put(("prepared", wid, key, peer, {"flops": 4.0 * kept_pairs * d, "pass": True, "err": 0.0}))
 
 
 # ----------------------------------------------------------------------------- main
+
+def model_list(text):
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in names if x not in MODELS]
+    if bad:
+        raise argparse.ArgumentTypeError("no model case %s (cases: %s)" % (", ".join(bad), ", ".join(MODELS)))
+    return ",".join(names)
+
 
 def fmt_cell(r):
     if not r:
@@ -356,6 +565,14 @@ def main():
     ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds of the peers (median of the rounds)")
     ap.add_argument("--fake-peers", action="store_true", help="workers sleep instead of running torch (tries the orchestration)")
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: variants,sweep,docs")
+    ap.add_argument("--models", type=model_list, default="",
+                    help="the named model cases, e.g. gpt-oss,gemma2,mistral,packed-docs (only these run)")
+    ap.add_argument("--model-n", type=lambda x: [int(v) for v in x.split(",") if v], default=[8192, 16384],
+                    help="N of the model cases (default 8192,16384)")
+    ap.add_argument("--model-tokens", type=int, default=16384, help="B = tokens / N for the model cases")
+    ap.add_argument("--model-batch", type=int, default=None, help="B of the model cases (instead of tokens / N)")
+    ap.add_argument("--no-model-backward", action="store_true", help="the model cases: forward only (ours)")
+    ap.add_argument("--model-timeout", type=int, default=300, help="seconds one model launch of ours may run")
     ap.add_argument("--save", default="/tmp/ch06_masks.json", help="partial results after every stage")
     ap.add_argument("--plot", nargs=2, metavar=("JSON", "PNG"), help="plot time against kept tiles from a BENCH_JSON line")
     ap.add_argument("--table", metavar="JSON", help="print the tables of a saved BENCH_JSON line and exit")
@@ -371,7 +588,9 @@ def main():
     t0 = time.time()
     n, heads, d, sn = a.n, a.heads, 128, a.sweep_n
     skip = set(a.skip.split(",")) if a.skip else set()
-    out = {"n": n, "sweep_n": sn, "heads": heads, "d": d, "window_peer": a.window, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    if a.models:  # the model cases alone
+        skip |= {"variants", "sweep", "docs"}
+    out = {"n": n, "sweep_n": sn, "heads": heads, "d": d, "window_peer": a.window, "model_tokens": a.model_tokens, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "command": "python3 " + " ".join(sys.argv)}
     try:
         out["gpu"] = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
@@ -415,11 +634,26 @@ def main():
         return None
     sent = {}  # (key, peer) -> the worker that prepares (and later times) it
 
-    def send(key, peer, name, pr, nn, kp):
+    def send(key, peer, name, pr, nn, kp, hh=None, dd=None):
         if workers:
             w = len(sent) % len(workers)  # round robin
-            queues[w].put(("prepare", key, peer, name, pr, nn, heads, d, kp))
+            queues[w].put(("prepare", key, peer, name, pr, nn, hh or heads, dd or d, kp))
             sent[(key, peer)] = w
+
+    # the model cases (--models): their peers start compiling at once (the packed documents' once
+    # our run has named the documents: below)
+    model_cases = []
+    for mname in (a.models.split(",") if a.models else []):
+        case = MODELS[mname]
+        for nn in a.model_n:
+            bb = a.model_batch or max(1, a.model_tokens // nn)
+            pr = {"model": mname, "batch": bb, "hkv": case["hkv"], "left": case.get("left"),
+                  "softcap": case.get("softcap"), "sink": bool(case.get("sink"))}
+            model_cases.append((mname, nn, bb, pr))
+            if not case.get("docs"):
+                for peer in ("fa4", "flex"):
+                    send(f"model:{mname}:{nn}", peer, "model", pr, nn, bb * case["hq"] * model_kept_pairs(case, nn),
+                         case["hq"], case["d"])
     # peers of the sweep's goal points first (they are the headline), then the table in order
     if "sweep" not in skip:
         for name, pr in (("causal", {}), ("window", {"left": a.window, "right": 0})):
@@ -479,6 +713,39 @@ def main():
             out["docs"] = {"error": err}
         log(f"ours, docs: {time.time() - t0:.0f} s")
         save(a.save, out)
+
+    # 3b. the model cases, ours: one launch each (the forwards, and the backward unless --no-model-backward)
+    if model_cases:
+        out["models"] = []
+        for mname, nn, bb, pr in model_cases:
+            case = MODELS[mname]
+            e = {"model": mname, "n": nn, "batch": bb, "d": case["d"], "hq": case["hq"], "hkv": case["hkv"],
+                 "mask": case["mask"], "params": pr}
+            args = ["--model", mname, "--n", str(nn), "--batch", str(bb)]
+            rep, err = run_ours(a.bin, args + ["--check-mflops", str(a.check_mflops)], lock, timeout=a.model_timeout,
+                                backward=not a.no_model_backward)
+            if rep is None and err != "timeout":  # a binary whose --model takes no --check-mflops
+                rep, err = run_ours(a.bin, args, lock, timeout=a.model_timeout, backward=not a.no_model_backward)
+            e["ours"] = model_ours_rows(rep, mname)
+            if rep is None or not e["ours"]:
+                e["ours_error"] = (err or "our report has no rows named %s:" % mname)[:200]
+            lens = doc_lens_of(rep) if case.get("docs") else None
+            if case.get("docs"):
+                e["doc_lens"] = lens
+                if lens and sum(lens) == nn:
+                    pr["doc_lens"] = lens
+                    for peer in ("fa4", "flex"):
+                        send(f"model:{mname}:{nn}", peer, "model", pr, nn, bb * case["hq"] * model_kept_pairs(case, nn, lens),
+                             case["hq"], case["d"])
+                else:
+                    e["peers"] = {p_: {"why": "our run named no documents (the peers need their lengths)"}
+                                  for p_ in ("fa4", "flex")}
+            kp = model_kept_pairs(case, nn, lens)
+            e["kept_pairs"] = bb * case["hq"] * kp if kp else None
+            e["flops"] = 4.0 * e["kept_pairs"] * case["d"] if kp else None
+            out["models"].append(e)
+            save(a.save, out)
+        log(f"ours, model cases: {time.time() - t0:.0f} s")
 
     # 4. collect the preparations (compile + check) until every task is back or the budget is spent
     ready = {}
@@ -555,6 +822,11 @@ def main():
         r = got.get((key, peer), {"why": info.get(peer + "_why") or why_missing})
         if key.startswith("sweep:"):
             out.setdefault("sweep_peers", {}).setdefault(key[6:], {})[peer] = r
+        elif key.startswith("model:"):
+            _, mname, nn = key.split(":")
+            for e in out.get("models", []):
+                if e["model"] == mname and e["n"] == int(nn):
+                    e.setdefault("peers", {})[peer] = r
         elif key in out.get("variants", {}):
             out["variants"][key].setdefault("peers", {})[peer] = r
     # The peers' FLOPs are ours (the same kept pairs, counted once, by the binary).
@@ -567,6 +839,12 @@ def main():
             (s["ours"] for s in out.get("sweep", []) if s["window"] == a.window), {})
         for r in pe.values():
             recount(r, ours if isinstance(ours, dict) else {})
+    for e in out.get("models", []):  # the forward's FLOPs: the binary's count where it has one
+        fwd = {k_: v_ for k_, v_ in e.get("ours", {}).items() if k_ != "bwd"}
+        for r in e.setdefault("peers", {}).values():
+            recount(r, fwd)
+        for peer in ("fa4", "flex"):
+            e["peers"].setdefault(peer, {"why": info.get(peer + "_why") or why_missing})
     for name, row in out.get("variants", {}).items():
         for r in row.get("peers", {}).values():
             recount(r, row["ours"])
@@ -591,7 +869,10 @@ def save(path, out):
 
 
 def print_table(out):
-    print(f"# ch06 masks, {out.get('gpu')}, {out['date']}: B = 1, H = {out['heads']}, d = 128, bf16, forward")
+    if out.get("models") and not out.get("variants") and not out.get("sweep"):
+        print(f"# ch06 masks, the model cases, {out.get('gpu')}, {out['date']}: bf16")
+    else:
+        print(f"# ch06 masks, {out.get('gpu')}, {out['date']}: B = 1, H = {out['heads']}, d = 128, bf16, forward")
     print(f"# command: {out['command']}   ({out.get('duration_s', '?')} s; peers {out.get('peer_versions', {})})")
     cell = lambda r: ("FAIL (check)" if r and r.get("pass") is False else fmt_cell(r))
 
@@ -650,6 +931,20 @@ def print_table(out):
         for label, r in stab:
             sp = f"{100 * r['spread']:.1f}%" if r.get("spread") is not None else "-"
             print(f"| {label} | {' '.join(f'{m:.3f}' for m in r['ms_rounds'])} | {sp} |")
+    if out.get("models"):
+        print("\nThe masks in the shapes of real models (B = %s tokens / N; ms / TFLOP/s over kept pairs; "
+              "peers forward only; peer / ours > 1: ours faster)\n" % out.get("model_tokens", "?"))
+        print("| case | N | B | d | Hq/Hkv | mask | ours sm90a | ours sm80 | ours backward | FlexAttention | FA4 | "
+              "Flex / ours | FA4 / ours |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for e in out["models"]:
+            o = e.get("ours") or {}
+            pe = e.get("peers") or {}
+            o9 = o.get("sm90a")
+            print(f"| {e['model']} | {e['n']} | {e['batch']} | {e['d']} | {e['hq']}/{e['hkv']} | {e['mask']} | "
+                  f"{cell(o9) if o else e.get('ours_error', '-')} | {cell(o.get('sm80'))} | {cell(o.get('bwd'))} | "
+                  f"{fmt_cell(pe.get('flex'))} | {fmt_cell(pe.get('fa4'))} | {ratio(o9, pe.get('flex'))} | "
+                  f"{ratio(o9, pe.get('fa4'))} |")
     dd = out.get("docs") or {}
     if dd.get("packed"):
         pk = dd["packed"].get("sm90a", {})
