@@ -442,6 +442,61 @@ def better(r, old):
 
 # ============================================================================ the plan
 
+def model_rows(out, peers=("fa4", "flex")):
+    """Rows of bench/ch06_masks.py --models' report: ours in the ch06 mask rows' schema (kernel
+    `ch06 mask final sm90a forward`, `ch06 mask sm80 forward`, `ch06 mask final backward`), the
+    peers as peer rows of the same shape (forward only); the case's name is the row's variant and
+    its mask the row's `mask`. A kernel not built for the head dim, or a peer without the case, is
+    a row with status "unsupported" and its reason as the note; a run that failed, "error"."""
+    rows = []
+    names = (("sm90a", "mask final sm90a forward", "fwd"), ("sm80", "mask sm80 forward", "fwd"),
+             ("bwd", "mask final backward", "bwd"))
+    step = "--hopper-step" in (out.get("command") or "")  # one sm90a step instead of the final kernel
+    for e in out.get("models", []):
+        base = {"chapter": "06", "kind": "ours", "d": e.get("d"), "N": e.get("n"), "nk": e.get("n"),
+                "B": e.get("batch"), "H": e.get("hq"), "Hkv": e.get("hkv"), "causal": True, "dtype": "bf16",
+                "unit": "TFLOP/s", "ceiling": "bf16_gemm", "variant": e.get("model"), "mask": e.get("mask")}
+        ours = e.get("ours") or {}
+        for key, kernel, pss in names:
+            if step and key == "sm90a":
+                kernel = "mask sm90a forward"
+            row = dict(base, kernel="ch06 " + kernel)
+            row["pass"] = pss
+            c = ours.get(key)
+            if c is None:
+                if not ours:
+                    rows.append(clean_row(dict(row, status="error", note=e.get("ours_error") or "no rows")))
+                continue
+            row.update(flops=c.get("flops"), max_abs_err=c.get("err"), note=c.get("why") or c.get("note") or "")
+            if c.get("why"):
+                row["status"] = "unsupported"
+            elif c.get("pass") is True and c.get("ms") and c.get("tflops") and c.get("err") is not None:
+                row.update(status="ok", time_ms=c["ms"], tflops=c["tflops"])
+            elif c.get("pass") is False:
+                row["status"] = "failed"
+            else:
+                row["status"] = "unchecked" if c.get("ms") else "not run"
+            rows.append(clean_row(row))
+        for p in peers:
+            c = (e.get("peers") or {}).get(p) or {"why": "not run"}
+            why = c.get("why") or ""
+            row = dict(base, chapter="peer", kind="peer", kernel=p, flops=c.get("flops") or e.get("flops"),
+                       max_abs_err=c.get("err"), note=why or c.get("note") or "")
+            row["pass"] = "fwd"
+            if why:
+                row["status"] = "error" if why.startswith("error") else "unsupported" if (
+                    "not supported" in why or "not in FA4" in why or "has no" in why) else "not run"
+            elif c.get("pass") is False:
+                row["status"] = "failed"
+            elif c.get("ms") and row.get("flops"):
+                row.update(status="ok", time_ms=c["ms"], tflops=row["flops"] / (c["ms"] * 1e-3) / 1e12)
+            else:
+                row.update(status="not run", note="checked, not timed (the time budget)" if c.get("pass") else
+                           "not run")
+            rows.append(clean_row(row))
+    return rows
+
+
 class Task:
     def __init__(self, kind, label, est, fn):
         self.kind, self.label, self.est, self.fn = kind, label, est, fn
@@ -859,6 +914,59 @@ class Bench:
                     continue  # already measured on this shape in this run
                 self.peer_task(p, dd, nq, cz, pss == "bwd", b=bb, h=hh, hkv=hkv)
 
+    # The named model cases of chapter 06 (`ch06_variants mask --model NAME`), run by
+    # bench/ch06_masks.py --models with FlexAttention and FA4 beside them (their own processes,
+    # each peer checked in fp32 before it is timed). B = 16K tokens / N.
+    MODEL_CASES = ["gpt-oss", "gemma2", "mistral", "packed-docs"]
+    MODEL_N = [8192, 16384]
+    # an estimate: 8 launches of ours (forwards and the backward, each with its sampled fp64 check)
+    # while the peers' processes import PyTorch (15-20 s) and compile 16 peer calls in parallel,
+    # then 3 rounds of 16 timed peer calls
+    MODEL_EST_S = 75
+    MODEL_BUDGET_S = 85  # ch06_masks.py --budget: a peer not done by then is a cell that says so
+
+    def ch06_models_task(self):
+        """Chapter 06's model cases at N = 8K and 16K: our rows (forwards, backward) and the peers'
+        (FA4, FlexAttention; forward), in the row schema of the ch06 mask rows, the case's name as
+        the row's variant. Every failure is a row (or a note) that says so."""
+        c = "06"
+        peers = [p for p in ("fa4", "flex") if p in self.use_peers]
+        save = os.path.join(self.out_dir, "ch06_models.json")
+        cmd = [sys.executable, os.path.join(HERE, "ch06_masks.py"), "--bin", self.bins[c].path,
+               "--models", ",".join(self.MODEL_CASES), "--model-n", ",".join(map(str, self.MODEL_N)),
+               "--budget", str(self.MODEL_BUDGET_S), "--workers", "4", "--save", save]
+        if not peers:
+            cmd.append("--no-peers")
+        elif getattr(self.a, "fake_peers", False):
+            cmd.append("--fake-peers")
+        if self.a.no_backward:
+            cmd.append("--no-model-backward")
+        text, err = "", ""
+        try:
+            os.makedirs(self.out_dir, exist_ok=True)
+            if os.path.exists(save):
+                os.remove(save)
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=self.MODEL_BUDGET_S + 240)
+            text, err = r.stdout, r.stderr
+        except (subprocess.TimeoutExpired, OSError) as e:
+            err = type(e).__name__
+        lines = text.splitlines()[::-1]
+        if os.path.exists(save):  # what it saved before it stopped
+            lines += open(save).read().splitlines()
+        out = None
+        for line in lines:
+            if line.startswith("BENCH_JSON "):
+                try:
+                    out = json.loads(line[len("BENCH_JSON "):])
+                    break
+                except ValueError:
+                    continue
+        if not out or not out.get("models"):
+            last = (err or "").strip().splitlines()[-1:] or ["no output"]
+            self.notes.append("ch06 model cases: no result from bench/ch06_masks.py (%s)" % last[0][:200])
+            return
+        self.rows.extend(model_rows(out, peers))
+
     # ----------------------------------------------------------------- plan
     def causal_only(self, chapter):
         """True when the chapter's binary runs a causal problem even without --causal (its default
@@ -1019,6 +1127,10 @@ class Bench:
                 (ring if sub == "ring" else extras).append(
                     Task("ours", "ch06 %s" % sub, est, lambda sub=sub, extra=extra:
                          self.ch06_task(sub, 128, 8192, sub != "mask", extra)))
+            if not q:  # the masks in the shapes of real models, with FA4 and FlexAttention (bench/ch06_masks.py)
+                extras.append(Task("ours", "ch06 model cases %s at N = %s + FA4, Flex" % (
+                    ", ".join(self.MODEL_CASES), ", ".join(map(str, self.MODEL_N))), self.MODEL_EST_S,
+                    self.ch06_models_task))
         self._no_bwd = bool(self.a.no_backward)
         if self.a.n or self.a.d or self.a.mask != "both":
             # the shapes asked for: every chapter that runs them (chapter 03 up to N = 2K, non-causal)
@@ -1395,6 +1507,8 @@ def main(argv=None):
                     help="only the tasks of the plan whose label (as --plan prints it) matches, e.g. "
                          "--only 'ch06 ring|d=256' (the ceilings always run)")
     ap.add_argument("--gpu", action="store_true", help=argparse.SUPPRESS)  # run the GPU plan even without one
+    # the model cases' peers replaced by sleeps (ch06_masks.py --fake-peers): the tests, with no GPU
+    ap.add_argument("--fake-peers", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     a.build_dir_given = "--build-dir" in argv and os.path.realpath(a.build_dir) != os.path.realpath(
         os.path.join(ROOT, "build"))
