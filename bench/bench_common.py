@@ -31,6 +31,9 @@ PEER_LABEL = {
     "flex": "FlexAttention",
     "torch_softmax": "torch.softmax",
 }
+# Chapter 06's named model cases (`ch06_variants mask --model NAME`, bench/ch06_masks.py --models):
+# their rows carry the case's name as their variant, and have a table of their own (ch06-models)
+CH06_MODEL_CASES = ["gpt-oss", "gemma2", "mistral", "packed-docs"]
 SPEED_FIELDS = ("time_ms", "tflops", "gbps", "share", "vs")
 
 # The main path of a chapter that keeps a lab beside it (chapter 05: steps/ and its final kernels,

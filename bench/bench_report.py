@@ -23,7 +23,7 @@ import sys
 
 import final_vs_steps
 
-from bench_common import (DECODE_PEERS, FINAL_KERNEL, LAB_PARENTS, MAIN_PATH, PEER_LABEL, PEERS, SOFTMAX_PEERS,
+from bench_common import (CH06_MODEL_CASES, DECODE_PEERS, FINAL_KERNEL, LAB_PARENTS, MAIN_PATH, PEER_LABEL, PEERS, SOFTMAX_PEERS,
                           clean_row, is_lab_row, read_json, shape_key, shape_text, speed, step_token)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -185,7 +185,8 @@ def has_lab_rows(rows):
 
 def attention_table(res, rows, chapters, pss, which="all"):
     """One row per shape; a column per kernel of the chapters, then the peers, then the
-    best kernel over each peer."""
+    best kernel over each peer. Chapter 06's model cases have their own table (model_table)."""
+    rows = [r for r in rows if r.get("variant") not in CH06_MODEL_CASES]
     kernels = [k for c in chapters for k in chapter_kernels(rows, c, pss, which)]
     if not kernels:
         return None
@@ -218,6 +219,52 @@ def attention_table(res, rows, chapters, pss, which="all"):
             else:
                 cells.append(fmt_ratio(best / speed(pr)))
         body.append(cells)
+    return md_table(head, body)
+
+
+MODEL_OURS_FWD = ("ch06 mask final sm90a forward", "ch06 mask sm90a forward")
+MODEL_OURS_BWD = ("ch06 mask final backward",)
+
+
+def model_cell(r, peer=False):
+    """A cell of the model table: TFLOP/s where the row passed, else what happened, as text."""
+    if r is None:
+        return "not run"
+    if speed(r):
+        return fmt_speed(r, False)
+    st = r.get("status")
+    note = r.get("note") or ""
+    if st == "unsupported":
+        if not peer and "not built" in note:
+            m = re.search(r"not built for d ?= ?\d+", note)
+            return m.group(0) if m else "not built"
+        return "not supported"
+    return STATUS_TEXT.get(st, st or "-")
+
+
+def model_table(rows):
+    """Chapter 06's model cases: one row per (case, N): d, Hq/Hkv, the mask, our final sm90a forward,
+    FA4 and FlexAttention (forward) and ours over each; our final backward. None without such rows."""
+    mine = [r for r in rows if r.get("variant") in CH06_MODEL_CASES]
+    if not mine:
+        return None
+    keys = sorted({(r["variant"], r.get("N")) for r in mine},
+                  key=lambda k: (CH06_MODEL_CASES.index(k[0]), k[1] or 0))
+    head = ["case", "N", "B", "d", "Hq/Hkv", "mask", "ours forward (final sm90a)", "FA4", "FlexAttention",
+            "ours / FA4", "ours / Flex", "ours backward (final)"]
+    body = []
+    for case, n in keys:
+        at = [r for r in mine if r["variant"] == case and r.get("N") == n]
+        fwd = next((r for k in MODEL_OURS_FWD for r in at if r["kernel"] == k and r.get("kind") == "ours"), None)
+        bwd = next((r for k in MODEL_OURS_BWD for r in at if r["kernel"] == k and r.get("kind") == "ours"), None)
+        pe = {p: next((r for r in at if r.get("kind") == "peer" and r["kernel"] == p and r.get("pass") == "fwd"), None)
+              for p in ("fa4", "flex")}
+        s0 = at[0]
+        ratios = [fmt_ratio(speed(fwd) / speed(pe[p])) if fwd and pe[p] and speed(fwd) and speed(pe[p]) else "-"
+                  for p in ("fa4", "flex")]
+        body.append([case, n, s0.get("B"), s0.get("d"), "%s/%s" % (s0.get("H"), s0.get("Hkv")), s0.get("mask") or "-",
+                     model_cell(fwd), model_cell(pe["fa4"], True), model_cell(pe["flex"], True)] + ratios +
+                    [model_cell(bwd) if bwd else "-"])
     return md_table(head, body)
 
 
@@ -534,6 +581,14 @@ def markdown(res, lab=None):
                                    "Each lab step's time over its parent's (the step its header names) at the "
                                    "shapes both passed in this run: smallest, median, largest. Below 1.00x the "
                                    "lab step is faster; deterministic-dQ rows against their parent's."))
+    t = model_table(rows)
+    if t:
+        out.append(section("ch06-models", "Chapter 06: the masks in the shapes of real models (TFLOP/s)", t,
+                           "`ch06_variants mask --model NAME`, B = 16K tokens / N, bf16; TFLOP/s over kept pairs "
+                           "(4·B·Hq·kept·d forward, 2.5x backward). FA4 and FlexAttention run forward only, each "
+                           "checked against fp32 on sampled rows before it is timed; ours / peer above 1.00x: ours "
+                           "faster. not built: no kernel of ours for the head dim; not supported: the peer lacks "
+                           "the case (the reason is the row's note in results.json)."))
     t = before_after_table(res, rows)
     if t:
         ba = res.get("run", {}).get("before") or {}

@@ -56,7 +56,7 @@ sys.path.insert(0, HERE)
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 import bench_report  # noqa: E402
-from bench_common import (DECODE_PEERS, PEERS, attention_flops, clean_row, paper_shape,  # noqa: E402
+from bench_common import (CH06_MODEL_CASES, DECODE_PEERS, PEERS, attention_flops, clean_row, paper_shape,  # noqa: E402
                           read_json, shape_key, step_token)
 
 QUICK_N = [2048, 8192]
@@ -917,7 +917,7 @@ class Bench:
     # The named model cases of chapter 06 (`ch06_variants mask --model NAME`), run by
     # bench/ch06_masks.py --models with FlexAttention and FA4 beside them (their own processes,
     # each peer checked in fp32 before it is timed). B = 16K tokens / N.
-    MODEL_CASES = ["gpt-oss", "gemma2", "mistral", "packed-docs"]
+    MODEL_CASES = list(CH06_MODEL_CASES)
     MODEL_N = [8192, 16384]
     # an estimate: 8 launches of ours (forwards and the backward, each with its sampled fp64 check)
     # while the peers' processes import PyTorch (15-20 s) and compile 16 peer calls in parallel,
