@@ -10,6 +10,7 @@ with no kernel for a shape, and a kernel slower than its peer.
 import copy
 import csv
 import io
+import json
 import os
 import re
 import sys
@@ -1100,6 +1101,161 @@ class PeerCheck(unittest.TestCase):
         self.assertFalse(self.bp.peer_refused(TypeError("f() got an unexpected keyword argument")))
         self.assertFalse(self.bp.peer_refused(NameError("name 'x' is not defined")))
         self.assertFalse(self.bp.peer_refused(IndexError("list index out of range")))
+
+
+FAKE06 = os.path.join(HERE, "testdata", "fake_ch06.py")
+
+
+def model_row(case, n, kernel, status, tflops=None, kind="ours", pss="fwd", note="", **kw):
+    d, hq, hkv, mask = {"gpt-oss": (64, 64, 8, "learned sink + causal window 128"),
+                        "gemma2": (256, 16, 8, "softcap 50 + causal window 4096"),
+                        "mistral": (128, 32, 8, "causal window 4096")}[case]
+    r = {"chapter": "06" if kind == "ours" else "peer", "kernel": kernel, "kind": kind, "pass": pss, "d": d, "N": n,
+         "nk": n, "B": 16384 // n, "H": hq, "Hkv": hkv, "causal": True, "dtype": "bf16", "unit": "TFLOP/s",
+         "ceiling": "bf16_gemm", "variant": case, "mask": mask, "status": status, "note": note}
+    if tflops is not None:
+        r.update(tflops=tflops, time_ms=1.0, max_abs_err=0.001)
+    r.update(kw)
+    return r
+
+
+def model_results():
+    """The fixture with chapter 06's model rows: mistral measured by every kernel and peer; gemma2
+    with no kernel of ours for d = 256 and no FA4; gpt-oss with a peer that failed its check."""
+    res = load()
+    res["run"]["chapters"] = res["run"]["chapters"] + ["06"]
+    F, B = "ch06 mask final sm90a forward", "ch06 mask final backward"
+    res["rows"] += [
+        model_row("mistral", 8192, F, "ok", 500.0), model_row("mistral", 8192, "fa4", "ok", 400.0, kind="peer"),
+        model_row("mistral", 8192, "flex", "ok", 250.0, kind="peer"),
+        model_row("mistral", 8192, B, "ok", 200.0, pss="bwd"),
+        model_row("gemma2", 8192, F, "unsupported", note="not built for d = 256"),
+        model_row("gemma2", 8192, B, "unsupported", pss="bwd", note="not built for d = 256"),
+        model_row("gemma2", 8192, "fa4", "unsupported", kind="peer", note="not supported: head dim 256 on sm90"),
+        model_row("gemma2", 8192, "flex", "ok", 300.0, kind="peer"),
+        model_row("gpt-oss", 16384, F, "ok", 450.0), model_row("gpt-oss", 16384, "fa4", "failed", kind="peer"),
+        model_row("gpt-oss", 16384, "flex", "ok", 90.0, kind="peer"),
+        model_row("gpt-oss", 16384, B, "unsupported", pss="bwd", note="not built for d = 64"),
+    ]
+    return res
+
+
+class ModelCases(unittest.TestCase):
+    """Chapter 06's model cases: the plan's task, the rows of bench/ch06_masks.py --models, the
+    ch06-models table and its README placeholder."""
+
+    def build(self, root):
+        os.makedirs(os.path.join(root, "bin"))
+        path = os.path.join(root, "bin", "ch06_variants")
+        with open(path, "w") as f:
+            f.write("#!/bin/sh\nexec %s %s \"$@\"\n" % (sys.executable, FAKE06))
+        os.chmod(path, 0o755)
+        return root
+
+    def plan(self, args):
+        out = io.StringIO()
+        old, sys.stdout = sys.stdout, out
+        try:
+            lineage.main(args)
+        finally:
+            sys.stdout = old
+        return [l.split("s  ", 1)[1] for l in out.getvalue().splitlines() if re.match(r"\s*[0-9.]+ s  ", l)]
+
+    def test_the_plan_has_the_model_cases_in_the_full_sweep_and_only_matches_them(self):
+        with tempfile.TemporaryDirectory() as d:
+            b = self.build(os.path.join(d, "b"))
+            labels = self.plan(["--build-dir", b, "--plan", "--gpu", "--chapters", "06"])
+            model = [l for l in labels if "model cases" in l]
+            self.assertEqual(len(model), 1, labels)
+            for case in ("gpt-oss", "gemma2", "mistral", "packed-docs", "8192", "16384", "FA4", "Flex"):
+                self.assertIn(case, model[0])
+            self.assertIn("ch06 mask", labels)  # beside the mask task, not instead of it
+            self.assertEqual(self.plan(["--build-dir", b, "--plan", "--gpu", "--chapters", "06", "--only", "model"]),
+                             ["ceilings: read bandwidth, bf16 and FP8 GEMM", model[0]])
+            self.assertFalse([l for l in self.plan(["--build-dir", b, "--plan", "--gpu", "--chapters", "06",
+                                                    "--quick"]) if "model" in l])
+
+    def test_a_run_of_the_model_cases_with_fake_peers(self):
+        with tempfile.TemporaryDirectory() as d:
+            b = self.build(os.path.join(d, "b"))
+            out = os.path.join(d, "o")
+            err = io.StringIO()
+            old, sys.stderr = sys.stderr, err
+            try:
+                lineage.main(["--build-dir", b, "--gpu", "--no-build", "--no-plots", "--chapters", "06", "--only",
+                              "model", "--out", out, "--fake-peers"])
+            finally:
+                sys.stderr = old
+            res = read_json(os.path.join(out, "results.json"))
+            rows = [r for r in res["rows"] if r.get("variant") in bench_common.CH06_MODEL_CASES]
+            by = {(r["variant"], r["N"], r["kernel"]): r for r in rows}
+            self.assertEqual({r["variant"] for r in rows}, set(bench_common.CH06_MODEL_CASES))
+            self.assertEqual({r["N"] for r in rows}, {8192, 16384})
+            r = by[("gpt-oss", 8192, "ch06 mask sm80 forward")]
+            self.assertEqual((r["status"], r["note"], r["B"], r["H"], r["Hkv"], r["d"]),
+                             ("unsupported", "not built for d = 64", 2, 64, 8, 64))
+            self.assertNotIn("tflops", r)
+            self.assertEqual(by[("gemma2", 16384, "fa4")]["status"], "unsupported")
+            m = by[("mistral", 8192, "ch06 mask final sm90a forward")]
+            self.assertEqual((m["status"], m["tflops"]), ("ok", 500.0))
+            self.assertEqual(by[("mistral", 8192, "ch06 mask final backward")]["pass"], "bwd")
+            # the peer's FLOPs are our kernel's count (4 B Hq kept d over the window's kept pairs)
+            f = by[("mistral", 8192, "fa4")]
+            kept = sum(min(i, 4096) + 1 for i in range(8192))
+            self.assertEqual(f["flops"], 4.0 * 2 * 32 * kept * 128)
+            self.assertEqual(m["flops"], f["flops"])
+            head, body = table_rows(open(os.path.join(out, "results.md")).read(), "ch06-models")
+            row = {(x[0], x[1]): x for x in body}[("mistral", "8192")]
+            want = "%.2fx" % (m["tflops"] / f["tflops"])
+            self.assertEqual(row[head.index("ours / FA4")], want)
+            self.assertEqual({(x[0], x[1]): x for x in body}[("gemma2", "8192")][head.index("FA4")], "not supported")
+
+    def test_the_table_gives_ours_over_each_peer_and_text_where_a_case_is_missing(self):
+        md = bench_report.markdown(model_results())
+        head, body = table_rows(md, "ch06-models")
+        by = {(x[0], x[1]): dict(zip(head, x)) for x in body}
+        self.assertEqual([k[0] for k in by], ["gpt-oss", "gemma2", "mistral"])  # the cases' order
+        m = by[("mistral", "8192")]
+        self.assertEqual((m["d"], m["Hq/Hkv"], m["mask"]), ("128", "32/8", "causal window 4096"))
+        self.assertEqual((m["ours forward (final sm90a)"], m["FA4"], m["FlexAttention"]), ("500", "400", "250"))
+        self.assertEqual((m["ours / FA4"], m["ours / Flex"], m["ours backward (final)"]), ("1.25x", "2.00x", "200"))
+        g = by[("gemma2", "8192")]
+        self.assertEqual((g["ours forward (final sm90a)"], g["FA4"], g["FlexAttention"]),
+                         ("not built for d = 256", "not supported", "300"))
+        self.assertEqual((g["ours / FA4"], g["ours / Flex"], g["ours backward (final)"]),
+                         ("-", "-", "not built for d = 256"))
+        o = by[("gpt-oss", "16384")]
+        self.assertEqual((o["FA4"], o["ours / FA4"], o["ours / Flex"]), ("FAIL", "-", "5.00x"))
+        # the model rows have their own table: the chapter's forward table leaves them out
+        self.assertNotIn("mistral", bench_report.extract_section(md, "ch06-fwd") or "")
+
+    def test_the_readme_section_is_a_placeholder_until_a_run_has_the_table(self):
+        import bench_readme
+        self.assertIsNone(bench_report.extract_section(bench_report.markdown(load()), "ch06-models"))
+        old_rec, old_readmes = bench_readme.RECORDED, bench_readme.readmes
+        with tempfile.TemporaryDirectory() as d:
+            readme = os.path.join(d, "README.md")
+            text = "x\n\n<!-- bench:ch06-models begin -->\nold\n<!-- bench:ch06-models end -->\n"
+            with open(readme, "w") as f:
+                f.write(text)
+            bench_readme.RECORDED, bench_readme.readmes = d, lambda: [readme]
+            try:
+                res = load()
+                res["run"]["command"] = "./tutorial bench"
+                with open(os.path.join(d, "gpu-2026-01-01-0000.json"), "w") as f:
+                    json.dump(res, f)
+                new = bench_readme.generate()[readme]
+                self.assertIn("<!-- bench:ch06-models begin -->\nNot measured yet in the recorded run.\n"
+                              "<!-- bench:ch06-models end -->", new)
+                res = model_results()
+                res["run"]["command"] = "./tutorial bench"
+                with open(os.path.join(d, "gpu-2026-01-02-0000.json"), "w") as f:
+                    json.dump(res, f)
+                new = bench_readme.generate()[readme]
+                self.assertNotIn("Not measured yet", new)
+                self.assertIn("| mistral | 8192 |", new)
+            finally:
+                bench_readme.RECORDED, bench_readme.readmes = old_rec, old_readmes
 
 
 if __name__ == "__main__":
