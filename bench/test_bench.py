@@ -1258,5 +1258,84 @@ class ModelCases(unittest.TestCase):
                 bench_readme.RECORDED, bench_readme.readmes = old_rec, old_readmes
 
 
+class ModelPeers(unittest.TestCase):
+    """bench/ch06_masks.py's model cases: the kept pairs, and (where PyTorch is installed) each peer's
+    call on the CPU: FlexAttention's, and FA4's arguments given to a reference with FlashAttention's
+    window semantics (key j kept iff i + Nk - Nq - left <= j <= i + Nk - Nq + right)."""
+
+    def test_kept_pairs_against_a_count(self):
+        import ch06_masks as M
+        for n, left in ((100, 128), (300, 128), (1000, 7), (64, 0)):
+            self.assertEqual(M.model_kept_pairs({"left": left}, n),
+                             sum(1 for i in range(n) for j in range(n) if j <= i and i - j <= left))
+        lens = [3, 5, 9]
+        doc = [k for k, ln in enumerate(lens) for _ in range(ln)]
+        self.assertEqual(M.model_kept_pairs({"docs": True}, 17, lens),
+                         sum(1 for i in range(17) for j in range(17) if j <= i and doc[i] == doc[j]))
+        self.assertIsNone(M.model_kept_pairs({"docs": True}, 17, None))
+
+    def test_peer_calls_pass_the_check_and_a_window_one_key_short_fails_it(self):
+        try:
+            import torch
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        except Exception:  # noqa: BLE001
+            self.skipTest("no PyTorch with FlexAttention here")
+        import inspect
+        import warnings
+        import ch06_masks as M
+
+        def fa(q, k, v, causal=False, window_size=(None, None), softcap=0.0, learnable_sink=None, short=0):
+            b, nq, hq, d = q.shape
+            nk, hkv = k.shape[1], k.shape[2]
+            left, right = window_size
+            right = 0 if causal else right
+            kk, vv = (t.float().repeat_interleave(hq // hkv, dim=2) for t in (k, v))
+            s = torch.einsum("bihd,bjhd->bhij", q.float(), kk) * d ** -0.5
+            if softcap:
+                s = softcap * torch.tanh(s / softcap)
+            i, j = torch.arange(nq)[:, None], torch.arange(nk)[None, :]
+            keep = torch.ones(nq, nk, dtype=torch.bool)
+            if right is not None:
+                keep &= j <= i + nk - nq + right
+            if left is not None:
+                keep &= j >= i + nk - nq - (left - short)
+            s = s.masked_fill(~keep, float("-inf"))
+            if learnable_sink is not None:
+                s = torch.cat([s, learnable_sink[None, :, None, None].expand(b, hq, nq, 1)], -1)
+            p = torch.softmax(s, -1)[..., :nk]
+            return torch.einsum("bhij,bjhd->bihd", p, vv).to(q.dtype)
+
+        def fa_varlen(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, **kw):
+            out = torch.empty_like(q)
+            cu = cu_seqlens_q.tolist()
+            for a, b in zip(cu[:-1], cu[1:]):
+                out[a:b] = fa(q[None, a:b], k[None, a:b], v[None, a:b], **kw)[0]
+            return out, None
+        params = set(inspect.signature(fa).parameters)
+        vparams = set(inspect.signature(fa_varlen).parameters) | {"causal", "window_size", "softcap", "learnable_sink"}
+        n, hq, hkv, d = 1024, 8, 2, 64
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for name, case in M.MODELS.items():
+                prm = {"model": name, "batch": 2, "hkv": hkv, "left": case.get("left") and min(case["left"], 128),
+                       "softcap": case.get("softcap"), "sink": bool(case.get("sink"))}
+                if case.get("docs"):
+                    prm["doc_lens"] = [300, 505, 219]
+                x = M.model_inputs(torch, prm, n, hq, d, "cpu")
+                for peer, f in (("flex", None), ("fa4", fa), ("fa4", lambda *a, **kw: fa(*a, short=1, **kw))):
+                    fn, out_of, why = M.model_peer_call(torch, peer, prm, x, flex=flex_attention,
+                                                        create_block_mask=create_block_mask, fa4=f, fa4_params=params,
+                                                        fa4_varlen=fa_varlen, fa4_varlen_params=vparams)
+                    self.assertIsNone(why)
+                    ok, err = M.model_check(torch, out_of(), x)
+                    short = f is not None and f is not fa
+                    if short and not prm["left"]:
+                        continue
+                    self.assertEqual(ok, not short, (name, peer, short, err))
+                fn, out_of, why = M.model_peer_call(torch, "fa4", prm, x, fa4=fa, fa4_params={"causal"},
+                                                    fa4_varlen=None)
+                self.assertTrue(why.startswith("not supported"), why)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=1)
