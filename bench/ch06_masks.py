@@ -306,7 +306,7 @@ def model_inputs(torch, prm, n, hq, d, dev):
 
 
 def model_peer_call(torch, peer, prm, x, flex=None, create_block_mask=None, fa4=None, fa4_params=(),
-                    fa4_varlen=None, fa4_varlen_params=()):
+                    fa4_varlen=None, fa4_varlen_params=(), sink_dtype=None):
     """(fn, out_of, why): the peer's call on a model case's inputs x (model_inputs), and a function
     giving its output as [B, Hq, N, d]; or why it cannot run the case. FlexAttention: the block mask
     of mask_mod, score_mod for the softcap, enable_gqa=True, the sink from its LSE. FA4 through its
@@ -329,7 +329,7 @@ def model_peer_call(torch, peer, prm, x, flex=None, create_block_mask=None, fa4=
     if x["softcap"]:
         kw["softcap"] = x["softcap"]
     if sink is not None:
-        kw["learnable_sink"] = sink
+        kw["learnable_sink"] = sink if sink_dtype is None else sink.to(sink_dtype)  # fp32, as for learned-sink
     if lens:
         if fa4_varlen is None:
             return None, None, "not supported: this FA4 has no flash_attn_varlen_func"
@@ -389,7 +389,7 @@ def peer_worker(wid, tasks, results, lock, fake=False):
     except Exception as e:  # noqa: BLE001
         results.put(("ready", wid, {"flex_why": f"torch not usable: {e}"[:100], "fa4_why": "torch not usable"}))
         return
-    flex = fa4 = fa4_varlen = None
+    flex = fa4 = fa4_varlen = create_block_mask = None
     fa4_params = fa4_varlen_params = set()
     try:
         import torch._dynamo
@@ -500,7 +500,19 @@ def peer_worker(wid, tasks, results, lock, fake=False):
                 return dict(r, why=why)
             if x["sink"] is not None and peer == "flex":
                 r["note"] = "sink applied as O sigmoid(LSE - sink), one more kernel"
-            fn()  # the compile (outside the lock: CPU work, and this one call)
+            try:
+                fn()  # the compile (outside the lock: CPU work, and this one call)
+            except Exception:  # noqa: BLE001
+                if peer != "fa4" or x["sink"] is None:
+                    raise
+                # an FA4 that takes its learnable_sink in bf16 only: the sink rounded to bf16, in the
+                # call and in the reference alike
+                x["sink"] = x["sink"].to(torch.bfloat16).float()
+                fn, out_of, why = model_peer_call(torch, peer, prm, x, fa4=fa4, fa4_params=fa4_params,
+                                                  fa4_varlen=fa4_varlen, fa4_varlen_params=fa4_varlen_params,
+                                                  sink_dtype=torch.bfloat16)
+                fn()
+                r["note"] = "learnable_sink passed in bf16 (the reference's sink rounded alike)"
             with lock:  # the check runs kernels: never beside a timing
                 ok, err = model_check(torch, out_of(), x)
             r.update({"pass": bool(ok), "err": err, "compile_check_s": round(time.time() - t0, 1)})
