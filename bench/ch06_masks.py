@@ -61,18 +61,20 @@ FA4_VARIANTS = ("causal", "window", "softcap", "learned-sink")
 # The named model cases of `ch06_variants mask --model NAME` (--models): head dim, query and K/V
 # heads, and the mask. Every window is causal and left-only: key j is kept for query i iff
 # j <= i + (Nk - Nq) and i + (Nk - Nq) - j <= left, the Window policy of mask_policy.hpp
-# (q - left <= j <= q + right with q = i + diag). FA4's window_size=(left, 0) keeps the same
-# pairs: its left bound is the diagonal minus window_size[0], inclusive (flash_attn/cute/mask.py:
-# col >= row + seqlen_k - seqlen_q - window_size_left), so (128, 0) is our window 128, not 127.
-# The fp32 check on sampled rows below confirms it on every run: a window one key short fails it at
-# window 128 (bench/test_bench.py, ModelPeers, on a reference with FA's window semantics); at 4096
-# one key is below the check's resolution, and gpt-oss's 128 is the case that holds the convention.
+# (q - left <= j <= q + right with q = i + diag). A config's sliding_window W counts the query's
+# own key (the models' reference code keeps q - W < j <= q), so left = W - 1: 127 for gpt-oss's
+# 128, 4095 for 4096, as the binary's --model cases (model_cases.cpp). FA4's window_size=(left, 0)
+# keeps the same pairs: its left bound is the diagonal minus window_size[0], inclusive
+# (flash_attn/cute/mask.py: col >= row + seqlen_k - seqlen_q - window_size_left). The fp32 check
+# on sampled rows below confirms it on every run: a window one key short fails it at window 128
+# (bench/test_bench.py, ModelPeers, on a reference with FA's window semantics); at 4096 one key
+# is below the check's resolution, and gpt-oss's window is the case that holds the convention.
 MODELS = {
-    "gpt-oss": {"d": 64, "hq": 64, "hkv": 8, "left": 128, "sink": True,
-                "mask": "learned sink + causal window 128"},
-    "gemma2": {"d": 256, "hq": 16, "hkv": 8, "left": 4096, "softcap": 50.0,
-               "mask": "softcap 50 + causal window 4096"},
-    "mistral": {"d": 128, "hq": 32, "hkv": 8, "left": 4096, "mask": "causal window 4096"},
+    "gpt-oss": {"d": 64, "hq": 64, "hkv": 8, "left": 127, "sink": True,
+                "mask": "learned sink + causal window 128 (left 127)"},
+    "gemma2": {"d": 256, "hq": 16, "hkv": 8, "left": 4095, "softcap": 50.0,
+               "mask": "softcap 50 + causal window 4096 (left 4095)"},
+    "mistral": {"d": 128, "hq": 32, "hkv": 8, "left": 4095, "mask": "causal window 4096 (left 4095)"},
     "packed-docs": {"d": 128, "hq": 32, "hkv": 8, "docs": True, "mask": "packed documents, causal within each"},
 }
 
