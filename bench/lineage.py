@@ -1262,7 +1262,7 @@ class Bench:
                     out.append("chapter %s: %s is not built (./tutorial bench --lab builds it)" % (
                         c, shown(Binary(self.build_dir, name).path)))
                 continue
-            if self.lab_for(c):
+            if self.lab_for(c) or (c == "06" and self.ch06_mask_lab()):
                 out.append("chapter %s: the main path, the final kernels and every lab step (--lab; %s)" % (
                     c, shown(self.bins[c].path)))
             elif self.lab:

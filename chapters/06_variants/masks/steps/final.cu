@@ -22,7 +22,7 @@
 //   cannot fit in 227 KB; one Q buffer and two stages of 64 keys take 192 KB. Its accumulator
 //   is 128 fp32 registers a thread, so no tile's state is carried into the next (no deferred
 //   epilogue, and none of its code), and 64 keys keep S and P at 32 and 16 registers. Even so
-//   ptxas spills 80-136 bytes a thread at d = 256 (-Xptxas -v); LAB.md has what it costs.
+//   ptxas spills 80-136 bytes a thread at d = 256 (-Xptxas -v).
 //   The block map is built for each row's tiles (mask_kernels.cuh: tile_keys()).
 //
 //   per mask (MaskConfig)                           | epilogue            | partial tiles     | the step it is
