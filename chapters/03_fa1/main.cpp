@@ -13,6 +13,7 @@
 #include "common/report.hpp"
 #include "fa1_gpu.hpp"
 #include "fa1_model.hpp"
+#include "linear_attention.hpp"
 // Chapter 01, by its path: this binary reports chapter 01's numbers next to FA1's.
 #include "chapters/01_naive/naive_gpu.hpp"
 #include "chapters/01_naive/naive_model.hpp"
@@ -211,9 +212,28 @@ int main(int argc, char** argv) {
   int br = 0, bc = 0;
   cli.add_int("--br", &br, "B_r of the CPU models (0: the paper's rule from --sram-bytes)", 0, 1 << 20);
   cli.add_int("--bc", &bc, "B_c of the CPU models (0: the paper's rule from --sram-bytes)", 0, 1 << 20);
+  bool linear_study = false;
+  LinearStudyOptions lin;
+  cli.add_flag("--linear-study", &linear_study,
+               "instead of the report: Performer and Linformer against exact attention (CPU, fp64; non-causal)");
+  cli.add_int_list("--linear-m", &lin.features, "Performer's feature counts m of --linear-study (default 64,256,1024)",
+                   1, 1 << 14);
+  cli.add_int_list("--linear-k", &lin.projections, "Linformer's projected lengths k of --linear-study (default 64,256)",
+                   1, 1 << 20);
 
   return run_chapter(argc, argv, cli, [&](const Options& opt) {
     const Problem& p = opt.problem;
+    if (linear_study) {
+      LinearStudyOptions o = lin;
+      if (o.features.empty()) o.features = LinearStudyOptions{}.features;  // "all": the defaults
+      if (o.projections.empty()) o.projections = LinearStudyOptions{}.projections;
+      o.sram_bytes = opt.sram_bytes;
+      require_host_memory(8.0 * (6.0 * double(p.s_elems()) / std::max(1, p.batch * p.heads)) +
+                              16.0 * double(p.q_elems() + p.k_elems() + p.v_elems() + p.o_elems()),
+                          "the linear-attention study");
+      std::cout << format_linear_study(p, opt.seed, o, run_linear_study(p, opt.seed, o));
+      return 0;
+    }
     Report rep;
     rep.chapter = "ch03_fa1";
     rep.title = "FlashAttention-1 (Algorithm 1 forward, Algorithm 4 backward)";
