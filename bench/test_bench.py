@@ -937,6 +937,30 @@ class Recorded(unittest.TestCase):
         self.assertIn("Measured on one", m.group(1))
 
 
+class Ch03Linear(unittest.TestCase):
+    """Chapter 03's linear-attention table is the recorded study's (bench/ch03_linear.py)."""
+
+    def test_readme_table_is_the_recorded_output(self):
+        import ch03_linear
+        self.assertEqual(ch03_linear.check(), 0, "bench/ch03_linear.py --from-text chapters/03_fa1/linear_study.txt")
+
+    def test_table_marks_failures_from_the_verdict(self):
+        import ch03_linear
+        text = "\n".join([
+            "csv,error,exact (FA1 model),0,normal,1e-03,1e-03,5e-03,2e-01,1",
+            "csv,error,exact (FA1 model),0,planted,1e-03,1e-03,5e-03,2e-01,1",
+            "csv,error,Performer,64,normal,1e+00,3e+00,5e-03,3e+02,0",
+            "csv,error,Performer,64,planted,1e+00,3e+00,5e-03,3e+02,1",
+            "csv,cost,exact (FA1),0,64,1e+06,1e+05",
+            "csv,crossover,Performer,64,130,176"])
+        err, cost, cross = ch03_linear.parse(text)
+        t = ch03_linear.table(err, cross)
+        self.assertIn("| Performer | 64 | 1.00e+00 | 3.00e+00 | 1.00e+00 | 3.00e+00 | **fails** (300x) / pass | 130 / 176 |", t)
+        self.assertIn("| exact (FA1 model) | - |", t)
+        with self.assertRaises(SystemExit):
+            ch03_linear.parse("csv,error,too,few")
+
+
 class FakeTorch:
     """Just enough of torch for PeerTimer: tensors, events and a log of the device calls."""
 

@@ -249,7 +249,7 @@ LinearStudy run_linear_study(const Problem& p, uint64_t seed, const LinearStudyO
     a.nq = a.nk = n;
     return a;
   };
-  for (int n = 128; n <= 65536; n *= 2) {
+  for (int n = 64; n <= 65536; n *= 2) {
     const Problem a = at(n);
     s.costs.push_back({"exact (FA1)", 0, n, exact_flops(a), exact_bytes(a, o.sram_bytes)});
     for (const int m : o.features)

@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "chapters/03_fa1/linear_attention.hpp"
@@ -218,5 +221,46 @@ TEST_CASE("ch03_fa1 --linear-study: runs, prints the table and csv lines, and ba
     const auto b = run_binary(CH03_BINARY, args);
     CHECK(b.exit_code == 2);
     CHECK(b.err_lines() == 1);
+  }
+}
+
+TEST_CASE("the recorded study (chapters/03_fa1/linear_study.txt) is what the binary prints now") {
+  const std::string rec = testing_support::slurp(CH03_LINEAR_RECORD);
+  REQUIRE(rec.rfind("$ ch03_fa1 ", 0) == 0);
+  const std::string args = rec.substr(11, rec.find('\n') - 11);
+  const auto r = run_binary(CH03_BINARY, args);
+  REQUIRE(r.exit_code == 0);
+  // The csv lines, field by field: numbers to 1e-6 relative (another compiler may round an
+  // fp64 sum in another order), everything else exactly.
+  auto csv = [](const std::string& text) {
+    std::vector<std::vector<std::string>> rows;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("csv,", 0) != 0) continue;
+      std::vector<std::string> f;
+      std::istringstream ls(line);
+      for (std::string x; std::getline(ls, x, ',');) f.push_back(x);
+      rows.push_back(f);
+    }
+    return rows;
+  };
+  const auto want = csv(rec), got = csv(r.out);
+  REQUIRE(want.size() > 20);
+  REQUIRE(got.size() == want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    REQUIRE(got[i].size() == want[i].size());
+    for (std::size_t j = 0; j < want[i].size(); ++j) {
+      CAPTURE(i);
+      CAPTURE(want[i][j]);
+      CAPTURE(got[i][j]);
+      char* end = nullptr;
+      const double a = std::strtod(want[i][j].c_str(), &end);
+      if (want[i][j].find('e') != std::string::npos && end && *end == '\0') {  // a %.6e number
+        const double b = std::strtod(got[i][j].c_str(), nullptr);
+        CHECK(std::abs(a - b) <= 1e-6 * std::abs(a));
+      } else {
+        CHECK(got[i][j] == want[i][j]);
+      }
+    }
   }
 }
