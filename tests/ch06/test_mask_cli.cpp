@@ -6,6 +6,7 @@
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "chapters/06_variants/masks/model_cases.hpp"
@@ -58,6 +59,19 @@ TEST_CASE("mask CLI: bad mask options exit 2 with one line") {
       {"--mask", "chunked", "--chunk", "0"},
       {"--mask", "sink", "--sinks", "-1"},
       {"--mask", "prefix", "--prefix", "-5"},
+      {"--mask", "strided", "--stride", "0"},
+      {"--mask", "fixed", "--block", "0"},
+      {"--mask", "fixed", "--block", "16", "--summary", "17"},
+      {"--mask", "fixed", "--summary", "-1"},
+      {"--mask", "fixed", "--stride", "8"},                     // strided's option
+      {"--mask", "longformer", "--window", "-1"},
+      {"--mask", "longformer", "--window", "4,4"},              // one value: keys each side
+      {"--mask", "longformer", "--globals", "-1"},
+      {"--mask", "longformer", "--causal"},
+      {"--mask", "bigbird", "--random", "65"},
+      {"--mask", "bigbird", "--random", "x"},
+      {"--mask", "bigbird", "--summary", "2"},
+      {"--mask", "causal", "--globals", "2"},
       {"--mask", "window", "--chunk", "64"},                    // an option of another variant
       {"--mask", "window", "--causal"},
       {"--mask", "sink", "--window", "5,5"},
@@ -154,7 +168,7 @@ TEST_CASE("mask CLI: the default run checks every variant on the CPU model and p
   const Run r = run_mask({"--device", "cpu"});
   CHECK(r.code == 0);
   for (const char* name : {"causal", "window", "chunked", "prefix", "document", "sink", "learned-sink", "alibi",
-                           "softcap", "custom"}) {
+                           "softcap", "custom", "strided", "fixed", "longformer", "bigbird"}) {
     CAPTURE(name);
     CHECK(r.out.find(std::string(name) + ": model forward") != std::string::npos);
     CHECK(r.out.find(std::string(name) + ": model backward") != std::string::npos);
@@ -229,4 +243,26 @@ TEST_CASE("mask CLI: --model runs a published model's heads, head dim and mask, 
   const Run docs = run_mask({"--device", "cpu", "--no-backward", "--model", "packed-docs", "--docs", "9", "--n", "300"});
   CHECK(docs.code == 0);
   CHECK(docs.out.find("document, 9 documents") != std::string::npos);
+}
+
+TEST_CASE("mask CLI: the sparse patterns run on the CPU with their parameters, and pass") {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> runs = {
+      {{"--mask", "strided", "--stride", "13"}, "strided (Sparse Transformer, merged), stride 13, causal"},
+      {{"--mask", "fixed", "--block", "20", "--summary", "3"}, "blocks of 20, 3 summary columns, causal"},
+      {{"--mask", "longformer", "--window", "9", "--globals", "3"}, "longformer, window 9 each side, 3 global tokens"},
+      {{"--mask", "bigbird", "--block", "16", "--globals", "1", "--random", "2"},
+       "bigbird (ITC), blocks of 16, 3-block window, 1 global blocks, 2 random blocks"},
+      {{"--mask", "bigbird", "--nk", "260"}, "blocks of 64, 3-block window, 2 global blocks, 3 random blocks"},
+  };
+  for (const auto& [args, want] : runs) {
+    std::vector<std::string> a = {"--device", "cpu", "--n", "150"};
+    a.insert(a.end(), args.begin(), args.end());
+    const Run r = run_mask(a);
+    CAPTURE(r.out);
+    CAPTURE(r.err);
+    CHECK(r.code == 0);
+    CHECK(r.out.find(want) != std::string::npos);
+    CHECK(r.out.find("model backward") != std::string::npos);
+    CHECK(r.out.find("FAIL") == std::string::npos);
+  }
 }

@@ -33,6 +33,7 @@ MaskSpec spec_of(MaskKind k, const Problem& p, bool causal = false) {
   s.softcap = 2.0;
   if (k == MaskKind::sink) s.left = 70, s.right = 0;
   if (k == MaskKind::document && p.nq == p.nk) s.doc_lens = random_doc_lens(p.nq, std::min(6, p.nq), 3);
+  s.stride = 24, s.block = 40, s.summary = 6, s.globals = 2, s.random = 2;  // the sparse patterns, off the tiles
   finalize_spec(s, p);
   return s;
 }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <type_traits>
 #include <vector>
@@ -36,6 +37,7 @@ MaskSpec spec_of(MaskKind k, const Problem& p, bool causal = false) {
   s.softcap = 1.5;  // small, so tanh bends the scores and its derivative matters
   if (k == MaskKind::sink) s.left = 30, s.right = 0;
   if (k == MaskKind::document && p.nq == p.nk) s.doc_lens = random_doc_lens(p.nq, std::min(5, p.nq), 3);
+  s.stride = 19, s.block = 23, s.summary = 5, s.globals = 2, s.random = 2;  // the sparse patterns: odd sizes
   finalize_spec(s, p);
   return s;
 }
@@ -324,7 +326,7 @@ TEST_CASE("span(): every policy with row spans keeps exactly the keys keep() kee
         }
       });
     }
-  CHECK(checked >= 4 * 8 - 1);  // eight of the ten variants have spans (not documents, not the custom mask)
+  CHECK(checked >= 4 * 8 - 1);  // eight of the variants have spans (not documents, custom or the sparse patterns)
 }
 
 TEST_CASE("the map's order puts the tiles with work first, and tiles_with_work() counts them") {
@@ -723,4 +725,214 @@ TEST_CASE("model cases: the CPU model passes the fp64 reference at a small N for
       check_model(s, p, Dist::normal, t.Br, t.Bc);
     }
   }
+}
+
+// ------------------------------------------------------------------ the sparse patterns
+
+namespace {
+
+/// Each pattern from its paper, written again here (loops, sets) apart from the policy
+/// and the reference: q = i + diag, diag = Nk - Nq.
+struct SparseDefinition {
+  MaskSpec s;
+  int nq, nk;
+  std::vector<std::vector<char>> bigbird_random;  // [query block + 1][key block]: one of its r draws
+
+  SparseDefinition(const MaskSpec& spec, int nq_, int nk_) : s(spec), nq(nq_), nk(nk_) {
+    if (s.kind != MaskKind::bigbird) return;
+    const int b = s.block, nkb = (nk + b - 1) / b;
+    const int first = block_of(0 + nk - nq), last = block_of(nq - 1 + nk - nq);
+    for (int qb = first; qb <= last; ++qb) {
+      std::vector<char> r(nkb, 0);
+      for (int k = 0; k < s.random; ++k) r[mask_math::hash3(unsigned(s.seed), unsigned(qb), unsigned(k)) % unsigned(nkb)] = 1;
+      bigbird_random.push_back(r);
+    }
+  }
+  int block_of(int pos) const {  // floor(pos / b), for negative positions too
+    int qb = 0;
+    while (qb * s.block > pos) --qb;
+    while ((qb + 1) * s.block <= pos) ++qb;
+    return qb;
+  }
+  bool keep(int i, int j) const {
+    const int q = i + nk - nq;
+    switch (s.kind) {
+      case MaskKind::strided: {  // the local head (the last l positions) and the strided head
+        if (j > q) return false;
+        for (int d = 0; d < s.stride; ++d)
+          if (q - d == j) return true;
+        for (int t = q; t >= 0; t -= s.stride)
+          if (t == j) return true;
+        return false;
+      }
+      case MaskKind::fixed: {  // A1: the own block; A2: the last c columns of every block
+        if (j > q) return false;
+        const int l = s.block;
+        const bool same_block = block_of(j) == block_of(q);
+        bool summary = false;
+        for (int blk = 0; blk * l <= j; ++blk)
+          summary |= j >= blk * l + l - s.summary && j < blk * l + l;
+        return same_block || summary;
+      }
+      case MaskKind::longformer: {
+        std::vector<int> global;
+        for (int t = 0; t < s.globals; ++t) global.push_back(t);
+        const bool q_global = std::find(global.begin(), global.end(), q) != global.end();
+        const bool k_global = std::find(global.begin(), global.end(), j) != global.end();
+        return q_global || k_global || (j >= q - s.left && j <= q + s.left);
+      }
+      case MaskKind::bigbird: {
+        const int qb = block_of(q), kb = block_of(j);
+        const bool window = kb == qb - 1 || kb == qb || kb == qb + 1;
+        const bool global = kb < s.globals || (qb >= 0 && qb < s.globals);
+        const int first = block_of(0 + nk - nq);
+        return window || global || bigbird_random[qb - first][kb];
+      }
+      default: return false;
+    }
+  }
+};
+
+MaskSpec sparse_spec(MaskKind k, const Problem& p, int stride, int block, int summary, int globals, int random, int w) {
+  MaskSpec s;
+  s.kind = k;
+  s.stride = stride, s.block = block, s.summary = summary, s.globals = globals, s.random = random, s.left = w;
+  s.seed = 5;
+  finalize_spec(s, p);
+  return s;
+}
+
+/// Several parameter sets of each pattern, sizes of 1 included.
+std::vector<MaskSpec> sparse_specs(const Problem& p) {
+  std::vector<MaskSpec> v;
+  for (int l : {1, 3, 19, 64}) v.push_back(sparse_spec(MaskKind::strided, p, l, 64, 8, -1, 3, 0));
+  for (auto [l, c] : {std::pair{1, 0}, std::pair{1, 1}, std::pair{7, 0}, std::pair{7, 3}, std::pair{23, 23}, std::pair{64, 8}})
+    v.push_back(sparse_spec(MaskKind::fixed, p, 64, l, c, -1, 3, 0));
+  for (auto [w, g] : {std::pair{0, 0}, std::pair{0, 3}, std::pair{5, 1}, std::pair{40, 7}, std::pair{1000, 2}})
+    v.push_back(sparse_spec(MaskKind::longformer, p, 64, 64, 8, g, 3, w));
+  for (auto [b, g, r] : {std::tuple{1, 0, 0}, std::tuple{4, 1, 2}, std::tuple{23, 2, 3}, std::tuple{64, 0, 1}, std::tuple{16, 3, 5}})
+    v.push_back(sparse_spec(MaskKind::bigbird, p, 64, b, 8, g, r, 0));
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("the sparse patterns: keep() and the reference are each paper's definition, written again here") {
+  int checked = 0;
+  for (const auto& [nq, nk] : {std::pair{97, 97}, std::pair{40, 150}, std::pair{150, 40}, std::pair{1, 1},
+                               std::pair{3, 7}, std::pair{7, 2}})
+    for (const MaskSpec& s : sparse_specs(shape().n(nq, nk).d(32))) {
+      const Problem p = masked_problem(shape().n(nq, nk).d(32));
+      CAPTURE(s.describe());
+      CAPTURE(p.describe());
+      const SparseDefinition def(s, nq, nk);
+      const auto ref = reference_mod(s, p);
+      visit_policy(s, p, PolicyData{}, [&](const auto& pol) {
+        REQUIRE(std::is_same_v<std::decay_t<decltype(pol)>, StructuredSparse>);
+        long bad_pol = 0, bad_ref = 0;
+        for (int i = 0; i < nq; ++i)
+          for (int j = 0; j < nk; ++j) {
+            const bool want = def.keep(i, j);
+            bad_pol += pol.keep(0, 0, i, j) != want;
+            bad_ref += ref->keep(p, 0, 0, i, j) != want;
+          }
+        CHECK(bad_pol == 0);
+        CHECK(bad_ref == 0);
+        ++checked;
+      });
+    }
+  CHECK(checked == 6 * 20);
+}
+
+TEST_CASE("the sparse patterns: a few pairs by hand") {
+  const Problem p = masked_problem(shape().n(200).d(32));
+  auto keeps = [&](const MaskSpec& s, int i, int j) {
+    return visit_policy(s, p, PolicyData{}, [&](const auto& pol) { return pol.keep(0, 0, i, j); });
+  };
+  const MaskSpec st = sparse_spec(MaskKind::strided, p, 10, 64, 8, -1, 3, 0);
+  CHECK(keeps(st, 50, 41));   // 9 back: the local head
+  CHECK(!keeps(st, 50, 39));  // 11 back: neither head
+  CHECK(keeps(st, 50, 30));   // 20 back: the strided head
+  CHECK(keeps(st, 50, 0));    // 50 back
+  CHECK(!keeps(st, 50, 51));  // causal
+  const MaskSpec fx = sparse_spec(MaskKind::fixed, p, 64, 16, 2, -1, 3, 0);
+  CHECK(keeps(fx, 40, 32));   // its own block [32, 47]
+  CHECK(keeps(fx, 40, 14));   // a summary column of block 0 (14, 15)
+  CHECK(keeps(fx, 40, 31));   // and of block 1 (30, 31)
+  CHECK(!keeps(fx, 40, 13));
+  CHECK(!keeps(fx, 20, 30));  // causal, though a summary column
+  const MaskSpec lf = sparse_spec(MaskKind::longformer, p, 64, 64, 8, 2, 3, 5);
+  CHECK(keeps(lf, 100, 95));
+  CHECK(keeps(lf, 100, 105));
+  CHECK(!keeps(lf, 100, 106));
+  CHECK(keeps(lf, 100, 1));   // a global key
+  CHECK(keeps(lf, 1, 199));   // a global query sees every key
+  CHECK(!keeps(lf, 2, 199));
+  const MaskSpec bb = sparse_spec(MaskKind::bigbird, p, 64, 10, 8, 1, 0, 0);
+  CHECK(keeps(bb, 55, 40));   // block 5 sees blocks 4, 5, 6
+  CHECK(keeps(bb, 55, 69));
+  CHECK(!keeps(bb, 55, 70));
+  CHECK(keeps(bb, 55, 9));    // block 0 is global
+  CHECK(keeps(bb, 5, 199));
+}
+
+TEST_CASE("the sparse patterns: classify() is exact on every tile, and the map counts the kept pairs") {
+  for (const auto& [nq, nk] : {std::pair{300, 300}, std::pair{100, 333}, std::pair{333, 100}})
+    for (const MaskSpec& s : sparse_specs(shape().n(nq, nk).d(32))) {
+      const Problem p = masked_problem(shape().n(nq, nk).d(32));
+      for (auto [Br, Bc] : {std::pair{64, 32}, std::pair{128, 64}, std::pair{128, 128}, std::pair{16, 16}}) {
+        CAPTURE(s.describe());
+        CAPTURE(p.describe());
+        CAPTURE(Br);
+        CAPTURE(Bc);
+        const BlockMap m = build_block_map(s, p, Br, Bc);
+        long wrong = 0, pairs = 0;
+        visit_policy(s, p, PolicyData{}, [&](const auto& pol) {
+          for (int qb = 0; qb < m.tq; ++qb)
+            for (int kb = 0; kb < m.tk; ++kb) {
+              const TileRange t = tile_range(qb, kb, Br, Bc, p.nq, p.nk);
+              wrong += pol.classify(0, 0, t) != classify_by_elements(pol, 0, 0, t);
+              for (int i = t.i0; i < t.i1; ++i)
+                for (int j = t.j0; j < t.j1; ++j) pairs += pol.keep(0, 0, i, j);
+            }
+        });
+        CHECK(wrong == 0);
+        CHECK(m.kept_pairs == doctest::Approx(double(pairs) * p.heads));
+        CHECK(mask_flops_forward(s, p, m) == doctest::Approx(2.0 * pairs * p.heads * (p.d + p.dv)));
+      }
+    }
+}
+
+TEST_CASE("the sparse patterns: the CPU model passes the fp64 reference, forward and backward") {
+  for (const Problem p : {Problem(shape().batch(2).heads(4, 2).n(200).d(32)), Problem(shape().heads(2).n(70, 260).d(32)),
+                          Problem(shape().heads(2).n(260, 70).d(32)), Problem(shape().heads(2).n(5).d(32))})
+    for (const MaskSpec& s : sparse_specs(p)) {
+      check_model(s, p);
+      check_model(s, p, Dist::mean_shifted, 32, 16);
+    }
+}
+
+TEST_CASE("the sparse patterns: bad parameters are usage errors") {
+  const Problem p = masked_problem(shape().n(100).d(32));
+  auto bad = [&](MaskKind k, auto set) {
+    MaskSpec s;
+    s.kind = k;
+    set(s);
+    CHECK_THROWS_AS(finalize_spec(s, p), UsageError);
+  };
+  bad(MaskKind::strided, [](MaskSpec& s) { s.stride = 0; });
+  bad(MaskKind::fixed, [](MaskSpec& s) { s.block = 0; });
+  bad(MaskKind::fixed, [](MaskSpec& s) { s.summary = 65; });
+  bad(MaskKind::fixed, [](MaskSpec& s) { s.summary = -1; });
+  bad(MaskKind::longformer, [](MaskSpec& s) { s.globals = -2; });
+  bad(MaskKind::longformer, [](MaskSpec& s) { s.left = -1; });
+  bad(MaskKind::bigbird, [](MaskSpec& s) { s.random = 65; });
+  bad(MaskKind::bigbird, [](MaskSpec& s) { s.block = -3; });
+  MaskSpec d;
+  d.kind = MaskKind::bigbird;
+  finalize_spec(d, p);
+  CHECK(d.globals == 2);
+  d.kind = MaskKind::longformer, d.globals = -1;
+  finalize_spec(d, p);
+  CHECK(d.globals == 1);
 }

@@ -323,6 +323,114 @@ struct Softcap : PolicyBase {
   ATTN_HD TileKind classify(int, int, const TileRange& t) const { return mask().classify(t); }
 };
 
+/// The four structured sparse patterns of the long-sequence papers, one run-time field.
+enum class SparsePattern : unsigned char { strided, fixed, longformer, bigbird };
+
+/// The published sparse patterns in one policy type: `pattern` picks one at run time, so
+/// the four share one instantiation of every kernel (a policy type costs build time in
+/// each). q = i + diag is the query's key position (bottom-right alignment, as Window).
+///
+///  - strided (Child et al. 2019, "Generating Long Sequences with Sparse Transformers",
+///    §4.2, strided attention): causal, j <= q and ((q - j) < l or (q - j) mod l == 0),
+///    l = `l`. The paper's two heads (local, strided) merged into one mask, as its
+///    "merged" variant.
+///  - fixed (same paper, §4.2, fixed attention): causal, j <= q and (floor(j / l) ==
+///    floor(q / l) or j mod l >= l - c): the query's own block of l, plus the last c
+///    "summary" columns of every block, c = `c`.
+///  - longformer (Beltagy et al. 2020, "Longformer", §3.1): non-causal, |q - j| <= w
+///    (w = `w` keys each side) or q < g or j < g: the first g positions are global
+///    (they see every key, and every query sees them), g = `g`; a query at q < 0 is not.
+///  - bigbird (Zaheer et al. 2020, "Big Bird", §2 and Appendix D, the ITC block form):
+///    blocks of b = `l` tokens, Qb = floor(q / b), Kb = floor(j / b): kept iff
+///    |Qb - Kb| <= 1 (three blocks), or Kb < g or 0 <= Qb < g (g = `g` global blocks),
+///    or Kb is one of the r = `r` random blocks of Qb: hash3(seed, Qb, k) mod nkb,
+///    k < r (nkb = ceil(Nk / b); draws may coincide, so at most r extra blocks).
+///
+/// No span(): strided and fixed keep many intervals per row, so partial tiles ask
+/// keep(). classify() is exact (host only): it counts each row's kept keys in the tile.
+struct StructuredSparse : PolicyBase {
+  SparsePattern pattern = SparsePattern::strided;
+  int diag = 0;
+  int l = 64;     ///< strided: stride; fixed: block; bigbird: block b
+  int c = 8;      ///< fixed: summary columns per block (0 <= c <= l)
+  int w = 64;     ///< longformer: window, keys each side
+  int g = 1;      ///< longformer: global tokens; bigbird: global blocks
+  int r = 3;      ///< bigbird: random blocks per query block
+  int seed = 7;   ///< bigbird: the random blocks
+  int nkb = 1;    ///< bigbird: key blocks, ceil(Nk / b)
+
+  /// bigbird at block level: may query block qb see key block kb?
+  ATTN_HD bool block_keep(int qb, int kb) const {
+    if (mask_math::abs_(qb - kb) <= 1 || kb < g || (qb >= 0 && qb < g)) return true;
+    for (int k = 0; k < r; ++k)
+      if (int(mask_math::hash3(unsigned(seed), unsigned(qb), unsigned(k)) % unsigned(nkb)) == kb) return true;
+    return false;
+  }
+  ATTN_HD bool keep(int, int, int i, int j) const {
+    const int q = i + diag;
+    switch (pattern) {
+      case SparsePattern::strided: return j <= q && (q - j < l || (q - j) % l == 0);
+      case SparsePattern::fixed: return j <= q && (j / l == q / l || j % l >= l - c);  // j >= 0, so q >= 0
+      case SparsePattern::longformer: return (q >= 0 && q < g) || j < g || mask_math::abs_(q - j) <= w;
+      case SparsePattern::bigbird: default: return block_keep(mask_math::floor_div(q, l), j / l);
+    }
+  }
+  /// How many keys of [lo, hi] (lo >= 0) row i keeps, in O(1) (bigbird: O(blocks)).
+  long kept_in_row(int i, int lo, int hi) const {
+    const long q = long(i) + diag;
+    auto meet = [](long a, long b, long x, long y) {  // |[a, b] n [x, y]|
+      const long s = a > x ? a : x, e = b < y ? b : y;
+      return e >= s ? e - s + 1 : 0L;
+    };
+    switch (pattern) {
+      case SparsePattern::strided: {
+        const long h = hi < q ? hi : q;
+        if (h < lo) return 0;
+        const long d0 = q - h, d1 = q - lo;  // the distances q - j of the row's keys
+        const long far0 = d0 > l ? d0 : l;  // multiples of l in [max(d0, l), d1]
+        const long far = d1 >= far0 ? d1 / l - (far0 - 1) / l : 0;
+        return meet(0, l - 1, d0, d1) + far;
+      }
+      case SparsePattern::fixed: {
+        const long h = hi < q ? hi : q;
+        if (h < lo) return 0;
+        auto summary = [&](long x) {  // keys j in [0, x] with j mod l >= l - c
+          if (x < 0) return 0L;
+          const long rest = (x + 1) % l - (l - c);
+          return (x + 1) / l * c + (rest > 0 ? rest : 0);
+        };
+        const long b0 = q / l * l;  // the row's own block [b0, q]
+        const long s0 = lo > b0 ? lo : b0;
+        const long own_summary = h >= s0 ? summary(h) - summary(s0 - 1) : 0;
+        return meet(b0, q, lo, h) + summary(h) - summary(lo - 1) - own_summary;
+      }
+      case SparsePattern::longformer: {
+        if (q >= 0 && q < g) return hi - lo + 1;
+        const long a = meet(0, g - 1, lo, hi), b = meet(q - w, q + w, lo, hi);
+        const long both = meet(q - w > 0 ? q - w : 0, q + w < g - 1 ? q + w : g - 1, lo, hi);
+        return a + b - both;
+      }
+      case SparsePattern::bigbird: default: {
+        const int qb = mask_math::floor_div(int(q), l);
+        long n = 0;
+        for (int kb = lo / l; kb <= hi / l; ++kb)
+          if (block_keep(qb, kb)) n += meet(long(kb) * l, long(kb) * l + l - 1, lo, hi);
+        return n;
+      }
+    }
+  }
+  TileKind classify(int, int, const TileRange& t) const {
+    bool any = false, all = true;
+    const long width = t.j1 - t.j0;
+    for (int i = t.i0; i < t.i1 && (all || !any); ++i) {
+      const long n = kept_in_row(i, t.j0, t.j1 - 1);
+      any |= n > 0;
+      all &= n == width;
+    }
+    return !any ? TileKind::skip : all ? TileKind::full : TileKind::partial;
+  }
+};
+
 // EXERCISE ch06.3: a custom mask: causal, and a random quarter of the 128 x 128 blocks
 //| struct BlockSparse : PolicyBase {  // TODO: keep() that keeps the diagonal block, block 0, and hash % 4 == 0
 //|   int diag, seed;

@@ -22,7 +22,8 @@ constexpr NamedKind kKinds[] = {
     {MaskKind::causal, "causal"},   {MaskKind::window, "window"},         {MaskKind::chunked, "chunked"},
     {MaskKind::prefix, "prefix"},   {MaskKind::document, "document"},     {MaskKind::sink, "sink"},
     {MaskKind::learned_sink, "learned-sink"}, {MaskKind::alibi, "alibi"}, {MaskKind::softcap, "softcap"},
-    {MaskKind::custom, "custom"},
+    {MaskKind::custom, "custom"},   {MaskKind::strided, "strided"},       {MaskKind::fixed, "fixed"},
+    {MaskKind::longformer, "longformer"}, {MaskKind::bigbird, "bigbird"},
 };
 }  // namespace
 
@@ -81,6 +82,15 @@ std::string MaskSpec::describe() const {
       break;
     case MaskKind::custom: o << " (random block-sparse, 128 x 128 blocks, seed " << seed << ")"; break;
     case MaskKind::causal: o << " (bottom-right)"; break;
+    case MaskKind::strided: o << " (Sparse Transformer, merged), stride " << stride << ", causal"; break;
+    case MaskKind::fixed:
+      o << " (Sparse Transformer), blocks of " << block << ", " << summary << " summary columns, causal";
+      break;
+    case MaskKind::longformer: o << ", window " << left << " each side, " << globals << " global tokens"; break;
+    case MaskKind::bigbird:
+      o << " (ITC), blocks of " << block << ", 3-block window, " << globals << " global blocks, " << random
+        << " random blocks (seed " << seed << ")";
+      break;
   }
   return o.str();
 }
@@ -134,6 +144,13 @@ void finalize_spec(MaskSpec& s, const Problem& p) {
   if (s.sinks < 0) throw UsageError("--sinks must be >= 0");
   if (!(s.softcap > 0) || !std::isfinite(s.softcap)) throw UsageError("--softcap must be a number > 0");
   if (s.prefix < 0) s.prefix = p.nk / 4;
+  if (s.stride < 1) throw UsageError("--stride must be >= 1");
+  if (s.block < 1) throw UsageError("--block must be >= 1");
+  if (s.kind == MaskKind::fixed && (s.summary < 0 || s.summary > s.block))
+    throw UsageError("--summary must be in [0, block] (block " + std::to_string(s.block) + ")");
+  if (s.random < 0 || s.random > 64) throw UsageError("--random must be in [0, 64]");
+  if (s.globals < -1) throw UsageError("--globals must be >= 0");
+  if (s.globals == -1) s.globals = s.kind == MaskKind::bigbird ? 2 : 1;
   if (s.sliding < -1) throw UsageError("--window must be L >= 0 with --mask " + std::string(mask_name(s.kind)));
   if (s.sliding >= 0) {
     if (s.kind != MaskKind::learned_sink && s.kind != MaskKind::softcap)
@@ -196,7 +213,7 @@ namespace {
 /// Every variant from its definition, in fp64 (see SECTION.md for the formulas).
 class ReferenceMask : public ScoreMod {
  public:
-  ReferenceMask(const MaskSpec& s, const Problem& p) : s_(s), diag_(p.nk - p.nq), heads_(p.heads) {
+  ReferenceMask(const MaskSpec& s, const Problem& p) : s_(s), diag_(p.nk - p.nq), heads_(p.heads), nk_(p.nk) {
     if (s.kind == MaskKind::document) cu_ = cu_seqlens(s.doc_lens);
   }
   std::string name() const override { return s_.describe(); }
@@ -220,6 +237,25 @@ class ReferenceMask : public ScoreMod {
         if (!causal) return false;
         const long bq = q / 128, bk = j / 128;
         return bq == bk || bk == 0 || mask_math::hash3(unsigned(s_.seed), unsigned(bq), unsigned(bk)) % 4 == 0;
+      }
+      case MaskKind::strided: {  // Child et al. 2019, §4.2, both heads merged
+        const long l = s_.stride;
+        return causal && (q - j < l || (q - j) % l == 0);
+      }
+      case MaskKind::fixed: {  // Child et al. 2019, §4.2: the own block, and c summary columns per block
+        const long l = s_.block;
+        return causal && (j / l == q / l || j % l >= l - s_.summary);
+      }
+      case MaskKind::longformer:  // Beltagy et al. 2020, §3.1: window w each side, g global tokens
+        return (q >= 0 && q < s_.globals) || j < s_.globals || std::abs(q - j) <= s_.left;
+      case MaskKind::bigbird: {  // Zaheer et al. 2020, §2 / App. D: window of 3 blocks, g global, r random
+        const long b = s_.block;
+        const long qb = q >= 0 ? q / b : -((-q + b - 1) / b), kb = j / b;
+        if (std::abs(qb - kb) <= 1 || kb < s_.globals || (qb >= 0 && qb < s_.globals)) return true;
+        const long nkb = (nk_ + b - 1) / b;
+        for (int k = 0; k < s_.random; ++k)
+          if (long(mask_math::hash3(unsigned(s_.seed), unsigned(qb), unsigned(k)) % unsigned(nkb)) == kb) return true;
+        return false;
       }
     }
     return true;
@@ -245,7 +281,7 @@ class ReferenceMask : public ScoreMod {
   /// The document of token t: the k with cu[k] <= t < cu[k + 1] (binary search).
   int doc(int t) const { return int(std::upper_bound(cu_.begin(), cu_.end(), t) - cu_.begin()) - 1; }
   MaskSpec s_;
-  int diag_, heads_;
+  int diag_, heads_, nk_;
   std::vector<int> cu_;
 };
 

@@ -15,7 +15,12 @@
 
 namespace attn::ch06 {
 
-enum class MaskKind { causal, window, chunked, prefix, document, sink, learned_sink, alibi, softcap, custom };
+/// The variants. strided, fixed, longformer and bigbird are the published sparse patterns,
+/// one policy type between them (StructuredSparse, mask_policy.hpp).
+enum class MaskKind {
+  causal, window, chunked, prefix, document, sink, learned_sink, alibi, softcap, custom,
+  strided, fixed, longformer, bigbird
+};
 
 /// Every variant, in the order the chapter presents them.
 const std::vector<MaskKind>& all_mask_kinds();
@@ -32,7 +37,12 @@ struct MaskSpec {
   double softcap = 30.0;       ///< --softcap C      (softcap)
   bool causal = false;         ///< --causal: for document, learned-sink, alibi, softcap
   int sliding = -1;            ///< --window L with learned-sink or softcap: a causal sliding window (-1: none)
-  int seed = 7;                ///< custom: the random block pattern
+  int seed = 7;                ///< custom, bigbird: the random block pattern
+  int stride = 64;             ///< --stride l       (strided)
+  int block = 64;              ///< --block l / b    (fixed, bigbird)
+  int summary = 8;             ///< --summary c      (fixed: summary columns per block, <= block)
+  int globals = -1;            ///< --globals g      (longformer: tokens, default 1; bigbird: blocks, default 2)
+  int random = 3;              ///< --random r       (bigbird: random blocks per query block, <= 64)
   std::vector<float> sink_logits;  ///< learned-sink: one per head (natural log)
 
   /// One line: "window (256, 0)", "document, 4 docs (250 250 250 250)", ...
@@ -42,7 +52,9 @@ struct MaskSpec {
 /// Fills the defaults that depend on the problem (prefix, doc lengths, sink logits)
 /// and checks everything: a UsageError (one line, exit 2) for a window below 0, doc
 /// lengths that do not sum to N, a softcap of 0, a sliding window other than -1 below 0
-/// or on a variant other than learned-sink and softcap, ... A sliding window sets `causal`.
+/// or on a variant other than learned-sink and softcap, a stride or block below 1, summary
+/// columns outside [0, block], random blocks outside [0, 64], ... A sliding window sets
+/// `causal`; `globals` -1 becomes its pattern's default.
 void finalize_spec(MaskSpec& s, const Problem& p);
 
 /// `k` random document lengths >= 1 summing to n (seeded).
@@ -76,6 +88,14 @@ decltype(auto) visit_policy(const MaskSpec& s, const Problem& p, const PolicyDat
     case MaskKind::learned_sink: { LearnedSink c; c.sinks = d.sinks, c.diag = diag, c.causal = s.causal, c.window = s.sliding; return f(c); }
     case MaskKind::alibi: { Alibi c; c.diag = diag, c.heads = p.heads, c.causal = s.causal; return f(c); }
     case MaskKind::softcap: { Softcap c; c.cap = float(s.softcap), c.diag = diag, c.causal = s.causal, c.window = s.sliding; return f(c); }
+    case MaskKind::strided: case MaskKind::fixed: case MaskKind::longformer: case MaskKind::bigbird: {
+      StructuredSparse c;  // one policy type for the four patterns
+      c.pattern = s.kind == MaskKind::strided ? SparsePattern::strided : s.kind == MaskKind::fixed ? SparsePattern::fixed
+                : s.kind == MaskKind::longformer ? SparsePattern::longformer : SparsePattern::bigbird;
+      c.diag = diag, c.l = s.kind == MaskKind::strided ? s.stride : s.block, c.c = s.summary, c.w = s.left;
+      c.g = s.globals, c.r = s.random, c.seed = s.seed, c.nkb = (p.nk + s.block - 1) / s.block;
+      return f(c);
+    }
     case MaskKind::custom: default: { BlockSparse c; c.diag = diag, c.seed = s.seed; return f(c); }
   }
 }

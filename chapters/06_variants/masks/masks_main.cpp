@@ -94,6 +94,7 @@ std::vector<int> parse_int_list(const std::string& flag, const std::string& text
 struct MaskArgs {
   std::string mask;  // empty: every variant
   int chunk = -1, prefix = -1, docs = -1, sinks = -1;
+  int stride = -1, block = -1, summary = -1, globals = -1, random = -1;  ///< the sparse patterns (-1: default)
   bool map = false;
   bool no_model = false, no_backward = false, no_time = false;
   bool alone = false;          ///< document: also run each document alone
@@ -125,7 +126,15 @@ MaskSpec make_spec(MaskKind kind, const MaskArgs& a, const Options& opt, bool ex
       if (k == kind) return;
     throw UsageError(std::string(flag) + " does not apply to --mask " + mask_name(kind));
   };
-  only(a.text.window_set, "--window", {MaskKind::window, MaskKind::sink, MaskKind::learned_sink, MaskKind::softcap});
+  only(a.text.window_set, "--window",
+       {MaskKind::window, MaskKind::sink, MaskKind::learned_sink, MaskKind::softcap, MaskKind::longformer});
+  only(a.stride >= 0, "--stride", {MaskKind::strided});
+  only(a.block >= 0, "--block", {MaskKind::fixed, MaskKind::bigbird});
+  only(a.summary >= 0, "--summary", {MaskKind::fixed});
+  only(a.globals >= 0, "--globals", {MaskKind::longformer, MaskKind::bigbird});
+  only(a.random >= 0, "--random", {MaskKind::bigbird});
+  if (explicit_mask && opt.problem.causal && (kind == MaskKind::longformer || kind == MaskKind::bigbird))
+    throw UsageError(std::string("--causal does not apply to --mask ") + mask_name(kind) + " (a bidirectional pattern)");
   only(a.chunk >= 0, "--chunk", {MaskKind::chunked});
   only(a.prefix >= 0, "--prefix", {MaskKind::prefix});
   only(a.text.doc_lens_set || a.docs >= 0, a.docs >= 0 ? "--docs" : "--doc-lens", {MaskKind::document});
@@ -139,7 +148,7 @@ MaskSpec make_spec(MaskKind kind, const MaskArgs& a, const Options& opt, bool ex
     const std::vector<int> w = parse_int_list("--window", a.text.window);
     // learned-sink and softcap: --window L is a causal sliding window on top (gpt-oss, Gemma 2).
     const bool sliding = kind == MaskKind::learned_sink || kind == MaskKind::softcap;
-    if (w.size() > 2 || ((kind == MaskKind::sink || sliding) && w.size() != 1))
+    if (w.size() > 2 || ((kind == MaskKind::sink || kind == MaskKind::longformer || sliding) && w.size() != 1))
       throw UsageError(kind == MaskKind::window ? "--window takes L or L,R"
                                                 : std::string("--window takes one value L with --mask ") + mask_name(kind));
     if (sliding) {
@@ -154,6 +163,11 @@ MaskSpec make_spec(MaskKind kind, const MaskArgs& a, const Options& opt, bool ex
     if (a.chunk >= 0) s.chunk = a.chunk;
     if (a.prefix >= 0) s.prefix = a.prefix;
     if (a.sinks >= 0) s.sinks = a.sinks;
+    if (a.stride >= 0) s.stride = a.stride;
+    if (a.block >= 0) s.block = a.block;
+    if (a.summary >= 0) s.summary = a.summary;
+    if (a.globals >= 0) s.globals = a.globals;
+    if (a.random >= 0) s.random = a.random;
     if (a.text.softcap_set) s.softcap = parse_number("--softcap", a.text.softcap);
     if (a.text.doc_lens_set && a.docs >= 0) throw UsageError("give --doc-lens or --docs, not both");
     if (a.text.doc_lens_set) s.doc_lens = parse_int_list("--doc-lens", a.text.doc_lens);
@@ -162,7 +176,7 @@ MaskSpec make_spec(MaskKind kind, const MaskArgs& a, const Options& opt, bool ex
       s.doc_lens = random_doc_lens(opt.problem.nq, a.docs, unsigned(opt.seed));
     }
   }
-  if (kind == MaskKind::sink && !(a.text.window_set && explicit_mask)) s.left = 64;
+  if ((kind == MaskKind::sink || kind == MaskKind::longformer) && !(a.text.window_set && explicit_mask)) s.left = 64;
   if (!explicit_mask && kind != MaskKind::document) s.doc_lens.clear();
   finalize_spec(s, opt.problem);
   return s;
@@ -184,7 +198,8 @@ MaskSpec model_case_spec(const ModelCase& m, const MaskArgs& a, Options* opt) {
   if ((given("--heads") && p.heads != m.heads) || (given("--kv-heads") && p.kv_heads != m.kv_heads))
     throw UsageError(who + " sets " + std::to_string(m.heads) + " query heads and " + std::to_string(m.kv_heads) +
                      " KV heads");
-  for (const char* flag : {"--window", "--softcap", "--doc-lens", "--chunk", "--prefix", "--sinks"})
+  for (const char* flag : {"--window", "--softcap", "--doc-lens", "--chunk", "--prefix", "--sinks", "--stride", "--block",
+                           "--summary", "--globals", "--random"})
     if (given(flag)) throw UsageError(who + " sets the mask: " + flag + " does not apply");
   if (a.docs >= 0 && m.kind != MaskKind::document) throw UsageError(who + ": --docs applies to packed-docs only");
   apply_model_problem(m, &p);
@@ -351,6 +366,7 @@ int mask_main(int argc, char** argv) {
           "masks and score modifiers through one policy interface (keep / score / classify) and a block map.\n"
           "Text-valued mask options: --window L[,R] (window; L for sink), --doc-lens a,b,c (document),\n"
           "--softcap C (softcap), --window L with learned-sink or softcap (a causal sliding window on top),\n"
+          "--window W with longformer (W keys each side, default 64),\n"
           "--model NAME (" + model_case_names() + ": a published model's head dim, heads and mask),\n"
           "--svg PATH (with --map), --hopper-step K[,K...] (the sm90a steps: 0 hopper_mask.cu,\n"
           "1 v1_two_q_buffers.cu, 2 v2_tile_overlap.cu, 3 v3_document_tiles.cu, 4 v4_row_spans.cu, with the lab 5\n"
@@ -364,6 +380,11 @@ int mask_main(int argc, char** argv) {
   cli.add_int("--prefix", &a.prefix, "prefix: bidirectional prefix length P", 0);
   cli.add_int("--docs", &a.docs, "document: K documents of random lengths", 1);
   cli.add_int("--sinks", &a.sinks, "sink: S sink tokens (with --window L)", 0);
+  cli.add_int("--stride", &a.stride, "strided: stride l [64]", 1);
+  cli.add_int("--block", &a.block, "fixed, bigbird: block l (fixed) or b (bigbird) in tokens [64]", 1);
+  cli.add_int("--summary", &a.summary, "fixed: c summary columns per block, c <= block [8]", 0);
+  cli.add_int("--globals", &a.globals, "longformer: g global tokens [1]; bigbird: g global blocks [2]", 0);
+  cli.add_int("--random", &a.random, "bigbird: r random key blocks per query block, r <= 64 [3]", 0, 64);
   cli.add_flag("--map", &a.map, "print the block map (keep / skip / partial per tile) and write it as SVG");
   cli.add_flag("--no-model", &a.no_model, "skip the CPU model rows");
   cli.add_flag("--no-backward", &a.no_backward, "skip the backward rows");
