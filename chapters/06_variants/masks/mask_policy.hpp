@@ -332,13 +332,14 @@ enum class SparsePattern : unsigned char { strided, fixed, longformer, bigbird }
 ///
 ///  - strided (Child et al. 2019, "Generating Long Sequences with Sparse Transformers",
 ///    §4.2, strided attention): causal, j <= q and ((q - j) < l or (q - j) mod l == 0),
-///    l = `l`. The paper's two heads (local, strided) merged into one mask, as its
-///    "merged" variant.
+///    l = `l`. The two heads A(1) (the previous l) and A(2) (every l-th) merged into one
+///    mask, as the paper's "merged head" (§4.3) attends to both.
 ///  - fixed (same paper, §4.2, fixed attention): causal, j <= q and (floor(j / l) ==
 ///    floor(q / l) or j mod l >= l - c): the query's own block of l, plus the last c
-///    "summary" columns of every block, c = `c`.
+///    "summary" columns of every block, c = `c` (the paper's j mod l in {l - c, ..., l}).
 ///  - longformer (Beltagy et al. 2020, "Longformer", §3.1): non-causal, |q - j| <= w
-///    (w = `w` keys each side) or q < g or j < g: the first g positions are global
+///    (w = `w` keys each side: the paper's window of size w' covers w'/2 each side) or
+///    q < g or j < g: the first g positions are global
 ///    (they see every key, and every query sees them), g = `g`; a query at q < 0 is not.
 ///  - bigbird (Zaheer et al. 2020, "Big Bird", §2 and Appendix D, the ITC block form):
 ///    blocks of b = `l` tokens, Qb = floor(q / b), Kb = floor(j / b): kept iff
@@ -366,8 +367,14 @@ struct StructuredSparse : PolicyBase {
       if (int(mask_math::hash3(unsigned(seed), unsigned(qb), unsigned(k)) % unsigned(nkb)) == kb) return true;
     return false;
   }
-  ATTN_HD bool keep(int, int, int i, int j) const {
-    const int q = i + diag;
+  ATTN_HD bool keep(int, int, int i, int j) const { return keep_at(i + diag, j); }
+  /// keep() at position q. Out of line on the device: inlined into every element of every
+  /// kernel (divisions by a run-time l, four patterns), it doubled the sm90a final kernel's
+  /// compile time; a partial tile of these patterns pays one call per element instead.
+#if defined(__CUDACC__)
+  __noinline__
+#endif
+  ATTN_HD bool keep_at(int q, int j) const {
     switch (pattern) {
       case SparsePattern::strided: return j <= q && (q - j < l || (q - j) % l == 0);
       case SparsePattern::fixed: return j <= q && (j / l == q / l || j % l >= l - c);  // j >= 0, so q >= 0
