@@ -28,7 +28,8 @@
 //   per mask (MaskConfig)                           | epilogue            | partial tiles     | the step it is
 //   |-----------------------------------------------|---------------------|-------------------|---------------|
 //   | window, chunked, sink + window, document,     | deferred (v2)       | row spans (v4)    | v4            |
-//   | custom block-sparse (no spans: keep())        |                     |                   |               |
+//   | custom block-sparse, the structured sparse    |                     |                   |               |
+//   | patterns (these three: no spans, keep())      |                     |                   |               |
 //   | causal, prefix-LM, learned sink, softcap      | in place            | row spans (v4)    | lab's v5      |
 //   | ALiBi                                         | deferred (v2)       | keep() (v3)       | v3            |
 //
