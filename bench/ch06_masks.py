@@ -237,32 +237,14 @@ def mask_fns(torch, name, prm, n, heads, dev):
 
 
 def reference_rows(torch, q, k, v, mm, sm, sink, heads_to_check, rows):
-    """fp32 reference O for sampled rows of some heads: [len(heads)][len(rows)][d]."""
-    out = []
-    n = k.shape[2]
-    kv = torch.arange(n, device=q.device)
-    scale = q.shape[-1] ** -0.5
-    for h in heads_to_check:
-        s = q[0, h, rows].float() @ k[0, h].float().T * scale
-        qi = rows[:, None]
-        if sm is not None:
-            s = sm(s, 0, h, qi, kv[None, :])
-        if mm is not None:
-            s = s.masked_fill(~mm(0, h, qi, kv[None, :]), float("-inf"))
-        if sink is not None:
-            s = torch.cat([s, sink[h].expand(s.shape[0], 1)], dim=1)
-        m = s.amax(dim=1, keepdim=True).clamp(min=-1e30)
-        p = torch.exp(s - m)
-        p = p / p.sum(dim=1, keepdim=True).clamp(min=1e-30)
-        if sink is not None:
-            p = p[:, :-1]
-        out.append(p @ v[0, h].float())
-    return torch.stack(out)
+    """fp32 reference O for sampled rows of some heads of sequence 0: [len(heads)][len(rows)][d]."""
+    return model_reference(torch, q, k, v, 0, mm, sm, sink, heads_to_check, rows)
 
 
 def model_reference(torch, q, k, v, b, mm, sm, sink, heads_to_check, rows):
     """fp32 reference O of sequence b for sampled rows of some query heads, with GQA (query head h
-    reads K/V head h // (Hq / Hkv)): [len(heads)][len(rows)][d]."""
+    reads K/V head h // (Hq / Hkv)) and the mask `mm` (None: none), the score modifier `sm` and
+    the sink logits `sink` where given: [len(heads)][len(rows)][d]."""
     out = []
     n, g = k.shape[2], q.shape[1] // k.shape[1]
     kv = torch.arange(n, device=q.device)
@@ -272,7 +254,8 @@ def model_reference(torch, q, k, v, b, mm, sm, sink, heads_to_check, rows):
         qi = rows[:, None]
         if sm is not None:
             s = sm(s, b, h, qi, kv[None, :])
-        s = s.masked_fill(~mm(b, h, qi, kv[None, :]), float("-inf"))
+        if mm is not None:
+            s = s.masked_fill(~mm(b, h, qi, kv[None, :]), float("-inf"))
         if sink is not None:
             s = torch.cat([s, sink[h].expand(s.shape[0], 1)], dim=1)
         m = s.amax(dim=1, keepdim=True).clamp(min=-1e30)
