@@ -1,7 +1,8 @@
 #pragma once
 /// \file quant8.hpp
 /// \brief Eight-bit storage formats shared by host and device code: FP8 E4M3 and
-///        symmetric INT8, each with one fp32 scale per block of values.
+///        symmetric INT8, each with one fp32 scale per block of values (and the 4-bit
+///        INT4 codes of chapter 07's KV pages, Q = 7).
 ///
 /// A block of values x is stored as codes c with x ~ c * s, the scale chosen so the
 /// block's largest magnitude lands on the format's largest code:
@@ -33,6 +34,7 @@ namespace attn::q8 {
 
 constexpr float kE4M3Max = 448.f;  ///< largest finite E4M3 value
 constexpr float kInt8Max = 127.f;  ///< largest INT8 code used (symmetric)
+constexpr float kInt4Max = 7.f;    ///< largest INT4 code used (symmetric; chapter 07's 4-bit KV pages)
 
 ATTN_HD uint32_t f32_bits(float x) {
 #if defined(__CUDA_ARCH__)
@@ -85,6 +87,17 @@ ATTN_HD int8_t int8_encode(float x) {
   const float r = rintf(x);
   return int8_t(r > kInt8Max ? kInt8Max : r < -kInt8Max ? -kInt8Max : r);
 }
+
+/// x as a symmetric INT4 code: round to nearest even, clamped to [-7, 7] (-8 is not used).
+ATTN_HD int8_t int4_encode(float x) {
+  if (!(x == x)) return 0;  // NaN
+  const float r = rintf(x);
+  return int8_t(r > kInt4Max ? kInt4Max : r < -kInt4Max ? -kInt4Max : r);
+}
+/// An INT4 code as the 4-bit two's complement nibble it is stored as (low 4 bits).
+ATTN_HD uint8_t int4_nibble(int8_t c) { return uint8_t(c) & 0xfu; }
+/// The code of a nibble (the low 4 bits of `b`; 0x8 = -8 never occurs in a valid page).
+ATTN_HD int8_t int4_from_nibble(uint8_t b) { return int8_t(int(b & 0xfu) - (b & 0x8u ? 16 : 0)); }
 
 /// The scale of a block whose largest magnitude is `amax`, for codes up to `qmax`.
 ATTN_HD float block_scale(float amax, float qmax) { return amax > 0.f ? amax / qmax : 0.f; }

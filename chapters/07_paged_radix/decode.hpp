@@ -54,10 +54,11 @@ constexpr std::size_t decode_smem_bytes(int d) {
 }
 /// An 8-bit cache: kStages8 tiles of K and V codes and their scales (one per key), and
 /// one slot of 16 f16 rows per warp that the warp converts its keys into: 65.5 KB at
-/// d = 128, so three blocks fit an SM where two bf16 ones do.
+/// d = 128, so three blocks fit an SM where two bf16 ones do (INT4: 42.5 KB).
 constexpr std::size_t decode_smem_bytes(int d, KvDtype kv) {
   return !kv_quantised(kv) ? decode_smem_bytes(d)
-                           : std::size_t(DecodeGeometry::kStages8) * DecodeGeometry::kBc * (std::size_t(d) * 2 + 8) +
+                           : std::size_t(DecodeGeometry::kStages8) * DecodeGeometry::kBc *
+                                     (std::size_t(kv_row_bytes(kv, d)) * 2 + 8) +
                                  std::size_t(DecodeGeometry::kWarps) * DecodeGeometry::kWarpKeys * d * 2;
 }
 /// Blocks per SM that shared memory allows (228 KB per SM on Hopper, 1 KB reserved per block).

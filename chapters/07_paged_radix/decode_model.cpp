@@ -25,10 +25,11 @@ DecodeModelResult decode_model(const DecodeBatch& b, const std::vector<float>& q
   const bool quant = kv_quantised(b.kv_dtype);
   if (kv.dtype != b.kv_dtype) throw std::logic_error("decode_model: the pools' format is not the batch's");
   const std::size_t page_elems = std::size_t(b.page_size) * D;
-  // An 8-bit pool: one byte per code, counted here (GlobalTensor counts 2-byte elements).
-  // The row is dequantised on chip, code * scale (the kernels put the scales on S and P instead).
+  // An 8-bit pool: one byte per code, an INT4 pool half a byte (two codes per byte),
+  // counted here (GlobalTensor counts 2-byte elements). The row is dequantised on chip,
+  // code * scale (the kernels put the scales on S and P instead).
   auto load_codes = [&](const std::vector<float>& codes, const std::vector<float>& scales, std::size_t at, float* dst) {
-    tr.bytes_read += double(D);
+    tr.bytes_read += double(kv_row_bytes(b.kv_dtype, D));
     const float sc = scales[at / page_elems];
     for (int e = 0; e < D; ++e) dst[e] = kv_dequant(codes[at + e], sc);
   };

@@ -1,4 +1,4 @@
-// The accuracy of the 8-bit KV caches (see kv_accuracy.hpp).
+// The accuracy of the 8-bit and 4-bit KV caches (see kv_accuracy.hpp).
 #include "kv_accuracy.hpp"
 
 #include <algorithm>
@@ -64,6 +64,36 @@ KvPools per_page(const DecodeBatch& b, const KvPools& x, KvDtype t) {
       const float inv = q8::inverse_scale(scale[blk]);
       for (std::size_t i = blk * per; i < (blk + 1) * per; ++i) codes[i] = kv_code(t, src[i] * inv);
     }
+    // INT4: through the stored form, two codes per byte, and back (what a kernel unpacks).
+    if (t == KvDtype::int4) codes = kv_unpack_codes(t, kv_pack_codes(t, codes.data(), codes.size()).data(), codes.size());
+  }
+  return out;
+}
+
+/// INT4 K and V with one scale per (page, KV head, group of `g` channels) (g divides d),
+/// or with `per_token` per (token, KV head, group): returned as the dequantised values
+/// code * scale in a value pool.
+KvPools int4_per_group(const DecodeBatch& b, const KvPools& x, int g, bool per_token = false) {
+  KvPools out;
+  out.k.resize(x.k.size());
+  out.v.resize(x.v.size());
+  const int P = b.page_size, D = b.d;
+  for (int which = 0; which < 2; ++which) {
+    const std::vector<float>& src = which ? x.v : x.k;
+    std::vector<float>& dst = which ? out.v : out.k;
+    const int rows = per_token ? 1 : P;  // slots one scale covers
+    for (std::size_t blk = 0; blk < b.scale_elems() * P / rows; ++blk)
+      for (int c0 = 0; c0 < D; c0 += g) {
+        float amax = 0.f;
+        for (int s = 0; s < rows; ++s)
+          for (int c = c0; c < c0 + g; ++c) amax = std::max(amax, std::fabs(src[(blk * rows + s) * D + c]));
+        const float sc = q8::block_scale(amax, q8::kInt4Max), inv = q8::inverse_scale(sc);
+        for (int s = 0; s < rows; ++s)
+          for (int c = c0; c < c0 + g; ++c) {
+            const std::size_t i = (blk * rows + s) * D + c;
+            dst[i] = kv_dequant(kv_code(KvDtype::int4, src[i] * inv), sc);
+          }
+      }
   }
   return out;
 }
@@ -151,16 +181,18 @@ AccuracyTable kv_accuracy_table(uint64_t seed) {
       row.max_abs.push_back(mx);
     };
     add("bf16", bb, q, x);
-    for (KvDtype f : {KvDtype::fp8, KvDtype::int8}) {
+    for (KvDtype f : {KvDtype::fp8, KvDtype::int8, KvDtype::int4}) {
       DecodeBatch qb = bb;
       qb.kv_dtype = f;
       add(std::string(kv_dtype_name(f)) + " per page", qb, q, per_page(qb, x, f));
     }
     add("int8 per channel (K)", bb, q, int8_per_channel(bb, x));
+    add("int4 per 32 channels", bb, q, int4_per_group(bb, x, 32));
+    add("int4 per token, 32 channels", bb, q, int4_per_group(bb, x, 32, true));
     KvPools xr = x;
     std::vector<float> qr = q;
     rotate(bb, xr, qr);
-    for (KvDtype f : {KvDtype::fp8, KvDtype::int8}) {
+    for (KvDtype f : {KvDtype::fp8, KvDtype::int8, KvDtype::int4}) {
       DecodeBatch qb = bb;
       qb.kv_dtype = f;
       add(std::string(kv_dtype_name(f)) + " per page + Hadamard", qb, qr, per_page(qb, xr, f));

@@ -1,16 +1,22 @@
 #pragma once
 /// \file kv_accuracy.hpp
-/// \brief What an 8-bit KV cache costs in accuracy: the decode model (v2's loops) on
-///        bf16, FP8 and INT8 pools, with per-channel and Hadamard-rotated variants,
-///        against the fp64 reference of the bf16 values, on three kinds of input.
+/// \brief What an 8-bit or 4-bit KV cache costs in accuracy: the decode model (v2's
+///        loops) on bf16, FP8, INT8 and INT4 pools, with per-channel, per-group and
+///        Hadamard-rotated variants, against the fp64 reference of the bf16 values, on
+///        three kinds of input.
 ///
 /// Every variant decodes the same batch; only the stored K and V differ:
 ///
 ///     bf16                    the values themselves (the cache of the other rows of this chapter)
-///     fp8 / int8, per page    codes with one scale per (page, KV head): the kernels' format
+///     fp8 / int8 / int4,      codes with one scale per (page, KV head): the kernels' format
+///       per page              (INT4 through its packed form, two codes per byte, and back)
 ///     int8, per channel (K)   one scale per (page, KV head, channel) for K (V per page):
 ///                             a channel whose entries are all large gets its own scale
-///     fp8 / int8 + Hadamard   K and Q rotated by the same orthogonal H / sqrt(d) along d before
+///     int4, per 32 channels   one scale per (page, KV head, 32 channels) for K and V: 4x the
+///                             scale bytes, each scale still over P x 32 values
+///     int4, per token,        one scale per (token, KV head, 32 channels): 32 values a
+///       32 channels           scale, one bit more per value (KIVI-like groups)
+///     fp8/int8/int4 + Hadamard  K and Q rotated by the same orthogonal H / sqrt(d) along d before
 ///                             K is quantised ((H q) . (H k) = q . k): an outlier channel is spread
 ///                             over all d channels, so the page's amax and its step fall
 ///

@@ -107,7 +107,7 @@ void PagePool::quantise_row(std::vector<float>& codes, float& scale, int page, i
     // amax / Q; a written one doubles its scale until the token fits, and its slots are
     // quantised again from their values. Growing by powers of two keeps requantisation
     // from compounding: an E4M3 code only shifts its exponent (exact while it stays
-    // normal), and INT8's rounding errors, half a step of each grid, sum to less than
+    // normal), and INT8's (and INT4's) rounding errors, half a step of each grid, sum to less than
     // one step of the last.
     // EXERCISE ch07.7: grow the page's scale: a fresh page takes amax / Q, a written one doubles until the token fits
     //| float grown = scale;  // TODO: your code here (q8::block_scale(); then powers of two)

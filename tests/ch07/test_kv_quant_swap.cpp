@@ -1,4 +1,4 @@
-// The 8-bit KV cache and swap to host memory: E4M3 and INT8 codes, the scale of a
+// The 8-bit (and 4-bit) KV cache and swap to host memory: E4M3, INT8 and INT4 codes, the scale of a
 // page (grown token by token, copied by copy-on-write, 0 for an all-zero page), swap
 // out and in, and a property test of 100,000 random appends, forks, swaps and frees
 // per format with every invariant checked after every operation.
@@ -68,7 +68,7 @@ void token_kv(uint32_t u, float* k, float* v) {
 }  // namespace
 
 TEST_CASE("exercise ch07.7: a quantised page: scale from the first token, doubled for a larger one, an all-zero page gives zeros") {
-  for (KvDtype t : {KvDtype::fp8, KvDtype::int8}) {
+  for (KvDtype t : {KvDtype::fp8, KvDtype::int8, KvDtype::int4}) {
     CAPTURE(kv_dtype_name(t));
     PagePool pool(4, 4, kH, kD, t);
     PagedKvCache cache(pool);
@@ -103,7 +103,7 @@ TEST_CASE("exercise ch07.7: a quantised page: scale from the first token, double
 }
 
 TEST_CASE("exercise ch07.6: swap out moves the private pages to the host and back, fork shares scales, copy-on-write copies them") {
-  for (KvDtype t : {KvDtype::fp8, KvDtype::int8}) {
+  for (KvDtype t : {KvDtype::fp8, KvDtype::int8, KvDtype::int4}) {
     CAPTURE(kv_dtype_name(t));
     PagePool pool(8, 4, kH, kD, t), host(8, 4, kH, kD, t);
     PagedKvCache cache(pool, &host);
@@ -200,10 +200,10 @@ bool close_to_model(const PagedKvCache& cache, PagedKvCache::SeqId id, const std
         for (int c = 0; c < kD; ++c) {
           const float want = round_to(DType::bf16, x[h * kD + c]);
           const float stored = got[i * 2 * kH * kD + std::size_t(which) * kH * kD + h * kD + c];
-          // INT8: under one step of a grid at most twice amax / 127; E4M3: half an ulp (2^-4
-          // relative), plus a subnormal step (2^-9 of the scale), plus bf16's 2^-9.
-          const float tol = t == KvDtype::int8 ? 2.f * 2.f * amax_page / 127.f + std::fabs(want) / 256.f
-                                               : 0.07f * std::fabs(want) + 2.f * amax_page / 448.f / 256.f;
+          // INT8 (INT4): under one step of a grid at most twice amax / 127 (/ 7); E4M3: half an
+          // ulp (2^-4 relative), plus a subnormal step (2^-9 of the scale), plus bf16's 2^-9.
+          const float tol = t != KvDtype::fp8 ? 2.f * 2.f * amax_page / kv_qmax(t) + std::fabs(want) / 256.f
+                                              : 0.07f * std::fabs(want) + 2.f * amax_page / 448.f / 256.f;
           if (!(std::fabs(stored - want) <= tol)) return false;
         }
       }
@@ -323,4 +323,7 @@ TEST_CASE("property: 100000 random appends, forks, swaps and frees, INT8 pages o
 }
 TEST_CASE("property: 100000 random appends, forks, swaps and frees, FP8 pages of 16") {
   swap_property_test(KvDtype::fp8, 16, 100000, 22);
+}
+TEST_CASE("property: 100000 random appends, forks, swaps and frees, INT4 pages of 8") {
+  swap_property_test(KvDtype::int4, 8, 100000, 23);
 }
