@@ -57,9 +57,10 @@ __global__ void fill_pools_kernel(bf16* k, bf16* v, std::size_t n, uint64_t seed
   }
 }
 
-/// An 8-bit pool from kv_value(): one block per (page, KV head) finds the amax of the
-/// page's P * D bf16 values, sets the scale amax / Q (common/quant8.hpp), and stores
-/// the codes, exactly as pool_scales() and fill_pools() do on the host.
+/// An 8-bit (or INT4) pool from kv_value(): one block per (page, KV head) finds the amax
+/// of the page's P * D bf16 values, sets the scale amax / Q (common/quant8.hpp), and
+/// stores the codes, exactly as pool_scales() and fill_pools() do on the host (INT4: two
+/// per byte, packed as kv_pack_codes() packs them).
 template <KvDtype F>
 __global__ void fill_pools8_kernel(uint8_t* k, uint8_t* v, float* k_scale, float* v_scale, std::size_t per,
                                    uint64_t seed, Dist dist) {
@@ -82,15 +83,29 @@ __global__ void fill_pools8_kernel(uint8_t* k, uint8_t* v, float* k_scale, float
   const float sk = q8::block_scale(ak, qmax), sv = q8::block_scale(av, qmax);
   const float ik = q8::inverse_scale(sk), iv = q8::inverse_scale(sv);
   if (threadIdx.x == 0) k_scale[blockIdx.x] = sk, v_scale[blockIdx.x] = sv;
-  for (std::size_t i = threadIdx.x; i < per; i += blockDim.x) {
-    const float x = __bfloat162float(__float2bfloat16_rn(kv_value(seed, kStreamK, base + i, dist))) * ik;
-    const float y = __bfloat162float(__float2bfloat16_rn(kv_value(seed, kStreamV, base + i, dist))) * iv;
-    if constexpr (F == KvDtype::fp8) {
-      k[base + i] = q8::e4m3_encode(x);
-      v[base + i] = q8::e4m3_encode(y);
-    } else {
-      k[base + i] = uint8_t(q8::int8_encode(x));
-      v[base + i] = uint8_t(q8::int8_encode(y));
+  if constexpr (F == KvDtype::int4) {  // two codes per byte: element 2i in the low nibble of byte i
+    for (std::size_t i = 2 * threadIdx.x; i < per; i += 2 * blockDim.x) {
+      uint8_t kb = 0, vb = 0;
+      for (int e = 0; e < 2; ++e) {
+        const float x = __bfloat162float(__float2bfloat16_rn(kv_value(seed, kStreamK, base + i + e, dist))) * ik;
+        const float y = __bfloat162float(__float2bfloat16_rn(kv_value(seed, kStreamV, base + i + e, dist))) * iv;
+        kb |= uint8_t(q8::int4_nibble(q8::int4_encode(x)) << (4 * e));
+        vb |= uint8_t(q8::int4_nibble(q8::int4_encode(y)) << (4 * e));
+      }
+      k[(base + i) / 2] = kb;
+      v[(base + i) / 2] = vb;
+    }
+  } else {
+    for (std::size_t i = threadIdx.x; i < per; i += blockDim.x) {
+      const float x = __bfloat162float(__float2bfloat16_rn(kv_value(seed, kStreamK, base + i, dist))) * ik;
+      const float y = __bfloat162float(__float2bfloat16_rn(kv_value(seed, kStreamV, base + i, dist))) * iv;
+      if constexpr (F == KvDtype::fp8) {
+        k[base + i] = q8::e4m3_encode(x);
+        v[base + i] = q8::e4m3_encode(y);
+      } else {
+        k[base + i] = uint8_t(q8::int8_encode(x));
+        v[base + i] = uint8_t(q8::int8_encode(y));
+      }
     }
   }
 }
@@ -203,14 +218,18 @@ struct GpuDecoder::Impl {
       constexpr int D = decltype(dc)::value;
       auto go = [&](const auto& kv) {
         if constexpr (!std::is_same_v<std::decay_t<decltype(kv)>, gpu::ContiguousKv>) {
-          if (kernel == DecodeKernel::v4) return gpu::v4::launch<D>(p, kv, b.batch(), b.kv_heads);
-          if (kernel == DecodeKernel::v5) return gpu::v5::launch<D>(p, kv, b.batch(), b.kv_heads);
           if constexpr (!kv_quantised(std::decay_t<decltype(kv)>::kDtype)) {
             if (kernel == DecodeKernel::v12) return gpu::v12::launch<D>(p, kv, b.batch(), b.kv_heads);
             if (kernel == DecodeKernel::v14) return gpu::v14::launch<D>(p, kv, b.batch(), b.kv_heads);
             if (kernel == DecodeKernel::final_bf16) return gpu::final_bf16::launch<D>(p, kv, b.batch(), b.kv_heads);
           }
-          if constexpr (kv_quantised(std::decay_t<decltype(kv)>::kDtype)) {
+          // INT4 pages run v1-v3 only (prepare() refuses the others): nothing else is instantiated for them.
+          constexpr KvDtype kF = std::decay_t<decltype(kv)>::kDtype;
+          if constexpr (kF != KvDtype::int4) {
+            if (kernel == DecodeKernel::v4) return gpu::v4::launch<D>(p, kv, b.batch(), b.kv_heads);
+            if (kernel == DecodeKernel::v5) return gpu::v5::launch<D>(p, kv, b.batch(), b.kv_heads);
+          }
+          if constexpr (kv_quantised(kF) && kF != KvDtype::int4) {
             if (kernel == DecodeKernel::v6) return gpu::v6::launch<D>(p, kv, b.batch(), b.kv_heads);
             if (kernel == DecodeKernel::v7) return gpu::v7::launch<D>(p, kv, code_maps(), b.batch(), b.kv_heads);
             if (kernel == DecodeKernel::v9) return gpu::v9::launch<D>(p, kv, code_maps(), b.batch(), b.kv_heads);
@@ -236,6 +255,9 @@ struct GpuDecoder::Impl {
         if (b.kv_dtype == KvDtype::fp8)
           go(gpu::PagedKv8<KvDtype::fp8>{k8.get(), v8.get(), k_scale.get(), v_scale.get(), table.get(), b.max_pages,
                                          b.kv_heads, shift});
+        else if (b.kv_dtype == KvDtype::int4)
+          go(gpu::PagedKv8<KvDtype::int4>{k8.get(), v8.get(), k_scale.get(), v_scale.get(), table.get(),
+                                          b.max_pages, b.kv_heads, shift});
         else
           go(gpu::PagedKv8<KvDtype::int8>{k8.get(), v8.get(), k_scale.get(), v_scale.get(), table.get(),
                                           b.max_pages, b.kv_heads, shift});
@@ -248,6 +270,11 @@ struct GpuDecoder::Impl {
     if (kernel_in_lab(kernel) && !TUTORIAL_LAB)
       throw UsageError(std::string(kernel_name(kernel)) +
                        " is a lab step, and this build has no lab (configure with -DTUTORIAL_LAB=ON)");
+    if (batch.kv_dtype == KvDtype::int4 && kernel != DecodeKernel::v1 && kernel != DecodeKernel::v2 &&
+        kernel != DecodeKernel::v3)
+      throw UsageError(std::string(kernel_name(kernel)) +
+                       " is not built for INT4 pages (INT4 runs v1, v2 and v3: the 8-bit steps from v4 on convert "
+                       "one-byte codes)");
     if (kernel_needs_hopper(kernel)) {
       std::string why;
       const auto dev = query_device(&why);
@@ -297,24 +324,22 @@ GpuDecoder::GpuDecoder(const DecodeBatch& b, const std::vector<float>& q, const 
   const std::size_t n = b.pool_elems();
   if (kv_quantised(b.kv_dtype)) {
     if (b.d != 128) throw UsageError("an 8-bit KV cache is built for head dim 128, got " + std::to_string(b.d));
-    m.k8 = DeviceBuffer<uint8_t>(n);
-    m.v8 = DeviceBuffer<uint8_t>(n);
+    const std::size_t bytes = n / b.d * std::size_t(kv_row_bytes(b.kv_dtype, b.d));  // INT4: half a byte per code
+    m.k8 = DeviceBuffer<uint8_t>(bytes);
+    m.v8 = DeviceBuffer<uint8_t>(bytes);
     m.k_scale = DeviceBuffer<float>(b.scale_elems());
     m.v_scale = DeviceBuffer<float>(b.scale_elems());
     if (kv.pools) {
       if (kv.pools->dtype != b.kv_dtype) throw std::logic_error("GpuDecoder: the pools' format is not the batch's");
-      std::vector<uint8_t> kb(n), vb(n);
-      for (std::size_t i = 0; i < n; ++i) {
-        kb[i] = kv_code_byte(b.kv_dtype, kv.pools->k[i]);
-        vb[i] = kv_code_byte(b.kv_dtype, kv.pools->v[i]);
-      }
-      m.k8.upload(kb);
-      m.v8.upload(vb);
+      m.k8.upload(kv_pack_codes(b.kv_dtype, kv.pools->k.data(), n));
+      m.v8.upload(kv_pack_codes(b.kv_dtype, kv.pools->v.data(), n));
       m.k_scale.upload(kv.pools->k_scale);
       m.v_scale.upload(kv.pools->v_scale);
     } else {
       const std::size_t per = std::size_t(b.page_size) * b.d;
-      auto fill = b.kv_dtype == KvDtype::fp8 ? fill_pools8_kernel<KvDtype::fp8> : fill_pools8_kernel<KvDtype::int8>;
+      auto fill = b.kv_dtype == KvDtype::fp8    ? fill_pools8_kernel<KvDtype::fp8>
+                  : b.kv_dtype == KvDtype::int4 ? fill_pools8_kernel<KvDtype::int4>
+                                                : fill_pools8_kernel<KvDtype::int8>;
       fill<<<unsigned(b.scale_elems()), 128>>>(m.k8.get(), m.v8.get(), m.k_scale.get(), m.v_scale.get(), per, kv.seed,
                                                kv.dist);
       CUDA_CHECK_LAUNCH("fill_pools8_kernel");

@@ -29,6 +29,11 @@ inline bool kernel_is_final(DecodeKernel k) { return k == DecodeKernel::final_bf
 inline bool kernel_in_lab(DecodeKernel k) {
   return k == DecodeKernel::v8 || k == DecodeKernel::v10 || k == DecodeKernel::v13;
 }
+/// Whether kernel `k` is built for pools stored as `t`: INT4 pages (two codes per byte) run
+/// v1, v2 and v3 only, whose warps unpack the codes to f16 in registers (decode_tile.cuh).
+inline bool kernel_reads(KvDtype t, DecodeKernel k) {
+  return t != KvDtype::int4 || k == DecodeKernel::v1 || k == DecodeKernel::v2 || k == DecodeKernel::v3;
+}
 /// v7-v10 and v13 (TMA page copies, mbarriers) and v14 (programmatic dependent launch) are
 /// built for sm_90a alone: on another GPU their rows are skipped, in one line.
 bool kernel_needs_hopper(DecodeKernel k);

@@ -23,8 +23,8 @@
 /// shared merge() of common/online_softmax.hpp: the same operator that v2 uses
 /// across blocks.
 ///
-/// An 8-bit cache (PagedKv8, kv_quant.hpp) changes three things here and nothing in the
-/// steps' structure: the stage holds codes and one K and one V scale per row (load_tile
+/// An 8-bit cache (PagedKv8, kv_quant.hpp; INT4 pages too, PagedKv8<KvDtype::int4>)
+/// changes three things here and nothing in the steps' structure: the stage holds codes and one K and one V scale per row (load_tile
 /// for PagedKv8); each warp converts its 16 keys' codes to
 /// f16 in registers into its own slot (DequantRows, codes_to_f16); and its MMAs run in
 /// f16 with the K scales on S's columns and the V scales on P's (WarpDecode<D, __half>).
@@ -113,9 +113,10 @@ struct ContiguousKv {
   }
 };
 
-/// K/V in 8-bit pages (kv_quant.hpp): codes [page][kv_head][slot][D], one byte each,
-/// and one fp32 scale per (page, KV head) for K and one for V. The addressing is
-/// PagedKv's; row >> page_shift is the (page, KV head) of a row, the index of its scale.
+/// K/V in 8-bit pages (kv_quant.hpp): codes [page][kv_head][slot][D], one byte each
+/// (F = int4: two codes per byte, a row D / 2 bytes), and one fp32 scale per (page,
+/// KV head) for K and one for V. The addressing is PagedKv's (rows, in units of a row's
+/// bytes); row >> page_shift is the (page, KV head) of a row, the index of its scale.
 template <KvDtype F>
 struct PagedKv8 {
   static constexpr KvDtype kDtype = F;
@@ -181,7 +182,7 @@ constexpr int kStagesFor = kv_quantised(Kv::kDtype) ? Geo::kStages8 : Geo::kStag
 ///             then, after the kStages8 stages, one slot of 16 f16 rows per warp that
 ///             the warp dequantises its keys into (DequantRows) and its MMAs read
 template <int D, class Kv>
-constexpr uint32_t kCodeTileBytes = uint32_t(Geo::kBc) * D * kv_elem_bytes(Kv::kDtype);
+constexpr uint32_t kCodeTileBytes = uint32_t(Geo::kBc) * kv_row_bytes(Kv::kDtype, D);
 template <int D, class Kv>
 constexpr uint32_t kStageBytes = 2 * kCodeTileBytes<D, Kv> + (kv_quantised(Kv::kDtype) ? 2 * Geo::kBc * 4 : 0);
 /// Where the warps' bf16 slots of an 8-bit cache start.
@@ -211,26 +212,28 @@ __device__ __forceinline__ void load_tile(uint32_t sk, uint32_t sv, const Kv& kv
 }
 
 /// The 8-bit form: 16 codes (16 bytes) per cp.async, D/16 per row, so 8 threads cover a
-/// row at d = 128 and the block 16 rows per pass; the thread that loads chunk 0 of a
+/// row at d = 128 and the block 16 rows per pass (INT4: 32 codes per cp.async, 4 threads
+/// a row, 32 rows a pass); the thread that loads chunk 0 of a
 /// row also copies the row's K and V scale (4 bytes each, `cp_async_4`). A row's scale
 /// is read once per row (the rows of a page hit the same L1 line); rows at or past
 /// t_end get zero codes and a zero scale.
 template <int D, KvDtype F>
 __device__ __forceinline__ void load_tile(uint32_t sk, uint32_t sv, const PagedKv8<F>& kv, int b, int hk, int t0,
                                           int t_end) {
-  constexpr int CH = D / 16;                     // 16-byte chunks per row
+  constexpr int RB = kv_row_bytes(F, D);         // bytes per row
+  constexpr int CH = RB / 16;                    // 16-byte chunks per row
   constexpr int ROWS = Geo::kThreads / CH;       // rows per pass
   const int ch = threadIdx.x % CH;
-  const uint32_t scales = sv + uint32_t(Geo::kBc) * D;  // K scales, then V scales
+  const uint32_t scales = sv + uint32_t(Geo::kBc) * RB;  // K scales, then V scales
 #pragma unroll
   for (int pass = 0; pass < Geo::kBc / ROWS; ++pass) {
     const int row = pass * ROWS + threadIdx.x / CH;
     const int t = t0 + row;
     const bool in = t < t_end;
     const std::size_t r = in ? kv.row(b, hk, t) : 0;
-    const uint32_t dst = uint32_t(row) * D + ch * 16;
-    cuda::cp_async_16(sk + dst, kv.k + r * D + ch * 16, in);
-    cuda::cp_async_16(sv + dst, kv.v + r * D + ch * 16, in);
+    const uint32_t dst = uint32_t(row) * RB + ch * 16;
+    cuda::cp_async_16(sk + dst, kv.k + r * RB + ch * 16, in);
+    cuda::cp_async_16(sv + dst, kv.v + r * RB + ch * 16, in);
     if (ch == 0) {
       cuda::cp_async_4(scales + 4 * row, kv.k_scale + (r >> kv.page_shift), in);
       cuda::cp_async_4(scales + 4 * (Geo::kBc + row), kv.v_scale + (r >> kv.page_shift), in);
@@ -262,6 +265,25 @@ __device__ __forceinline__ void codes_to_f16(uint32_t w, uint32_t& lo, uint32_t&
   }
 }
 
+/// Eight INT4 codes (one 32-bit word, element 2i in the low nibble of byte i) as four
+/// f16x2 words, exactly, by INT8's exponent trick four bits at a time: the nibble XOR 8
+/// is the code plus 8 (two's complement -> offset binary), placed under the f16 exponent
+/// of 1024 it is the f16 1024 + c + 8, and one f16x2 subtraction of 1032 gives the pair.
+///
+///   byte k of u = w ^ 0x88888888:  [ hi nibble: c(2k+1) + 8 | lo nibble: c(2k) + 8 ]
+///   pair k = (u >> 8k) & 0xf  |  ((u >> 8k) & 0xf0) << 12  |  0x64006400   (lo half: element 2k)
+__device__ __forceinline__ void codes4_to_f16(uint32_t w, uint32_t (&out)[4]) {
+  const uint32_t u = w ^ 0x88888888u;
+  const __half2 bias = __half2(__ushort_as_half(0x6408u), __ushort_as_half(0x6408u));  // 1032
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t t = u >> (8 * k);
+    const uint32_t p = (t & 0xfu) | ((t & 0xf0u) << 12) | 0x64006400u;
+    const __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&p), bias);
+    out[k] = *reinterpret_cast<const uint32_t*>(&h);
+  }
+}
+
 /// Where one warp finds its 16 keys of a tile for the ldmatrix reads. bf16 K/V are read
 /// where they landed: rows k0 .. k0 + 15 of the stage.
 struct StageRows {
@@ -289,25 +311,38 @@ struct DequantRows {
   uint32_t s0;
 
   __device__ __forceinline__ unsigned char* at(uint32_t a) const { return smem + (a - s0); }
+  static constexpr int RB = kv_row_bytes(F, D);  ///< bytes of a row of codes
   /// Key `key` (0..15 of the warp's) K scale (which = 0) or V scale (which = 1).
   __device__ __forceinline__ float scale(int key, int which) const {
-    return *reinterpret_cast<const float*>(at(sv + uint32_t(Geo::kBc) * D + 4u * uint32_t(which * Geo::kBc + k0 + key)));
+    return *reinterpret_cast<const float*>(at(sv + uint32_t(Geo::kBc) * RB + 4u * uint32_t(which * Geo::kBc + k0 + key)));
   }
   __device__ __forceinline__ void convert(uint32_t codes) const {
-    constexpr int CH = D / 16;  // 16-code chunks per row
+    constexpr int CH = RB / 16;  // 16-byte chunks per row (16 codes, or 32 INT4 codes)
     const int lane = threadIdx.x % 32;
     __syncwarp();  // every lane is done with the slot's previous contents
 #pragma unroll
     for (int i = 0; i < Geo::kWarpKeys * CH / 32; ++i) {
       const int id = i * 32 + lane, row = id / CH, ch = id % CH;
-      const uint4 c = *reinterpret_cast<const uint4*>(at(codes + uint32_t(k0 + row) * D + ch * 16));
-      uint32_t out[8];
-      codes_to_f16<F>(c.x, out[0], out[1]);
-      codes_to_f16<F>(c.y, out[2], out[3]);
-      codes_to_f16<F>(c.z, out[4], out[5]);
-      codes_to_f16<F>(c.w, out[6], out[7]);
-      *reinterpret_cast<uint4*>(at(work + tile_offset<D>(row, 2 * ch))) = make_uint4(out[0], out[1], out[2], out[3]);
-      *reinterpret_cast<uint4*>(at(work + tile_offset<D>(row, 2 * ch + 1))) = make_uint4(out[4], out[5], out[6], out[7]);
+      const uint4 c = *reinterpret_cast<const uint4*>(at(codes + uint32_t(k0 + row) * RB + ch * 16));
+      if constexpr (F == KvDtype::int4) {  // 32 codes: four 16-byte f16 chunks of the row
+        uint32_t out[4][4];
+        codes4_to_f16(c.x, out[0]);
+        codes4_to_f16(c.y, out[1]);
+        codes4_to_f16(c.z, out[2]);
+        codes4_to_f16(c.w, out[3]);
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          *reinterpret_cast<uint4*>(at(work + tile_offset<D>(row, 4 * ch + j))) =
+              make_uint4(out[j][0], out[j][1], out[j][2], out[j][3]);
+      } else {
+        uint32_t out[8];
+        codes_to_f16<F>(c.x, out[0], out[1]);
+        codes_to_f16<F>(c.y, out[2], out[3]);
+        codes_to_f16<F>(c.z, out[4], out[5]);
+        codes_to_f16<F>(c.w, out[6], out[7]);
+        *reinterpret_cast<uint4*>(at(work + tile_offset<D>(row, 2 * ch))) = make_uint4(out[0], out[1], out[2], out[3]);
+        *reinterpret_cast<uint4*>(at(work + tile_offset<D>(row, 2 * ch + 1))) = make_uint4(out[4], out[5], out[6], out[7]);
+      }
     }
     __syncwarp();  // the slot is written before any lane reads it
   }

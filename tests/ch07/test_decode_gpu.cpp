@@ -52,6 +52,7 @@ void check_kernels(const DecodeBatch& b, const std::vector<int>& splits, Dist di
         if (pages_only && layout == KvLayout::contiguous) continue;
         if (eight_bit_only && !kv_quantised(b.kv_dtype)) continue;
         if (bf16_only && kv_quantised(b.kv_dtype)) continue;  // bf16 pages only
+        if (!kernel_reads(b.kv_dtype, k)) continue;  // INT4 pages: v1-v3
         if (kernel_needs_hopper(k) && !testing_support::on_hopper()) continue;  // their own cases skip off Hopper
         if (kernel_in_lab(k) && !TUTORIAL_LAB) continue;  // the lab's steps: built with -DTUTORIAL_LAB=ON only
         CAPTURE(layout_name(layout));
@@ -157,8 +158,8 @@ TEST_CASE("exercise ch07.5: the kernel finds K and V through the block table") {
   check_kernels(b, {1, 3}, Dist::normal, 21, false);
 }
 
-TEST_CASE("decode kernels, bf16 and 8-bit: page sizes 1, 16, 256, L not a multiple of the page, B = 1 and B = 33, GQA and MQA") {
-  for (KvDtype t : {KvDtype::bf16, KvDtype::fp8, KvDtype::int8}) {
+TEST_CASE("decode kernels, bf16, 8-bit and INT4: page sizes 1, 16, 256, L not a multiple of the page, B = 1 and B = 33, GQA and MQA") {
+  for (KvDtype t : {KvDtype::bf16, KvDtype::fp8, KvDtype::int8, KvDtype::int4}) {
     CAPTURE(kv_dtype_name(t));
     for (int P : {1, 16, 256}) {
       check_kernels(with_kv(build_batch(32, 8, 128, P, {P * 5 + 3}, 0, 31), t), {1, 3});                // B = 1, GQA 32/8
@@ -191,8 +192,8 @@ TEST_CASE("v3, v4 and v5 reset their arrival counters: steps in a row, and after
   }
 }
 
-TEST_CASE("8-bit kernels read exactly what the block manager stored (scales grown token by token, copy-on-write)") {
-  for (KvDtype t : {KvDtype::fp8, KvDtype::int8}) {
+TEST_CASE("8-bit and INT4 kernels read exactly what the block manager stored (scales grown token by token, copy-on-write)") {
+  for (KvDtype t : {KvDtype::fp8, KvDtype::int8, KvDtype::int4}) {
     CAPTURE(kv_dtype_name(t));
     const int P = 16, Hkv = 2, D = 128, Hq = 8;
     PagePool pool(96, P, Hkv, D, t);
@@ -225,11 +226,42 @@ TEST_CASE("8-bit kernels read exactly what the block manager stored (scales grow
     GpuDecoder gpu(batch, q, kv);
     for (DecodeKernel kk : {DecodeKernel::v1, DecodeKernel::v2, DecodeKernel::v3, DecodeKernel::v4, DecodeKernel::v5,
                             DecodeKernel::v6}) {
+      if (!kernel_reads(t, kk)) continue;  // INT4 pages: v1-v3 (the host's codes packed two per byte)
       const GpuDecodeOutput out = gpu.run(kk, 3, KvLayout::paged);
       const CheckResult r = oracle.judge(out.o, out.lse);
       CHECK_MESSAGE(r.pass(), r.failures());
     }
   }
+}
+
+TEST_CASE("INT4 pages (v1-v3): GQA 32/8 and 16/4, ragged lengths around the page, Nk not a multiple of the page or tile") {
+  // Lengths 1, P - 1, P + 1, 63, 65 (around the 64-key tile), 1000 (not a multiple of 16 or 64).
+  for (int P : {8, 16, 32}) {
+    CAPTURE(P);
+    const std::vector<int> lens = {1, P - 1, P + 1, 63, 65, 1000};
+    check_kernels(with_kv(build_batch(32, 8, 128, P, lens, 0, 51), KvDtype::int4), {1, 2, 7});
+    check_kernels(with_kv(build_batch(16, 4, 128, P, lens, 0, 52), KvDtype::int4), {3}, Dist::outliers);
+  }
+  check_kernels(with_kv(build_batch(20, 1, 128, 16, {333, 4}, 0, 53), KvDtype::int4), {1, 4});  // a group of 20 heads
+}
+
+TEST_CASE("INT4 pages: v3 steps in a row reset their counters, and the other steps are refused") {
+  const DecodeBatch b = with_kv(build_batch(32, 8, 128, 16, {5000, 17, 4097}, 0, 61), KvDtype::int4);
+  const std::vector<float> q = make_queries(b, 61, Dist::normal);
+  const KvScales scales = pool_scales(b, 61, Dist::normal);
+  const KvContents kv = hashed_contents(b, 61, Dist::normal, &scales);
+  const DecodeOracle oracle(b, q, kv, true);
+  GpuDecoder gpu(b, q, kv);
+  REQUIRE(gpu.scales().k == scales.k);
+  for (int rep = 0; rep < 3; ++rep)
+    for (DecodeKernel k : {DecodeKernel::v3, DecodeKernel::v2, DecodeKernel::v3}) {
+      const GpuDecodeOutput out = gpu.run(k, 9, KvLayout::paged);
+      const CheckResult c = oracle.judge(out.o, out.lse);
+      CHECK_MESSAGE(c.pass(), c.failures());
+    }
+  for (DecodeKernel k : {DecodeKernel::v4, DecodeKernel::v5, DecodeKernel::v6, DecodeKernel::v9, DecodeKernel::final_8bit})
+    CHECK_THROWS_AS(gpu.run(k, 9, KvLayout::paged), UsageError);
+  CHECK_THROWS_AS(gpu.run(DecodeKernel::v2, 9, KvLayout::contiguous), UsageError);
 }
 
 TEST_CASE("timing gives a positive median") {

@@ -130,5 +130,6 @@ template void launch<64, ContiguousKv>(const DecodeParams&, const ContiguousKv&,
 template void launch<128, ContiguousKv>(const DecodeParams&, const ContiguousKv&, int, int);
 template void launch<128, PagedKv8<KvDtype::fp8>>(const DecodeParams&, const PagedKv8<KvDtype::fp8>&, int, int);
 template void launch<128, PagedKv8<KvDtype::int8>>(const DecodeParams&, const PagedKv8<KvDtype::int8>&, int, int);
+template void launch<128, PagedKv8<KvDtype::int4>>(const DecodeParams&, const PagedKv8<KvDtype::int4>&, int, int);
 
 }  // namespace attn::ch07::gpu::v2
