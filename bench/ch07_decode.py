@@ -18,7 +18,7 @@ The two focused tables of the chapter README, each from one run of this script: 
 `decode --sweep --sweep-shapes b1` (one GQA 32/8 sequence of 32K, 64K, 128K tokens: every
 kernel of the sweep; v12 and later also as R = 8 steps launched back to back, `--chain`, the time per
 step, where v14's start overlaps the step before it) and times SDPA's cuDNN and flash backends and
-FlashAttention-4 (where importable) on the same shapes in the same process (each peer call alone); `quant` runs `--sweep-shapes quant` (bf16, FP8 and INT8 pools
+FlashAttention-4 (where importable) on the same shapes in the same process (each peer call alone); `quant` runs `--sweep-shapes quant` (bf16, FP8, INT8 and INT4 pools
 at batch 8 x 32K and 1 x 64K) and prints tokens per second and each format's ratio to bf16.
 Both print markdown with the GPU, the date, the versions and the command. `--since vN`
 passes through to the binary: only kernel vN and the later steps run (and are timed).

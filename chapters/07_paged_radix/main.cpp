@@ -303,6 +303,8 @@ int run_sweep(const Options& opt, const DecodeOptions& dopt, const DeviceInfo& d
     }
     if (contiguous)
       runs.insert(runs.end(), {{DecodeKernel::v1, 1, KvLayout::contiguous}, {DecodeKernel::v2, v2_splits, KvLayout::contiguous}});
+    runs.erase(std::remove_if(runs.begin(), runs.end(), [&](const Run& r) { return !kernel_reads(c.kv, r.kernel); }),
+               runs.end());  // INT4 pages: v1-v3
     {
       std::string skipped;
       skip_hopper_runs(runs, dev, &skipped);
@@ -418,9 +420,10 @@ int run_decode(int argc, char** argv, bool dry = false) {
   cli.add_int("--sms", &dopt.sms, "SM count the heuristic assumes (0: the device's, or 132)", 0, 100000);
   cli.add_flag("--sweep", &dopt.sweep, "the README's bandwidth table (needs a GPU)");
   cli.add_choice("--sweep-shapes", &dopt.sweep_set, {"all", "b1", "quant"},
-                 "with --sweep: all (the README's table), b1 (one sequence, 32K-128K) or quant (bf16/fp8/int8)");
-  cli.add_choice("--kv-dtype", &dopt.kv_dtype, {"bf16", "fp8", "int8"},
-                 "how the cache stores K and V: bf16, or 8-bit codes (E4M3 / INT8) with a scale per page and KV head");
+                 "with --sweep: all (the README's table), b1 (one sequence, 32K-128K) or quant (bf16/fp8/int8/int4)");
+  cli.add_choice("--kv-dtype", &dopt.kv_dtype, {"bf16", "fp8", "int8", "int4"},
+                 "how the cache stores K and V: bf16, or 8-bit codes (E4M3 / INT8) or 4-bit ones (INT4, two per byte; "
+                 "kernels v1-v3) with a scale per page and KV head");
   cli.add_choice("--since", &dopt.since, {"v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10", "v12", "v13", "v14"},
                  "run (and time) only this GPU kernel and the later steps, e.g. v7: v7 and v8 (default v1: all)");
   cli.add_int("--chain", &dopt.chain,
@@ -431,7 +434,7 @@ int run_decode(int argc, char** argv, bool dry = false) {
                "also run the lab's steps (v8, v10, v13: steps/lab/, LAB.md); needs a build configured with "
                "-DTUTORIAL_LAB=ON");
   cli.add_flag("--accuracy", &dopt.accuracy,
-               "the accuracy table of the 8-bit caches against bf16 and fp64 (CPU model; any machine)");
+               "the accuracy table of the 8-bit and 4-bit caches against bf16 and fp64 (CPU model; any machine)");
   return run_chapter(argc, argv, cli, [&](const Options& opt) {
     const Problem& p0 = opt.problem;
     if (p0.nq != 1) throw UsageError("decode has one query token per sequence: --n must be 1");
@@ -565,6 +568,8 @@ int run_decode(int argc, char** argv, bool dry = false) {
         runs.insert(runs.end(),
                     {{"v1 contiguous", DecodeKernel::v1, 1, KvLayout::contiguous},
                      {"v2 contiguous, S=" + std::to_string(v2_splits), DecodeKernel::v2, v2_splits, KvLayout::contiguous}});
+      runs.erase(std::remove_if(runs.begin(), runs.end(), [&](const Run& r) { return !kernel_reads(b.kv_dtype, r.kernel); }),
+                 runs.end());  // INT4 pages: v1-v3
       {
         std::string skipped;
         skip_hopper_runs(runs, *dev, &skipped);

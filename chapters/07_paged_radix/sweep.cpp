@@ -27,7 +27,7 @@ std::vector<SweepShape> sweep_shapes(const std::string& set) {
   } else if (set == "b1") {
     for (int L : {32768, 65536, 131072}) s.push_back({1, L, 32, 8, 16});
   } else if (set == "quant") {
-    for (KvDtype t : {KvDtype::bf16, KvDtype::fp8, KvDtype::int8}) {
+    for (KvDtype t : {KvDtype::bf16, KvDtype::fp8, KvDtype::int8, KvDtype::int4}) {
       s.push_back({8, 32768, 32, 8, 16, t});
       s.push_back({1, 65536, 32, 8, 16, t});
     }

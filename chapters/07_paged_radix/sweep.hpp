@@ -22,7 +22,7 @@ struct SweepShape {
 /// high-batch case, and the page sizes 1 to 64 on one long sequence (set "all", the
 /// default, every cache bf16). Set "b1": one GQA 32/8 sequence of 32K, 64K and 128K
 /// tokens. Set "quant": batch 8 at 32K and one sequence of 64K (GQA 32/8), each in
-/// bf16, FP8 and INT8. Any other name: an empty list.
+/// bf16, FP8, INT8 and INT4 (INT4: v1-v3 only). Any other name: an empty list.
 std::vector<SweepShape> sweep_shapes(const std::string& set = "all");
 bool sweep_set_known(const std::string& set);
 

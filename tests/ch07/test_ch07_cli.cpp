@@ -66,7 +66,7 @@ TEST_CASE("bad input: one line on stderr and exit code 2") {
         "decode --splits -1", "decode --lengths wobbly", "decode --device cpu --sweep",
         "decode --device cpu --sram-bytes 65536", "--page-size 12", "paged --seqs 0", "paged --max-len 1",
         "radix --workload nope", "radix --requests 5 --pool-pages 4", "radix --draw --json", "radix --page-size 0",
-        "decode --kv-dtype fp4", "decode --kv-dtype fp8 --d 64", "decode --accuracy --sweep",
+        "decode --kv-dtype fp4", "decode --kv-dtype fp8 --d 64", "decode --kv-dtype int4 --d 64", "decode --accuracy --sweep",
         "decode --sweep-shapes nope", "decode --since v11", "decode --since v99", "decode --chain -1", "decode --chain 65", "decode --since 7", "swap --pool-pages 0", "swap --copy-gbps -1"}) {
     const std::string a = args;
     CAPTURE(a);
@@ -88,10 +88,10 @@ TEST_CASE("--help of every subcommand exits 0") {
   CHECK(run_binary(CH07_BINARY, "decode --help").out.find("--page-size") != std::string::npos);
 }
 
-TEST_CASE("decode over an 8-bit cache: the models pass, the bytes are about half of bf16's") {
-  double bytes[3] = {0, 0, 0};
-  const char* kinds[3] = {"bf16", "fp8", "int8"};
-  for (int i = 0; i < 3; ++i) {
+TEST_CASE("decode over an 8-bit or INT4 cache: the models pass, the bytes are about half (a quarter) of bf16's") {
+  double bytes[4] = {0, 0, 0, 0};
+  const char* kinds[4] = {"bf16", "fp8", "int8", "int4"};
+  for (int i = 0; i < 4; ++i) {
     CAPTURE(kinds[i]);
     const auto r = run_binary(CH07_BINARY, std::string("decode --device cpu --batch 4 --nk 600 --kv-dtype ") + kinds[i]);
     CHECK(r.exit_code == 0);
@@ -103,6 +103,8 @@ TEST_CASE("decode over an 8-bit cache: the models pass, the bytes are about half
   CHECK(bytes[1] < 0.52 * bytes[0]);
   CHECK(bytes[1] > 0.49 * bytes[0]);
   CHECK(bytes[2] == bytes[1]);
+  CHECK(bytes[3] < 0.26 * bytes[0]);  // half a byte per value, plus the same scales as the 8-bit pools
+  CHECK(bytes[3] > 0.25 * bytes[0]);
 }
 
 TEST_CASE("decode --accuracy: bf16 is the most accurate, and the rotation helps INT8 on outlier channels") {
@@ -111,6 +113,8 @@ TEST_CASE("decode --accuracy: bf16 is the most accurate, and the rotation helps 
   CHECK(testing_support::is_valid_json(r.out));
   CHECK(r.out.find("\"outlier channels\"") != std::string::npos);
   CHECK(r.out.find("int8 per page + Hadamard") != std::string::npos);
+  CHECK(r.out.find("int4 per page") != std::string::npos);
+  CHECK(r.out.find("int4 per token, 32 channels") != std::string::npos);
 }
 
 TEST_CASE("swap: counts on any machine, every run sound, and times with given rates") {
