@@ -207,6 +207,7 @@ void Report::print_json(std::ostream& os) const {
     const bool sp = r.speed_shown();
     const std::optional<double> none;
     field("time_ms", sp ? r.time_ms : none);
+    if (r.prep_ms) field("prep_ms", sp ? r.prep_ms : none);
     field("tflops", sp ? r.tflops : none);
     field("gbps", sp ? r.gbps : none);
     field("ceiling_share", sp ? r.ceiling_share : none);

@@ -36,6 +36,9 @@ struct ResultRow {
   std::optional<double> flops;                            ///< by the FlashAttention convention
   std::optional<double> extra_bytes;                      ///< global memory beyond inputs and outputs
   std::optional<double> time_ms;                          ///< median of the timed repeats
+  /// A separate pass the kernel needs before it runs (chapter 05's FP8: quantise, Hadamard,
+  /// V^T), timed the same way; time_ms leaves it out. JSON "prep_ms", only where set.
+  std::optional<double> prep_ms;
   std::optional<double> tflops, gbps;
   Bound bound = Bound::none;
   std::optional<double> ceiling_share;  ///< tflops / GEMM ceiling, or gbps / read ceiling

@@ -290,6 +290,7 @@ int main(int argc, char** argv) {
                        fmt("%.4g", row.flops.value_or(0.0) / ((g.time_ms + g.prep_ms) * 1e-3) / 1e12) + " TFLOP/s";
           row.bound = Bound::none;
           row.set_time(g.time_ms);
+          row.prep_ms = g.prep_ms;  // JSON "prep_ms": the bench reports the rate with it too
           if (fp8_ceiling && row.tflops) row.ceiling_share = *row.tflops / *fp8_ceiling;
         } else {
           const CheckResult c = oracle.judge(g.o, &g.lse);
