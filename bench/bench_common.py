@@ -8,7 +8,8 @@ A *row* is one kernel on one shape in one pass, ours or a peer's:
      "dtype": "bf16", "status": "ok" | "failed" | "unsupported" | "error" | "not run",
      "time_ms", "tflops", "gbps", "flops", "bytes", "unit": "TFLOP/s" | "GB/s",
      "ceiling": "bf16_gemm" | "fp8_gemm" | "read", "share", "vs": {peer: ratio},
-     "max_abs_err", "note", "page_size", "config"}
+     "max_abs_err", "note", "page_size", "config",
+     "prep_ms", "time_with_prep_ms", "tflops_with_prep"}   (an FP8 kernel of ours: its preparation pass)
 
 Only a row whose status is "ok" carries a speed: `clean_row()` drops the speed of
 every other row, wherever it came from, so a failed kernel cannot show one.
@@ -21,6 +22,9 @@ TOKENS = 16384  # B * N, the FlashAttention papers' benchmark
 HIDDEN = 2048   # H * d
 
 PEERS = ["fa4", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "flex"]
+# The FP8 peers: compared with chapter 05's FP8 kernels only (their own table, ch05-fp8), on the
+# forward shapes chapter 05 runs; the bf16 tables, plots and the lineage leave them out
+FP8_PEERS = ["cudnn_fp8"]
 DECODE_PEERS = ["fa4", "sdpa_cudnn", "sdpa_flash"]
 SOFTMAX_PEERS = ["torch_softmax"]
 PEER_LABEL = {
@@ -29,12 +33,13 @@ PEER_LABEL = {
     "sdpa_flash": "FA2 (SDPA flash)",
     "sdpa_efficient": "SDPA efficient",
     "flex": "FlexAttention",
+    "cudnn_fp8": "cuDNN FP8",
     "torch_softmax": "torch.softmax",
 }
 # Chapter 06's named model cases (`ch06_variants mask --model NAME`, bench/ch06_masks.py --models):
 # their rows carry the case's name as their variant, and have a table of their own (ch06-models)
 CH06_MODEL_CASES = ["gpt-oss", "gemma2", "mistral", "packed-docs"]
-SPEED_FIELDS = ("time_ms", "tflops", "gbps", "share", "vs")
+SPEED_FIELDS = ("time_ms", "tflops", "gbps", "share", "vs", "prep_ms", "time_with_prep_ms", "tflops_with_prep")
 
 # The main path of a chapter that keeps a lab beside it (chapter 05: steps/ and its final kernels,
 # against steps/lab/ and LAB.md): the steps its binary runs without --lab, by pass. Every other step
@@ -149,3 +154,19 @@ def shape_text(row):
 def read_json(path):
     with open(path) as f:
         return json.load(f)
+
+
+def fp8_prep(row):
+    """(prep_ms, time_with_prep_ms, tflops_with_prep) of an FP8 row of ours that passed: from its fields,
+    else from its note ("... preparation pass of 0.123 ms (...); with it: 1.234 ms, 567 TFLOP/s", the
+    chapter 05 binary's wording, which runs recorded before the fields carry); None where neither has it."""
+    if row.get("status") != "ok":
+        return None
+    if row.get("prep_ms") is not None and row.get("time_ms"):
+        t = row["time_ms"] + row["prep_ms"]
+        fl = row.get("flops")
+        return row["prep_ms"], t, (fl / (t * 1e-3) / 1e12 if fl else None)
+    m = re.search(r"preparation pass of ([0-9.]+) ms.*?with it: ([0-9.]+) ms, ([0-9.eE+]+) TFLOP/s", row.get("note") or "")
+    if not m:
+        return None
+    return float(m.group(1)), float(m.group(2)), float(m.group(3))

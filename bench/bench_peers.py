@@ -73,7 +73,7 @@ def sample_rows(n, most=16):
     return sorted(rows)
 
 
-def judge_rows(name, err, naive, scale, l2_err, l2_naive, width, u=BF16_U):
+def judge_rows(name, err, naive, scale, l2_err, l2_naive, width, u=BF16_U, yardstick="bf16"):
     """The rule of common/compare.hpp on per-row numbers: `err`, `naive` are each row's max
     |out - ref| of the peer and of the plain bf16 computation, `scale` each row's max |ref|,
     `l2_err`, `l2_naive` the L2 norms of the errors over all checked elements, `width` the
@@ -92,8 +92,8 @@ def judge_rows(name, err, naive, scale, l2_err, l2_naive, width, u=BF16_U):
         if m > margin:
             margin = m
             if m > 1.0:
-                bad = "%s: checked row %d differs by %.3g (> %.3g = 2 x bf16 %.3g + %.3g)" % (
-                    name, r, e, tol, n_max, u * sc)
+                bad = "%s: checked row %d differs by %.3g (> %.3g = 2 x %s %.3g + %.3g)" % (
+                    name, r, e, tol, yardstick, n_max, u * sc)
     if bad:
         return margin, bad
     l2_tol = 2.0 * l2_naive + u * (width * sum(sc * sc for sc in scale)) ** 0.5
@@ -143,6 +143,16 @@ class Peers:
             self.avail["flex"] = None
         except Exception as e:
             self.avail["flex"] = "FlexAttention not importable: " + _first_line(e)
+        try:  # cuDNN's FP8 attention through the frontend wheel, on PyTorch's cuDNN (peer_cudnn_fp8.py)
+            import peer_cudnn_fp8
+            self._cudnn, info = peer_cudnn_fp8.load(torch)
+            self.avail["cudnn_fp8"] = None
+            self.versions["cudnn_frontend"] = info["frontend"]
+            self.versions["cudnn_frontend_backend"] = info["backend"]
+        except Exception as e:
+            self.avail["cudnn_fp8"] = _first_line(e) if isinstance(e, ImportError) else \
+                "nvidia-cudnn-frontend not importable (" + _first_line(e) + ")"
+        self.init_s["cudnn_fp8"] = round(time.time() - t_import, 2)
         try:
             from flash_attn.cute import flash_attn_func
             self._fa4 = flash_attn_func
@@ -307,6 +317,10 @@ class Peers:
         why = self.avail.get(peer, "unknown peer")
         if why:
             return {"status": "unsupported", "note": why}
+        if peer == "cudnn_fp8":
+            if backward:
+                return {"status": "unsupported", "note": "cuDNN FP8: the bench runs its forward only"}
+            return self.attention_fp8(b, h, hkv, n, nk, d, causal)
         torch = self.torch
         bnhd = peer == "fa4"
         g = torch.Generator(device="cuda").manual_seed(0)
@@ -360,6 +374,54 @@ class Peers:
             q = k = v = o = None
             self.done()
         fl = attention_flops(b, h, n, nk, d, causal, backward)
+        out.update({"status": "ok", "time_ms": ms, "tflops": fl / (ms * 1e-3) / 1e12, "flops": fl})
+        return out
+
+    def attention_fp8(self, b, h, hkv, n, nk, d, causal):
+        """cuDNN's FP8 forward (peer_cudnn_fp8.py) on one shape: the same bf16 randn inputs as the other
+        peers, each of Q, K, V quantised to E4M3 with one scale (Q and K Hadamard-rotated first, as
+        chapter 05's preparation pass does), checked against fp32 with the plain FP8 computation as the
+        yardstick, then the attention alone timed (the quantisation is not in the time)."""
+        import peer_cudnn_fp8 as P
+        torch = self.torch
+        g = torch.Generator(device="cuda").manual_seed(0)
+
+        def t(heads, length):
+            return torch.randn(b, heads, length, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        q = k = v = f = o = peer = None
+        out = {}
+        try:
+            try:  # the peer itself: a graph cuDNN does not build, or an execute it refuses, is "unsupported"
+                q, k, v = t(h, n), t(hkv, nk), t(hkv, nk)
+                f = P.fp8_inputs(torch, q, k, v)
+                t0 = time.time()
+                peer = P.CudnnFp8(torch, self._cudnn, b, h, hkv, n, nk, d, causal)
+                o, _ = peer.run(f)
+            except Exception as e:
+                return failure(e, isinstance(e, NotImplementedError) or peer_refused(e))
+            t_first = time.time()
+            call = {"peer": "cudnn_fp8", "what": "fwd B=%d H=%d/%d N=%d/%d d=%d%s" % (
+                b, h, hkv, n, nk, d, " causal" if causal else ""), "first_s": round(t_first - t0, 2)}
+            self.calls.append(call)
+            if not torch.isfinite(o).all():
+                return {"status": "failed", "note": "non-finite output (%s)" % peer.note()}
+            err, bad, det = P.check(torch, o, q, k, v, f, causal, peer.out)
+            out["max_abs_err"] = err
+            if bad:
+                return {"status": "failed", "max_abs_err": err, "note": bad}
+            t_check = time.time()
+            ms = self._time(peer.fn(f))
+            call["check_s"] = round(t_check - t_first, 2)
+            call["timed_s"] = round(time.time() - t_check, 2)
+            out["note"] = peer.note(f["rotated"]) + "; " + det["checked"]
+        except Exception as e:  # the check or the timing: out of memory is the peer's; the rest is ours
+            return failure(e, "OutOfMemory" in type(e).__name__)
+        finally:
+            if peer is not None:
+                peer.close()
+            q = k = v = f = o = peer = None
+            self.done()
+        fl = attention_flops(b, h, n, nk, d, causal)
         out.update({"status": "ok", "time_ms": ms, "tflops": fl / (ms * 1e-3) / 1e12, "flops": fl})
         return out
 

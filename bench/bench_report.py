@@ -23,8 +23,9 @@ import sys
 
 import final_vs_steps
 
-from bench_common import (CH06_MODEL_CASES, DECODE_PEERS, FINAL_KERNEL, LAB_PARENTS, MAIN_PATH, PEER_LABEL, PEERS, SOFTMAX_PEERS,
-                          clean_row, is_lab_row, read_json, shape_key, shape_text, speed, step_token)
+from bench_common import (CH06_MODEL_CASES, DECODE_PEERS, FINAL_KERNEL, FP8_PEERS, LAB_PARENTS, MAIN_PATH, PEER_LABEL, PEERS,
+                          SOFTMAX_PEERS, clean_row, fp8_prep, is_lab_row, read_json, shape_key, shape_text, speed,
+                          step_token)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -113,8 +114,9 @@ def fmt_ratio(x):
 # ============================================================================ csv
 
 CSV_FIELDS = ["chapter", "kernel", "kind", "pass", "d", "N", "nk", "B", "H", "Hkv", "causal", "page_size", "dtype",
-              "status", "unit", "value", "time_ms", "tflops", "gbps", "ceiling", "ceiling_value", "share"] + \
-             ["vs_" + p for p in PEERS + SOFTMAX_PEERS] + \
+              "status", "unit", "value", "time_ms", "tflops", "gbps", "ceiling", "ceiling_value", "share",
+              "prep_ms", "tflops_with_prep"] + \
+             ["vs_" + p for p in PEERS + FP8_PEERS + SOFTMAX_PEERS] + \
              ["max_abs_err", "flops", "bytes", "note", "gpu", "driver", "sm_clock_mhz", "mem_clock_mhz", "date",
               "command", "commit"]
 
@@ -129,10 +131,13 @@ def csv_text(res):
     for r in rows:
         out = {k: r.get(k) for k in CSV_FIELDS}
         out["value"] = speed(r)
+        prep = fp8_prep(r) if r.get("kind") == "ours" and r.get("dtype") == "fp8" else None
+        if prep:
+            out["prep_ms"], out["tflops_with_prep"] = prep[0], prep[2]
         out["ceiling_value"] = ce.get(CEILING_KEY.get(r.get("ceiling"), ""))
         for p, x in (r.get("vs") or {}).items():
             out["vs_" + p] = "%.4f" % x
-        for k in ("share", "time_ms", "tflops", "gbps", "value", "max_abs_err"):
+        for k in ("share", "time_ms", "tflops", "gbps", "value", "max_abs_err", "prep_ms", "tflops_with_prep"):
             if isinstance(out.get(k), float):
                 out[k] = "%.6g" % out[k]
         clocks = run.get("clocks") or {}
@@ -218,6 +223,51 @@ def attention_table(res, rows, chapters, pss, which="all"):
                 cells.append("-")
             else:
                 cells.append(fmt_ratio(best / speed(pr)))
+        body.append(cells)
+    return md_table(head, body)
+
+
+def fp8_peer_cell(res, by, key, peer):
+    """A cell of an FP8 peer: "not measured yet" for a run that predates the peer (its peers list does
+    not name it), else as peer_cell()."""
+    if peer not in res.get("peers", {}):
+        return "not measured yet"
+    return peer_cell(res, by, key, peer)
+
+
+def fp8_table(res, rows, chapter="05", which="main"):
+    """Chapter 05's FP8 forward kernels against the FP8 peers, one row per shape: each FP8 kernel's rate
+    with its time alone and with its preparation pass added, each FP8 peer, and each kernel's time alone
+    over each peer's (the peers take FP8 inputs: their time has no preparation in it). None without FP8
+    rows of ours."""
+    rows = [r for r in rows if r.get("variant") not in CH06_MODEL_CASES]
+    kernels = [k for k in chapter_kernels(rows, chapter, "fwd", which)
+               if any(r["kernel"] == k and r.get("dtype") == "fp8" for r in rows)]
+    if not kernels:
+        return None
+    by = {(shape_key(r), r["kernel"]): r for r in rows}
+    shapes = sorted({shape_key(r) for r in rows if r["kernel"] in kernels},
+                    key=lambda k: (k[1], k[7], k[2]))
+    name = lambda k: k[5:] if k.startswith("ch") else k  # noqa: E731
+    head = ["d", "N", "causal"]
+    for k in kernels:
+        head += ["%s: kernel alone" % name(k), "%s: with preparation" % name(k)]
+    head += [PEER_LABEL[p] for p in FP8_PEERS]
+    head += ["%s (kernel alone) / %s" % (name(k), PEER_LABEL[p]) for k in kernels for p in FP8_PEERS]
+    body = []
+    for key in shapes:
+        cells = [key[1], key[2], "yes" if key[7] else "no"]
+        for k in kernels:
+            r = by.get((key, k))
+            prep = fp8_prep(r) if r is not None else None
+            cells += [fmt_speed(r, False),
+                      ("%.0f" % prep[2] if prep and prep[2] else fmt_speed(r, False) if not speed(r or {}) else "-")]
+        cells += [fp8_peer_cell(res, by, key, p) for p in FP8_PEERS]
+        for k in kernels:
+            for p in FP8_PEERS:
+                r, pr = by.get((key, k)), by.get((key, p))
+                cells.append(fmt_ratio(speed(r) / speed(pr)) if r is not None and pr is not None and speed(r)
+                             and speed(pr) else "-")
         body.append(cells)
     return md_table(head, body)
 
@@ -540,7 +590,10 @@ def markdown(res, lab=None):
         num(ce.get("fp8_gemm_tflops"))), ""]
     pv = run.get("peer_versions") or {}
     pl = []
-    for p in PEERS + SOFTMAX_PEERS:
+    for p in PEERS + SOFTMAX_PEERS + FP8_PEERS:
+        if p in FP8_PEERS and p not in res.get("peers", {}):
+            pl.append("%s: not measured yet (the run predates it)" % PEER_LABEL[p])
+            continue
         st = res.get("peers", {}).get(p, "not run")
         pl.append("%s: %s" % (PEER_LABEL[p], "present" if st == "available" else "absent (%s)" % st))
     out += ["Peers (%s): %s." % (", ".join("%s %s" % kv for kv in sorted(pv.items())) or "none", "; ".join(pl)), ""]
@@ -567,6 +620,20 @@ def markdown(res, lab=None):
                         "their own tables in the run's results file, and LAB.md" if lab and has_lab_rows(rows) else
                         "not in this table; `--lab` adds their tables") + intro)
                 out.append(section("ch%s-%s" % (c, pss), "%s, %s (TFLOP/s)" % (title, what), t, intro))
+        if c == "05":
+            for which, sec in (("main", "ch05-fp8"),) + ((("lab", "ch05-lab-fp8"),) if lab else ()):
+                t = fp8_table(res, rows, c, which)
+                if t:
+                    out.append(section(sec, "%s, FP8 forward against cuDNN's FP8 forward (TFLOP/s)%s" % (
+                        title, ", the lab's steps" if which == "lab" else ""), t,
+                        "Our FP8 kernels twice: with the attention kernel's time alone (Q, K and V^T already in "
+                        "E4M3) and with the preparation pass added (Hadamard rotation of Q and K, per-block "
+                        "scales, quantisation, V^T: fp8_prepare.cu), both timed the same way. cuDNN FP8: cuDNN's "
+                        "sdpa_fp8 forward on E4M3 Q, K, V with one scale a tensor (bench/peer_cudnn_fp8.py), "
+                        "checked against fp32 first; it takes FP8 inputs, so its time has no preparation in it "
+                        "and compares with the kernel-alone column: the ratio is that column over cuDNN FP8 "
+                        "(above 1.00x: ours faster). not measured yet: the run predates the peer; n/a: cuDNN "
+                        "builds no FP8 graph for the shape."))
         if c in MAIN_PATH and lab:
             for pss, what in (("fwd", "forward"), ("bwd", "backward")):
                 t = attention_table(res, rows, [c], pss, "lab")

@@ -31,7 +31,9 @@ the ceilings (read bandwidth; bf16 and FP8 GEMM through cuBLAS/cuBLASLt, measure
 chapter binaries' --bench), and for each shape every chapter's kernels and steps (each binary
 checks every kernel against the fp64 reference before timing it: a kernel that fails is
 reported as failed, with no speed), then the peers on the same shape: PyTorch SDPA's flash,
-cuDNN and efficient backends, FlexAttention and FlashAttention-4 where importable.
+cuDNN and efficient backends, FlexAttention and FlashAttention-4 where importable, and beside
+chapter 05's FP8 forward cuDNN's FP8 forward (bench/peer_cudnn_fp8.py: its time compares with our
+FP8 kernel's without the preparation pass; the ch05-fp8 table shows ours with and without it).
 
 Shapes: the FlashAttention papers' B*N = 16K tokens and H*d = 2048, N from 512 to 16K,
 d in {64, 128, 256} where a chapter supports it, causal and not, forward and (where the
@@ -59,7 +61,7 @@ sys.path.insert(0, HERE)
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 import bench_report  # noqa: E402
-from bench_common import (CH06_MODEL_CASES, DECODE_PEERS, PEERS, attention_flops, clean_row, paper_shape,  # noqa: E402
+from bench_common import (CH06_MODEL_CASES, DECODE_PEERS, FP8_PEERS, PEERS, attention_flops, clean_row, paper_shape,  # noqa: E402
                           read_json, shape_key, step_token)
 
 QUICK_N = [2048, 8192]
@@ -420,6 +422,11 @@ def report_rows(rep, chapter, shape):
             row["bytes"] = rd + wr
         if r.get("pass") is True and r.get("tflops") and r.get("max_abs_err") is not None:
             row.update(status="ok", time_ms=r.get("time_ms"), tflops=r.get("tflops"), gbps=r.get("gbps"))
+            if r.get("prep_ms") is not None and r.get("time_ms"):
+                # an FP8 kernel: time_ms is the kernel alone; its preparation pass, timed the same way, beside it
+                t = r["time_ms"] + r["prep_ms"]
+                row.update(prep_ms=r["prep_ms"], time_with_prep_ms=t,
+                           tflops_with_prep=r["flops"] / (t * 1e-3) / 1e12 if r.get("flops") else None)
         elif r.get("pass") is True and r.get("tflops"):
             row["status"] = "unchecked"  # a pass with no error figure is no comparison with fp64
         elif r.get("pass") is False:
@@ -527,7 +534,8 @@ class Bench:
         self.ours_at = {}  # (chapter, d, causal, N) -> {kernel: tflops}: the step-pruning rule
         self.task_times = []
         # --peers / --no-peers / --before: which peers run (a peer left out is a column that says so)
-        self.use_peers = set() if (args.no_peers or args.before) else set(args.peers or PEERS + ["torch_softmax"])
+        self.use_peers = set() if (args.no_peers or args.before) else set(
+            args.peers or PEERS + FP8_PEERS + ["torch_softmax"])
         self.extra_args = (args.extra or "").split()
         self.lab = bool(getattr(args, "lab", False))
         self._lab_noted = set()
@@ -739,9 +747,11 @@ class Bench:
                not x.get("variant") for x in self.rows):
             return  # measured on this shape already in this run
         r = self.get_peers().attention(peer, b, h, hkv, n, n, d, causal, backward)
+        fp8 = peer in FP8_PEERS
         row = {"chapter": "peer", "kernel": peer, "kind": "peer", "pass": "bwd" if backward else "fwd", "d": d,
-               "N": n, "nk": n, "B": b, "H": h, "Hkv": hkv, "causal": causal, "dtype": "bf16", "unit": "TFLOP/s",
-               "ceiling": "bf16_gemm", "flops": attention_flops(b, h, n, n, d, causal, backward)}
+               "N": n, "nk": n, "B": b, "H": h, "Hkv": hkv, "causal": causal, "dtype": "fp8" if fp8 else "bf16",
+               "unit": "TFLOP/s", "ceiling": "fp8_gemm" if fp8 else "bf16_gemm",
+               "flops": attention_flops(b, h, n, n, d, causal, backward)}
         row.update(r)
         self.rows.append(clean_row(row))
 
@@ -1085,6 +1095,16 @@ class Bench:
                     self._peers_init_counted = True
                 tasks.append(Task("peer", "%s %s %s" % (p, "bwd" if bwd else "fwd", label), est,
                                   lambda p=p, bwd=bwd: self.peer_task(p, d, n, causal, bwd)))
+        # the FP8 peers beside chapter 05's FP8 forward, where chapter 05 runs (forward only): a graph
+        # build (about a second, not measured yet) and the FP8 check on sampled rows
+        if "05" in chapters and "05" in self.chapters and self.supports("05", d):
+            for p in FP8_PEERS:
+                if p not in self.use_peers:
+                    continue
+                est = 0.3 + (1.0 if p not in self._peer_seen else 0.0)
+                self._peer_seen.add(p)
+                tasks.append(Task("peer", "%s fwd %s" % (p, label), est,
+                                  lambda p=p: self.peer_task(p, d, n, causal, False)))
         return tasks
 
     def plan(self):
@@ -1226,11 +1246,12 @@ class Bench:
         return self._dirty_v
 
     def peer_status(self):
+        allp = PEERS + FP8_PEERS + ["torch_softmax"]
         asked = {p: "not asked for (%s)" % ("--before" if self.a.before else "--peers" if self.a.peers else "--no-peers")
-                 for p in PEERS + ["torch_softmax"] if p not in self.use_peers}
+                 for p in allp if p not in self.use_peers}
         if self.peers is None:
-            return dict({p: "not run" for p in PEERS}, **asked)
-        return dict({p: (self.peers.avail.get(p) or "available") for p in PEERS + ["torch_softmax"]}, **asked)
+            return dict({p: "not run" for p in PEERS + FP8_PEERS}, **asked)
+        return dict({p: (self.peers.avail.get(p) or "available") for p in allp}, **asked)
 
     def save(self, complete):
         os.makedirs(self.out_dir, exist_ok=True)
@@ -1443,7 +1464,7 @@ def regex(text):
 
 
 PEER_ALIASES = {"cudnn": "sdpa_cudnn", "flash": "sdpa_flash", "fa2": "sdpa_flash", "efficient": "sdpa_efficient",
-                "softmax": "torch_softmax"}
+                "softmax": "torch_softmax", "cudnn-fp8": "cudnn_fp8"}
 
 
 def peer_list(text):
@@ -1453,8 +1474,9 @@ def peer_list(text):
         if not x:
             continue
         p = PEER_ALIASES.get(x, x)
-        if p not in PEERS + ["torch_softmax"]:
-            raise argparse.ArgumentTypeError("no peer %r (peers: fa4, cudnn, flash, efficient, flex, softmax)" % x)
+        if p not in PEERS + FP8_PEERS + ["torch_softmax"]:
+            raise argparse.ArgumentTypeError("no peer %r (peers: fa4, cudnn, flash, efficient, flex, cudnn-fp8, "
+                                             "softmax)" % x)
         out.append(p)
     return out
 
@@ -1490,7 +1512,8 @@ def main(argv=None):
                          "uploaded once; the backward, where the plan has it, beside them; one launch a step "
                          "for a binary of an older build)")
     ap.add_argument("--peers", type=peer_list,
-                    help="only these peers: fa4, cudnn, flash, efficient, flex, softmax (default: all)")
+                    help="only these peers: fa4, cudnn, flash, efficient, flex, cudnn-fp8 (cuDNN's FP8 forward, "
+                         "beside chapter 05's FP8 kernels: bench/peer_cudnn_fp8.py), softmax (default: all)")
     ap.add_argument("--no-peers", action="store_true", help="time our kernels only")
     ap.add_argument("--before", metavar="BUILD_OR_BINARY",
                     help="compare with an older build (its folder, or one binary): every launch of ours runs in "

@@ -1361,5 +1361,110 @@ class ModelPeers(unittest.TestCase):
                 self.assertTrue(why.startswith("not supported"), why)
 
 
+class CudnnFp8Peer(unittest.TestCase):
+    """cuDNN's FP8 forward as a peer: the FP8 kernels' preparation pass in the rows and the ch05-fp8
+    table, the peer's plan and options, and (where PyTorch is importable) its check on the CPU."""
+
+    def fp8_res(self, peers=None, peer_row=None):
+        base = {"chapter": "05", "kind": "ours", "pass": "fwd", "d": 128, "N": 8192, "nk": 8192, "B": 2, "H": 16,
+                "Hkv": 16, "causal": False, "unit": "TFLOP/s"}
+        fl = 4.0 * 2 * 16 * 8192 * 8192 * 128
+        rows = [dict(base, kernel="ch05 final forward", dtype="bf16", status="ok", time_ms=fl / 700e12 * 1e3,
+                     tflops=700.0, flops=fl, ceiling="bf16_gemm"),
+                dict(base, kernel="ch05 final fp8 forward", dtype="fp8", status="ok", time_ms=fl / 880e12 * 1e3,
+                     tflops=880.0, flops=fl, ceiling="fp8_gemm", prep_ms=0.5,
+                     time_with_prep_ms=fl / 880e12 * 1e3 + 0.5, tflops_with_prep=fl / (fl / 880e12 + 0.5e-3) / 1e12)]
+        if peer_row is not None:
+            rows.append(dict(base, chapter="peer", kind="peer", kernel="cudnn_fp8", dtype="fp8", ceiling="fp8_gemm",
+                             flops=fl, **peer_row))
+        return {"run": {"gpu": "Fixture GPU (not a measurement)", "date": "2026-12-06T12:00Z",
+                        "command": "./tutorial bench"}, "ceilings": {}, "peers": peers or {}, "rows": rows}
+
+    def test_the_table_gives_the_kernel_alone_with_preparation_and_the_ratio_on_the_kernel_alone(self):
+        res = self.fp8_res({"cudnn_fp8": "available"}, {"status": "ok", "tflops": 800.0, "time_ms": 1.0})
+        head, body = table_rows(bench_report.markdown(res), "ch05-fp8")
+        self.assertEqual(head, ["d", "N", "causal", "final fp8 forward: kernel alone",
+                                "final fp8 forward: with preparation", "cuDNN FP8",
+                                "final fp8 forward (kernel alone) / cuDNN FP8"])
+        fl = 4.0 * 2 * 16 * 8192 * 8192 * 128
+        self.assertEqual(body, [["128", "8192", "no", "880", "%.0f" % (fl / (fl / 880e12 + 0.5e-3) / 1e12), "800",
+                                 "1.10x"]])
+        # the bf16 tables have no FP8 peer column, and their best / peer ratios stay bf16
+        head, body = table_rows(bench_report.markdown(res), "ch05-fwd")
+        self.assertNotIn("cuDNN FP8", head)
+
+    def test_a_run_before_the_peer_says_not_measured_yet_and_a_refusal_says_n_a(self):
+        head, body = table_rows(bench_report.markdown(self.fp8_res()), "ch05-fp8")
+        self.assertEqual(body[0][head.index("cuDNN FP8")], "not measured yet")
+        self.assertEqual(body[0][-1], "-")
+        self.assertIn("cuDNN FP8: not measured yet", bench_report.markdown(self.fp8_res()))
+        res = self.fp8_res({"cudnn_fp8": "available"}, {"status": "unsupported", "note": "no graph for d=256"})
+        head, body = table_rows(bench_report.markdown(res), "ch05-fp8")
+        self.assertEqual(body[0][head.index("cuDNN FP8")], "n/a")
+        self.assertEqual(body[0][-1], "-")
+        res = self.fp8_res({"cudnn_fp8": "nvidia-cudnn-frontend not importable (x)"})
+        head, body = table_rows(bench_report.markdown(res), "ch05-fp8")
+        self.assertEqual(body[0][head.index("cuDNN FP8")], "absent")
+
+    def test_preparation_from_the_json_field_or_an_older_runs_note(self):
+        rep = {"problem": {"batch": 2, "heads": 16, "kv_heads": 16, "nq": 8192, "nk": 8192, "d": 128,
+                           "causal": False, "dtype": "bf16"},
+               "results": [{"impl": "final fp8 forward", "device": "cuda", "pass": True, "tflops": 800.0,
+                            "time_ms": 2.0, "prep_ms": 0.5, "flops": 1.6e12, "max_abs_err": 1e-2},
+                           {"impl": "v9 fp8", "device": "cuda", "pass": False, "tflops": 800.0, "time_ms": 2.0,
+                            "prep_ms": 0.5, "flops": 1.6e12, "max_abs_err": 1.0}]}
+        rows = {r["kernel"]: r for r in lineage.report_rows(rep, "05", {"d": 128, "N": 8192, "causal": False})}
+        r = rows["ch05 final fp8 forward"]
+        self.assertEqual((r["dtype"], r["prep_ms"], r["time_with_prep_ms"]), ("fp8", 0.5, 2.5))
+        self.assertAlmostEqual(r["tflops_with_prep"], 1.6e12 / 2.5e-3 / 1e12)
+        self.assertEqual(bench_common.fp8_prep(r), (0.5, 2.5, r["tflops_with_prep"]))
+        self.assertNotIn("prep_ms", rows["ch05 v9 fp8"])  # a failed row carries no time of any kind
+        self.assertIsNone(bench_common.fp8_prep(rows["ch05 v9 fp8"]))
+        old = {"status": "ok", "time_ms": 1.0, "note": "judged against the plain FP8 computation (fp8_model.hpp); "
+               "time: the kernel alone, without the separate preparation pass of 0.413 ms (Hadamard, scales, "
+               "V^T); with it: 1.413 ms, 622.1 TFLOP/s"}
+        self.assertEqual(bench_common.fp8_prep(old), (0.413, 1.413, 622.1))
+        self.assertIsNone(bench_common.fp8_prep({"status": "ok", "time_ms": 1.0, "note": "128 blocks"}))
+
+    def test_the_option_and_the_plan(self):
+        self.assertEqual(lineage.peer_list("cudnn-fp8,fa4"), ["cudnn_fp8", "fa4"])
+        with self.assertRaises(Exception):
+            lineage.peer_list("cudnn-fp16")
+        with tempfile.TemporaryDirectory() as d:
+            b = Modes.build(None, d, "b", main_path=True)
+            args = ["--build-dir", b, "--plan", "--gpu", "--chapters", "05", "--n", "8192", "--d", "128,256"]
+            labels = ModelCases.plan(None, args)
+            fp8 = [l for l in labels if l.startswith("cudnn_fp8")]
+            self.assertEqual(fp8, ["cudnn_fp8 fwd d=%d N=8192%s" % (dd, c) for dd in (128, 256)
+                                   for c in (" causal", "")], labels)
+            self.assertFalse([l for l in ModelCases.plan(None, args + ["--peers", "fa4"]) if "cudnn_fp8" in l])
+            self.assertEqual([l for l in ModelCases.plan(None, args + ["--peers", "cudnn-fp8"]) if "peer" in l
+                              or l.split()[0] in bench_common.PEERS], [])  # no bf16 peer asked
+
+    def test_the_check_passes_the_plain_fp8_result_and_fails_a_wrong_row(self):
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("PyTorch is not importable here")
+        import peer_cudnn_fp8 as P
+        torch.manual_seed(0)
+        b, h, n, d = 2, 3, 200, 64
+        q, k, v = (torch.randn(b, h, n, d).bfloat16() for _ in range(3))
+        h8 = P.hadamard(torch, d, "cpu")
+        self.assertLess(float((h8 @ h8.T - torch.eye(d)).abs().max()), 1e-6)
+        for causal in (False, True):
+            f = P.fp8_inputs(torch, q, k, v)
+            s8 = (f["q8"].float() @ f["k8"].float().transpose(-1, -2)) * (f["sq"] * f["sk"] * d ** -0.5)
+            if causal:
+                s8 = s8.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+            o = (torch.softmax(s8, -1) @ f["v8"].float() * f["sv"]).bfloat16()
+            err, bad, det = P.check(torch, o, q, k, v, f, causal)
+            self.assertIsNone(bad, (causal, det))
+            wrong = o.clone()
+            wrong[1, 2, n - 1] += 0.3
+            self.assertRegex(P.check(torch, wrong, q, k, v, f, causal)[1] or "", "differs|L2 error")
+            self.assertIn("all zeros", P.check(torch, torch.zeros_like(o), q, k, v, f, causal)[1])
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=1)
