@@ -405,7 +405,7 @@ class Peers:
             self.calls.append(call)
             if not torch.isfinite(o).all():
                 return {"status": "failed", "note": "non-finite output (%s)" % peer.note()}
-            err, bad, det = P.check(torch, o, q, k, v, f, causal, peer.out)
+            err, bad, det = P.check(torch, o, q, k, v, f, causal, peer.out, peer.scale_o)
             out["max_abs_err"] = err
             if bad:
                 return {"status": "failed", "max_abs_err": err, "note": bad}

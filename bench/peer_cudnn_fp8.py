@@ -33,6 +33,11 @@ the output's dtype.
 
 A shape cuDNN has no kernel for (the graph does not build or check_support declines) raises
 Fp8Unsupported, a NotImplementedError: the bench's cell says "n/a" with cuDNN's reason.
+
+Debugging: --selftest names the stage that failed and prints its traceback and every graph
+cuDNN declined; CUDNN_FRONTEND_LOG_INFO=1 CUDNN_FRONTEND_LOG_FILE=stderr (and the backend's
+CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr) show what the frontend and cuDNN decided;
+--api backend (or CUDNN_FP8_PEER_API=backend in the bench) skips pygraph's planner.
 """
 import argparse
 import os
@@ -144,15 +149,15 @@ class CudnnFp8:
     builds the graph (trying bf16 O, then fp16, then E4M3), `run(f, o)` executes it on fp8_inputs()
     `f` (returns O and the LSE), `fn(f)` gives the callable that is timed."""
 
-    def __init__(self, torch, cudnn, b, h, hkv, n, nk, d, causal, api=None, out_dtypes=OUT_DTYPES):
-        self.torch, self.cudnn = torch, cudnn
+    def __init__(self, torch, cudnn, b, h, hkv, n, nk, d, causal, api=None, out_dtypes=OUT_DTYPES, device="cuda"):
+        self.torch, self.cudnn, self.device = torch, cudnn, device  # device: "cpu" only for the tests' stand-in
         self.shape = (b, h, hkv, n, nk, d, causal)
         self.api = api or os.environ.get("CUDNN_FP8_PEER_API", "pygraph")
         if self.api not in ("pygraph", "backend"):
             raise ValueError("api is pygraph or backend, not %r" % self.api)
         self.handle = cudnn.create_handle()
-        stream = torch.cuda.current_stream().cuda_stream  # the stream PeerTimer's events are on
-        cudnn.set_stream(self.handle, stream)
+        if device == "cuda":
+            cudnn.set_stream(self.handle, torch.cuda.current_stream().cuda_stream)  # PeerTimer's events' stream
         self.raw_handle = getattr(self.handle, "backend_handle", self.handle)
         tried = []
         for out in out_dtypes:
@@ -162,13 +167,15 @@ class CudnnFp8:
                     self.out, self.amax_s_out = out, amax_s_out
                     self.plan = self._plan_name()
                     self.workspace = torch.empty(max(1, self.graph.get_workspace_size()), dtype=torch.uint8,
-                                                 device="cuda")
+                                                 device=device)
                     self.tried = tried
                     return
                 except Exception as e:  # noqa: BLE001 -- every decline is the next attempt's cue
                     tried.append("O %s%s: %s" % (out, ", amax_s output" if amax_s_out else "", first_line(e)))
-        raise Fp8Unsupported("cuDNN sdpa_fp8 builds no graph for B=%d H=%d/%d N=%d/%d d=%d%s: %s" % (
+        e = Fp8Unsupported("cuDNN sdpa_fp8 builds no graph for B=%d H=%d/%d N=%d/%d d=%d%s: %s" % (
             b, h, hkv, n, nk, d, " causal" if causal else "", tried[0] if tried else "?"))
+        e.tried = tried
+        raise e
 
     def close(self):
         """Gives the cuDNN handle back (the graph and its workspace go with the object)."""
@@ -236,8 +243,8 @@ class CudnnFp8:
         torch = self.torch
         b, h, hkv, n, nk, d, causal = self.shape
         dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}[self.out]
-        o = torch.full((b, h, n, d), float("nan"), dtype=torch.float32, device="cuda").to(dt)
-        stats = torch.full((b, h, n, 1), float("nan"), dtype=torch.float32, device="cuda")
+        o = torch.full((b, h, n, d), float("nan"), dtype=torch.float32, device=self.device).to(dt)
+        stats = torch.full((b, h, n, 1), float("nan"), dtype=torch.float32, device=self.device)
         return o, stats
 
     def pack(self, f, o, stats):
@@ -245,7 +252,7 @@ class CudnnFp8:
         torch = self.torch
 
         def scalar(x):
-            return torch.full((1, 1, 1, 1), float(x), dtype=torch.float32, device="cuda")
+            return torch.full((1, 1, 1, 1), float(x), dtype=torch.float32, device=self.device)
         self.scale_o = E4M3_MAX / max(f["sv"] * E4M3_MAX, 1e-30) if self.out == "fp8" else 1.0  # |O| <= max |V|
         vp = {UID["q"]: f["q8"], UID["k"]: f["k8"], UID["v"]: f["v8"], UID["o"]: o, UID["stats"]: stats,
               UID["descale_q"]: scalar(f["sq"]), UID["descale_k"]: scalar(f["sk"]), UID["descale_v"]: scalar(f["sv"]),
@@ -268,7 +275,8 @@ class CudnnFp8:
         """Executes once: (O as fp32 [B, H, N, d], LSE [B, H, N] in natural log)."""
         o, stats = self.outputs()
         self.fn(f, o, stats)()
-        self.torch.cuda.synchronize()
+        if self.device == "cuda":
+            self.torch.cuda.synchronize()
         of = o.float() / self.scale_o if self.out == "fp8" else o.float()
         return of, stats[..., 0]
 
@@ -283,10 +291,10 @@ class CudnnFp8:
 
 # ============================================================================ the check
 
-def check(torch, o, q, k, v, f, causal, out="bf16"):
+def check(torch, o, q, k, v, f, causal, out="bf16", scale_o=1.0):
     """O against fp32 attention on q, k, v (bf16, [B, H, N, d]) on sampled rows, judged by the rule of
-    common/compare.hpp with the plain FP8 computation of `f` as the yardstick. (max abs error, failure
-    text or None, details dict)."""
+    common/compare.hpp with the plain FP8 computation of `f` as the yardstick, its O rounded as cuDNN's
+    (`out`: bf16, fp16, or fp8 = E4M3 of O * scale_o). (max abs error, failure text or None, details)."""
     from bench_peers import judge_rows, sample_pairs, sample_rows
     b, h, n, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
@@ -294,7 +302,7 @@ def check(torch, o, q, k, v, f, causal, out="bf16"):
     idx = torch.tensor(rows, device=q.device)
     rot = hadamard(torch, d, q.device) if f["rotated"] else None
     tau = d ** -0.5
-    odt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}[out]
+    odt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float32}[out]
     err, naive, scale, l2e, l2n = [], [], [], 0.0, 0.0
     for bb, hh in pairs:
         kh = hh // (h // hkv)
@@ -318,7 +326,11 @@ def check(torch, o, q, k, v, f, causal, out="bf16"):
         p = torch.exp(s8 - m)
         l = p.sum(-1, keepdim=True)
         p8 = (p * E4M3_MAX).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn).float() / E4M3_MAX
-        yard = ((p8 @ v8) * f["sv"] / l.clamp(min=1e-30)).to(odt).float()
+        yard = (p8 @ v8) * f["sv"] / l.clamp(min=1e-30)
+        if out == "fp8":
+            yard = (yard * scale_o).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).float() / scale_o
+        else:
+            yard = yard.to(odt).float()
         got = o[bb, hh][idx].float()
         e, ne = (got - ref).abs(), (yard - ref).abs()
         err += e.amax(-1).tolist()
@@ -339,6 +351,19 @@ def check(torch, o, q, k, v, f, causal, out="bf16"):
 # ============================================================================ the self-test
 
 def selftest(a):
+    """Each stage says what it did; a failure names its stage and prints its traceback. Exit 0: passed;
+    1: failed (or the frontend/PyTorch missing); 3: cuDNN builds no graph for the shape."""
+    import traceback
+    stage = ["import torch"]
+    try:
+        return _selftest(a, stage)
+    except Exception as e:  # noqa: BLE001 -- a self-test reports, it does not crash
+        traceback.print_exc()
+        print("FAIL at %s: %s" % (stage[0], first_line(e)))
+        return 1
+
+
+def _selftest(a, stage):
     t0 = time.time()
     import torch
     print("torch %s, CUDA %s, device %s" % (torch.__version__, torch.version.cuda,
@@ -346,6 +371,7 @@ def selftest(a):
     if not torch.cuda.is_available():
         print("FAIL: PyTorch sees no CUDA device")
         return 1
+    stage[0] = "loading the frontend on PyTorch's cuDNN (load())"
     cudnn, info = load(torch)
     print("cuDNN: PyTorch's %s (%s); frontend %s, its backend %s" % (
         info["torch_cudnn"], info["libcudnn"], info["frontend"], info["backend"]))
@@ -358,17 +384,24 @@ def selftest(a):
     print("shape: B=%d H=%d N=%d d=%d%s; scales q %.4g k %.4g v %.4g" % (
         b, h, n, d, " causal" if causal else "", f["sq"], f["sk"], f["sv"]))
     t1 = time.time()
+    stage[0] = "building the graph (CudnnFp8)"
     try:
         peer = CudnnFp8(torch, cudnn, b, h, h, n, n, d, causal, api=a.api)
     except Fp8Unsupported as e:
         print("UNSUPPORTED: %s" % e)
+        for line in getattr(e, "tried", []):
+            print("  declined: " + line)
         return 3
+    for line in peer.tried:
+        print("  declined before: " + line)
     print("graph built in %.2f s: %s" % (time.time() - t1, peer.note(f["rotated"])))
+    stage[0] = "executing the graph (CudnnFp8.run)"
     o, lse = peer.run(f)
     if not torch.isfinite(o).all():
         print("FAIL: non-finite O (%d NaN)" % int(torch.isnan(o).sum()))
         return 1
-    err, bad, det = check(torch, o, q, k, v, f, causal, peer.out)
+    stage[0] = "checking O against fp32 (check())"
+    err, bad, det = check(torch, o, q, k, v, f, causal, peer.out, peer.scale_o)
     # the LSE against fp32, for information (the bench checks O)
     s = (q[0, 0].float() @ k[0, 0].float().T) * d ** -0.5
     if causal:
@@ -382,6 +415,7 @@ def selftest(a):
         return 1
     from bench_common import attention_flops
     from peer_timer import PeerTimer
+    stage[0] = "timing (PeerTimer)"
     ms = PeerTimer(torch, repeats=a.repeats)(peer.fn(f))
     fl = attention_flops(b, h, n, n, d, causal)
     print("time: %.4f ms, %.1f TFLOP/s (median of %d, L2 flushed; the attention alone)" % (

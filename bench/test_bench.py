@@ -1466,5 +1466,149 @@ class CudnnFp8Peer(unittest.TestCase):
             self.assertIn("all zeros", P.check(torch, torch.zeros_like(o), q, k, v, f, causal)[1])
 
 
+class FakeCudnn:
+    """A stand-in for the cudnn module (the graph API calls peer_cudnn_fp8 makes), computing sdpa_fp8 on
+    the CPU from the variant pack: which output dtypes it builds (`outs`) and whether it forgets V's
+    descale (`bug`) are the test's to choose."""
+
+    def __init__(self, torch, outs=("bf16", "fp16", "fp8"), bug=False):
+        from types import SimpleNamespace as NS
+        self.torch, self.outs, self.bug = torch, outs, bug
+        self.data_type = NS(BFLOAT16="bf16", HALF="fp16", FP8_E4M3="fp8", FLOAT="f32")
+        self.diagonal_alignment = NS(TOP_LEFT="top_left", BOTTOM_RIGHT="bottom_right")
+        self.heur_mode = NS(A="a", FALLBACK="fallback")
+        self.handles, self.built = [], []
+        fake = self
+
+        class T:
+            def __init__(self, **kw):
+                self.__dict__.update(kw)
+
+            def set_uid(self, u):
+                self.uid = u
+                return self
+
+            def set_output(self, x):
+                self.output = x
+                return self
+
+            def set_dim(self, x):
+                return self
+
+            def set_stride(self, x):
+                return self
+
+            def set_data_type(self, x):
+                self.dt = x
+                return self
+
+        class Graph:
+            def __init__(self, handle=None, **kw):
+                self.kw = kw
+
+            def tensor(self, uid, dim, stride, data_type, name=""):
+                return T(uid=uid, dim=dim, dt=data_type, name=name)
+
+            def sdpa_fp8(self, **a):
+                self.args = a
+                self.outs = [T(uid=None) for _ in range(4)]
+                return self.outs
+
+            def validate(self):
+                pass
+
+            def build_operation_graph(self):
+                pass
+
+            def create_execution_plans(self, modes):
+                pass
+
+            def check_support(self):
+                if self.outs[0].dt not in fake.outs:
+                    raise RuntimeError("No valid engine configs for O %s" % self.outs[0].dt)
+
+            def build_plans(self):
+                fake.built.append(self.outs[0].dt)
+
+            def get_workspace_size(self):
+                return 0
+
+            def get_plan_name_at_index(self, i):
+                return "fake_engine"
+
+            def execute(self, vp, ws, handle):
+                t = fake.torch
+                a = self.args
+                u = {k: a[k].uid for k in ("q", "k", "v", "descale_q", "descale_k", "descale_v", "scale_o")}
+                q, k, v = (vp[u[x]].float() for x in ("q", "k", "v"))
+                dq, dk, dv, so = (float(vp[u[x]].reshape(-1)[0]) for x in ("descale_q", "descale_k", "descale_v",
+                                                                           "scale_o"))
+                s = (q @ k.transpose(-1, -2)) * (dq * dk * a["attn_scale"])
+                if a.get("right_bound") == 0:
+                    n = s.shape[-1]
+                    s = s.masked_fill(t.ones(n, n, dtype=t.bool).triu(1), float("-inf"))
+                o = t.softmax(s, -1) @ v * (1.0 if fake.bug else dv)
+                out = vp[self.outs[0].uid]
+                if out.dtype == t.float8_e4m3fn:
+                    o = (o * so).clamp(-448, 448)
+                out.copy_(o.to(out.dtype))
+                vp[self.outs[1].uid].copy_(t.logsumexp(s, -1, keepdim=True))
+
+        self.pygraph = Graph
+        self._pybind_module = NS(backend_graph=Graph)
+
+    def create_handle(self):
+        self.handles.append(object())
+        return self.handles[-1]
+
+    def set_stream(self, h, s):
+        pass
+
+    def destroy_handle(self, h):
+        self.handles.remove(h)
+
+
+class CudnnFp8Graph(unittest.TestCase):
+    """peer_cudnn_fp8.CudnnFp8 against FakeCudnn on the CPU: the output dtypes it falls back through,
+    the variant pack, the check of what comes back, and a shape no graph builds for."""
+
+    def setUp(self):
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("PyTorch is not importable here")
+        import peer_cudnn_fp8
+        self.torch, self.P = torch, peer_cudnn_fp8
+        torch.manual_seed(1)
+        self.q, self.k, self.v = (torch.randn(1, 2, 128, 64).bfloat16() for _ in range(3))
+        self.f = self.P.fp8_inputs(torch, self.q, self.k, self.v)
+
+    def run_fake(self, causal, **kw):
+        fake = FakeCudnn(self.torch, **kw)
+        peer = self.P.CudnnFp8(self.torch, fake, 1, 2, 2, 128, 128, 64, causal, device="cpu")
+        o, lse = peer.run(self.f)
+        res = self.P.check(self.torch, o, self.q, self.k, self.v, self.f, causal, peer.out, peer.scale_o)
+        peer.close()
+        self.assertEqual(fake.handles, [])
+        return peer, fake, res
+
+    def test_bf16_first_then_fp16_then_fp8_each_checked(self):
+        for outs, want in ((("bf16", "fp16", "fp8"), "bf16"), (("fp16", "fp8"), "fp16"), (("fp8",), "fp8")):
+            for causal in (False, True):
+                peer, fake, (err, bad, det) = self.run_fake(causal, outs=outs)
+                self.assertEqual((peer.out, fake.built), (want, [want]))
+                self.assertIsNone(bad, (outs, causal, det))
+                self.assertIn("O %s" % want, peer.note())
+                self.assertIn("plan fake_engine", peer.note())
+                self.assertEqual(len(peer.tried), 2 * ("bf16", "fp16", "fp8").index(want), peer.tried)
+
+    def test_a_wrong_result_fails_and_no_graph_is_unsupported(self):
+        _, _, (err, bad, det) = self.run_fake(False, bug=True)
+        self.assertIsNotNone(bad)
+        with self.assertRaises(NotImplementedError) as e:
+            self.P.CudnnFp8(self.torch, FakeCudnn(self.torch, outs=()), 1, 2, 2, 128, 128, 64, True, device="cpu")
+        self.assertIn("No valid engine configs", str(e.exception))
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=1)
