@@ -268,8 +268,14 @@ class CudnnFp8:
             o, stats = self.outputs()
         vp = self.pack(f, o, stats)
         g, ws = self.graph, self.workspace
-        h = self.handle if self.api == "pygraph" else self.raw_handle
-        return lambda: g.execute(vp, ws, h)
+        if self.api == "pygraph":
+            h = self.handle
+            return lambda: g.execute(vp, ws, h)
+        # the C++ graph takes device pointers (1.32: _execute(uid -> pointer, workspace pointer, handle));
+        # vp keeps the tensors alive as long as the callable
+        ptrs, wp, h = {u: t.data_ptr() for u, t in vp.items()}, ws.data_ptr(), self.raw_handle
+        run = getattr(g, "execute", None) or (lambda _vp, _ws, _h: g._execute(ptrs, wp, _h))
+        return lambda: run(vp, ws, h)
 
     def run(self, f):
         """Executes once: (O as fp32 [B, H, N, d], LSE [B, H, N] in natural log)."""

@@ -1602,6 +1602,25 @@ class CudnnFp8Graph(unittest.TestCase):
                 self.assertIn("plan fake_engine", peer.note())
                 self.assertEqual(len(peer.tried), 2 * ("bf16", "fp16", "fp8").index(want), peer.tried)
 
+    def test_the_cpp_graph_gets_device_pointers(self):
+        fake = FakeCudnn(self.torch)
+        seen = []
+
+        class Cpp(fake.pygraph):  # 1.32's C++ graph: no execute(), _execute(uid -> pointer, workspace, handle)
+            execute = None
+
+            def _execute(self, ptrs, ws, handle):
+                seen.append((ptrs, ws, handle))
+        fake._pybind_module.backend_graph = Cpp
+        peer = self.P.CudnnFp8(self.torch, fake, 1, 2, 2, 128, 128, 64, False, api="backend", device="cpu")
+        o, stats = peer.outputs()
+        peer.fn(self.f, o, stats)()
+        ptrs, ws, handle = seen[0]
+        self.assertEqual(ptrs[self.P.UID["q"]], self.f["q8"].data_ptr())
+        self.assertEqual(ptrs[self.P.UID["o"]], o.data_ptr())
+        self.assertEqual(set(ptrs), {u for k, u in self.P.UID.items() if k != "amax_s"})  # amax_s left virtual
+        self.assertEqual((ws, handle), (peer.workspace.data_ptr(), fake.handles[0]))
+
     def test_a_wrong_result_fails_and_no_graph_is_unsupported(self):
         _, _, (err, bad, det) = self.run_fake(False, bug=True)
         self.assertIsNotNone(bad)
