@@ -143,16 +143,10 @@ class Peers:
             self.avail["flex"] = None
         except Exception as e:
             self.avail["flex"] = "FlexAttention not importable: " + _first_line(e)
-        try:  # cuDNN's FP8 attention through the frontend wheel, on PyTorch's cuDNN (peer_cudnn_fp8.py)
-            import peer_cudnn_fp8
-            self._cudnn, info = peer_cudnn_fp8.load(torch)
-            self.avail["cudnn_fp8"] = None
-            self.versions["cudnn_frontend"] = info["frontend"]
-            self.versions["cudnn_frontend_backend"] = info["backend"]
-        except Exception as e:
-            self.avail["cudnn_fp8"] = _first_line(e) if isinstance(e, ImportError) else \
-                "nvidia-cudnn-frontend not importable (" + _first_line(e) + ")"
-        self.init_s["cudnn_fp8"] = round(time.time() - t_import, 2)
+        # cuDNN's FP8 attention (peer_cudnn_fp8.py): its frontend is imported when the peer first runs
+        # (load_cudnn_fp8), so that a run without it never loads the wheel
+        self.avail["cudnn_fp8"] = None
+        self._cudnn = None
         try:
             from flash_attn.cute import flash_attn_func
             self._fa4 = flash_attn_func
@@ -320,6 +314,9 @@ class Peers:
         if peer == "cudnn_fp8":
             if backward:
                 return {"status": "unsupported", "note": "cuDNN FP8: the bench runs its forward only"}
+            why = self.load_cudnn_fp8()
+            if why:
+                return {"status": "unsupported", "note": why}
             return self.attention_fp8(b, h, hkv, n, nk, d, causal)
         torch = self.torch
         bnhd = peer == "fa4"
@@ -376,6 +373,22 @@ class Peers:
         fl = attention_flops(b, h, n, nk, d, causal, backward)
         out.update({"status": "ok", "time_ms": ms, "tflops": fl / (ms * 1e-3) / 1e12, "flops": fl})
         return out
+
+    def load_cudnn_fp8(self):
+        """Imports the cuDNN frontend on PyTorch's cuDNN, once; the reason it is not importable, or None.
+        The peer's status and the run's peer versions say what happened."""
+        if self._cudnn is None and not self.avail.get("cudnn_fp8"):
+            t0 = time.time()
+            try:
+                import peer_cudnn_fp8
+                self._cudnn, info = peer_cudnn_fp8.load(self.torch)
+                self.versions["cudnn_frontend"] = info["frontend"]
+                self.versions["cudnn_frontend_backend"] = info["backend"]
+            except Exception as e:
+                self.avail["cudnn_fp8"] = _first_line(e) if isinstance(e, ImportError) else \
+                    "nvidia-cudnn-frontend not importable (" + _first_line(e) + ")"
+            self.init_s["cudnn_fp8"] = round(time.time() - t0, 2)
+        return self.avail.get("cudnn_fp8")
 
     def attention_fp8(self, b, h, hkv, n, nk, d, causal):
         """cuDNN's FP8 forward (peer_cudnn_fp8.py) on one shape: the same bf16 randn inputs as the other
