@@ -85,6 +85,48 @@ void check_model(const MaskSpec& s, const Problem& p, Dist dist = Dist::normal, 
 
 bool causal_family(MaskKind k) { return k != MaskKind::document; }
 
+/// One tile shape's tiles of batch 0, heads [0, heads): how the block map's kind and the
+/// policy's own classify() compare with the element-wise truth, and the pairs kept.
+struct TileAudit {
+  long map_unsafe = 0;            ///< the map says full or skip where the truth differs
+  long map_inexact = 0;           ///< the map's kind is not the truth
+  long classify_inexact = 0;      ///< the policy's classify() is not the truth
+  long partial_without_need = 0;  ///< the map says partial where no pair is kept
+  long kept_pairs = 0;            ///< pairs the policy keeps over these tiles
+};
+
+/// For each tile shape the tests use: builds `s`'s block map, audits its tiles against
+/// the policy's keep() and hands both to `check` (with the spec, problem and tile shape captured).
+template <class Check>
+void audit_tile_shapes(const MaskSpec& s, const Problem& p, const PolicyData& data, int heads, Check&& check) {
+  for (auto [Br, Bc] : {std::pair{16, 16}, std::pair{128, 64}, std::pair{64, 176}, std::pair{32, 8}}) {
+    CAPTURE(s.describe());
+    CAPTURE(p.describe());
+    CAPTURE(Br);
+    CAPTURE(Bc);
+    const BlockMap m = build_block_map(s, p, Br, Bc);
+    TileAudit a;
+    visit_policy(s, p, data, [&](const auto& pol) {
+      for (int h = 0; h < heads; ++h)
+        for (int qb = 0; qb < m.tq; ++qb)
+          for (int kb = 0; kb < m.tk; ++kb) {
+            const TileRange t = tile_range(qb, kb, Br, Bc, p.nq, p.nk);
+            const TileKind truth = classify_by_elements(pol, 0, h, t);
+            const TileKind got = m.kind(0, h, qb, kb);
+            if (got == TileKind::full && truth != TileKind::full) ++a.map_unsafe;
+            if (got == TileKind::skip && truth != TileKind::skip) ++a.map_unsafe;
+            if (got == TileKind::partial && truth == TileKind::skip) ++a.partial_without_need;
+            a.map_inexact += got != truth;
+            a.classify_inexact += pol.classify(0, h, t) != truth;
+            for (int i = t.i0; i < t.i1; ++i)
+              for (int j = t.j0; j < t.j1; ++j) a.kept_pairs += pol.keep(0, h, i, j);
+          }
+      return 0;
+    });
+    check(m, a);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("every policy's keep() and score() agree with the fp64 definition") {
@@ -127,29 +169,12 @@ TEST_CASE("classify() is conservative for every variant and tile shape: full kee
       if (k == MaskKind::document && p.nq != p.nk) continue;
       const MaskSpec s = spec_of(k, p, true);
       const std::vector<int> doc = k == MaskKind::document ? doc_of_tokens(s.doc_lens) : std::vector<int>{};
-      for (auto [Br, Bc] : {std::pair{16, 16}, std::pair{128, 64}, std::pair{64, 176}, std::pair{32, 8}}) {
-        CAPTURE(s.describe());
-        CAPTURE(p.describe());
-        CAPTURE(Br);
-        CAPTURE(Bc);
-        const BlockMap m = build_block_map(s, p, Br, Bc);
-        int wrong = 0, partial_without_need = 0;
-        visit_policy(s, p, PolicyData{doc.data(), s.sink_logits.data()}, [&](const auto& pol) {
-          for (int h = 0; h < p.heads; ++h)
-            for (int qb = 0; qb < m.tq; ++qb)
-              for (int kb = 0; kb < m.tk; ++kb) {
-                const TileKind truth = classify_by_elements(pol, 0, h, tile_range(qb, kb, Br, Bc, p.nq, p.nk));
-                const TileKind got = m.kind(0, h, qb, kb);
-                if (got == TileKind::full && truth != TileKind::full) ++wrong;
-                if (got == TileKind::skip && truth != TileKind::skip) ++wrong;
-                if (got == TileKind::partial && truth == TileKind::skip) ++partial_without_need;
-              }
-          return 0;
-        });
-        CHECK(wrong == 0);
-        // An analytic classify() never sends an all-masked tile to the kernel.
-        if (k != MaskKind::document) CHECK(partial_without_need == 0);
-      }
+      audit_tile_shapes(s, p, PolicyData{doc.data(), s.sink_logits.data()}, p.heads,
+                        [&](const BlockMap&, const TileAudit& a) {
+                          CHECK(a.map_unsafe == 0);
+                          // An analytic classify() never sends an all-masked tile to the kernel.
+                          if (k != MaskKind::document) CHECK(a.partial_without_need == 0);
+                        });
     }
   }
 }
@@ -599,26 +624,12 @@ TEST_CASE("composed masks: classify() is exact per tile (full only if every pair
       for (const int w : {0, 15, 16, 63, 64, 100, 5000}) {
         const Problem p = masked_problem(shape().heads(2).n(nq, nk).d(32));
         const MaskSpec s = composed(k, p, w);
-        for (auto [Br, Bc] : {std::pair{16, 16}, std::pair{128, 64}, std::pair{64, 176}, std::pair{32, 8}}) {
-          CAPTURE(s.describe());
-          CAPTURE(p.describe());
-          CAPTURE(Br);
-          CAPTURE(Bc);
-          const BlockMap m = build_block_map(s, p, Br, Bc);
-          long wrong = 0, pairs = 0;
-          visit_policy(s, p, PolicyData{nullptr, s.sink_logits.data()}, [&](const auto& pol) {
-            for (int qb = 0; qb < m.tq; ++qb)
-              for (int kb = 0; kb < m.tk; ++kb) {
-                const TileRange t = tile_range(qb, kb, Br, Bc, p.nq, p.nk);
-                wrong += pol.classify(0, 0, t) != classify_by_elements(pol, 0, 0, t);
-                wrong += m.kind(0, 0, qb, kb) != classify_by_elements(pol, 0, 0, t);
-                for (int i = t.i0; i < t.i1; ++i)
-                  for (int j = t.j0; j < t.j1; ++j) pairs += pol.keep(0, 0, i, j);
-              }
-          });
-          CHECK(wrong == 0);
-          CHECK(m.kept_pairs == doctest::Approx(double(pairs) * p.heads));  // the FLOPs count kept pairs
-        }
+        audit_tile_shapes(s, p, PolicyData{nullptr, s.sink_logits.data()}, 1,
+                          [&](const BlockMap& m, const TileAudit& a) {
+                            CHECK(a.classify_inexact + a.map_inexact == 0);
+                            // The FLOPs count kept pairs (head 0's, times the heads).
+                            CHECK(m.kept_pairs == doctest::Approx(double(a.kept_pairs) * p.heads));
+                          });
       }
 }
 
