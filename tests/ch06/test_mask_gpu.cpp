@@ -14,10 +14,12 @@
 #include "chapters/06_variants/masks/mask_spec.hpp"
 #include "common/check.hpp"
 #include "common/device.hpp"
+#include "support/mask_specs.hpp"
 #include "support/shapes.hpp"
 
 using namespace attn;
 using namespace attn::ch06;
+using testing_support::composed_spec;
 using testing_support::shape;
 
 namespace {
@@ -34,16 +36,6 @@ MaskSpec spec_of(MaskKind k, const Problem& p, bool causal = false) {
   if (k == MaskKind::sink) s.left = 70, s.right = 0;
   if (k == MaskKind::document && p.nq == p.nk) s.doc_lens = random_doc_lens(p.nq, std::min(6, p.nq), 3);
   s.stride = 24, s.block = 40, s.summary = 6, s.globals = 2, s.random = 2;  // the sparse patterns, off the tiles
-  finalize_spec(s, p);
-  return s;
-}
-
-/// learned-sink or softcap with a causal sliding window of `window` on top (gpt-oss, Gemma 2).
-MaskSpec composed_spec(MaskKind k, const Problem& p, int window) {
-  MaskSpec s;
-  s.kind = k;
-  s.softcap = 2.0;
-  s.sliding = window;
   finalize_spec(s, p);
   return s;
 }
@@ -153,7 +145,7 @@ void every_variant(Check&& check, int d = 128) {
       if (k == MaskKind::softcap && w == 0) continue;
       for (const Problem p : {Problem(shape().batch(2).heads(4, 2).n(200).d(d)), Problem(shape().heads(2).n(50).d(d)),
                               Problem(shape().heads(4, 1).n(100, 300).d(d)), Problem(shape().heads(2).n(300, 100).d(d))})
-        check(composed_spec(k, p, w), p, w == 70 ? Dist::mean_shifted : Dist::normal);
+        check(composed_spec(k, p, w, 2.0), p, w == 70 ? Dist::mean_shifted : Dist::normal);
     }
 }
 

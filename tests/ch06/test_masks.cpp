@@ -16,10 +16,12 @@
 #include "chapters/06_variants/masks/model_cases.hpp"
 #include "common/check.hpp"
 #include "common/errors.hpp"
+#include "support/mask_specs.hpp"
 #include "support/shapes.hpp"
 
 using namespace attn;
 using namespace attn::ch06;
+using testing_support::composed_spec;
 using testing_support::shape;
 
 namespace {
@@ -566,16 +568,6 @@ Span span_of(const P& pol, int h, int i) {
   return Span{1, 0};
 }
 
-/// learned-sink or softcap with a causal sliding window of `window` on top.
-MaskSpec composed(MaskKind k, const Problem& p, int window) {
-  MaskSpec s;
-  s.kind = k;
-  s.softcap = 1.5;
-  s.sliding = window;
-  finalize_spec(s, p);
-  return s;
-}
-
 }  // namespace
 
 TEST_CASE("composed masks: a sliding window on learned-sink and softcap keeps what the definition and Window keep") {
@@ -584,7 +576,7 @@ TEST_CASE("composed masks: a sliding window on learned-sink and softcap keeps wh
     for (const MaskKind k : {MaskKind::learned_sink, MaskKind::softcap})
       for (const int w : {0, 1, 37, 64, 1000}) {
         const Problem p = masked_problem(shape().heads(2).n(nq, nk).d(32));
-        const MaskSpec s = composed(k, p, w);
+        const MaskSpec s = composed_spec(k, p, w, 1.5);
         CAPTURE(s.describe());
         CAPTURE(p.describe());
         CHECK(s.causal);
@@ -623,7 +615,7 @@ TEST_CASE("composed masks: classify() is exact per tile (full only if every pair
     for (const MaskKind k : {MaskKind::learned_sink, MaskKind::softcap})
       for (const int w : {0, 15, 16, 63, 64, 100, 5000}) {
         const Problem p = masked_problem(shape().heads(2).n(nq, nk).d(32));
-        const MaskSpec s = composed(k, p, w);
+        const MaskSpec s = composed_spec(k, p, w, 1.5);
         audit_tile_shapes(s, p, PolicyData{nullptr, s.sink_logits.data()}, 1,
                           [&](const BlockMap& m, const TileAudit& a) {
                             CHECK(a.classify_inexact + a.map_inexact == 0);
@@ -637,11 +629,11 @@ TEST_CASE("composed masks: the CPU model passes the fp64 reference at awkward sh
   for (const MaskKind k : {MaskKind::learned_sink, MaskKind::softcap})
     for (const int w : {0, 70, 1000}) {
       const Problem many = shape().batch(2).heads(4, 2).n(200).d(32);  // batches, GQA, N off the tile
-      check_model(composed(k, many, w), many);
+      check_model(composed_spec(k, many, w, 1.5), many);
       for (const Problem p : {Problem(shape().heads(4, 1).n(70, 260).d(32)), Problem(shape().heads(2).n(260, 70).d(32)),
                               Problem(shape().heads(2).n(50).d(64))}) {
-        check_model(composed(k, p, w), p);
-        check_model(composed(k, p, w), p, Dist::mean_shifted, 32, 16);
+        check_model(composed_spec(k, p, w, 1.5), p);
+        check_model(composed_spec(k, p, w, 1.5), p, Dist::mean_shifted, 32, 16);
       }
     }
 }
