@@ -404,6 +404,22 @@ def peer_worker(wid, tasks, results, lock, fake=False):
     from peer_timer import PeerTimer  # the peers' shared timer (bench/peer_timer.py)
     timer = PeerTimer(torch)
     prepared = {}  # (key, peer) -> the call, with its inputs alive
+
+    def check_and_keep(r, key, peer, fn, check, t0):
+        """A prepared peer call's fp32 check, check() -> (ok, max error), run holding the lock (it
+        runs kernels: never beside a timing), written into the cell r; the call is kept for timing
+        only if it passed."""
+        with lock:
+            ok, err = check()
+        r.update({"pass": bool(ok), "err": err, "compile_check_s": round(time.time() - t0, 1)})
+        if ok:
+            prepared[(key, peer)] = fn
+        return r
+
+    def error_why(e):
+        """The cell of a preparation that raised: the exception's type and first line."""
+        return f"error: {type(e).__name__}: {str(e).splitlines()[0][:90] if str(e) else ''}"
+
     def prepare(task):
         """One peer task: inputs, mask, compile, check. A function of its own, so that each
         prepared call closes over its own tensors (a closure in the loop would see the last
@@ -453,17 +469,14 @@ def peer_worker(wid, tasks, results, lock, fake=False):
                         fn()  # the compile
                         out_of = lambda: fn().transpose(1, 2)
                 if fn is not None and "why" not in r:
-                    with lock:  # the check runs kernels: never beside a timing
+                    def check():
                         ref = reference_rows(torch, q, k, v, mm, sm, sink, hc, rows)
                         got = out_of()[0][hc][:, rows].float()
                         err = (got - ref).abs().max().item()
-                        ok = not torch.isnan(got).any().item() and err <= 2e-2 * max(1.0, ref.abs().max().item())
-                        del ref, got
-                    r.update({"pass": bool(ok), "err": err, "compile_check_s": round(time.time() - t0, 1)})
-                    if ok:
-                        prepared[(key, peer)] = fn
+                        return not torch.isnan(got).any().item() and err <= 2e-2 * max(1.0, ref.abs().max().item()), err
+                    check_and_keep(r, key, peer, fn, check, t0)
         except Exception as e:  # noqa: BLE001
-            r["why"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:90] if str(e) else ''}"
+            r["why"] = error_why(e)
         return r
 
     def prepare_model(task):
@@ -498,13 +511,9 @@ def peer_worker(wid, tasks, results, lock, fake=False):
                                                   sink_dtype=torch.bfloat16)
                 fn()
                 r["note"] = "learnable_sink passed in bf16 (the reference's sink rounded alike)"
-            with lock:  # the check runs kernels: never beside a timing
-                ok, err = model_check(torch, out_of(), x)
-            r.update({"pass": bool(ok), "err": err, "compile_check_s": round(time.time() - t0, 1)})
-            if ok:
-                prepared[(key, peer)] = fn
+            check_and_keep(r, key, peer, fn, lambda: model_check(torch, out_of(), x), t0)
         except Exception as e:  # noqa: BLE001
-            r["why"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:90] if str(e) else ''}"
+            r["why"] = error_why(e)
         return r
 
     while True:
