@@ -2,6 +2,7 @@
 """Chapter 06, masks: our masked kernels next to FlexAttention and FlashAttention-4, one run.
 
     python3 bench/ch06_masks.py --bin build/bin/ch06_variants [--n 8192 --heads 16] [--budget 55]
+    python3 bench/ch06_masks.py --variants strided,fixed,longformer,bigbird --skip sweep,docs
 
 Measures, on one GPU in one run:
   * every variant at B = 1, H heads, N, d = 128, bf16: ours (the sm90a and sm80 forwards of
@@ -9,7 +10,14 @@ Measures, on one GPU in one run:
     the binary before it is timed), FlexAttention (torch.compile(flex_attention) with
     create_block_mask) and FA4 (flash_attn.cute.flash_attn_func) where it supports the
     variant. Every peer output is checked against an fp32 reference on sampled rows first;
-    a failed check is reported as FAIL, never as a speed.
+    a failed check is reported as FAIL, never as a speed. The structured sparse patterns
+    (strided and fixed, Child et al. 2019; longformer; bigbird) run one launch of ours each with
+    the table's parameters (stride 128; blocks of 128 with 16 summary columns; 256 keys each side
+    and 1 global token; blocks of 64, 2 global and 3 random blocks, seed 7), beside FlexAttention
+    only: its BlockMask comes from a mask_mod of the same definition as mask_policy.hpp's
+    StructuredSparse (BigBird's random blocks drawn by the chapter's hash3 with the same seed,
+    so the same key set); FA4 has none of them. --variants NAMES runs only those rows of the table
+    (`./tutorial bench` runs the four patterns so: --variants strided,fixed,longformer,bigbird).
   * the sliding-window sweep at N = --sweep-n: time against kept tiles, windows 128 .. N,
     with our causal of the same run (and Flex and FA4 on causal and window 1024);
   * document masking: the packed documents against each document alone (sum of the runs).
@@ -55,7 +63,11 @@ import subprocess
 import sys
 import time
 
-VARIANTS = ["causal", "window", "chunked", "prefix", "document", "sink", "learned-sink", "alibi", "softcap", "custom"]
+# The structured sparse patterns (the StructuredSparse policy of mask_policy.hpp): FlexAttention is
+# their only peer (a mask_mod of the same definition); FA4 has none of them.
+SPARSE = ["strided", "fixed", "longformer", "bigbird"]
+VARIANTS = ["causal", "window", "chunked", "prefix", "document", "sink", "learned-sink", "alibi", "softcap",
+            "custom"] + SPARSE
 FA4_VARIANTS = ("causal", "window", "softcap", "learned-sink")
 
 # The named model cases of `ch06_variants mask --model NAME` (--models): head dim, query and K/V
@@ -127,6 +139,8 @@ def ours_rows(rep, label):
                 out[key] = {"ms": r.get("time_ms"), "pass": r.get("pass"), "tiles": float(m.group(1)) if m else None,
                             "flops": r.get("flops"), "tflops": r.get("tflops"), "err": r.get("max_abs_err"),
                             "note": r.get("note") or ""}
+                if r.get("time_ms") is None and r.get("pass") is None and r.get("note"):
+                    out[key]["why"] = r["note"][:80]  # a kernel that cannot run the mask says why
     return out
 
 
@@ -169,7 +183,10 @@ def params_from_note(name, note):
     p = {"causal": "causal" in note.split(";")[0] and name in ("document", "alibi", "softcap", "learned-sink")}
     for key, rx, conv in (("left", r"left (\d+), right", int), ("right", r"right (\d+)", int),
                           ("chunk", r"chunks of (\d+)", int), ("prefix", r"prefix (\d+)", int),
-                          ("softcap", r"cap ([0-9.]+)", float), ("seed", r"seed (\d+)", int)):
+                          ("softcap", r"cap ([0-9.]+)", float), ("seed", r"seed (\d+)", int),
+                          ("stride", r"stride (\d+)", int), ("block", r"blocks of (\d+)", int),
+                          ("summary", r"(\d+) summary columns", int), ("left", r"window (\d+) each side", int),
+                          ("globals", r"(\d+) global (?:tokens|blocks)", int), ("random", r"(\d+) random blocks", int)):
         m = re.search(rx, note)
         if m:
             p[key] = conv(m.group(1))
@@ -223,6 +240,8 @@ def mask_fns(torch, name, prm, n, heads, dev):
         seed = prm.get("seed", 7)
         tab = torch.tensor([[hash3(seed, i, j) % 4 == 0 for j in range(nb)] for i in range(nb)], device=dev)
         mm = lambda b, h, q, kv: (kv <= q) & ((q // 128 == kv // 128) | (kv // 128 == 0) | tab[q // 128, kv // 128])
+    elif name in SPARSE:
+        mm = sparse_mask_mod(torch, name, prm, n, dev)
     elif name in ("alibi", "softcap", "learned-sink") and causal:
         mm = lambda b, h, q, kv: kv <= q
     if name == "alibi":
@@ -234,6 +253,40 @@ def mask_fns(torch, name, prm, n, heads, dev):
     if name == "learned-sink":  # default_sink_logits() of mask_spec.cpp
         sink = torch.tensor([math.log(n) - 1.0 + 0.5 * (h % 4) for h in range(heads)], device=dev, dtype=torch.float32)
     return mm, sm, sink
+
+
+def bigbird_blocks(prm, n):
+    """BigBird's kept (query block, key block) pairs at Nq = Nk = n, as `StructuredSparse::block_keep`
+    of mask_policy.hpp: |Qb - Kb| <= 1, or Kb < g, or Qb < g, or Kb one of the r random blocks of
+    Qb, hash3(seed, Qb, k) mod nkb for k < r (the C++ hash, bit for bit). [nqb][nkb] booleans."""
+    b, g, r, seed = prm["block"], prm["globals"], prm["random"], prm.get("seed", 7)
+    nkb = (n + b - 1) // b
+    tab = []
+    for qb in range(nkb):
+        rand = {hash3(seed, qb, k) % nkb for k in range(r)}
+        tab.append([abs(qb - kb) <= 1 or kb < g or qb < g or kb in rand for kb in range(nkb)])
+    return tab
+
+
+def sparse_mask_mod(torch, name, prm, n, dev):
+    """FlexAttention's mask_mod of a structured sparse pattern at Nq = Nk = n (query position q = i),
+    the published definitions as `StructuredSparse::keep_at` of mask_policy.hpp:
+      strided (Child et al. 2019, §4.2, both heads merged): kv <= q and (q - kv < l or (q - kv) mod l == 0)
+      fixed (same, §4.2): kv <= q and (kv // l == q // l or kv mod l >= l - c)
+      longformer (Beltagy et al. 2020, §3.1): |q - kv| <= w, or q < g, or kv < g (g global tokens)
+      bigbird (Zaheer et al. 2020, ITC): the kept blocks of bigbird_blocks(), looked up per pair."""
+    if name == "strided":
+        L = prm["stride"]
+        return lambda b, h, q, kv: (kv <= q) & (((q - kv) < L) | ((q - kv) % L == 0))
+    if name == "fixed":
+        L, C = prm["block"], prm["summary"]
+        return lambda b, h, q, kv: (kv <= q) & ((kv // L == q // L) | (kv % L >= L - C))
+    if name == "longformer":
+        W, G = prm["left"], prm["globals"]
+        return lambda b, h, q, kv: (q < G) | (kv < G) | ((q - kv).abs() <= W)
+    B = prm["block"]
+    tab = torch.tensor(bigbird_blocks(prm, n), device=dev)
+    return lambda b, h, q, kv: tab[q // B, kv // B]
 
 
 def reference_rows(torch, q, k, v, mm, sm, sink, heads_to_check, rows):
@@ -567,6 +620,24 @@ def model_list(text):
     return ",".join(names)
 
 
+def variant_list(text):
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in names if x not in VARIANTS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError("no variant %s (variants: %s)" % (", ".join(bad), ", ".join(VARIANTS)))
+    return ",".join(names)
+
+
+def sparse_args(name, pr):
+    """The options of `ch06_variants mask --mask NAME` that set a sparse pattern's parameters `pr`
+    (the table's: prm in main)."""
+    return [str(x) for x in {"strided": ["--stride", pr.get("stride")],
+                             "fixed": ["--block", pr.get("block"), "--summary", pr.get("summary")],
+                             "longformer": ["--window", pr.get("left"), "--globals", pr.get("globals")],
+                             "bigbird": ["--block", pr.get("block"), "--globals", pr.get("globals"),
+                                         "--random", pr.get("random")]}[name]]
+
+
 def fmt_cell(r):
     if not r:
         return "-"
@@ -596,6 +667,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds of the peers (median of the rounds)")
     ap.add_argument("--fake-peers", action="store_true", help="workers sleep instead of running torch (tries the orchestration)")
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: variants,sweep,docs")
+    ap.add_argument("--variants", type=variant_list, default=",".join(VARIANTS),
+                    help="the variants of the table (default: all), e.g. %s" % ",".join(SPARSE))
     ap.add_argument("--models", type=model_list, default="",
                     help="the named model cases, e.g. gpt-oss,gemma2,mistral,packed-docs (only these run)")
     ap.add_argument("--model-n", type=lambda x: [int(v) for v in x.split(",") if v], default=[8192, 16384],
@@ -636,7 +709,8 @@ def main():
     prm = {"causal": {}, "window": {"left": a.window, "right": 0}, "chunked": {"chunk": 1024}, "prefix": {"prefix": n // 4},
            "document": {"doc_lens": lens, "causal": True}, "sink": {"sinks": 4, "left": 64},
            "learned-sink": {"causal": True}, "alibi": {"causal": True}, "softcap": {"softcap": 30.0, "causal": True},
-           "custom": {"seed": 7}}
+           "custom": {"seed": 7}, "strided": {"stride": 128}, "fixed": {"block": 128, "summary": 16},
+           "longformer": {"left": 256, "globals": 1}, "bigbird": {"block": 64, "globals": 2, "random": 3, "seed": 7}}
     tour_args = ["--n", str(n), "--heads", str(heads), "--kv-heads", str(heads), "--d", "128", "--batch", "1",
                  "--window", f"{a.window},0", "--chunk", "1024", "--prefix", str(n // 4),
                  "--doc-lens", ",".join(map(str, lens)), "--sinks", "4", "--softcap", "30", "--causal",
@@ -691,20 +765,36 @@ def main():
             for peer in ("fa4", "flex"):
                 send(f"sweep:{name}", peer, name, pr, sn, kept(sn, name, pr))
     table_pending = []
+    variants = a.variants.split(",")
     if "variants" not in skip:
-        for name in ("causal", "window", "softcap", "learned-sink"):
-            send(name, "fa4", name, prm[name], n, kept(n, "causal", {}))  # FLOPs recounted from ours below
-        table_pending = list(VARIANTS)  # Flex: every variant, once our FLOP counts are known (below)
+        for name in FA4_VARIANTS:
+            if name in variants:
+                send(name, "fa4", name, prm[name], n, kept(n, "causal", {}))  # FLOPs recounted from ours below
+        table_pending = list(variants)  # Flex: every variant, once our FLOP counts are known (below)
 
     # 1. every variant, ours: one tour on one set of inputs
     if "variants" not in skip:
-        rep, err = run_ours(a.bin, tour_args, lock, timeout=300)
+        # the tour (every variant on one set of inputs) for the variants before the sparse patterns;
+        # each sparse pattern its own launch, with the table's parameters (in the tour longformer's
+        # window would be the binary's default)
+        reps = {}
+        if any(x not in SPARSE for x in variants):
+            rep, err = run_ours(a.bin, tour_args, lock, timeout=300)
+            reps.update({x: (rep, err) for x in variants if x not in SPARSE})
+        for name in (x for x in variants if x in SPARSE):
+            reps[name] = run_ours(a.bin, ["--mask", name, "--n", str(n), "--heads", str(heads), "--kv-heads", str(heads),
+                                          "--d", "128", "--batch", "1", "--check-mflops", str(a.check_mflops)] +
+                                  sparse_args(name, prm[name]), lock, timeout=300)
         out["variants"] = {}
-        if rep is None:
-            out["variants_error"] = err
-        for name in VARIANTS:
+        errs = sorted({e for r_, e in reps.values() if r_ is None and e})
+        if errs:
+            out["variants_error"] = "; ".join(errs)[:300]
+        for name in variants:
+            rep = reps[name][0]
             note = spec_of_note(rep, name)
             row = {"spec": note, "ours": ours_rows(rep, name), "params": prm[name]}
+            if not row["ours"]:
+                row["ours_error"] = (reps[name][1] or "our report has no rows named %s:" % name)[:120]
             flops = next((r["flops"] for r in row["ours"].values() if r.get("flops")), None)
             row["kept_pairs"] = flops / (4.0 * d) if flops else None
             got = params_from_note(name, note) if note else {}
@@ -922,7 +1012,9 @@ def print_table(out):
             o9, o8 = row["ours"].get("sm90a"), row["ours"].get("sm80")
             pe = row.get("peers", {})
             spec = (row.get("spec") or "").split(";")[0].split(": ", 1)[-1]
-            print(f"| {name} | {spec[:60]} | {cell(o9)} | {cell(o8)} | {fmt_cell(pe.get('flex'))} | {fmt_cell(pe.get('fa4'))} | "
+            o_err = row.get("ours_error") if not row["ours"] else None
+            print(f"| {name} | {spec[:60]} | {o_err or cell(o9)} | {o_err or cell(o8)} | {fmt_cell(pe.get('flex'))} | "
+                  f"{fmt_cell(pe.get('fa4'))} | "
                   f"{ratio(o9, pe.get('flex'))} | {ratio(o9, pe.get('fa4'))} |")
     if out.get("sweep"):
         c9 = out.get("sweep_causal", {}).get("sm90a", {})

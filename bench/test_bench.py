@@ -1629,5 +1629,114 @@ class CudnnFp8Graph(unittest.TestCase):
         self.assertIn("No valid engine configs", str(e.exception))
 
 
+class SparsePeers(unittest.TestCase):
+    """bench/ch06_masks.py's structured sparse patterns: FlexAttention's mask_mod against each paper's
+    definition written again here (pair by pair), against the kept pairs of the chapter binary's CPU
+    model where one is built, and Flex's output (eager, on the CPU) through the peers' fp32 check."""
+    PARAMS = [("strided", {"stride": 1}), ("strided", {"stride": 19}), ("strided", {"stride": 128}),
+              ("fixed", {"block": 1, "summary": 1}), ("fixed", {"block": 23, "summary": 5}),
+              ("fixed", {"block": 16, "summary": 0}), ("fixed", {"block": 128, "summary": 16}),
+              ("longformer", {"left": 0, "globals": 0}), ("longformer", {"left": 9, "globals": 3}),
+              ("longformer", {"left": 256, "globals": 1}),
+              ("bigbird", {"block": 1, "globals": 0, "random": 0, "seed": 7}),
+              ("bigbird", {"block": 23, "globals": 2, "random": 2, "seed": 7}),
+              ("bigbird", {"block": 16, "globals": 0, "random": 64, "seed": 7}),
+              ("bigbird", {"block": 64, "globals": 2, "random": 3, "seed": 7})]
+
+    @staticmethod
+    def definition(name, p, n, q, j):
+        """Key j of query q at Nq = Nk = n: Child et al. 2019 (strided, fixed), Beltagy et al. 2020,
+        Zaheer et al. 2020 (the random blocks: the chapter's hash of (seed, query block, draw))."""
+        import ch06_masks as M
+        if name == "strided":
+            return j <= q and (q - j < p["stride"] or (q - j) % p["stride"] == 0)
+        if name == "fixed":
+            l, c = p["block"], p["summary"]
+            return j <= q and (q // l == j // l or j % l in range(l - c, l))
+        if name == "longformer":
+            return abs(q - j) <= p["left"] or q < p["globals"] or j < p["globals"]
+        b = p["block"]
+        qb, kb, nb = q // b, j // b, -(-n // b)
+        draws = [M.hash3(p["seed"], qb, k) % nb for k in range(p["random"])]
+        return abs(qb - kb) <= 1 or kb < p["globals"] or qb < p["globals"] or kb in draws
+
+    def torch_or_skip(self):
+        try:
+            import torch
+        except Exception:  # noqa: BLE001
+            self.skipTest("no PyTorch here")
+        return torch
+
+    def test_mask_mods_are_the_definitions(self):
+        torch = self.torch_or_skip()
+        import ch06_masks as M
+        for n in (1, 7, 150, 333):
+            for name, p in self.PARAMS:
+                mm, sm, sink = M.mask_fns(torch, name, p, n, 2, "cpu")
+                self.assertIsNone(sm)
+                self.assertIsNone(sink)
+                got = mm(0, 0, torch.arange(n)[:, None], torch.arange(n)[None, :]).expand(n, n).tolist()
+                want = [[self.definition(name, p, n, q, j) for j in range(n)] for q in range(n)]
+                wrong = sum(g != w for gr, wr in zip(got, want) for g, w in zip(gr, wr))
+                self.assertEqual(wrong, 0, (name, p, n))
+
+    def test_kept_pairs_and_parameters_agree_with_the_binary(self):
+        torch = self.torch_or_skip()
+        import ch06_masks as M
+        binary = os.environ.get("CH06_VARIANTS") or os.path.join(os.path.dirname(HERE), "build", "bin", "ch06_variants")
+        if not os.access(binary, os.X_OK):
+            self.skipTest("no ch06_variants at %s (CH06_VARIANTS names one)" % binary)
+        import subprocess
+        H, d = 2, 32
+        for n in (150, 777):
+            for name, p in self.PARAMS:
+                if name == "fixed" and p["summary"] > p["block"]:
+                    continue
+                cmd = [binary, "mask", "--device", "cpu", "--mask", name, "--n", str(n), "--heads", str(H),
+                       "--kv-heads", str(H), "--d", str(d), "--batch", "1", "--json", "--no-backward",
+                       "--check-mflops", "20"] + M.sparse_args(name, p)
+                rep = json.loads(subprocess.run(cmd, capture_output=True, text=True).stdout)
+                note = M.spec_of_note(rep, name)
+                got = M.params_from_note(name, note)
+                self.assertEqual({k: got.get(k) for k in p}, p, note)
+                row = [r for r in rep["results"] if r["impl"] == name + ": model forward"][0]
+                self.assertTrue(row["pass"])
+                mm, _, _ = M.mask_fns(torch, name, p, n, H, "cpu")
+                kept = int(mm(0, 0, torch.arange(n)[:, None], torch.arange(n)[None, :]).expand(n, n).sum())
+                self.assertEqual(row["flops"], 2.0 * kept * H * (d + d), (name, p, n))  # the binary's count
+
+    def test_flex_passes_the_peers_check_and_a_wrong_mask_fails_it(self):
+        torch = self.torch_or_skip()
+        try:
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        except Exception:  # noqa: BLE001
+            self.skipTest("no FlexAttention here")
+        import warnings
+        import ch06_masks as M
+        n, heads, d = 512, 2, 64
+        g = torch.Generator().manual_seed(1)
+        q, k, v = (torch.randn(1, heads, n, d, dtype=torch.bfloat16, generator=g) for _ in range(3))
+        rows = torch.tensor([0, 1, 100, 255, 256, 300, 510, 511])
+        hc = [0, heads - 1]
+
+        def check(mm_flex, mm_ref):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                bm = create_block_mask(mm_flex, 1, None, n, n, device="cpu")
+                got = flex_attention(q, k, v, block_mask=bm)[0][hc][:, rows].float()
+            ref = M.reference_rows(torch, q, k, v, mm_ref, None, None, hc, rows)
+            err = (got - ref).abs().max().item()
+            return err <= 2e-2 * max(1.0, ref.abs().max().item())
+        tables = {"strided": {"stride": 128}, "fixed": {"block": 128, "summary": 16},
+                  "longformer": {"left": 100, "globals": 1}, "bigbird": {"block": 64, "globals": 1, "random": 2, "seed": 7}}
+        for name, p in tables.items():
+            mm, _, _ = M.mask_fns(torch, name, p, n, heads, "cpu")
+            self.assertTrue(check(mm, mm), name)
+        # bigbird's random blocks drawn with another seed: the check sees it
+        mm7, _, _ = M.mask_fns(torch, "bigbird", tables["bigbird"], n, heads, "cpu")
+        mm8, _, _ = M.mask_fns(torch, "bigbird", dict(tables["bigbird"], seed=8), n, heads, "cpu")
+        self.assertFalse(check(mm8, mm7))
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=1)
