@@ -39,6 +39,10 @@ PEER_LABEL = {
 # Chapter 06's named model cases (`ch06_variants mask --model NAME`, bench/ch06_masks.py --models):
 # their rows carry the case's name as their variant, and have a table of their own (ch06-models)
 CH06_MODEL_CASES = ["gpt-oss", "gemma2", "mistral", "packed-docs"]
+# Chapter 06's structured sparse patterns beside FlexAttention (bench/ch06_masks.py --variants): their
+# rows carry the pattern as their variant and table = CH06_SPARSE_TABLE, the table of their own
+CH06_SPARSE = ["strided", "fixed", "longformer", "bigbird"]
+CH06_SPARSE_TABLE = "ch06-sparse"
 SPEED_FIELDS = ("time_ms", "tflops", "gbps", "share", "vs", "prep_ms", "time_with_prep_ms", "tflops_with_prep")
 
 # The main path of a chapter that keeps a lab beside it (chapter 05: steps/ and its final kernels,

@@ -23,9 +23,9 @@ import sys
 
 import final_vs_steps
 
-from bench_common import (CH06_MODEL_CASES, DECODE_PEERS, FINAL_KERNEL, FP8_PEERS, LAB_PARENTS, MAIN_PATH, PEER_LABEL, PEERS,
-                          SOFTMAX_PEERS, clean_row, fp8_prep, is_lab_row, read_json, shape_key, shape_text, speed,
-                          step_token)
+from bench_common import (CH06_MODEL_CASES, CH06_SPARSE, CH06_SPARSE_TABLE, DECODE_PEERS, FINAL_KERNEL, FP8_PEERS,
+                          LAB_PARENTS, MAIN_PATH, PEER_LABEL, PEERS, SOFTMAX_PEERS, clean_row, fp8_prep, is_lab_row,
+                          read_json, shape_key, shape_text, speed, step_token)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -190,8 +190,9 @@ def has_lab_rows(rows):
 
 def attention_table(res, rows, chapters, pss, which="all"):
     """One row per shape; a column per kernel of the chapters, then the peers, then the
-    best kernel over each peer. Chapter 06's model cases have their own table (model_table)."""
-    rows = [r for r in rows if r.get("variant") not in CH06_MODEL_CASES]
+    best kernel over each peer. Chapter 06's model cases and sparse patterns beside FlexAttention have
+    tables of their own (model_table, sparse_table)."""
+    rows = [r for r in rows if r.get("variant") not in CH06_MODEL_CASES and r.get("table") != CH06_SPARSE_TABLE]
     kernels = [k for c in chapters for k in chapter_kernels(rows, c, pss, which)]
     if not kernels:
         return None
@@ -315,6 +316,33 @@ def model_table(rows):
         body.append([case, n, s0.get("B"), s0.get("d"), "%s/%s" % (s0.get("H"), s0.get("Hkv")), s0.get("mask") or "-",
                      model_cell(fwd), model_cell(pe["fa4"], True), model_cell(pe["flex"], True)] + ratios +
                     [model_cell(bwd) if bwd else "-"])
+    return md_table(head, body)
+
+
+def sparse_table(rows):
+    """Chapter 06's structured sparse patterns (rows with table = CH06_SPARSE_TABLE): one row per
+    pattern, always all four: the mask's parameters, our final sm90a and sm80 forwards, FlexAttention
+    and ours over it, FA4 (which has none of them). A pattern the run did not measure reads "not
+    measured yet"; a kernel or peer that cannot run it says so. None without such rows."""
+    mine = [r for r in rows if r.get("table") == CH06_SPARSE_TABLE]
+    if not mine:
+        return None
+    head = ["pattern", "N", "B", "d", "H", "mask", "ours forward (final sm90a)", "ours forward (sm80)",
+            "FlexAttention", "ours / Flex", "FA4"]
+    body = []
+    for name in CH06_SPARSE:
+        at = [r for r in mine if r.get("variant") == name]
+        if not at:
+            body.append([name] + ["not measured yet"] * (len(head) - 1))
+            continue
+        ours = lambda ks: next((r for k in ks for r in at if r["kernel"] == k and r.get("kind") == "ours"), None)  # noqa: E731
+        o9, o8 = ours(MODEL_OURS_FWD), ours(("ch06 mask sm80 forward",))
+        pe = {p: next((r for r in at if r.get("kind") == "peer" and r["kernel"] == p), None) for p in ("flex", "fa4")}
+        ratio = fmt_ratio(speed(o9) / speed(pe["flex"])) if o9 and pe["flex"] and speed(o9) and speed(pe["flex"]) \
+            else "-"
+        s0 = at[0]
+        body.append([name, s0.get("N"), s0.get("B"), s0.get("d"), s0.get("H"), s0.get("mask") or "-", model_cell(o9),
+                     model_cell(o8), model_cell(pe["flex"], True), ratio, model_cell(pe["fa4"], True)])
     return md_table(head, body)
 
 
@@ -656,6 +684,14 @@ def markdown(res, lab=None):
                            "checked against fp32 on sampled rows before it is timed; ours / peer above 1.00x: ours "
                            "faster. not built: no kernel of ours for the head dim; not supported: the peer lacks "
                            "the case (the reason is the row's note in results.json)."))
+    t = sparse_table(rows)
+    if t:
+        out.append(section("ch06-sparse", "Chapter 06: the structured sparse patterns beside FlexAttention (TFLOP/s)", t,
+                           "`bench/ch06_masks.py --variants strided,fixed,longformer,bigbird`: B = 1, H = 16, d = "
+                           "128, bf16, forward; TFLOP/s over kept pairs (4·B·H·kept·d). FlexAttention runs a "
+                           "BlockMask of the same definition (BigBird's random blocks drawn by the same hash and "
+                           "seed), checked against fp32 on sampled rows before it is timed; ours / Flex above "
+                           "1.00x: ours faster. FA4's interface has none of these patterns."))
     t = before_after_table(res, rows)
     if t:
         ba = res.get("run", {}).get("before") or {}

@@ -17,6 +17,9 @@
     ./tutorial bench --chapters 06 --only model   chapter 06's model cases (gpt-oss, gemma2, mistral,
                                            packed-docs at N = 8K and 16K) with FA4 and FlexAttention
                                            (bench/ch06_masks.py --models; the full sweep runs them too)
+    ./tutorial bench --chapters 06 --only sparse  chapter 06's structured sparse patterns (strided, fixed,
+                                           longformer, bigbird at N = 8K) with FlexAttention
+                                           (bench/ch06_masks.py --variants; the full sweep runs them too)
     ./tutorial bench --cpu                 no GPU needed: the CPU models' counted HBM traffic and
                                            extra memory against N and the on-chip budget M
     ./tutorial bench --report FILE.json    tables and plots again from a recorded results.json
@@ -61,8 +64,8 @@ sys.path.insert(0, HERE)
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 import bench_report  # noqa: E402
-from bench_common import (CH06_MODEL_CASES, DECODE_PEERS, FP8_PEERS, PEERS, attention_flops, clean_row, paper_shape,  # noqa: E402
-                          read_json, shape_key, step_token)
+from bench_common import (CH06_MODEL_CASES, CH06_SPARSE, CH06_SPARSE_TABLE, DECODE_PEERS, FP8_PEERS,  # noqa: E402
+                          PEERS, attention_flops, clean_row, paper_shape, read_json, shape_key, step_token)
 
 QUICK_N = [2048, 8192]
 FULL_N = [512, 1024, 2048, 4096, 8192, 16384]
@@ -452,6 +455,54 @@ def better(r, old):
 
 # ============================================================================ the plan
 
+def mask_script_rows(base, ours, ours_error, peer_cells, peers, peer_flops, step):
+    """The rows of one entry of bench/ch06_masks.py's report: ours (`ours`: {"sm90a", "sm80", "bwd"}
+    cells, each a row in the ch06 mask rows' schema) and each peer's cell as a peer row of the same
+    shape (forward only), on `base`. A kernel or peer that cannot run the entry is a row with status
+    "unsupported" and its reason as the note; a run of ours that gave no rows, "error"."""
+    rows = []
+    names = (("sm90a", "mask final sm90a forward", "fwd"), ("sm80", "mask sm80 forward", "fwd"),
+             ("bwd", "mask final backward", "bwd"))
+    for key, kernel, pss in names:
+        if step and key == "sm90a":
+            kernel = "mask sm90a forward"
+        row = dict(base, kernel="ch06 " + kernel)
+        row["pass"] = pss
+        c = ours.get(key)
+        if c is None:
+            if not ours:
+                rows.append(clean_row(dict(row, status="error", note=ours_error or "no rows")))
+            continue
+        row.update(flops=c.get("flops"), max_abs_err=c.get("err"), note=c.get("why") or c.get("note") or "")
+        if c.get("why"):
+            row["status"] = "unsupported"
+        elif c.get("pass") is True and c.get("ms") and c.get("tflops") and c.get("err") is not None:
+            row.update(status="ok", time_ms=c["ms"], tflops=c["tflops"])
+        elif c.get("pass") is False:
+            row["status"] = "failed"
+        else:
+            row["status"] = "unchecked" if c.get("ms") else "not run"
+        rows.append(clean_row(row))
+    for p in peers:
+        c = peer_cells.get(p) or {"why": "not run"}
+        why = c.get("why") or ""
+        row = dict(base, chapter="peer", kind="peer", kernel=p, flops=c.get("flops") or peer_flops,
+                   max_abs_err=c.get("err"), note=why or c.get("note") or "")
+        row["pass"] = "fwd"
+        if why:
+            row["status"] = "error" if why.startswith("error") else "unsupported" if (
+                "not supported" in why or "not in FA4" in why or "has no" in why) else "not run"
+        elif c.get("pass") is False:
+            row["status"] = "failed"
+        elif c.get("ms") and row.get("flops"):
+            row.update(status="ok", time_ms=c["ms"], tflops=row["flops"] / (c["ms"] * 1e-3) / 1e12)
+        else:
+            row.update(status="not run", note="checked, not timed (the time budget)" if c.get("pass") else
+                       "not run")
+        rows.append(clean_row(row))
+    return rows
+
+
 def model_rows(out, peers=("fa4", "flex")):
     """Rows of bench/ch06_masks.py --models' report: ours in the ch06 mask rows' schema (kernel
     `ch06 mask final sm90a forward`, `ch06 mask sm80 forward`, `ch06 mask final backward`), the
@@ -459,51 +510,34 @@ def model_rows(out, peers=("fa4", "flex")):
     its mask the row's `mask`. A kernel not built for the head dim, or a peer without the case, is
     a row with status "unsupported" and its reason as the note; a run that failed, "error"."""
     rows = []
-    names = (("sm90a", "mask final sm90a forward", "fwd"), ("sm80", "mask sm80 forward", "fwd"),
-             ("bwd", "mask final backward", "bwd"))
     step = "--hopper-step" in (out.get("command") or "")  # one sm90a step instead of the final kernel
     for e in out.get("models", []):
         base = {"chapter": "06", "kind": "ours", "d": e.get("d"), "N": e.get("n"), "nk": e.get("n"),
                 "B": e.get("batch"), "H": e.get("hq"), "Hkv": e.get("hkv"), "causal": True, "dtype": "bf16",
                 "unit": "TFLOP/s", "ceiling": "bf16_gemm", "variant": e.get("model"), "mask": e.get("mask")}
-        ours = e.get("ours") or {}
-        for key, kernel, pss in names:
-            if step and key == "sm90a":
-                kernel = "mask sm90a forward"
-            row = dict(base, kernel="ch06 " + kernel)
-            row["pass"] = pss
-            c = ours.get(key)
-            if c is None:
-                if not ours:
-                    rows.append(clean_row(dict(row, status="error", note=e.get("ours_error") or "no rows")))
-                continue
-            row.update(flops=c.get("flops"), max_abs_err=c.get("err"), note=c.get("why") or c.get("note") or "")
-            if c.get("why"):
-                row["status"] = "unsupported"
-            elif c.get("pass") is True and c.get("ms") and c.get("tflops") and c.get("err") is not None:
-                row.update(status="ok", time_ms=c["ms"], tflops=c["tflops"])
-            elif c.get("pass") is False:
-                row["status"] = "failed"
-            else:
-                row["status"] = "unchecked" if c.get("ms") else "not run"
-            rows.append(clean_row(row))
-        for p in peers:
-            c = (e.get("peers") or {}).get(p) or {"why": "not run"}
-            why = c.get("why") or ""
-            row = dict(base, chapter="peer", kind="peer", kernel=p, flops=c.get("flops") or e.get("flops"),
-                       max_abs_err=c.get("err"), note=why or c.get("note") or "")
-            row["pass"] = "fwd"
-            if why:
-                row["status"] = "error" if why.startswith("error") else "unsupported" if (
-                    "not supported" in why or "not in FA4" in why or "has no" in why) else "not run"
-            elif c.get("pass") is False:
-                row["status"] = "failed"
-            elif c.get("ms") and row.get("flops"):
-                row.update(status="ok", time_ms=c["ms"], tflops=row["flops"] / (c["ms"] * 1e-3) / 1e12)
-            else:
-                row.update(status="not run", note="checked, not timed (the time budget)" if c.get("pass") else
-                           "not run")
-            rows.append(clean_row(row))
+        rows += mask_script_rows(base, e.get("ours") or {}, e.get("ours_error"), e.get("peers") or {}, peers,
+                                 e.get("flops"), step)
+    return rows
+
+
+def sparse_rows(out, peers=("fa4", "flex")):
+    """Rows of bench/ch06_masks.py --variants strided,fixed,longformer,bigbird: each pattern's rows
+    (mask_script_rows: our forwards, FlexAttention, and FA4, whose interface has none of them), the
+    pattern its variant, its parameters (the binary's description) its mask, and table =
+    CH06_SPARSE_TABLE: the table of their own (bench_report.sparse_table)."""
+    rows = []
+    step = "--hopper-step" in (out.get("command") or "")
+    for name, e in (out.get("variants") or {}).items():
+        if name not in CH06_SPARSE:
+            continue
+        spec = (e.get("spec") or "").split(";")[0].split(": ", 1)[-1]
+        base = {"chapter": "06", "kind": "ours", "d": out.get("d"), "N": out.get("n"), "nk": out.get("n"),
+                "B": 1, "H": out.get("heads"), "Hkv": out.get("heads"), "causal": False, "dtype": "bf16",
+                "unit": "TFLOP/s", "ceiling": "bf16_gemm", "variant": name, "mask": spec or name,
+                "table": CH06_SPARSE_TABLE}
+        kp = e.get("kept_pairs")  # a peer whose mask parameters differ from ours already says so (its why)
+        rows += mask_script_rows(base, e.get("ours") or {}, e.get("ours_error"), e.get("peers") or {}, peers,
+                                 4.0 * kp * out.get("d") if kp else None, step)
     return rows
 
 
@@ -938,28 +972,22 @@ class Bench:
     MODEL_EST_S = 85
     MODEL_BUDGET_S = 150  # ch06_masks.py --budget, a cap: a peer not done by then is a cell that says so
 
-    def ch06_models_task(self):
-        """Chapter 06's model cases at N = 8K and 16K: our rows (forwards, backward) and the peers'
-        (FA4, FlexAttention; forward), in the row schema of the ch06 mask rows, the case's name as
-        the row's variant. Every failure is a row (or a note) that says so."""
-        c = "06"
-        peers = [p for p in ("fa4", "flex") if p in self.use_peers]
-        save = os.path.join(self.out_dir, "ch06_models.json")
-        cmd = [sys.executable, os.path.join(HERE, "ch06_masks.py"), "--bin", self.bins[c].path,
-               "--models", ",".join(self.MODEL_CASES), "--model-n", ",".join(map(str, self.MODEL_N)),
-               "--budget", str(self.MODEL_BUDGET_S), "--workers", "4", "--save", save]
+    def masks_script(self, args, save, budget, peers):
+        """bench/ch06_masks.py with `args` (its peers, FA4 and FlexAttention, where `peers` names them;
+        --budget `budget` seconds): (its BENCH_JSON report, or what it saved before it stopped, or
+        None; the last line of its stderr)."""
+        cmd = [sys.executable, os.path.join(HERE, "ch06_masks.py"), "--bin", self.bins["06"].path] + list(args) + [
+            "--budget", str(budget), "--workers", "4", "--save", save]
         if not peers:
             cmd.append("--no-peers")
         elif getattr(self.a, "fake_peers", False):
             cmd.append("--fake-peers")
-        if self.a.no_backward:
-            cmd.append("--no-model-backward")
         text, err = "", ""
         try:
             os.makedirs(self.out_dir, exist_ok=True)
             if os.path.exists(save):
                 os.remove(save)
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=self.MODEL_BUDGET_S + 240)
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=budget + 240)
             text, err = r.stdout, r.stderr
         except (subprocess.TimeoutExpired, OSError) as e:
             err = type(e).__name__
@@ -974,11 +1002,38 @@ class Bench:
                     break
                 except ValueError:
                     continue
+        return out, ((err or "").strip().splitlines()[-1:] or ["no output"])[0][:200]
+
+    def ch06_models_task(self):
+        """Chapter 06's model cases at N = 8K and 16K: our rows (forwards, backward) and the peers'
+        (FA4, FlexAttention; forward), in the row schema of the ch06 mask rows, the case's name as
+        the row's variant. Every failure is a row (or a note) that says so."""
+        peers = [p for p in ("fa4", "flex") if p in self.use_peers]
+        out, last = self.masks_script(["--models", ",".join(self.MODEL_CASES), "--model-n", ",".join(map(str, self.MODEL_N))]
+                                      + (["--no-model-backward"] if self.a.no_backward else []),
+                                      os.path.join(self.out_dir, "ch06_models.json"), self.MODEL_BUDGET_S, peers)
         if not out or not out.get("models"):
-            last = (err or "").strip().splitlines()[-1:] or ["no output"]
-            self.notes.append("ch06 model cases: no result from bench/ch06_masks.py (%s)" % last[0][:200])
+            self.notes.append("ch06 model cases: no result from bench/ch06_masks.py (%s)" % last)
             return
         self.rows.extend(model_rows(out, peers))
+
+    # Chapter 06's structured sparse patterns (strided, fixed, longformer, bigbird) at N = 8K, B = 1,
+    # H = 16, d = 128, forward: ours and FlexAttention (a BlockMask of the same definition, checked in
+    # fp32 before it is timed), by bench/ch06_masks.py --variants. FA4 has none of the patterns.
+    SPARSE_N = 8192
+    SPARSE_EST_S = 60  # an estimate: 4 launches of ours, PyTorch's import and 4 Flex compiles, 3 timing rounds
+    SPARSE_BUDGET_S = 120
+
+    def ch06_sparse_task(self):
+        """The sparse patterns' rows (sparse_rows): every failure is a row (or a note) that says so."""
+        peers = [p for p in ("fa4", "flex") if p in self.use_peers]
+        out, last = self.masks_script(["--variants", ",".join(CH06_SPARSE), "--skip", "sweep,docs", "--n",
+                                       str(self.SPARSE_N), "--heads", "16"],
+                                      os.path.join(self.out_dir, "ch06_sparse.json"), self.SPARSE_BUDGET_S, peers)
+        if not out or not out.get("variants"):
+            self.notes.append("ch06 sparse patterns: no result from bench/ch06_masks.py (%s)" % last)
+            return
+        self.rows.extend(sparse_rows(out, peers))
 
     # ----------------------------------------------------------------- plan
     def causal_only(self, chapter):
@@ -1154,6 +1209,9 @@ class Bench:
                 extras.append(Task("ours", "ch06 model cases %s at N = %s + FA4, Flex" % (
                     ", ".join(self.MODEL_CASES), ", ".join(map(str, self.MODEL_N))), self.MODEL_EST_S,
                     self.ch06_models_task))
+                # the structured sparse patterns beside FlexAttention (bench/ch06_masks.py --variants)
+                extras.append(Task("ours", "ch06 sparse patterns %s at N = %d + Flex" % (
+                    ", ".join(CH06_SPARSE), self.SPARSE_N), self.SPARSE_EST_S, self.ch06_sparse_task))
         self._no_bwd = bool(self.a.no_backward)
         if self.a.n or self.a.d or self.a.mask != "both":
             # the shapes asked for: every chapter that runs them (chapter 03 up to N = 2K, non-causal)

@@ -1282,6 +1282,104 @@ class ModelCases(unittest.TestCase):
                 bench_readme.RECORDED, bench_readme.readmes = old_rec, old_readmes
 
 
+class SparseTable(unittest.TestCase):
+    """Chapter 06's structured sparse patterns beside FlexAttention: the plan's task, its rows from
+    bench/ch06_masks.py --variants (a fake binary, fake peers), the ch06-sparse table and its README
+    placeholder."""
+    build, plan = ModelCases.build, ModelCases.plan  # a fake ch06_variants, and the plan's task labels
+
+    def test_the_plan_has_the_sparse_task_in_the_full_sweep_and_only_matches_it(self):
+        with tempfile.TemporaryDirectory() as d:
+            b = self.build(os.path.join(d, "b"))
+            labels = self.plan(["--build-dir", b, "--plan", "--gpu", "--chapters", "06"])
+            sparse = [l for l in labels if "sparse patterns" in l]
+            self.assertEqual(len(sparse), 1, labels)
+            for word in bench_common.CH06_SPARSE + ["8192", "Flex"]:
+                self.assertIn(word, sparse[0])
+            self.assertEqual(self.plan(["--build-dir", b, "--plan", "--gpu", "--chapters", "06", "--only", "sparse"]),
+                             ["ceilings: read bandwidth, bf16 and FP8 GEMM", sparse[0]])
+            self.assertFalse([l for l in self.plan(["--build-dir", b, "--plan", "--gpu", "--chapters", "06",
+                                                    "--quick"]) if "sparse" in l])
+
+    def run_sparse(self, d, fail=None):
+        b = self.build(os.path.join(d, "b"))
+        out = os.path.join(d, "o")
+        err = io.StringIO()
+        old, sys.stderr = sys.stderr, err
+        old_fail = os.environ.pop("FAKE_FAIL", None)
+        if fail:
+            os.environ["FAKE_FAIL"] = fail
+        try:
+            lineage.main(["--build-dir", b, "--gpu", "--no-build", "--no-plots", "--chapters", "06", "--only",
+                          "sparse", "--out", out, "--fake-peers"])
+        finally:
+            sys.stderr = old
+            os.environ.pop("FAKE_FAIL", None)
+            if old_fail is not None:
+                os.environ["FAKE_FAIL"] = old_fail
+        return read_json(os.path.join(out, "results.json")), open(os.path.join(out, "results.md")).read()
+
+    def test_a_run_with_fake_peers_fills_the_table(self):
+        with tempfile.TemporaryDirectory() as d:
+            res, md = self.run_sparse(d, fail="fixed")
+        rows = [r for r in res["rows"] if r.get("table") == bench_common.CH06_SPARSE_TABLE]
+        by = {(r["variant"], r["kernel"]): r for r in rows}
+        self.assertEqual({r["variant"] for r in rows}, set(bench_common.CH06_SPARSE))
+        o = by[("strided", "ch06 mask final sm90a forward")]
+        f = by[("strided", "flex")]
+        self.assertEqual((o["status"], o["tflops"], o["N"], o["B"], o["H"], o["d"]), ("ok", 400.0, 8192, 1, 16, 128))
+        self.assertEqual(o["mask"], "strided (Sparse Transformer, merged), stride 128, causal")
+        self.assertEqual(f["status"], "ok")
+        self.assertEqual(f["flops"], o["flops"])  # the peer's FLOPs are our count of kept pairs
+        self.assertEqual(by[("bigbird", "fa4")]["status"], "unsupported")
+        self.assertEqual(by[("fixed", "ch06 mask final sm90a forward")]["status"], "failed")
+        head, body = table_rows(md, "ch06-sparse")
+        t = {x[0]: dict(zip(head, x)) for x in body}
+        self.assertEqual(list(t), bench_common.CH06_SPARSE)
+        self.assertEqual(t["strided"]["ours forward (final sm90a)"], "400")
+        self.assertEqual(t["strided"]["ours / Flex"], "%.2fx" % (o["tflops"] / f["tflops"]))
+        self.assertEqual(t["bigbird"]["FA4"], "not supported")
+        self.assertEqual((t["fixed"]["ours forward (final sm90a)"], t["fixed"]["ours / Flex"]), ("FAIL", "-"))
+        self.assertIn("window 256 each side", t["longformer"]["mask"])
+        # the chapter's forward table leaves these rows to their own table
+        self.assertNotIn("strided", bench_report.extract_section(md, "ch06-fwd") or "")
+
+    def test_a_pattern_not_in_the_run_reads_not_measured_yet(self):
+        import lineage as L
+        out = {"n": 8192, "heads": 16, "d": 128, "command": "python3 bench/ch06_masks.py",
+               "variants": {"longformer": {"spec": "longformer: longformer, window 256 each side, 1 global tokens; x",
+                                           "ours": {"sm90a": {"ms": 2.0, "pass": True, "flops": 8e11, "tflops": 400.0,
+                                                              "err": 0.001}},
+                                           "kept_pairs": 8e11 / 512, "params_agree": True,
+                                           "peers": {"flex": {"ms": 4.0, "pass": True, "err": 0.01, "flops": 8e11}}}}}
+        rows = L.sparse_rows(out)
+        head, body = table_rows(bench_report.markdown({"run": {}, "rows": rows}), "ch06-sparse")
+        t = {x[0]: dict(zip(head, x)) for x in body}
+        self.assertEqual(t["longformer"]["ours / Flex"], "2.00x")
+        self.assertEqual(t["longformer"]["ours forward (sm80)"], "not run")
+        for name in ("strided", "fixed", "bigbird"):
+            self.assertEqual(set(list(t[name].values())[1:]), {"not measured yet"})
+
+    def test_the_readme_section_is_a_placeholder_until_a_run_has_the_table(self):
+        import bench_readme
+        self.assertIsNone(bench_report.extract_section(bench_report.markdown(load()), "ch06-sparse"))
+        old_rec, old_readmes = bench_readme.RECORDED, bench_readme.readmes
+        with tempfile.TemporaryDirectory() as d:
+            readme = os.path.join(d, "README.md")
+            with open(readme, "w") as f:
+                f.write("x\n\n<!-- bench:ch06-sparse begin -->\nold\n<!-- bench:ch06-sparse end -->\n")
+            bench_readme.RECORDED, bench_readme.readmes = d, lambda: [readme]
+            try:
+                res = load()
+                res["run"]["command"] = "./tutorial bench"
+                with open(os.path.join(d, "gpu-2026-01-01-0000.json"), "w") as f:
+                    json.dump(res, f)
+                self.assertIn("<!-- bench:ch06-sparse begin -->\nNot measured yet in the recorded run.\n"
+                              "<!-- bench:ch06-sparse end -->", bench_readme.generate()[readme])
+            finally:
+                bench_readme.RECORDED, bench_readme.readmes = old_rec, old_readmes
+
+
 class ModelPeers(unittest.TestCase):
     """bench/ch06_masks.py's model cases: the kept pairs, and (where PyTorch is installed) each peer's
     call on the CPU: FlexAttention's, and FA4's arguments given to a reference with FlashAttention's

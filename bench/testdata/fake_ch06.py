@@ -4,7 +4,8 @@ the model case's rows with made-up times, as the contract of the model cases say
 sm90a forward` (built for d = 64 and 128), `NAME: sm80 forward` and `NAME: final backward` (d = 128
 only); a kernel without the head dim is a row whose note says "not built for d = ..." and has no
 time. packed-docs names its documents in a note. FAKE_LOG appends each command line; FAKE_FAIL
-names a case whose sm90a row fails its check; --help lists --model."""
+names a case whose sm90a row fails its check; --help lists --model. `--mask strided|fixed|longformer|
+bigbird` prints the pattern's two forwards and its description (bench/ch06_masks.py --variants)."""
 import json
 import os
 import random
@@ -26,6 +27,29 @@ def opt(name, default=None):
 
 CASES = {"gpt-oss": (64, 64, 8, 128), "gemma2": (256, 16, 8, 4096), "mistral": (128, 32, 8, 4096),
          "packed-docs": (128, 32, 8, None)}
+SPARSE = {"strided": lambda: "strided (Sparse Transformer, merged), stride %s, causal" % opt("--stride", 64),
+          "fixed": lambda: "fixed (Sparse Transformer), blocks of %s, %s summary columns, causal" % (
+              opt("--block", 64), opt("--summary", 8)),
+          "longformer": lambda: "longformer, window %s each side, %s global tokens" % (opt("--window", 64),
+                                                                                      opt("--globals", 1)),
+          "bigbird": lambda: "bigbird (ITC), blocks of %s, 3-block window, %s global blocks, %s random blocks "
+                             "(seed 7)" % (opt("--block", 64), opt("--globals", 2), opt("--random", 3))}
+mask = opt("--mask")
+if a[:1] == ["mask"] and mask in SPARSE and "--model" not in a:
+    # `--mask PATTERN` (bench/ch06_masks.py --variants): the forwards with made-up times; FAKE_FAIL
+    # names a pattern whose sm90a row fails its check
+    n, h = int(opt("--n", 8192)), int(opt("--heads", 16))
+    flops = 4.0 * h * (n * n // 4) * 128
+    rows = []
+    for impl, tf in (("final sm90a forward", 400.0), ("sm80 forward", 200.0)):
+        fail = os.environ.get("FAKE_FAIL") == mask and "sm90a" in impl
+        rows.append({"impl": "%s: %s" % (mask, impl), "device": "cuda", "flops": flops, "time_ms": flops / (tf * 1e12) * 1e3,
+                     "tflops": tf, "pass": not fail, "max_abs_err": 0.3 if fail else 0.002,
+                     "note": "128 x 128 tiles; 10 tiles visited"})
+    print(json.dumps({"problem": {"batch": 1, "heads": h, "kv_heads": h, "nq": n, "nk": n, "d": 128, "causal": False,
+                                  "dtype": "bf16"}, "results": rows,
+                      "notes": ["%s: %s; 10 of 20 tiles kept" % (mask, SPARSE[mask]())]}))
+    sys.exit(1 if os.environ.get("FAKE_FAIL") == mask else 0)
 model = opt("--model")
 if a[:1] != ["mask"] or model not in CASES:
     print("usage error", file=sys.stderr)
