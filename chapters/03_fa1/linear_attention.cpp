@@ -83,6 +83,45 @@ MatD performer_attention(const MatD& Q, const MatD& K, const MatD& V, const MatD
   return O;
 }
 
+MatD performer_causal_attention(const MatD& Q, const MatD& K, const MatD& V, const MatD& W) {
+  const double c = std::pow(double(Q.cols()), -0.25);
+  const FavorFeatures fq = favor_features(c * Q, W, /*per_row=*/true);
+  const FavorFeatures fk = favor_features(c * K, W, /*per_row=*/false);
+  const Eigen::Index nq = Q.rows(), nk = K.rows(), off = nk - nq;
+  MatD S = MatD::Zero(W.rows(), V.cols());  // running sum of phi(k_j) v_j^T
+  Eigen::VectorXd z = Eigen::VectorXd::Zero(W.rows());  // running sum of phi(k_j)
+  MatD O = MatD::Zero(nq, V.cols());
+  Eigen::Index next = 0;  // the first key not yet in S and z
+  for (Eigen::Index i = 0; i < nq; ++i) {
+    for (; next < nk && next <= i + off; ++next) {
+      S.noalias() += fk.phi.row(next).transpose() * V.row(next);
+      z += fk.phi.row(next).transpose();
+    }
+    if (next == 0) continue;  // sees no key
+    O.row(i) = (fq.phi.row(i) * S) / fq.phi.row(i).dot(z);
+  }
+  return O;
+}
+
+MatD performer_masked_quadratic(const MatD& Q, const MatD& K, const MatD& V, const MatD& W, bool causal) {
+  const double c = std::pow(double(Q.cols()), -0.25);
+  const FavorFeatures fq = favor_features(c * Q, W, /*per_row=*/true);
+  const FavorFeatures fk = favor_features(c * K, W, /*per_row=*/false);
+  const Eigen::Index nq = Q.rows(), nk = K.rows(), off = nk - nq;
+  MatD O = MatD::Zero(nq, V.cols());
+  for (Eigen::Index i = 0; i < nq; ++i) {
+    double den = 0;
+    for (Eigen::Index j = 0; j < nk; ++j) {
+      if (causal && j > i + off) continue;  // the mask, one entry at a time
+      const double a = fq.phi.row(i).dot(fk.phi.row(j));
+      O.row(i) += a * V.row(j);
+      den += a;
+    }
+    if (den > 0) O.row(i) /= den;
+  }
+  return O;
+}
+
 MatD linformer_projection(int k, int n, uint64_t seed) {
   Rng rng(seed);
   MatD E(k, n);
@@ -92,13 +131,17 @@ MatD linformer_projection(int k, int n, uint64_t seed) {
   return E;
 }
 
-MatD exact_attention(const MatD& Q, const MatD& K, const MatD& V) {
+MatD exact_attention(const MatD& Q, const MatD& K, const MatD& V, bool causal) {
   const double tau = 1.0 / std::sqrt(double(Q.cols()));
   MatD S = tau * (Q * K.transpose());
+  const Eigen::Index off = K.rows() - Q.rows();
   for (Eigen::Index i = 0; i < S.rows(); ++i) {
-    const double mx = S.row(i).maxCoeff();
+    const Eigen::Index seen = causal ? std::clamp<Eigen::Index>(i + off + 1, 0, S.cols()) : S.cols();
+    S.row(i).tail(S.cols() - seen).setZero();
+    if (seen == 0) continue;
+    const double mx = S.row(i).head(seen).maxCoeff();
     double l = 0;
-    for (Eigen::Index j = 0; j < S.cols(); ++j) l += (S(i, j) = std::exp(S(i, j) - mx));
+    for (Eigen::Index j = 0; j < seen; ++j) l += (S(i, j) = std::exp(S(i, j) - mx));
     S.row(i) /= l;
   }
   return S * V;
@@ -162,6 +205,20 @@ double performer_bytes(const Problem& p, int m, std::size_t sram_bytes) {
   const double w = 2.0 * 4.0 * m * p.d;
   const double state = 4.0 * m * (p.dv + 1.0) * (1.0 + tiles);
   return bh * (io + w + state);
+}
+
+double performer_causal_flops(const Problem& p, int m) { return performer_flops(p, m); }
+
+int performer_causal_state_rows(const Problem& p, std::size_t sram_bytes) {
+  return int(sram_bytes / (4 * std::size_t(p.d + p.dv + 1)));
+}
+
+double performer_causal_bytes(const Problem& p, int m, std::size_t sram_bytes) {
+  const double e = dtype_bytes(p.dtype), bh = double(p.batch) * p.heads;
+  const int slices = ceil_div(m, std::max(1, performer_causal_state_rows(p, sram_bytes)));
+  const double qkv = e * (double(p.nq) * p.d + double(p.nk) * (p.d + p.dv));  // every pass
+  const double partials = 4.0 * double(p.nq) * (p.dv + 1.0);               // [O~ den], fp32
+  return bh * (slices * qkv + 4.0 * m * p.d + e * double(p.nq) * p.dv + 2.0 * (slices - 1) * partials);
 }
 
 double linformer_flops(const Problem& p, int k) {

@@ -52,14 +52,30 @@ FavorFeatures favor_features(const MatD& X, const MatD& W, bool per_row);
 /// Performer FAVOR+ attention of one head, non-causal: Q (N x d), K (Nk x d), V (Nk x dv).
 MatD performer_attention(const MatD& Q, const MatD& K, const MatD& V, const MatD& W);
 
+/// Causal Performer (Choromanski et al. 2020, Sec. 2.2 and Fig. 2, the unidirectional case):
+/// the same features, and running sums over the visible keys instead of sums over all,
+/// \f[ S_i = \sum_{j \le i} \varphi(k_j) v_j^\top,\quad z_i = \sum_{j \le i} \varphi(k_j),\quad
+///     O_i = \varphi(q_i)^\top S_i \,/\, \varphi(q_i)^\top z_i, \f]
+/// one outer-product update and one product with \f$\varphi(q_i)\f$ per row: O(N m d), the
+/// non-causal FLOPs. Query i sees keys j <= i + Nk - Nq (the project's bottom-right mask); a
+/// row that sees no key gets 0. The key offset is the maximum over all keys, as non-causal:
+/// in fp64 on the CPU it is known in advance (a streaming kernel would keep a running maximum
+/// and rescale S and z when it grows, as online softmax does; not counted below).
+MatD performer_causal_attention(const MatD& Q, const MatD& K, const MatD& V, const MatD& W);
+
+/// The same estimator in O(N^2): A = phi(Q) phi(K)^T with the mask applied entry by entry,
+/// O = A V / (A 1). What the prefix sums must equal, to fp64 rounding (the tests' oracle).
+MatD performer_masked_quadratic(const MatD& Q, const MatD& K, const MatD& V, const MatD& W, bool causal);
+
 /// k x n Gaussian projection with entries N(0, 1/k), seeded.
 MatD linformer_projection(int k, int n, uint64_t seed);
 
 /// Linformer attention of one head: softmax(tau Q (E K)^T) (F V), tau = 1/sqrt(d).
 MatD linformer_attention(const MatD& Q, const MatD& K, const MatD& V, const MatD& E, const MatD& F);
 
-/// Exact softmax attention of one head in fp64 (the same rows the reference computes).
-MatD exact_attention(const MatD& Q, const MatD& K, const MatD& V);
+/// Exact softmax attention of one head in fp64 (the same rows the reference computes);
+/// `causal`: bottom-right mask, a row that sees no key gets 0.
+MatD exact_attention(const MatD& Q, const MatD& K, const MatD& V, bool causal = false);
 
 /// One (batch, head) slice of the inputs as fp64 matrices.
 MatD q_matrix(const Problem& p, const AttnInputs& in, int b, int h);
@@ -94,6 +110,17 @@ double performer_flops(const Problem& p, int m);
 /// read in each pass, the fp32 state [phi(K)^T V, phi(K)^T 1] (m x (dv + 1)) written once and
 /// read once per B_r-row query tile (it does not fit on chip beside the tile for m >= 128).
 double performer_bytes(const Problem& p, int m, std::size_t sram_bytes);
+/// Causal Performer: the non-causal FLOPs (each product is made once, over fewer terms).
+double performer_causal_flops(const Problem& p, int m);
+/// Feature rows r of the running state that stay on chip: each needs its state row
+/// (dv + 1 fp32) and its row of W (d fp32), so m_s = M / (4 (d + dv + 1)).
+int performer_causal_state_rows(const Problem& p, std::size_t sram_bytes);
+/// Causal Performer, one streaming pass per slice of s = ceil(m / m_s) feature rows (a slice's
+/// state and W rows on chip, the state never written out): each pass reads Q, K, V (dtype)
+/// and its W rows (fp32, W once in all) and adds its share of phi(q_i)^T [S_i z_i], kept as
+/// fp32 partials [O~ den] (N (dv + 1)) written by every pass but the last and read by every
+/// pass but the first; the last writes O (dtype). s = 1: Q, K, V, O once and W once.
+double performer_causal_bytes(const Problem& p, int m, std::size_t sram_bytes);
 /// Linformer: projections 2 k N d + 2 k N dv, then exact attention against k keys (4 N k d).
 double linformer_flops(const Problem& p, int k);
 /// Linformer: pass 1 reads K, V and the stored E, F (dtype) and writes E K, F V; pass 2 is FA1

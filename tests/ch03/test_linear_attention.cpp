@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "chapters/03_fa1/linear_attention.hpp"
@@ -106,6 +107,106 @@ TEST_CASE("Performer's error falls about as 1/sqrt(m)") {
   for (std::size_t i = 1; i < err.size(); ++i) CHECK(err[i] < err[i - 1]);
 }
 
+namespace {
+
+double max_abs(const MatD& a) { return a.size() ? a.cwiseAbs().maxCoeff() : 0.0; }
+
+/// Q, K, V of one head with nq != nk allowed, fp64, from the seeded inputs.
+void head(int nq, int nk, int d, uint64_t seed, double s, MatD* Q, MatD* K, MatD* V) {
+  Problem p = one_head(nq, d);
+  p.nk = nk;
+  const AttnInputs in = make_inputs(p, Dist::normal, seed);
+  *Q = s * q_matrix(p, in, 0, 0);
+  *K = s * k_matrix(p, in, 0, 0);
+  *V = v_matrix(p, in, 0, 0);
+}
+
+}  // namespace
+
+TEST_CASE("causal Performer: the prefix sums equal the masked O(N^2) estimator to fp64 rounding") {
+  // (nq, nk): square, one row, more keys than queries, and more queries than keys (the first
+  // nq - nk rows see no key: 0 in both).
+  for (const auto& [nq, nk] : std::vector<std::pair<int, int>>{{1, 1}, {7, 7}, {130, 130}, {50, 130}, {130, 50}}) {
+    CAPTURE(nq);
+    CAPTURE(nk);
+    MatD Q, K, V;
+    head(nq, nk, 32, 11 + nq, 1.0, &Q, &K, &V);
+    const MatD W = orthogonal_features(96, 32, 5 + nk);
+    const MatD prefix = performer_causal_attention(Q, K, V, W);
+    const MatD masked = performer_masked_quadratic(Q, K, V, W, /*causal=*/true);
+    REQUIRE(prefix.rows() == nq);
+    REQUIRE(prefix.cols() == V.cols());
+    CHECK(max_abs(prefix - masked) <= 1e-13 * max_abs(masked));
+    // The O(N^2) loop is the non-causal Performer when nothing is masked.
+    CHECK(max_abs(performer_masked_quadratic(Q, K, V, W, false) - performer_attention(Q, K, V, W)) <=
+          1e-13 * max_abs(masked));
+    const int off = nk - nq;
+    for (int i = 0; i < nq; ++i) {
+      CAPTURE(i);
+      if (i + off < 0) {
+        CHECK(prefix.row(i).norm() == 0.0);  // sees no key
+      } else if (i + off == 0) {
+        CHECK((prefix.row(i) - V.row(0)).norm() <= 1e-13 * V.row(0).norm());  // one key: its value
+      }
+    }
+    // The last row sees every key: it is the non-causal Performer's last row.
+    const MatD full = performer_attention(Q, K, V, W);
+    CHECK((prefix.row(nq - 1) - full.row(nq - 1)).norm() <= 1e-13 * full.row(nq - 1).norm());
+    if (nq == 130 && nk == 130) {  // and the mask matters: the early rows differ
+      CHECK((prefix.row(10) - full.row(10)).norm() > 1e-3 * full.row(10).norm());
+    }
+  }
+}
+
+TEST_CASE("causal Performer: row i does not change when the keys and values after it do") {
+  MatD Q, K, V;
+  head(64, 64, 32, 21, 1.0, &Q, &K, &V);
+  const MatD W = orthogonal_features(64, 32, 9);
+  const MatD before = performer_causal_attention(Q, K, V, W);
+  const int i0 = 40;
+  for (int j = i0 + 1; j < 64; ++j) K.row(j) *= -2.0, V.row(j).array() += 3.0;
+  const MatD after = performer_causal_attention(Q, K, V, W);
+  // The keys' stabilising offset (a maximum over all keys) moves, but cancels: rounding only.
+  CHECK(max_abs(after.topRows(i0 + 1) - before.topRows(i0 + 1)) <= 1e-13 * max_abs(before));
+  CHECK(max_abs(after.bottomRows(64 - i0 - 1) - before.bottomRows(64 - i0 - 1)) > 1e-3);
+}
+
+TEST_CASE("causal Performer approaches exact causal attention as m grows (small scores)") {
+  MatD Q, K, V;
+  head(200, 200, 32, 4, 0.3, &Q, &K, &V);
+  const MatD exact = exact_attention(Q, K, V, /*causal=*/true);
+  double e_small = 0, e_large = 0;
+  for (uint64_t seed = 1; seed <= 4; ++seed) {
+    e_small += rel_l2(performer_causal_attention(Q, K, V, orthogonal_features(16, 32, 100 + seed)), exact);
+    e_large += rel_l2(performer_causal_attention(Q, K, V, orthogonal_features(1024, 32, 200 + seed)), exact);
+  }
+  CAPTURE(e_small);
+  CAPTURE(e_large);
+  CHECK(e_large < 0.5 * e_small);  // 1/sqrt(m): 8x fewer at 64x the features, with noise
+  CHECK(e_large > 0);
+}
+
+TEST_CASE("exact_attention(causal) is the causal fp64 reference") {
+  for (const auto& [nq, nk] : std::vector<std::pair<int, int>>{{1, 1}, {33, 33}, {20, 45}, {45, 20}}) {
+    CAPTURE(nq);
+    CAPTURE(nk);
+    Problem p = one_head(nq, 32);
+    p.nk = nk;
+    p.causal = true;
+    const AttnInputs in = make_inputs(p, Dist::mean_shifted, 3);
+    const MatD O = exact_attention(q_matrix(p, in, 0, 0), k_matrix(p, in, 0, 0), v_matrix(p, in, 0, 0), true);
+    const RefForward ref = reference_forward(p, in, CheckPlan::full(p));
+    double worst = 0, scale = 0;
+    for (std::size_t r = 0; r < ref.o.rows.size(); ++r)
+      for (int c = 0; c < p.dv; ++c) {
+        worst = std::max(worst, std::abs(O(int(ref.o.rows[r]), c) - ref.o.row(r)[c]));
+        scale = std::max(scale, std::abs(ref.o.row(r)[c]));
+      }
+    CHECK(scale > 0);
+    CHECK(worst <= 1e-13 * scale);
+  }
+}
+
 TEST_CASE("Linformer with k = N and E = F = I is exact attention, to fp64 precision") {
   for (const int n : {1, 7, 100}) {
     CAPTURE(n);
@@ -203,6 +304,24 @@ TEST_CASE("costs: the formulas the README states") {
   CHECK(performer_flops(p, 256) == 4.0 * 1024 * 256 * 64 + 4.0 * 1024 * 256 * 65);
   CHECK(linformer_flops(p, 256) == 2.0 * 256 * 1024 * 128 + 4.0 * 1024 * 256 * 64);
   CHECK(exact_bytes(p, 96 * 1024) > performer_bytes(p, 256, 96 * 1024));
+  // Causal: the same FLOPs; bytes by slices of the state that fit on chip.
+  Problem c = p;
+  c.causal = true;
+  CHECK(exact_flops(c) == 2.0 * 1024 * 1024 * 64);
+  CHECK(performer_causal_flops(c, 256) == performer_flops(p, 256));
+  const std::size_t M = 96 * 1024;
+  CHECK(performer_causal_state_rows(c, M) == 190);  // 98304 / (4 (64 + 64 + 1))
+  const double e = 2.0;                              // bf16 (one_head is f32: set below)
+  c.dtype = DType::bf16;
+  // m = 64: one pass, Q, K, V, O once and W once.
+  CHECK(performer_causal_bytes(c, 64, M) == e * 1024 * 4 * 64 + 4.0 * 64 * 64);
+  // m = 1024: 6 passes of Q, K, V, and fp32 partials [O den] out and back between them.
+  CHECK(performer_causal_bytes(c, 1024, M) ==
+        6 * e * 1024 * 3 * 64 + 4.0 * 1024 * 64 + e * 1024 * 64 + 2.0 * 5 * 4.0 * 1024 * 65);
+  // Exact causal bytes: FA1's blocks below the diagonal, fewer than non-causal's.
+  Problem cb = c;
+  cb.causal = false;
+  CHECK(exact_bytes(c, M) < exact_bytes(cb, M));
 }
 
 TEST_CASE("ch03_fa1 --linear-study: runs, prints the table and csv lines, and bad input exits 2") {
