@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Chapter 03's linear-attention study: Performer FAVOR+ and Linformer against exact attention.
+"""Chapter 03's linear-attention study: Performer FAVOR+ and Linformer against exact attention,
+and the causal Performer (prefix sums) against exact causal attention.
 
 Runs `ch03_fa1 --linear-study` (seeded CPU fp64, so the numbers are the same on every machine),
 records its output in chapters/03_fa1/linear_study.txt, writes the table into chapter 03's
@@ -64,11 +65,14 @@ def table(err, cross):
         cheaper = "%d / %d" % (c["n_flops"], c["n_bytes"]) if c else "-"
         out.append("| %s | %s | %.2e | %.2e | %.2e | %.2e | %s | %s |" % (
             m, k if k else "-", n["max_abs"], n["rel_l2"], p["max_abs"], p["rel_l2"], verdict, cheaper))
-    tn = next(r["tol"] for r in err if r["family"] == "normal")
-    tp = next(r["tol"] for r in err if r["family"] == "planted")
+    def tol(family, causal):
+        return next((r["tol"] for r in err if r["family"] == family and ("causal" in r["method"]) == causal), None)
     out.append("")
-    out.append("The rule's max-abs tolerance (largest row) is %.2e on the normal inputs and %.2e on the planted "
-               "ones; (Nx) is the worst row's error over its tolerance." % (tn, tp))
+    text = "The rule's max-abs tolerance (largest row) is %.2e on the normal inputs and %.2e on the planted ones" % (
+        tol("normal", False), tol("planted", False))
+    if tol("normal", True) is not None:
+        text += " (causal: %.2e and %.2e)" % (tol("normal", True), tol("planted", True))
+    out.append(text + "; (Nx) is the worst row's error over its tolerance.")
     return "\n".join(out) + "\n"
 
 
@@ -76,31 +80,39 @@ def plot(err, cost, cross, out, title):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(1, 3, figsize=(14, 4.2))
-    colors = {"Performer": "#e15759", "Linformer": "#4e79a7"}
-    for method in ("Performer", "Linformer"):
+    fig, ax = plt.subplots(1, 3, figsize=(15, 4.6))
+    colors = {"Performer": "#e15759", "Linformer": "#4e79a7", "causal Performer": "#59a14f"}
+    for method in ("Performer", "Linformer", "causal Performer"):
         for family, style in (("normal", "o-"), ("planted", "s--")):
             rows = [r for r in err if r["method"] == method and r["family"] == family]
+            if not rows:
+                continue
             ax[0].plot([r["param"] for r in rows], [r["max_abs"] for r in rows], style, color=colors[method],
                        label="%s, %s" % (method, family))
     for family, style in (("normal", ":"), ("planted", "-.")):
-        tol = next(r["tol"] for r in err if r["family"] == family)
-        ax[0].axhline(tol, ls=style, color="black", label="rule's tolerance, %s" % family)
+        for causal, color in ((False, "black"), (True, colors["causal Performer"])):
+            tol = next((r["tol"] for r in err if r["family"] == family and ("causal" in r["method"]) == causal), None)
+            if tol is not None:
+                ax[0].axhline(tol, ls=style, color=color, lw=0.8,
+                              label="rule's tolerance, %s%s" % ("causal " if causal else "", family))
     fa1 = next(r for r in err if r["param"] == 0 and r["family"] == "normal")
     ax[0].axhline(fa1["max_abs"], color="gray", label="exact (FA1 model), normal")
     ax[0].set_xscale("log", base=2)
     ax[0].set_yscale("log")
-    ax[0].set_xlabel("m (Performer) or k (Linformer)")
+    ax[0].set_xlabel("m (Performer, causal Performer) or k (Linformer)")
     ax[0].set_ylabel("max |O - O_fp64|")
-    ax[0].set_title("error against exact attention")
+    ax[0].set_title("error against exact (causal: exact causal) attention")
     ax[0].legend(fontsize=7)
-    series = [("exact (FA1)", 0, "black", "-")] + [(c["method"], c["param"], colors[c["method"]],
+    series = [("exact (FA1)", 0, "black", "-"), ("exact causal (FA1)", 0, "gray", "-")] + [
+              (c["method"], c["param"], colors[c["method"]],
                                                     {64: ":", 256: "--", 1024: "-."}.get(c["param"], "-"))
                                                    for c in cross]
     for a, key, ckey, name in ((ax[1], "flops", "n_flops", "FLOPs"), (ax[2], "bytes", "n_bytes", "bytes (HBM model)")):
         for method, param, color, ls in series:
             rows = [r for r in cost if r["method"] == method and r["param"] == param]
-            label = method if not param else "%s %s = %d" % (method, "m" if method == "Performer" else "k", param)
+            if not rows:
+                continue
+            label = method if not param else "%s %s = %d" % (method, "k" if method == "Linformer" else "m", param)
             a.plot([r["n"] for r in rows], [r[key] for r in rows], ls, color=color, label=label)
             c = next((c for c in cross if c["method"] == method and c["param"] == param), None)
             if c and c[ckey] > 0 and len(rows) > 1:  # the crossover, on the log-log interpolated line
@@ -117,7 +129,8 @@ def plot(err, cost, cross, out, title):
         a.set_title(name + " (dots: crossovers)")
         a.grid(True, which="both", alpha=0.3)
     ax[1].legend(fontsize=7)
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(title + "\ncausal Performer: the same FLOPs as Performer (the lines overlap); its crossovers are "
+                 "against exact causal (FLOPs halved)", fontsize=9)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
 

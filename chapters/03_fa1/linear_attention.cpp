@@ -267,10 +267,12 @@ int crossover(int lo, int limit, F cheaper) {
 }  // namespace
 
 LinearStudy run_linear_study(const Problem& p, uint64_t seed, const LinearStudyOptions& o) {
-  if (p.causal) throw UsageError("--linear-study is non-causal (Linformer cannot be causal): drop --causal");
+  if (p.causal) throw UsageError("--linear-study takes a non-causal problem and adds the causal part itself: drop --causal");
   if (p.nq != p.nk) throw UsageError("--linear-study needs --nk equal to --n");
   for (const int k : o.projections)
     if (k > p.nk) throw UsageError("--linear-k " + std::to_string(k) + " exceeds N = " + std::to_string(p.nk));
+  Problem pc = p;
+  pc.causal = true;
   LinearStudy s;
   for (const std::string family : {"normal", "planted"}) {
     const AttnInputs in = family == "normal" ? make_inputs(p, Dist::normal, seed) : make_planted_inputs(p, seed);
@@ -278,7 +280,7 @@ LinearStudy run_linear_study(const Problem& p, uint64_t seed, const LinearStudyO
     // Exact and IO-aware: chapter 03's model of Algorithm 1, in the problem's precision.
     const Fa1ForwardResult fa1 = fa1_forward_model(p, in, o.sram_bytes);
     s.errors.push_back(judged("exact (FA1 model)", 0, family, oracle, fa1.o));
-    auto approx = [&](const std::string& method, int param, auto&& one_head) {
+    auto approx = [&](const std::string& method, int param, const ForwardOracle& judge, auto&& one_head) {
       std::vector<float> out(p.o_elems());
       for (int b = 0; b < p.batch; ++b)
         for (int h = 0; h < p.heads; ++h) {
@@ -287,38 +289,54 @@ LinearStudy run_linear_study(const Problem& p, uint64_t seed, const LinearStudyO
           for (int i = 0; i < p.nq; ++i)
             for (int c = 0; c < p.dv; ++c) out[p.o_off(b, h) + std::size_t(i) * p.dv + c] = float(O(i, c));
         }
-      s.errors.push_back(judged(method, param, family, oracle, out));
+      s.errors.push_back(judged(method, param, family, judge, out));
     };
+    auto features = [&](int m, int b, int h) { return orthogonal_features(m, p.d, mix(seed, 1000 + b * p.heads + h, m)); };
     for (const int m : o.features)
-      approx("Performer", m, [&](const MatD& Q, const MatD& K, const MatD& V, int b, int h) {
-        return performer_attention(Q, K, V, orthogonal_features(m, p.d, mix(seed, 1000 + b * p.heads + h, m)));
+      approx("Performer", m, oracle, [&](const MatD& Q, const MatD& K, const MatD& V, int b, int h) {
+        return performer_attention(Q, K, V, features(m, b, h));
       });
     for (const int k : o.projections)
-      approx("Linformer", k, [&](const MatD& Q, const MatD& K, const MatD& V, int b, int h) {
+      approx("Linformer", k, oracle, [&](const MatD& Q, const MatD& K, const MatD& V, int b, int h) {
         const uint64_t key = 2000 + b * p.heads + h;
         return linformer_attention(Q, K, V, linformer_projection(k, p.nk, mix(seed, key, 2 * k)),
                                    linformer_projection(k, p.nk, mix(seed, key, 2 * k + 1)));
       });
+    // Causal: the same inputs and the same random features, judged against the causal reference.
+    const ForwardOracle causal_oracle(pc, in, CheckPlan::full(pc));
+    s.errors.push_back(judged("exact causal (FA1 model)", 0, family, causal_oracle,
+                              fa1_forward_model(pc, in, o.sram_bytes).o));
+    for (const int m : o.features)
+      approx("causal Performer", m, causal_oracle, [&](const MatD& Q, const MatD& K, const MatD& V, int b, int h) {
+        return performer_causal_attention(Q, K, V, features(m, b, h));
+      });
   }
 
-  auto at = [&](int n) {
+  auto at = [&](int n, bool causal = false) {
     Problem a = p;
     a.nq = a.nk = n;
+    a.causal = causal;
     return a;
   };
   for (int n = 64; n <= 65536; n *= 2) {
-    const Problem a = at(n);
+    const Problem a = at(n), ac = at(n, true);
     s.costs.push_back({"exact (FA1)", 0, n, exact_flops(a), exact_bytes(a, o.sram_bytes)});
     for (const int m : o.features)
       s.costs.push_back({"Performer", m, n, performer_flops(a, m), performer_bytes(a, m, o.sram_bytes)});
     for (const int k : o.projections)
       if (k <= n) s.costs.push_back({"Linformer", k, n, linformer_flops(a, k), linformer_bytes(a, k, o.sram_bytes)});
+    s.costs.push_back({"exact causal (FA1)", 0, n, exact_flops(ac), exact_bytes(ac, o.sram_bytes)});
+    for (const int m : o.features)
+      s.costs.push_back({"causal Performer", m, n, performer_causal_flops(ac, m),
+                         performer_causal_bytes(ac, m, o.sram_bytes)});
   }
   const int lim = o.crossover_limit;
-  std::vector<double> ef(lim + 1), eb(lim + 1);
+  std::vector<double> ef(lim + 1), eb(lim + 1), cf(lim + 1), cb(lim + 1);
   for (int n = 1; n <= lim; ++n) {
     ef[n] = exact_flops(at(n));
     eb[n] = exact_bytes(at(n), o.sram_bytes);
+    cf[n] = exact_flops(at(n, true));
+    cb[n] = exact_bytes(at(n, true), o.sram_bytes);
   }
   for (const int m : o.features) {
     StudyCrossover c{"Performer", m};
@@ -332,6 +350,12 @@ LinearStudy run_linear_study(const Problem& p, uint64_t seed, const LinearStudyO
     c.n_bytes = crossover(k, lim, [&](int n) { return linformer_bytes(at(n), k, o.sram_bytes) < eb[n]; });
     s.crossovers.push_back(c);
   }
+  for (const int m : o.features) {
+    StudyCrossover c{"causal Performer", m};
+    c.n_flops = crossover(1, lim, [&](int n) { return performer_causal_flops(at(n, true), m) < cf[n]; });
+    c.n_bytes = crossover(1, lim, [&](int n) { return performer_causal_bytes(at(n, true), m, o.sram_bytes) < cb[n]; });
+    s.crossovers.push_back(c);
+  }
   return s;
 }
 
@@ -341,21 +365,33 @@ std::string format_linear_study(const Problem& p, uint64_t seed, const LinearStu
   out << "linear-attention study: " << p.describe() << ", seed " << seed << ", M = " << o.sram_bytes
       << " B; O against the fp64 reference on every row, judged by the acceptance rule\n";
   out << "planted: each query gets 1-4 keys whose score is raised by " << kPlantSigmas
-      << " standard deviations (make_planted_inputs)\n\n";
-  std::snprintf(buf, sizeof buf, "%-18s %6s %-8s %10s %10s %10s %8s %s\n", "method", "m|k", "inputs", "max abs",
+      << " standard deviations (make_planted_inputs)\n";
+  out << "causal: the same inputs and random features under the causal mask, against the causal fp64 reference; "
+         "causal Performer by prefix sums\n\n";
+  std::snprintf(buf, sizeof buf, "%-24s %6s %-8s %10s %10s %10s %8s %s\n", "method", "m|k", "inputs", "max abs",
                 "rel L2", "tolerance", "margin", "rule");
   out << buf;
   for (const auto& r : s.errors) {
-    std::snprintf(buf, sizeof buf, "%-18s %6d %-8s %10.3e %10.3e %10.3e %8.3g %s\n", r.method.c_str(), r.param,
+    std::snprintf(buf, sizeof buf, "%-24s %6d %-8s %10.3e %10.3e %10.3e %8.3g %s\n", r.method.c_str(), r.param,
                   r.family.c_str(), r.max_abs, r.rel_l2, r.tolerance, r.margin, r.pass ? "pass" : "FAIL");
     out << buf;
   }
-  out << "\nFLOPs: exact 4 N^2 d; Performer 4 N m d + 4 N m (dv+1); Linformer 2 k N (d+dv) + 4 N k d\n";
-  out << "bytes: exact = FA1's traffic model; Performer = Q, K, V, O once + W twice + state m(dv+1) fp32 "
-         "written once, read per B_r query tile; Linformer = K, V, E, F read + EK, FV written + FA1 at Nk = k\n";
-  out << "crossover (the smallest N from which it stays cheaper than exact, N <= " << o.crossover_limit << "):\n";
+  out << "\nFLOPs: exact 4 N^2 d (causal: halved); Performer and causal Performer 4 N m d + 4 N m (dv+1); "
+         "Linformer 2 k N (d+dv) + 4 N k d\n";
+  out << "bytes: exact = FA1's traffic model (causal: its visited blocks); Performer = Q, K, V, O once + W twice + "
+         "state m(dv+1) fp32 written once, read per B_r query tile; Linformer = K, V, E, F read + EK, FV written + "
+         "FA1 at Nk = k\n";
+  const int ms = performer_causal_state_rows(p, o.sram_bytes);
+  out << "causal Performer bytes: the state stays on chip in slices of m_s = " << ms
+      << " feature rows; s = ceil(m / m_s) passes, each reads Q, K, V, fp32 partials [O den] (N(dv+1)) "
+         "written and read between passes, W and O once (s:";
+  for (std::size_t i = 0; i < o.features.size(); ++i)
+    out << (i ? ", " : " ") << "m = " << o.features[i] << " -> " << ceil_div(o.features[i], std::max(1, ms));
+  out << ")\n";
+  out << "crossover (the smallest N from which it stays cheaper than exact, causal ones than exact causal, N <= "
+      << o.crossover_limit << "):\n";
   for (const auto& c : s.crossovers) {
-    std::snprintf(buf, sizeof buf, "  %-10s %5d  FLOPs from N = %d, bytes from N = %d\n", c.method.c_str(), c.param,
+    std::snprintf(buf, sizeof buf, "  %-16s %5d  FLOPs from N = %d, bytes from N = %d\n", c.method.c_str(), c.param,
                   c.n_flops, c.n_bytes);
     out << buf;
   }

@@ -137,7 +137,7 @@ struct LinearStudyOptions {
 };
 
 struct StudyErrorRow {
-  std::string method;  ///< "exact (FA1 model)", "Performer", "Linformer"
+  std::string method;  ///< "exact (FA1 model)", "Performer", "Linformer", "exact causal (FA1 model)", "causal Performer"
   int param = 0;       ///< m or k; 0 for exact
   std::string family;  ///< "normal" or "planted"
   double max_abs = 0, rel_l2 = 0;  ///< O against the fp64 reference, every row
@@ -165,7 +165,9 @@ struct LinearStudy {
   std::vector<StudyCrossover> crossovers;
 };
 
-/// Runs the study on `p` (non-causal, nq = nk; UsageError otherwise) with seed `seed`.
+/// Runs the study on `p` (non-causal, nq = nk; UsageError otherwise) with seed `seed`, then
+/// the causal part on the same inputs: `p` with the causal mask, exact (FA1 model) and causal
+/// Performer against the causal fp64 reference, costs against FA1's causal counts (FLOPs halved).
 LinearStudy run_linear_study(const Problem& p, uint64_t seed, const LinearStudyOptions& o);
 
 /// The study as text: a readable table, then `csv,` lines (error, cost, crossover) for scripts.

@@ -271,7 +271,7 @@ TEST_CASE("the study: the exact FA1 model passes the acceptance rule, the approx
   o.projections = {64};
   o.crossover_limit = 4096;
   const LinearStudy s = run_linear_study(p, 1, o);
-  REQUIRE(s.errors.size() == 6);
+  REQUIRE(s.errors.size() == 10);  // per family: exact, Performer, Linformer, exact causal, causal Performer
   for (const auto& r : s.errors) {
     CAPTURE(r.method);
     CAPTURE(r.family);
@@ -289,13 +289,17 @@ TEST_CASE("the study: the exact FA1 model passes the acceptance rule, the approx
   for (int i = 0; i < p.nq; ++i)
     for (int c = 0; c < p.dv; ++c) exact[std::size_t(i) * p.dv + c] = float(O(i, c));
   CHECK(oracle.judge(exact).pass());  // fp64 exact attention, rounded once, passes
-  // Crossovers: FLOPs at N = 2m + a little (8 N m d against 4 N^2 d, plus 4 N m).
+  // Crossovers: FLOPs at N = 2m + a little (8 N m d against 4 N^2 d, plus 4 N m); causal at
+  // N = 4m + a little (the same Performer FLOPs against half of exact's).
+  REQUIRE(s.crossovers.size() == 3);
   for (const auto& c : s.crossovers) {
     CAPTURE(c.method);
-    CHECK(c.n_flops > 2 * c.param);
-    CHECK(c.n_flops < 2 * c.param + 8);
+    const int f = c.method == "causal Performer" ? 4 : 2;
+    CHECK(c.n_flops > f * c.param);
+    CHECK(c.n_flops < f * c.param + 8);
     CHECK(c.n_bytes > 0);
   }
+  CHECK(s.crossovers.back().method == "causal Performer");
 }
 
 TEST_CASE("costs: the formulas the README states") {
@@ -328,6 +332,8 @@ TEST_CASE("ch03_fa1 --linear-study: runs, prints the table and csv lines, and ba
   const auto r = run_binary(CH03_BINARY, "--linear-study --n 256 --heads 1 --kv-heads 1 --linear-m 64 --linear-k 32");
   CHECK(r.exit_code == 0);
   for (const char* s : {"csv,error,Performer,64,normal", "csv,error,Linformer,32,planted", "csv,crossover,Performer,64",
+                        "csv,error,causal Performer,64,planted", "csv,error,exact causal (FA1 model),0,normal",
+                        "csv,crossover,causal Performer,64", "csv,cost,causal Performer,64,1024",
                         "csv,cost,exact (FA1),0,1024", "FAIL", "pass"}) {
     CAPTURE(s);
     CHECK(r.out.find(s) != std::string::npos);
