@@ -95,19 +95,6 @@ constexpr int kSm90KeysPerBlock = 64;
 constexpr int kReleaseArrive = 0, kReleaseSync = 1, kReleaseBlock = 2, kReleaseLockstep = 3, kHalves = 4,
               kReleasePhased = 5;
 int launch_decode_sm90(const DecodeParams& p, int release = kReleasePhased);
-/// The ⊕ of a row's two key ranges (the cluster merge of both decode kernels) as the weights
-/// of their unnormalised O: O / l = wa O_a + wb O_b, with m = max(m_a, m_b), wa = 2^(m_a - m) / l,
-/// wb = 2^(m_b - m) / l and l = l_a 2^(m_a - m) + l_b 2^(m_b - m); m in base-2 units of the scaled
-/// score. Both ranges empty (m = -inf, l = 0): both weights 0, never NaN.
-struct RangeWeights {
-  float wa, wb;
-};
-__device__ __forceinline__ RangeWeights two_range_weights(float ma, float la, float mb, float lb) {
-  const float shift = finite_max(fmaxf(ma, mb));
-  const float w0 = attn::cuda::exp2_approx(ma - shift), w1 = attn::cuda::exp2_approx(mb - shift);
-  const float l = la * w0 + lb * w1, inv = l > 0.f ? 1.f / l : 0.f;
-  return {w0 * inv, w1 * inv};
-}
 /// The ⊕ of every row's key ranges: o_c = merged O / l, bf16 [B][rows][512].
 void launch_combine(const DecodeParams& p, __nv_bfloat16* o_c);
 /// q = [q_nope W_UK^T ; q_rope] per head: [B][H][Nq][128] + [B][H][Nq][64] -> [B][H][Nq][576].

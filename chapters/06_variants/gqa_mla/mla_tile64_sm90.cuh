@@ -5,7 +5,6 @@
 ///        the cluster merge, the partials, and the launch. Shared by the lab's
 ///        mla_decode_sm90.cu (every release, and its halves kernel) and the final mla_final.cu
 ///        (kReleasePhased alone): each file compiles only the instantiations it launches.
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -15,6 +14,7 @@
 #include "common/cuda/fast_math.cuh"
 #include "common/cuda/frag_softmax.cuh"
 #include "common/cuda/hopper/barrier_unaligned.cuh"
+#include "common/cuda/hopper/cluster_merge.cuh"
 #include "common/cuda/hopper/mbarrier.cuh"
 #include "common/cuda/hopper/named_barrier.cuh"
 #include "common/cuda/hopper/tma.cuh"
@@ -69,51 +69,25 @@ __device__ __forceinline__ unsigned char* align_1024(unsigned char* p) {
 }
 
 /// The two key ranges of a (tile, sequence) as one cluster of two blocks (DecodeParams::
-/// cluster_merge, launch_decode_sm90()): rank 1 leaves its O and each row's (m, l) in its key
-/// ring (free after the loop: 128 KB of O), rank 0 reads them through distributed shared memory,
-/// merges them with its own by the ⊕ and writes O / l in bf16 to o_c. Called by every thread of
-/// both blocks; o is this thread's 64 x 256 half of O (warpgroup wg), mrow / lrow its two rows'
-/// m (base 2, scaled) and l, the same in every thread of a row.
+/// cluster_merge, launch_decode_sm90()): ClusterPairMerge (common/cuda/hopper/
+/// cluster_merge.cuh) with rank 1's O and each row's (m, l) in its key ring (free after the loop:
+/// 128 KB of O), O / l in bf16 to o_c. Called by every thread of both blocks; o is this thread's
+/// 64 x 256 half of O (warpgroup wg), mrow / lrow its two rows' m (base 2, scaled) and l, the
+/// same in every thread of a row.
 __device__ __forceinline__ void merge_in_cluster(unsigned char* smem, const float (&o)[kHalf / 2], const float (&mrow)[2],
                                                  const float (&lrow)[2], const DecodeParams& p, int b, int m0,
                                                  const int (&row)[2], int wg, int lane) {
-  namespace cg = cooperative_groups;
-  const cg::cluster_group cluster = cg::this_cluster();
   float4* xo = reinterpret_cast<float4*>(smem + kK);                   // [32][256] float4
   float* xml = reinterpret_cast<float*>(xo + (kHalf / 8) * kThreads);  // [64 rows][m, l]
-  if (cluster.block_rank() == 1) {
-#pragma unroll
-    for (int c = 0; c < kHalf / 8; ++c)
-      xo[c * kThreads + threadIdx.x] = make_float4(o[4 * c], o[4 * c + 1], o[4 * c + 2], o[4 * c + 3]);
-    if (wg == 0 && lane % 4 == 0)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) xml[2 * row[r]] = mrow[r], xml[2 * row[r] + 1] = lrow[r];
-  }
-  cluster.sync();  // rank 1's partials are in its shared memory, visible to the cluster
-  if (cluster.block_rank() == 0) {
-    const float4* ro = cluster.map_shared_rank(xo, 1);
-    const float* rml = cluster.map_shared_rank(xml, 1);
-    float wa[2], wb[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const RangeWeights w = two_range_weights(mrow[r], lrow[r], rml[2 * row[r]], rml[2 * row[r] + 1]);
-      wa[r] = w.wa, wb[r] = w.wb;
-    }
-#pragma unroll
-    for (int c = 0; c < kHalf / 8; ++c) {
-      const float4 v = ro[c * kThreads + threadIdx.x];
-      const float x[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
+  ClusterPairMerge<kHalf / 8, kThreads> merge;
+  merge(
+      xo, xml, o, mrow, lrow, row, [&] { return wg == 0 && lane % 4 == 0; },
+      [&](int r) { return m0 + row[r] < p.rows; },
+      [&](int c, int r, float v0, float v1) {
         const int grow = m0 + row[r];
-        if (grow >= p.rows) continue;
         *reinterpret_cast<uint32_t*>(p.o_c + (std::size_t(b) * p.rows + grow) * kDVl + wg * kHalf + 8 * c +
-                                     2 * (lane % 4)) =
-            pack2<bf16>(o[4 * c + 2 * r] * wa[r] + x[2 * r] * wb[r], o[4 * c + 2 * r + 1] * wa[r] + x[2 * r + 1] * wb[r]);
-      }
-    }
-  }
-  cluster.sync();  // rank 0 is done reading rank 1's shared memory: rank 1 may exit
+                                     2 * (lane % 4)) = pack2<bf16>(v0, v1);
+      });
 }
 
 /// A key range's partials, in mla_decode.cu's layout (combine_kernel merges them): this thread's

@@ -5,7 +5,6 @@
 ///        final mla_final.cu (the 16-row tile's default shape): each file that includes it
 ///        compiles its own copy of the kernels it launches (mla_decode.cu's header comment
 ///        describes them).
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -14,6 +13,7 @@
 #include "common/cuda/check.cuh"
 #include "common/cuda/cp_async.cuh"
 #include "common/cuda/fast_math.cuh"
+#include "common/cuda/hopper/cluster_merge.cuh"
 #include "common/cuda/ldmatrix.cuh"
 #include "common/cuda/mma_sync.cuh"
 #include "common/cuda/smem_addr.cuh"
@@ -275,9 +275,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kBlocksPerSm) decode_kernel(co
     // ---- the two key ranges of (tile, b) are one cluster of two blocks (launch_shape()): rank 1
     // leaves its (m, l, O) in its own shared memory, rank 0 reads it there (distributed shared
     // memory), merges it with its own registers by the ⊕ and writes O / l in bf16; no partials
-    // go to global memory and no combine kernel runs.
-    namespace cg = cooperative_groups;
-    const cg::cluster_group cluster = cg::this_cluster();
+    // go to global memory and no combine kernel runs (common/cuda/hopper/cluster_merge.cuh).
     float4* xo = reinterpret_cast<float4*>(smem + S::kK);  // rank 1's O: [NTO][kThreads] float4, in the free ring
     float* xml = reinterpret_cast<float*>(xo + NTO * kThreads);  // rank 1's (m, l) of each row
     float lrow[2];
@@ -288,38 +286,17 @@ __global__ void __launch_bounds__(S::kThreads, S::kBlocksPerSm) decode_kernel(co
       for (int g = 0; g < KG; ++g) lrow[r] += red[g * kM + row[r]];
     }
     cp_async_wait<0>();  // (only empty groups are left: every stage's last load was consumed)
-    if (cluster.block_rank() == 1) {
-#pragma unroll
-      for (int n = 0; n < NTO; ++n) xo[n * kThreads + threadIdx.x] = make_float4(o[n][0], o[n][1], o[n][2], o[n][3]);
-      if (kg == 0 && lane % 4 == 0)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) xml[2 * row[r]] = m_run[r], xml[2 * row[r] + 1] = lrow[r];
-    }
-    cluster.sync();  // rank 1's partials are in its shared memory, visible to the cluster
-    if (cluster.block_rank() == 0) {
-      const float4* ro = cluster.map_shared_rank(xo, 1);
-      const float* rml = cluster.map_shared_rank(xml, 1);
-      float wa[2], wb[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const RangeWeights w = two_range_weights(m_run[r], lrow[r], rml[2 * row[r]], rml[2 * row[r] + 1]);
-        wa[r] = w.wa, wb[r] = w.wb;
-      }
-#pragma unroll
-      for (int n = 0; n < NTO; ++n) {
-        const float4 v = ro[n * kThreads + threadIdx.x];
-        const float x[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
+    // (writes_ml tests lane before kg: in the other order nvcc swaps one OR's operands, and the SASS
+    // is no longer that of the merge written out here, as it was before ClusterPairMerge.)
+    hopper::ClusterPairMerge<NTO, kThreads> merge;
+    merge(
+        xo, xml, o, m_run, lrow, row, [&] { return lane % 4 == 0 && kg == 0; },
+        [&](int r) { return m0 + row[r] < p.rows; },
+        [&](int n, int r, float v0, float v1) {
           const int grow = m0 + row[r];
-          if (grow >= p.rows) continue;
           *reinterpret_cast<uint32_t*>(p.o_c + (std::size_t(b) * p.rows + grow) * kDVl + kg * NCW + 8 * n +
-                                       2 * (lane % 4)) =
-              pack2<bf16>(o[n][2 * r] * wa[r] + x[2 * r] * wb[r], o[n][2 * r + 1] * wa[r] + x[2 * r + 1] * wb[r]);
-        }
-      }
-    }
-    cluster.sync();  // rank 0 is done reading rank 1's shared memory: rank 1 may exit
+                                       2 * (lane % 4)) = pack2<bf16>(v0, v1);
+        });
     return;
   }
 #endif
