@@ -460,7 +460,7 @@ struct StructuredSparse : PolicyBase {
     if constexpr (P == SparsePattern::fixed) return j <= t.q && (fl.div(j) == t.qb || fl.mod(j) >= l - c);
     if constexpr (P == SparsePattern::longformer) return t.global || j < g || mask_math::abs_(t.q - j) <= w;
     if constexpr (P == SparsePattern::bigbird)
-      return t.bits ? ((t.blocks >> (fl.div(j) - t.kb0)) & 1u) != 0 : block_keep(t.qb, fl.div(j));
+      return t.bits ? ((t.blocks >> (fl.div(j) - t.kb0)) & 1u) != 0 : keep_at(t.q, j);  // blocks < 4 keys: rare
     return false;
   }
   /// How many keys of [lo, hi] (lo >= 0) row i keeps, in O(1) (bigbird: O(blocks)).
