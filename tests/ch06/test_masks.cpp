@@ -847,55 +847,6 @@ TEST_CASE("the sparse patterns: keep() and the reference are each paper's defini
   CHECK(checked == 6 * 20);
 }
 
-TEST_CASE("FastDiv: n / d and n mod d by a multiplication, for 0 <= n < 2^31") {
-  std::vector<int> ds;
-  for (int d = 1; d <= 300; ++d) ds.push_back(d);
-  for (int d : {511, 512, 513, 1000, 4095, 4096, 65535, 65536, 65537, 1 << 20, (1 << 30) + 7, 2147483647}) ds.push_back(d);
-  std::vector<int> ns = {0, 1, 2, 3, 63, 64, 127, 128, 1000, 65535, 65536, 2147483646, 2147483647};
-  unsigned x = 12345u;
-  for (int k = 0; k < 200; ++k) ns.push_back(int((x = x * 1664525u + 1013904223u) >> 1));
-  long bad = 0, n_checked = 0;
-  for (int d : ds) {
-    const mask_math::FastDiv f(d);
-    for (int n : ns) {
-      bad += f.div(n) != n / d || f.mod(n) != n % d;
-      ++n_checked;
-    }
-    for (int n = 0; n < 3 * d && n < 5000; ++n) bad += f.div(n) != n / d || f.mod(n) != n % d;
-  }
-  CHECK(n_checked == long(ds.size() * ns.size()));
-  CHECK(bad == 0);
-}
-
-TEST_CASE("the sparse patterns: the final kernel's row()/test() equal keep() on every tile shape it uses") {
-  // steps/final.cu masks a partial tile of StructuredSparse with row() once per row and test()
-  // per element; keep() is the definition. Tiles of 64 and 128 keys at every start, all rows.
-  long pairs = 0, bad = 0;
-  for (const auto& [nq, nk] : {std::pair{300, 300}, std::pair{130, 700}, std::pair{700, 130}, std::pair{5, 3}})
-    for (const MaskSpec& s : sparse_specs(shape().n(nq, nk).d(32))) {
-      const Problem p = masked_problem(shape().n(nq, nk).d(32));
-      CAPTURE(s.describe());
-      CAPTURE(p.describe());
-      visit_policy(s, p, PolicyData{}, [&](const auto& pol) {
-        if constexpr (std::decay_t<decltype(pol)>::kPatterns) {
-          pol.visit_pattern([&](auto pattern) {
-            for (const int width : {64, 128})
-              for (int j0 = 0; j0 < nk; j0 += width)
-                for (int i = 0; i < nq; ++i) {
-                  const auto t = pol.row(pattern, i, j0, width);
-                  for (int j = j0; j < j0 + width && j < nk; ++j) {
-                    bad += pol.test(pattern, t, j) != pol.keep(0, 0, i, j);
-                    ++pairs;
-                  }
-                }
-          });
-        }
-      });
-    }
-  CHECK(pairs > 1000000);
-  CHECK(bad == 0);
-}
-
 TEST_CASE("the sparse patterns: a few pairs by hand") {
   const Problem p = masked_problem(shape().n(200).d(32));
   auto keeps = [&](const MaskSpec& s, int i, int j) {

@@ -33,7 +33,6 @@
 /// does: query row i sits at key position `q = i + diag`, `diag = Nk - Nq`.
 
 #include <cmath>
-#include <type_traits>
 
 #include "common/index.hpp"           // CausalMask: the causal rule
 #include "common/online_softmax.hpp"  // ATTN_HD
@@ -74,27 +73,6 @@ ATTN_HD float tanh_(float x) {
 ATTN_HD double tanh_(double x) { return ::tanh(x); }
 ATTN_HD int floor_div(int a, int c) { return a >= 0 ? a / c : -((-a + c - 1) / c); }
 ATTN_HD int abs_(int x) { return x < 0 ? -x : x; }
-/// n / d and n mod d for 0 <= n < 2^31 by one multiplication and a shift: d is fixed for a
-/// run, so its multiplier m = ceil(2^(31 + c) / d), 2^(c - 1) < d <= 2^c, is made once on the
-/// host (Granlund and Montgomery 1994; 2^31 <= m < 2^32), and n / d = (n m / 2^32) >> (c - 1).
-/// A division by a run-time int is a subroutine of about 20 instructions on the GPU.
-struct FastDiv {
-  int d = 1;
-  unsigned mul = 0;
-  int shift = 0;
-  FastDiv() = default;
-  explicit FastDiv(int divisor) : d(divisor) {
-    if (d <= 1) return;  // d = 1: n itself
-    int c = 0;
-    while ((1ll << c) < d) ++c;
-    shift = c - 1;
-    mul = unsigned(((1ull << (31 + c)) + unsigned(d) - 1) / unsigned(d));
-  }
-  ATTN_HD int div(int n) const {
-    return d == 1 ? n : int(unsigned((static_cast<unsigned long long>(unsigned(n)) * mul) >> 32) >> shift);
-  }
-  ATTN_HD int mod(int n) const { return n - div(n) * d; }
-};
 /// A 32-bit integer hash (for the random block-sparse example): same on host and device.
 ATTN_HD unsigned hash3(unsigned a, unsigned b, unsigned c) {
   unsigned x = a * 0x9E3779B1u ^ (b + 0x7F4A7C15u) * 0x85EBCA77u ^ (c + 0x165667B1u) * 0xC2B2AE3Du;
@@ -113,7 +91,6 @@ struct PolicyBase {
   static constexpr bool kSink = false;
   static constexpr bool kPerBatch = false;
   static constexpr bool kPerHead = false;
-  static constexpr bool kPatterns = false;  ///< true: visit_pattern() and test() (StructuredSparse)
   template <class T> ATTN_HD T score(T s, int, int, int, int) const { return s; }
   template <class T> ATTN_HD T dscore(T, int, int, int, int) const { return T(1); }
   ATTN_HD float sink(int) const { return 0.f; }
@@ -382,8 +359,6 @@ struct StructuredSparse : PolicyBase {
   int r = 3;      ///< bigbird: random blocks per query block
   int seed = 7;   ///< bigbird: the random blocks
   int nkb = 1;    ///< bigbird: key blocks, ceil(Nk / b)
-  mask_math::FastDiv fl;  ///< l's divisions (made on the host with l: FastDiv(l))
-  static constexpr bool kPatterns = true;
 
   /// bigbird at block level: may query block qb see key block kb?
   ATTN_HD bool block_keep(int qb, int kb) const {
@@ -406,62 +381,6 @@ struct StructuredSparse : PolicyBase {
       case SparsePattern::longformer: return (q >= 0 && q < g) || j < g || mask_math::abs_(q - j) <= w;
       case SparsePattern::bigbird: default: return block_keep(mask_math::floor_div(q, l), j / l);
     }
-  }
-  /// The final kernel's partial tiles (steps/final.cu) without keep()'s call per element: the
-  /// pattern's switch is made once, outside the element loop (f(pattern) is instantiated per
-  /// pattern), each row is set up once per tile (row()), and an element is a few integer
-  /// instructions (test()): l's divisions by FastDiv, and bigbird's blocks as a bit mask over
-  /// the tile's key blocks. keep() stays the definition; a CPU test holds test() to it.
-  template <SparsePattern P> using Pattern = std::integral_constant<SparsePattern, P>;
-  template <class F> ATTN_HD void visit_pattern(F&& f) const {
-    switch (pattern) {
-      case SparsePattern::strided: f(Pattern<SparsePattern::strided>{}); break;
-      case SparsePattern::fixed: f(Pattern<SparsePattern::fixed>{}); break;
-      case SparsePattern::longformer: f(Pattern<SparsePattern::longformer>{}); break;
-      case SparsePattern::bigbird: default: f(Pattern<SparsePattern::bigbird>{}); break;
-    }
-  }
-  /// Row i against keys [j0, j0 + width): q; fixed, q's block; longformer, whether q is global;
-  /// bigbird, q's block and (when the keys span at most 32 key blocks) which of them it keeps.
-  struct Row {
-    int q, qb, kb0;
-    unsigned blocks;
-    bool global, bits;
-  };
-  template <SparsePattern P>
-  ATTN_HD Row row(Pattern<P>, int i, int j0, int width) const {
-    Row t{i + diag, 0, 0, 0u, false, false};
-    if constexpr (P == SparsePattern::fixed) t.qb = t.q >= 0 ? fl.div(t.q) : -1;
-    if constexpr (P == SparsePattern::longformer) t.global = t.q >= 0 && t.q < g;
-    if constexpr (P == SparsePattern::bigbird) {
-      t.qb = mask_math::floor_div(t.q, l);
-      t.kb0 = fl.div(j0);
-      const int nb = fl.div(j0 + width - 1) - t.kb0 + 1;
-      t.bits = nb <= 32;
-      if (t.bits) {
-        if (t.qb >= 0 && t.qb < g) {
-          t.blocks = ~0u;
-        } else {
-          for (int kb = t.kb0; kb < t.kb0 + nb; ++kb)
-            if (mask_math::abs_(t.qb - kb) <= 1 || kb < g) t.blocks |= 1u << (kb - t.kb0);
-          for (int k = 0; k < r; ++k) {
-            const int kb = int(mask_math::hash3(unsigned(seed), unsigned(t.qb), unsigned(k)) % unsigned(nkb));
-            if (kb >= t.kb0 && kb < t.kb0 + nb) t.blocks |= 1u << (kb - t.kb0);
-          }
-        }
-      }
-    }
-    return t;
-  }
-  /// keep() of key j >= 0 for a row set up by row() with the same pattern.
-  template <SparsePattern P>
-  ATTN_HD bool test(Pattern<P>, const Row& t, int j) const {
-    if constexpr (P == SparsePattern::strided) return j <= t.q && (t.q - j < l || fl.mod(t.q - j) == 0);
-    if constexpr (P == SparsePattern::fixed) return j <= t.q && (fl.div(j) == t.qb || fl.mod(j) >= l - c);
-    if constexpr (P == SparsePattern::longformer) return t.global || j < g || mask_math::abs_(t.q - j) <= w;
-    if constexpr (P == SparsePattern::bigbird)
-      return t.bits ? ((t.blocks >> (fl.div(j) - t.kb0)) & 1u) != 0 : keep_at(t.q, j);  // blocks < 4 keys: rare
-    return false;
   }
   /// How many keys of [lo, hi] (lo >= 0) row i keeps, in O(1) (bigbird: O(blocks)).
   long kept_in_row(int i, int lo, int hi) const {

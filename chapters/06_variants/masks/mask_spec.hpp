@@ -94,7 +94,6 @@ decltype(auto) visit_policy(const MaskSpec& s, const Problem& p, const PolicyDat
                 : s.kind == MaskKind::longformer ? SparsePattern::longformer : SparsePattern::bigbird;
       c.diag = diag, c.l = s.kind == MaskKind::strided ? s.stride : s.block, c.c = s.summary, c.w = s.left;
       c.g = s.globals, c.r = s.random, c.seed = s.seed, c.nkb = (p.nk + s.block - 1) / s.block;
-      c.fl = mask_math::FastDiv(c.l);
       return f(c);
     }
     case MaskKind::custom: default: { BlockSparse c; c.diag = diag, c.seed = s.seed; return f(c); }

@@ -327,17 +327,6 @@ __device__ __forceinline__ void consumer_tile(const FwdParams& p, const Policy& 
           if constexpr (Policy::kSpans == 2) in |= unsigned(base[r][1] + off) < unsigned(count[r][1]);
           if (!in) s[i] = neg_inf<float>();
         }
-      } else if constexpr (Policy::kPatterns) {
-        // The structured sparse patterns: one loop per pattern (the switch outside it), each
-        // row set up once, each element a few integer instructions (mask_policy.hpp: test()).
-        pol.visit_pattern([&](auto pattern) {
-          const auto t0 = pol.row(pattern, row_c[0], col0, Bc), t1 = pol.row(pattern, row_c[1], col0, Bc);
-#pragma unroll
-          for (int i = 0; i < Bc / 2; ++i) {
-            const int col = col0 + 8 * (i / 4) + 2 * (lane % 4) + (i & 1);
-            if (col >= p.nk || !pol.test(pattern, (i >> 1) & 1 ? t1 : t0, col)) s[i] = neg_inf<float>();
-          }
-        });
       } else {
 #pragma unroll
         for (int i = 0; i < Bc / 2; ++i) {
