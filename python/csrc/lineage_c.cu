@@ -1,0 +1,326 @@
+// The C ABI of the lineage kernels (lineage_c.h): chapter 05's final forward and backward on
+// device pointers handed in by a caller (python/attn_lineage through ctypes), on the caller's
+// stream, every failure a return code and a one-line reason, never an abort.
+//
+// Chapter 05's launchers enqueue on the legacy default stream (step_launch.cuh: a prepared
+// step's launch takes no stream). To run in the caller's stream order, a call whose stream is
+// not the default one brackets the launches with two events: the default stream waits for
+// the work already in the caller's stream, and the caller's stream waits for the kernels. The
+// result is ordered exactly as if the kernels ran in the caller's stream; the price is that
+// they also wait for (and hold back) work in the legacy default stream.
+//
+// Chapter 05's files are used by path: chapters/05_fa3_hopper/step_launch.cuh (the forward's
+// launcher, steps/final.cu), backward_launch.cuh and backward_prepost.cuh (the backward's
+// launcher, steps/final_backward.cu, and its preprocess and postprocess).
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "chapters/05_fa3_hopper/backward_launch.cuh"
+#include "chapters/05_fa3_hopper/backward_prepost.cuh"
+#include "chapters/05_fa3_hopper/backward_tiles.hpp"
+#include "chapters/05_fa3_hopper/step_launch.cuh"
+#include "common/cuda/check.cuh"
+#include "common/errors.hpp"
+#include "common/index.hpp"
+#include "common/online_softmax.hpp"
+#include "common/problem.hpp"
+#include "lineage_c.h"
+
+namespace {
+
+using namespace attn;
+using namespace attn::ch05;
+
+constexpr int kAbiVersion = 1;
+
+void put(char* err, size_t len, const std::string& what) {
+  if (err == nullptr || len == 0) return;
+  const size_t n = what.size() < len - 1 ? what.size() : len - 1;
+  std::memcpy(err, what.data(), n);
+  err[n] = '\0';
+}
+
+/// Runs `body`, turning every exception into a code and a line.
+template <class F>
+int guarded(char* err, size_t len, F&& body) {
+  try {
+    put(err, len, "");
+    return body();
+  } catch (const UsageError& e) {
+    put(err, len, e.what());
+    return ATTN_LINEAGE_BAD_ARGUMENT;
+  } catch (const std::exception& e) {
+    put(err, len, e.what());
+    return ATTN_LINEAGE_CUDA_ERROR;
+  } catch (...) {
+    put(err, len, "unknown error");
+    return ATTN_LINEAGE_CUDA_ERROR;
+  }
+}
+
+/// Throws UsageError unless `device` is a Hopper GPU (compute capability 9.0): the kernels
+/// are sm_90a machine code and nothing else. Makes `device` current.
+void require_hopper(int device) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    throw UsageError("no CUDA device");
+  }
+  if (device < 0 || device >= count) throw UsageError("device " + std::to_string(device) + " does not exist");
+  CUDA_CHECK(cudaSetDevice(device));
+  cudaDeviceProp prop;
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  if (prop.major != 9 || prop.minor != 0)
+    throw std::logic_error(std::string("no kernel for ") + prop.name + " (compute capability " +
+                           std::to_string(prop.major) + "." + std::to_string(prop.minor) +
+                           "): the lineage kernels are built for sm_90a (Hopper) alone");
+}
+
+void require(bool ok, const std::string& what) {
+  if (!ok) throw UsageError(what);
+}
+
+Problem make_problem(int dtype, int batch, int heads, int kv_heads, int nq, int nk, int d, float scale, int causal) {
+  require(dtype == ATTN_LINEAGE_BF16 || dtype == ATTN_LINEAGE_F16, "dtype: bf16 or f16");
+  require(batch > 0 && heads > 0 && kv_heads > 0 && nq > 0 && nk > 0, "sizes must be positive");
+  require(heads % kv_heads == 0, "heads (" + std::to_string(heads) + ") must be a multiple of kv_heads (" +
+                                     std::to_string(kv_heads) + ")");
+  require(std::isfinite(scale) && scale >= 0, "scale must be finite and >= 0 (0: 1/sqrt(d))");
+  Problem p;
+  p.batch = batch;
+  p.heads = heads;
+  p.kv_heads = kv_heads;
+  p.nq = nq;
+  p.nk = nk;
+  p.d = p.dv = d;
+  p.scale = scale;
+  p.causal = causal != 0;
+  p.dtype = dtype == ATTN_LINEAGE_F16 ? DType::f16 : DType::bf16;
+  return p;
+}
+
+void require_aligned(const void* ptr, const char* name) {
+  require(ptr != nullptr, std::string(name) + " is null");
+  require(reinterpret_cast<uintptr_t>(ptr) % 16 == 0, std::string(name) + " must be 16-byte aligned");
+}
+
+/// The caller's stream order around launches on the legacy default stream (see the header).
+class StreamBridge {
+ public:
+  explicit StreamBridge(void* stream) : st_(static_cast<cudaStream_t>(stream)) {
+    if (!bridged()) return;
+    CUDA_CHECK(cudaEventCreateWithFlags(&before_, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&after_, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventRecord(before_, st_));
+    CUDA_CHECK(cudaStreamWaitEvent(cudaStreamLegacy, before_, 0));
+  }
+  /// After the launches: the caller's stream waits for them.
+  void done() {
+    if (!bridged()) return;
+    CUDA_CHECK(cudaEventRecord(after_, cudaStreamLegacy));
+    CUDA_CHECK(cudaStreamWaitEvent(st_, after_, 0));
+  }
+  ~StreamBridge() {
+    if (before_) cudaEventDestroy(before_);  // released once the recorded work is done
+    if (after_) cudaEventDestroy(after_);
+  }
+  StreamBridge(const StreamBridge&) = delete;
+  StreamBridge& operator=(const StreamBridge&) = delete;
+
+ private:
+  bool bridged() const { return st_ != nullptr && st_ != cudaStreamLegacy; }
+  cudaStream_t st_;
+  cudaEvent_t before_ = nullptr, after_ = nullptr;
+};
+
+/// The final backward's walk and accumulator layout (backward_gpu.cu's run(): b12's at d = 64,
+/// b13's at d = 128).
+struct BwdLayout {
+  int block_rows, n_qblocks;
+  bool whole_tiles, transposed;
+};
+BwdLayout bwd_layout(int nq, int d) {
+  if (d == 64) {
+    const int tr = ceil_div(nq, kBwdBr);
+    return {kBwdBr, tr + tr % 2, true, false};
+  }
+  return {80, ceil_div(nq, 80), false, true};
+}
+
+size_t round256(size_t n) { return (n + 255) / 256 * 256; }
+
+struct BwdScratch {
+  size_t lse2, delta, accum, order, total;
+};
+BwdScratch bwd_scratch(int batch, int heads, int nq, int d) {
+  const BwdLayout l = bwd_layout(nq, d);
+  const size_t heads_total = size_t(batch) * heads;
+  const size_t rows = heads_total * size_t(l.n_qblocks) * l.block_rows;
+  BwdScratch s;
+  s.lse2 = 0;
+  s.delta = s.lse2 + round256(rows * sizeof(float));
+  s.accum = s.delta + round256(rows * sizeof(float));
+  s.order = s.accum + round256(rows * d * sizeof(float));
+  s.total = s.order + round256(heads_total * l.n_qblocks * 2 * sizeof(int));
+  return s;
+}
+
+}  // namespace
+
+extern "C" {
+
+int attn_lineage_abi_version(void) { return kAbiVersion; }
+
+int attn_lineage_device_ready(int device, char* err, size_t err_len) {
+  try {
+    put(err, err_len, "");
+    require_hopper(device);
+    return ATTN_LINEAGE_OK;
+  } catch (const UsageError& e) {
+    put(err, err_len, e.what());
+    return ATTN_LINEAGE_CUDA_ERROR;
+  } catch (const std::logic_error& e) {
+    put(err, err_len, e.what());
+    return ATTN_LINEAGE_NO_KERNEL;
+  } catch (const std::exception& e) {
+    put(err, err_len, e.what());
+    return ATTN_LINEAGE_CUDA_ERROR;
+  }
+}
+
+int attn_lineage_fa3_forward(int device, void* stream, int dtype, const void* q, const void* k, const void* v,
+                             void* o, float* lse, int batch, int heads, int kv_heads, int nq, int nk, int d,
+                             float scale, int causal, char* err, size_t err_len) {
+  const int ready = attn_lineage_device_ready(device, err, err_len);
+  if (ready != ATTN_LINEAGE_OK) return ready;
+  return guarded(err, err_len, [&] {
+    const Problem p = make_problem(dtype, batch, heads, kv_heads, nq, nk, d, scale, causal);
+    require(d == 64 || d == 128 || d == 256, "head dim " + std::to_string(d) + ": the forward has kernels for 64, 128, 256");
+    require_aligned(q, "q");
+    require_aligned(k, "k");
+    require_aligned(v, "v");
+    require_aligned(o, "o");
+    require(lse != nullptr, "lse is null");
+    StepArgs a;
+    a.problem = p;
+    a.q = q;
+    a.k = k;
+    a.v = v;
+    a.params.o = o;
+    a.params.lse = lse;
+    a.params.batch = p.batch;
+    a.params.heads = p.heads;
+    a.params.kv_heads = p.kv_heads;
+    a.params.nq = p.nq;
+    a.params.nk = p.nk;
+    a.params.scale_log2 = float(p.softmax_scale() * kLog2e);
+    a.params.causal = p.causal;
+    a.params.n_qtiles = ceil_div(p.nq, kBr);
+    CUDA_CHECK(cudaDeviceGetAttribute(&a.sms, cudaDevAttrMultiProcessorCount, device));
+    StreamBridge bridge(stream);
+    {
+      const PreparedStep step = final_fwd::prepare(a);
+      step.launch();
+    }  // d = 64's tile counter is freed here: cudaFree waits for the kernel
+    bridge.done();
+    return ATTN_LINEAGE_OK;
+  });
+}
+
+int attn_lineage_fa3_backward_workspace(int batch, int heads, int nq, int d, size_t* bytes, char* err,
+                                        size_t err_len) {
+  return guarded(err, err_len, [&] {
+    require(batch > 0 && heads > 0 && nq > 0, "sizes must be positive");
+    require(d == 64 || d == 128, "head dim " + std::to_string(d) + ": the backward has kernels for 64, 128");
+    require(bytes != nullptr, "bytes is null");
+    *bytes = bwd_scratch(batch, heads, nq, d).total;
+    return ATTN_LINEAGE_OK;
+  });
+}
+
+int attn_lineage_fa3_backward(int device, void* stream, int dtype, const void* q, const void* k, const void* v,
+                              const void* o, const void* dout, const float* lse, void* dq, void* dk, void* dv,
+                              void* workspace, size_t workspace_bytes, int batch, int heads, int kv_heads, int nq,
+                              int nk, int d, float scale, int causal, int deterministic, char* err, size_t err_len) {
+  const int ready = attn_lineage_device_ready(device, err, err_len);
+  if (ready != ATTN_LINEAGE_OK) return ready;
+  return guarded(err, err_len, [&] {
+    const Problem p = make_problem(dtype, batch, heads, kv_heads, nq, nk, d, scale, causal);
+    require(d == 64 || d == 128, "head dim " + std::to_string(d) + ": the backward has kernels for 64, 128");
+    const char* names[] = {"q", "k", "v", "o", "dout", "dq", "dk", "dv", "workspace"};
+    const void* ptrs[] = {q, k, v, o, dout, dq, dk, dv, workspace};
+    for (int i = 0; i < 9; ++i) require_aligned(ptrs[i], names[i]);
+    require(lse != nullptr, "lse is null");
+    const BwdScratch s = bwd_scratch(batch, heads, nq, d);
+    require(workspace_bytes >= s.total, "workspace: " + std::to_string(workspace_bytes) + " bytes, " +
+                                            std::to_string(s.total) + " needed");
+    require(reinterpret_cast<uintptr_t>(workspace) % 256 == 0, "workspace must be 256-byte aligned");
+    char* ws = static_cast<char*>(workspace);
+    const BwdLayout l = bwd_layout(nq, d);
+    BwdStepArgs a;
+    a.problem = p;
+    a.q = q;
+    a.k = k;
+    a.v = v;
+    a.dout = dout;
+    Fa3BwdParams& b = a.params;
+    b.o = o;
+    b.dout = dout;
+    b.lse = lse;
+    b.lse2 = reinterpret_cast<float*>(ws + s.lse2);
+    b.delta = reinterpret_cast<float*>(ws + s.delta);
+    b.dq_accum = reinterpret_cast<float*>(ws + s.accum);
+    b.dq_order = reinterpret_cast<int*>(ws + s.order);
+    b.dq = dq;
+    b.dk = dk;
+    b.dv = dv;
+    b.batch = p.batch;
+    b.heads = p.heads;
+    b.kv_heads = p.kv_heads;
+    b.nq = p.nq;
+    b.nk = p.nk;
+    b.d = p.d;
+    b.n_qblocks = l.n_qblocks;
+    b.block_rows = l.block_rows;
+    b.scale = float(p.softmax_scale());
+    b.scale_log2 = float(p.softmax_scale() * kLog2e);
+    b.causal = p.causal;
+    b.deterministic = deterministic != 0;
+    b.dq_fragment_order = true;
+    b.dq_whole_tiles = l.whole_tiles;
+    b.dq_transposed = l.transposed;
+    const PreparedStep main_kernel = final_bwd::prepare(a);
+    const long long rows = (long long)p.batch * p.heads * b.n_qblocks * b.block_rows;
+    const unsigned prep_blocks = unsigned((rows + kPrepThreads / (d / 8) - 1) / (kPrepThreads / (d / 8)));
+    const unsigned post_blocks = unsigned(rows / b.block_rows);
+    StreamBridge bridge(stream);
+    // backward_gpu.cu's run_all(): preprocess, the main kernel, postprocess.
+    auto run = [&](auto tag) {
+      using T = decltype(tag);
+      if (d == 64)
+        preprocess<T, 64><<<prep_blocks, kPrepThreads>>>(b);
+      else
+        preprocess<T, 128><<<prep_blocks, kPrepThreads>>>(b);
+      CUDA_CHECK_LAUNCH("backward preprocess");
+      main_kernel.launch();
+      if (d == 64)
+        postprocess<T, 64><<<post_blocks, kPostThreads>>>(b);
+      else
+        postprocess<T, 128><<<post_blocks, kPostThreads>>>(b);
+      CUDA_CHECK_LAUNCH("backward postprocess");
+    };
+    if (p.dtype == DType::f16)
+      run(__half{});
+    else
+      run(__nv_bfloat16{});
+    bridge.done();
+    return ATTN_LINEAGE_OK;
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,63 @@
+/* The C ABI of the lineage kernels, for python/attn_lineage (ctypes) and any other caller.
+ *
+ * Every function takes raw device pointers, sizes and a cudaStream_t (as void*; NULL is the
+ * legacy default stream), and returns 0 on success or a nonzero code with a one-line reason
+ * written into `err` (at most err_len bytes, NUL-terminated). No function aborts the process
+ * or prints anything.
+ *
+ * Layout: every tensor contiguous, [batch][head][sequence][dim], d fastest (the project's
+ * layout, DEVELOPERS.md); 16-byte aligned base pointers. K and V have kv_heads heads; query
+ * head h reads KV head h / (heads / kv_heads). Causal masking is bottom-right aligned
+ * (query i sees key j iff j <= i + nk - nq); an empty row has output 0 and LSE -inf.
+ */
+#ifndef ATTN_LINEAGE_C_H
+#define ATTN_LINEAGE_C_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Return codes. */
+#define ATTN_LINEAGE_OK 0
+#define ATTN_LINEAGE_BAD_ARGUMENT 1 /* a size, dtype or head dim with no kernel */
+#define ATTN_LINEAGE_NO_KERNEL 2    /* this GPU has no kernel (the kernels are sm_90a) */
+#define ATTN_LINEAGE_CUDA_ERROR 3   /* a CUDA call failed */
+
+/* Data types (the values of common/dtype.hpp's names are not part of the ABI). */
+#define ATTN_LINEAGE_BF16 0
+#define ATTN_LINEAGE_F16 1
+
+/* The ABI version: changes whenever a signature below changes. */
+int attn_lineage_abi_version(void);
+
+/* 0 when `device` runs the kernels of this library (compute capability 9.0, built for
+ * sm_90a), else ATTN_LINEAGE_NO_KERNEL or ATTN_LINEAGE_CUDA_ERROR with the reason. */
+int attn_lineage_device_ready(int device, char* err, size_t err_len);
+
+/* Chapter 05's final forward (steps/final.cu): O [B][Hq][Nq][d] in the input dtype and the
+ * LSE [B][Hq][Nq] in fp32, natural log. d in {64, 128, 256}. scale: the softmax scale tau
+ * (0: 1/sqrt(d)). */
+int attn_lineage_fa3_forward(int device, void* stream, int dtype, const void* q, const void* k, const void* v,
+                             void* o, float* lse, int batch, int heads, int kv_heads, int nq, int nk, int d,
+                             float scale, int causal, char* err, size_t err_len);
+
+/* Bytes of scratch memory attn_lineage_fa3_backward needs (any alignment of 256 bytes). */
+int attn_lineage_fa3_backward_workspace(int batch, int heads, int nq, int d, size_t* bytes, char* err,
+                                        size_t err_len);
+
+/* Chapter 05's final backward (steps/final_backward.cu, with the preprocess and postprocess
+ * of backward_prepost.cuh): dQ, dK, dV in the input dtype from Q, K, V, O, dO and the
+ * forward's LSE. d in {64, 128}. dk and dv are [B][Hkv][Nk][d] (GQA: summed over the group).
+ * workspace: attn_lineage_fa3_backward_workspace() bytes, 256-byte aligned. */
+int attn_lineage_fa3_backward(int device, void* stream, int dtype, const void* q, const void* k, const void* v,
+                              const void* o, const void* dout, const float* lse, void* dq, void* dk, void* dv,
+                              void* workspace, size_t workspace_bytes, int batch, int heads, int kv_heads, int nq,
+                              int nk, int d, float scale, int causal, int deterministic, char* err, size_t err_len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ATTN_LINEAGE_C_H */
