@@ -1,0 +1,234 @@
+"""FlashAttention's Python interface over the lineage kernels, as torch.library custom ops.
+
+Two custom ops carry the kernels, each with a fake (meta) implementation, so that
+torch.compile traces them as single nodes without graph breaks:
+
+    attn_lineage::fwd(q, k, v, causal, softmax_scale) -> (o, lse)
+    attn_lineage::bwd(dout, q, k, v, o, lse, causal, softmax_scale) -> (dq, dk, dv)
+
+Both take the kernels' layout, [B][H][N][d] contiguous. flash_attn_func takes FlashAttention's
+[B, N, H, d], transposes to [B, H, N, d] and makes it contiguous (a copy unless the tensor is
+already laid out that way), runs the op, and returns O as a [B, N, H, d] view of the kernel's
+[B, H, N, d] output (not contiguous; call .contiguous() where a caller needs it). The backward
+runs through a torch.autograd.Function around the two ops.
+"""
+
+import math
+
+import torch
+
+from . import _lib
+
+_DTYPES = {torch.bfloat16: _lib.BF16, torch.float16: _lib.F16}
+FORWARD_HEAD_DIMS = (64, 128, 256)   # chapter 05's final forward (steps/final.cu)
+BACKWARD_HEAD_DIMS = (64, 128)       # chapter 05's final backward (steps/final_backward.cu)
+_DEVICE_TYPES = ("cuda", "meta")     # meta: shapes only (the fake implementations)
+
+
+# ----------------------------------------------------------------------------- argument checks
+
+def _dtype_name(dt):
+    return str(dt).replace("torch.", "")
+
+
+def check_qkv(q, k, v, *, need_backward):
+    """Raises ValueError naming the argument for anything the kernels cannot take.
+
+    q: [B, Nq, Hq, d], k and v: [B, Nk, Hkv, d], bf16 or fp16, one CUDA device.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name}: expected a 4-d tensor [batch, seqlen, heads, head_dim], got shape "
+                             f"{tuple(t.shape)}")
+        if t.dtype not in _DTYPES:
+            raise ValueError(f"{name}: dtype {_dtype_name(t.dtype)} has no kernel (bfloat16 or float16)")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"k, v: dtypes must match q's ({_dtype_name(q.dtype)}), got {_dtype_name(k.dtype)} and "
+                         f"{_dtype_name(v.dtype)}")
+    b, nq, hq, d = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"v: shape {tuple(v.shape)} must equal k's {tuple(k.shape)} (the kernels take d_v = d)")
+    bk, nk, hkv, dk = k.shape
+    if bk != b:
+        raise ValueError(f"k: batch {bk} differs from q's {b}")
+    if dk != d:
+        raise ValueError(f"k: head dim {dk} differs from q's {d}")
+    if d not in FORWARD_HEAD_DIMS:
+        raise ValueError(f"q: head dim {d} has no kernel (forward: {', '.join(map(str, FORWARD_HEAD_DIMS))})")
+    if need_backward and d not in BACKWARD_HEAD_DIMS:
+        raise ValueError(f"q: head dim {d} has a forward kernel but no backward kernel "
+                         f"(backward: {', '.join(map(str, BACKWARD_HEAD_DIMS))}); run it without gradients "
+                         f"(torch.no_grad(), or inputs that do not require grad)")
+    if hkv == 0 or hq % hkv != 0:
+        raise ValueError(f"k: {hkv} KV heads do not divide q's {hq} heads (GQA needs heads % kv_heads == 0)")
+    if min(b, nq, hq, nk) <= 0:
+        raise ValueError(f"q, k: every size must be positive, got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.device.type not in _DEVICE_TYPES:
+            raise ValueError(f"{name}: the kernels run on a CUDA device, got a {t.device.type} tensor")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"k, v: must be on q's device {q.device}, got {k.device} and {v.device}")
+    for n in (b * hq * nq * d, b * hkv * nk * d):
+        if n >= 2 ** 31:
+            raise ValueError("q, k: more than 2^31 elements in one tensor (the kernels index with 32-bit ints)")
+
+
+def check_scale(softmax_scale, d):
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(d)
+    try:
+        s = float(softmax_scale)
+    except (TypeError, ValueError):
+        raise ValueError(f"softmax_scale: expected a number or None, got {softmax_scale!r}") from None
+    if not math.isfinite(s) or s <= 0:
+        raise ValueError(f"softmax_scale: must be finite and > 0, got {softmax_scale!r}")
+    return s
+
+
+_ready_cache = {}
+
+
+def check_device(t, name="q"):
+    """Raises ValueError when the GPU of `t` has no kernel (the kernels are sm_90a: Hopper)."""
+    if t.device.type != "cuda":
+        return
+    index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    if index not in _ready_cache:
+        major, minor = torch.cuda.get_device_capability(index)
+        if (major, minor) != (9, 0):
+            _ready_cache[index] = (f"{name}: {torch.cuda.get_device_name(index)} (compute capability "
+                                   f"{major}.{minor}) has no lineage kernel: they are built for sm_90a (Hopper)")
+        else:
+            _ready_cache[index] = _lib.device_ready(index)  # loads the library (LibraryNotFound if missing)
+    why = _ready_cache[index]
+    if why is not None:
+        raise ValueError(why if why.startswith(name) else f"{name}: {why}")
+
+
+# ----------------------------------------------------------------------------- the custom ops
+
+def _aligned(t):
+    """Contiguous, with a 16-byte aligned base (TMA's requirement): copied only when needed."""
+    t = t.contiguous()
+    if t.data_ptr() % 16 != 0:
+        t = t.clone()
+    return t
+
+
+def _stream(t):
+    return torch.cuda.current_stream(t.device).cuda_stream
+
+
+@torch.library.custom_op("attn_lineage::fwd", mutates_args=(), device_types="cuda")
+def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+         softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chapter 05's final forward on [B, H, N, d] tensors: (O, LSE), the LSE fp32 natural log."""
+    q, k, v = _aligned(q), _aligned(k), _aligned(v)
+    b, hq, nq, d = q.shape
+    hkv, nk = k.shape[1], k.shape[2]
+    o = torch.empty_like(q)
+    lse = torch.empty((b, hq, nq), dtype=torch.float32, device=q.device)
+    with torch.cuda.device(q.device):
+        _lib.fa3_forward(q.device.index, _stream(q), _DTYPES[q.dtype], q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                         o.data_ptr(), lse.data_ptr(), b, hq, hkv, nq, nk, d, softmax_scale, causal)
+    return o, lse
+
+
+@_fwd.register_fake
+def _fwd_fake(q, k, v, causal, softmax_scale):
+    b, hq, nq, _ = q.shape
+    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty((b, hq, nq), dtype=torch.float32)
+
+
+@torch.library.custom_op("attn_lineage::bwd", mutates_args=(), device_types="cuda")
+def _bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+         causal: bool, softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Chapter 05's final backward on [B, H, N, d] tensors: (dQ, dK, dV)."""
+    dout, q, k, v, o = (_aligned(t) for t in (dout, q, k, v, o))
+    lse = lse.contiguous()
+    b, hq, nq, d = q.shape
+    hkv, nk = k.shape[1], k.shape[2]
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    nbytes = _lib.fa3_backward_workspace(b, hq, nq, d)
+    # The caching allocator's blocks are 512-byte aligned; the C side checks 256.
+    workspace = torch.empty(nbytes, dtype=torch.uint8, device=q.device)
+    with torch.cuda.device(q.device):
+        _lib.fa3_backward(q.device.index, _stream(q), _DTYPES[q.dtype], q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                          o.data_ptr(), dout.data_ptr(), lse.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+                          workspace.data_ptr(), nbytes, b, hq, hkv, nq, nk, d, softmax_scale, causal, False)
+    return dq, dk, dv
+
+
+@_bwd.register_fake
+def _bwd_fake(dout, q, k, v, o, lse, causal, softmax_scale):
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            torch.empty_like(k, memory_format=torch.contiguous_format),
+            torch.empty_like(v, memory_format=torch.contiguous_format))
+
+
+class _FlashAttn(torch.autograd.Function):
+    """O = softmax(tau Q K^T) V on [B, H, N, d], its backward chapter 05's final backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, softmax_scale):
+        o, lse = torch.ops.attn_lineage.fwd(q, k, v, causal, softmax_scale)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.softmax_scale = causal, softmax_scale
+        # The LSE is an output for the caller's use, not a differentiable one: the backward
+        # kernel takes dO alone (as FlashAttention's).
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = torch.ops.attn_lineage.bwd(dout, q, k, v, o, lse, ctx.causal, ctx.softmax_scale)
+        return dq, dk, dv, None, None
+
+
+# ----------------------------------------------------------------------------- the public API
+
+def _unsupported(name, value, default):
+    if value != default:
+        raise NotImplementedError(f"{name}={value!r}: chapter 06's masked forward (windows, softcap, learned "
+                                  f"sinks) is not wired into attn_lineage yet; only {name}={default!r} runs")
+
+
+def flash_attn_func(q, k, v, causal=False, window_size=(-1, -1), softcap=0.0, learnable_sink=None,
+                    softmax_scale=None, return_lse=False):
+    """Attention on FlashAttention's layout: q [B, Nq, Hq, d], k and v [B, Nk, Hkv, d].
+
+    bf16 or fp16 on a Hopper GPU (sm_90a); d = 64, 128 or 256 (the backward: 64 and 128).
+    GQA when Hkv < Hq (Hq a multiple of Hkv). `causal` is bottom-right aligned when
+    Nq != Nk (query i sees key j iff j <= i + Nk - Nq; a row that sees no key gives 0 and
+    LSE -inf), as FlashAttention >= 2.1. softmax_scale defaults to 1/sqrt(d).
+
+    Returns O, [B, Nq, Hq, d] (a transposed view of the kernel's [B, Hq, Nq, d] output), and
+    with return_lse=True also the LSE, [B, Hq, Nq] fp32 (natural log), which carries no
+    gradient. Inputs are copied to [B, H, N, d] contiguous for the kernels.
+
+    Bad input raises ValueError naming the argument. window_size, softcap and
+    learnable_sink are FlashAttention's arguments, accepted at their defaults only for now
+    (NotImplementedError otherwise).
+    """
+    if not (isinstance(window_size, (tuple, list)) and len(window_size) == 2
+            and all(isinstance(w, int) for w in window_size)):
+        raise ValueError(f"window_size: expected a pair of ints, got {window_size!r}")
+    _unsupported("window_size", tuple(window_size), (-1, -1))
+    _unsupported("softcap", float(softcap), 0.0)
+    if learnable_sink is not None:
+        _unsupported("learnable_sink", "a tensor", None)
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal: expected a bool, got {causal!r}")
+    need_backward = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                                    for t in (q, k, v))
+    check_qkv(q, k, v, need_backward=need_backward)
+    scale = check_scale(softmax_scale, q.shape[-1])
+    if not torch.compiler.is_compiling():  # traced: the C library refuses a GPU without kernels
+        check_device(q)
+    qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    o, lse = _FlashAttn.apply(qt, kt, vt, causal, scale)
+    o = o.transpose(1, 2)
+    return (o, lse) if return_lse else o

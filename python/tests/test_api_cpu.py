@@ -1,0 +1,194 @@
+"""The Python layer without a GPU: argument checks, the fake (meta) implementations, autograd
+wiring through the fake backward, and torch.compile tracing without graph breaks."""
+
+from harness import need_torch, raises, torch
+
+if torch is not None:
+    import attn_lineage
+    from attn_lineage import flash_attn_func
+
+BF16 = torch.bfloat16 if torch is not None else None
+
+
+def _qkv(device="cpu", dtype=None, b=2, nq=100, nk=70, hq=4, hkv=2, d=64):
+    dtype = dtype or torch.bfloat16
+    q = torch.zeros(b, nq, hq, d, dtype=dtype, device=device)
+    k = torch.zeros(b, nk, hkv, d, dtype=dtype, device=device)
+    v = torch.zeros(b, nk, hkv, d, dtype=dtype, device=device)
+    return q, k, v
+
+
+def test_cpu_tensors_are_refused():
+    need_torch()
+    q, k, v = _qkv()
+    with raises(ValueError, r"^q: .*CUDA device.*cpu"):
+        flash_attn_func(q, k, v)
+
+
+def test_cpu_k_is_refused_when_q_is_meta():
+    need_torch()
+    q, _, _ = _qkv("meta")
+    _, k, v = _qkv()
+    with raises(ValueError, r"^k: .*CUDA device"):
+        flash_attn_func(q, k, v)
+
+
+def test_wrong_dtype():
+    need_torch()
+    q, k, v = _qkv(dtype=torch.float32)
+    with raises(ValueError, r"^q: dtype float32 has no kernel"):
+        flash_attn_func(q, k, v)
+    q, k, v = _qkv()
+    with raises(ValueError, r"^k, v: dtypes must match"):
+        flash_attn_func(q, k.half(), v.half())
+
+
+def test_wrong_rank_and_type():
+    need_torch()
+    q, k, v = _qkv()
+    with raises(ValueError, r"^q: expected a 4-d tensor"):
+        flash_attn_func(q[0], k, v)
+    with raises(ValueError, r"^v: expected a torch.Tensor"):
+        flash_attn_func(q, k, [1, 2])
+
+
+def test_head_dim_without_kernel():
+    need_torch()
+    q, k, v = _qkv(d=96)
+    with raises(ValueError, r"^q: head dim 96 has no kernel"):
+        flash_attn_func(q, k, v)
+    q, k, v = _qkv(d=64)
+    with raises(ValueError, r"^k: head dim 128 differs"):
+        flash_attn_func(q, torch.zeros(2, 70, 2, 128, dtype=BF16), torch.zeros(2, 70, 2, 128, dtype=BF16))
+
+
+def test_backward_head_dim_refused_at_the_forward():
+    need_torch()
+    q, k, v = _qkv("meta", d=256)
+    q.requires_grad_()
+    with raises(ValueError, r"^q: head dim 256 has a forward kernel but no backward"):
+        flash_attn_func(q, k, v)
+    with torch.no_grad():  # the forward alone runs at d = 256
+        assert flash_attn_func(q, k, v).shape == q.shape
+
+
+def test_gqa_heads_must_divide():
+    need_torch()
+    q, k, v = _qkv(hq=4, hkv=3)
+    with raises(ValueError, r"^k: 3 KV heads do not divide q's 4 heads"):
+        flash_attn_func(q, k, v)
+
+
+def test_shapes_must_agree():
+    need_torch()
+    q, k, v = _qkv()
+    with raises(ValueError, r"^v: shape .* must equal k's"):
+        flash_attn_func(q, k, v[:, :10])
+    with raises(ValueError, r"^k: batch 1 differs"):
+        flash_attn_func(q, k[:1], v[:1])
+    with raises(ValueError, r"positive"):
+        flash_attn_func(q[:, :0], k, v)
+
+
+def test_scalar_arguments():
+    need_torch()
+    q, k, v = _qkv("meta")
+    with raises(ValueError, r"^softmax_scale: must be finite and > 0"):
+        flash_attn_func(q, k, v, softmax_scale=float("nan"))
+    with raises(ValueError, r"^softmax_scale: expected a number"):
+        flash_attn_func(q, k, v, softmax_scale="x")
+    with raises(ValueError, r"^causal: expected a bool"):
+        flash_attn_func(q, k, v, causal=1)
+    with raises(ValueError, r"^window_size: expected a pair of ints"):
+        flash_attn_func(q, k, v, window_size=(3,))
+    with raises(NotImplementedError, r"^window_size=\(128, 0\)"):
+        flash_attn_func(q, k, v, window_size=(128, 0))
+    with raises(NotImplementedError, r"^softcap=30.0"):
+        flash_attn_func(q, k, v, softcap=30.0)
+    with raises(NotImplementedError, r"^learnable_sink"):
+        flash_attn_func(q, k, v, learnable_sink=torch.zeros(4))
+
+
+def test_fake_forward_shapes():
+    need_torch()
+    for dtype in (torch.bfloat16, torch.float16):
+        for d in (64, 128, 256):
+            q, k, v = _qkv("meta", dtype=dtype, d=d)
+            o, lse = flash_attn_func(q, k, v, causal=True, return_lse=True)
+            assert o.shape == q.shape and o.dtype == dtype and o.device.type == "meta"
+            assert lse.shape == (2, 4, 100) and lse.dtype == torch.float32
+            assert not lse.requires_grad
+
+
+def test_fake_backward_shapes():
+    need_torch()
+    q, k, v = _qkv("meta", d=128)
+    for t in (q, k, v):
+        t.requires_grad_()
+    o = flash_attn_func(q, k, v, causal=True)
+    assert o.requires_grad
+    o.sum().backward()
+    for t in (q, k, v):
+        assert t.grad is not None and t.grad.shape == t.shape and t.grad.dtype == t.dtype
+
+
+def test_ops_are_registered_with_fakes():
+    need_torch()
+    q, k, v = (t.transpose(1, 2).contiguous() for t in _qkv("meta"))
+    o, lse = torch.ops.attn_lineage.fwd(q, k, v, False, 0.125)
+    assert o.shape == q.shape and lse.shape == q.shape[:3]
+    dq, dk, dv = torch.ops.attn_lineage.bwd(o, q, k, v, o, lse, False, 0.125)
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+    # FakeTensorMode (what torch.compile traces with) uses the same fakes
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fq, fk, fv = (mode.from_tensor(t) for t in (q, k, v))
+        fo, flse = torch.ops.attn_lineage.fwd(fq, fk, fv, True, 0.125)
+        assert fo.shape == q.shape and flse.dtype == torch.float32
+
+
+def _model(q, k, v):
+    return flash_attn_func(q, k, v, causal=True).float().square().mean()
+
+
+def test_compile_has_no_graph_break():
+    need_torch()
+    q, k, v = _qkv("meta")
+    explanation = torch._dynamo.explain(_model)(q, k, v)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert explanation.graph_count == 1
+    code = explanation.graphs[0].code
+    assert "attn_lineage.fwd" in code, code
+
+
+def test_compile_fullgraph_forward_and_backward():
+    need_torch()
+    torch._dynamo.reset()
+    compiled = torch.compile(_model, fullgraph=True, backend="aot_eager")
+    q, k, v = _qkv("meta")
+    q.requires_grad_()
+    loss = compiled(q, k, v)
+    assert loss.shape == ()
+    loss.backward()
+    assert q.grad.shape == q.shape
+
+
+def test_library_absent_is_a_clear_error():
+    need_torch()
+    import os
+    from attn_lineage import _lib
+    saved = (_lib._lib, os.environ.get("ATTN_LINEAGE_LIB"), os.environ.get("ATTN_LINEAGE_BUILD"))
+    if saved[0] is not None:
+        return  # already loaded in this process: nothing to prove
+    os.environ["ATTN_LINEAGE_LIB"] = "/nonexistent/libattn_lineage_c.so"
+    try:
+        if _lib.candidates()[-1].is_file():
+            return  # the repository's build has it; the search would find it
+        with raises(_lib.LibraryNotFound, r"\./tutorial python"):
+            _lib.load()
+        assert not attn_lineage.library_available()
+    finally:
+        if saved[1] is None:
+            del os.environ["ATTN_LINEAGE_LIB"]
+        else:
+            os.environ["ATTN_LINEAGE_LIB"] = saved[1]
