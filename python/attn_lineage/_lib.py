@@ -12,7 +12,7 @@ import os
 import threading
 from pathlib import Path
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 LIB_NAME = "libattn_lineage_c.so"
 
 OK, BAD_ARGUMENT, NO_KERNEL, CUDA_ERROR = 0, 1, 2, 3
@@ -58,6 +58,11 @@ def _declare(lib):
     lib.attn_lineage_fa3_backward.argtypes = ([c_int, c_void_p, c_int] + [c_void_p] * 10 + [c_size_t] + [c_int] * 6 +
                                               [c_float, c_int, c_int, c_char_p, c_size_t])
     lib.attn_lineage_fa3_backward.restype = c_int
+    lib.attn_lineage_paged_decode_workspace.argtypes = [c_int] * 7 + [ctypes.POINTER(c_size_t), c_char_p, c_size_t]
+    lib.attn_lineage_paged_decode_workspace.restype = c_int
+    lib.attn_lineage_paged_decode.argtypes = ([c_int] + [c_void_p] * 9 + [c_size_t] + [c_int] * 6 +
+                                              [c_float, c_char_p, c_size_t])
+    lib.attn_lineage_paged_decode.restype = c_int
 
 
 def load():
@@ -143,3 +148,22 @@ def fa3_backward(device, stream, dtype, q, k, v, o, dout, lse, dq, dk, dv, works
                                          workspace_bytes, batch, heads, kv_heads, nq, nk, d, float(scale), int(causal),
                                          int(deterministic), err, _ERR_LEN)
     check(code, err, "attn_lineage backward")
+
+
+def paged_decode_workspace(device, batch, heads, kv_heads, d, max_pages, page_size):
+    lib = load()
+    err = _buffer()
+    out = ctypes.c_size_t(0)
+    check(lib.attn_lineage_paged_decode_workspace(device, batch, heads, kv_heads, d, max_pages, page_size,
+                                                  ctypes.byref(out), err, _ERR_LEN), err, "attn_lineage paged decode")
+    return out.value
+
+
+def paged_decode(device, stream, q, k_pool, v_pool, block_table, seqlens, o, lse, workspace, workspace_bytes, batch,
+                 heads, kv_heads, d, max_pages, page_size, scale):
+    lib = load()
+    err = _buffer()
+    code = lib.attn_lineage_paged_decode(device, stream, q, k_pool, v_pool, block_table, seqlens, o, lse, workspace,
+                                         workspace_bytes, batch, heads, kv_heads, d, max_pages, page_size,
+                                         float(scale), err, _ERR_LEN)
+    check(code, err, "attn_lineage paged decode")

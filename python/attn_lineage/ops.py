@@ -5,6 +5,7 @@ torch.compile traces them as single nodes without graph breaks:
 
     attn_lineage::fwd(q, k, v, causal, softmax_scale) -> (o, lse)
     attn_lineage::bwd(dout, q, k, v, o, lse, causal, softmax_scale) -> (dq, dk, dv)
+    attn_lineage::paged_decode(q, k_pool, v_pool, block_table, seqlens, softmax_scale) -> (o, lse)
 
 Both take the kernels' layout, [B][H][N][d] contiguous. flash_attn_func takes FlashAttention's
 [B, N, H, d], transposes to [B, H, N, d] and makes it contiguous (a copy unless the tensor is
@@ -232,3 +233,105 @@ def flash_attn_func(q, k, v, causal=False, window_size=(-1, -1), softcap=0.0, le
     o, lse = _FlashAttn.apply(qt, kt, vt, causal, scale)
     o = o.transpose(1, 2)
     return (o, lse) if return_lse else o
+
+
+# ----------------------------------------------------------------------------- paged decode
+
+DECODE_HEAD_DIMS = (64, 128)  # chapter 07's final bf16 decode (steps/final_bf16.cu)
+
+
+@torch.library.custom_op("attn_lineage::paged_decode", mutates_args=(), device_types="cuda")
+def _paged_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_table: torch.Tensor,
+                  seqlens: torch.Tensor, softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chapter 07's final bf16 decode: q [B, Hq, d], pools [pages, Hkv, page_size, d]."""
+    q, k_pool, v_pool = _aligned(q), _aligned(k_pool), _aligned(v_pool)
+    block_table, seqlens = block_table.contiguous(), seqlens.contiguous()
+    b, hq, d = q.shape
+    hkv, page_size = k_pool.shape[1], k_pool.shape[2]
+    max_pages = block_table.shape[1]
+    o = torch.empty_like(q)
+    lse = torch.empty((b, hq), dtype=torch.float32, device=q.device)
+    index = q.device.index
+    with torch.cuda.device(q.device):
+        nbytes = _lib.paged_decode_workspace(index, b, hq, hkv, d, max_pages, page_size)
+        workspace = torch.empty(nbytes, dtype=torch.uint8, device=q.device)
+        _lib.paged_decode(index, _stream(q), q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(),
+                          block_table.data_ptr(), seqlens.data_ptr(), o.data_ptr(), lse.data_ptr(),
+                          workspace.data_ptr(), nbytes, b, hq, hkv, d, max_pages, page_size, softmax_scale)
+    return o, lse
+
+
+@_paged_decode.register_fake
+def _paged_decode_fake(q, k_pool, v_pool, block_table, seqlens, softmax_scale):
+    b, hq, _ = q.shape
+    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty((b, hq), dtype=torch.float32)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale=None, causal=True,
+                            return_softmax_lse=False, kv_layout="NHD"):
+    """One decode step over a paged KV cache (chapter 07's final bf16 kernel), forward only.
+
+    q: [B, 1, Hq, d] bf16 (one new token a sequence; its K and V must already be in the cache).
+    k_cache, v_cache: kv_layout "NHD" (FlashAttention's) [pages, page_size, Hkv, d], copied to the
+    kernel's layout on every call; "HND" (the kernel's, FlashInfer's name) [pages, Hkv, page_size, d],
+    used as it is. page_size: a power of two. cache_seqlens: [B] int32 (or an int for every
+    sequence), each in [1, max_pages * page_size]; block_table: [B, max_pages] int32, page indices
+    into the cache. d = 64 or 128. The lengths and the table's entries stay on the device and are
+    not checked (a page index outside the cache reads outside it). `causal` has no effect with
+    one query token (it sees its whole sequence). Returns O [B, 1, Hq, d], and with
+    return_softmax_lse=True the LSE [B, Hq, 1] fp32.
+    """
+    if kv_layout not in ("NHD", "HND"):
+        raise ValueError(f"kv_layout: 'NHD' or 'HND', got {kv_layout!r}")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_table", block_table)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if q.dim() != 4:
+        raise ValueError(f"q: expected [batch, 1, heads, head_dim], got shape {tuple(q.shape)}")
+    if q.shape[1] != 1:
+        raise ValueError(f"q: {q.shape[1]} query tokens a sequence; the paged decode kernel takes 1")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dtype != torch.bfloat16:
+            raise ValueError(f"{name}: dtype {_dtype_name(t.dtype)} has no kernel (the paged decode is bfloat16)")
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache, v_cache: expected two 4-d tensors of one shape, got {tuple(k_cache.shape)} and "
+                         f"{tuple(v_cache.shape)}")
+    b, _, hq, d = q.shape
+    if kv_layout == "NHD":
+        pages, page_size, hkv, dk = k_cache.shape
+    else:
+        pages, hkv, page_size, dk = k_cache.shape
+    if dk != d:
+        raise ValueError(f"k_cache: head dim {dk} differs from q's {d}")
+    if d not in DECODE_HEAD_DIMS:
+        raise ValueError(f"q: head dim {d} has no paged decode kernel ({', '.join(map(str, DECODE_HEAD_DIMS))})")
+    if hkv == 0 or hq % hkv != 0:
+        raise ValueError(f"k_cache: {hkv} KV heads do not divide q's {hq} heads")
+    if page_size <= 0 or page_size & (page_size - 1):
+        raise ValueError(f"k_cache: page size {page_size} must be a power of two")
+    if block_table.dim() != 2 or block_table.shape[0] != b or block_table.dtype != torch.int32:
+        raise ValueError(f"block_table: expected int32 [batch={b}, max_pages], got {_dtype_name(block_table.dtype)} "
+                         f"{tuple(block_table.shape)}")
+    if isinstance(cache_seqlens, int):
+        if not 1 <= cache_seqlens <= block_table.shape[1] * page_size:
+            raise ValueError(f"cache_seqlens: {cache_seqlens} outside [1, max_pages * page_size]")
+        cache_seqlens = torch.full((b,), cache_seqlens, dtype=torch.int32, device=q.device)
+    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.shape != (b,) or cache_seqlens.dtype != torch.int32:
+        raise ValueError(f"cache_seqlens: expected an int or an int32 tensor [batch={b}]")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_table", block_table),
+                    ("cache_seqlens", cache_seqlens)):
+        if t.device.type not in _DEVICE_TYPES:
+            raise ValueError(f"{name}: the kernels run on a CUDA device, got a {t.device.type} tensor")
+        if t.device != q.device:
+            raise ValueError(f"{name}: must be on q's device {q.device}, got {t.device}")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_cache, v_cache)):
+        raise ValueError("q, k_cache, v_cache: the paged decode has no backward; call it under torch.no_grad()")
+    scale = check_scale(softmax_scale, d)
+    if not torch.compiler.is_compiling():
+        check_device(q)
+    if kv_layout == "NHD":
+        k_cache, v_cache = (t.transpose(1, 2).contiguous() for t in (k_cache, v_cache))
+    o, lse = torch.ops.attn_lineage.paged_decode(q.reshape(b, hq, d), k_cache, v_cache, block_table, cache_seqlens,
+                                                  scale)
+    o = o.reshape(b, 1, hq, d)
+    return (o, lse.reshape(b, hq, 1)) if return_softmax_lse else o

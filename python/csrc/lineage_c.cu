@@ -24,6 +24,8 @@
 #include "chapters/05_fa3_hopper/backward_prepost.cuh"
 #include "chapters/05_fa3_hopper/backward_tiles.hpp"
 #include "chapters/05_fa3_hopper/step_launch.cuh"
+#include "chapters/07_paged_radix/decode.hpp"
+#include "chapters/07_paged_radix/decode_steps.cuh"
 #include "common/cuda/check.cuh"
 #include "common/errors.hpp"
 #include "common/index.hpp"
@@ -36,7 +38,7 @@ namespace {
 using namespace attn;
 using namespace attn::ch05;
 
-constexpr int kAbiVersion = 1;
+constexpr int kAbiVersion = 2;
 
 void put(char* err, size_t len, const std::string& what) {
   if (err == nullptr || len == 0) return;
@@ -168,6 +170,44 @@ BwdScratch bwd_scratch(int batch, int heads, int nq, int d) {
   s.order = s.accum + round256(rows * d * sizeof(float));
   s.total = s.order + round256(heads_total * l.n_qblocks * 2 * sizeof(int));
   return s;
+}
+
+/// Chapter 07's decode: its split plan (decode.cpp's choose_splits() and keys_per_split(),
+/// restated here because the library does not link chapter 07's CPU code) for the longest
+/// sequence the block table can hold, since the lengths stay on the device. A split past a
+/// sequence's end reads nothing and merges as an empty state.
+struct DecodePlan {
+  int chunks, splits, split_keys;
+  size_t part_m, part_l, part_o, arrivals, total;
+};
+DecodePlan decode_plan(int device, int batch, int heads, int kv_heads, int d, int max_pages, int page_size) {
+  using G = attn::ch07::DecodeGeometry;
+  require(batch > 0 && heads > 0 && kv_heads > 0 && max_pages > 0, "sizes must be positive");
+  require(heads % kv_heads == 0, "heads (" + std::to_string(heads) + ") must be a multiple of kv_heads (" +
+                                     std::to_string(kv_heads) + ")");
+  require(d == 64 || d == 128, "head dim " + std::to_string(d) + ": the paged decode has kernels for 64, 128");
+  require(page_size > 0 && (page_size & (page_size - 1)) == 0,
+          "page_size " + std::to_string(page_size) + " must be a power of two");
+  require(long(max_pages) * page_size < (1L << 30), "max_pages * page_size must be below 2^30 tokens");
+  int sms = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int capacity = max_pages * page_size;
+  DecodePlan pl;
+  pl.chunks = ceil_div(heads / kv_heads, G::kRows);
+  const int base_blocks = batch * kv_heads * pl.chunks;
+  const int per_sm = int(std::max<size_t>(1, (228 * 1024) / (attn::ch07::decode_smem_bytes(d) + 1024)));
+  auto keys_per_split = [](int len, int s) { return ceil_div(ceil_div(len, std::max(1, s)), G::kBc) * G::kBc; };
+  int s = std::max(1, sms * per_sm / std::max(1, base_blocks));
+  s = std::min(s, std::max(1, capacity / G::kMinSplitKeys));
+  pl.split_keys = keys_per_split(capacity, s);
+  pl.splits = ceil_div(capacity, pl.split_keys);
+  const size_t rows = size_t(batch) * heads * pl.splits;
+  pl.part_m = 0;
+  pl.part_l = round256(rows * sizeof(float));
+  pl.part_o = pl.part_l + round256(rows * sizeof(float));
+  pl.arrivals = pl.part_o + round256(rows * d * sizeof(float));
+  pl.total = pl.arrivals + round256(size_t(batch) * kv_heads * pl.chunks * sizeof(int));
+  return pl;
 }
 
 }  // namespace
@@ -318,6 +358,66 @@ int attn_lineage_fa3_backward(int device, void* stream, int dtype, const void* q
       run(__half{});
     else
       run(__nv_bfloat16{});
+    bridge.done();
+    return ATTN_LINEAGE_OK;
+  });
+}
+
+int attn_lineage_paged_decode_workspace(int device, int batch, int heads, int kv_heads, int d, int max_pages,
+                                        int page_size, size_t* bytes, char* err, size_t err_len) {
+  const int ready = attn_lineage_device_ready(device, err, err_len);
+  if (ready != ATTN_LINEAGE_OK) return ready;
+  return guarded(err, err_len, [&] {
+    require(bytes != nullptr, "bytes is null");
+    *bytes = decode_plan(device, batch, heads, kv_heads, d, max_pages, page_size).total;
+    return ATTN_LINEAGE_OK;
+  });
+}
+
+int attn_lineage_paged_decode(int device, void* stream, const void* q, const void* k_pool, const void* v_pool,
+                              const int* block_table, const int* seqlens, void* o, float* lse, void* workspace,
+                              size_t workspace_bytes, int batch, int heads, int kv_heads, int d, int max_pages,
+                              int page_size, float scale, char* err, size_t err_len) {
+  const int ready = attn_lineage_device_ready(device, err, err_len);
+  if (ready != ATTN_LINEAGE_OK) return ready;
+  return guarded(err, err_len, [&] {
+    namespace gpu = attn::ch07::gpu;
+    const DecodePlan pl = decode_plan(device, batch, heads, kv_heads, d, max_pages, page_size);
+    require(std::isfinite(scale) && scale >= 0, "scale must be finite and >= 0 (0: 1/sqrt(d))");
+    const char* names[] = {"q", "k_pool", "v_pool", "o", "workspace"};
+    const void* ptrs[] = {q, k_pool, v_pool, o, workspace};
+    for (int i = 0; i < 5; ++i) require_aligned(ptrs[i], names[i]);
+    require(block_table != nullptr && seqlens != nullptr && lse != nullptr, "block_table, seqlens and lse must not be null");
+    require(workspace_bytes >= pl.total, "workspace: " + std::to_string(workspace_bytes) + " bytes, " +
+                                             std::to_string(pl.total) + " needed");
+    require(reinterpret_cast<uintptr_t>(workspace) % 256 == 0, "workspace must be 256-byte aligned");
+    char* ws = static_cast<char*>(workspace);
+    gpu::DecodeParams p{};
+    p.q = static_cast<const gpu::bf16*>(q);
+    p.o = static_cast<gpu::bf16*>(o);
+    p.lse = lse;
+    p.lens = seqlens;
+    p.heads = heads;
+    p.group = heads / kv_heads;
+    p.chunks = pl.chunks;
+    p.scale = scale > 0 ? scale : float(1.0 / std::sqrt(double(d)));
+    p.splits = pl.splits;
+    p.split_keys = pl.split_keys;
+    p.part_m = reinterpret_cast<float*>(ws + pl.part_m);
+    p.part_l = reinterpret_cast<float*>(ws + pl.part_l);
+    p.part_o = reinterpret_cast<float*>(ws + pl.part_o);
+    p.arrivals = reinterpret_cast<int*>(ws + pl.arrivals);
+    int shift = 0;
+    while ((1 << shift) < page_size) ++shift;
+    const gpu::PagedKv kv{static_cast<const gpu::bf16*>(k_pool), static_cast<const gpu::bf16*>(v_pool), block_table,
+                          max_pages, kv_heads, shift};
+    StreamBridge bridge(stream);
+    // The merge's arrival counters start at zero (each launch leaves them zero again).
+    CUDA_CHECK(cudaMemsetAsync(p.arrivals, 0, size_t(batch) * kv_heads * pl.chunks * sizeof(int), cudaStreamLegacy));
+    if (d == 64)
+      gpu::final_bf16::launch<64>(p, kv, batch, kv_heads);
+    else
+      gpu::final_bf16::launch<128>(p, kv, batch, kv_heads);
     bridge.done();
     return ATTN_LINEAGE_OK;
   });

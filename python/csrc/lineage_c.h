@@ -29,7 +29,7 @@ extern "C" {
 #define ATTN_LINEAGE_BF16 0
 #define ATTN_LINEAGE_F16 1
 
-/* The ABI version: changes whenever a signature below changes. */
+/* The ABI version: changes whenever a signature below changes (2: the paged decode). */
 int attn_lineage_abi_version(void);
 
 /* 0 when `device` runs the kernels of this library (compute capability 9.0, built for
@@ -55,6 +55,21 @@ int attn_lineage_fa3_backward(int device, void* stream, int dtype, const void* q
                               const void* o, const void* dout, const float* lse, void* dq, void* dk, void* dv,
                               void* workspace, size_t workspace_bytes, int batch, int heads, int kv_heads, int nq,
                               int nk, int d, float scale, int causal, int deterministic, char* err, size_t err_len);
+
+/* Chapter 07's final bf16 paged decode (steps/final_bf16.cu): one query token per sequence.
+ * q [B][Hq][d] and o [B][Hq][d] bf16, lse [B][Hq] fp32 natural log. The pools are
+ * [pages][Hkv][page_size][d] bf16 (chapter 07's
+ * layout); block_table [B][max_pages] int32 names the page of each sequence's tokens
+ * t / page_size; seqlens [B] int32, each in [1, max_pages * page_size]. page_size: a power of two.
+ * d in {64, 128}. The block table's entries and the lengths live on the device and are not
+ * checked: a page index outside the pool reads outside it.
+ * workspace: attn_lineage_paged_decode_workspace() bytes, 256-byte aligned. */
+int attn_lineage_paged_decode_workspace(int device, int batch, int heads, int kv_heads, int d, int max_pages,
+                                        int page_size, size_t* bytes, char* err, size_t err_len);
+int attn_lineage_paged_decode(int device, void* stream, const void* q, const void* k_pool, const void* v_pool,
+                              const int* block_table, const int* seqlens, void* o, float* lse, void* workspace,
+                              size_t workspace_bytes, int batch, int heads, int kv_heads, int d, int max_pages,
+                              int page_size, float scale, char* err, size_t err_len);
 
 #ifdef __cplusplus
 }

@@ -192,3 +192,61 @@ def test_library_absent_is_a_clear_error():
             del os.environ["ATTN_LINEAGE_LIB"]
         else:
             os.environ["ATTN_LINEAGE_LIB"] = saved[1]
+
+
+# ----------------------------------------------------------------------------- paged decode
+
+def _decode_args(device="cpu", b=3, hq=8, hkv=2, d=128, pages=10, page_size=16, max_pages=4, layout="NHD"):
+    q = torch.zeros(b, 1, hq, d, dtype=BF16, device=device)
+    shape = (pages, page_size, hkv, d) if layout == "NHD" else (pages, hkv, page_size, d)
+    kc = torch.zeros(shape, dtype=BF16, device=device)
+    vc = torch.zeros(shape, dtype=BF16, device=device)
+    table = torch.zeros(b, max_pages, dtype=torch.int32, device=device)
+    lens = torch.ones(b, dtype=torch.int32, device=device)
+    return q, kc, vc, lens, table
+
+
+def test_kvcache_argument_checks():
+    need_torch()
+    from attn_lineage import flash_attn_with_kvcache as f
+    q, kc, vc, lens, table = _decode_args()
+    with raises(ValueError, r"^q: .*CUDA device"):
+        f(q, kc, vc, lens, table)
+    with raises(ValueError, r"^q: 2 query tokens"):
+        f(torch.cat([q, q], 1), kc, vc, lens, table)
+    with raises(ValueError, r"^q: dtype float16"):
+        f(q.half(), kc, vc, lens, table)
+    with raises(ValueError, r"^q: head dim 256 has no paged decode kernel"):
+        q2, kc2, vc2, _, _ = _decode_args(d=256)
+        f(q2, kc2, vc2, lens, table)
+    with raises(ValueError, r"^k_cache: 3 KV heads"):
+        q2, kc2, vc2, _, _ = _decode_args(hkv=3)
+        f(q2, kc2, vc2, lens, table)
+    with raises(ValueError, r"^k_cache: page size 12 must be a power of two"):
+        q2, kc2, vc2, _, _ = _decode_args(page_size=12)
+        f(q2, kc2, vc2, lens, table)
+    with raises(ValueError, r"^block_table: expected int32"):
+        f(q, kc, vc, lens, table.long())
+    with raises(ValueError, r"^cache_seqlens: 65 outside"):
+        f(q, kc, vc, 65, table)
+    with raises(ValueError, r"^cache_seqlens: expected"):
+        f(q, kc, vc, lens.long(), table)
+    with raises(ValueError, r"^kv_layout"):
+        f(q, kc, vc, lens, table, kv_layout="HDN")
+    qm, kcm, vcm, lm, tm = _decode_args("meta")
+    with raises(ValueError, r"^block_table: the kernels run on a CUDA device, got a cpu"):
+        f(qm, kcm, vcm, lm, table)
+    with raises(ValueError, r"no backward"):
+        f(qm.requires_grad_(), kcm, vcm, lm, tm)
+
+
+def test_kvcache_fake_shapes_and_compile():
+    need_torch()
+    from attn_lineage import flash_attn_with_kvcache as f
+    for layout in ("NHD", "HND"):
+        q, kc, vc, lens, table = _decode_args("meta", layout=layout)
+        o, lse = f(q, kc, vc, lens, table, return_softmax_lse=True, kv_layout=layout)
+        assert o.shape == q.shape and o.dtype == BF16 and lse.shape == (3, 8, 1) and lse.dtype == torch.float32
+    explanation = torch._dynamo.explain(lambda *a: f(*a, kv_layout="HND") * 2)(q, kc, vc, lens, table)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert "attn_lineage.paged_decode" in explanation.graphs[0].code

@@ -137,3 +137,64 @@ def test_gpu_argument_errors():
         flash_attn_func(q, k[:, :, :1].expand(-1, -1, 3, -1), v[:, :, :1].expand(-1, -1, 3, -1))
     with raises(ValueError, r"^q: head dim 32"):
         flash_attn_func(q[..., :32], k[..., :32], v[..., :32])
+
+
+# ----------------------------------------------------------------------------- paged decode
+
+def _paged_case(b, hq, hkv, d, page_size, lens, seed, layout):
+    """A shuffled page pool holding each sequence's keys, and the same keys contiguous."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    max_pages = max(-(-n // page_size) for n in lens) + 1
+    pages = b * max_pages + 3
+    perm = torch.randperm(pages, generator=g, device="cuda").to(torch.int32)
+    table = perm[: b * max_pages].reshape(b, max_pages).contiguous()
+    pool_k = torch.randn(pages, hkv, page_size, d, generator=g, device="cuda").to(torch.bfloat16)
+    pool_v = torch.randn(pages, hkv, page_size, d, generator=g, device="cuda").to(torch.bfloat16)
+    q = torch.randn(b, 1, hq, d, generator=g, device="cuda").to(torch.bfloat16)
+    ks, vs = [], []
+    for s, n in enumerate(lens):
+        rows = table[s].long()
+        ks.append(pool_k[rows].transpose(0, 1).reshape(hkv, -1, d)[:, :n])  # [Hkv, n, d]
+        vs.append(pool_v[rows].transpose(0, 1).reshape(hkv, -1, d)[:, :n])
+    if layout == "NHD":
+        pool_k, pool_v = (t.transpose(1, 2).contiguous() for t in (pool_k, pool_v))
+    lens_t = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    return q, pool_k, pool_v, lens_t, table, ks, vs
+
+
+def _decode_case(b, hq, hkv, d, page_size, lens, seed, layout="HND"):
+    from attn_lineage import flash_attn_with_kvcache
+    q, pk, pv, lens_t, table, ks, vs = _paged_case(b, hq, hkv, d, page_size, lens, seed, layout)
+    o, lse = flash_attn_with_kvcache(q, pk, pv, lens_t, table, return_softmax_lse=True, kv_layout=layout)
+    torch.cuda.synchronize()
+    assert o.shape == q.shape and lse.shape == (b, hq, 1)
+    tau = 1.0 / math.sqrt(d)
+    for s in range(b):  # each sequence its own problem: Nq = 1, Nk = its length
+        qs = q[s].transpose(0, 1).unsqueeze(0)  # [1, Hq, 1, d]
+        k, v = ks[s].unsqueeze(0), vs[s].unsqueeze(0)
+        o_ref, lse_ref = R.forward_reference(qs, k, v, False, tau)
+        n_o, n_lse, *_ = R.naive_same_precision(qs, k, v, None, False, tau)
+        tag = f"decode b{s} len {lens[s]} page {page_size} {layout}"
+        _check(f"{tag} O", o[s].transpose(0, 1).unsqueeze(0), o_ref, n_o, torch.bfloat16, "row")
+        _check(f"{tag} LSE", lse[s].reshape(1, hq, 1), lse_ref, n_lse, torch.bfloat16, "log")
+
+
+def test_paged_decode_page_size_1_and_256():
+    need_gpu()
+    _decode_case(3, 8, 2, 128, 1, [1, 77, 300], seed=21)
+    _decode_case(2, 4, 4, 64, 256, [1000, 3], seed=22)
+
+
+def test_paged_decode_long_ragged_gqa_fa_layout():
+    need_gpu()
+    _decode_case(4, 32, 4, 128, 16, [5000, 17, 2049, 64], seed=23, layout="NHD")
+    _decode_case(2, 16, 1, 64, 64, [33000, 129], seed=24)
+
+
+def test_paged_decode_compiles():
+    need_gpu()
+    from attn_lineage import flash_attn_with_kvcache
+    q, pk, pv, lens_t, table, _, _ = _paged_case(2, 8, 2, 128, 16, [100, 200], 25, "HND")
+    f = lambda *a: flash_attn_with_kvcache(*a, kv_layout="HND")  # noqa: E731
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(f, fullgraph=True)(q, pk, pv, lens_t, table), f(q, pk, pv, lens_t, table))
