@@ -235,6 +235,24 @@ def flash_attn_func(q, k, v, causal=False, window_size=(-1, -1), softcap=0.0, le
     return (o, lse) if return_lse else o
 
 
+def attention_bhnd(q, k, v, causal=False, softmax_scale=None):
+    """flash_attn_func on the kernels' own layout: q [B, Hq, Nq, d], k and v [B, Hkv, Nk, d]
+    (what Hugging Face's attention functions receive). Returns O as [B, Nq, Hq, d] (a view of
+    the kernel's output), with no copy of contiguous inputs. Checks as flash_attn_func."""
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal: expected a bool, got {causal!r}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"{name}: expected a 4-d tensor [batch, heads, seqlen, head_dim]")
+    need_backward = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    check_qkv(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), need_backward=need_backward)
+    scale = check_scale(softmax_scale, q.shape[-1])
+    if not torch.compiler.is_compiling():
+        check_device(q)
+    o, _ = _FlashAttn.apply(q.contiguous(), k.contiguous(), v.contiguous(), causal, scale)
+    return o.transpose(1, 2)
+
+
 # ----------------------------------------------------------------------------- paged decode
 
 DECODE_HEAD_DIMS = (64, 128)  # chapter 07's final bf16 decode (steps/final_bf16.cu)

@@ -250,3 +250,22 @@ def test_kvcache_fake_shapes_and_compile():
     explanation = torch._dynamo.explain(lambda *a: f(*a, kv_layout="HND") * 2)(q, kc, vc, lens, table)
     assert explanation.graph_break_count == 0, explanation.break_reasons
     assert "attn_lineage.paged_decode" in explanation.graphs[0].code
+
+
+def test_hf_module_imports_without_transformers():
+    need_torch()
+    import importlib.util
+    import attn_lineage.hf as hf  # needs no transformers until register()
+    if importlib.util.find_spec("transformers") is None:
+        with raises(ImportError, r"transformers"):
+            hf.register()
+    q = torch.zeros(1, 4, 8, 64, device="meta", dtype=BF16)
+    with raises(ValueError, r"^attention_mask"):
+        hf.lineage_attention_forward(None, q, q[:, :2], q[:, :2], torch.ones(1, 1, 8, 8, device="meta"))
+    with raises(ValueError, r"^local_size"):
+        hf.lineage_mask(attention_mask=None, local_size=128)
+    with raises(ValueError, r"^attention_mask: padded"):
+        hf.lineage_mask(attention_mask=torch.tensor([[True, False]]))
+    assert hf.lineage_mask(attention_mask=torch.ones(2, 3, dtype=torch.bool)) is None
+    out, weights = hf.lineage_attention_forward(None, q, q[:, :2], q[:, :2], None, scaling=0.1)
+    assert out.shape == (1, 8, 4, 64) and weights is None
