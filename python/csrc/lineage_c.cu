@@ -18,6 +18,8 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <map>
+#include <mutex>
 #include <string>
 
 #include "chapters/05_fa3_hopper/backward_launch.cuh"
@@ -139,6 +141,23 @@ class StreamBridge {
   cudaStream_t st_;
   cudaEvent_t before_ = nullptr, after_ = nullptr;
 };
+
+/// d = 64's tile counters (steps/final.cu, Schedule::kDynamic): one zeroed pair per GPU, kept
+/// for the life of the process. Every launch leaves them zero, and every launch of this library
+/// goes to the legacy default stream, so no two kernels use them at once.
+int* tile_counter(int device) {
+  static std::mutex mutex;
+  static std::map<int, int*> counters;
+  std::lock_guard<std::mutex> lock(mutex);
+  int*& c = counters[device];
+  if (c == nullptr) {
+    int* p = nullptr;
+    CUDA_CHECK(cudaMalloc(&p, 2 * sizeof(int)));
+    CUDA_CHECK(cudaMemset(p, 0, 2 * sizeof(int)));
+    c = p;
+  }
+  return c;
+}
 
 /// The final backward's walk and accumulator layout (backward_gpu.cu's run(): b12's at d = 64,
 /// b13's at d = 128).
@@ -262,11 +281,9 @@ int attn_lineage_fa3_forward(int device, void* stream, int dtype, const void* q,
     a.params.causal = p.causal;
     a.params.n_qtiles = ceil_div(p.nq, kBr);
     CUDA_CHECK(cudaDeviceGetAttribute(&a.sms, cudaDevAttrMultiProcessorCount, device));
+    a.params.tile_counter = tile_counter(device);
     StreamBridge bridge(stream);
-    {
-      const PreparedStep step = final_fwd::prepare(a);
-      step.launch();
-    }  // d = 64's tile counter is freed here: cudaFree waits for the kernel
+    final_fwd::prepare(a).launch();
     bridge.done();
     return ATTN_LINEAGE_OK;
   });

@@ -515,12 +515,16 @@ PreparedStep prepare(const StepArgs& a) {
   const dim3 grid = C::kSchedule == Schedule::kGrid ? dim3(params.n_qtiles, unsigned(bhq))
                                                     : dim3(unsigned(tiles < a.sms ? tiles : a.sms));
   // kDynamic: the tile counter and the count of blocks that found the list empty; zero before
-  // the first launch, and every launch leaves them zero (see the producer).
+  // the first launch, and every launch leaves them zero (see the producer). A caller may hand
+  // its own pair in a.params (python/csrc/lineage_c.cu keeps one per GPU), else the prepared
+  // step owns one.
   std::shared_ptr<DeviceBuffer<int>> counter;
   if constexpr (C::kSchedule == Schedule::kDynamic) {
-    counter = std::make_shared<DeviceBuffer<int>>(2);
-    counter->zero();
-    params.tile_counter = counter->get();
+    if (params.tile_counter == nullptr) {
+      counter = std::make_shared<DeviceBuffer<int>>(2);
+      counter->zero();
+      params.tile_counter = counter->get();
+    }
   }
   PreparedStep s;
   s.grid = int(grid.x * grid.y);
