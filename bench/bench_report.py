@@ -679,7 +679,7 @@ def markdown(res, lab=None):
     t = model_table(rows)
     if t:
         out.append(section("ch06-models", "Chapter 06: the masks in the shapes of real models (TFLOP/s)", t,
-                           "`ch06_variants mask --model NAME`, B = 16K tokens / N, bf16; TFLOP/s over kept pairs "
+                           "`ch06_variants mask --model NAME`, B = 16K tokens / N (packed-docs: one packed batch of N), bf16; TFLOP/s over kept pairs "
                            "(4·B·Hq·kept·d forward, 2.5x backward). FA4 and FlexAttention run forward only, each "
                            "checked against fp32 on sampled rows before it is timed; ours / peer above 1.00x: ours "
                            "faster. not built: no kernel of ours for the head dim; not supported: the peer lacks "

@@ -26,7 +26,7 @@ Measures, on one GPU in one run:
     --model-n with B = --model-tokens / N (16K tokens): gpt-oss d = 64, Hq/Hkv 64/8, a learned
     sink per head + causal window 128; gemma2 d = 256, 16/8, softcap 50 + causal window 4096;
     mistral d = 128, 32/8, causal window 4096; packed-docs d = 128, 32/8, seeded documents
-    summing to N, causal within each (the lengths our run reports). Ours: the forwards and the
+    summing to N, causal within each (the lengths our run reports; B = 1, one packed batch). Ours: the forwards and the
     backward (a kernel not built for the head dim is a cell that says so); FlexAttention
     (mask_mod, score_mod for the softcap, the sink from its LSE as for learned-sink,
     enable_gqa=True) and FA4 through its own arguments (causal, window_size=(L, 0), softcap,
@@ -751,7 +751,8 @@ def main():
     for mname in (a.models.split(",") if a.models else []):
         case = MODELS[mname]
         for nn in a.model_n:
-            bb = a.model_batch or max(1, a.model_tokens // nn)
+            # packed documents are one batch by construction (the binary refuses --batch > 1)
+            bb = 1 if case.get("docs") else (a.model_batch or max(1, a.model_tokens // nn))
             pr = {"model": mname, "batch": bb, "hkv": case["hkv"], "left": case.get("left"),
                   "softcap": case.get("softcap"), "sink": bool(case.get("sink"))}
             model_cases.append((mname, nn, bb, pr))

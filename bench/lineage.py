@@ -963,7 +963,7 @@ class Bench:
 
     # The named model cases of chapter 06 (`ch06_variants mask --model NAME`), run by
     # bench/ch06_masks.py --models with FlexAttention and FA4 beside them (their own processes,
-    # each peer checked in fp32 before it is timed). B = 16K tokens / N.
+    # each peer checked in fp32 before it is timed). B = 16K tokens / N (packed-docs: B = 1).
     MODEL_CASES = list(CH06_MODEL_CASES)
     MODEL_N = [8192, 16384]
     # an estimate: 8 launches of ours (forwards and the backward, each with its sampled fp64 check)
