@@ -43,7 +43,7 @@ END = re.compile(r'^[ \t]*// END EXERCISE')
 STUB = re.compile(r'^([ \t]*)//\| ?(.*)$')
 SOURCE_EXT = ('.cpp', '.hpp', '.cu', '.cuh', '.h', '.cc')
 # What a learner's copy holds: everything the build and the tests need, and the texts.
-TREE = ['CMakeLists.txt', 'cmake', 'common', 'chapters', 'tests', 'docs', 'scripts',
+TREE = ['CMakeLists.txt', 'cmake', 'common', 'chapters', 'tests', 'docs', 'scripts', 'python',
         'README.md', 'DEVELOPERS.md']
 STATE = '.workbook'          # inside the workbook: the build folder and the last results
 
