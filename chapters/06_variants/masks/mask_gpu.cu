@@ -27,7 +27,11 @@ std::string mask_gpu_unsupported(const Problem& p, GpuPath path, const DeviceInf
     return "not built for d = " + std::to_string(p.d) + " (the final sm90a forward: d = 64, 128 and 256)";
   if (!final_fwd && (p.d != 128 || p.dv != 128))
     return "not built for d = " + std::to_string(p.d) + " (this kernel: d = 128; the final sm90a forward: 64, 128, 256)";
-  if (p.dtype != DType::bf16) return std::string("not built for ") + dtype_name(p.dtype) + " (bf16 only)";
+  // The final sm90a forward has bf16 and fp16 (steps/final.cu, final_fp16.cu); every other kernel bf16.
+  if (final_fwd && p.dtype != DType::bf16 && p.dtype != DType::f16)
+    return std::string("not built for ") + dtype_name(p.dtype) + " (the final sm90a forward: bf16 and fp16)";
+  if (!final_fwd && p.dtype != DType::bf16)
+    return std::string("not built for ") + dtype_name(p.dtype) + " (this kernel: bf16; the final sm90a forward: bf16, fp16)";
   if (dev.cc_major < 8) return "needs sm_80 or newer";
   if (path == GpuPath::sm90a) {
     if (!hopper_mask::available()) return "sm90a kernels not built";

@@ -11,9 +11,11 @@
 ///     steps/v4_row_spans.cu       sm_90a step 4: partial tiles masked from each row's span
 ///     steps/lab/v5_epilogue_in_place.cu  sm_90a lab step 5 (TUTORIAL_LAB builds): v4 without v2's deferred epilogue
 ///     steps/final.cu              the final masked forward (sm_90a): v4 with one configuration table (the default)
+///     final_fp16.cu               its fp16 kernels: steps/final.cu included with CH06_FINAL_FP16 set
 ///     backward_mask.cu        the final masked backward: chapter 04's backward + the policy (score' included)
 ///
-/// Every kernel is instantiated for d = 128 and bf16 only, once per policy.
+/// Every kernel is instantiated for d = 128 and bf16, once per policy; the final sm90a forward
+/// for d = 64, 128 and 256, in bf16 and fp16.
 
 #include <string>
 #include <vector>
@@ -56,8 +58,8 @@ const char* hopper_step_file(int step);  ///< "steps/v2_tile_overlap.cu", ...
 inline bool hopper_step_built(int step) { return step >= 0 && step < kHopperSteps && (step != kHopperLab || TUTORIAL_LAB); }
 
 /// Empty when `path` runs this problem on `dev`; otherwise why not (d, dtype, GPU). For sm90a,
-/// `hopper_step` names the kernel: the final one (steps/final.cu) has d = 64, 128 and 256,
-/// the steps before it d = 128 only.
+/// `hopper_step` names the kernel: the final one (steps/final.cu) has d = 64, 128 and 256 in
+/// bf16 and fp16, the steps before it d = 128 and bf16 only.
 std::string mask_gpu_unsupported(const Problem& p, GpuPath path, const DeviceInfo& dev,
                                  int hopper_step = kHopperFinal);
 

@@ -127,14 +127,17 @@ std::function<void()> prepare(const FwdParams& p, const MaskSpec& s, const Probl
 constexpr int Br = hopper_mask::Br, Bc = hopper_mask::Bc;
 }  // namespace hopper_v5
 /// The final masked forward (steps/final.cu): v4 with its configuration in one table,
-/// d = 64, 128 and 256.
+/// d = 64, 128 and 256, bf16 and fp16.
 namespace hopper_final {
 bool available();
 bool launch(const FwdParams& p, const MaskSpec& s, const Problem& prob, const PolicyData& d, cudaStream_t st);
 std::function<void()> prepare(const FwdParams& p, const MaskSpec& s, const Problem& prob, const PolicyData& d,
                               cudaStream_t st);
+/// prepare()'s fp16 kernels, compiled in a translation unit of their own (masks/final_fp16.cu).
+std::function<void()> prepare_fp16(const FwdParams& p, const MaskSpec& s, const Problem& prob, const PolicyData& d,
+                                   cudaStream_t st);
 constexpr int Br = hopper_mask::Br, Bc = hopper_mask::Bc;
-/// Keys per K/V tile at head dim d, the block map's Bc: 128, and 80 at d = 256, where two
+/// Keys per K/V tile at head dim d, the block map's Bc: 128, and 64 at d = 256, where two
 /// stages of 128 keys do not fit beside Q (its configuration table).
 constexpr int tile_keys(int d) { return d == 256 ? 64 : Bc; }
 }  // namespace hopper_final

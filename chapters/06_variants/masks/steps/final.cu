@@ -8,8 +8,8 @@
 // consumer warpgroups taking turns (chapter 05's v8), the next tile's Q in a second buffer
 // (v1), documents tiled from their own starts (v3), and the two ideas the table switches.
 //
-//   configuration (bf16; every mask and score modifier; 1 producer and 2 consumer warpgroups,
-//   24 and 240 registers a thread)
+//   configuration (bf16 and fp16; every mask and score modifier; 1 producer and 2 consumer
+//   warpgroups, 24 and 240 registers a thread)
 //   | d   | query rows a tile | keys a block | K/V stages | Q buffers | epilogue             |
 //   |-----|-------------------|--------------|------------|-----------|----------------------|
 //   | 64  | 128 (2 x 64)      | 128          | 4          | 2 (v1)    | per mask (below)     |
@@ -45,6 +45,10 @@
 // policies identical to v3's, v4's or v5's (nvcc -cubin -O3, sm_90a).
 //
 // Chapter 05's shared header is included by path: chapters/05_fa3_hopper/fa3_common.cuh.
+//
+// Its fp16 instantiations are compiled apart, in masks/final_fp16.cu, which includes this file
+// with CH06_FINAL_FP16 set: each translation unit instantiates one element type's 30 kernels
+// (ten policies, three head dims), and the two compile side by side.
 #include <functional>
 #include <string>
 
@@ -59,6 +63,10 @@
 #include "chapters/05_fa3_hopper/fa3_common.cuh"  // chapter 05's plan, barriers, conversions
 #include "masks/mask_kernels.cuh"
 #include "masks/mask_policy.hpp"
+
+#ifndef CH06_FINAL_FP16
+#define CH06_FINAL_FP16 0  // 1: this file as masks/final_fp16.cu includes it (the fp16 kernels)
+#endif
 
 namespace attn::ch06::hopper_final {
 namespace {
@@ -575,22 +583,33 @@ std::function<void()> prepare_policy(const FwdParams& p, const Policy& pol, cuda
   };
 }
 
+/// Every policy at the three head dims, in element type T (visit_policy: one instantiation
+/// per policy, mask_policy.hpp).
+template <class T>
+std::function<void()> prepare_element(const FwdParams& p, const MaskSpec& spec, const Problem& prob,
+                                      const PolicyData& d, cudaStream_t st) {
+  return visit_policy(spec, prob, d, [&](const auto& pol) {
+    return p.d == 64    ? prepare_policy<T, 64>(p, pol, st)
+           : p.d == 128 ? prepare_policy<T, 128>(p, pol, st)
+                        : prepare_policy<T, 256>(p, pol, st);
+  });
+}
+
 }  // namespace
 
+#if !CH06_FINAL_FP16
 bool available() { return true; }
 
 std::function<void()> prepare(const FwdParams& p, const MaskSpec& spec, const Problem& prob, const PolicyData& d,
                               cudaStream_t st) {
-  if (prob.dtype != DType::bf16 || (p.d != 64 && p.d != 128 && p.d != 256) || prob.dv != p.d) return {};
+  if ((p.d != 64 && p.d != 128 && p.d != 256) || prob.dv != p.d) return {};
   static_assert(Config<64>::Bc == tile_keys(64) && Config<128>::Bc == tile_keys(128) &&
                     Config<256>::Bc == tile_keys(256) && Config<64>::Br == Br && Config<128>::Br == Br &&
                     Config<256>::Br == Br && kBr == Br,
                 "the block map is built for these tiles (mask_kernels.cuh: tile_keys)");
-  return visit_policy(spec, prob, d, [&](const auto& pol) {
-    return p.d == 64    ? prepare_policy<__nv_bfloat16, 64>(p, pol, st)
-           : p.d == 128 ? prepare_policy<__nv_bfloat16, 128>(p, pol, st)
-                        : prepare_policy<__nv_bfloat16, 256>(p, pol, st);
-  });
+  if (prob.dtype == DType::f16) return prepare_fp16(p, spec, prob, d, st);  // masks/final_fp16.cu
+  if (prob.dtype != DType::bf16) return {};
+  return prepare_element<__nv_bfloat16>(p, spec, prob, d, st);
 }
 
 bool launch(const FwdParams& p, const MaskSpec& spec, const Problem& prob, const PolicyData& d, cudaStream_t st) {
@@ -598,5 +617,12 @@ bool launch(const FwdParams& p, const MaskSpec& spec, const Problem& prob, const
   if (run) run();
   return bool(run);
 }
+#else
+// The fp16 instantiations (masks/final_fp16.cu includes this file with CH06_FINAL_FP16 set).
+std::function<void()> prepare_fp16(const FwdParams& p, const MaskSpec& spec, const Problem& prob, const PolicyData& d,
+                                   cudaStream_t st) {
+  return prepare_element<__half>(p, spec, prob, d, st);
+}
+#endif
 
 }  // namespace attn::ch06::hopper_final
