@@ -118,20 +118,21 @@ void check_backward(const MaskSpec& s, const Problem& user, Dist dist = Dist::no
 }
 
 /// Every variant at the awkward shapes: batches and GQA, N not a multiple of any tile,
-/// N below one tile, Nq != Nk (causal family), mean-shifted and outlier inputs.
+/// N below one tile, Nq != Nk (causal family), mean-shifted and outlier inputs; in element type t.
 template <class Check>
-void every_variant(Check&& check, int d = 128) {
+void every_variant(Check&& check, int d = 128, DType t = DType::bf16) {
   for (MaskKind k : all_mask_kinds()) {
     const bool doc = k == MaskKind::document;
-    const Problem many = shape().batch(doc ? 1 : 2).heads(4, 2).n(200).d(d);
+    const Problem many = shape().batch(doc ? 1 : 2).heads(4, 2).n(200).d(d).dtype(t);
     check(spec_of(k, many), many, Dist::normal);
-    const Problem tiny = shape().heads(2).n(50).d(d);
+    const Problem tiny = shape().heads(2).n(50).d(d).dtype(t);
     check(spec_of(k, tiny), tiny, Dist::normal);
-    const Problem shifted = shape().heads(2).n(190).d(d);
+    const Problem shifted = shape().heads(2).n(190).d(d).dtype(t);
     check(spec_of(k, shifted, true), shifted, Dist::mean_shifted);
     check(spec_of(k, shifted, true), shifted, Dist::outliers);
     if (doc) continue;
-    for (const Problem p : {Problem(shape().heads(4, 1).n(100, 300).d(d)), Problem(shape().heads(2).n(300, 100).d(d))})
+    for (const Problem p : {Problem(shape().heads(4, 1).n(100, 300).d(d).dtype(t)),
+                            Problem(shape().heads(2).n(300, 100).d(d).dtype(t))})
       check(spec_of(k, p, true), p, Dist::normal);
   }
   // The compositions: a sliding window on the learned sink (gpt-oss) and on softcap (Gemma 2),
@@ -143,10 +144,35 @@ void every_variant(Check&& check, int d = 128) {
   for (MaskKind k : {MaskKind::learned_sink, MaskKind::softcap})
     for (const int w : {0, 70, 1000}) {
       if (k == MaskKind::softcap && w == 0) continue;
-      for (const Problem p : {Problem(shape().batch(2).heads(4, 2).n(200).d(d)), Problem(shape().heads(2).n(50).d(d)),
-                              Problem(shape().heads(4, 1).n(100, 300).d(d)), Problem(shape().heads(2).n(300, 100).d(d))})
+      for (const Problem p : {Problem(shape().batch(2).heads(4, 2).n(200).d(d).dtype(t)),
+                              Problem(shape().heads(2).n(50).d(d).dtype(t)),
+                              Problem(shape().heads(4, 1).n(100, 300).d(d).dtype(t)),
+                              Problem(shape().heads(2).n(300, 100).d(d).dtype(t))})
         check(composed_spec(k, p, w, 2.0), p, w == 70 ? Dist::mean_shifted : Dist::normal);
     }
+}
+
+/// The final sm90a forward on rows that see no key (Nq > Nk, causal, two batches, GQA), at
+/// head dim d in element type t: O = 0 and LSE = -inf exactly, with one block per SM and two.
+void check_final_empty_rows(int d, DType t) {
+  CAPTURE(d);
+  CAPTURE(dtype_name(t));
+  const Problem e = masked_problem(shape().batch(2).heads(4, 2).n(300, 130).d(d).dtype(t));
+  const MaskSpec c = spec_of(MaskKind::causal, e);
+  const Inputs x = inputs(c, e, Dist::normal);
+  for (const int ctas : {0, 2}) {
+    CAPTURE(ctas);
+    const GpuMaskForward f = mask_forward_gpu(x.p, c, x.L, x.lin, GpuPath::sm90a, false, {kHopperFinal, ctas, false});
+    int bad = 0;
+    for (int b = 0; b < e.batch; ++b)
+      for (int h = 0; h < e.heads; ++h)
+        for (int i = 0; i < e.nq - e.nk; ++i) {
+          const float l = f.lse[e.lse_off(b, h) + i];
+          bad += !(std::isinf(l) && l < 0);
+          for (int k = 0; k < e.dv; ++k) bad += f.o[e.o_off(b, h) + std::size_t(i) * e.dv + k] != 0.f;
+        }
+    CHECK(bad == 0);
+  }
 }
 
 }  // namespace
@@ -280,23 +306,7 @@ TEST_CASE("final sm90a forward (steps/final.cu): the default kernel passes every
   every_variant([](const MaskSpec& s, const Problem& p, Dist d) {
     check_forward(GpuPath::sm90a, s, p, d, {GpuForwardOptions{}, GpuForwardOptions{kHopperFinal, 2, false}});
   });
-  // Rows that see no key (Nq > Nk, causal, two batches, GQA): O = 0 and LSE = -inf exactly.
-  const Problem e = masked_problem(shape().batch(2).heads(4, 2).n(300, 130).d(128));
-  const MaskSpec c = spec_of(MaskKind::causal, e);
-  const Inputs x = inputs(c, e, Dist::normal);
-  for (const int ctas : {0, 2}) {
-    CAPTURE(ctas);
-    const GpuMaskForward f = mask_forward_gpu(x.p, c, x.L, x.lin, GpuPath::sm90a, false, {kHopperFinal, ctas, false});
-    int bad = 0;
-    for (int b = 0; b < e.batch; ++b)
-      for (int h = 0; h < e.heads; ++h)
-        for (int i = 0; i < e.nq - e.nk; ++i) {
-          const float l = f.lse[e.lse_off(b, h) + i];
-          bad += !(std::isinf(l) && l < 0);
-          for (int k = 0; k < e.dv; ++k) bad += f.o[e.o_off(b, h) + std::size_t(i) * e.dv + k] != 0.f;
-        }
-    CHECK(bad == 0);
-  }
+  check_final_empty_rows(128, DType::bf16);
 }
 
 TEST_CASE("final sm90a forward at d = 64 and 256: every variant at the awkward shapes, and many tiles a block") {
@@ -334,5 +344,54 @@ TEST_CASE("final sm90a forward at d = 64 and 256: every variant at the awkward s
       const Problem tall = shape().heads(4, 2).n(500, 200).d(hd);
       check_forward(GpuPath::sm90a, spec_of(k, tall, true), tall, Dist::normal, {GpuForwardOptions{kHopperFinal, 2, false}});
     }
+  }
+}
+
+TEST_CASE("final sm90a forward in fp16: every variant at the awkward shapes at d = 64, 128 and 256, and many tiles a block") {
+  require_path(GpuPath::sm90a);
+  std::string why;
+  const auto dev = query_device(&why);
+  REQUIRE(dev);
+  // fp16 is the final kernel's alone (steps/final.cu's kernel, instantiated in final_fp16.cu):
+  // the steps before it, the sm80 forward and the backward are bf16 only and say so rather than run.
+  for (const int hd : {64, 128, 256})
+    CHECK(mask_gpu_unsupported(shape().n(64).d(hd).dtype(DType::f16), GpuPath::sm90a, *dev, kHopperFinal).empty());
+  CHECK_FALSE(mask_gpu_unsupported(shape().n(64).d(128).dtype(DType::f16), GpuPath::sm90a, *dev, 4).empty());
+  CHECK_FALSE(mask_gpu_unsupported(shape().n(64).d(128).dtype(DType::f16), GpuPath::sm90a, *dev, 0).empty());
+  CHECK_FALSE(mask_gpu_unsupported(shape().n(64).d(128).dtype(DType::f16), GpuPath::sm80, *dev).empty());
+  CHECK_FALSE(mask_gpu_unsupported(shape().n(64).d(128).dtype(DType::f16), GpuPath::backward, *dev).empty());
+  CHECK_FALSE(mask_gpu_unsupported(shape().n(64).d(128).dtype(DType::f32), GpuPath::sm90a, *dev, kHopperFinal).empty());
+  for (const int hd : {64, 128, 256}) {
+    CAPTURE(hd);
+    every_variant(
+        [](const MaskSpec& s, const Problem& p, Dist d) {
+          REQUIRE(p.dtype == DType::f16);
+          check_forward(GpuPath::sm90a, s, p, d, {GpuForwardOptions{}, GpuForwardOptions{kHopperFinal, 2, false}});
+        },
+        hd, DType::f16);
+    // Three blocks walking many tiles each (the ring's and the Q buffers' phases across tiles,
+    // empty tiles between tiles with work), and rows that see no key.
+    for (MaskKind k : all_mask_kinds()) {
+      const bool doc = k == MaskKind::document;
+      const Problem many = shape().batch(doc ? 1 : 2).heads(4, 2).n(doc ? 1000 : 400).d(hd).dtype(DType::f16);
+      check_forward(GpuPath::sm90a, spec_of(k, many, true), many, Dist::normal, {GpuForwardOptions{kHopperFinal, 3, false}});
+      if (doc) continue;
+      const Problem tall = shape().heads(4, 2).n(500, 200).d(hd).dtype(DType::f16);
+      check_forward(GpuPath::sm90a, spec_of(k, tall, true), tall, Dist::normal, {GpuForwardOptions{kHopperFinal, 2, false}});
+    }
+    check_final_empty_rows(hd, DType::f16);
+    // Window 0 (one key a row) and 1000 documents in 1200 tokens (most of length 1), with one
+    // block walking every tile.
+    const Problem p = shape().heads(2).n(200, 230).d(hd).dtype(DType::f16);
+    MaskSpec w0 = spec_of(MaskKind::window, p);
+    w0.left = w0.right = 0;
+    const Problem packed = shape().heads(2, 1).n(1200).d(hd).dtype(DType::f16);
+    MaskSpec docs;
+    docs.kind = MaskKind::document;
+    docs.causal = true;
+    docs.doc_lens = random_doc_lens(1200, 1000, 5);
+    finalize_spec(docs, packed);
+    for (const auto& [s, prob] : {std::pair{w0, p}, std::pair{docs, packed}})
+      check_forward(GpuPath::sm90a, s, prob, Dist::normal, {GpuForwardOptions{}, GpuForwardOptions{kHopperFinal, 1, false}});
   }
 }
