@@ -961,6 +961,69 @@ class Ch03Linear(unittest.TestCase):
             ch03_linear.parse("csv,error,too,few")
 
 
+class Ch07Int4(unittest.TestCase):
+    """Chapter 07's INT4 accuracy table is the recorded run's (bench/ch07_int4.py)."""
+
+    def test_readme_table_is_the_recorded_run(self):
+        import ch07_int4
+        self.assertEqual(ch07_int4.check(), 0, "bench/ch07_int4.py --from-record")
+
+    def test_check_fails_when_the_table_is_edited_by_hand(self):
+        import ch07_int4
+        with open(ch07_int4.README) as f:
+            text = f.read()
+        block = ch07_int4.MARK.search(text).group(2)
+        row = next(l for l in block.splitlines() if l.startswith("| normal |"))
+        cells = row.split(" | ")
+        cells[1] = "9.99e-02" if cells[1] != "9.99e-02" else "1.00e-01"  # one number typed over
+        edits = {"a number": text.replace(row, " | ".join(cells)),
+                 "a row removed": text.replace(row + "\n", ""),
+                 "the provenance line": text.replace("never typed by hand", "typed by hand")}
+        with tempfile.TemporaryDirectory() as d:
+            for what, edited in edits.items():
+                self.assertNotEqual(edited, text, what)
+                path = os.path.join(d, "README.md")
+                with open(path, "w") as f:
+                    f.write(edited)
+                self.assertEqual(ch07_int4.check(readme=path), 1, what)
+            with open(path, "w") as f:  # text outside the markers is the author's
+                f.write(text.replace("### INT4: two codes per byte", "### INT4, two codes per byte"))
+            self.assertEqual(ch07_int4.check(readme=path), 0)
+            with open(path, "w") as f:
+                f.write(ch07_int4.MARK.sub("", text))
+            with self.assertRaises(SystemExit):
+                ch07_int4.check(readme=path)
+
+    def test_recorded_run_is_from_a_clean_committed_tree(self):
+        import ch07_int4
+        run = ch07_int4.load_record()["run"]
+        self.assertIs(run["git_dirty"], False)
+        self.assertRegex(run["git_head"], r"^[0-9a-f]{40}$")
+        self.assertTrue(run["cpu"] and run["date"] and run["command"].startswith("ch07_paged_radix decode --accuracy"))
+
+    def test_table_from_a_record(self):
+        import ch07_int4
+
+        def row(inputs, errs):
+            return {"inputs": inputs, "ref_max": 1.0, "variants": [
+                {"name": n, "rel_l2": e, "max_abs": e} for n, e in errs]}
+        acc = {"chapter": "ch07_paged_radix", "subcommand": "decode-accuracy", "shape": "s", "rows": [
+            row(i, [("bf16", 1e-3), ("int8 per page", 7e-3), ("int4 per page", k * 0.125),
+                    ("int4 per 32 channels", k * 0.0625)])
+            for k, i in enumerate(ch07_int4.INPUTS, 1)]}
+        run = {"cpu": "Fixture CPU", "date": "2026-01-01T00:00:00Z", "command": "ch07_paged_radix decode --accuracy",
+               "git_head": "0123456789abcdef0123456789abcdef01234567", "git_dirty": True}
+        t = ch07_int4.table({"run": run, "accuracy": acc})
+        self.assertIn("| inputs (rel L2 of O) | int4 per page | int4 per 32 channels |", t)
+        self.assertIn("| outliers | 2.50e-01 | 1.25e-01 |", t)
+        self.assertNotIn("int8", t)
+        self.assertIn("Fixture CPU on 2026-01-01", t)
+        self.assertIn("commit 0123456 (uncommitted changes)", t)
+        acc["rows"].pop()
+        with self.assertRaises(SystemExit):
+            ch07_int4.table({"run": run, "accuracy": acc})
+
+
 class FakeTorch:
     """Just enough of torch for PeerTimer: tensors, events and a log of the device calls."""
 

@@ -1,7 +1,11 @@
 // The ch07_paged_radix binary as a learner runs it.
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <cstdlib>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "support/json_check.hpp"
 #include "support/run_binary.hpp"
@@ -115,6 +119,60 @@ TEST_CASE("decode --accuracy: bf16 is the most accurate, and the rotation helps 
   CHECK(r.out.find("int8 per page + Hadamard") != std::string::npos);
   CHECK(r.out.find("int4 per page") != std::string::npos);
   CHECK(r.out.find("int4 per token, 32 channels") != std::string::npos);
+}
+
+namespace {
+// The "inputs" and "name" strings and the "ref_max", "rel_l2" and "max_abs" numbers of an
+// accuracy table's JSON, in their order (the recorded file wraps the binary's JSON in its own).
+std::vector<std::pair<std::string, std::string>> accuracy_fields(const std::string& json) {
+  std::vector<std::pair<std::string, std::string>> f;
+  std::size_t at = 0;
+  while ((at = json.find('"', at)) != std::string::npos) {
+    const std::size_t end = json.find('"', at + 1);
+    if (end == std::string::npos) break;
+    const std::string key = json.substr(at + 1, end - at - 1);
+    at = end + 1;
+    if (json.compare(at, 2, ": ") != 0) continue;  // a value, not a key
+    std::size_t v = at + 2;
+    if (key == "inputs" || key == "name") {
+      const std::size_t close = json.find('"', v + 1);
+      f.emplace_back(key, json.substr(v + 1, close - v - 1));
+      at = close + 1;
+    } else if (key == "ref_max" || key == "rel_l2" || key == "max_abs") {
+      const std::size_t stop = json.find_first_of(",}]\n", v);
+      f.emplace_back(key, json.substr(v, stop - v));
+    }
+  }
+  return f;
+}
+}  // namespace
+
+TEST_CASE("the recorded accuracy run (bench/recorded/cpu/ch07_kv_accuracy.json) is what the binary prints now") {
+  const std::string rec = testing_support::slurp(CH07_ACCURACY_RECORD);
+  const std::string tag = "\"command\": \"ch07_paged_radix ";
+  const std::size_t at = rec.find(tag);
+  REQUIRE(at != std::string::npos);
+  const std::size_t from = at + tag.size();
+  const std::string args = rec.substr(from, rec.find('"', from) - from);
+  REQUIRE(args.find("--accuracy") != std::string::npos);
+  const auto r = run_binary(CH07_BINARY, args);
+  REQUIRE(r.exit_code == 0);
+  const auto want = accuracy_fields(rec), got = accuracy_fields(r.out);
+  REQUIRE(want.size() > 30);
+  REQUIRE(got.size() == want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    CAPTURE(i);
+    CAPTURE(want[i].first);
+    CAPTURE(want[i].second);
+    CAPTURE(got[i].second);
+    REQUIRE(got[i].first == want[i].first);
+    if (want[i].first == "inputs" || want[i].first == "name") {
+      CHECK(got[i].second == want[i].second);
+    } else {  // six significant digits; another compiler may round an fp64 sum in another order
+      const double a = std::strtod(want[i].second.c_str(), nullptr), b = std::strtod(got[i].second.c_str(), nullptr);
+      CHECK(std::abs(a - b) <= 2e-5 * std::abs(a));
+    }
+  }
 }
 
 TEST_CASE("swap: counts on any machine, every run sound, and times with given rates") {
