@@ -12,7 +12,7 @@ import os
 import threading
 from pathlib import Path
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 LIB_NAME = "libattn_lineage_c.so"
 
 OK, BAD_ARGUMENT, NO_KERNEL, CUDA_ERROR = 0, 1, 2, 3
@@ -63,6 +63,10 @@ def _declare(lib):
     lib.attn_lineage_paged_decode.argtypes = ([c_int] + [c_void_p] * 9 + [c_size_t] + [c_int] * 6 +
                                               [c_float, c_char_p, c_size_t])
     lib.attn_lineage_paged_decode.restype = c_int
+    lib.attn_lineage_masked_forward.argtypes = ([c_int, c_void_p, c_int] + [c_void_p] * 5 + [c_int] * 6 +
+                                                [c_float, c_int, c_int, c_int, c_float, c_void_p,
+                                                 ctypes.POINTER(c_int), c_int, c_char_p, c_size_t])
+    lib.attn_lineage_masked_forward.restype = c_int
 
 
 def load():
@@ -167,3 +171,19 @@ def paged_decode(device, stream, q, k_pool, v_pool, block_table, seqlens, o, lse
                                          workspace_bytes, batch, heads, kv_heads, d, max_pages, page_size,
                                          float(scale), err, _ERR_LEN)
     check(code, err, "attn_lineage paged decode")
+
+
+def masked_forward(device, stream, dtype, q, k, v, o, lse, batch, heads, kv_heads, nq, nk, d, scale, causal,
+                   window_left, window_right, softcap, sinks, cu_seqlens):
+    """Chapter 06's final masked forward. sinks: a device pointer or None; cu_seqlens: a list of
+    ints (host) or None."""
+    lib = load()
+    err = _buffer()
+    if cu_seqlens is None:
+        cu, docs = None, 0
+    else:
+        cu, docs = (ctypes.c_int * len(cu_seqlens))(*cu_seqlens), len(cu_seqlens) - 1
+    code = lib.attn_lineage_masked_forward(device, stream, dtype, q, k, v, o, lse, batch, heads, kv_heads, nq, nk, d,
+                                           float(scale), int(causal), int(window_left), int(window_right),
+                                           float(softcap), sinks, cu, docs, err, _ERR_LEN)
+    check(code, err, "attn_lineage masked forward")

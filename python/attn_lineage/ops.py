@@ -6,6 +6,9 @@ torch.compile traces them as single nodes without graph breaks:
     attn_lineage::fwd(q, k, v, causal, softmax_scale) -> (o, lse)
     attn_lineage::bwd(dout, q, k, v, o, lse, causal, softmax_scale) -> (dq, dk, dv)
     attn_lineage::paged_decode(q, k_pool, v_pool, block_table, seqlens, softmax_scale) -> (o, lse)
+    attn_lineage::masked_fwd(q, k, v, sinks, causal, softmax_scale, window_left, window_right,
+                             softcap) -> (o, lse)
+    attn_lineage::varlen_fwd(q, k, v, cu_seqlens, causal, softmax_scale) -> (o, lse)
 
 Both take the kernels' layout, [B][H][N][d] contiguous. flash_attn_func takes FlashAttention's
 [B, N, H, d], transposes to [B, H, N, d] and makes it contiguous (a copy unless the tensor is
@@ -15,6 +18,7 @@ runs through a torch.autograd.Function around the two ops.
 """
 
 import math
+from typing import Optional
 
 import torch
 
@@ -189,13 +193,95 @@ class _FlashAttn(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
+# ----------------------------------------------------------------------------- chapter 06's masked forward
+
+MASKED_HEAD_DIMS = (64, 128, 256)  # chapter 06's final masked forward (masks/steps/final.cu)
+
+
+@torch.library.custom_op("attn_lineage::masked_fwd", mutates_args=(), device_types="cuda")
+def _masked_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: Optional[torch.Tensor], causal: bool,
+                softmax_scale: float, window_left: int, window_right: int,
+                softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chapter 06's final masked forward on [B, H, N, d] tensors: (O, LSE). sinks: [Hq] fp32 or None."""
+    q, k, v = _aligned(q), _aligned(k), _aligned(v)
+    b, hq, nq, d = q.shape
+    hkv, nk = k.shape[1], k.shape[2]
+    o = torch.empty_like(q)
+    lse = torch.empty((b, hq, nq), dtype=torch.float32, device=q.device)
+    sinks = None if sinks is None else sinks.contiguous()
+    with torch.cuda.device(q.device):
+        _lib.masked_forward(q.device.index, _stream(q), _DTYPES[q.dtype], q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                            o.data_ptr(), lse.data_ptr(), b, hq, hkv, nq, nk, d, softmax_scale, causal, window_left,
+                            window_right, softcap, None if sinks is None else sinks.data_ptr(), None)
+    return o, lse
+
+
+@_masked_fwd.register_fake
+def _masked_fwd_fake(q, k, v, sinks, causal, softmax_scale, window_left, window_right, softcap):
+    b, hq, nq, _ = q.shape
+    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty((b, hq, nq), dtype=torch.float32)
+
+
+@torch.library.custom_op("attn_lineage::varlen_fwd", mutates_args=(), device_types="cuda")
+def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, causal: bool,
+                softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chapter 06's final masked forward, document mask, on packed [total, H, d]: (O, LSE [H, total]).
+    cu_seqlens is read to the host (the block map is built there)."""
+    q, k, v = _aligned(q), _aligned(k), _aligned(v)
+    total, hq, d = q.shape
+    hkv = k.shape[1]
+    o = torch.empty_like(q)
+    lse = torch.empty((hq, total), dtype=torch.float32, device=q.device)
+    cu = [int(x) for x in cu_seqlens.tolist()]
+    with torch.cuda.device(q.device):
+        _lib.masked_forward(q.device.index, _stream(q), _DTYPES[q.dtype], q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                            o.data_ptr(), lse.data_ptr(), 1, hq, hkv, total, total, d, softmax_scale, causal, -1, -1,
+                            0.0, None, cu)
+    return o, lse
+
+
+@_varlen_fwd.register_fake
+def _varlen_fwd_fake(q, k, v, cu_seqlens, causal, softmax_scale):
+    total, hq, _ = q.shape
+    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty((hq, total), dtype=torch.float32)
+
+
+def _check_window(window_size):
+    if not (isinstance(window_size, (tuple, list)) and len(window_size) == 2
+            and all(isinstance(w, int) and not isinstance(w, bool) for w in window_size)):
+        raise ValueError(f"window_size: expected a pair of ints, got {window_size!r}")
+    left, right = window_size
+    if left < -1 or right < -1:
+        raise ValueError(f"window_size: each bound must be >= 0, or -1 for none, got {tuple(window_size)!r}")
+    return left, right
+
+
+def _check_softcap(softcap):
+    try:
+        c = float(softcap)
+    except (TypeError, ValueError):
+        raise ValueError(f"softcap: expected a number, got {softcap!r}") from None
+    if not math.isfinite(c) or c < 0:
+        raise ValueError(f"softcap: must be finite and >= 0 (0: none), got {softcap!r}")
+    return c
+
+
+def _check_sink(learnable_sink, q, heads):
+    if learnable_sink is None:
+        return None
+    if not isinstance(learnable_sink, torch.Tensor):
+        raise ValueError(f"learnable_sink: expected a tensor [heads] or None, got {type(learnable_sink).__name__}")
+    if learnable_sink.shape != (heads,):
+        raise ValueError(f"learnable_sink: expected shape ({heads},) (one logit per query head), got "
+                         f"{tuple(learnable_sink.shape)}")
+    if learnable_sink.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"learnable_sink: dtype {_dtype_name(learnable_sink.dtype)}: float32, bfloat16 or float16")
+    if learnable_sink.device != q.device:
+        raise ValueError(f"learnable_sink: must be on q's device {q.device}, got {learnable_sink.device}")
+    return learnable_sink
+
+
 # ----------------------------------------------------------------------------- the public API
-
-def _unsupported(name, value, default):
-    if value != default:
-        raise NotImplementedError(f"{name}={value!r}: chapter 06's masked forward (windows, softcap, learned "
-                                  f"sinks) is not wired into attn_lineage yet; only {name}={default!r} runs")
-
 
 def flash_attn_func(q, k, v, causal=False, window_size=(-1, -1), softcap=0.0, learnable_sink=None,
                     softmax_scale=None, return_lse=False):
@@ -206,32 +292,136 @@ def flash_attn_func(q, k, v, causal=False, window_size=(-1, -1), softcap=0.0, le
     Nq != Nk (query i sees key j iff j <= i + Nk - Nq; a row that sees no key gives 0 and
     LSE -inf), as FlashAttention >= 2.1. softmax_scale defaults to 1/sqrt(d).
 
+    window_size (left, right), FlashAttention's: query i, at key position q = i + Nk - Nq,
+    sees keys j with q - left <= j <= q + right (-1: no bound on that side; causal sets
+    right to 0). softcap > 0: score = softcap * tanh(softmax_scale q.k / softcap).
+    learnable_sink: [Hq] logits (gpt-oss, FA4; natural log, not scaled), one more term
+    e^sink_h in every row's denominator with no value row; the LSE includes it. softcap and
+    learnable_sink take a dense or causal mask or a causal sliding window (right = 0), and not
+    each other. Any of these runs chapter 06's final masked forward, which has no backward
+    here: gradients are refused at the forward (ValueError). A window that is only causal or
+    dense runs chapter 05's kernels, backward included.
+
     Returns O, [B, Nq, Hq, d] (a transposed view of the kernel's [B, Hq, Nq, d] output), and
     with return_lse=True also the LSE, [B, Hq, Nq] fp32 (natural log), which carries no
     gradient. Inputs are copied to [B, H, N, d] contiguous for the kernels.
 
-    Bad input raises ValueError naming the argument. window_size, softcap and
-    learnable_sink are FlashAttention's arguments, accepted at their defaults only for now
-    (NotImplementedError otherwise).
+    Bad input raises ValueError naming the argument.
     """
-    if not (isinstance(window_size, (tuple, list)) and len(window_size) == 2
-            and all(isinstance(w, int) for w in window_size)):
-        raise ValueError(f"window_size: expected a pair of ints, got {window_size!r}")
-    _unsupported("window_size", tuple(window_size), (-1, -1))
-    _unsupported("softcap", float(softcap), 0.0)
-    if learnable_sink is not None:
-        _unsupported("learnable_sink", "a tensor", None)
+    left, right = _check_window(window_size)
+    cap = _check_softcap(softcap)
     if not isinstance(causal, bool):
         raise ValueError(f"causal: expected a bool, got {causal!r}")
+    if causal:
+        right = 0
+    sink = learnable_sink
+    if sink is not None and not isinstance(sink, torch.Tensor):
+        raise ValueError(f"learnable_sink: expected a tensor [heads] or None, got {type(sink).__name__}")
+    # Chapter 05's kernels when the mask is only dense or causal; chapter 06's otherwise.
+    masked = cap > 0 or sink is not None or not (left == -1 and right in (-1, 0))
+    tensors = (q, k, v) + ((sink,) if sink is not None else ())
     need_backward = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
-                                                    for t in (q, k, v))
-    check_qkv(q, k, v, need_backward=need_backward)
+                                                    for t in tensors)
+    check_qkv(q, k, v, need_backward=need_backward and not masked)
+    sink = _check_sink(sink, q, q.shape[2])
+    if masked:
+        if cap > 0 and sink is not None:
+            raise ValueError("learnable_sink: no kernel takes a learnable sink and a softcap together "
+                             "(chapter 06's masked forward: one or the other)")
+        if (cap > 0 or sink is not None) and not (right == 0 or (left == -1 and right == -1)):
+            what = "softcap" if cap > 0 else "learnable_sink"
+            raise ValueError(f"window_size: {tuple(window_size)!r} with {what}: chapter 06's kernel takes a dense "
+                             f"or causal mask or a causal sliding window (left, 0) there")
+        if need_backward:
+            raise ValueError("window_size, softcap, learnable_sink: chapter 06's masked forward has no backward "
+                             "here; run it without gradients (torch.no_grad(), or inputs that do not require grad)")
     scale = check_scale(softmax_scale, q.shape[-1])
     if not torch.compiler.is_compiling():  # traced: the C library refuses a GPU without kernels
         check_device(q)
     qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
-    o, lse = _FlashAttn.apply(qt, kt, vt, causal, scale)
+    if masked:
+        sinks = None if sink is None else sink.detach().float()
+        o, lse = torch.ops.attn_lineage.masked_fwd(qt, kt, vt, sinks, causal, scale, left, right, cap)
+    else:
+        o, lse = _FlashAttn.apply(qt, kt, vt, right == 0, scale)
     o = o.transpose(1, 2)
+    return (o, lse) if return_lse else o
+
+
+def _check_cu_seqlens(name, cu, total, device):
+    if not isinstance(cu, torch.Tensor):
+        raise ValueError(f"{name}: expected an int32 tensor [docs + 1], got {type(cu).__name__}")
+    if cu.dim() != 1 or cu.shape[0] < 2 or cu.dtype != torch.int32:
+        raise ValueError(f"{name}: expected an int32 tensor [docs + 1] (at least 2 entries), got "
+                         f"{_dtype_name(cu.dtype)} {tuple(cu.shape)}")
+    if cu.device.type not in _DEVICE_TYPES and cu.device.type != "cpu":
+        raise ValueError(f"{name}: expected a CUDA (or CPU) tensor, got a {cu.device.type} tensor")
+    if cu.device.type == "meta" or torch.compiler.is_compiling():
+        return None  # values unknown here: the library checks them before the launch
+    vals = [int(x) for x in cu.tolist()]
+    if vals[0] != 0 or vals[-1] != total:
+        raise ValueError(f"{name}: must run from 0 to the total tokens {total}, got {vals[0]} .. {vals[-1]}")
+    lens = [b - a for a, b in zip(vals, vals[1:])]
+    if min(lens) < 1:
+        raise ValueError(f"{name}: every document needs at least one token (must increase strictly)")
+    return vals
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
+                           causal=False, window_size=(-1, -1), softcap=0.0, learnable_sink=None, return_lse=False):
+    """Attention over packed sequences (FlashAttention's varlen): q [total, Hq, d], k and v
+    [total, Hkv, d], the documents back to back, cu_seqlens [docs + 1] int32 (0, l0, l0 + l1, ...).
+
+    Runs chapter 06's final masked forward with its document mask, one packed batch: a token
+    sees the tokens of its own document (causal: not later ones), forward only. The kernel
+    takes one document boundary list for queries and keys: cu_seqlens_q must equal
+    cu_seqlens_k. bf16 or fp16, d = 64, 128 or 256, GQA. window_size, softcap and
+    learnable_sink: defaults only (no document kernel takes them). max_seqlen_q and
+    max_seqlen_k are checked against the longest document where the lengths are known.
+
+    Returns O [total, Hq, d], and with return_lse=True also the LSE [Hq, total] fp32 (natural
+    log), FlashAttention's varlen layout. cu_seqlens is read to the host on every call.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 3:
+            raise ValueError(f"{name}: expected a 3-d tensor [total_tokens, heads, head_dim], got shape "
+                             f"{tuple(t.shape)}")
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal: expected a bool, got {causal!r}")
+    if tuple(_check_window(window_size)) != (-1, -1):
+        raise ValueError(f"window_size: {tuple(window_size)!r}: the document mask takes no window (defaults only)")
+    if _check_softcap(softcap) != 0:
+        raise ValueError(f"softcap: {softcap!r}: the document mask takes no softcap (defaults only)")
+    if learnable_sink is not None:
+        raise ValueError("learnable_sink: the document mask takes no learnable sink (defaults only)")
+    if q.shape[0] != k.shape[0]:
+        raise ValueError(f"k: {k.shape[0]} tokens, q has {q.shape[0]}: the document kernel needs one packing of "
+                         f"queries and keys (cu_seqlens_q = cu_seqlens_k)")
+    # check_qkv's checks on a batch of one
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise ValueError("q, k, v: chapter 06's document mask has no backward here; run it without gradients "
+                         "(torch.no_grad(), or inputs that do not require grad)")
+    check_qkv(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), need_backward=False)
+    total = q.shape[0]
+    for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if not isinstance(m, int) or isinstance(m, bool) or m < 1:
+            raise ValueError(f"{name}: expected an int >= 1, got {m!r}")
+    cq = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, total, q.device)
+    ck = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, total, q.device)
+    if cu_seqlens_q.shape != cu_seqlens_k.shape or (cq is not None and ck is not None and cq != ck):
+        raise ValueError("cu_seqlens_k: must equal cu_seqlens_q (the document kernel takes one boundary list "
+                         "for queries and keys)")
+    if cq is not None:
+        longest = max(b - a for a, b in zip(cq, cq[1:]))
+        for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+            if m < longest:
+                raise ValueError(f"{name}: {m} is below the longest document ({longest} tokens)")
+    scale = check_scale(softmax_scale, q.shape[-1])
+    if not torch.compiler.is_compiling():
+        check_device(q)
+    o, lse = torch.ops.attn_lineage.varlen_fwd(q, k, v, cu_seqlens_q, causal, scale)
     return (o, lse) if return_lse else o
 
 

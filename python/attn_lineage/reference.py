@@ -35,17 +35,56 @@ def _visible(nq, nk, causal, device):
     return j <= i + (nk - nq)
 
 
-def forward_reference(q, k, v, causal, scale, dtype=torch.float64):
-    """O and LSE in `dtype` arithmetic, differentiable (empty rows: O = 0, LSE = -inf)."""
+def window_visible(nq, nk, left, right, device):
+    """FlashAttention's window_size mask [Nq, Nk], bottom-right aligned: query i (key position
+    q = i + Nk - Nq) sees key j iff q - left <= j <= q + right (-1: no bound on that side)."""
+    i = torch.arange(nq, device=device)[:, None] + (nk - nq)
+    j = torch.arange(nk, device=device)[None, :]
+    vis = torch.ones(nq, nk, dtype=torch.bool, device=device)
+    if left >= 0:
+        vis &= j >= i - left
+    if right >= 0:
+        vis &= j <= i + right
+    return vis
+
+
+def document_visible(cu_seqlens, causal, device):
+    """The document mask of packed sequences [total, total]: a token sees its own document's
+    tokens (causal: not later ones). cu_seqlens: a list [0, l0, l0 + l1, ..., total]."""
+    total = cu_seqlens[-1]
+    doc = torch.zeros(total, dtype=torch.long, device=device)
+    for d, (a, b) in enumerate(zip(cu_seqlens, cu_seqlens[1:])):
+        doc[a:b] = d
+    vis = doc[:, None] == doc[None, :]
+    if causal:
+        vis &= torch.ones(total, total, dtype=torch.bool, device=device).tril()
+    return vis
+
+
+def _scores(s, softcap):
+    return softcap * torch.tanh(s / softcap) if softcap else s
+
+
+def forward_reference(q, k, v, causal, scale, dtype=torch.float64, *, visible=None, softcap=0.0, sink=None):
+    """O and LSE in `dtype` arithmetic, differentiable (empty rows: O = 0, LSE = -inf).
+
+    visible: a bool mask [Nq, Nk] (or broadcastable to [B, H, Nq, Nk]) used instead of
+    `causal`; softcap > 0: scores softcap tanh(s / softcap); sink: [H] logits, one more term
+    e^sink_h in each row's denominator with no value row (the LSE counts it; an empty row
+    then has LSE = sink_h)."""
     hq = q.shape[1]
     q, k, v = q.to(dtype), _expand_kv(k.to(dtype), hq), _expand_kv(v.to(dtype), hq)
-    s = scale * (q @ k.transpose(-1, -2))
-    vis = _visible(q.shape[2], k.shape[2], causal, q.device)
+    s = _scores(scale * (q @ k.transpose(-1, -2)), softcap)
+    vis = visible if visible is not None else _visible(q.shape[2], k.shape[2], causal, q.device)
     s = s.masked_fill(~vis, -math.inf)
     m = s.amax(-1, keepdim=True)
+    if sink is not None:
+        m = torch.maximum(m, sink.to(dtype).reshape(1, hq, 1, 1).expand_as(m))
     m = torch.where(torch.isinf(m), torch.zeros_like(m), m).detach()
     p = torch.exp(s - m)
     l = p.sum(-1, keepdim=True)
+    if sink is not None:
+        l = l + torch.exp(sink.to(dtype).reshape(1, hq, 1, 1) - m)
     o = (p / torch.where(l == 0, torch.ones_like(l), l)) @ v
     lse = (m + torch.log(l)).squeeze(-1)
     return o, lse
@@ -59,27 +98,34 @@ def backward_reference(q, k, v, dout, causal, scale):
     return dq, dk, dv
 
 
-def naive_same_precision(q, k, v, dout, causal, scale):
+def naive_same_precision(q, k, v, dout, causal, scale, *, visible=None, softcap=0.0, sink=None):
     """The yardstick: fp32 arithmetic, P, O (and dS and the gradients) rounded to the inputs'
     dtype, as common/reference.cpp's naive_forward/backward_same_precision. Returns
-    (O, LSE, dQ, dK, dV) in fp32; dQ, dK, dV are None when dout is None."""
+    (O, LSE, dQ, dK, dV) in fp32; dQ, dK, dV are None when dout is None. visible, softcap
+    and sink as forward_reference's (forward only: dout must be None with softcap or sink)."""
     dt = q.dtype
     hq, hkv = q.shape[1], k.shape[1]
     qf, kf, vf = q.float(), _expand_kv(k.float(), hq), _expand_kv(v.float(), hq)
-    s = scale * (qf @ kf.transpose(-1, -2))
-    vis = _visible(q.shape[2], k.shape[2], causal, q.device)
+    s = _scores(scale * (qf @ kf.transpose(-1, -2)), softcap)
+    vis = visible if visible is not None else _visible(q.shape[2], k.shape[2], causal, q.device)
     s = s.masked_fill(~vis, -math.inf)
     m = s.amax(-1, keepdim=True)
+    if sink is not None:
+        m = torch.maximum(m, sink.float().reshape(1, hq, 1, 1).expand_as(m))
     empty = torch.isinf(m)
     m0 = torch.where(empty, torch.zeros_like(m), m)
     e = torch.exp(s - m0)
     l = e.sum(-1, keepdim=True)
+    if sink is not None:
+        l = l + torch.exp(sink.float().reshape(1, hq, 1, 1) - m0)
     p = (e / torch.where(l == 0, torch.ones_like(l), l)).to(dt).float()
     o = p @ vf
     lse = torch.where(empty, m, m0 + torch.log(l)).squeeze(-1)
     o_stored = o.to(dt).float()
     if dout is None:
         return o_stored, lse, None, None, None
+    if softcap or sink is not None:
+        raise ValueError("dout: the yardstick's backward takes no softcap and no sink")
     do = dout.float()
     dp = do @ vf.transpose(-1, -2)
     dsum = (do * o_stored).sum(-1, keepdim=True)

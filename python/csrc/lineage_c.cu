@@ -9,11 +9,17 @@
 // result is ordered exactly as if the kernels ran in the caller's stream; the price is that
 // they also wait for (and hold back) work in the legacy default stream.
 //
+// Chapter 06's final masked forward (masks/steps/final.cu, final_fp16.cu) takes a stream and
+// strides: it runs in the caller's stream directly, on [B][H][N][d] or packed [total][H][d]
+// tensors. Its block map is built on the host (masks/mask_spec.cpp, block_map.cpp) and copied
+// to the device in that stream, as masks/mask_gpu.cu's mask_forward_gpu() does for the chapter.
+//
 // Chapter 05's files are used by path: chapters/05_fa3_hopper/step_launch.cuh (the forward's
 // launcher, steps/final.cu), backward_launch.cuh and backward_prepost.cuh (the backward's
 // launcher, steps/final_backward.cu, and its preprocess and postprocess).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -26,6 +32,9 @@
 #include "chapters/05_fa3_hopper/backward_prepost.cuh"
 #include "chapters/05_fa3_hopper/backward_tiles.hpp"
 #include "chapters/05_fa3_hopper/step_launch.cuh"
+#include "chapters/06_variants/masks/block_map.hpp"     // chapter 06's block map (host)
+#include "chapters/06_variants/masks/mask_kernels.cuh"  // chapter 06's FwdParams, hopper_final
+#include "chapters/06_variants/masks/mask_spec.hpp"     // chapter 06's MaskSpec, layouts
 #include "chapters/07_paged_radix/decode.hpp"
 #include "chapters/07_paged_radix/decode_steps.cuh"
 #include "common/cuda/check.cuh"
@@ -40,7 +49,7 @@ namespace {
 using namespace attn;
 using namespace attn::ch05;
 
-constexpr int kAbiVersion = 2;
+constexpr int kAbiVersion = 3;
 
 void put(char* err, size_t len, const std::string& what) {
   if (err == nullptr || len == 0) return;
@@ -228,6 +237,102 @@ DecodePlan decode_plan(int device, int batch, int heads, int kv_heads, int d, in
   pl.total = pl.arrivals + round256(size_t(batch) * kv_heads * pl.chunks * sizeof(int));
   return pl;
 }
+
+
+/// Chapter 06: a masked forward's run-time description (the checks of lineage_c.h, before any
+/// device call), and the mask the kernel takes.
+struct MaskedCall {
+  Problem problem;
+  attn::ch06::MaskSpec spec;
+  bool packed = false;
+};
+
+MaskedCall masked_call(int dtype, int batch, int heads, int kv_heads, int nq, int nk, int d, float scale, int causal,
+                       int window_left, int window_right, float softcap, const float* sinks, const int* cu_seqlens,
+                       int docs) {
+  using attn::ch06::MaskKind;
+  MaskedCall c;
+  c.problem = make_problem(dtype, batch, heads, kv_heads, nq, nk, d, scale, 0);  // the mask does all masking
+  require(d == 64 || d == 128 || d == 256,
+          "head dim " + std::to_string(d) + ": the masked forward has kernels for 64, 128, 256");
+  require(long(nq) + nk < (1L << 29), "nq + nk must be below 2^29");
+  require(window_left >= -1, "window_left must be >= -1 (-1: no left bound), got " + std::to_string(window_left));
+  require(window_right >= -1, "window_right must be >= -1 (-1: no right bound), got " + std::to_string(window_right));
+  require(std::isfinite(softcap) && softcap >= 0, "softcap must be finite and >= 0 (0: none)");
+  const int right = causal ? 0 : window_right;
+  attn::ch06::MaskSpec& s = c.spec;
+  s.causal = causal != 0;
+  if (cu_seqlens != nullptr) {  // packed documents
+    require(docs >= 1, "docs must be >= 1 with cu_seqlens");
+    require(batch == 1 && nq == nk, "packed documents: batch must be 1 and nq = nk (the total tokens)");
+    require(window_left == -1 && window_right == -1, "packed documents take no window");
+    require(softcap == 0 && sinks == nullptr, "packed documents take no softcap and no sinks");
+    require(cu_seqlens[0] == 0, "cu_seqlens[0] must be 0");
+    for (int i = 0; i < docs; ++i) {
+      require(cu_seqlens[i + 1] > cu_seqlens[i], "cu_seqlens must increase strictly (document " + std::to_string(i) +
+                                                     " is empty)");
+      s.doc_lens.push_back(cu_seqlens[i + 1] - cu_seqlens[i]);
+    }
+    require(cu_seqlens[docs] == nq, "cu_seqlens[docs] = " + std::to_string(cu_seqlens[docs]) +
+                                        " must equal the total tokens nq = " + std::to_string(nq));
+    s.kind = MaskKind::document;
+    c.packed = true;
+    return c;
+  }
+  require(docs == 0, "docs must be 0 without cu_seqlens");
+  if (softcap > 0 || sinks != nullptr) {
+    require(!(softcap > 0 && sinks != nullptr), "softcap and sinks together: no kernel (one or the other)");
+    // Softcap and LearnedSink hold a dense or causal mask, or a causal sliding window.
+    require(right == 0 || (right == -1 && window_left == -1),
+            std::string(softcap > 0 ? "softcap" : "sinks") +
+                " take a dense or causal mask or a causal sliding window (window_right 0 or causal), got window (" +
+                std::to_string(window_left) + ", " + std::to_string(window_right) + ")");
+    s.kind = softcap > 0 ? MaskKind::softcap : MaskKind::learned_sink;
+    s.softcap = softcap;
+    s.causal = right == 0;
+    s.sliding = right == 0 ? window_left : -1;
+    return c;
+  }
+  if (window_left == -1 && right == 0) {
+    s.kind = MaskKind::causal;
+    return c;
+  }
+  // Any other window, dense included (both bounds past every key): the Window policy.
+  const int far = nq + nk;
+  s.kind = MaskKind::window;
+  s.left = window_left < 0 ? far : window_left;
+  s.right = right < 0 ? far : right;
+  return c;
+}
+
+/// A block map's lists in one device allocation, made and freed in the stream's order.
+class DeviceMapCopy {
+ public:
+  DeviceMapCopy(const attn::ch06::BlockMap& m, const std::vector<int>& doc, cudaStream_t st) : st_(st) {
+    const std::vector<int>* parts[] = {&m.n_part, &m.part, &m.n_full, &m.full, &m.order, &m.q_row0, &m.q_row1, &doc};
+    size_t total = 0;
+    for (int i = 0; i < 8; ++i) {
+      offset_[i] = total;
+      total += round256(std::max<size_t>(1, parts[i]->size()) * sizeof(int));
+    }
+    std::vector<int> host(total / sizeof(int), 0);
+    for (int i = 0; i < 8; ++i) std::copy(parts[i]->begin(), parts[i]->end(), host.begin() + offset_[i] / sizeof(int));
+    CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&base_), total, st_));
+    // From pageable memory: staged before the call returns, so `host` may go.
+    CUDA_CHECK(cudaMemcpyAsync(base_, host.data(), total, cudaMemcpyHostToDevice, st_));
+  }
+  ~DeviceMapCopy() {
+    if (base_) cudaFreeAsync(base_, st_);  // after the kernel, in the stream's order
+  }
+  DeviceMapCopy(const DeviceMapCopy&) = delete;
+  DeviceMapCopy& operator=(const DeviceMapCopy&) = delete;
+  int* at(int i) { return reinterpret_cast<int*>(base_ + offset_[i]); }
+
+ private:
+  cudaStream_t st_;
+  char* base_ = nullptr;
+  size_t offset_[8] = {};
+};
 
 }  // namespace
 
@@ -436,6 +541,56 @@ int attn_lineage_paged_decode(int device, void* stream, const void* q, const voi
     else
       gpu::final_bf16::launch<128>(p, kv, batch, kv_heads);
     bridge.done();
+    return ATTN_LINEAGE_OK;
+  });
+}
+
+int attn_lineage_masked_forward(int device, void* stream, int dtype, const void* q, const void* k, const void* v,
+                                void* o, float* lse, int batch, int heads, int kv_heads, int nq, int nk, int d,
+                                float scale, int causal, int window_left, int window_right, float softcap,
+                                const float* sinks, const int* cu_seqlens, int docs, char* err, size_t err_len) {
+  namespace ch06 = attn::ch06;
+  MaskedCall c;
+  // Every argument before the device: a bad one is refused even where no GPU is.
+  const int checked = guarded(err, err_len, [&] {
+    c = masked_call(dtype, batch, heads, kv_heads, nq, nk, d, scale, causal, window_left, window_right, softcap,
+                    sinks, cu_seqlens, docs);
+    require_aligned(q, "q");
+    require_aligned(k, "k");
+    require_aligned(v, "v");
+    require_aligned(o, "o");
+    require(lse != nullptr, "lse is null");
+    return ATTN_LINEAGE_OK;
+  });
+  if (checked != ATTN_LINEAGE_OK) return checked;
+  const int ready = attn_lineage_device_ready(device, err, err_len);
+  if (ready != ATTN_LINEAGE_OK) return ready;
+  return guarded(err, err_len, [&] {
+    const Problem& p = c.problem;
+    const ch06::MaskSpec& s = c.spec;
+    const cudaStream_t st = static_cast<cudaStream_t>(stream);
+    // masks/mask_gpu.cu's mask_forward_gpu(): documents of one packed batch are tiled from each
+    // document's start (the document map); every other mask gets the grid map of its tiles.
+    const int bc = ch06::hopper_final::tile_keys(d);
+    const ch06::BlockMap map = c.packed ? ch06::build_document_block_map(s, p, ch06::hopper_final::Br, bc)
+                                        : ch06::build_block_map(s, p, ch06::hopper_final::Br, bc);
+    const std::vector<int> doc = c.packed ? ch06::doc_of_tokens(s.doc_lens) : std::vector<int>{};
+    DeviceMapCopy dm(map, doc, st);
+    const ch06::TokenLayout layout = c.packed ? ch06::TokenLayout::varlen(p) : ch06::TokenLayout::standard(p);
+    auto strides = [](const ch06::Strides& x) { return ch06::DevStrides{x.batch, x.head, x.row}; };
+    ch06::FwdParams f{};
+    f.q = q, f.k = k, f.v = v, f.o = o, f.lse = lse;
+    f.batch = p.batch, f.heads = p.heads, f.kv_heads = p.kv_heads, f.nq = p.nq, f.nk = p.nk, f.d = p.d;
+    f.scale = float(p.softmax_scale());
+    f.scale_log2 = float(p.softmax_scale() * kLog2e);
+    f.sq = strides(layout.q), f.sk = strides(layout.k), f.sv = strides(layout.v), f.so = strides(layout.o);
+    const bool docs_map = !map.q_row0.empty();
+    f.map = {dm.at(0), dm.at(1), dm.at(2), dm.at(3), dm.at(4), map.tq, map.tk, map.map_batch, map.map_heads,
+             docs_map ? dm.at(5) : nullptr, docs_map ? dm.at(6) : nullptr, map.tiles_with_work()};
+    const ch06::PolicyData pd{c.packed ? dm.at(7) : nullptr, sinks};
+    const std::function<void()> run = ch06::hopper_final::prepare(f, s, p, pd, st);
+    require(bool(run), "no masked kernel for this problem");
+    run();
     return ATTN_LINEAGE_OK;
   });
 }

@@ -29,7 +29,8 @@ extern "C" {
 #define ATTN_LINEAGE_BF16 0
 #define ATTN_LINEAGE_F16 1
 
-/* The ABI version: changes whenever a signature below changes (2: the paged decode). */
+/* The ABI version: changes whenever a signature below changes (2: the paged decode; 3: the
+ * masked forward). */
 int attn_lineage_abi_version(void);
 
 /* 0 when `device` runs the kernels of this library (compute capability 9.0, built for
@@ -70,6 +71,30 @@ int attn_lineage_paged_decode(int device, void* stream, const void* q, const voi
                               const int* block_table, const int* seqlens, void* o, float* lse, void* workspace,
                               size_t workspace_bytes, int batch, int heads, int kv_heads, int d, int max_pages,
                               int page_size, float scale, char* err, size_t err_len);
+
+/* Chapter 06's final masked forward (masks/steps/final.cu), forward only: O and the LSE as
+ * attn_lineage_fa3_forward's, bf16 or fp16, d in {64, 128, 256}, GQA. The mask, one of:
+ *
+ *  - a window (FlashAttention's window_size): query i at key position q = i + nk - nq sees key
+ *    j iff j >= q - window_left (window_left >= 0; -1: no left bound) and j <= q + window_right
+ *    (-1: no right bound); causal = 1 sets the right bound to 0. No window and causal = 0: dense.
+ *  - softcap > 0 (score = softcap tanh(s / softcap), s = scale q.k) or sinks != NULL (a device
+ *    array [heads] fp32 of learnable sink logits, natural log: one more term e^sink_h in every
+ *    row's denominator, counted in the LSE, with no value row), not both: the mask may then
+ *    only be dense, causal, or a causal sliding window (window_right 0 or causal = 1).
+ *  - packed documents (FlashAttention's varlen): cu_seqlens != NULL, a HOST array of docs + 1
+ *    ints [0, l0, l0 + l1, ..., total], every document at least one token. Then q, k, v and o
+ *    are packed [total][heads][d] (k and v: [total][kv_heads][d]), batch = 1 and nq = nk =
+ *    total; a token sees the tokens of its own document (causal = 1: not later ones); the LSE
+ *    is [heads][total]. No window, softcap or sinks with documents.
+ *
+ * Otherwise the layout is [B][H][N][d]. Every argument is checked before the device: a bad one
+ * returns ATTN_LINEAGE_BAD_ARGUMENT even without a GPU. The block map is built on the host on
+ * every call and copied to the device in the caller's stream (stream-ordered allocations). */
+int attn_lineage_masked_forward(int device, void* stream, int dtype, const void* q, const void* k, const void* v,
+                                void* o, float* lse, int batch, int heads, int kv_heads, int nq, int nk, int d,
+                                float scale, int causal, int window_left, int window_right, float softcap,
+                                const float* sinks, const int* cu_seqlens, int docs, char* err, size_t err_len);
 
 #ifdef __cplusplus
 }

@@ -64,3 +64,30 @@ def test_error_codes_become_the_promised_exceptions():
     with raises(_lib.KernelError, r"illegal"):
         _lib.check(_lib.CUDA_ERROR, ctypes.create_string_buffer(b"illegal address"), "forward")
     _lib.check(_lib.OK, err, "forward")
+
+
+def test_masked_forward_refusals_become_value_errors():
+    """The masked forward checks its arguments before the device: refused here with or without a GPU."""
+    _lib_or_skip()
+    p = 1 << 16  # an aligned address that is never read (every call below is refused first)
+
+    def call(d=64, left=-1, right=-1, softcap=0.0, sinks=None, cu=None, batch=1, causal=False):
+        _lib.masked_forward(0, None, _lib.BF16, p, p, p, p, p, batch, 4, 2, 100, 100, d, 0.0, causal, left, right,
+                            softcap, sinks, cu)
+
+    with raises(ValueError, r"^attn_lineage masked forward: head dim 96"):
+        call(d=96)
+    with raises(ValueError, r"window_left must be >= -1"):
+        call(left=-2)
+    with raises(ValueError, r"softcap and sinks together"):
+        call(softcap=3.0, sinks=p)
+    with raises(ValueError, r"causal sliding window"):
+        call(softcap=3.0, left=8, right=2)
+    with raises(ValueError, r"document 1 is empty"):
+        call(cu=[0, 50, 50, 100])
+    with raises(ValueError, r"cu_seqlens\[docs\] = 90"):
+        call(cu=[0, 1, 90])
+    with raises(ValueError, r"batch must be 1"):
+        call(cu=[0, 1, 100], batch=2)
+    with raises(ValueError, r"no window"):
+        call(cu=[0, 1, 100], left=4, right=0)

@@ -1,9 +1,11 @@
 // The C library's ABI (python/csrc/lineage_c.h) through C++, without a GPU: the version, the
 // scratch sizes, and that every refused call returns a code and a message and never aborts.
+// The masked forward checks its arguments before the device, so its refusals run anywhere.
 // With a Hopper GPU present the device checks pass instead, and the test says so.
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
 
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -21,7 +23,7 @@ bool have_device() {
 }  // namespace
 
 TEST_CASE("lineage C ABI: version and scratch sizes") {
-  CHECK(attn_lineage_abi_version() == 2);
+  CHECK(attn_lineage_abi_version() == 3);
   char err[256];
   size_t small = 0, big = 0;
   REQUIRE(attn_lineage_fa3_backward_workspace(1, 1, 100, 64, &small, err, sizeof err) == ATTN_LINEAGE_OK);
@@ -66,3 +68,156 @@ TEST_CASE("lineage C ABI: refused calls return a code and a message") {
   CHECK(tiny[0] == '\0');
   CHECK(attn_lineage_device_ready(0, nullptr, 0) != ATTN_LINEAGE_OK);
 }
+
+namespace {
+
+/// attn_lineage_masked_forward with everything valid but what a case changes (fake, aligned
+/// pointers: only calls refused before the device use them).
+struct Masked {
+  int dtype = ATTN_LINEAGE_BF16, batch = 1, heads = 4, kv_heads = 2, nq = 100, nk = 100, d = 64;
+  float scale = 0.f, softcap = 0.f;
+  int causal = 0, left = -1, right = -1, docs = 0;
+  const float* sinks = nullptr;
+  const int* cu = nullptr;
+  const void* q = reinterpret_cast<const void*>(uintptr_t(0x10000));
+  char err[256];
+  int run() {
+    std::memset(err, 'x', sizeof err);
+    void* o = reinterpret_cast<void*>(uintptr_t(0x20000));
+    float* lse = reinterpret_cast<float*>(uintptr_t(0x30000));
+    return attn_lineage_masked_forward(0, nullptr, dtype, q, q, q, o, lse, batch, heads, kv_heads, nq, nk, d, scale,
+                                       causal, left, right, softcap, sinks, cu, docs, err, sizeof err);
+  }
+  bool refused(const char* why) {
+    const int code = run();
+    const std::string msg(err);
+    INFO("code " << code << ": " << msg);
+    return code == ATTN_LINEAGE_BAD_ARGUMENT && msg.find(why) != std::string::npos;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("lineage C ABI: the masked forward refuses bad arguments before the device") {
+  const float sink_logits[4] = {0, 0, 0, 0};
+  const int cu_ok[4] = {0, 1, 40, 100};
+  const int cu_empty[4] = {0, 40, 40, 100};
+  const int cu_short[4] = {0, 1, 40, 99};
+  const int cu_bad_start[4] = {3, 4, 40, 100};
+  {
+    Masked m;
+    m.d = 96;
+    CHECK(m.refused("head dim 96"));
+  }
+  {
+    Masked m;
+    m.dtype = 7;
+    CHECK(m.refused("dtype"));
+  }
+  {
+    Masked m;
+    m.heads = 3;
+    CHECK(m.refused("multiple of kv_heads"));
+  }
+  {
+    Masked m;
+    m.left = -2;
+    CHECK(m.refused("window_left"));
+  }
+  {
+    Masked m;
+    m.right = -5;
+    CHECK(m.refused("window_right"));
+  }
+  {
+    Masked m;
+    m.softcap = -1.f;
+    CHECK(m.refused("softcap"));
+  }
+  {
+    Masked m;
+    m.softcap = 30.f;
+    m.sinks = sink_logits;
+    CHECK(m.refused("softcap and sinks together"));
+  }
+  {
+    Masked m;  // softcap takes a causal sliding window, not a two-sided one
+    m.softcap = 30.f;
+    m.left = 16, m.right = 4;
+    CHECK(m.refused("causal sliding window"));
+  }
+  {
+    Masked m;
+    m.sinks = sink_logits;
+    m.right = 4;
+    CHECK(m.refused("causal sliding window"));
+  }
+  {
+    Masked m;
+    m.docs = 3;  // documents without cu_seqlens
+    CHECK(m.refused("docs must be 0"));
+  }
+  {
+    Masked m;
+    m.cu = cu_ok, m.docs = 3, m.batch = 2;
+    CHECK(m.refused("batch must be 1"));
+  }
+  {
+    Masked m;
+    m.cu = cu_ok, m.docs = 3, m.nk = 90;
+    CHECK(m.refused("nq = nk"));
+  }
+  {
+    Masked m;
+    m.cu = cu_ok, m.docs = 3, m.left = 8, m.right = 0;
+    CHECK(m.refused("no window"));
+  }
+  {
+    Masked m;
+    m.cu = cu_ok, m.docs = 3, m.softcap = 2.f;
+    CHECK(m.refused("no softcap"));
+  }
+  {
+    Masked m;
+    m.cu = cu_empty, m.docs = 3;
+    CHECK(m.refused("document 1 is empty"));
+  }
+  {
+    Masked m;
+    m.cu = cu_short, m.docs = 3;
+    CHECK(m.refused("cu_seqlens[docs] = 99"));
+  }
+  {
+    Masked m;
+    m.cu = cu_bad_start, m.docs = 3;
+    CHECK(m.refused("cu_seqlens[0]"));
+  }
+  {
+    Masked m;
+    m.cu = cu_ok, m.docs = 0;
+    CHECK(m.refused("docs must be >= 1"));
+  }
+  {
+    Masked m;
+    m.q = nullptr;
+    CHECK(m.refused("q is null"));
+  }
+  {
+    Masked m;
+    m.q = reinterpret_cast<const void*>(uintptr_t(0x10008));
+    CHECK(m.refused("16-byte aligned"));
+  }
+  if (!have_device()) {  // a valid call reaches the device check, and is refused there
+    Masked m;
+    m.cu = cu_ok, m.docs = 3, m.causal = 1;
+    const int code = m.run();
+    CHECK(code != ATTN_LINEAGE_OK);
+    CHECK(code != ATTN_LINEAGE_BAD_ARGUMENT);
+    CHECK(std::strlen(m.err) > 0);
+    Masked w;
+    w.left = 16, w.right = 0, w.softcap = 30.f, w.nq = 50;
+    CHECK(w.run() != ATTN_LINEAGE_OK);
+    CHECK(std::strlen(w.err) > 0);
+  }
+}
+
