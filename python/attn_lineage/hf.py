@@ -31,8 +31,9 @@ def lineage_attention_forward(module, query, key, value, attention_mask, dropout
         raise ValueError(f"dropout: {dropout}: the lineage kernels have no dropout (set the config's attention "
                          f"dropout to 0, or call model.eval())")
     if kwargs.get("sliding_window") is not None:
-        raise ValueError("sliding_window: the lineage attention implementation has no window (chapter 06's masked "
-                         "forward is not wired into attn_lineage yet)")
+        raise ValueError("sliding_window: the lineage attention implementation has no window inside transformers "
+                         "(chapter 06's masked forward has no backward here; flash_attn_func(window_size=...) runs "
+                         "it without gradients)")
     if attention_mask is not None:
         raise ValueError("attention_mask: the lineage kernels take causal masking as a flag, not a mask tensor "
                          "(register() installs a mask function that builds none; padded batches are not supported)")
