@@ -11,8 +11,8 @@ tracing all work without them.
 
 from ._lib import LibraryNotFound, KernelError, available as library_available
 from .ops import (BACKWARD_HEAD_DIMS, DECODE_HEAD_DIMS, FORWARD_HEAD_DIMS, MASKED_HEAD_DIMS, flash_attn_func,
-                  flash_attn_varlen_func, flash_attn_with_kvcache)
+                  flash_attn_varlen_func, flash_attn_with_kvcache, mla_decode)
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "DECODE_HEAD_DIMS",
-           "MASKED_HEAD_DIMS", "library_available", "LibraryNotFound", "KernelError", "FORWARD_HEAD_DIMS",
+           "MASKED_HEAD_DIMS", "mla_decode", "library_available", "LibraryNotFound", "KernelError", "FORWARD_HEAD_DIMS",
            "BACKWARD_HEAD_DIMS"]

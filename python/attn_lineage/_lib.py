@@ -67,6 +67,11 @@ def _declare(lib):
                                                 [c_float, c_int, c_int, c_int, c_float, c_void_p,
                                                  ctypes.POINTER(c_int), c_int, c_char_p, c_size_t])
     lib.attn_lineage_masked_forward.restype = c_int
+    lib.attn_lineage_mla_decode_workspace.argtypes = [c_int] * 5 + [ctypes.POINTER(c_size_t), c_char_p, c_size_t]
+    lib.attn_lineage_mla_decode_workspace.restype = c_int
+    lib.attn_lineage_mla_decode.argtypes = ([c_int] + [c_void_p] * 5 + [c_size_t] + [c_int] * 4 +
+                                            [c_float, c_char_p, c_size_t])
+    lib.attn_lineage_mla_decode.restype = c_int
 
 
 def load():
@@ -187,3 +192,20 @@ def masked_forward(device, stream, dtype, q, k, v, o, lse, batch, heads, kv_head
                                            float(scale), int(causal), int(window_left), int(window_right),
                                            float(softcap), sinks, cu, docs, err, _ERR_LEN)
     check(code, err, "attn_lineage masked forward")
+
+
+def mla_decode_workspace(device, batch, heads, nq, nk):
+    lib = load()
+    err = _buffer()
+    out = ctypes.c_size_t(0)
+    check(lib.attn_lineage_mla_decode_workspace(device, batch, heads, nq, nk, ctypes.byref(out), err, _ERR_LEN), err,
+          "attn_lineage MLA decode")
+    return out.value
+
+
+def mla_decode(device, stream, q, kv, o, workspace, workspace_bytes, batch, heads, nq, nk, scale):
+    lib = load()
+    err = _buffer()
+    code = lib.attn_lineage_mla_decode(device, stream, q, kv, o, workspace, workspace_bytes, batch, heads, nq, nk,
+                                       float(scale), err, _ERR_LEN)
+    check(code, err, "attn_lineage MLA decode")

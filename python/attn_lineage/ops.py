@@ -9,6 +9,7 @@ torch.compile traces them as single nodes without graph breaks:
     attn_lineage::masked_fwd(q, k, v, sinks, causal, softmax_scale, window_left, window_right,
                              softcap) -> (o, lse)
     attn_lineage::varlen_fwd(q, k, v, cu_seqlens, causal, softmax_scale) -> (o, lse)
+    attn_lineage::mla_decode(q, kv, softmax_scale) -> o_c
 
 Both take the kernels' layout, [B][H][N][d] contiguous. flash_attn_func takes FlashAttention's
 [B, N, H, d], transposes to [B, H, N, d] and makes it contiguous (a copy unless the tensor is
@@ -543,3 +544,78 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, sof
                                                   scale)
     o = o.reshape(b, 1, hq, d)
     return (o, lse.reshape(b, hq, 1)) if return_softmax_lse else o
+
+
+# ----------------------------------------------------------------------------- MLA decode
+
+MLA_DK, MLA_DV = 576, 512  # chapter 06's absorbed MLA: latent key [c (512) ; k_rope (64)], latent value c
+
+
+@torch.library.custom_op("attn_lineage::mla_decode", mutates_args=(), device_types="cuda")
+def _mla_decode(q: torch.Tensor, kv: torch.Tensor, softmax_scale: float) -> torch.Tensor:
+    """Chapter 06's final absorbed MLA decode: q [B, H, Nq, 576], kv [B, Nk, 576] -> o_c [B, H, Nq, 512]."""
+    q, kv = _aligned(q), _aligned(kv)
+    b, h, nq, _ = q.shape
+    nk = kv.shape[1]
+    o = torch.empty((b, h, nq, MLA_DV), dtype=q.dtype, device=q.device)
+    index = q.device.index
+    with torch.cuda.device(q.device):
+        nbytes = _lib.mla_decode_workspace(index, b, h, nq, nk)
+        workspace = torch.empty(nbytes, dtype=torch.uint8, device=q.device)
+        _lib.mla_decode(index, _stream(q), q.data_ptr(), kv.data_ptr(), o.data_ptr(), workspace.data_ptr(), nbytes,
+                        b, h, nq, nk, softmax_scale)
+    return o
+
+
+@_mla_decode.register_fake
+def _mla_decode_fake(q, kv, softmax_scale):
+    b, h, nq, _ = q.shape
+    return q.new_empty((b, h, nq, MLA_DV))
+
+
+def mla_decode(q, kv_cache, softmax_scale=None, causal=True):
+    """Chapter 06's final absorbed MLA decode (DeepSeek's multi-head latent attention with W_UK
+    absorbed into the query), forward only, bf16.
+
+    q: [B, Nq, H, 576], the absorbed query [q_nope W_UK^T ; q_rope] of each head; kv_cache:
+    [B, Nk, 576], the latent cache as stored ([c ; k_rope], one cache shared by every head).
+    Returns the latent output o_c [B, Nq, H, 512] (softmax(tau q kv^T) kv[..., :512]; apply W_UV
+    for the heads' outputs), a transposed view of the kernel's [B, H, Nq, 512]. Causal,
+    bottom-right (query i sees keys j <= i + Nk - Nq), Nq <= Nk. softmax_scale defaults to
+    1/sqrt(192) (the 128 + 64 dims of the unabsorbed query).
+    """
+    for name, t in (("q", q), ("kv_cache", kv_cache)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != torch.bfloat16:
+            raise ValueError(f"{name}: dtype {_dtype_name(t.dtype)} has no kernel (the MLA decode is bfloat16)")
+    if q.dim() != 4 or q.shape[3] != MLA_DK:
+        raise ValueError(f"q: expected [batch, seqlen, heads, {MLA_DK}], got shape {tuple(q.shape)}")
+    if kv_cache.dim() != 3 or kv_cache.shape[2] != MLA_DK:
+        raise ValueError(f"kv_cache: expected [batch, seqlen, {MLA_DK}], got shape {tuple(kv_cache.shape)}")
+    b, nq, h, _ = q.shape
+    if kv_cache.shape[0] != b:
+        raise ValueError(f"kv_cache: batch {kv_cache.shape[0]} differs from q's {b}")
+    nk = kv_cache.shape[1]
+    if min(b, nq, h, nk) <= 0:
+        raise ValueError(f"q, kv_cache: every size must be positive, got q {tuple(q.shape)} and kv_cache "
+                         f"{tuple(kv_cache.shape)}")
+    if causal is not True:
+        if not isinstance(causal, bool):
+            raise ValueError(f"causal: expected a bool, got {causal!r}")
+        if nq > 1:
+            raise ValueError("causal: the MLA decode kernel is causal; causal=False runs only with one query token")
+    if nq > nk:
+        raise ValueError(f"q: {nq} query tokens, more than the cache's {nk} (the causal MLA decode needs Nq <= Nk)")
+    for name, t in (("q", q), ("kv_cache", kv_cache)):
+        if t.device.type not in _DEVICE_TYPES:
+            raise ValueError(f"{name}: the kernels run on a CUDA device, got a {t.device.type} tensor")
+    if kv_cache.device != q.device:
+        raise ValueError(f"kv_cache: must be on q's device {q.device}, got {kv_cache.device}")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, kv_cache)):
+        raise ValueError("q, kv_cache: the MLA decode has no backward; call it under torch.no_grad()")
+    scale = check_scale(softmax_scale, 192)
+    if not torch.compiler.is_compiling():
+        check_device(q)
+    o = torch.ops.attn_lineage.mla_decode(q.transpose(1, 2).contiguous(), kv_cache, scale)
+    return o.transpose(1, 2)

@@ -14,6 +14,9 @@
 // tensors. Its block map is built on the host (masks/mask_spec.cpp, block_map.cpp) and copied
 // to the device in that stream, as masks/mask_gpu.cu's mask_forward_gpu() does for the chapter.
 //
+// Chapter 06's MLA decode (gqa_mla/mla_final.cu) launches on the legacy default stream, so it is
+// bracketed as chapter 05's kernels are.
+//
 // Chapter 05's files are used by path: chapters/05_fa3_hopper/step_launch.cuh (the forward's
 // launcher, steps/final.cu), backward_launch.cuh and backward_prepost.cuh (the backward's
 // launcher, steps/final_backward.cu, and its preprocess and postprocess).
@@ -32,6 +35,7 @@
 #include "chapters/05_fa3_hopper/backward_prepost.cuh"
 #include "chapters/05_fa3_hopper/backward_tiles.hpp"
 #include "chapters/05_fa3_hopper/step_launch.cuh"
+#include "chapters/06_variants/gqa_mla/mla_final.cuh"  // chapter 06's final MLA decode
 #include "chapters/06_variants/masks/block_map.hpp"     // chapter 06's block map (host)
 #include "chapters/06_variants/masks/mask_kernels.cuh"  // chapter 06's FwdParams, hopper_final
 #include "chapters/06_variants/masks/mask_spec.hpp"     // chapter 06's MaskSpec, layouts
@@ -238,6 +242,31 @@ DecodePlan decode_plan(int device, int batch, int heads, int kv_heads, int d, in
   return pl;
 }
 
+
+
+/// Chapter 06's MLA decode: gqa_mla_gpu.cu's absorb_run() on the final path (mla_final.cu's plan),
+/// and its partials' place in the workspace.
+struct MlaPlan {
+  attn::ch06::mla::FinalPlan plan;
+  size_t o_part, ml_part, total;
+};
+MlaPlan mla_plan(int device, int batch, int heads, int nq, int nk) {
+  namespace mla = attn::ch06::mla;
+  require(batch > 0 && heads > 0 && nq > 0 && nk > 0, "sizes must be positive");
+  require(nq <= nk, "nq (" + std::to_string(nq) + ") must be <= nk (" + std::to_string(nk) +
+                        "): the MLA decode is causal and has no row without keys");
+  require(long(heads) * nq < (1L << 24) && nk < (1 << 30), "heads * nq or nk too large");
+  int sms = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  MlaPlan m;
+  const int rows = heads * nq;
+  m.plan = mla::final_plan(batch, rows, nk, 0, sms);
+  const size_t parts = size_t(batch) * m.plan.splits * rows;
+  m.o_part = 0;
+  m.ml_part = round256(parts * mla::kDVl * sizeof(float));
+  m.total = m.ml_part + round256(parts * 2 * sizeof(float));
+  return m;
+}
 
 /// Chapter 06: a masked forward's run-time description (the checks of lineage_c.h, before any
 /// device call), and the mask the kernel takes.
@@ -591,6 +620,61 @@ int attn_lineage_masked_forward(int device, void* stream, int dtype, const void*
     const std::function<void()> run = ch06::hopper_final::prepare(f, s, p, pd, st);
     require(bool(run), "no masked kernel for this problem");
     run();
+    return ATTN_LINEAGE_OK;
+  });
+}
+
+int attn_lineage_mla_decode_workspace(int device, int batch, int heads, int nq, int nk, size_t* bytes, char* err,
+                                      size_t err_len) {
+  const int ready = attn_lineage_device_ready(device, err, err_len);
+  if (ready != ATTN_LINEAGE_OK) return ready;
+  return guarded(err, err_len, [&] {
+    require(bytes != nullptr, "bytes is null");
+    *bytes = mla_plan(device, batch, heads, nq, nk).total;
+    return ATTN_LINEAGE_OK;
+  });
+}
+
+int attn_lineage_mla_decode(int device, void* stream, const void* q, const void* kv, void* o, void* workspace,
+                            size_t workspace_bytes, int batch, int heads, int nq, int nk, float scale, char* err,
+                            size_t err_len) {
+  const int checked = guarded(err, err_len, [&] {
+    require(batch > 0 && heads > 0 && nq > 0 && nk > 0, "sizes must be positive");
+    require(nq <= nk, "nq (" + std::to_string(nq) + ") must be <= nk (" + std::to_string(nk) +
+                          "): the MLA decode is causal and has no row without keys");
+    require(std::isfinite(scale) && scale >= 0, "scale must be finite and >= 0 (0: 1/sqrt(192))");
+    const char* names[] = {"q", "kv", "o", "workspace"};
+    const void* ptrs[] = {q, kv, o, workspace};
+    for (int i = 0; i < 4; ++i) require_aligned(ptrs[i], names[i]);
+    require(reinterpret_cast<uintptr_t>(workspace) % 256 == 0, "workspace must be 256-byte aligned");
+    return ATTN_LINEAGE_OK;
+  });
+  if (checked != ATTN_LINEAGE_OK) return checked;
+  const int ready = attn_lineage_device_ready(device, err, err_len);
+  if (ready != ATTN_LINEAGE_OK) return ready;
+  return guarded(err, err_len, [&] {
+    namespace mla = attn::ch06::mla;
+    const MlaPlan m = mla_plan(device, batch, heads, nq, nk);
+    require(workspace_bytes >= m.total, "workspace: " + std::to_string(workspace_bytes) + " bytes, " +
+                                            std::to_string(m.total) + " needed");
+    char* ws = static_cast<char*>(workspace);
+    mla::DecodeParams p;
+    p.q = static_cast<const __nv_bfloat16*>(q);
+    p.kv = static_cast<const __nv_bfloat16*>(kv);
+    p.o_part = reinterpret_cast<float*>(ws + m.o_part);
+    p.ml_part = reinterpret_cast<float*>(ws + m.ml_part);
+    p.batch = batch, p.rows = heads * nq, p.nq = nq, p.nk = nk;
+    p.splits = m.plan.splits, p.blocks_per_split = m.plan.blocks_per_split;
+    const double tau = scale > 0 ? double(scale) : 1.0 / std::sqrt(192.0);
+    p.scale_log2 = float(tau * kLog2e);
+    p.combine_parts = m.plan.combine_parts;
+    p.pdl = m.plan.pdl;
+    p.cluster_merge = m.plan.cluster;
+    __nv_bfloat16* o_c = static_cast<__nv_bfloat16*>(o);
+    if (p.cluster_merge) p.o_c = o_c;
+    StreamBridge bridge(stream);
+    mla::launch_final(p, o_c);
+    bridge.done();
     return ATTN_LINEAGE_OK;
   });
 }

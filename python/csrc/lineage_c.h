@@ -30,7 +30,7 @@ extern "C" {
 #define ATTN_LINEAGE_F16 1
 
 /* The ABI version: changes whenever a signature below changes (2: the paged decode; 3: the
- * masked forward). */
+ * masked forward and the MLA decode). */
 int attn_lineage_abi_version(void);
 
 /* 0 when `device` runs the kernels of this library (compute capability 9.0, built for
@@ -95,6 +95,19 @@ int attn_lineage_masked_forward(int device, void* stream, int dtype, const void*
                                 void* o, float* lse, int batch, int heads, int kv_heads, int nq, int nk, int d,
                                 float scale, int causal, int window_left, int window_right, float softcap,
                                 const float* sinks, const int* cu_seqlens, int docs, char* err, size_t err_len);
+
+/* Chapter 06's final absorbed MLA decode (gqa_mla/mla_final.cu), forward only, bf16: each
+ * query head attends to one shared latent cache. q [B][heads][nq][576] (the absorbed query
+ * [q_nope W_UK^T ; q_rope]), kv [B][nk][576] (the cache as stored: [c ; k_rope]), o
+ * [B][heads][nq][512] (the latent output, before W_UV). Causal, bottom-right: query i sees keys
+ * j <= i + nk - nq; nq <= nk. scale: tau (0: 1/sqrt(192), DeepSeek's 128 + 64 dims).
+ * workspace: attn_lineage_mla_decode_workspace() bytes, 256-byte aligned (the key ranges'
+ * partial results). */
+int attn_lineage_mla_decode_workspace(int device, int batch, int heads, int nq, int nk, size_t* bytes, char* err,
+                                      size_t err_len);
+int attn_lineage_mla_decode(int device, void* stream, const void* q, const void* kv, void* o, void* workspace,
+                            size_t workspace_bytes, int batch, int heads, int nq, int nk, float scale, char* err,
+                            size_t err_len);
 
 #ifdef __cplusplus
 }

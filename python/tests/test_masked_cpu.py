@@ -216,3 +216,53 @@ def test_reference_masks_against_formulas():
     n_o, n_lse, *_ = R.naive_same_precision(q.float(), k.float(), v.float(), None, False, 0.3, visible=none,
                                             sink=sink)
     assert torch.all(n_o == 0) and torch.allclose(n_lse[0, :, 0], sink.float())
+
+
+# ----------------------------------------------------------------------------- MLA decode
+
+def _mla(device="meta", b=2, nq=3, h=16, nk=100, dq=576, dkv=576, dtype=None):
+    dtype = dtype or BF16
+    return (torch.zeros(b, nq, h, dq, dtype=dtype, device=device),
+            torch.zeros(b, nk, dkv, dtype=dtype, device=device))
+
+
+def test_mla_decode_fake_shapes_and_compile():
+    need_torch()
+    from attn_lineage import mla_decode
+    q, kv = _mla()
+    o = mla_decode(q, kv)
+    assert o.shape == (2, 3, 16, 512) and o.dtype == BF16 and o.device.type == "meta"
+    code = _traced_ops(lambda q, kv: mla_decode(q, kv) * 2, q, kv)
+    assert "attn_lineage.mla_decode" in code, code
+    o1 = mla_decode(*_mla(nq=1), causal=False)  # one query token: causal or not is the same
+    assert o1.shape == (2, 1, 16, 512)
+
+
+def test_mla_decode_argument_checks():
+    need_torch()
+    from attn_lineage import mla_decode as f
+    q, kv = _mla()
+    with raises(ValueError, r"^q: dtype float16 has no kernel"):
+        f(q.half(), kv)
+    with raises(ValueError, r"^kv_cache: expected a torch.Tensor"):
+        f(q, None)
+    with raises(ValueError, r"^q: expected \[batch, seqlen, heads, 576\]"):
+        f(*_mla(dq=512)[:1], kv)
+    with raises(ValueError, r"^kv_cache: expected \[batch, seqlen, 576\]"):
+        f(q, kv[:, :, None])
+    with raises(ValueError, r"^kv_cache: batch 1 differs"):
+        f(q, kv[:1])
+    with raises(ValueError, r"^q: 5 query tokens, more than the cache's 4"):
+        f(*_mla(nq=5, nk=4))
+    with raises(ValueError, r"^causal: the MLA decode kernel is causal"):
+        f(q, kv, causal=False)
+    with raises(ValueError, r"^causal: expected a bool"):
+        f(q, kv, causal=0)
+    with raises(ValueError, r"^softmax_scale: must be finite"):
+        f(q, kv, softmax_scale=-1.0)
+    with raises(ValueError, r"no backward"):
+        f(q.clone().requires_grad_(), kv)
+    with raises(ValueError, r"^q: the kernels run on a CUDA device"):
+        f(*_mla("cpu"))
+    with raises(ValueError, r"^kv_cache: the kernels run on a CUDA device"):
+        f(q, _mla("cpu")[1])
