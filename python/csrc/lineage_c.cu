@@ -326,11 +326,12 @@ MaskedCall masked_call(int dtype, int batch, int heads, int kv_heads, int nq, in
     s.kind = MaskKind::causal;
     return c;
   }
-  // Any other window, dense included (both bounds past every key): the Window policy.
+  // Any other window, dense included (both bounds past every key): the Window policy. A bound
+  // past every key is clipped to one (q - left and q + right stay far from int overflow).
   const int far = nq + nk;
   s.kind = MaskKind::window;
-  s.left = window_left < 0 ? far : window_left;
-  s.right = right < 0 ? far : right;
+  s.left = window_left < 0 || window_left > far ? far : window_left;
+  s.right = right < 0 || right > far ? far : right;
   return c;
 }
 
