@@ -20,9 +20,9 @@ namespace attn::ch05 {
 namespace {
 
 /// The step whose dQ layout and query blocks a run takes: its own, except the final
-/// backward's, which are b12's at d = 64 and b13's at d = 128 (its configuration table).
+/// backward's (and b16's, b17's, which keep its table): b12's at d = 64 and b13's at d = 128.
 BwdStep layout_step(BwdStep s, int d) {
-  if (s != BwdStep::final_bwd) return s;
+  if (s != BwdStep::final_bwd && s != BwdStep::b16_shared_state_space && s != BwdStep::b17_fa4_order) return s;
   return d == 64 ? BwdStep::b12_pairs_of_query_blocks : BwdStep::b13_eighty_queries;
 }
 /// Rows of the walk's query blocks and of the accumulator's tiles: 64, b13's 80.
@@ -63,6 +63,8 @@ PreparedStep prepare_step(BwdStep s, const BwdStepArgs& a) {
     case BwdStep::b13_eighty_queries: return b13::prepare(a);
     case BwdStep::b14_ds_by_queries: return b14::prepare(a);
     case BwdStep::b15_scores_ahead: return b15::prepare(a);
+    case BwdStep::b16_shared_state_space: return b16::prepare(a);
+    case BwdStep::b17_fa4_order: return b17::prepare(a);
 #else
     default: break;
 #endif
@@ -111,6 +113,8 @@ const char* bwd_step_name(BwdStep s) {
     case BwdStep::b13_eighty_queries: return "b13 backward, 80 queries a step";
     case BwdStep::b14_ds_by_queries: return "b14 backward, dS stored by queries";
     case BwdStep::b15_scores_ahead: return "b15 backward, the next S^T ahead of dQ";
+    case BwdStep::b16_shared_state_space: return "b16 backward, shared loads and stores";
+    case BwdStep::b17_fa4_order: return "b17 backward, FA4's order of the products";
     case BwdStep::final_bwd: return "final backward";
   }
   return "?";

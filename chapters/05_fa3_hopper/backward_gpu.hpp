@@ -18,6 +18,9 @@
 ///     b13 (from b11, d = 128) eighty queries a step: dQ^T = K^T dS^T, dS^T in 32-byte slabs, one dQ buffer
 ///     b14 dS by queries: dS stored [queries][keys] in the 128-byte swizzle, dQ^T's B read K-major
 ///     b15 (from b13) scores ahead: the next step's S^T issued before this step's dQ leaves
+///     b16 (from the final backward) shared state space: LSE_i, D_i, dS^T (stmatrix) and dQ as
+///         ld.shared and st.shared, LSE_i read while S^T runs
+///     b17 (from b16) FA4's order: dV, the meeting, dQ, dK, dQ's handover under dK
 ///     final  the final backward (steps/final_backward.cu, from b11): b12's pairs of query blocks
 ///            at d = 64 and b13's eighty queries at d = 128, chosen by one configuration table
 ///
@@ -41,7 +44,8 @@ namespace attn::ch05 {
 enum class BwdStep { b1_wgmma = 1, b2_warp_specialized, b3_dq_fragment_order, b4_no_spills, b5_dq_writer, b6_deterministic_walk, b7_dq_split_by_keys,
                      b8_named_barrier_release, b9_two_ds_buffers, b10_consumer_offset, b11_longest_walks_first,
                      b12_pairs_of_query_blocks, b13_eighty_queries, b14_ds_by_queries, b15_scores_ahead,
-                     final_bwd = 16 };  ///< final_bwd: the final backward (steps/final_backward.cu), `--backward-step final`
+                     b16_shared_state_space, b17_fa4_order,
+                     final_bwd = 18 };  ///< final_bwd: the final backward (steps/final_backward.cu), `--backward-step final`
 
 /// The main path: b1, b2, b5, b6, b10, b11 and the final backward.
 constexpr BwdStep kMainBwdSteps[] = {BwdStep::b1_wgmma,           BwdStep::b2_warp_specialized,
@@ -53,7 +57,8 @@ constexpr BwdStep kLabBwdSteps[] = {BwdStep::b3_dq_fragment_order, BwdStep::b4_n
                                     BwdStep::b7_dq_split_by_keys,  BwdStep::b8_named_barrier_release,
                                     BwdStep::b9_two_ds_buffers,    BwdStep::b12_pairs_of_query_blocks,
                                     BwdStep::b13_eighty_queries,   BwdStep::b14_ds_by_queries,
-                                    BwdStep::b15_scores_ahead};
+                                    BwdStep::b15_scores_ahead,     BwdStep::b16_shared_state_space,
+                                    BwdStep::b17_fa4_order};
 constexpr bool bwd_step_in_lab(BwdStep s) {
   for (BwdStep l : kLabBwdSteps)
     if (l == s) return true;
@@ -67,7 +72,8 @@ constexpr BwdStep kAllBwdSteps[] = {BwdStep::b1_wgmma, BwdStep::b2_warp_speciali
                                     BwdStep::b9_two_ds_buffers, BwdStep::b10_consumer_offset,
                                     BwdStep::b11_longest_walks_first, BwdStep::b12_pairs_of_query_blocks,
                                     BwdStep::b13_eighty_queries, BwdStep::b14_ds_by_queries,
-                                    BwdStep::b15_scores_ahead, BwdStep::final_bwd};
+                                    BwdStep::b15_scores_ahead, BwdStep::b16_shared_state_space,
+                                    BwdStep::b17_fa4_order, BwdStep::final_bwd};
 #else
 constexpr BwdStep kAllBwdSteps[] = {BwdStep::b1_wgmma,           BwdStep::b2_warp_specialized,
                                     BwdStep::b5_dq_writer,       BwdStep::b6_deterministic_walk,
@@ -82,7 +88,8 @@ const char* bwd_step_name(BwdStep s);
 /// Empty when the backward runs this problem, else why not (head dim, dtype, d != dv).
 std::string backward_unsupported(const Problem& p);
 
-/// Whether step `s` is built for this problem's head dim (b12: d = 64 only; b13-b15: d = 128 only)
+/// Whether step `s` is built for this problem's head dim (b12: d = 64 only; b13-b15: d = 128 only;
+/// b16, b17 and the final backward: both)
 /// and is in this build (a lab step only with TUTORIAL_LAB=ON).
 inline bool bwd_step_supports(BwdStep s, const Problem& p) {
   if (!bwd_step_built(s)) return false;
@@ -125,7 +132,7 @@ class BackwardRunner {
 };
 
 /// For a profiler (`ch05_fa3_hopper --backward-steps K,... --launch-only N`): each listed step
-/// (its number, 1-14) run N times on one problem, dQ added in any order, O and LSE from v8;
+/// (its number, 1-17) run N times on one problem, dQ added in any order, O and LSE from v8;
 /// nothing checked or timed. A step not built for the problem's head dim is skipped.
 void fa3_backward_launch_only(const Problem& p, const AttnInputs& in, const std::vector<int>& steps, int launches);
 

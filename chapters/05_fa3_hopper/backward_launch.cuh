@@ -61,6 +61,8 @@ namespace b12 { PreparedStep prepare(const BwdStepArgs& a); }
 namespace b13 { PreparedStep prepare(const BwdStepArgs& a); }
 namespace b14 { PreparedStep prepare(const BwdStepArgs& a); }
 namespace b15 { PreparedStep prepare(const BwdStepArgs& a); }
+namespace b16 { PreparedStep prepare(const BwdStepArgs& a); }
+namespace b17 { PreparedStep prepare(const BwdStepArgs& a); }
 // The final backward (steps/final_backward.cu).
 namespace final_bwd { PreparedStep prepare(const BwdStepArgs& a); }
 

@@ -127,7 +127,7 @@ int main(int argc, char** argv) {
                    1, kLastLabStep, {{"final", int(Step::final_fwd)}, {"final-fp8", int(Step::final_fp8)}});
   bool lab = false;
   cli.add_flag("--lab", &lab,
-               "also run the lab's steps (steps/lab/, LAB.md): forward v9-v31 and backward b3, b4, b7-b9, b12-b15; "
+               "also run the lab's steps (steps/lab/, LAB.md): forward v9-v31 and backward b3, b4, b7-b9, b12-b17; "
                "needs a build configured with -DTUTORIAL_LAB=ON");
   bool no_table = false;
   cli.add_flag("--no-fp8-table", &no_table, "skip the CPU FP8 accuracy table");
@@ -139,13 +139,13 @@ int main(int argc, char** argv) {
   cli.add_int("--launch-only", &launch_only,
               "launch the chosen steps K times each on device-made inputs, and the steps of --backward-steps on seeded ones, nothing checked or timed (for a profiler)", 1, 100);
   std::string bwd_step_text = "auto";
-  cli.add_choice("--backward-step", &bwd_step_text, {"auto", "all", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "final"},
+  cli.add_choice("--backward-step", &bwd_step_text, {"auto", "all", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16", "17", "final"},
                  "run one backward step (b1, b2, b5, b6, b10, b11, final; the lab's with --lab) or all (see --backward-steps for several); auto: all with --step all, none with a list of forward steps");
 
   std::vector<int> bwd_step_list;  // empty: --backward-step decides
   cli.add_int_list("--backward-steps", &bwd_step_list,
-                   "run these backward steps, e.g. 11,final (b1-b15, final), in place of --backward-step", 1,
-                   int(BwdStep::b15_scores_ahead), {{"final", int(BwdStep::final_bwd)}});
+                   "run these backward steps, e.g. 11,final (b1-b17, final), in place of --backward-step", 1,
+                   int(BwdStep::b17_fa4_order), {{"final", int(BwdStep::final_bwd)}});
 
   return run_chapter(argc, argv, cli, [&](const Options& opt) {
     const Problem& p = opt.problem;

@@ -113,6 +113,10 @@ if(LAB)
   require(b14_ds_by_queries.ptx "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16;p, 1, 1, 1, 0;cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32;setmaxnreg")
   # b15: b13 with the next step's S^T issued before this step's dQ leaves (same products, m64n80 and m64n128).
   require(b15_scores_ahead.ptx "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16;wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16;cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32;bar.arrive;bar.sync;setmaxnreg")
+  # b16: the final backward with LSE_i and D_i read by ld.shared, dS^T stored by stmatrix, dQ by st.shared.
+  require(b16_shared_state_space.ptx "ld.shared.v2.f32;st.shared.v2.f32;stmatrix.sync.aligned.m8n8.x4.shared.b16;wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16;wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16;setmaxnreg")
+  # b17: b16 with three commit groups a step, each wait leaving one product in flight.
+  require(b17_fa4_order.ptx "stmatrix.sync.aligned.m8n8.x4.shared.b16;wgmma.wait_group.sync.aligned 1;wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16;cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32;setmaxnreg")
   # v17: v11 at d = 64 only, the causal kernel with key blocks of 192 too.
   require(v17_causal_key_blocks.ptx "wgmma.mma_async.sync.aligned.m64n192k16;ex2.approx;setmaxnreg")
   forbid(v17_causal_key_blocks.ptx "wgmma.mma_async.sync.aligned.m64n128k16")

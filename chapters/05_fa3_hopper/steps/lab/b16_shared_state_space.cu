@@ -1,9 +1,9 @@
-// Chapter 05, backward step 16 (from the final backward, the lab): the consumers' shared-memory
+// Chapter 05, backward step 16 (from final_backward, the lab): the consumers' shared-memory
 // loads and stores in the shared state space.
 //
 // A lab step beside the backward's main path (b1, b2, b5, b6, b10, b11, final_backward.cu).
 //
-// What changes from the final backward. There, every shared-memory access of a consumer is
+// What changes from final_backward. There, every shared-memory access of a consumer is
 // *generic* in the machine code (LD.E, ST.E), not a shared one (LDS, STS): the kernel's pointer
 // into shared memory is aligned to 1024 by integer arithmetic (align_1024()) and re-derived each
 // step with `+ fresh_zero()`, and after that the compiler can no longer prove that it points
