@@ -242,6 +242,38 @@ TEST_CASE("backward b15 (the next S^T ahead of dQ, d = 128) at awkward shapes, b
 }
 #endif
 
+#if TUTORIAL_LAB  // lab steps (steps/lab/): built with TUTORIAL_LAB=ON
+// b16 and b17 keep the final backward's table (d = 64: pairs of 64-row blocks; d = 128: blocks
+// of 80): the shapes of its test, an odd and an even number of blocks, tails, GQA over batches.
+void final_table_shapes(BwdStep s) {
+  for (int d : {64, 128}) {
+    CAPTURE(d);
+    CHECK(bwd_step_supports(s, shape().n(128).d(d)));
+    awkward_shapes(s, d, DType::bf16, false);
+    awkward_shapes(s, d, DType::f16, true);
+  }
+  for (bool det : {false, true}) {
+    for (int nq : {64, 192, 256, 448}) {
+      check_backward(s, shape().heads(2).n(nq, 300).d(64).causal(), det);
+      check_backward(s, shape().batch(2).heads(4, 2).n(nq, 130).d(64), det);
+    }
+    for (int nq : {80, 160, 192, 400}) {
+      check_backward(s, shape().heads(2).n(nq, 300).d(128).causal(), det);
+      check_backward(s, shape().batch(2).heads(4, 2).n(nq, 130).d(128), det);
+    }
+    check_backward(s, shape().batch(2).heads(6, 3).n(700, 900).d(128).causal(), det, Dist::outliers);
+  }
+}
+TEST_CASE("backward b16 (shared loads and stores, d = 64 and 128) at awkward shapes, both modes") {
+  require_hopper();
+  final_table_shapes(BwdStep::b16_shared_state_space);
+}
+TEST_CASE("backward b17 (FA4's order of the products, d = 64 and 128) at awkward shapes, both modes") {
+  require_hopper();
+  final_table_shapes(BwdStep::b17_fa4_order);
+}
+#endif
+
 TEST_CASE("backward, deterministic mode: correct at awkward shapes") {
   require_hopper();
   for (BwdStep s : kAllBwdSteps)
@@ -356,6 +388,12 @@ TEST_CASE("backward sanitizer shape b14") { sanitizer_shape(BwdStep::b14_ds_by_q
 #endif
 #if TUTORIAL_LAB  // a lab step (steps/lab/): built with TUTORIAL_LAB=ON
 TEST_CASE("backward sanitizer shape b15") { sanitizer_shape(BwdStep::b15_scores_ahead); }
+#endif
+#if TUTORIAL_LAB  // a lab step (steps/lab/): built with TUTORIAL_LAB=ON
+TEST_CASE("backward sanitizer shape b16, d = 64") { sanitizer_shape(BwdStep::b16_shared_state_space, 64); }
+TEST_CASE("backward sanitizer shape b16, d = 128") { sanitizer_shape(BwdStep::b16_shared_state_space, 128); }
+TEST_CASE("backward sanitizer shape b17, d = 64") { sanitizer_shape(BwdStep::b17_fa4_order, 64); }
+TEST_CASE("backward sanitizer shape b17, d = 128") { sanitizer_shape(BwdStep::b17_fa4_order, 128); }
 #endif
 TEST_CASE("backward sanitizer shape final, d = 64") { sanitizer_shape(BwdStep::final_bwd, 64); }
 TEST_CASE("backward sanitizer shape final, d = 128") { sanitizer_shape(BwdStep::final_bwd, 128); }

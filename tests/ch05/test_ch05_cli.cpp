@@ -42,8 +42,13 @@ TEST_CASE("the final kernels go by name, and the lab's steps need the lab build"
   CHECK(run_binary(CH05_BINARY, "--device cpu --n 130 --heads 2 --step finalx").exit_code == 2);
 #if TUTORIAL_LAB
   CHECK(run_binary(CH05_BINARY, "--device cpu --n 130 --heads 2 --no-fp8-table --lab --step 12,23").exit_code == 0);
+  // the backward's lab steps b16 and b17 by number, beside the final backward by name
+  CHECK(run_binary(CH05_BINARY, "--device cpu --n 130 --heads 2 --no-fp8-table --step 8 --backward-step 17").exit_code == 0);
+  CHECK(run_binary(CH05_BINARY, "--device cpu --n 130 --heads 2 --no-fp8-table --step 8 --backward-steps 16,17,final").exit_code == 0);
+  CHECK(run_binary(CH05_BINARY, "--device cpu --n 130 --heads 2 --backward-steps 18").exit_code == 2);
 #else
-  for (const char* args : {"--lab", "--step 12", "--backward-steps 13", "--backward-step 3"}) {
+  for (const char* args : {"--lab", "--step 12", "--backward-steps 13", "--backward-step 3", "--backward-step 16",
+                           "--backward-steps 17"}) {
     CAPTURE(args);
     const auto bad = run_binary(CH05_BINARY, std::string("--device cpu --n 130 --heads 2 ") + args);
     CHECK(bad.exit_code == 2);
