@@ -74,7 +74,7 @@ LAB_PARENTS = {
            "v23": "v21", "v24": "v23", "v25": "v14", "v26": "v15", "v27": "v15", "v28": "v25", "v29": "v26",
            "v30": "final", "v31": "v30",
            "b3": "b2", "b4": "b3", "b7": "b6", "b8": "b6", "b9": "b8", "b12": "b11", "b13": "b11", "b14": "b13",
-           "b15": "b13"},
+           "b15": "b13", "b16": "final", "b17": "b16"},
     "06": {"v5": "v4"},  # masks/steps/lab/v5_epilogue_in_place.cu (step_parents reads steps/ of a chapter's root)
     "07": {"v8": "v7", "v10": "v9", "v13": "v10"},
 }

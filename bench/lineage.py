@@ -27,7 +27,7 @@
 Chapter 05 keeps a main path and a lab: without --lab its binary runs the main path (forward v1-v8
 and the final bf16/fp16 and FP8 kernels; backward b1, b2, b5, b6, b10, b11 and the final backward),
 and the tables and plots show those; --lab times every lab step too (forward v9 and up; backward
-b3, b4, b7-b9, b12-b15) and adds the lab's tables and plots.
+b3, b4, b7-b9, b12-b17) and adds the lab's tables and plots.
 
 With a GPU it builds the chapter binaries if needed, then runs, in this order:
 the ceilings (read bandwidth; bf16 and FP8 GEMM through cuBLAS/cuBLASLt, measured by the
@@ -1546,7 +1546,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true",
                     help="d=128 at N=8K, the decode sweep, softmax, masks and GQA, FA1 at 2K: 2:13 on an H200")
     ap.add_argument("--lab", action="store_true",
-                    help="chapter 05's lab steps too (forward v9 and up, backward b3, b4, b7-b9, b12-b15), with "
+                    help="chapter 05's lab steps too (forward v9 and up, backward b3, b4, b7-b9, b12-b17), with "
                          "their own tables and plots: the chapters that have lab steps are built with "
                          "-DTUTORIAL_LAB=ON in their own folder, BUILD_DIR-lab (BUILD_DIR itself when its cache "
                          "has TUTORIAL_LAB=ON), the others come from BUILD_DIR; results in BUILD_DIR/bench-lab. "

@@ -115,7 +115,7 @@ CROSS: dict[str, Last | File | New] = {
     # chapter 06's packed GQA for non-Hopper GPUs: chapter 04's v9 with the packed view
     "chapters/06_variants/gqa_mla/ampere_packed.cu": File("chapters/04_fa2/steps/v9_per_dim_tiles.cu"),
     # chapter 05's backward: b1 is chapter 04's backward on Hopper's machinery, b2 warp-specialises b1.
-    # The main path is b1, b2, b5, b6, b10, b11 and final_backward.cu; b3, b4, b7-b9 and b12-b15 live
+    # The main path is b1, b2, b5, b6, b10, b11 and final_backward.cu; b3, b4, b7-b9 and b12-b17 live
     # in steps/lab/ (their table is LAB.md's, from their headers), and a main step's parent is the file
     # it really changes, in the lab or not: b5 changes the lab's b4, b10 the lab's b9. While every
     # b-file still sits in steps/, a name in steps/lab/ is found there (resolve()).
