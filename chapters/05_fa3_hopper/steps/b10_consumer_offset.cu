@@ -1,7 +1,7 @@
 // Chapter 05, backward step 10: consumer 0 multiplies each dQ a step late, the consumers run apart.
 //
 // The backward's main path: b1, b2, b5, b6, b10, b11, then final_backward.cu (the lab, steps/lab/,
-// holds b3, b4, b7-b9 and b12-b15). b10 changes the lab's b9, which changes b8, which changes b6:
+// holds b3, b4, b7-b9 and b12-b17). b10 changes the lab's b9, which changes b8, which changes b6:
 // against b6 it makes three changes, b8's and b9's (summarised after b10's own) first.
 //
 // What changes from b9. In b9 both consumers meet on named barrier 1 every step (dQ reads

@@ -1,7 +1,7 @@
 // Chapter 05, backward step 11: causal key blocks launched longest walk first.
 //
 // The backward's main path: b1, b2, b5, b6, b10, b11, then final_backward.cu (the lab, steps/lab/,
-// holds b3, b4, b7-b9 and b12-b15). b11 changes b10.
+// holds b3, b4, b7-b9 and b12-b17). b11 changes b10.
 //
 // What changes from b10. With the causal mask key block j walks Tr - 2j query blocks (Bc =
 // 2 Br): at N = 8K, 128 steps for j = 0 down to 2 for j = 63. b10's grid is (key block, KV

@@ -1,7 +1,7 @@
 // Chapter 05, backward step 1: all five products of the backward on wgmma.
 //
 // The backward's main path: b1, b2, b5, b6, b10, b11, then final_backward.cu (the lab, steps/lab/,
-// holds b3, b4, b7-b9 and b12-b15). b1 derives from chapter 04's backward.
+// holds b3, b4, b7-b9 and b12-b17). b1 derives from chapter 04's backward.
 //
 // FA2's Algorithm 2, as chapter 04's backward.cu runs it, with Hopper's machinery. What
 // changes from chapter 04's last backward (chapters/04_fa2/backward.cu, fa2_bwd_main):

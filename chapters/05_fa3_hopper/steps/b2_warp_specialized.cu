@@ -1,7 +1,7 @@
 // Chapter 05, backward step 2: warp specialisation.
 //
 // The backward's main path: b1, b2, b5, b6, b10, b11, then final_backward.cu (the lab, steps/lab/,
-// holds b3, b4, b7-b9 and b12-b15). b2 changes b1.
+// holds b3, b4, b7-b9 and b12-b17). b2 changes b1.
 //
 // What changes from b1. A third warpgroup joins, and it only moves data, as in the
 // forward's v3:

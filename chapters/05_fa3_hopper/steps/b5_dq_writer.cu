@@ -1,7 +1,7 @@
 // Chapter 05, backward step 5: a dQ writer warp.
 //
 // The backward's main path: b1, b2, b5, b6, b10, b11, then final_backward.cu (the lab, steps/lab/,
-// holds b3, b4, b7-b9 and b12-b15). b5 changes the lab's b4, which changes b3, which changes b2:
+// holds b3, b4, b7-b9 and b12-b17). b5 changes the lab's b4, which changes b3, which changes b2:
 // against b2 it makes the three changes below, b3's and b4's first.
 //
 // What changes from b4. In b4 one consumer thread per warpgroup issues each step's

@@ -1,7 +1,7 @@
 // Chapter 05, backward step 6: the deterministic walk starts at the last query block.
 //
 // The backward's main path: b1, b2, b5, b6, b10, b11, then final_backward.cu (the lab, steps/lab/,
-// holds b3, b4, b7-b9 and b12-b15). b6 changes b5.
+// holds b3, b4, b7-b9 and b12-b17). b6 changes b5.
 //
 // What changes from b5. The deterministic mode adds into each dQ tile in the order of the
 // key blocks, j = 0, 1, 2, ... With the causal mask key block j starts its walk at query
