@@ -71,8 +71,9 @@ require(final.ptx "wgmma.mma_async.sync.aligned.m64n176k16;wgmma.mma_async.sync.
 # final_fp8: e4m3 tensor cores; key blocks of 192 at d = 128 (an n128 and an n64 wgmma), P V as
 # m64n256k32 at d = 256; the warp's vote for the lazy rescale.
 require(final_fp8.ptx "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3;wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3;wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3;vote.sync.any.pred;ex2.approx")
-# final_backward: b12's 128 queries a step at d = 64 (m64n128 S^T, m64n64 dQ), b13's 80 at d = 128 (m64n80).
-require(final_backward.ptx "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16;wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16;wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16;cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32;bar.arrive;bar.sync;setmaxnreg")
+# final_backward: b12's 128 queries a step at d = 64 (m64n128 S^T, m64n64 dQ), b13's 80 at d = 128 (m64n80);
+# b16's shared accesses (ld.shared, stmatrix) and b17's waits with one product in flight.
+require(final_backward.ptx "ld.shared.v2.f32;st.shared.v2.f32;stmatrix.sync.aligned.m8n8.x4.shared.b16;wgmma.wait_group.sync.aligned 1;wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16;wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16;wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16;cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32;bar.arrive;bar.sync;setmaxnreg")
 
 # The lab's steps (steps/lab/), in a build configured with TUTORIAL_LAB=ON.
 if(LAB)

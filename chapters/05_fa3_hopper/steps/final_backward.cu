@@ -17,10 +17,12 @@
 //            d, N = the 80 queries). A row of dS^T (80 queries, 160 bytes) is stored as slabs
 //            of 16 queries in the 32-byte swizzle, and each consumer has one dQ buffer, not two.
 //
-// In both, D_i is read two queries at a time (one float2) and the dS^T stores' row address is
-// computed once per step: with those two, the larger step fits the consumers' 240 registers
-// (ptxas: no spills at d = 128, a few bytes at d = 64). Each instantiation compiles to the
-// machine code of the lab step whose configuration it takes (scripts/same_machine_code.py --pair).
+// In both, a step's shared memory is read and written as shared memory (ld.shared, st.shared,
+// stmatrix for dS^T: the lab's b16; generic loads had lost the pointer's origin), LSE_i and D_i
+// are read while S^T and dP^T run, and the products go in FA4's order (the lab's b17): dV, the
+// meeting, dQ, dK, each wait leaving the next product running, and dQ's tile handed to the writer
+// under dK. ptxas: no spills at d = 64 or 128. Each instantiation compiles to b17's machine code
+// (scripts/same_machine_code.py --pair); b12 and b13 give the step sizes.
 //
 // Operands of a step (A x B; "smem" a descriptor, "regs" the accumulator as A fragments):
 //
@@ -40,8 +42,9 @@
 // (dq_whole_tiles), the transposed product's halves at d = 128 (dq_transposed). prepare()
 // refuses parameters that say otherwise.
 //
-// In the recorded H100 run it reaches 504 TFLOP/s at d = 128, N = 8K (480 causal) and 399 at
-// d = 64 (362 causal), against b11's 466 (452) and 319 (307).
+// In the recorded H100 run, before b16 and b17, it reached 504 TFLOP/s at d = 128, N = 8K (480
+// causal) and 399 at d = 64 (362 causal), against b11's 466 (452) and 319 (307); LAB.md has what
+// b16 and b17 changed.
 #include "common/cuda/check.cuh"
 #include "common/errors.hpp"
 #include "common/cuda/fast_math.cuh"
@@ -50,6 +53,7 @@
 #include "common/cuda/hopper/named_barrier.cuh"
 #include "common/cuda/hopper/roles.cuh"
 #include "common/cuda/hopper/setmaxnreg.cuh"
+#include "common/cuda/hopper/shared_access.cuh"
 #include "common/cuda/hopper/tma.cuh"
 #include "common/cuda/hopper/wgmma.cuh"
 #include "backward_launch.cuh"
@@ -260,8 +264,6 @@ __device__ __forceinline__ void consumer(const Fa3BwdParams& p, unsigned char* s
   uint64_t* full = bar_kv + 1;
   uint64_t* dq_full = dq_bars<Plan>(smem);
   uint64_t* dq_empty = dq_full + 4;
-  const float* sL = reinterpret_cast<const float*>(smem + Plan::kL);
-  const float* sD = reinterpret_cast<const float*>(smem + Plan::kD);
   // wg: 0 or 1 for warpgroups 1 and 2 (keys 0-63, 64-127).
   const int tid = fresh_thread_index() - 128, wg = tid / 128, wtid = tid % 128, warp = wtid / 32, lane = tid % 32;
   const int t = lane % 4;
@@ -326,14 +328,14 @@ __device__ __forceinline__ void consumer(const Fa3BwdParams& p, unsigned char* s
   auto dq_handover = [&](int sd, const float (&dq)[Plan::kdQRegs]) {
     if (sd >= 0 && sd + 2 < n_steps) named_barrier_arrive(7 + 2 * wg + sd % 2, 256);  // done[wg][sd % 2]
     const int buf = (sd + Plan::kdQBuffers) % Plan::kdQBuffers;
-    float* sdq = reinterpret_cast<float*>(smem + Plan::kdQ + (2 * buf + wg) * Plan::kdQTileBytes);
+    const uint32_t sdq = smem_u32(smem) + Plan::kdQ + (2 * buf + wg) * Plan::kdQTileBytes;  // shared address
     if constexpr (Plan::kdQBuffers == 2)
       mbarrier_wait(&dq_empty[2 * wg + buf], ((sd / 2) & 1) ^ 1);  // the writer is done with this buffer
     else if (sd >= 1)
       mbarrier_wait(&dq_empty[2 * wg], (sd - 1) & 1);  // the writer has read step sd - 1's tile
 #pragma unroll
     for (int y = 0; y < Plan::kdQRegs / 2; ++y)
-      *reinterpret_cast<float2*>(sdq + (y * 128 + wtid) * 2) = make_float2(dq[2 * y], dq[2 * y + 1]);
+      sts_f32x2(sdq + (y * 128 + wtid) * 8, dq[2 * y], dq[2 * y + 1]);
     fence_proxy_async_shared();  // visible to the copy engine
     __syncwarp();
     if (lane == 0 && sd >= 0) mbarrier_arrive(&dq_full[2 * wg + buf]);
@@ -346,6 +348,7 @@ __device__ __forceinline__ void consumer(const Fa3BwdParams& p, unsigned char* s
     const int qt = Plan::kQ + st * Plan::kQBytes, dot = Plan::kdO + st * Plan::kQBytes;
     mbarrier_wait(&full[st], ring.phase);
     tiles = smem + fresh_zero();
+    const uint32_t s32 = smem_u32(tiles);  // the 32-bit shared address of the tiles: ld.shared, st.shared, stmatrix
 
     // S^T = K_w Q_i^T and dP^T = V_w dO_i^T (64 keys x Br queries per warpgroup).
     float sT[Br / 2], dpT[Br / 2];
@@ -353,6 +356,10 @@ __device__ __forceinline__ void consumer(const Fa3BwdParams& p, unsigned char* s
 #pragma unroll
     for (int k = 0; k < D / 16; ++k) WgmmaSS<T, Br>::mma(sT, kmajor(Plan::kK, Bc, 64 * wg, k), kmajor(qt, Br, 0, k), k > 0);
     wgmma_commit();
+    // LSE_i of this thread's queries 8c + 2t, 8c + 2t + 1 (one ld.shared.v2 each), read while S^T runs.
+    float2 lse2[Br / 8];
+#pragma unroll
+    for (int c = 0; c < Br / 8; ++c) lse2[c] = lds_f32x2(s32 + Plan::kL + (st * Br + 8 * c + 2 * t) * 4);
 #pragma unroll
     for (int k = 0; k < D / 16; ++k)
       WgmmaSS<T, Br>::mma(dpT, kmajor(Plan::kV, Bc, 64 * wg, k), kmajor(dot, Br, 0, k), k > 0);
@@ -362,25 +369,26 @@ __device__ __forceinline__ void consumer(const Fa3BwdParams& p, unsigned char* s
     // query 8c + 2t + e % 2 of Q_i.
     wgmma_wait<1>();
     fence_operand(sT);
-    const float* lse2 = sL + st * Br;
-    const float* dlt = sD + st * Br;
     const bool masked = bwd_tile_masked(row0, col0, Br, Bc, p.nq, p.nk, p.causal);
 #pragma unroll
     for (int x = 0; x < Br / 2; ++x) {
       const int q = 8 * (x / 4) + 2 * t + (x & 1);
-      float pv = exp2_approx(fmaf(sT[x], p.scale_log2, -lse2[q]));
+      float pv = exp2_approx(fmaf(sT[x], p.scale_log2, (x & 1) ? -lse2[x / 4].y : -lse2[x / 4].x));
       if (masked) {
         const int key = col0 + key_local + 8 * ((x >> 1) & 1);
         if (key >= p.nk || (p.causal && key > row0 + q + diag)) pv = 0.f;
       }
       sT[x] = pv;
     }
-    // dS^T = P^T o (dP^T - D_i)
+    // dS^T = P^T o (dP^T - D_i). D_i of queries 8c + 2t, 8c + 2t + 1 read while dP^T runs.
+    float2 dlt[Br / 8];
+#pragma unroll
+    for (int c = 0; c < Br / 8; ++c) dlt[c] = lds_f32x2(s32 + Plan::kD + (st * Br + 8 * c + 2 * t) * 4);
     wgmma_wait<0>();
     fence_operand(dpT);
 #pragma unroll
-    for (int c = 0; c < Br / 8; ++c) {  // D_i of queries 8c + 2t, 8c + 2t + 1 as one float2 (fewer live registers)
-      const float2 dd = *reinterpret_cast<const float2*>(dlt + 8 * c + 2 * t);
+    for (int c = 0; c < Br / 8; ++c) {
+      const float2 dd = dlt[c];
       dpT[4 * c] = sT[4 * c] * (dpT[4 * c] - dd.x);
       dpT[4 * c + 1] = sT[4 * c + 1] * (dpT[4 * c + 1] - dd.y);
       dpT[4 * c + 2] = sT[4 * c + 2] * (dpT[4 * c + 2] - dd.x);
@@ -390,58 +398,66 @@ __device__ __forceinline__ void consumer(const Fa3BwdParams& p, unsigned char* s
     convert_p<T>(sT, pT);
     convert_p<T>(dpT, dsT);
 
-    // dS^T to shared memory for dQ, in slabs of kdSSwizzle / 2 queries: pair y = 2c + h is key
-    // key_local + 8h, queries 8c + 2t, 8c + 2t + 1. The row address is computed once.
+    // dS^T to shared memory for dQ, in slabs of kdSSwizzle / 2 queries, with stmatrix: register
+    // y = 2c + h (key key_local + 8h, queries 8c + 2t, 8c + 2t + 1) is row lane / 4 of the 8x8
+    // matrix (keys 8h.., queries 8c..) in stmatrix's layout, and each row of that matrix (8 queries
+    // of a key) is a 16-byte chunk of the tile. Instruction it stores registers 4it .. 4it + 3:
+    // matrix m = chunk 2it + m / 2, keys 8 (m % 2)..; lane l gives row l % 8 of matrix l / 8.
     const int dst_ds = Plan::kdS + (s % 2) * Plan::kdSBytes;  // this step's buffer
     if (s >= 2) named_barrier_sync(7 + 2 * (1 - wg) + s % 2, 256);  // done[other][s % 2]: its dQ of step s - 2 read it
-    if constexpr (Plan::kdSSwizzle == 128) {  // 16-byte chunk c % 8 of the row in slab c / 8
-      unsigned char* rowp = smem + dst_ds + key_local * Plan::kRowBytes + 4 * t;  // key_local + 8h: 8h rows further
-      const int k7 = key_local & 7;
+    {
+      const int key_row = 64 * wg + 16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1), hi = lane >> 4;
+      if constexpr (Plan::kdSSwizzle == 128) {  // chunk 2it + hi: 16-byte chunk (2it + hi) % 8 of the row in slab it / 4
+        const uint32_t rowa = s32 + dst_ds + key_row * Plan::kRowBytes;
+        const int m = hi ^ (lane & 7);  // the chunk's swizzle (key_row % 8 = lane % 8), hi folded in
 #pragma unroll
-      for (int y = 0; y < Br / 4; ++y) {
-        const int h = y & 1, c = y / 2;
-        *reinterpret_cast<uint32_t*>(rowp + (c / 8) * Bc * Plan::kRowBytes + 8 * h * Plan::kRowBytes + (((c % 8) ^ k7) * 16)) = dsT[y];
-      }
-    } else {  // the 32-byte swizzle: 16-byte chunk c % 2 of the row in slab c / 2
-      unsigned char* rowp = smem + dst_ds + key_local * 32 + 4 * t;  // key_local + 8h: 256 h bytes further
-      const int k2 = (key_local >> 2) & 1;                            // the swizzle bit, the same for + 8h
+        for (int it = 0; it < Br / 16; ++it)
+          stmatrix_x4(rowa + (it / 4) * Bc * Plan::kRowBytes + ((((2 * it) & 7) ^ m) * 16), dsT[4 * it],
+                      dsT[4 * it + 1], dsT[4 * it + 2], dsT[4 * it + 3]);
+      } else {  // the 32-byte swizzle: chunk 2it + hi is 16-byte chunk hi of the row in slab it
+        const uint32_t rowa = s32 + dst_ds + key_row * 32 + ((hi ^ ((lane >> 2) & 1)) * 16);
 #pragma unroll
-      for (int y = 0; y < Br / 4; ++y) {
-        const int h = y & 1, c = y / 2;
-        *reinterpret_cast<uint32_t*>(rowp + (c / 2) * Plan::kdSSlabBytes + 8 * h * 32 + (((c % 2) ^ k2) * 16)) = dsT[y];
+        for (int it = 0; it < Br / 16; ++it)
+          stmatrix_x4(rowa + it * Plan::kdSSlabBytes, dsT[4 * it], dsT[4 * it + 1], dsT[4 * it + 2], dsT[4 * it + 3]);
       }
     }
     fence_proxy_async_shared();  // visible to wgmma (the async proxy)
     named_barrier_arrive(1 + 2 * wg + s % 2, 256);  // half[wg][s % 2]: this consumer's half is written
 
-    // dV_w += P^T dO_i and dK_w += dS^T Q_i: K = the Br queries.
+    // dV_w += P^T dO_i: K = the Br queries, issued before the meeting (it needs nothing of the other consumer's).
     fence_operand(dv);
-    fence_operand(dk);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < Br / 16; ++kk) {
       const uint32_t a[4] = {pT[4 * kk], pT[4 * kk + 1], pT[4 * kk + 2], pT[4 * kk + 3]};
       WgmmaRS<T, D>::mma(dv, a, mnmajor(dot, Br, 0, kk), 1);
     }
+    wgmma_commit();
+
+    // This consumer's dQ tile of step sd = s - lag (K = the 128 keys), after meeting the other's half.
+    const int sd = s - lag;
+    float dq[Plan::kdQRegs];
+    dq_product(sd, dq);
+    wgmma_wait<1>();  // dV is done, dQ runs
+    fence_operand(dv);
+    fence_operand(pT);
+
+    // dK_w += dS^T Q_i: K = the Br queries.
+    fence_operand(dk);
+    wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < Br / 16; ++kk) {
       const uint32_t a[4] = {dsT[4 * kk], dsT[4 * kk + 1], dsT[4 * kk + 2], dsT[4 * kk + 3]};
       WgmmaRS<T, D>::mma(dk, a, mnmajor(qt, Br, 0, kk), 1);
     }
     wgmma_commit();
-
-    // This consumer's dQ tile of step sd = s - lag: K = the 128 keys.
-    const int sd = s - lag;
-    float dq[Plan::kdQRegs];
-    dq_product(sd, dq);
-    wgmma_wait<0>();
-    fence_operand(dv);
-    fence_operand(dk);
+    wgmma_wait<1>();  // dQ is done, dK runs: its tile goes to the writer under dK
     fence_operand(dq);
-    fence_operand(pT);
+    dq_handover(sd, dq);
+    wgmma_wait<0>();
+    fence_operand(dk);
     fence_operand(dsT);
     named_barrier_arrive(5 + st, 288);  // Q_i, dO_i, LSE_i, D_i no longer read by this thread
-    dq_handover(sd, dq);
   }
   if (lag && n_steps > 0) {  // consumer 0: the last step's dQ
     float dq[Plan::kdQRegs];
