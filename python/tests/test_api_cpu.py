@@ -179,6 +179,7 @@ def test_library_absent_is_a_clear_error():
     if saved[0] is not None:
         return  # already loaded in this process: nothing to prove
     os.environ["ATTN_LINEAGE_LIB"] = "/nonexistent/libattn_lineage_c.so"
+    os.environ.pop("ATTN_LINEAGE_BUILD", None)  # a build named there would be found
     try:
         if _lib.candidates()[-1].is_file():
             return  # the repository's build has it; the search would find it
@@ -190,6 +191,8 @@ def test_library_absent_is_a_clear_error():
             del os.environ["ATTN_LINEAGE_LIB"]
         else:
             os.environ["ATTN_LINEAGE_LIB"] = saved[1]
+        if saved[2] is not None:
+            os.environ["ATTN_LINEAGE_BUILD"] = saved[2]
 
 
 # ----------------------------------------------------------------------------- paged decode
