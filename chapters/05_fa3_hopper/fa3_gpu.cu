@@ -14,6 +14,7 @@
 #include "common/errors.hpp"
 #include "fa3_gpu.hpp"
 #include "fp8_prepare.cuh"
+#include "step_args.cuh"
 #include "step_launch.cuh"
 
 namespace attn::ch05 {
@@ -33,28 +34,6 @@ bool hopper_ready(std::string* why) {
 }
 
 namespace {
-
-StepArgs make_args(const Problem& p, const void* q, const void* k, const void* v, void* o, float* lse) {
-  StepArgs a;
-  a.problem = p;
-  a.q = q;
-  a.k = k;
-  a.v = v;
-  a.params.o = o;
-  a.params.lse = lse;
-  a.params.batch = p.batch;
-  a.params.heads = p.heads;
-  a.params.kv_heads = p.kv_heads;
-  a.params.nq = p.nq;
-  a.params.nk = p.nk;
-  a.params.scale_log2 = float(p.softmax_scale() * kLog2e);
-  a.params.causal = p.causal;
-  a.params.n_qtiles = ceil_div(p.nq, kBr);
-  int dev = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&a.sms, cudaDevAttrMultiProcessorCount, dev));
-  return a;
-}
 
 PreparedStep prepare_step(Step s, const StepArgs& a) {
   if (!step_built(s)) throw UsageError(std::string(step_name(s)) + " is a lab step: configure with -DTUTORIAL_LAB=ON");
@@ -116,14 +95,14 @@ Prepared prepare_on(const Problem& p, Step s, const DeviceTensor& q, const Devic
   if (step_is_fp8(s)) {
     r.fp8 = std::make_unique<Fp8Device>(p);
     fp8_prepare(p, q.data(), k.data(), v.data(), *r.fp8);
-    StepArgs a = make_args(p, r.fp8->q8.get(), r.fp8->k8.get(), r.fp8->vt8.get(), o.data(), lse.get());
+    StepArgs a = make_step_args(p, r.fp8->q8.get(), r.fp8->k8.get(), r.fp8->vt8.get(), o.data(), lse.get());
     a.nk_pad = r.fp8->nk_pad;
     a.params.q_scale = r.fp8->q_scale.get();
     a.params.k_scale = r.fp8->k_scale.get();
     a.params.v_scale = r.fp8->v_scale.get();
     r.step = prepare_step(s, a);
   } else {
-    r.step = prepare_step(s, make_args(p, q.data(), k.data(), v.data(), o.data(), lse.get()));
+    r.step = prepare_step(s, make_step_args(p, q.data(), k.data(), v.data(), o.data(), lse.get()));
   }
   return r;
 }

@@ -17,9 +17,10 @@
 // Chapter 06's MLA decode (gqa_mla/mla_final.cu) launches on the legacy default stream, so it is
 // bracketed as chapter 05's kernels are.
 //
-// Chapter 05's files are used by path: chapters/05_fa3_hopper/step_launch.cuh (the forward's
-// launcher, steps/final.cu), backward_launch.cuh and backward_prepost.cuh (the backward's
-// launcher, steps/final_backward.cu, and its preprocess and postprocess).
+// Chapter 05's files are used by path: chapters/05_fa3_hopper/step_launch.cuh and step_args.cuh
+// (the forward's launcher, steps/final.cu, and its arguments), backward_launch.cuh and
+// backward_prepost.cuh (the backward's launcher, steps/final_backward.cu, and its preprocess
+// and postprocess).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -34,6 +35,7 @@
 #include "chapters/05_fa3_hopper/backward_launch.cuh"
 #include "chapters/05_fa3_hopper/backward_prepost.cuh"
 #include "chapters/05_fa3_hopper/backward_tiles.hpp"
+#include "chapters/05_fa3_hopper/step_args.cuh"
 #include "chapters/05_fa3_hopper/step_launch.cuh"
 #include "chapters/06_variants/gqa_mla/mla_final.cuh"  // chapter 06's final MLA decode
 #include "chapters/06_variants/masks/block_map.hpp"     // chapter 06's block map (host)
@@ -400,22 +402,7 @@ int attn_lineage_fa3_forward(int device, void* stream, int dtype, const void* q,
     require_aligned(v, "v");
     require_aligned(o, "o");
     require(lse != nullptr, "lse is null");
-    StepArgs a;
-    a.problem = p;
-    a.q = q;
-    a.k = k;
-    a.v = v;
-    a.params.o = o;
-    a.params.lse = lse;
-    a.params.batch = p.batch;
-    a.params.heads = p.heads;
-    a.params.kv_heads = p.kv_heads;
-    a.params.nq = p.nq;
-    a.params.nk = p.nk;
-    a.params.scale_log2 = float(p.softmax_scale() * kLog2e);
-    a.params.causal = p.causal;
-    a.params.n_qtiles = ceil_div(p.nq, kBr);
-    CUDA_CHECK(cudaDeviceGetAttribute(&a.sms, cudaDevAttrMultiProcessorCount, device));
+    StepArgs a = make_step_args(p, q, k, v, o, lse);  // `device` is current (require_hopper())
     a.params.tile_counter = tile_counter(device);
     StreamBridge bridge(stream);
     final_fwd::prepare(a).launch();

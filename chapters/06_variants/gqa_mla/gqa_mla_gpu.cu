@@ -20,6 +20,7 @@
 #include "gqa_mla/mla_decode.cuh"
 #include "gqa_mla/mla_final.cuh"
 #if CH06_HAVE_HOPPER
+#include "chapters/05_fa3_hopper/step_args.cuh"  // chapter 05's file, by path: make_step_args()
 #include "gqa_mla/packed_fwd.cuh"
 #endif
 
@@ -71,23 +72,7 @@ int sm_count() {
 #if CH06_HAVE_HOPPER
 ch05::PreparedStep prepare_packed(const Problem& p, const void* q, const void* k, const void* v, void* o, float* lse,
                                   bool pack) {
-  ch05::StepArgs a;
-  a.problem = p;
-  a.q = q;
-  a.k = k;
-  a.v = v;
-  a.params.o = o;
-  a.params.lse = lse;
-  a.params.batch = p.batch;
-  a.params.heads = p.heads;
-  a.params.kv_heads = p.kv_heads;
-  a.params.nq = p.nq;
-  a.params.nk = p.nk;
-  a.params.scale_log2 = float(p.softmax_scale() * kLog2e);
-  a.params.causal = p.causal;
-  a.params.n_qtiles = ceil_div(p.nq, ch05::kBr);
-  a.sms = sm_count();
-  return packed::prepare(a, pack);
+  return packed::prepare(ch05::make_step_args(p, q, k, v, o, lse), pack);
 }
 #endif
 
