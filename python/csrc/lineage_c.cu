@@ -28,9 +28,11 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <initializer_list>
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "chapters/05_fa3_hopper/backward_launch.cuh"
 #include "chapters/05_fa3_hopper/backward_prepost.cuh"
@@ -123,9 +125,20 @@ Problem make_problem(int dtype, int batch, int heads, int kv_heads, int nq, int 
   return p;
 }
 
-void require_aligned(const void* ptr, const char* name) {
-  require(ptr != nullptr, std::string(name) + " is null");
-  require(reinterpret_cast<uintptr_t>(ptr) % 16 == 0, std::string(name) + " must be 16-byte aligned");
+/// A call's device tensors, each with its name: every one must be non-null and 16-byte aligned
+/// (the tensor maps' requirement). Checked in the order given: the first bad one is reported.
+void check_tensors(std::initializer_list<std::pair<const void*, const char*>> tensors) {
+  for (const auto& [ptr, name] : tensors) {
+    require(ptr != nullptr, std::string(name) + " is null");
+    require(reinterpret_cast<uintptr_t>(ptr) % 16 == 0, std::string(name) + " must be 16-byte aligned");
+  }
+}
+
+/// The caller's scratch: at least `needed` bytes, 256-byte aligned (its parts start at multiples
+/// of 256 bytes).
+void check_workspace(const void* workspace, size_t bytes, size_t needed) {
+  require(bytes >= needed, "workspace: " + std::to_string(bytes) + " bytes, " + std::to_string(needed) + " needed");
+  require(reinterpret_cast<uintptr_t>(workspace) % 256 == 0, "workspace must be 256-byte aligned");
 }
 
 /// The caller's stream order around launches on the legacy default stream (see the header).
@@ -397,10 +410,7 @@ int attn_lineage_fa3_forward(int device, void* stream, int dtype, const void* q,
   return guarded(err, err_len, [&] {
     const Problem p = make_problem(dtype, batch, heads, kv_heads, nq, nk, d, scale, causal);
     require(d == 64 || d == 128 || d == 256, "head dim " + std::to_string(d) + ": the forward has kernels for 64, 128, 256");
-    require_aligned(q, "q");
-    require_aligned(k, "k");
-    require_aligned(v, "v");
-    require_aligned(o, "o");
+    check_tensors({{q, "q"}, {k, "k"}, {v, "v"}, {o, "o"}});
     require(lse != nullptr, "lse is null");
     StepArgs a = make_step_args(p, q, k, v, o, lse);  // `device` is current (require_hopper())
     a.params.tile_counter = tile_counter(device);
@@ -431,14 +441,11 @@ int attn_lineage_fa3_backward(int device, void* stream, int dtype, const void* q
   return guarded(err, err_len, [&] {
     const Problem p = make_problem(dtype, batch, heads, kv_heads, nq, nk, d, scale, causal);
     require(d == 64 || d == 128, "head dim " + std::to_string(d) + ": the backward has kernels for 64, 128");
-    const char* names[] = {"q", "k", "v", "o", "dout", "dq", "dk", "dv", "workspace"};
-    const void* ptrs[] = {q, k, v, o, dout, dq, dk, dv, workspace};
-    for (int i = 0; i < 9; ++i) require_aligned(ptrs[i], names[i]);
+    check_tensors({{q, "q"}, {k, "k"}, {v, "v"}, {o, "o"}, {dout, "dout"}, {dq, "dq"}, {dk, "dk"}, {dv, "dv"},
+                   {workspace, "workspace"}});
     require(lse != nullptr, "lse is null");
     const BwdScratch s = bwd_scratch(batch, heads, nq, d);
-    require(workspace_bytes >= s.total, "workspace: " + std::to_string(workspace_bytes) + " bytes, " +
-                                            std::to_string(s.total) + " needed");
-    require(reinterpret_cast<uintptr_t>(workspace) % 256 == 0, "workspace must be 256-byte aligned");
+    check_workspace(workspace, workspace_bytes, s.total);
     char* ws = static_cast<char*>(workspace);
     const BwdLayout l = bwd_layout(nq, d);
     BwdStepArgs a;
@@ -523,13 +530,9 @@ int attn_lineage_paged_decode(int device, void* stream, const void* q, const voi
     namespace gpu = attn::ch07::gpu;
     const DecodePlan pl = decode_plan(device, batch, heads, kv_heads, d, max_pages, page_size);
     require(std::isfinite(scale) && scale >= 0, "scale must be finite and >= 0 (0: 1/sqrt(d))");
-    const char* names[] = {"q", "k_pool", "v_pool", "o", "workspace"};
-    const void* ptrs[] = {q, k_pool, v_pool, o, workspace};
-    for (int i = 0; i < 5; ++i) require_aligned(ptrs[i], names[i]);
+    check_tensors({{q, "q"}, {k_pool, "k_pool"}, {v_pool, "v_pool"}, {o, "o"}, {workspace, "workspace"}});
     require(block_table != nullptr && seqlens != nullptr && lse != nullptr, "block_table, seqlens and lse must not be null");
-    require(workspace_bytes >= pl.total, "workspace: " + std::to_string(workspace_bytes) + " bytes, " +
-                                             std::to_string(pl.total) + " needed");
-    require(reinterpret_cast<uintptr_t>(workspace) % 256 == 0, "workspace must be 256-byte aligned");
+    check_workspace(workspace, workspace_bytes, pl.total);
     char* ws = static_cast<char*>(workspace);
     gpu::DecodeParams p{};
     p.q = static_cast<const gpu::bf16*>(q);
