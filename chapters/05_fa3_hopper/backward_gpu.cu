@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "backward_args.cuh"
 #include "backward_gpu.hpp"
 #include "backward_launch.cuh"
 #include "backward_prepost.cuh"  // the preprocess and postprocess kernels
@@ -19,22 +20,6 @@
 namespace attn::ch05 {
 namespace {
 
-/// The step whose dQ layout and query blocks a run takes: its own, except the final
-/// backward's (and b16's, b17's, which keep its table): b12's at d = 64 and b13's at d = 128.
-BwdStep layout_step(BwdStep s, int d) {
-  if (s != BwdStep::final_bwd && s != BwdStep::b16_shared_state_space && s != BwdStep::b17_fa4_order) return s;
-  return d == 64 ? BwdStep::b12_pairs_of_query_blocks : BwdStep::b13_eighty_queries;
-}
-/// Rows of the walk's query blocks and of the accumulator's tiles: 64, b13's 80.
-int block_rows(BwdStep s) {  // b13-b15: 80
-  return s >= BwdStep::b13_eighty_queries && s <= BwdStep::b15_scores_ahead ? 80 : kBwdBr;
-}
-/// Query blocks a step walks: b12 takes blocks of 64 in pairs, so it gets an even count (the
-/// extra block is padding: the preprocess gives it LSE +inf and D 0).
-int query_blocks(BwdStep s, int nq) {
-  const int tr = ceil_div(nq, block_rows(s));
-  return s == BwdStep::b12_pairs_of_query_blocks ? tr + tr % 2 : tr;
-}
 /// The most any step needs, what the scratch buffers are allocated for: padded rows a head
 /// (b12's pairs or b13's blocks of 80), and query blocks a head (b12's).
 int rows_allocated(int nq) {
@@ -168,16 +153,8 @@ struct BackwardRunner::Impl {
     b.dq = dq.data();
     b.dk = dk.data();
     b.dv = dv.data();
-    b.batch = p.batch;
-    b.heads = p.heads;
-    b.kv_heads = p.kv_heads;
-    b.nq = p.nq;
-    b.nk = p.nk;
-    b.d = p.d;
+    set_bwd_problem(b, p);
     b.n_qblocks = n_qblocks;
-    b.scale = float(p.softmax_scale());
-    b.scale_log2 = float(p.softmax_scale() * kLog2e);
-    b.causal = p.causal;
   }
 };
 
@@ -195,13 +172,7 @@ GpuBackward BackwardRunner::run(BwdStep step, bool deterministic, bool time,
   a.dout = m.dout.data();
   a.params = m.b;
   a.params.deterministic = deterministic;
-  const BwdStep layout = layout_step(step, m.p.d);  // the final backward's: b12's or b13's
-  a.params.dq_fragment_order = layout >= BwdStep::b3_dq_fragment_order;
-  a.params.dq_whole_tiles = layout == BwdStep::b7_dq_split_by_keys ||  // b8 derives from b6: halves
-                            layout == BwdStep::b12_pairs_of_query_blocks;  // a consumer's whole block
-  a.params.dq_transposed = layout >= BwdStep::b13_eighty_queries;  // b13-b15
-  a.params.block_rows = block_rows(layout);
-  a.params.n_qblocks = query_blocks(layout, m.p.nq);
+  set_bwd_layout(a.params, layout_step(step, m.p.d), m.p.nq);  // the final backward's: b12's or b13's
   const Fa3BwdParams& b = a.params;
   const PreparedStep main_kernel = prepare_step(step, a);
 

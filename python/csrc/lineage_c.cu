@@ -18,9 +18,9 @@
 // bracketed as chapter 05's kernels are.
 //
 // Chapter 05's files are used by path: chapters/05_fa3_hopper/step_launch.cuh and step_args.cuh
-// (the forward's launcher, steps/final.cu, and its arguments), backward_launch.cuh and
-// backward_prepost.cuh (the backward's launcher, steps/final_backward.cu, and its preprocess
-// and postprocess).
+// (the forward's launcher, steps/final.cu, and its arguments), backward_launch.cuh,
+// backward_args.cuh and backward_prepost.cuh (the backward's launcher, steps/final_backward.cu,
+// its parameters, and its preprocess and postprocess).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -34,6 +34,7 @@
 #include <string>
 #include <utility>
 
+#include "chapters/05_fa3_hopper/backward_args.cuh"
 #include "chapters/05_fa3_hopper/backward_launch.cuh"
 #include "chapters/05_fa3_hopper/backward_prepost.cuh"
 #include "chapters/05_fa3_hopper/backward_tiles.hpp"
@@ -187,35 +188,24 @@ int* tile_counter(int device) {
   return c;
 }
 
-/// The final backward's walk and accumulator layout (backward_gpu.cu's run(): b12's at d = 64,
-/// b13's at d = 128).
-struct BwdLayout {
-  int block_rows, n_qblocks;
-  bool whole_tiles, transposed;
-};
-BwdLayout bwd_layout(int nq, int d) {
-  if (d == 64) {
-    const int tr = ceil_div(nq, kBwdBr);
-    return {kBwdBr, tr + tr % 2, true, false};
-  }
-  return {80, ceil_div(nq, 80), false, true};
-}
-
 size_t round256(size_t n) { return (n + 255) / 256 * 256; }
 
 struct BwdScratch {
   size_t lse2, delta, accum, order, total;
 };
+/// The final backward's scratch, laid out for its walk and accumulator (backward_args.cuh:
+/// b12's at d = 64, b13's at d = 128).
 BwdScratch bwd_scratch(int batch, int heads, int nq, int d) {
-  const BwdLayout l = bwd_layout(nq, d);
+  const BwdStep layout = layout_step(BwdStep::final_bwd, d);
+  const int n_qblocks = query_blocks(layout, nq);
   const size_t heads_total = size_t(batch) * heads;
-  const size_t rows = heads_total * size_t(l.n_qblocks) * l.block_rows;
+  const size_t rows = heads_total * size_t(n_qblocks) * block_rows(layout);
   BwdScratch s;
   s.lse2 = 0;
   s.delta = s.lse2 + round256(rows * sizeof(float));
   s.accum = s.delta + round256(rows * sizeof(float));
   s.order = s.accum + round256(rows * d * sizeof(float));
-  s.total = s.order + round256(heads_total * l.n_qblocks * 2 * sizeof(int));
+  s.total = s.order + round256(heads_total * n_qblocks * 2 * sizeof(int));
   return s;
 }
 
@@ -447,7 +437,6 @@ int attn_lineage_fa3_backward(int device, void* stream, int dtype, const void* q
     const BwdScratch s = bwd_scratch(batch, heads, nq, d);
     check_workspace(workspace, workspace_bytes, s.total);
     char* ws = static_cast<char*>(workspace);
-    const BwdLayout l = bwd_layout(nq, d);
     BwdStepArgs a;
     a.problem = p;
     a.q = q;
@@ -465,21 +454,9 @@ int attn_lineage_fa3_backward(int device, void* stream, int dtype, const void* q
     b.dq = dq;
     b.dk = dk;
     b.dv = dv;
-    b.batch = p.batch;
-    b.heads = p.heads;
-    b.kv_heads = p.kv_heads;
-    b.nq = p.nq;
-    b.nk = p.nk;
-    b.d = p.d;
-    b.n_qblocks = l.n_qblocks;
-    b.block_rows = l.block_rows;
-    b.scale = float(p.softmax_scale());
-    b.scale_log2 = float(p.softmax_scale() * kLog2e);
-    b.causal = p.causal;
+    set_bwd_problem(b, p);
+    set_bwd_layout(b, layout_step(BwdStep::final_bwd, d), nq);
     b.deterministic = deterministic != 0;
-    b.dq_fragment_order = true;
-    b.dq_whole_tiles = l.whole_tiles;
-    b.dq_transposed = l.transposed;
     const PreparedStep main_kernel = final_bwd::prepare(a);
     const long long rows = (long long)p.batch * p.heads * b.n_qblocks * b.block_rows;
     const unsigned prep_blocks = unsigned((rows + kPrepThreads / (d / 8) - 1) / (kPrepThreads / (d / 8)));
