@@ -1227,9 +1227,10 @@ def model_results():
     return res
 
 
-class ModelCases(unittest.TestCase):
-    """Chapter 06's model cases: the plan's task, the rows of bench/ch06_masks.py --models, the
-    ch06-models table and its README placeholder."""
+class FakeCh06Bench(unittest.TestCase):
+    """The set-up that chapter 06's table tests share: a build folder whose ch06_variants is the fake
+    binary (testdata/fake_ch06.py), the plan's task labels, a run of one task with fake peers, and the
+    README that bench_readme writes from recorded runs."""
 
     def build(self, root):
         os.makedirs(os.path.join(root, "bin"))
@@ -1248,54 +1249,96 @@ class ModelCases(unittest.TestCase):
             sys.stdout = old
         return [l.split("s  ", 1)[1] for l in out.getvalue().splitlines() if re.match(r"\s*[0-9.]+ s  ", l)]
 
-    def test_the_plan_has_the_model_cases_in_the_full_sweep_and_only_matches_them(self):
+    def one_task(self, name, only):
+        """The label of the task whose label holds `name`, after checking that the full sweep of
+        chapter 06 plans it once, beside the mask task, that `--only ONLY` plans it alone (with the
+        ceilings) and that --quick leaves it out."""
         with tempfile.TemporaryDirectory() as d:
             b = self.build(os.path.join(d, "b"))
             labels = self.plan(["--build-dir", b, "--plan", "--gpu", "--chapters", "06"])
-            model = [l for l in labels if "model cases" in l]
-            self.assertEqual(len(model), 1, labels)
-            for case in ("gpt-oss", "gemma2", "mistral", "packed-docs", "8192", "16384", "FA4", "Flex"):
-                self.assertIn(case, model[0])
+            task = [l for l in labels if name in l]
+            self.assertEqual(len(task), 1, labels)
             self.assertIn("ch06 mask", labels)  # beside the mask task, not instead of it
-            self.assertEqual(self.plan(["--build-dir", b, "--plan", "--gpu", "--chapters", "06", "--only", "model"]),
-                             ["ceilings: read bandwidth, bf16 and FP8 GEMM", model[0]])
+            self.assertEqual(self.plan(["--build-dir", b, "--plan", "--gpu", "--chapters", "06", "--only", only]),
+                             ["ceilings: read bandwidth, bf16 and FP8 GEMM", task[0]])
             self.assertFalse([l for l in self.plan(["--build-dir", b, "--plan", "--gpu", "--chapters", "06",
-                                                    "--quick"]) if "model" in l])
+                                                    "--quick"]) if only in l])
+            return task[0]
+
+    def run_only(self, d, only, fail=None):
+        """Runs `--only ONLY` of chapter 06 with fake peers in folder `d` (the fake binary fails the
+        pattern `fail`): the run's results and its markdown."""
+        b = self.build(os.path.join(d, "b"))
+        out = os.path.join(d, "o")
+        err = io.StringIO()
+        old, sys.stderr = sys.stderr, err
+        old_fail = os.environ.pop("FAKE_FAIL", None)
+        if fail:
+            os.environ["FAKE_FAIL"] = fail
+        try:
+            lineage.main(["--build-dir", b, "--gpu", "--no-build", "--no-plots", "--chapters", "06", "--only",
+                          only, "--out", out, "--fake-peers"])
+        finally:
+            sys.stderr = old
+            os.environ.pop("FAKE_FAIL", None)
+            if old_fail is not None:
+                os.environ["FAKE_FAIL"] = old_fail
+        return read_json(os.path.join(out, "results.json")), open(os.path.join(out, "results.md")).read()
+
+    def readme_after(self, section, *runs):
+        """The text bench_readme generates for a README that holds `section`'s markers, once `runs`
+        (results, oldest first) are recorded as runs of ./tutorial bench."""
+        import bench_readme
+        old_rec, old_readmes = bench_readme.RECORDED, bench_readme.readmes
+        with tempfile.TemporaryDirectory() as d:
+            readme = os.path.join(d, "README.md")
+            with open(readme, "w") as f:
+                f.write("x\n\n<!-- bench:%s begin -->\nold\n<!-- bench:%s end -->\n" % (section, section))
+            bench_readme.RECORDED, bench_readme.readmes = d, lambda: [readme]
+            try:
+                for i, res in enumerate(runs):
+                    res["run"]["command"] = "./tutorial bench"
+                    with open(os.path.join(d, "gpu-2026-01-%02d-0000.json" % (i + 1)), "w") as f:
+                        json.dump(res, f)
+                return bench_readme.generate()[readme]
+            finally:
+                bench_readme.RECORDED, bench_readme.readmes = old_rec, old_readmes
+
+
+class ModelCases(FakeCh06Bench):
+    """Chapter 06's model cases: the plan's task, the rows of bench/ch06_masks.py --models, the
+    ch06-models table and its README placeholder."""
+
+    def test_the_plan_has_the_model_cases_in_the_full_sweep_and_only_matches_them(self):
+        label = self.one_task("model cases", "model")
+        for case in ("gpt-oss", "gemma2", "mistral", "packed-docs", "8192", "16384", "FA4", "Flex"):
+            self.assertIn(case, label)
 
     def test_a_run_of_the_model_cases_with_fake_peers(self):
         with tempfile.TemporaryDirectory() as d:
-            b = self.build(os.path.join(d, "b"))
-            out = os.path.join(d, "o")
-            err = io.StringIO()
-            old, sys.stderr = sys.stderr, err
-            try:
-                lineage.main(["--build-dir", b, "--gpu", "--no-build", "--no-plots", "--chapters", "06", "--only",
-                              "model", "--out", out, "--fake-peers"])
-            finally:
-                sys.stderr = old
-            res = read_json(os.path.join(out, "results.json"))
-            rows = [r for r in res["rows"] if r.get("variant") in bench_common.CH06_MODEL_CASES]
-            by = {(r["variant"], r["N"], r["kernel"]): r for r in rows}
-            self.assertEqual({r["variant"] for r in rows}, set(bench_common.CH06_MODEL_CASES))
-            self.assertEqual({r["N"] for r in rows}, {8192, 16384})
-            r = by[("gpt-oss", 8192, "ch06 mask sm80 forward")]
-            self.assertEqual((r["status"], r["note"], r["B"], r["H"], r["Hkv"], r["d"]),
-                             ("unsupported", "not built for d = 64", 2, 64, 8, 64))
-            self.assertNotIn("tflops", r)
-            self.assertEqual(by[("gemma2", 16384, "fa4")]["status"], "unsupported")
-            m = by[("mistral", 8192, "ch06 mask final sm90a forward")]
-            self.assertEqual((m["status"], m["tflops"]), ("ok", 500.0))
-            self.assertEqual(by[("mistral", 8192, "ch06 mask final backward")]["pass"], "bwd")
-            # the peer's FLOPs are our kernel's count (4 B Hq kept d over the window's kept pairs)
-            f = by[("mistral", 8192, "fa4")]
-            kept = sum(min(i, 4096) + 1 for i in range(8192))
-            self.assertEqual(f["flops"], 4.0 * 2 * 32 * kept * 128)
-            self.assertEqual(m["flops"], f["flops"])
-            head, body = table_rows(open(os.path.join(out, "results.md")).read(), "ch06-models")
-            row = {(x[0], x[1]): x for x in body}[("mistral", "8192")]
-            want = "%.2fx" % (m["tflops"] / f["tflops"])
-            self.assertEqual(row[head.index("ours / FA4")], want)
-            self.assertEqual({(x[0], x[1]): x for x in body}[("gemma2", "8192")][head.index("FA4")], "not supported")
+            res, md = self.run_only(d, "model")
+        rows = [r for r in res["rows"] if r.get("variant") in bench_common.CH06_MODEL_CASES]
+        by = {(r["variant"], r["N"], r["kernel"]): r for r in rows}
+        self.assertEqual({r["variant"] for r in rows}, set(bench_common.CH06_MODEL_CASES))
+        self.assertEqual({r["N"] for r in rows}, {8192, 16384})
+        r = by[("gpt-oss", 8192, "ch06 mask sm80 forward")]
+        self.assertEqual((r["status"], r["note"], r["B"], r["H"], r["Hkv"], r["d"]),
+                         ("unsupported", "not built for d = 64", 2, 64, 8, 64))
+        self.assertNotIn("tflops", r)
+        self.assertEqual(by[("gemma2", 16384, "fa4")]["status"], "unsupported")
+        m = by[("mistral", 8192, "ch06 mask final sm90a forward")]
+        self.assertEqual((m["status"], m["tflops"]), ("ok", 500.0))
+        self.assertEqual(by[("mistral", 8192, "ch06 mask final backward")]["pass"], "bwd")
+        # the peer's FLOPs are our kernel's count (4 B Hq kept d over the window's kept pairs)
+        f = by[("mistral", 8192, "fa4")]
+        kept = sum(min(i, 4096) + 1 for i in range(8192))
+        self.assertEqual(f["flops"], 4.0 * 2 * 32 * kept * 128)
+        self.assertEqual(m["flops"], f["flops"])
+        head, body = table_rows(md, "ch06-models")
+        row = {(x[0], x[1]): x for x in body}[("mistral", "8192")]
+        want = "%.2fx" % (m["tflops"] / f["tflops"])
+        self.assertEqual(row[head.index("ours / FA4")], want)
+        self.assertEqual({(x[0], x[1]): x for x in body}[("gemma2", "8192")][head.index("FA4")], "not supported")
 
     def test_the_table_gives_ours_over_each_peer_and_text_where_a_case_is_missing(self):
         md = bench_report.markdown(model_results())
@@ -1317,74 +1360,27 @@ class ModelCases(unittest.TestCase):
         self.assertNotIn("mistral", bench_report.extract_section(md, "ch06-fwd") or "")
 
     def test_the_readme_section_is_a_placeholder_until_a_run_has_the_table(self):
-        import bench_readme
         self.assertIsNone(bench_report.extract_section(bench_report.markdown(load()), "ch06-models"))
-        old_rec, old_readmes = bench_readme.RECORDED, bench_readme.readmes
-        with tempfile.TemporaryDirectory() as d:
-            readme = os.path.join(d, "README.md")
-            text = "x\n\n<!-- bench:ch06-models begin -->\nold\n<!-- bench:ch06-models end -->\n"
-            with open(readme, "w") as f:
-                f.write(text)
-            bench_readme.RECORDED, bench_readme.readmes = d, lambda: [readme]
-            try:
-                res = load()
-                res["run"]["command"] = "./tutorial bench"
-                with open(os.path.join(d, "gpu-2026-01-01-0000.json"), "w") as f:
-                    json.dump(res, f)
-                new = bench_readme.generate()[readme]
-                self.assertIn("<!-- bench:ch06-models begin -->\nNot measured yet in the recorded run.\n"
-                              "<!-- bench:ch06-models end -->", new)
-                res = model_results()
-                res["run"]["command"] = "./tutorial bench"
-                with open(os.path.join(d, "gpu-2026-01-02-0000.json"), "w") as f:
-                    json.dump(res, f)
-                new = bench_readme.generate()[readme]
-                self.assertNotIn("Not measured yet", new)
-                self.assertIn("| mistral | 8192 |", new)
-            finally:
-                bench_readme.RECORDED, bench_readme.readmes = old_rec, old_readmes
+        self.assertIn("<!-- bench:ch06-models begin -->\nNot measured yet in the recorded run.\n"
+                      "<!-- bench:ch06-models end -->", self.readme_after("ch06-models", load()))
+        new = self.readme_after("ch06-models", load(), model_results())
+        self.assertNotIn("Not measured yet", new)
+        self.assertIn("| mistral | 8192 |", new)
 
 
-class SparseTable(unittest.TestCase):
+class SparseTable(FakeCh06Bench):
     """Chapter 06's structured sparse patterns beside FlexAttention: the plan's task, its rows from
     bench/ch06_masks.py --variants (a fake binary, fake peers), the ch06-sparse table and its README
     placeholder."""
-    build, plan = ModelCases.build, ModelCases.plan  # a fake ch06_variants, and the plan's task labels
 
     def test_the_plan_has_the_sparse_task_in_the_full_sweep_and_only_matches_it(self):
-        with tempfile.TemporaryDirectory() as d:
-            b = self.build(os.path.join(d, "b"))
-            labels = self.plan(["--build-dir", b, "--plan", "--gpu", "--chapters", "06"])
-            sparse = [l for l in labels if "sparse patterns" in l]
-            self.assertEqual(len(sparse), 1, labels)
-            for word in bench_common.CH06_SPARSE + ["8192", "Flex"]:
-                self.assertIn(word, sparse[0])
-            self.assertEqual(self.plan(["--build-dir", b, "--plan", "--gpu", "--chapters", "06", "--only", "sparse"]),
-                             ["ceilings: read bandwidth, bf16 and FP8 GEMM", sparse[0]])
-            self.assertFalse([l for l in self.plan(["--build-dir", b, "--plan", "--gpu", "--chapters", "06",
-                                                    "--quick"]) if "sparse" in l])
-
-    def run_sparse(self, d, fail=None):
-        b = self.build(os.path.join(d, "b"))
-        out = os.path.join(d, "o")
-        err = io.StringIO()
-        old, sys.stderr = sys.stderr, err
-        old_fail = os.environ.pop("FAKE_FAIL", None)
-        if fail:
-            os.environ["FAKE_FAIL"] = fail
-        try:
-            lineage.main(["--build-dir", b, "--gpu", "--no-build", "--no-plots", "--chapters", "06", "--only",
-                          "sparse", "--out", out, "--fake-peers"])
-        finally:
-            sys.stderr = old
-            os.environ.pop("FAKE_FAIL", None)
-            if old_fail is not None:
-                os.environ["FAKE_FAIL"] = old_fail
-        return read_json(os.path.join(out, "results.json")), open(os.path.join(out, "results.md")).read()
+        label = self.one_task("sparse patterns", "sparse")
+        for word in bench_common.CH06_SPARSE + ["8192", "Flex"]:
+            self.assertIn(word, label)
 
     def test_a_run_with_fake_peers_fills_the_table(self):
         with tempfile.TemporaryDirectory() as d:
-            res, md = self.run_sparse(d, fail="fixed")
+            res, md = self.run_only(d, "sparse", fail="fixed")
         rows = [r for r in res["rows"] if r.get("table") == bench_common.CH06_SPARSE_TABLE]
         by = {(r["variant"], r["kernel"]): r for r in rows}
         self.assertEqual({r["variant"] for r in rows}, set(bench_common.CH06_SPARSE))
@@ -1424,23 +1420,9 @@ class SparseTable(unittest.TestCase):
             self.assertEqual(set(list(t[name].values())[1:]), {"not measured yet"})
 
     def test_the_readme_section_is_a_placeholder_until_a_run_has_the_table(self):
-        import bench_readme
         self.assertIsNone(bench_report.extract_section(bench_report.markdown(load()), "ch06-sparse"))
-        old_rec, old_readmes = bench_readme.RECORDED, bench_readme.readmes
-        with tempfile.TemporaryDirectory() as d:
-            readme = os.path.join(d, "README.md")
-            with open(readme, "w") as f:
-                f.write("x\n\n<!-- bench:ch06-sparse begin -->\nold\n<!-- bench:ch06-sparse end -->\n")
-            bench_readme.RECORDED, bench_readme.readmes = d, lambda: [readme]
-            try:
-                res = load()
-                res["run"]["command"] = "./tutorial bench"
-                with open(os.path.join(d, "gpu-2026-01-01-0000.json"), "w") as f:
-                    json.dump(res, f)
-                self.assertIn("<!-- bench:ch06-sparse begin -->\nNot measured yet in the recorded run.\n"
-                              "<!-- bench:ch06-sparse end -->", bench_readme.generate()[readme])
-            finally:
-                bench_readme.RECORDED, bench_readme.readmes = old_rec, old_readmes
+        self.assertIn("<!-- bench:ch06-sparse begin -->\nNot measured yet in the recorded run.\n"
+                      "<!-- bench:ch06-sparse end -->", self.readme_after("ch06-sparse", load()))
 
 
 class ModelPeers(unittest.TestCase):
