@@ -8,6 +8,7 @@
 
 #include "common/errors.hpp"
 #include "common/parallel.hpp"
+#include "decode_checks.hpp"
 #include "kv_values.hpp"
 
 namespace attn::ch07 {
@@ -62,9 +63,8 @@ void validate(const DecodeBatch& b) {
     if (!ok) throw UsageError(what);
   };
   need(b.batch() >= 1, "a decode batch needs at least one sequence");
-  need(b.heads >= 1 && b.kv_heads >= 1 && b.heads % b.kv_heads == 0,
-       "--heads must be a multiple of --kv-heads");
-  need(b.page_size >= 1 && (b.page_size & (b.page_size - 1)) == 0 && b.page_size <= 256,
+  need(heads_grouped(b.heads, b.kv_heads), "--heads must be a multiple of --kv-heads");
+  need(page_size_power_of_two(b.page_size) && b.page_size <= 256,
        "--page-size must be a power of two in [1, 256], got " + std::to_string(b.page_size));
   for (int l : b.lens) need(l >= 1, "every sequence needs at least one cached token");
   need(int(b.block_table.size()) == b.batch() * b.max_pages, "block table size does not match the batch");

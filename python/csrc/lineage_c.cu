@@ -20,7 +20,8 @@
 // Chapter 05's files are used by path: chapters/05_fa3_hopper/step_launch.cuh and step_args.cuh
 // (the forward's launcher, steps/final.cu, and its arguments), backward_launch.cuh,
 // backward_args.cuh and backward_prepost.cuh (the backward's launcher, steps/final_backward.cu,
-// its parameters, and its preprocess and postprocess).
+// its parameters, and its preprocess and postprocess). Chapter 07's likewise: decode.hpp,
+// decode_checks.hpp and decode_steps.cuh (the final bf16 paged decode, steps/final_bf16.cu).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -45,6 +46,7 @@
 #include "chapters/06_variants/masks/mask_kernels.cuh"  // chapter 06's FwdParams, hopper_final
 #include "chapters/06_variants/masks/mask_spec.hpp"     // chapter 06's MaskSpec, layouts
 #include "chapters/07_paged_radix/decode.hpp"
+#include "chapters/07_paged_radix/decode_checks.hpp"
 #include "chapters/07_paged_radix/decode_steps.cuh"
 #include "common/cuda/check.cuh"
 #include "common/errors.hpp"
@@ -209,10 +211,11 @@ BwdScratch bwd_scratch(int batch, int heads, int nq, int d) {
   return s;
 }
 
-/// Chapter 07's decode: its split plan (decode.cpp's choose_splits() and keys_per_split(),
-/// restated here because the library does not link chapter 07's CPU code) for the longest
-/// sequence the block table can hold, since the lengths stay on the device. A split past a
-/// sequence's end reads nothing and merges as an empty state.
+/// Chapter 07's decode: its shape rules (decode_checks.hpp, shared with decode.cpp's validate())
+/// and its split plan (decode.cpp's choose_splits() and keys_per_split(), restated here because
+/// the library does not link chapter 07's CPU code) for the longest sequence the block table can
+/// hold, since the lengths stay on the device. A split past a sequence's end reads nothing and
+/// merges as an empty state.
 struct DecodePlan {
   int chunks, splits, split_keys;
   size_t part_m, part_l, part_o, arrivals, total;
@@ -220,10 +223,10 @@ struct DecodePlan {
 DecodePlan decode_plan(int device, int batch, int heads, int kv_heads, int d, int max_pages, int page_size) {
   using G = attn::ch07::DecodeGeometry;
   require(batch > 0 && heads > 0 && kv_heads > 0 && max_pages > 0, "sizes must be positive");
-  require(heads % kv_heads == 0, "heads (" + std::to_string(heads) + ") must be a multiple of kv_heads (" +
-                                     std::to_string(kv_heads) + ")");
+  require(ch07::heads_grouped(heads, kv_heads),
+          "heads (" + std::to_string(heads) + ") must be a multiple of kv_heads (" + std::to_string(kv_heads) + ")");
   require(d == 64 || d == 128, "head dim " + std::to_string(d) + ": the paged decode has kernels for 64, 128");
-  require(page_size > 0 && (page_size & (page_size - 1)) == 0,
+  require(ch07::page_size_power_of_two(page_size),
           "page_size " + std::to_string(page_size) + " must be a power of two");
   require(long(max_pages) * page_size < (1L << 30), "max_pages * page_size must be below 2^30 tokens");
   int sms = 0;
