@@ -168,6 +168,26 @@ PairShape pair_shape(const Problem& p, const Chunk& qc, const Chunk& kc, const P
   return s;
 }
 
+/// The chapter 04 step problem of launch `l` of a pair of shape `sh`, on Q, K, V at `q`, `k`, `v`
+/// (the launch's own rows): the forward and the backward launch the same one.
+StepProblem step_problem(const Problem& p, const PairShape& sh, const PairLaunch& l, const void* q, const void* k,
+                         const void* v) {
+  StepProblem sp;
+  sp.q = q;
+  sp.k = k;
+  sp.v = v;
+  sp.batch = l.batch;
+  sp.heads = l.heads;
+  sp.kv_heads = l.kv_heads;
+  sp.nq = sh.nq;
+  sp.nk = sh.nk_used;
+  sp.d = p.d;
+  sp.scale = float(p.softmax_scale());
+  sp.causal = sh.causal;
+  sp.dtype = p.dtype;
+  return sp;
+}
+
 DeviceTensor upload(const std::vector<float>& h, DType t) { return DeviceTensor::from_host(h, t); }
 
 }  // namespace
@@ -292,19 +312,8 @@ void GpuRank::fwd_compute(int s) {
     const unsigned char* k = kv + gk.chunk_offset(pr.k_chunk, p_.batch, p_.kv_heads, p_.d) * esize_;
     const unsigned char* v = kv + (k_part + gk.chunk_offset(pr.k_chunk, p_.batch, p_.kv_heads, p_.dv)) * esize_;
     for (const PairLaunch& l : sh.launches) {
-      StepProblem sp;
-      sp.q = q + l.q_rows * p_.d * esize_;
-      sp.k = k + l.kv_rows * p_.d * esize_;
-      sp.v = v + l.kv_rows * p_.dv * esize_;
-      sp.batch = l.batch;
-      sp.heads = l.heads;
-      sp.kv_heads = l.kv_heads;
-      sp.nq = sh.nq;
-      sp.nk = sh.nk_used;
-      sp.d = p_.d;
-      sp.scale = float(p_.softmax_scale());
-      sp.causal = sh.causal;
-      sp.dtype = p_.dtype;
+      const StepProblem sp = step_problem(p_, sh, l, q + l.q_rows * p_.d * esize_, k + l.kv_rows * p_.d * esize_,
+                                          v + l.kv_rows * p_.dv * esize_);
       StepForwardOut out;
       out.o = part_o_.get() + l.q_rows * p_.dv * esize_;
       out.lse = part_lse_.get() + l.q_rows;
@@ -358,19 +367,8 @@ void GpuRank::bwd_compute(int s) {
     const std::size_t k0 = gk.chunk_offset(pr.k_chunk, p_.batch, p_.kv_heads, p_.d);
     const std::size_t v0 = k_part + gk.chunk_offset(pr.k_chunk, p_.batch, p_.kv_heads, p_.dv);
     for (const PairLaunch& l : sh.launches) {
-      StepProblem sp;
-      sp.q = q_.get() + (q0 + l.q_rows * p_.d) * esize_;
-      sp.k = kv + (k0 + l.kv_rows * p_.d) * esize_;
-      sp.v = kv + (v0 + l.kv_rows * p_.dv) * esize_;
-      sp.batch = l.batch;
-      sp.heads = l.heads;
-      sp.kv_heads = l.kv_heads;
-      sp.nq = sh.nq;
-      sp.nk = sh.nk_used;
-      sp.d = p_.d;
-      sp.scale = float(p_.softmax_scale());
-      sp.causal = sh.causal;
-      sp.dtype = p_.dtype;
+      const StepProblem sp = step_problem(p_, sh, l, q_.get() + (q0 + l.q_rows * p_.d) * esize_,
+                                          kv + (k0 + l.kv_rows * p_.d) * esize_, kv + (v0 + l.kv_rows * p_.dv) * esize_);
       StepBackwardArgs a;
       a.o = o_.get() + (o0 + l.q_rows * p_.dv) * esize_;
       a.dout = dout_.get() + (o0 + l.q_rows * p_.dv) * esize_;

@@ -15,30 +15,39 @@ bool step_supports(int d, DType t, bool backward) {
   return backward ? (d == 64 || d == 128) : (d == 64 || d == 128 || d == 256);
 }
 
+namespace {
+
+/// What chapter 04's forward and backward parameters (FwdParams, BwdParams) take alike from a
+/// step problem: Q, K, V, the sizes and the scales.
+template <class Params>
+void set_step_problem(Params& x, const StepProblem& p) {
+  x.q = p.q;
+  x.k = p.k;
+  x.v = p.v;
+  x.batch = p.batch;
+  x.heads = p.heads;
+  x.kv_heads = p.kv_heads;
+  x.nq = p.nq;
+  x.nk = p.nk;
+  x.d = p.d;
+  x.scale = p.scale;
+  x.scale_log2 = float(double(p.scale) * kLog2e);
+  x.causal = p.causal;
+}
+
+}  // namespace
+
 bool step_forward(const StepProblem& p, const StepForwardOut& out, cudaStream_t s) {
   ch04::FwdParams f{};
-  f.q = p.q;
-  f.k = p.k;
-  f.v = p.v;
+  set_step_problem(f, p);
   f.o = out.o;
   f.lse = out.lse;
-  f.batch = p.batch;
-  f.heads = p.heads;
-  f.kv_heads = p.kv_heads;
-  f.nq = p.nq;
-  f.nk = p.nk;
-  f.d = p.d;
-  f.scale = p.scale;
-  f.scale_log2 = float(double(p.scale) * kLog2e);
-  f.causal = p.causal;
   return ch04::final_fwd::launch(f, p.dtype, s);  // chapter 04's final forward kernel (steps/final.cu)
 }
 
 bool step_backward(const StepProblem& p, const StepBackwardArgs& a, cudaStream_t s) {
   ch04::BwdParams b{};
-  b.q = p.q;
-  b.k = p.k;
-  b.v = p.v;
+  set_step_problem(b, p);
   b.o = a.o;
   b.dout = a.dout;
   b.lse = a.lse;
@@ -47,15 +56,6 @@ bool step_backward(const StepProblem& p, const StepBackwardArgs& a, cudaStream_t
   b.dv = a.dv;
   b.dq_accum = a.dq_accum;
   b.delta = a.delta;
-  b.batch = p.batch;
-  b.heads = p.heads;
-  b.kv_heads = p.kv_heads;
-  b.nq = p.nq;
-  b.nk = p.nk;
-  b.d = p.d;
-  b.scale = p.scale;
-  b.scale_log2 = float(double(p.scale) * kLog2e);
-  b.causal = p.causal;
   return ch04::launch_backward(b, p.dtype, /*deterministic=*/false, s);
 }
 
