@@ -359,7 +359,7 @@ PreparedStep prepare(const StepArgs& a) {
   const CUtensorMap tv = make_tensor_map_3d(a.v, ty, 2, D, pr.nk, bhk, Plan::kBoxCols, Bc);
   constexpr int kBytes = Plan::kBytes + TileRing::kBytes;
   CUDA_CHECK(cudaFuncSetAttribute(kernel<T, D, kCausal>, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
-  const int n_qtiles = ceil_div(pr.nq, kBr);  // tiles of 192 rows (make_args counted 128)
+  const int n_qtiles = ceil_div(pr.nq, kBr);  // tiles of 192 rows (make_step_args counted 128)
   const long tiles = long(n_qtiles) * long(bhq);
   const int grid = int(tiles < a.sms ? tiles : a.sms);  // one block per SM, each taking tiles on demand
   // The tile counter and the count of blocks that found the list empty; zero before the

@@ -464,7 +464,7 @@ PreparedStep prepare(const StepArgs& a) {
   constexpr int kBytes = Plan::kBytes + (C::kSchedule == Schedule::kDynamic ? TileRing::kBytes : 0);
   CUDA_CHECK(cudaFuncSetAttribute(kernel<T, D, kCausal>, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
   Fa3Params params = a.params;
-  params.n_qtiles = ceil_div(pr.nq, C::kBr);  // tiles of kBr rows (make_args counted 128)
+  params.n_qtiles = ceil_div(pr.nq, C::kBr);  // tiles of kBr rows (make_step_args counted 128)
   const long tiles = long(params.n_qtiles) * long(bhq);
   // kGrid: one block per tile, (query tile, head); otherwise one block per SM (or per tile, if
   // fewer), each walking its tiles or taking them on demand.
