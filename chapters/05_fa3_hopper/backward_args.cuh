@@ -17,7 +17,7 @@
 namespace attn::ch05 {
 
 /// The step whose dQ layout and query blocks a run takes: its own, except the final
-/// backward's, which are b12's at d = 64 and b13's at d = 128 (its configuration table).
+/// backward's (and b16's, b17's, which keep its table): b12's at d = 64 and b13's at d = 128.
 inline BwdStep layout_step(BwdStep s, int d) {
   if (s != BwdStep::final_bwd && s != BwdStep::b16_shared_state_space && s != BwdStep::b17_fa4_order) return s;
   return d == 64 ? BwdStep::b12_pairs_of_query_blocks : BwdStep::b13_eighty_queries;
