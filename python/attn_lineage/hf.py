@@ -8,7 +8,9 @@ register() adds "lineage" to transformers' AttentionInterface (and, where the li
 to AttentionMaskInterface, with a mask function that builds no mask: the kernels take causal
 masking as a flag). Prefill and training run chapter 05's final forward and backward; decoding
 with transformers' own (contiguous) cache runs the same forward with one query row, whose
-bottom-right causal mask sees the whole cache.
+bottom-right causal mask sees the whole cache. Inside a PagedKVCache's `active()` block
+(attn_lineage.paged, paged_greedy), the cache takes the call instead: prefill writes the pages,
+a decode step runs chapter 07's paged decode over them.
 
 What the kernels do not do is refused with a ValueError, never ignored: a padding mask (a batch
 of unequal lengths; checked outside torch.compile), sliding windows, dropout while training, a
@@ -19,6 +21,7 @@ itself does not.
 import torch
 
 from .ops import attention_bhnd
+from .paged import active_cache
 
 NAME = "lineage"
 
@@ -37,6 +40,9 @@ def lineage_attention_forward(module, query, key, value, attention_mask, dropout
     if attention_mask is not None:
         raise ValueError("attention_mask: the lineage kernels take causal masking as a flag, not a mask tensor "
                          "(register() installs a mask function that builds none; padded batches are not supported)")
+    cache = active_cache()
+    if cache is not None:
+        return cache.attend(module, query, key, value, scaling), None
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     out = attention_bhnd(query, key, value, causal=bool(causal), softmax_scale=scaling)
     return out, None

@@ -1,0 +1,147 @@
+"""Greedy decoding through chapter 07's paged decode kernel, inside a transformers model.
+
+    import attn_lineage.hf as hf
+    from attn_lineage.paged import paged_greedy
+    hf.register()
+    tokens = paged_greedy(model, prompt_ids, new_tokens=64, page_size=16)   # model: attn_implementation="lineage"
+
+The model keeps no cache of its own: it is called with use_cache=False and explicit position_ids,
+so the key and value states that reach the attention function are exactly the new tokens'
+(after RoPE for Llama; GPT-2 has none). While a PagedKVCache is active (`with cache.active():`),
+the "lineage" attention function hands them to it: on prefill (no past, Nq = Nk) it writes them
+into the pages of `module.layer_idx` and runs chapter 05's causal forward; on a decode step
+(Nq = Nk = 1) it appends the token's key and value to the pages and runs flash_attn_with_kvcache
+over them. Nothing here imports transformers; the model only has to pass its attention module
+(with a `layer_idx`) as the attention function's first argument, as Llama's and GPT-2's do.
+"""
+
+from contextlib import contextmanager
+
+import torch
+
+from .ops import attention_bhnd, flash_attn_with_kvcache
+
+_ACTIVE = []  # the PagedKVCache that the "lineage" attention function writes to, if any
+
+
+def active_cache():
+    """The PagedKVCache inside whose `active()` block we are, or None."""
+    return _ACTIVE[-1] if _ACTIVE else None
+
+
+class PagedKVCache:
+    """Key and value pages for every layer in the kernel's own layout (kv_layout="HND"):
+    `k_pages[layer]`, `v_pages[layer]` [pages, Hkv, page_size, d], allocated on a layer's first
+    write with the shape of its key states. One block table for all layers, `block_table`
+    [batch, max_pages] int32 on the device: sequence b's page j is page j * batch + b, so one
+    sequence's pages are not adjacent in the pool. `cache_seqlens` [layers seen, batch] int32 on
+    the device (row `layer` is what the kernel reads); `lengths[layer]` the same count on the host.
+    All sequences of a batch have one length (a padded batch has no lineage kernel)."""
+
+    def __init__(self, batch, max_tokens, page_size=16, device="cuda", dtype=torch.bfloat16):
+        if page_size <= 0 or page_size & (page_size - 1):
+            raise ValueError(f"page_size: {page_size} must be a power of two")
+        if batch <= 0 or max_tokens <= 0:
+            raise ValueError(f"batch, max_tokens: expected positive sizes, got {batch} and {max_tokens}")
+        self.batch, self.page_size, self.dtype, self.device = batch, page_size, dtype, torch.device(device)
+        self.max_pages = -(-max_tokens // page_size)
+        self.capacity = self.max_pages * page_size
+        j = torch.arange(self.max_pages, dtype=torch.int32)[None, :]
+        b = torch.arange(batch, dtype=torch.int32)[:, None]
+        self.block_table = (j * batch + b).to(self.device)
+        self.k_pages, self.v_pages, self.lengths, self._seqlens = {}, {}, {}, {}
+        # the attention calls, replaceable by stand-ins in tests without a GPU
+        self.prefill_fn, self.decode_fn = attention_bhnd, flash_attn_with_kvcache
+
+    def cache_seqlens(self, layer):
+        """[batch] int32 on the device: the tokens in `layer`'s pages, as the kernel reads them."""
+        return self._seqlens[layer]
+
+    def append(self, layer, key, value):
+        """Writes key and value [batch, Hkv, N, d] at positions lengths[layer] .. + N - 1 of
+        `layer`'s pages and advances its length by N."""
+        if key.dim() != 4 or key.shape != value.shape or key.shape[0] != self.batch:
+            raise ValueError(f"key, value: expected two [batch={self.batch}, Hkv, N, d] tensors of one shape, got "
+                             f"{tuple(key.shape)} and {tuple(value.shape)}")
+        _, hkv, n, d = key.shape
+        if layer not in self.k_pages:
+            pages = self.batch * self.max_pages
+            self.k_pages[layer] = torch.zeros(pages, hkv, self.page_size, d, dtype=self.dtype, device=self.device)
+            self.v_pages[layer] = torch.zeros_like(self.k_pages[layer])
+            self.lengths[layer] = 0
+            self._seqlens[layer] = torch.zeros(self.batch, dtype=torch.int32, device=self.device)
+        if self.k_pages[layer].shape[1:] != (hkv, self.page_size, d):
+            raise ValueError(f"key: layer {layer} holds {self.k_pages[layer].shape[1]} heads of dim "
+                             f"{self.k_pages[layer].shape[3]}, got {hkv} of dim {d}")
+        start = self.lengths[layer]
+        if start + n > self.capacity:
+            raise ValueError(f"key: {start} + {n} tokens exceed the cache's {self.capacity} "
+                             f"({self.max_pages} pages of {self.page_size})")
+        pos = torch.arange(start, start + n, device=self.device)
+        page = self.block_table[:, pos // self.page_size].long()  # [batch, N]
+        slot = (pos % self.page_size).expand(self.batch, n)       # [batch, N]
+        # advanced indices on either side of a slice: the indexed view is [batch, N, Hkv, d]
+        self.k_pages[layer][page, :, slot] = key.transpose(1, 2).to(self.dtype)
+        self.v_pages[layer][page, :, slot] = value.transpose(1, 2).to(self.dtype)
+        self.lengths[layer] = start + n
+        self._seqlens[layer] += n
+
+    def gather(self, layer):
+        """`layer`'s keys and values read back through the block table: [batch, Hkv, length, d] each."""
+        n = self.lengths[layer]
+        pos = torch.arange(n, device=self.device)
+        page = self.block_table[:, pos // self.page_size].long()
+        slot = (pos % self.page_size).expand(self.batch, n)
+        return tuple(p[layer][page, :, slot].transpose(1, 2) for p in (self.k_pages, self.v_pages))
+
+    def attend(self, module, query, key, value, scaling=None):
+        """The attention function's work while the cache is active: query [B, Hq, Nq, d], key and
+        value [B, Hkv, Nk, d], the new tokens' only. Returns O [B, Nq, Hq, d]."""
+        layer = getattr(module, "layer_idx", None)
+        if not isinstance(layer, int):
+            raise ValueError(f"module: {type(module).__name__} has no integer layer_idx, so the paged cache cannot "
+                             f"tell its layers apart (decode with transformers' own cache instead)")
+        nq, nk = query.shape[2], key.shape[2]
+        if self.lengths.get(layer, 0) == 0 and nq == nk:  # prefill: write the prompt, run the causal forward
+            self.append(layer, key, value)
+            return self.prefill_fn(query, key, value, causal=True, softmax_scale=scaling)
+        if nq == 1 and nk == 1:  # decode: append the token, read the whole sequence through the pages
+            self.append(layer, key, value)
+            q = query.transpose(1, 2)  # [B, 1, Hq, d]
+            return self.decode_fn(q, self.k_pages[layer], self.v_pages[layer], self.cache_seqlens(layer),
+                                  self.block_table, softmax_scale=scaling, kv_layout="HND")
+        raise ValueError(f"query: {nq} query and {nk} key tokens at layer {layer} holding {self.lengths.get(layer, 0)}; "
+                         f"the paged cache takes a prompt (no past, Nq = Nk) or one token a step (call the model with "
+                         f"use_cache=False)")
+
+    @contextmanager
+    def active(self):
+        """While inside, the "lineage" attention function reads and writes this cache."""
+        _ACTIVE.append(self)
+        try:
+            yield self
+        finally:
+            _ACTIVE.remove(self)
+
+
+@torch.no_grad()
+def paged_greedy(model, prompt_ids, new_tokens=64, page_size=16, return_logits=False):
+    """Greedy decoding of `new_tokens` tokens after `prompt_ids` [B, N0] through a PagedKVCache:
+    one prefill, then one model call a token with use_cache=False and explicit position_ids.
+    Returns the new tokens [B, new_tokens] (and, with return_logits=True, the fp32 logits each
+    was picked from, [B, new_tokens, vocab])."""
+    b, n0 = prompt_ids.shape
+    cache = PagedKVCache(b, n0 + new_tokens, page_size, device=prompt_ids.device)
+    tokens, logits_seen = [], []
+    with cache.active():
+        pos = torch.arange(n0, device=prompt_ids.device).expand(b, n0)
+        logits = model(prompt_ids, position_ids=pos, use_cache=False).logits[:, -1]
+        for i in range(new_tokens):
+            nxt = logits.argmax(-1)
+            tokens.append(nxt)
+            logits_seen.append(logits.float())
+            if i + 1 < new_tokens:
+                pos = torch.full((b, 1), n0 + i, device=prompt_ids.device)
+                logits = model(nxt[:, None], position_ids=pos, use_cache=False).logits[:, -1]
+    out = torch.stack(tokens, 1)
+    return (out, torch.stack(logits_seen, 1)) if return_logits else out

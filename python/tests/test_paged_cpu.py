@@ -1,0 +1,97 @@
+"""attn_lineage.paged without a GPU or transformers: the paged store's bookkeeping (pages, block
+table, lengths) on CPU tensors, and which attention call a prefill and a decode step make, with
+stand-in attention functions."""
+
+from types import SimpleNamespace
+
+from harness import need_torch, raises, torch
+
+if torch is not None:
+    from attn_lineage.paged import PagedKVCache, active_cache
+
+
+def _kv(b, hkv, n, d, seed):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(b, hkv, n, d, generator=g).to(torch.bfloat16),
+            torch.randn(b, hkv, n, d, generator=g).to(torch.bfloat16))
+
+
+def test_block_table_spreads_a_sequence_over_distinct_pages():
+    need_torch()
+    cache = PagedKVCache(3, 70, page_size=16, device="cpu")
+    assert cache.max_pages == 5 and cache.capacity == 80
+    assert cache.block_table.dtype == torch.int32 and tuple(cache.block_table.shape) == (3, 5)
+    flat = cache.block_table.flatten()
+    assert len(set(flat.tolist())) == flat.numel() == 15  # no page shared by two (sequence, block) pairs
+    assert int(flat.max()) == 14 and int(flat.min()) == 0
+    assert (cache.block_table[:, 1] - cache.block_table[:, 0]).abs().min() > 1  # a sequence's pages not adjacent
+
+
+def test_append_writes_pages_and_advances_lengths():
+    need_torch()
+    for page_size in (1, 4, 16):
+        cache = PagedKVCache(2, 40, page_size=page_size, device="cpu")
+        k0, v0 = _kv(2, 3, 13, 8, seed=1)
+        cache.append(0, k0, v0)  # a prompt crossing page boundaries
+        steps = [_kv(2, 3, 1, 8, seed=10 + i) for i in range(6)]
+        for k, v in steps:
+            cache.append(0, k, v)
+        assert cache.lengths[0] == 19 and cache.cache_seqlens(0).tolist() == [19, 19]
+        assert cache.cache_seqlens(0).dtype == torch.int32
+        assert tuple(cache.k_pages[0].shape) == (2 * cache.max_pages, 3, page_size, 8)
+        k_all = torch.cat([k0] + [k for k, _ in steps], 2)
+        v_all = torch.cat([v0] + [v for _, v in steps], 2)
+        kg, vg = cache.gather(0)
+        assert torch.equal(kg, k_all) and torch.equal(vg, v_all), f"page_size {page_size}"
+        # token t of sequence b lies in page block_table[b, t // page_size], slot t % page_size
+        for b, t in ((0, 0), (1, 12), (1, 13), (0, 18)):
+            page = int(cache.block_table[b, t // page_size])
+            assert torch.equal(cache.k_pages[0][page, :, t % page_size], k_all[b, :, t]), (page_size, b, t)
+        assert 1 not in cache.lengths  # layers are allocated on their first write
+
+
+def test_append_refuses_overflow_and_wrong_shapes():
+    need_torch()
+    cache = PagedKVCache(2, 8, page_size=4, device="cpu")
+    k, v = _kv(2, 2, 8, 8, seed=2)
+    cache.append(0, k, v)
+    with raises(ValueError, r"^key: 8 \+ 1 tokens exceed the cache's 8"):
+        cache.append(0, k[:, :, :1], v[:, :, :1])
+    with raises(ValueError, r"^key: layer 0 holds 2 heads of dim 8"):
+        cache.append(0, *_kv(2, 1, 1, 8, seed=3))
+    with raises(ValueError, r"^key, value"):
+        cache.append(1, *_kv(3, 2, 1, 8, seed=4))
+    with raises(ValueError, r"^page_size"):
+        PagedKVCache(2, 8, page_size=12, device="cpu")
+
+
+def test_attend_prefills_then_decodes_through_the_pages():
+    need_torch()
+    cache = PagedKVCache(2, 32, page_size=4, device="cpu")
+    calls = []
+    cache.prefill_fn = lambda q, k, v, causal, softmax_scale: calls.append(("prefill", causal, k.shape[2])) or \
+        torch.zeros(q.shape[0], q.shape[2], q.shape[1], q.shape[3])
+
+    def decode(q, k_pages, v_pages, seqlens, block_table, softmax_scale, kv_layout):
+        calls.append(("decode", kv_layout, seqlens.tolist(), k_pages is cache.k_pages[layer.layer_idx]))
+        return torch.zeros(q.shape)
+
+    cache.decode_fn = decode
+    layer = SimpleNamespace(layer_idx=1)
+    q = torch.zeros(2, 4, 10, 8, dtype=torch.bfloat16)
+    k, v = _kv(2, 2, 10, 8, seed=5)
+    assert active_cache() is None
+    with cache.active():
+        assert active_cache() is cache
+        o = cache.attend(layer, q, k, v)
+        assert tuple(o.shape) == (2, 10, 4, 8)
+        for _ in range(3):
+            o = cache.attend(layer, q[:, :, :1], *_kv(2, 2, 1, 8, seed=6))
+            assert tuple(o.shape) == (2, 1, 4, 8)
+        with raises(ValueError, r"^query: 2 query and 2 key tokens at layer 1 holding 13"):
+            cache.attend(layer, q[:, :, :2], k[:, :, :2], v[:, :, :2])
+        with raises(ValueError, r"^module: SimpleNamespace has no integer layer_idx"):
+            cache.attend(SimpleNamespace(), q, k, v)
+    assert active_cache() is None
+    assert calls == [("prefill", True, 10), ("decode", "HND", [11, 11], True), ("decode", "HND", [12, 12], True),
+                     ("decode", "HND", [13, 13], True)]
