@@ -110,8 +110,9 @@ class PagedKVCache:
             q = query.transpose(1, 2)  # [B, 1, Hq, d]
             return self.decode_fn(q, self.k_pages[layer], self.v_pages[layer], self.cache_seqlens(layer),
                                   self.block_table, softmax_scale=scaling, kv_layout="HND")
-        raise ValueError(f"query: {nq} query and {nk} key tokens at layer {layer} holding {self.lengths.get(layer, 0)}; "
-                         f"the paged cache takes a prompt (no past, Nq = Nk) or one token a step (call the model with "
+        held = self.lengths.get(layer, 0)
+        raise ValueError(f"query: {nq} query and {nk} key tokens at layer {layer} holding {held}; the paged "
+                         f"cache takes a prompt (no past, Nq = Nk) or one token a step (call the model with "
                          f"use_cache=False)")
 
     @contextmanager
