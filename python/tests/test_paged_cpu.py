@@ -95,3 +95,18 @@ def test_attend_prefills_then_decodes_through_the_pages():
     assert active_cache() is None
     assert calls == [("prefill", True, 10), ("decode", "HND", [11, 11], True), ("decode", "HND", [12, 12], True),
                      ("decode", "HND", [13, 13], True)]
+
+
+def test_the_lineage_attention_function_hands_its_call_to_the_active_cache():
+    need_torch()
+    import attn_lineage.hf as hf  # needs no transformers until register()
+    cache = PagedKVCache(1, 8, page_size=2, device="cpu")
+    seen = []
+    cache.prefill_fn = lambda q, k, v, causal, softmax_scale: seen.append(softmax_scale) or q.transpose(1, 2)
+    layer = SimpleNamespace(layer_idx=0, is_causal=True)
+    q = torch.zeros(1, 2, 3, 8, dtype=torch.bfloat16)
+    k, v = _kv(1, 1, 3, 8, seed=7)
+    with cache.active():
+        o, weights = hf.lineage_attention_forward(layer, q, k, v, None, scaling=0.25)
+    assert weights is None and tuple(o.shape) == (1, 3, 2, 8) and seen == [0.25]
+    assert cache.lengths[0] == 3 and torch.equal(cache.gather(0)[1], v)
