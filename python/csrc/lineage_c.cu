@@ -555,10 +555,7 @@ int attn_lineage_masked_forward(int device, void* stream, int dtype, const void*
   const int checked = guarded(err, err_len, [&] {
     c = masked_call(dtype, batch, heads, kv_heads, nq, nk, d, scale, causal, window_left, window_right, softcap,
                     sinks, cu_seqlens, docs);
-    require_aligned(q, "q");
-    require_aligned(k, "k");
-    require_aligned(v, "v");
-    require_aligned(o, "o");
+    check_tensors({{q, "q"}, {k, "k"}, {v, "v"}, {o, "o"}});
     require(lse != nullptr, "lse is null");
     return ATTN_LINEAGE_OK;
   });
@@ -614,9 +611,7 @@ int attn_lineage_mla_decode(int device, void* stream, const void* q, const void*
     require(nq <= nk, "nq (" + std::to_string(nq) + ") must be <= nk (" + std::to_string(nk) +
                           "): the MLA decode is causal and has no row without keys");
     require(std::isfinite(scale) && scale >= 0, "scale must be finite and >= 0 (0: 1/sqrt(192))");
-    const char* names[] = {"q", "kv", "o", "workspace"};
-    const void* ptrs[] = {q, kv, o, workspace};
-    for (int i = 0; i < 4; ++i) require_aligned(ptrs[i], names[i]);
+    check_tensors({{q, "q"}, {kv, "kv"}, {o, "o"}, {workspace, "workspace"}});
     require(reinterpret_cast<uintptr_t>(workspace) % 256 == 0, "workspace must be 256-byte aligned");
     return ATTN_LINEAGE_OK;
   });
