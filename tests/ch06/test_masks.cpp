@@ -879,6 +879,65 @@ TEST_CASE("the sparse patterns: a few pairs by hand") {
   CHECK(keeps(bb, 5, 199));
 }
 
+TEST_CASE("the sparse patterns: row() equals keep() on every key of every tile, where it is exact") {
+  // Every (row, tile) of many parameter sets, aligned tiles of 64 and 128 keys and unaligned
+  // ones: where row() says `exact`, its keep(j) must be keep() on the tile's keys and false
+  // past them. Rows that must have the form: strided and fixed with l a power of two, every
+  // longformer row, and bigbird's where the tile spans at most two key blocks.
+  std::vector<MaskSpec> specs;
+  const Problem any = masked_problem(shape().n(64).d(32));
+  for (int l : {1, 3, 16, 64, 100}) specs.push_back(sparse_spec(MaskKind::strided, any, l, 64, 8, -1, 3, 0));
+  for (auto [l, c] : {std::pair{1, 0}, std::pair{1, 1}, std::pair{3, 2}, std::pair{16, 0}, std::pair{16, 5},
+                      std::pair{16, 16}, std::pair{64, 8}, std::pair{100, 30}})
+    specs.push_back(sparse_spec(MaskKind::fixed, any, 64, l, c, -1, 3, 0));
+  for (auto [w, g] : {std::pair{0, 0}, std::pair{0, 3}, std::pair{5, 1}, std::pair{40, 7}, std::pair{1000, 2},
+                      std::pair{1 << 30, 0}})
+    specs.push_back(sparse_spec(MaskKind::longformer, any, 64, 64, 8, g, 3, w));
+  for (auto [b, g, r] : {std::tuple{1, 0, 0}, std::tuple{3, 1, 2}, std::tuple{16, 2, 3}, std::tuple{64, 1, 3},
+                         std::tuple{64, 0, 8}, std::tuple{100, 0, 2}, std::tuple{128, 2, 3}})
+    for (int seed : {5, 11}) {
+      MaskSpec s = sparse_spec(MaskKind::bigbird, any, 64, b, 8, g, r, 0);
+      s.seed = seed;
+      specs.push_back(s);
+    }
+  long exact = 0, missing = 0, wrong = 0, bigbird_exact = 0;
+  for (const auto& [nq, nk] : {std::pair{97, 97}, std::pair{150, 40}, std::pair{40, 150}, std::pair{300, 257},
+                               std::pair{257, 300}, std::pair{1, 1}, std::pair{3, 7}, std::pair{7, 2}})
+    for (const MaskSpec& spec : specs) {
+      const Problem p = masked_problem(shape().n(nq, nk).d(32));
+      MaskSpec s = spec;
+      finalize_spec(s, p);  // bigbird's key blocks for this Nk
+      CAPTURE(s.describe());
+      CAPTURE(p.describe());
+      visit_policy(s, p, PolicyData{}, [&](const auto& pol) {
+        if constexpr (std::is_same_v<std::decay_t<decltype(pol)>, StructuredSparse>) {
+          const bool pow2 = (pol.l & (pol.l - 1)) == 0;
+          for (auto [bc, offset] : {std::pair{64, 0}, std::pair{128, 0}, std::pair{128, 37}, std::pair{50, 13}})
+            for (int j0 = offset; j0 < nk; j0 += bc) {
+              const int j1 = std::min(j0 + bc, nk) - 1;
+              const bool two_blocks = j1 / pol.l - j0 / pol.l <= 1;
+              const bool must = pol.pattern == SparsePattern::longformer ||
+                                (pol.pattern == SparsePattern::bigbird ? two_blocks : pow2);
+              for (int i = 0; i < nq; ++i) {
+                const SparseRow r = pol.row(i, j0, j1);
+                missing += must && !r.exact;
+                if (!r.exact) continue;
+                ++exact;
+                bigbird_exact += pol.pattern == SparsePattern::bigbird;
+                for (int j = j0; j < j0 + bc + 8; ++j) wrong += r.keep(j) != (j <= j1 && pol.keep_at(i + pol.diag, j));
+              }
+            }
+        } else {
+          FAIL("the sparse patterns are one policy type, StructuredSparse");
+        }
+      });
+    }
+  CHECK(wrong == 0);
+  CHECK(missing == 0);
+  CHECK(bigbird_exact > 1000);  // bigbird's rows are not all left to keep()
+  CHECK(exact > 100000);
+}
+
 TEST_CASE("the sparse patterns: classify() is exact on every tile, and the map counts the kept pairs") {
   for (const auto& [nq, nk] : {std::pair{300, 300}, std::pair{100, 333}, std::pair{333, 100}})
     for (const MaskSpec& s : sparse_specs(shape().n(nq, nk).d(32))) {

@@ -87,6 +87,7 @@ ATTN_HD unsigned hash3(unsigned a, unsigned b, unsigned c) {
 /// every batch and head. A variant overrides only what it changes.
 struct PolicyBase {
   static constexpr int kSpans = 0;  ///< 0: no span(), the kernels ask keep() per element
+  static constexpr bool kRows = false;  ///< true: a row() of the sparse patterns (SparseRow)
   static constexpr bool kScore = false;
   static constexpr bool kSink = false;
   static constexpr bool kPerBatch = false;
@@ -323,6 +324,31 @@ struct Softcap : PolicyBase {
   ATTN_HD TileKind classify(int, int, const TileRange& t) const { return mask().classify(t); }
 };
 
+/// One row of a structured sparse pattern inside one tile, in a form a kernel tests with a
+/// few integer operations per key and no division (StructuredSparse::row(), built once per row
+/// and tile). Key j of the tile is kept iff
+///
+///     j <= last  and  ( j in interval 0 or 1  or  j < pre  or  ((j + shift) & mask) < width )
+///
+/// An interval is a first key and a count, tested as row spans are (Span): unsigned(j -
+/// first) < count. The last test is a *comb*: every key whose position modulo mask + 1 (a
+/// power of two) lies in a window of `width` residues. `exact` false: the row has no such
+/// form in this tile, and the kernel asks keep() as before.
+struct SparseRow {
+  int last = -1;                            ///< no key after it (causal: q; the tile's end folded in)
+  int first0 = 0, first1 = 0;               ///< the two intervals' first keys
+  unsigned count0 = 0, count1 = 0;          ///< and their lengths (0: empty)
+  int pre = 0;                              ///< every key j < pre (the global tokens)
+  unsigned shift = 0, mask = 0, width = 0;  ///< the comb (width 0: none)
+  bool exact = true;
+  ATTN_HD bool keep(int j) const {
+    const unsigned u = unsigned(j);
+    const bool in = u - unsigned(first0) < count0 || u - unsigned(first1) < count1 || j < pre ||
+                    ((u + shift) & mask) < width;
+    return j <= last && in;
+  }
+};
+
 /// The four structured sparse patterns of the long-sequence papers, one run-time field.
 enum class SparsePattern : unsigned char { strided, fixed, longformer, bigbird };
 
@@ -349,7 +375,9 @@ enum class SparsePattern : unsigned char { strided, fixed, longformer, bigbird }
 ///
 /// No span(): strided and fixed keep many intervals per row, so partial tiles ask
 /// keep(). classify() is exact (host only): it counts each row's kept keys in the tile.
+/// row() writes one row inside one tile as a SparseRow (the lab's steps/lab/v6_sparse_rows.cu).
 struct StructuredSparse : PolicyBase {
+  static constexpr bool kRows = true;
   SparsePattern pattern = SparsePattern::strided;
   int diag = 0;
   int l = 64;     ///< strided: stride; fixed: block; bigbird: block b
@@ -380,6 +408,77 @@ struct StructuredSparse : PolicyBase {
       case SparsePattern::fixed: return j <= q && (j / l == q / l || j % l >= l - c);  // j >= 0, so q >= 0
       case SparsePattern::longformer: return (q >= 0 && q < g) || j < g || mask_math::abs_(q - j) <= w;
       case SparsePattern::bigbird: default: return block_keep(mask_math::floor_div(q, l), j / l);
+    }
+  }
+  /// Row i inside the tile of keys [j0, j1] (0 <= j0; j1 < Nk, the ragged end folded in):
+  /// for every key j >= j0, row(i, j0, j1).keep(j) == (j <= j1 && keep(i, j)) where `exact`.
+  ///  - strided: the last l keys [q - l + 1, q], and the comb of every l-th key back from q
+  ///    (shift -q, width 1); fixed: the own block [q - q mod l, q], and the comb of the last
+  ///    c columns of every block (j mod l >= l - c iff (j + c) mod l < c). Both need l a power
+  ///    of two (mask l - 1); otherwise `exact` is false.
+  ///  - longformer: the window [q - w, q + w] and the prefix of g global keys; a global
+  ///    query (0 <= q < g) keeps the whole tile.
+  ///  - bigbird: the tile's kept key blocks (band, global, random: block_keep()) as up to
+  ///    two runs of blocks; more runs, or more than 4 key blocks in the tile: not exact.
+  /// One division (bigbird's blocks) and a few hashes per row and tile, none per key.
+  ATTN_HD SparseRow row(int i, int j0, int j1) const {
+    const int q = i + diag;
+    SparseRow r;
+    r.last = j1;
+    const bool pow2 = (l & (l - 1)) == 0;
+    auto interval = [](long lo, long hi, int* first, unsigned* count) {  // [lo, hi], lo >= 0
+      *first = int(lo);
+      *count = hi >= lo ? unsigned(hi - lo + 1) : 0u;
+    };
+    switch (pattern) {
+      case SparsePattern::strided:
+      case SparsePattern::fixed:
+        if (!pow2) {
+          r.exact = false;
+          return r;
+        }
+        r.last = q < j1 ? q : j1;  // causal (q < 0: no key)
+        r.mask = unsigned(l - 1);
+        if (pattern == SparsePattern::strided) {
+          interval(long(q) - l + 1, q, &r.first0, &r.count0);
+          r.shift = 0u - unsigned(q), r.width = 1;
+        } else {
+          interval(long(q) & ~long(l - 1), q, &r.first0, &r.count0);
+          r.shift = unsigned(c), r.width = unsigned(c);
+        }
+        return r;
+      case SparsePattern::longformer:
+        if (q >= 0 && q < g) {
+          interval(0, j1, &r.first0, &r.count0);
+        } else {
+          const long lo = long(q) - w, hi = long(q) + w;
+          interval(lo > j0 ? lo : j0, hi < j1 ? hi : j1, &r.first0, &r.count0);
+          r.pre = g;
+        }
+        return r;
+      case SparsePattern::bigbird: default: {
+        const int qb = mask_math::floor_div(q, l), kb0 = j0 / l, kb1 = j1 / l;
+        if (kb1 - kb0 >= 4) {
+          r.exact = false;
+          return r;
+        }
+        int runs = 0, start[2] = {0, 0}, end[2] = {-1, -1};
+        for (int kb = kb0; kb <= kb1; ++kb) {
+          if (!block_keep(qb, kb)) continue;
+          if (runs > 0 && end[runs - 1] == kb - 1) {
+            end[runs - 1] = kb;
+          } else if (runs == 2) {
+            r.exact = false;
+            return r;
+          } else {
+            start[runs] = end[runs] = kb;
+            ++runs;
+          }
+        }
+        interval(long(start[0]) * l, long(end[0]) * l + l - 1, &r.first0, &r.count0);
+        interval(long(start[1]) * l, long(end[1]) * l + l - 1, &r.first1, &r.count1);
+        return r;
+      }
     }
   }
   /// How many keys of [lo, hi] (lo >= 0) row i keeps, in O(1) (bigbird: O(blocks)).
