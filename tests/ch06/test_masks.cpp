@@ -879,6 +879,48 @@ TEST_CASE("the sparse patterns: a few pairs by hand") {
   CHECK(keeps(bb, 5, 199));
 }
 
+TEST_CASE("exercise ch06.10: the strided and fixed patterns keep the keys of Child et al.'s definitions") {
+  // By hand, l = 4 (strided) and l = 4, c = 1 (fixed), the query at position 10:
+  //   strided: the last 4 keys 7..10, and 6 and 2 (10 - j a multiple of 4)
+  //   fixed:   its own block 8..10, and the last column of every block before it: 3, 7
+  const Problem p = masked_problem(shape().n(16).d(32));
+  auto kept = [&](const MaskSpec& s, int i) {
+    std::vector<int> v;
+    visit_policy(s, p, PolicyData{}, [&](const auto& pol) {
+      for (int j = 0; j < 16; ++j)
+        if (pol.keep(0, 0, i, j)) v.push_back(j);
+    });
+    return v;
+  };
+  const MaskSpec st = sparse_spec(MaskKind::strided, p, 4, 64, 8, -1, 3, 0);
+  const MaskSpec fx = sparse_spec(MaskKind::fixed, p, 64, 4, 1, -1, 3, 0);
+  CHECK(kept(st, 10) == std::vector<int>{2, 6, 7, 8, 9, 10});
+  CHECK(kept(st, 2) == std::vector<int>{0, 1, 2});
+  CHECK(kept(fx, 10) == std::vector<int>{3, 7, 8, 9, 10});
+  CHECK(kept(fx, 4) == std::vector<int>{3, 4});
+  // Every pair of several shapes against the definitions written again in this file.
+  int checked = 0;
+  for (const auto& [nq, nk] : {std::pair{97, 97}, std::pair{40, 150}, std::pair{150, 40}})
+    for (const MaskSpec& s : sparse_specs(shape().n(nq, nk).d(32))) {
+      if (s.kind != MaskKind::strided && s.kind != MaskKind::fixed) continue;
+      const Problem q = masked_problem(shape().n(nq, nk).d(32));
+      CAPTURE(s.describe());
+      const SparseDefinition def(s, nq, nk);
+      long bad = 0;
+      visit_policy(s, q, PolicyData{}, [&](const auto& pol) {
+        for (int i = 0; i < nq; ++i)
+          for (int j = 0; j < nk; ++j) bad += pol.keep(0, 0, i, j) != def.keep(i, j);
+      });
+      CHECK(bad == 0);
+      ++checked;
+    }
+  CHECK(checked == 3 * 10);
+  // And the chapter's CPU model with the pattern, against the fp64 reference, on an awkward shape.
+  const Problem m = masked_problem(shape().heads(2).n(300, 200).d(32));
+  check_model(sparse_spec(MaskKind::strided, m, 19, 64, 8, -1, 3, 0), m);
+  check_model(sparse_spec(MaskKind::fixed, m, 64, 23, 5, -1, 3, 0), m);
+}
+
 TEST_CASE("the sparse patterns: row() equals keep() on every key of every tile, where it is exact") {
   // Every (row, tile) of many parameter sets, aligned tiles of 64 and 128 keys and unaligned
   // ones: where row() says `exact`, its keep(j) must be keep() on the tile's keys and false

@@ -404,8 +404,12 @@ struct StructuredSparse : PolicyBase {
 #endif
   ATTN_HD bool keep_at(int q, int j) const {
     switch (pattern) {
+      // EXERCISE ch06.10: the Sparse Transformer's two patterns (section 4.2): strided keeps the last l keys and every l-th before them; fixed keeps the query's own block of l and the last c columns of every block
+      //| case SparsePattern::strided: return j <= q;  // TODO: your code here (causal only: every key, no sparsity)
+      //| case SparsePattern::fixed: return j <= q;    // TODO: your code here
       case SparsePattern::strided: return j <= q && (q - j < l || (q - j) % l == 0);
       case SparsePattern::fixed: return j <= q && (j / l == q / l || j % l >= l - c);  // j >= 0, so q >= 0
+      // END EXERCISE
       case SparsePattern::longformer: return (q >= 0 && q < g) || j < g || mask_math::abs_(q - j) <= w;
       case SparsePattern::bigbird: default: return block_keep(mask_math::floor_div(q, l), j / l);
     }
