@@ -206,9 +206,8 @@ TEST_CASE("sm90a forward: a few thread blocks, each walking many tiles, in every
   }
 }
 
-#if TUTORIAL_LAB  // a lab step (steps/lab/): built with TUTORIAL_LAB=ON
-TEST_CASE("lab v6 (steps/lab/v6_sparse_rows.cu): the sparse patterns from their rows, at d = 64, 128 and 256") {
-  // every_variant's sparse sizes (24, 40) are not powers of two, so there v6's rows fall back
+TEST_CASE("final kernel: the sparse patterns masked from their rows (SparseRow), d = 64, 128 and 256, bf16 and fp16") {
+  // every_variant's sparse sizes (24, 40) are not powers of two, so there the final kernel's rows fall back
   // to keep(). Here the sizes that take the SparseRow form (and a few that do not), with one
   // block per SM, two blocks walking every tile, and every visited tile partial (--all-partial:
   // the rows on tiles that are really full too).
@@ -216,10 +215,9 @@ TEST_CASE("lab v6 (steps/lab/v6_sparse_rows.cu): the sparse patterns from their 
   std::string why;
   const auto dev = query_device(&why);
   REQUIRE(dev);
-  CHECK(std::string(hopper_step_file(kHopperLabRows)) == "steps/lab/v6_sparse_rows.cu");
-  for (const int hd : {64, 128, 256})
-    CHECK(mask_gpu_unsupported(shape().n(64).d(hd), GpuPath::sm90a, *dev, kHopperLabRows).empty());
-  CHECK_FALSE(mask_gpu_unsupported(shape().n(64).d(128).dtype(DType::f16), GpuPath::sm90a, *dev, kHopperLabRows).empty());
+  for (const DType dt : {DType::bf16, DType::f16})
+    for (const int hd : {64, 128, 256})
+      CHECK(mask_gpu_unsupported(shape().n(64).d(hd).dtype(dt), GpuPath::sm90a, *dev, kHopperFinal).empty());
   auto sparse = [](MaskKind k, const Problem& p, int l, int c, int w, int g, int r) {
     MaskSpec s;
     s.kind = k;
@@ -227,25 +225,26 @@ TEST_CASE("lab v6 (steps/lab/v6_sparse_rows.cu): the sparse patterns from their 
     finalize_spec(s, p);
     return s;
   };
-  for (const int hd : {64, 128, 256})
-    for (const auto& [nq, nk] : {std::pair{300, 300}, std::pair{200, 333}, std::pair{333, 200}}) {
-      const Problem p = shape().heads(2, 1).n(nq, nk).d(hd);
-      CAPTURE(hd);
-      std::vector<MaskSpec> specs;
-      for (int l : {1, 16, 64, 128, 24}) specs.push_back(sparse(MaskKind::strided, p, l, 0, 0, 0, 0));
-      for (auto [l, c] : {std::pair{16, 16}, std::pair{32, 0}, std::pair{64, 8}, std::pair{128, 16}, std::pair{40, 6}})
-        specs.push_back(sparse(MaskKind::fixed, p, l, c, 0, 0, 0));
-      for (auto [w, g] : {std::pair{0, 0}, std::pair{64, 1}, std::pair{100, 3}})
-        specs.push_back(sparse(MaskKind::longformer, p, 64, 0, w, g, 0));
-      for (auto [b, g, r] : {std::tuple{64, 2, 3}, std::tuple{128, 1, 2}, std::tuple{32, 0, 4}, std::tuple{16, 2, 3}})
-        specs.push_back(sparse(MaskKind::bigbird, p, b, 0, 0, g, r));
-      for (const MaskSpec& s : specs)
-        check_forward(GpuPath::sm90a, s, p, Dist::normal,
-                      {GpuForwardOptions{kHopperLabRows, 0, false}, GpuForwardOptions{kHopperLabRows, 2, false},
-                       GpuForwardOptions{kHopperLabRows, 0, true}});
-    }
+  for (const DType dt : {DType::bf16, DType::f16})
+    for (const int hd : {64, 128, 256})
+      for (const auto& [nq, nk] : {std::pair{300, 300}, std::pair{200, 333}, std::pair{333, 200}}) {
+        const Problem p = shape().heads(2, 1).n(nq, nk).d(hd).dtype(dt);
+        CAPTURE(hd);
+        CAPTURE(int(dt));
+        std::vector<MaskSpec> specs;
+        for (int l : {1, 16, 64, 128, 24}) specs.push_back(sparse(MaskKind::strided, p, l, 0, 0, 0, 0));
+        for (auto [l, c] : {std::pair{16, 16}, std::pair{32, 0}, std::pair{64, 8}, std::pair{128, 16}, std::pair{40, 6}})
+          specs.push_back(sparse(MaskKind::fixed, p, l, c, 0, 0, 0));
+        for (auto [w, g] : {std::pair{0, 0}, std::pair{64, 1}, std::pair{100, 3}})
+          specs.push_back(sparse(MaskKind::longformer, p, 64, 0, w, g, 0));
+        for (auto [b, g, r] : {std::tuple{64, 2, 3}, std::tuple{128, 1, 2}, std::tuple{32, 0, 4}, std::tuple{16, 2, 3}})
+          specs.push_back(sparse(MaskKind::bigbird, p, b, 0, 0, g, r));
+        for (const MaskSpec& s : specs)
+          check_forward(GpuPath::sm90a, s, p, Dist::normal,
+                        {GpuForwardOptions{kHopperFinal, 0, false}, GpuForwardOptions{kHopperFinal, 2, false},
+                         GpuForwardOptions{kHopperFinal, 0, true}});
+      }
 }
-#endif
 
 TEST_CASE("backward: every variant passes the fp64 reference at awkward shapes") {
   require_path(GpuPath::backward);

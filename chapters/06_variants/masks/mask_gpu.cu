@@ -23,10 +23,9 @@ const char* gpu_path_name(GpuPath p) {
 
 std::string mask_gpu_unsupported(const Problem& p, GpuPath path, const DeviceInfo& dev, int hopper_step) {
   const bool final_fwd = path == GpuPath::sm90a && hopper_step == kHopperFinal;
-  const bool final_tiles = final_fwd || (path == GpuPath::sm90a && hopper_step == kHopperLabRows);  // its d's
-  if (final_tiles && !(p.d == p.dv && (p.d == 64 || p.d == 128 || p.d == 256)))
+  if (final_fwd && !(p.d == p.dv && (p.d == 64 || p.d == 128 || p.d == 256)))
     return "not built for d = " + std::to_string(p.d) + " (the final sm90a forward: d = 64, 128 and 256)";
-  if (!final_tiles && (p.d != 128 || p.dv != 128))
+  if (!final_fwd && (p.d != 128 || p.dv != 128))
     return "not built for d = " + std::to_string(p.d) + " (this kernel: d = 128; the final sm90a forward: 64, 128, 256)";
   // The final sm90a forward has bf16 and fp16 (steps/final.cu, final_fp16.cu); every other kernel bf16.
   if (final_fwd && p.dtype != DType::bf16 && p.dtype != DType::f16)
@@ -49,7 +48,6 @@ const char* hopper_step_file(int step) {
     case 3: return "steps/v3_document_tiles.cu";
     case 4: return "steps/v4_row_spans.cu";
     case kHopperLab: return "steps/lab/v5_epilogue_in_place.cu";
-    case kHopperLabRows: return "steps/lab/v6_sparse_rows.cu";
     case kHopperFinal: return "steps/final.cu";
   }
   return "?";
@@ -112,8 +110,7 @@ GpuMaskForward mask_forward_gpu(const Problem& p, const MaskSpec& s, const Token
   // sm90a from v3 on (the final kernel too): documents are tiled from each document's start (the document map).
   const bool doc_tiles = hopper && opt.hopper_step >= 3 && s.kind == MaskKind::document && p.batch == 1 && p.nq == p.nk;
   // The tiles of the kernel that runs: the final sm90a forward's keys a tile depend on d.
-  const bool final_tiles = opt.hopper_step == kHopperFinal || opt.hopper_step == kHopperLabRows;
-  const int bc = !hopper ? ampere_mask::Bc : final_tiles ? hopper_final::tile_keys(p.d) : hopper_mask::Bc;
+  const int bc = !hopper ? ampere_mask::Bc : opt.hopper_step == kHopperFinal ? hopper_final::tile_keys(p.d) : hopper_mask::Bc;
   static_assert(hopper_v3::Br == hopper_mask::Br && hopper_final::Br == hopper_mask::Br, "one query tile on sm90a");
   BlockMap map = doc_tiles ? build_document_block_map(s, p, hopper_mask::Br, bc)
                  : hopper  ? build_block_map(s, p, hopper_mask::Br, bc)
@@ -149,7 +146,6 @@ GpuMaskForward mask_forward_gpu(const Problem& p, const MaskSpec& s, const Token
                                            : opt.hopper_step == 4 ? hopper_v4::prepare(f, s, p, pd.view(), 0)
 #if TUTORIAL_LAB
                                            : opt.hopper_step == kHopperLab ? hopper_v5::prepare(f, s, p, pd.view(), 0)
-                                           : opt.hopper_step == kHopperLabRows ? hopper_v6::prepare(f, s, p, pd.view(), 0)
 #endif
                                                                   : hopper_final::prepare(f, s, p, pd.view(), 0);
   if (hopper && !hopper_run) throw std::runtime_error("no masked kernel for this problem");

@@ -10,7 +10,6 @@
 ///     steps/v3_document_tiles.cu  sm_90a step 3: documents tiled from their own starts
 ///     steps/v4_row_spans.cu       sm_90a step 4: partial tiles masked from each row's span
 ///     steps/lab/v5_epilogue_in_place.cu  sm_90a lab step 5 (TUTORIAL_LAB builds): v4 without v2's deferred epilogue
-///     steps/lab/v6_sparse_rows.cu        sm_90a lab step 6 (TUTORIAL_LAB builds): the final kernel, sparse rows
 ///     steps/final.cu              the final masked forward (sm_90a): v4 with one configuration table (the default)
 ///     final_fp16.cu               its fp16 kernels: steps/final.cu included with CH06_FINAL_FP16 set
 ///     backward_mask.cu        the final masked backward: chapter 04's backward + the policy (score' included)
@@ -49,18 +48,14 @@ struct GpuMaskBackward {
 
 /// The sm90a forward's steps: 0 hopper_mask.cu, 1 steps/v1_two_q_buffers.cu,
 /// 2 steps/v2_tile_overlap.cu, 3 steps/v3_document_tiles.cu, 4 steps/v4_row_spans.cu, the
-/// lab's 5 (steps/lab/v5_epilogue_in_place.cu) and 6 (steps/lab/v6_sparse_rows.cu: the final
-/// kernel with the sparse patterns' rows; d = 64, 128 and 256, bf16), built with TUTORIAL_LAB
-/// only, and kHopperFinal, steps/final.cu (the final masked forward, "final" on the command line).
+/// lab's 5 (steps/lab/v5_epilogue_in_place.cu, built with TUTORIAL_LAB only), and
+/// kHopperFinal, steps/final.cu (the final masked forward, "final" on the command line).
 constexpr int kHopperLab = 5;
-constexpr int kHopperLabRows = 6;
-constexpr int kHopperFinal = 7;
+constexpr int kHopperFinal = 6;
 constexpr int kHopperSteps = kHopperFinal + 1;
 const char* hopper_step_file(int step);  ///< "steps/v2_tile_overlap.cu", ...
 /// Whether this build carries sm90a step `step` (the lab's only with TUTORIAL_LAB).
-inline bool hopper_step_built(int step) {
-  return step >= 0 && step < kHopperSteps && ((step != kHopperLab && step != kHopperLabRows) || TUTORIAL_LAB);
-}
+inline bool hopper_step_built(int step) { return step >= 0 && step < kHopperSteps && (step != kHopperLab || TUTORIAL_LAB); }
 
 /// Empty when `path` runs this problem on `dev`; otherwise why not (d, dtype, GPU). For sm90a,
 /// `hopper_step` names the kernel: the final one (steps/final.cu) has d = 64, 128 and 256 in

@@ -141,14 +141,6 @@ constexpr int Br = hopper_mask::Br, Bc = hopper_mask::Bc;
 /// stages of 128 keys do not fit beside Q (its configuration table).
 constexpr int tile_keys(int d) { return d == 256 ? 64 : Bc; }
 }  // namespace hopper_final
-/// The lab's step 6 (steps/lab/v6_sparse_rows.cu): the final kernel with the sparse patterns'
-/// partial tiles masked from each row's SparseRow; its tiles, d = 64, 128 and 256, bf16.
-namespace hopper_v6 {
-std::function<void()> prepare(const FwdParams& p, const MaskSpec& s, const Problem& prob, const PolicyData& d,
-                              cudaStream_t st);
-constexpr int Br = hopper_final::Br, Bc = hopper_final::Bc;
-using hopper_final::tile_keys;
-}  // namespace hopper_v6
 namespace backward_mask {
 bool launch(const BwdParams& p, const MaskSpec& s, const Problem& prob, const PolicyData& d, cudaStream_t st);
 constexpr int Br = 64, Bc = 128;

@@ -375,7 +375,8 @@ enum class SparsePattern : unsigned char { strided, fixed, longformer, bigbird }
 ///
 /// No span(): strided and fixed keep many intervals per row, so partial tiles ask
 /// keep(). classify() is exact (host only): it counts each row's kept keys in the tile.
-/// row() writes one row inside one tile as a SparseRow (the lab's steps/lab/v6_sparse_rows.cu).
+/// row() writes one row inside one tile as a SparseRow: the final kernel (steps/final.cu) masks
+/// a partial tile's rows from it, and asks keep() only where a row has no such form.
 struct StructuredSparse : PolicyBase {
   static constexpr bool kRows = true;
   SparsePattern pattern = SparsePattern::strided;
@@ -430,7 +431,7 @@ struct StructuredSparse : PolicyBase {
     SparseRow r;
     r.last = j1;
     const bool pow2 = (l & (l - 1)) == 0;
-    auto interval = [](long lo, long hi, int* first, unsigned* count) {  // [lo, hi], lo >= 0
+    auto interval = [](long lo, long hi, int* first, unsigned* count) {  // [lo, hi]; lo < 0 is fine (keys j >= 0 only)
       *first = int(lo);
       *count = hi >= lo ? unsigned(hi - lo + 1) : 0u;
     };

@@ -18,7 +18,5 @@ list(APPEND CH06_HOPPER_SOURCES ${CMAKE_CURRENT_LIST_DIR}/hopper_mask.cu
   ${CMAKE_CURRENT_LIST_DIR}/steps/v1_two_q_buffers.cu ${CMAKE_CURRENT_LIST_DIR}/steps/v2_tile_overlap.cu
   ${CMAKE_CURRENT_LIST_DIR}/steps/v3_document_tiles.cu ${CMAKE_CURRENT_LIST_DIR}/steps/v4_row_spans.cu
   ${CMAKE_CURRENT_LIST_DIR}/steps/final.cu ${CMAKE_CURRENT_LIST_DIR}/final_fp16.cu)
-# The lab (TUTORIAL_LAB=ON): step 5, v4 with every tile's epilogue in place; step 6, the final
-# kernel with the sparse patterns' partial tiles masked from per-row forms (LAB.md).
-list(APPEND CH06_LAB_HOPPER_SOURCES ${CMAKE_CURRENT_LIST_DIR}/steps/lab/v5_epilogue_in_place.cu
-  ${CMAKE_CURRENT_LIST_DIR}/steps/lab/v6_sparse_rows.cu)
+# The lab (TUTORIAL_LAB=ON): step 5, v4 with every tile's epilogue in place (LAB.md).
+list(APPEND CH06_LAB_HOPPER_SOURCES ${CMAKE_CURRENT_LIST_DIR}/steps/lab/v5_epilogue_in_place.cu)

@@ -4,7 +4,8 @@
 // What changes from v4, every change: the configuration, v4's tile and ring constants, its
 // register split, and per mask whether a tile's epilogue is deferred (v2's idea) and whether
 // partial tiles are masked from row spans (v4's), is one table, read in one place per
-// function; the namespace (hopper_final). The kernel is v4's: the producer warpgroup and two
+// function; the sparse patterns' partial tiles masked from their rows (below, the lab's v6);
+// the namespace (hopper_final). The kernel is v4's: the producer warpgroup and two
 // consumer warpgroups taking turns (chapter 05's v8), the next tile's Q in a second buffer
 // (v1), documents tiled from their own starts (v3), and the two ideas the table switches.
 //
@@ -28,10 +29,18 @@
 //   per mask (MaskConfig)                           | epilogue            | partial tiles     | the step it is
 //   |-----------------------------------------------|---------------------|-------------------|---------------|
 //   | window, chunked, sink + window, document,     | deferred (v2)       | row spans (v4)    | v4            |
-//   | custom block-sparse, the structured sparse    |                     |                   |               |
-//   | patterns (these three: no spans, keep())      |                     |                   |               |
+//   | custom block-sparse (no spans: keep())        |                     |                   |               |
+//   | the structured sparse patterns                | deferred (v2)       | sparse rows       | lab's v6      |
 //   | causal, prefix-LM, learned sink, softcap      | in place            | row spans (v4)    | lab's v5      |
 //   | ALiBi                                         | deferred (v2)       | keep() (v3)       | v3            |
+//
+//   Sparse rows: strided, fixed, longformer and bigbird (one policy type, StructuredSparse) have
+//   no span(), and keep() is out of line, with a division, for each element of a partial tile;
+//   at l = 64 nearly every strided or fixed tile is partial. With Policy::kRows, mask() builds
+//   each row's SparseRow once per tile (mask_policy.hpp: two intervals, a prefix of global keys
+//   and a comb of period l, l a power of two) and tests each element against it in a few
+//   integer operations; a row with no such form in the tile asks keep() as before. It was the
+//   lab's step 6 (LAB.md, "Masks"); the other policies have no kRows, and their code is as it was.
 //
 // Why these: a deferred epilogue hides about one key block of latency per tile, which pays
 // where tiles are short (a 1K window, a chunk, the sinks) and costs where they are long (the
@@ -41,8 +50,9 @@
 // takes the fastest of the three forms (v3, v4, v5). v1, without v2's carried state, stays
 // ahead by up to 2% on the dense masks. The policy (mask_policy.hpp) is a template parameter,
 // each mask its own instantiation of the same code. Each instantiation's machine code is that
-// of the step whose form it takes: scripts/same_machine_code.py --pair finds the SASS of all ten
-// policies identical to v3's, v4's or v5's (nvcc -cubin -O3, sm_90a).
+// of the step whose form it takes: scripts/same_machine_code.py --pair finds the SASS of the
+// other nine policies identical to v3's, v4's or v5's (nvcc -cubin -O3, sm_90a), and that of the
+// sparse patterns identical, at d = 64, 128 and 256 (bf16), to the lab step that measured it.
 //
 // Chapter 05's shared header is included by path: chapters/05_fa3_hopper/fa3_common.cuh.
 //
@@ -336,10 +346,27 @@ __device__ __forceinline__ void consumer_tile(const FwdParams& p, const Policy& 
           if (!in) s[i] = neg_inf<float>();
         }
       } else {
+        bool rows = false;  // masked from the rows' SparseRow (the sparse patterns)
+        if constexpr (Policy::kRows) {
+          // Each row inside this tile's keys [col0, last], built once: a few integer
+          // operations per element instead of a call to keep_at().
+          const int last = min(col0 + Bc, p.nk) - 1;  // the ragged end folded in
+          const SparseRow sr[2] = {pol.row(row_c[0], col0, last), pol.row(row_c[1], col0, last)};
+          rows = sr[0].exact && sr[1].exact;
+          if (rows) {
 #pragma unroll
-        for (int i = 0; i < Bc / 2; ++i) {
-          const int r = row_c[(i >> 1) & 1], col = col0 + 8 * (i / 4) + 2 * (lane % 4) + (i & 1);
-          if (col >= p.nk || !pol.keep(b, h, r, col)) s[i] = neg_inf<float>();
+            for (int i = 0; i < Bc / 2; ++i) {
+              const int col = col0 + 8 * (i / 4) + 2 * (lane % 4) + (i & 1);
+              if (!sr[(i >> 1) & 1].keep(col)) s[i] = neg_inf<float>();
+            }
+          }
+        }
+        if (!rows) {
+#pragma unroll
+          for (int i = 0; i < Bc / 2; ++i) {
+            const int r = row_c[(i >> 1) & 1], col = col0 + 8 * (i / 4) + 2 * (lane % 4) + (i & 1);
+            if (col >= p.nk || !pol.keep(b, h, r, col)) s[i] = neg_inf<float>();
+          }
         }
       }
     }
