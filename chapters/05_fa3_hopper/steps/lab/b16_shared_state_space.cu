@@ -3,7 +3,13 @@
 //
 // A lab step beside the backward's main path (b1, b2, b5, b6, b10, b11, final_backward.cu).
 //
-// What changes from final_backward. There, every shared-memory access of a consumer is
+// Its parent is the final backward as it was before this step and b17 (b13's configuration at
+// d = 128, b12's at d = 64). final_backward.cu has since taken both (it is b17's machine code),
+// so `diff ../final_backward.cu b16_shared_state_space.cu` now shows b17's order undone; read
+// this step's change in the list below, and b17's in `diff b16_shared_state_space.cu
+// b17_fa4_order.cu`.
+//
+// What changes from that final backward. There, every shared-memory access of a consumer is
 // *generic* in the machine code (LD.E, ST.E), not a shared one (LDS, STS): the kernel's pointer
 // into shared memory is aligned to 1024 by integer arithmetic (align_1024()) and re-derived each
 // step with `+ fresh_zero()`, and after that the compiler can no longer prove that it points
@@ -21,7 +27,7 @@
 //             Br / 16 stores a step (5 at d = 128, 8 at d = 64) instead of Br / 4 4-byte ones;
 //     dQ      the fragment-order tile stored with st.shared.v2.
 //
-// Everything else (products, barriers, the tiles' layout, the walk) is the final backward's.
+// Everything else (products, barriers, the tiles' layout, the walk) is that final backward's.
 //
 // Prediction: +4-10%, most at d = 64 (more LSE_i and D_i loads a step).
 #include "common/cuda/check.cuh"
