@@ -373,8 +373,8 @@ enum class SparsePattern : unsigned char { strided, fixed, longformer, bigbird }
 ///    or Kb is one of the r = `r` random blocks of Qb: hash3(seed, Qb, k) mod nkb,
 ///    k < r (nkb = ceil(Nk / b); draws may coincide, so at most r extra blocks).
 ///
-/// No span(): strided and fixed keep many intervals per row, so partial tiles ask
-/// keep(). classify() is exact (host only): it counts each row's kept keys in the tile.
+/// No span(): strided and fixed keep many intervals per row, so the sm_80 and backward
+/// kernels' partial tiles ask keep(). classify() is exact (host only): it counts each row's kept keys in the tile.
 /// row() writes one row inside one tile as a SparseRow: the final kernel (steps/final.cu) masks
 /// a partial tile's rows from it, and asks keep() only where a row has no such form.
 struct StructuredSparse : PolicyBase {
@@ -399,7 +399,8 @@ struct StructuredSparse : PolicyBase {
   ATTN_HD bool keep(int, int, int i, int j) const { return keep_at(i + diag, j); }
   /// keep() at position q. Out of line on the device: inlined into every element of every
   /// kernel (divisions by a run-time l, four patterns), it doubled the sm90a final kernel's
-  /// compile time; a partial tile of these patterns pays one call per element instead.
+  /// compile time; a partial tile of these patterns pays one call per element instead (in
+/// the final sm_90a forward only for a row that row() cannot write).
 #if defined(__CUDACC__)
   __noinline__
 #endif
