@@ -10,9 +10,10 @@ tracing all work without them.
 """
 
 from ._lib import LibraryNotFound, KernelError, available as library_available
-from .ops import (BACKWARD_HEAD_DIMS, DECODE_HEAD_DIMS, FORWARD_HEAD_DIMS, MASKED_HEAD_DIMS, flash_attn_func,
-                  flash_attn_varlen_func, flash_attn_with_kvcache, mla_decode)
+from .ops import (BACKWARD_HEAD_DIMS, DECODE_8BIT_HEAD_DIMS, DECODE_HEAD_DIMS, FORWARD_HEAD_DIMS, MASKED_HEAD_DIMS,
+                  dequantize_kv_pages, flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, mla_decode,
+                  quantize_kv_pages)
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "DECODE_HEAD_DIMS",
            "MASKED_HEAD_DIMS", "mla_decode", "library_available", "LibraryNotFound", "KernelError", "FORWARD_HEAD_DIMS",
-           "BACKWARD_HEAD_DIMS"]
+           "BACKWARD_HEAD_DIMS", "DECODE_8BIT_HEAD_DIMS", "quantize_kv_pages", "dequantize_kv_pages"]

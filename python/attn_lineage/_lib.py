@@ -12,11 +12,12 @@ import os
 import threading
 from pathlib import Path
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 LIB_NAME = "libattn_lineage_c.so"
 
 OK, BAD_ARGUMENT, NO_KERNEL, CUDA_ERROR = 0, 1, 2, 3
 BF16, F16 = 0, 1
+KV_FP8_E4M3, KV_INT8 = 2, 3  # the formats of an 8-bit KV cache
 
 _ERR_LEN = 1024
 _lock = threading.Lock()
@@ -63,6 +64,12 @@ def _declare(lib):
     lib.attn_lineage_paged_decode.argtypes = ([c_int] + [c_void_p] * 9 + [c_size_t] + [c_int] * 6 +
                                               [c_float, c_char_p, c_size_t])
     lib.attn_lineage_paged_decode.restype = c_int
+    lib.attn_lineage_paged_decode_8bit_workspace.argtypes = [c_int] * 8 + [ctypes.POINTER(c_size_t), c_char_p,
+                                                                           c_size_t]
+    lib.attn_lineage_paged_decode_8bit_workspace.restype = c_int
+    lib.attn_lineage_paged_decode_8bit.argtypes = ([c_int, c_void_p, c_int] + [c_void_p] * 10 + [c_size_t] +
+                                                   [c_int] * 7 + [c_float, c_char_p, c_size_t])
+    lib.attn_lineage_paged_decode_8bit.restype = c_int
     lib.attn_lineage_masked_forward.argtypes = ([c_int, c_void_p, c_int] + [c_void_p] * 5 + [c_int] * 6 +
                                                 [c_float, c_int, c_int, c_int, c_float, c_void_p,
                                                  ctypes.POINTER(c_int), c_int, c_char_p, c_size_t])
@@ -176,6 +183,27 @@ def paged_decode(device, stream, q, k_pool, v_pool, block_table, seqlens, o, lse
                                          workspace_bytes, batch, heads, kv_heads, d, max_pages, page_size,
                                          float(scale), err, _ERR_LEN)
     check(code, err, "attn_lineage paged decode")
+
+
+def paged_decode_8bit_workspace(device, kv_format, batch, heads, kv_heads, d, max_pages, page_size):
+    lib = load()
+    err = _buffer()
+    out = ctypes.c_size_t(0)
+    check(lib.attn_lineage_paged_decode_8bit_workspace(device, kv_format, batch, heads, kv_heads, d, max_pages,
+                                                       page_size, ctypes.byref(out), err, _ERR_LEN), err,
+          "attn_lineage 8-bit paged decode")
+    return out.value
+
+
+def paged_decode_8bit(device, stream, kv_format, q, k_codes, v_codes, k_scale, v_scale, block_table, seqlens, o, lse,
+                      workspace, workspace_bytes, batch, heads, kv_heads, d, num_pages, max_pages, page_size, scale):
+    lib = load()
+    err = _buffer()
+    code = lib.attn_lineage_paged_decode_8bit(device, stream, kv_format, q, k_codes, v_codes, k_scale, v_scale,
+                                              block_table, seqlens, o, lse, workspace, workspace_bytes, batch, heads,
+                                              kv_heads, d, num_pages, max_pages, page_size, float(scale), err,
+                                              _ERR_LEN)
+    check(code, err, "attn_lineage 8-bit paged decode")
 
 
 def masked_forward(device, stream, dtype, q, k, v, o, lse, batch, heads, kv_heads, nq, nk, d, scale, causal,

@@ -476,8 +476,88 @@ def _paged_decode_fake(q, k_pool, v_pool, block_table, seqlens, softmax_scale):
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty((b, hq), dtype=torch.float32)
 
 
+DECODE_8BIT_HEAD_DIMS = (128,)  # chapter 07's final 8-bit decode (steps/final_8bit.cu)
+DECODE_8BIT_MIN_PAGE = 8        # it copies whole pages by TMA boxes of at least 8 slots
+# the 8-bit formats: the codes' torch dtype -> (the C library's name, the largest code)
+_KV8 = {torch.float8_e4m3fn: (_lib.KV_FP8_E4M3, 448.0), torch.int8: (_lib.KV_INT8, 127.0)}
+
+
+@torch.library.custom_op("attn_lineage::paged_decode_8bit", mutates_args=(), device_types="cuda")
+def _paged_decode_8bit(q: torch.Tensor, k_codes: torch.Tensor, v_codes: torch.Tensor, k_scale: torch.Tensor,
+                       v_scale: torch.Tensor, block_table: torch.Tensor, seqlens: torch.Tensor,
+                       softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chapter 07's final 8-bit decode: q [B, Hq, d] bf16, codes [pages, Hkv, page_size, d] (E4M3
+    or int8), scales [pages, Hkv] fp32."""
+    q, k_codes, v_codes = _aligned(q), _aligned(k_codes), _aligned(v_codes)
+    k_scale, v_scale = k_scale.contiguous(), v_scale.contiguous()
+    block_table, seqlens = block_table.contiguous(), seqlens.contiguous()
+    b, hq, d = q.shape
+    pages, hkv, page_size = k_codes.shape[0], k_codes.shape[1], k_codes.shape[2]
+    max_pages = block_table.shape[1]
+    fmt = _KV8[k_codes.dtype][0]
+    o = torch.empty_like(q)
+    lse = torch.empty((b, hq), dtype=torch.float32, device=q.device)
+    index = q.device.index
+    with torch.cuda.device(q.device):
+        nbytes = _lib.paged_decode_8bit_workspace(index, fmt, b, hq, hkv, d, max_pages, page_size)
+        workspace = torch.empty(nbytes, dtype=torch.uint8, device=q.device)
+        _lib.paged_decode_8bit(index, _stream(q), fmt, q.data_ptr(), k_codes.data_ptr(), v_codes.data_ptr(),
+                               k_scale.data_ptr(), v_scale.data_ptr(), block_table.data_ptr(), seqlens.data_ptr(),
+                               o.data_ptr(), lse.data_ptr(), workspace.data_ptr(), nbytes, b, hq, hkv, d, pages,
+                               max_pages, page_size, softmax_scale)
+    return o, lse
+
+
+@_paged_decode_8bit.register_fake
+def _paged_decode_8bit_fake(q, k_codes, v_codes, k_scale, v_scale, block_table, seqlens, softmax_scale):
+    b, hq, _ = q.shape
+    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty((b, hq), dtype=torch.float32)
+
+
+def _kv8_dtype(kv_dtype):
+    if kv_dtype in ("fp8", "e4m3", torch.float8_e4m3fn):
+        return torch.float8_e4m3fn
+    if kv_dtype in ("int8", torch.int8):
+        return torch.int8
+    raise ValueError(f"kv_dtype: 'fp8' (E4M3) or 'int8', got {kv_dtype!r}")
+
+
+def quantize_kv_pages(cache, kv_dtype, kv_layout="NHD"):
+    """A page pool in chapter 07's 8-bit format (kv_quant.hpp): (codes, scale).
+
+    cache: [pages, page_size, Hkv, d] ("NHD") or [pages, Hkv, page_size, d] ("HND"), any float dtype.
+    kv_dtype: "fp8" (E4M3 codes, torch.float8_e4m3fn) or "int8" (codes in [-127, 127]).
+    scale [pages, Hkv] fp32 is amax / 448 (E4M3) or amax / 127 (INT8) over each page's slots of
+    one KV head, and an element's value is code * scale: a page written whole, as the chapter's
+    prefill writes it (an all-zero page keeps scale 0 and zero codes). codes has cache's layout.
+    """
+    target = _kv8_dtype(kv_dtype)
+    if kv_layout not in ("NHD", "HND"):
+        raise ValueError(f"kv_layout: 'NHD' or 'HND', got {kv_layout!r}")
+    if not isinstance(cache, torch.Tensor) or cache.dim() != 4 or not cache.dtype.is_floating_point:
+        raise ValueError("cache: expected a 4-d floating-point tensor [pages, page_size, Hkv, d] (NHD) or "
+                         "[pages, Hkv, page_size, d] (HND)")
+    x = cache.float()
+    slot_dim = 1 if kv_layout == "NHD" else 2
+    amax = x.abs().amax(dim=(slot_dim, 3))  # [pages, Hkv]
+    qmax = _KV8[target][1]
+    scale = amax / qmax
+    inv = torch.where(scale > 0, 1.0 / scale, torch.zeros_like(scale))
+    inv = inv[:, None, :, None] if kv_layout == "NHD" else inv[:, :, None, None]
+    y = (x * inv).clamp(-qmax, qmax)
+    codes = y.to(target) if target == torch.float8_e4m3fn else torch.round(y).to(torch.int8)
+    return codes, scale
+
+
+def dequantize_kv_pages(codes, scale, kv_layout="NHD"):
+    """The values of an 8-bit page pool, code * scale, in fp32 (quantize_kv_pages()'s inverse up to rounding)."""
+    s = scale.float()
+    s = s[:, None, :, None] if kv_layout == "NHD" else s[:, :, None, None]
+    return codes.float() * s
+
+
 def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale=None, causal=True,
-                            return_softmax_lse=False, kv_layout="NHD"):
+                            return_softmax_lse=False, kv_layout="NHD", k_scale=None, v_scale=None):
     """One decode step over a paged KV cache (chapter 07's final bf16 kernel), forward only.
 
     q: [B, 1, Hq, d] bf16 (one new token a sequence; its K and V must already be in the cache).
@@ -489,6 +569,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, sof
     not checked (a page index outside the cache reads outside it). `causal` has no effect with
     one query token (it sees its whole sequence). Returns O [B, 1, Hq, d], and with
     return_softmax_lse=True the LSE [B, Hq, 1] fp32.
+
+    8-bit pages (chapter 07's final 8-bit kernel): k_cache and v_cache hold codes,
+    torch.float8_e4m3fn (E4M3) or torch.int8 (in [-127, 127]), and k_scale, v_scale [pages, Hkv]
+    fp32 one scale per (page, KV head): an element's value is code * scale (quantize_kv_pages()
+    makes such a pool). d = 128, page_size >= 8.
     """
     if kv_layout not in ("NHD", "HND"):
         raise ValueError(f"kv_layout: 'NHD' or 'HND', got {kv_layout!r}")
@@ -499,9 +584,18 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, sof
         raise ValueError(f"q: expected [batch, 1, heads, head_dim], got shape {tuple(q.shape)}")
     if q.shape[1] != 1:
         raise ValueError(f"q: {q.shape[1]} query tokens a sequence; the paged decode kernel takes 1")
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.dtype != torch.bfloat16:
-            raise ValueError(f"{name}: dtype {_dtype_name(t.dtype)} has no kernel (the paged decode is bfloat16)")
+    if q.dtype != torch.bfloat16:
+        raise ValueError(f"q: dtype {_dtype_name(q.dtype)} has no kernel (the paged decode's queries are bfloat16)")
+    eight_bit = k_cache.dtype in _KV8
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dtype != torch.bfloat16 and t.dtype not in _KV8:
+            raise ValueError(f"{name}: dtype {_dtype_name(t.dtype)} has no kernel (bfloat16 pages, or 8-bit pages: "
+                             f"float8_e4m3fn or int8 with k_scale and v_scale)")
+    if v_cache.dtype != k_cache.dtype:
+        raise ValueError(f"v_cache: dtype {_dtype_name(v_cache.dtype)} differs from k_cache's "
+                         f"{_dtype_name(k_cache.dtype)}")
+    if not eight_bit and (k_scale is not None or v_scale is not None):
+        raise ValueError("k_scale, v_scale: only for 8-bit pages (k_cache float8_e4m3fn or int8)")
     if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise ValueError(f"k_cache, v_cache: expected two 4-d tensors of one shape, got {tuple(k_cache.shape)} and "
                          f"{tuple(v_cache.shape)}")
@@ -512,12 +606,25 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, sof
         pages, hkv, page_size, dk = k_cache.shape
     if dk != d:
         raise ValueError(f"k_cache: head dim {dk} differs from q's {d}")
-    if d not in DECODE_HEAD_DIMS:
-        raise ValueError(f"q: head dim {d} has no paged decode kernel ({', '.join(map(str, DECODE_HEAD_DIMS))})")
+    if d not in (DECODE_8BIT_HEAD_DIMS if eight_bit else DECODE_HEAD_DIMS):
+        raise ValueError(f"q: head dim {d} has no paged decode kernel" + (
+            f" over 8-bit pages ({', '.join(map(str, DECODE_8BIT_HEAD_DIMS))})" if eight_bit else
+            f" ({', '.join(map(str, DECODE_HEAD_DIMS))})"))
     if hkv == 0 or hq % hkv != 0:
         raise ValueError(f"k_cache: {hkv} KV heads do not divide q's {hq} heads")
     if page_size <= 0 or page_size & (page_size - 1):
         raise ValueError(f"k_cache: page size {page_size} must be a power of two")
+    if eight_bit and page_size < DECODE_8BIT_MIN_PAGE:
+        raise ValueError(f"k_cache: page size {page_size}: the 8-bit decode copies pages of at least "
+                         f"{DECODE_8BIT_MIN_PAGE} tokens")
+    if eight_bit:
+        for name, t in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if not isinstance(t, torch.Tensor):
+                raise ValueError(f"{name}: 8-bit pages need a float32 tensor [pages={pages}, Hkv={hkv}], got "
+                                 f"{type(t).__name__}")
+            if t.dtype != torch.float32 or tuple(t.shape) != (pages, hkv):
+                raise ValueError(f"{name}: expected float32 [pages={pages}, Hkv={hkv}], got {_dtype_name(t.dtype)} "
+                                 f"{tuple(t.shape)}")
     if block_table.dim() != 2 or block_table.shape[0] != b or block_table.dtype != torch.int32:
         raise ValueError(f"block_table: expected int32 [batch={b}, max_pages], got {_dtype_name(block_table.dtype)} "
                          f"{tuple(block_table.shape)}")
@@ -527,8 +634,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, sof
         cache_seqlens = torch.full((b,), cache_seqlens, dtype=torch.int32, device=q.device)
     if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.shape != (b,) or cache_seqlens.dtype != torch.int32:
         raise ValueError(f"cache_seqlens: expected an int or an int32 tensor [batch={b}]")
+    scales = (("k_scale", k_scale), ("v_scale", v_scale)) if eight_bit else ()
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_table", block_table),
-                    ("cache_seqlens", cache_seqlens)):
+                    ("cache_seqlens", cache_seqlens)) + scales:
         if t.device.type not in _DEVICE_TYPES:
             raise ValueError(f"{name}: the kernels run on a CUDA device, got a {t.device.type} tensor")
         if t.device != q.device:
@@ -540,8 +648,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, sof
         check_device(q)
     if kv_layout == "NHD":
         k_cache, v_cache = (t.transpose(1, 2).contiguous() for t in (k_cache, v_cache))
-    o, lse = torch.ops.attn_lineage.paged_decode(q.reshape(b, hq, d), k_cache, v_cache, block_table, cache_seqlens,
-                                                  scale)
+    if eight_bit:
+        o, lse = torch.ops.attn_lineage.paged_decode_8bit(q.reshape(b, hq, d), k_cache, v_cache, k_scale, v_scale,
+                                                          block_table, cache_seqlens, scale)
+    else:
+        o, lse = torch.ops.attn_lineage.paged_decode(q.reshape(b, hq, d), k_cache, v_cache, block_table,
+                                                      cache_seqlens, scale)
     o = o.reshape(b, 1, hq, d)
     return (o, lse.reshape(b, hq, 1)) if return_softmax_lse else o
 

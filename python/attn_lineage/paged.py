@@ -19,7 +19,7 @@ from contextlib import contextmanager
 
 import torch
 
-from .ops import attention_bhnd, flash_attn_with_kvcache
+from .ops import _KV8, DECODE_8BIT_MIN_PAGE, _kv8_dtype, attention_bhnd, flash_attn_with_kvcache
 
 _ACTIVE = []  # the PagedKVCache that the "lineage" attention function writes to, if any
 
@@ -36,11 +36,24 @@ class PagedKVCache:
     [batch, max_pages] int32 on the device: sequence b's page j is page j * batch + b, so one
     sequence's pages are not adjacent in the pool. `cache_seqlens` [layers seen, batch] int32 on
     the device (row `layer` is what the kernel reads); `lengths[layer]` the same count on the host.
-    All sequences of a batch have one length (a padded batch has no lineage kernel)."""
+    All sequences of a batch have one length (a padded batch has no lineage kernel).
 
-    def __init__(self, batch, max_tokens, page_size=16, device="cuda", dtype=torch.bfloat16):
+    kv_dtype "fp8" or "int8": the pages hold chapter 07's 8-bit codes (kv_quant.hpp), E4M3 or
+    int8, with `k_scales[layer]`, `v_scales[layer]` [pages, Hkv] fp32, one scale per (page, KV
+    head), and decode reads them with the final 8-bit kernel. A page's first write sets its scale
+    to the amax of the slots written / Q (448 or 127): a prompt's pages are written whole. A later
+    token that fits under the scale is quantised with it; one that does not doubles the scale
+    until it fits, and the page's earlier slots are quantised again from their values (code *
+    scale), as the chapter's pages grow. The prompt itself attends in bf16 (prefill reads no
+    cache); the cache's codes serve the decode steps."""
+
+    def __init__(self, batch, max_tokens, page_size=16, device="cuda", dtype=torch.bfloat16, kv_dtype=None):
         if page_size <= 0 or page_size & (page_size - 1):
             raise ValueError(f"page_size: {page_size} must be a power of two")
+        self.codes = None if kv_dtype is None else _kv8_dtype(kv_dtype)  # None: pages of `dtype` values
+        if self.codes is not None and page_size < DECODE_8BIT_MIN_PAGE:
+            raise ValueError(f"page_size: {page_size}; 8-bit pages hold at least {DECODE_8BIT_MIN_PAGE} tokens "
+                             f"(the 8-bit decode copies whole pages)")
         if batch <= 0 or max_tokens <= 0:
             raise ValueError(f"batch, max_tokens: expected positive sizes, got {batch} and {max_tokens}")
         self.batch, self.page_size, self.dtype, self.device = batch, page_size, dtype, torch.device(device)
@@ -50,6 +63,7 @@ class PagedKVCache:
         b = torch.arange(batch, dtype=torch.int32)[:, None]
         self.block_table = (j * batch + b).to(self.device)
         self.k_pages, self.v_pages, self.lengths, self._seqlens = {}, {}, {}, {}
+        self.k_scales, self.v_scales = {}, {}  # 8-bit pages only
         # the attention calls, replaceable by stand-ins in tests without a GPU
         self.prefill_fn, self.decode_fn = attention_bhnd, flash_attn_with_kvcache
 
@@ -66,8 +80,12 @@ class PagedKVCache:
         _, hkv, n, d = key.shape
         if layer not in self.k_pages:
             pages = self.batch * self.max_pages
-            self.k_pages[layer] = torch.zeros(pages, hkv, self.page_size, d, dtype=self.dtype, device=self.device)
+            self.k_pages[layer] = torch.zeros(pages, hkv, self.page_size, d, dtype=self.codes or self.dtype,
+                                              device=self.device)
             self.v_pages[layer] = torch.zeros_like(self.k_pages[layer])
+            if self.codes is not None:
+                self.k_scales[layer] = torch.zeros(pages, hkv, dtype=torch.float32, device=self.device)
+                self.v_scales[layer] = torch.zeros_like(self.k_scales[layer])
             self.lengths[layer] = 0
             self._seqlens[layer] = torch.zeros(self.batch, dtype=torch.int32, device=self.device)
         if self.k_pages[layer].shape[1:] != (hkv, self.page_size, d):
@@ -77,22 +95,54 @@ class PagedKVCache:
         if start + n > self.capacity:
             raise ValueError(f"key: {start} + {n} tokens exceed the cache's {self.capacity} "
                              f"({self.max_pages} pages of {self.page_size})")
-        pos = torch.arange(start, start + n, device=self.device)
-        page = self.block_table[:, pos // self.page_size].long()  # [batch, N]
-        slot = (pos % self.page_size).expand(self.batch, n)       # [batch, N]
-        # advanced indices on either side of a slice: the indexed view is [batch, N, Hkv, d]
-        self.k_pages[layer][page, :, slot] = key.transpose(1, 2).to(self.dtype)
-        self.v_pages[layer][page, :, slot] = value.transpose(1, 2).to(self.dtype)
+        if self.codes is not None:
+            self._write8(self.k_pages[layer], self.k_scales[layer], start, key)
+            self._write8(self.v_pages[layer], self.v_scales[layer], start, value)
+        else:
+            pos = torch.arange(start, start + n, device=self.device)
+            page = self.block_table[:, pos // self.page_size].long()  # [batch, N]
+            slot = (pos % self.page_size).expand(self.batch, n)       # [batch, N]
+            # advanced indices on either side of a slice: the indexed view is [batch, N, Hkv, d]
+            self.k_pages[layer][page, :, slot] = key.transpose(1, 2).to(self.dtype)
+            self.v_pages[layer][page, :, slot] = value.transpose(1, 2).to(self.dtype)
         self.lengths[layer] = start + n
         self._seqlens[layer] += n
 
+    def _write8(self, codes, scales, start, x):
+        """Tokens start .. start + N - 1 of x [batch, Hkv, N, d] into 8-bit pages: page by page
+        (a prompt's pages, or a decode step's one), each with the scale rule above."""
+        qmax = _KV8[self.codes][1]
+        ps, n = self.page_size, x.shape[2]
+        x = x.float()
+        for j in range(start // ps, (start + n - 1) // ps + 1):  # the sequences' j-th pages
+            page = self.block_table[:, j].long()                 # [batch]
+            lo, hi = max(j * ps, start), min((j + 1) * ps, start + n)
+            new = x[:, :, lo - start:hi - start]                  # [batch, Hkv, slots, d]
+            s_old = scales[page]                                  # [batch, Hkv]
+            values = codes[page].float() * s_old[:, :, None, None]
+            values[:, :, lo - j * ps:hi - j * ps] = new
+            a = new.abs().amax(dim=(2, 3))
+            # a fresh (or all-zero) page: amax / Q of what is written; else the old scale, doubled
+            # until the new slots fit under it
+            grown = s_old * torch.exp2(torch.ceil(torch.log2((a / (s_old * qmax)).clamp_min(1.0))))
+            grown = torch.where(grown * qmax < a, grown * 2, grown)
+            s = torch.where(s_old > 0, grown, a / qmax)
+            inv = torch.where(s > 0, 1.0 / s, torch.zeros_like(s))[:, :, None, None]
+            y = (values * inv).clamp(-qmax, qmax)
+            codes[page] = y.to(self.codes) if self.codes == torch.float8_e4m3fn else torch.round(y).to(torch.int8)
+            scales[page] = s
+
     def gather(self, layer):
-        """`layer`'s keys and values read back through the block table: [batch, Hkv, length, d] each."""
+        """`layer`'s keys and values read back through the block table: [batch, Hkv, length, d] each
+        (8-bit pages: their values, code * scale, in fp32)."""
         n = self.lengths[layer]
         pos = torch.arange(n, device=self.device)
         page = self.block_table[:, pos // self.page_size].long()
         slot = (pos % self.page_size).expand(self.batch, n)
-        return tuple(p[layer][page, :, slot].transpose(1, 2) for p in (self.k_pages, self.v_pages))
+        if self.codes is None:
+            return tuple(p[layer][page, :, slot].transpose(1, 2) for p in (self.k_pages, self.v_pages))
+        return tuple((c[layer][page, :, slot].float() * sc[layer][page][..., None]).transpose(1, 2)
+                     for c, sc in ((self.k_pages, self.k_scales), (self.v_pages, self.v_scales)))
 
     def attend(self, module, query, key, value, scaling=None):
         """The attention function's work while the cache is active: query [B, Hq, Nq, d], key and
@@ -108,8 +158,9 @@ class PagedKVCache:
         if nq == 1 and nk == 1:  # decode: append the token, read the whole sequence through the pages
             self.append(layer, key, value)
             q = query.transpose(1, 2)  # [B, 1, Hq, d]
+            scales = {} if self.codes is None else {"k_scale": self.k_scales[layer], "v_scale": self.v_scales[layer]}
             return self.decode_fn(q, self.k_pages[layer], self.v_pages[layer], self.cache_seqlens(layer),
-                                  self.block_table, softmax_scale=scaling, kv_layout="HND")
+                                  self.block_table, softmax_scale=scaling, kv_layout="HND", **scales)
         held = self.lengths.get(layer, 0)
         raise ValueError(f"query: {nq} query and {nk} key tokens at layer {layer} holding {held}; the paged "
                          f"cache takes a prompt (no past, Nq = Nk) or one token a step (call the model with "
@@ -126,13 +177,14 @@ class PagedKVCache:
 
 
 @torch.no_grad()
-def paged_greedy(model, prompt_ids, new_tokens=64, page_size=16, return_logits=False):
+def paged_greedy(model, prompt_ids, new_tokens=64, page_size=16, return_logits=False, kv_dtype=None):
     """Greedy decoding of `new_tokens` tokens after `prompt_ids` [B, N0] through a PagedKVCache:
     one prefill, then one model call a token with use_cache=False and explicit position_ids.
-    Returns the new tokens [B, new_tokens] (and, with return_logits=True, the fp32 logits each
-    was picked from, [B, new_tokens, vocab])."""
+    kv_dtype "fp8" or "int8": the cache in 8-bit pages (PagedKVCache). Returns the new tokens
+    [B, new_tokens] (and, with return_logits=True, the fp32 logits each was picked from,
+    [B, new_tokens, vocab])."""
     b, n0 = prompt_ids.shape
-    cache = PagedKVCache(b, n0 + new_tokens, page_size, device=prompt_ids.device)
+    cache = PagedKVCache(b, n0 + new_tokens, page_size, device=prompt_ids.device, kv_dtype=kv_dtype)
     tokens, logits_seen = [], []
     with cache.active():
         pos = torch.arange(n0, device=prompt_ids.device).expand(b, n0)

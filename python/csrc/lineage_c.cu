@@ -21,7 +21,8 @@
 // (the forward's launcher, steps/final.cu, and its arguments), backward_launch.cuh,
 // backward_args.cuh and backward_prepost.cuh (the backward's launcher, steps/final_backward.cu,
 // its parameters, and its preprocess and postprocess). Chapter 07's likewise: decode.hpp,
-// decode_checks.hpp and decode_steps.cuh (the final bf16 paged decode, steps/final_bf16.cu).
+// decode_checks.hpp and decode_steps.cuh (the final bf16 paged decode, steps/final_bf16.cu, and
+// the final 8-bit one, steps/final_8bit.cu).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -49,6 +50,7 @@
 #include "chapters/07_paged_radix/decode_checks.hpp"
 #include "chapters/07_paged_radix/decode_steps.cuh"
 #include "common/cuda/check.cuh"
+#include "common/cuda/hopper/tma.cuh"  // the 8-bit decode's tensor maps
 #include "common/errors.hpp"
 #include "common/index.hpp"
 #include "common/online_softmax.hpp"
@@ -60,7 +62,7 @@ namespace {
 using namespace attn;
 using namespace attn::ch05;
 
-constexpr int kAbiVersion = 3;
+constexpr int kAbiVersion = 4;
 
 void put(char* err, size_t len, const std::string& what) {
   if (err == nullptr || len == 0) return;
@@ -218,35 +220,68 @@ BwdScratch bwd_scratch(int batch, int heads, int nq, int d) {
 /// merges as an empty state.
 struct DecodePlan {
   int chunks, splits, split_keys;
-  size_t part_m, part_l, part_o, arrivals, total;
+  size_t part_m, part_l, part_o, arrivals, arrival_count, total;
 };
-DecodePlan decode_plan(int device, int batch, int heads, int kv_heads, int d, int max_pages, int page_size) {
+/// The shape rules of a paged decode call, checked before the device: eight_bit, chapter 07's
+/// final 8-bit kernel's (d = 128, pages of at least DecodeGeometry::kTmaMinPage tokens).
+void check_decode_shape(int batch, int heads, int kv_heads, int d, int max_pages, int page_size, bool eight_bit) {
   using G = attn::ch07::DecodeGeometry;
   require(batch > 0 && heads > 0 && kv_heads > 0 && max_pages > 0, "sizes must be positive");
   require(ch07::heads_grouped(heads, kv_heads),
           "heads (" + std::to_string(heads) + ") must be a multiple of kv_heads (" + std::to_string(kv_heads) + ")");
-  require(d == 64 || d == 128, "head dim " + std::to_string(d) + ": the paged decode has kernels for 64, 128");
+  if (eight_bit)
+    require(d == 128, "head dim " + std::to_string(d) + ": the 8-bit paged decode has a kernel for 128");
+  else
+    require(d == 64 || d == 128, "head dim " + std::to_string(d) + ": the paged decode has kernels for 64, 128");
   require(ch07::page_size_power_of_two(page_size),
           "page_size " + std::to_string(page_size) + " must be a power of two");
+  if (eight_bit)
+    require(page_size >= G::kTmaMinPage, "page_size " + std::to_string(page_size) +
+                                             ": the 8-bit paged decode copies pages of at least " +
+                                             std::to_string(G::kTmaMinPage) + " tokens");
   require(long(max_pages) * page_size < (1L << 30), "max_pages * page_size must be below 2^30 tokens");
+}
+
+DecodePlan decode_plan(int device, int batch, int heads, int kv_heads, int d, int max_pages, int page_size,
+                       bool eight_bit = false) {
+  using G = attn::ch07::DecodeGeometry;
+  check_decode_shape(batch, heads, kv_heads, d, max_pages, page_size, eight_bit);
   int sms = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const int capacity = max_pages * page_size;
   DecodePlan pl;
   pl.chunks = ceil_div(heads / kv_heads, G::kRows);
   const int base_blocks = batch * kv_heads * pl.chunks;
-  const int per_sm = int(std::max<size_t>(1, (228 * 1024) / (attn::ch07::decode_smem_bytes(d) + 1024)));
   auto keys_per_split = [](int len, int s) { return ceil_div(ceil_div(len, std::max(1, s)), G::kBc) * G::kBc; };
-  int s = std::max(1, sms * per_sm / std::max(1, base_blocks));
-  s = std::min(s, std::max(1, capacity / G::kMinSplitKeys));
-  pl.split_keys = keys_per_split(capacity, s);
-  pl.splits = ceil_div(capacity, pl.split_keys);
+  // choose_splits(): the splits asked for to fill `per_sm` blocks an SM, none shorter than
+  // kMinSplitKeys (cutting whole tiles may then need fewer)
+  auto splits_for = [&](int per_sm) {
+    return std::min(std::max(1, sms * per_sm / std::max(1, base_blocks)), std::max(1, capacity / G::kMinSplitKeys));
+  };
+  if (!eight_bit) {
+    const int per_sm = int(std::max<size_t>(1, (228 * 1024) / (attn::ch07::decode_smem_bytes(d) + 1024)));
+    pl.split_keys = keys_per_split(capacity, splits_for(per_sm));
+    pl.splits = ceil_div(capacity, pl.split_keys);
+  } else {
+    // decode.cpp's final_8bit_plan(): four blocks an SM where the splits that fill them are long
+    // enough (final_8bit_blocks_per_sm()), else three; and, as main.cpp runs it, at least two
+    // splits, each of keys_per_split() keys (a split past a sequence's end is empty).
+    auto cut = [&](int s) { return ceil_div(capacity, keys_per_split(capacity, s)); };  // choose_splits()' count
+    const int four = cut(splits_for(4));
+    const int s = attn::ch07::final_8bit_blocks_per_sm(keys_per_split(capacity, std::max(2, four))) == 4
+                      ? four
+                      : cut(splits_for(3));
+    pl.splits = std::max(2, s);
+    pl.split_keys = keys_per_split(capacity, pl.splits);
+  }
   const size_t rows = size_t(batch) * heads * pl.splits;
   pl.part_m = 0;
   pl.part_l = round256(rows * sizeof(float));
   pl.part_o = pl.part_l + round256(rows * sizeof(float));
   pl.arrivals = pl.part_o + round256(rows * d * sizeof(float));
-  pl.total = pl.arrivals + round256(size_t(batch) * kv_heads * pl.chunks * sizeof(int));
+  // the 8-bit kernel takes 8 heads a block, the bf16 one 16: room for twice the counters
+  pl.arrival_count = size_t(batch) * kv_heads * pl.chunks * (eight_bit ? 2 : 1);
+  pl.total = pl.arrivals + round256(pl.arrival_count * sizeof(int));
   return pl;
 }
 
@@ -535,11 +570,99 @@ int attn_lineage_paged_decode(int device, void* stream, const void* q, const voi
                           max_pages, kv_heads, shift};
     StreamBridge bridge(stream);
     // The merge's arrival counters start at zero (each launch leaves them zero again).
-    CUDA_CHECK(cudaMemsetAsync(p.arrivals, 0, size_t(batch) * kv_heads * pl.chunks * sizeof(int), cudaStreamLegacy));
+    CUDA_CHECK(cudaMemsetAsync(p.arrivals, 0, pl.arrival_count * sizeof(int), cudaStreamLegacy));
     if (d == 64)
       gpu::final_bf16::launch<64>(p, kv, batch, kv_heads);
     else
       gpu::final_bf16::launch<128>(p, kv, batch, kv_heads);
+    bridge.done();
+    return ATTN_LINEAGE_OK;
+  });
+}
+
+int attn_lineage_paged_decode_8bit_workspace(int device, int kv_format, int batch, int heads, int kv_heads, int d,
+                                             int max_pages, int page_size, size_t* bytes, char* err,
+                                             size_t err_len) {
+  const int checked = guarded(err, err_len, [&] {
+    require(kv_format == ATTN_LINEAGE_KV_FP8_E4M3 || kv_format == ATTN_LINEAGE_KV_INT8,
+            "kv_format: ATTN_LINEAGE_KV_FP8_E4M3 or ATTN_LINEAGE_KV_INT8");
+    check_decode_shape(batch, heads, kv_heads, d, max_pages, page_size, true);
+    require(bytes != nullptr, "bytes is null");
+    return ATTN_LINEAGE_OK;
+  });
+  if (checked != ATTN_LINEAGE_OK) return checked;
+  const int ready = attn_lineage_device_ready(device, err, err_len);
+  if (ready != ATTN_LINEAGE_OK) return ready;
+  return guarded(err, err_len, [&] {
+    *bytes = decode_plan(device, batch, heads, kv_heads, d, max_pages, page_size, true).total;
+    return ATTN_LINEAGE_OK;
+  });
+}
+
+int attn_lineage_paged_decode_8bit(int device, void* stream, int kv_format, const void* q, const void* k_codes,
+                                   const void* v_codes, const float* k_scale, const float* v_scale,
+                                   const int* block_table, const int* seqlens, void* o, float* lse, void* workspace,
+                                   size_t workspace_bytes, int batch, int heads, int kv_heads, int d, int num_pages,
+                                   int max_pages, int page_size, float scale, char* err, size_t err_len) {
+  // Every argument before the device: a bad one is refused even where no GPU is.
+  const int checked = guarded(err, err_len, [&] {
+    require(kv_format == ATTN_LINEAGE_KV_FP8_E4M3 || kv_format == ATTN_LINEAGE_KV_INT8,
+            "kv_format: ATTN_LINEAGE_KV_FP8_E4M3 or ATTN_LINEAGE_KV_INT8");
+    check_decode_shape(batch, heads, kv_heads, d, max_pages, page_size, true);
+    require(num_pages > 0, "num_pages must be positive");
+    require(std::isfinite(scale) && scale >= 0, "scale must be finite and >= 0 (0: 1/sqrt(d))");
+    check_tensors({{q, "q"}, {k_codes, "k_codes"}, {v_codes, "v_codes"}, {o, "o"}, {workspace, "workspace"}});
+    require(k_scale != nullptr && v_scale != nullptr, "k_scale and v_scale must not be null");
+    require(block_table != nullptr && seqlens != nullptr && lse != nullptr, "block_table, seqlens and lse must not be null");
+    return ATTN_LINEAGE_OK;
+  });
+  if (checked != ATTN_LINEAGE_OK) return checked;
+  const int ready = attn_lineage_device_ready(device, err, err_len);
+  if (ready != ATTN_LINEAGE_OK) return ready;
+  return guarded(err, err_len, [&] {
+    namespace gpu = attn::ch07::gpu;
+    using attn::ch07::KvDtype;
+    const DecodePlan pl = decode_plan(device, batch, heads, kv_heads, d, max_pages, page_size, true);
+    check_workspace(workspace, workspace_bytes, pl.total);
+    char* ws = static_cast<char*>(workspace);
+    gpu::DecodeParams p{};
+    p.q = static_cast<const gpu::bf16*>(q);
+    p.o = static_cast<gpu::bf16*>(o);
+    p.lse = lse;
+    p.lens = seqlens;
+    p.heads = heads;
+    p.group = heads / kv_heads;
+    p.chunks = pl.chunks;
+    p.scale = scale > 0 ? scale : float(1.0 / std::sqrt(double(d)));
+    p.splits = pl.splits;
+    p.split_keys = pl.split_keys;
+    p.part_m = reinterpret_cast<float*>(ws + pl.part_m);
+    p.part_l = reinterpret_cast<float*>(ws + pl.part_l);
+    p.part_o = reinterpret_cast<float*>(ws + pl.part_o);
+    p.arrivals = reinterpret_cast<int*>(ws + pl.arrivals);
+    int shift = 0;
+    while ((1 << shift) < page_size) ++shift;
+    // decode_gpu.cu's code_maps(): each pool as [page x KV head][slot][d bytes], boxes of
+    // min(page_size, 64) slots
+    const uint32_t box = uint32_t(std::min(page_size, 64));
+    const uint64_t outer = uint64_t(num_pages) * kv_heads;
+    gpu::final_8bit::CodeMaps maps;
+    maps.k = hopper::make_tensor_map_3d(k_codes, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, uint64_t(d), uint64_t(page_size),
+                                        outer, uint32_t(d), box);
+    maps.v = hopper::make_tensor_map_3d(v_codes, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, uint64_t(d), uint64_t(page_size),
+                                        outer, uint32_t(d), box);
+    const auto* k8 = static_cast<const uint8_t*>(k_codes);
+    const auto* v8 = static_cast<const uint8_t*>(v_codes);
+    StreamBridge bridge(stream);
+    CUDA_CHECK(cudaMemsetAsync(p.arrivals, 0, pl.arrival_count * sizeof(int), cudaStreamLegacy));
+    if (kv_format == ATTN_LINEAGE_KV_FP8_E4M3)
+      gpu::final_8bit::launch<128>(p, gpu::PagedKv8<KvDtype::fp8>{k8, v8, k_scale, v_scale, block_table, max_pages,
+                                                                  kv_heads, shift},
+                                   maps, batch, kv_heads);
+    else
+      gpu::final_8bit::launch<128>(p, gpu::PagedKv8<KvDtype::int8>{k8, v8, k_scale, v_scale, block_table, max_pages,
+                                                                   kv_heads, shift},
+                                   maps, batch, kv_heads);
     bridge.done();
     return ATTN_LINEAGE_OK;
   });

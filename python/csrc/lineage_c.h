@@ -29,8 +29,12 @@ extern "C" {
 #define ATTN_LINEAGE_BF16 0
 #define ATTN_LINEAGE_F16 1
 
+/* The formats of an 8-bit KV cache (chapter 07's kv_quant.hpp): one byte a code. */
+#define ATTN_LINEAGE_KV_FP8_E4M3 2
+#define ATTN_LINEAGE_KV_INT8 3
+
 /* The ABI version: changes whenever a signature below changes (2: the paged decode; 3: the
- * masked forward and the MLA decode). */
+ * masked forward and the MLA decode; 4: the paged decode over 8-bit pages). */
 int attn_lineage_abi_version(void);
 
 /* 0 when `device` runs the kernels of this library (compute capability 9.0, built for
@@ -71,6 +75,23 @@ int attn_lineage_paged_decode(int device, void* stream, const void* q, const voi
                               const int* block_table, const int* seqlens, void* o, float* lse, void* workspace,
                               size_t workspace_bytes, int batch, int heads, int kv_heads, int d, int max_pages,
                               int page_size, float scale, char* err, size_t err_len);
+
+/* Chapter 07's final 8-bit paged decode (steps/final_8bit.cu, Hopper): as the bf16 decode above,
+ * over pages of 8-bit codes. kv_format: ATTN_LINEAGE_KV_FP8_E4M3 or ATTN_LINEAGE_KV_INT8.
+ * k_codes, v_codes [num_pages][Hkv][page_size][d], one byte a code (E4M3, or int8 in
+ * [-127, 127]); k_scale, v_scale [num_pages][Hkv] fp32: an element's value is code * scale,
+ * one scale per (page, KV head) (chapter 07's kv_quant.hpp). d = 128; page_size a power of two
+ * of at least 8 tokens (the kernel copies pages by TMA boxes). num_pages: the pool's pages (the
+ * tensor maps' extent). Every argument is checked before the device.
+ * workspace: attn_lineage_paged_decode_8bit_workspace() bytes, 256-byte aligned. */
+int attn_lineage_paged_decode_8bit_workspace(int device, int kv_format, int batch, int heads, int kv_heads, int d,
+                                             int max_pages, int page_size, size_t* bytes, char* err,
+                                             size_t err_len);
+int attn_lineage_paged_decode_8bit(int device, void* stream, int kv_format, const void* q, const void* k_codes,
+                                   const void* v_codes, const float* k_scale, const float* v_scale,
+                                   const int* block_table, const int* seqlens, void* o, float* lse, void* workspace,
+                                   size_t workspace_bytes, int batch, int heads, int kv_heads, int d, int num_pages,
+                                   int max_pages, int page_size, float scale, char* err, size_t err_len);
 
 /* Chapter 06's final masked forward (masks/steps/final.cu), forward only: O and the LSE as
  * attn_lineage_fa3_forward's, bf16 or fp16, d in {64, 128, 256}, GQA. The mask, one of:

@@ -253,6 +253,90 @@ def test_kvcache_fake_shapes_and_compile():
     assert "attn_lineage.paged_decode" in explanation.graphs[0].code
 
 
+def _decode8_args(device="cpu", kv_dtype=None, d=128, page_size=16, layout="HND", pages=10, hkv=2):
+    q, kc, vc, lens, table = _decode_args(device, d=d, page_size=page_size, layout=layout, pages=pages, hkv=hkv)
+    kv_dtype = kv_dtype or torch.float8_e4m3fn
+    kc, vc = kc.to(kv_dtype), vc.to(kv_dtype)
+    ks = torch.zeros(pages, hkv, dtype=torch.float32, device=device)
+    return q, kc, vc, lens, table, ks, ks.clone()
+
+
+def test_kvcache_8bit_argument_checks():
+    need_torch()
+    from attn_lineage import flash_attn_with_kvcache as f
+    q, kc, vc, lens, table, ks, vs = _decode8_args("meta")
+    with raises(ValueError, r"^k_scale: 8-bit pages need a float32 tensor \[pages=10, Hkv=2\]"):
+        f(q, kc, vc, lens, table, kv_layout="HND")
+    with raises(ValueError, r"^v_scale: expected float32 \[pages=10, Hkv=2\], got float16"):
+        f(q, kc, vc, lens, table, kv_layout="HND", k_scale=ks, v_scale=vs.half())
+    with raises(ValueError, r"^k_scale: expected float32 \[pages=10, Hkv=2\], got float32 \(10, 3\)"):
+        f(q, kc, vc, lens, table, kv_layout="HND", k_scale=torch.zeros(10, 3, device="meta"), v_scale=vs)
+    with raises(ValueError, r"^v_cache: dtype int8 differs from k_cache's float8_e4m3fn"):
+        f(q, kc, vc.to(torch.int8), lens, table, kv_layout="HND", k_scale=ks, v_scale=vs)
+    with raises(ValueError, r"^k_cache: dtype float16 has no kernel"):
+        f(q, kc.half(), vc.half(), lens, table, kv_layout="HND")
+    with raises(ValueError, r"^k_scale, v_scale: only for 8-bit pages"):
+        f(q, kc.to(BF16), vc.to(BF16), lens, table, kv_layout="HND", k_scale=ks, v_scale=vs)
+    with raises(ValueError, r"^q: head dim 64 has no paged decode kernel over 8-bit pages \(128\)"):
+        q2, kc2, vc2, _, _, ks2, vs2 = _decode8_args("meta", d=64)
+        f(q2, kc2, vc2, lens, table, kv_layout="HND", k_scale=ks2, v_scale=vs2)
+    with raises(ValueError, r"^k_cache: page size 4: the 8-bit decode copies pages of at least 8 tokens"):
+        q2, kc2, vc2, _, _, ks2, vs2 = _decode8_args("meta", page_size=4, kv_dtype=torch.int8)
+        f(q2, kc2, vc2, lens, table, kv_layout="HND", k_scale=ks2, v_scale=vs2)
+    with raises(ValueError, r"^k_scale: the kernels run on a CUDA device, got a cpu tensor"):
+        f(q, kc, vc, lens, table, kv_layout="HND", k_scale=ks.to("cpu"), v_scale=vs)
+
+
+def test_kvcache_8bit_fake_shapes_and_compile():
+    need_torch()
+    from attn_lineage import flash_attn_with_kvcache as f
+    for kv_dtype in (torch.float8_e4m3fn, torch.int8):
+        for layout in ("NHD", "HND"):
+            q, kc, vc, lens, table, ks, vs = _decode8_args("meta", kv_dtype, layout=layout)
+            o, lse = f(q, kc, vc, lens, table, return_softmax_lse=True, kv_layout=layout, k_scale=ks, v_scale=vs)
+            assert o.shape == q.shape and o.dtype == BF16 and lse.shape == (3, 8, 1) and lse.dtype == torch.float32
+    q, kc, vc, lens, table, ks, vs = _decode8_args("meta")
+    g = lambda q, kc, vc, lens, table, ks, vs: f(q, kc, vc, lens, table, kv_layout="HND", k_scale=ks,  # noqa: E731
+                                                   v_scale=vs) * 2
+    explanation = torch._dynamo.explain(g)(q, kc, vc, lens, table, ks, vs)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert "attn_lineage.paged_decode_8bit" in explanation.graphs[0].code
+
+
+def test_quantize_kv_pages():
+    """Chapter 07's format: scale = amax / 448 or / 127 per (page, KV head), value = code * scale
+    within half a step of the grid (INT8) or E4M3's relative half-ulp; a zero page keeps scale 0;
+    both layouts give the same codes and scales."""
+    need_torch()
+    from attn_lineage import dequantize_kv_pages, quantize_kv_pages
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 16, 2, 128, generator=g)  # NHD: [pages, page_size, Hkv, d]
+    x[1, :, 0] *= 50                             # one (page, head) with a large scale
+    x[2] = 0                                     # a page of zeros
+    for kv_dtype, qmax in (("fp8", 448.0), ("int8", 127.0)):
+        codes, scale = quantize_kv_pages(x.to(BF16), kv_dtype, "NHD")
+        assert codes.dtype == (torch.float8_e4m3fn if kv_dtype == "fp8" else torch.int8)
+        assert codes.shape == x.shape and scale.shape == (5, 2) and scale.dtype == torch.float32
+        amax = x.to(BF16).float().abs().amax(dim=(1, 3))
+        assert torch.allclose(scale, amax / qmax)
+        assert bool((scale[2] == 0).all()) and bool((codes[2].float() == 0).all())
+        back = dequantize_kv_pages(codes, scale, "NHD")
+        err = (back - x.to(BF16).float()).abs()
+        step = scale[:, None, :, None].expand_as(err)
+        if kv_dtype == "int8":
+            assert bool((err <= 0.5 * step + 1e-4 * step).all()), float((err / step.clamp_min(1e-30)).max())
+            assert int(codes.abs().max()) == 127
+        else:
+            # E4M3: 3 mantissa bits (half an ulp, 2^-4 relative), subnormal steps of 2^-9 below 2^-6
+            assert bool((err <= torch.maximum(x.to(BF16).float().abs() * 2.0 ** -4, 2.0 ** -10 * step)).all())
+        c2, s2 = quantize_kv_pages(x.to(BF16).transpose(1, 2), kv_dtype, "HND")
+        assert torch.equal(s2, scale) and torch.equal(c2.transpose(1, 2).float(), codes.float())
+    with raises(ValueError, r"^kv_dtype"):
+        quantize_kv_pages(x, "int4")
+    with raises(ValueError, r"^kv_layout"):
+        quantize_kv_pages(x, "fp8", "NDH")
+
+
 def test_hf_module_imports_without_transformers():
     need_torch()
     import importlib.util

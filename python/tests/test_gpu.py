@@ -191,6 +191,64 @@ def test_paged_decode_long_ragged_gqa_fa_layout():
     _decode_case(2, 16, 1, 64, 64, [33000, 129], seed=24)
 
 
+def _decode8_case(b, hq, hkv, page_size, lens, seed, kv_dtype, layout="HND"):
+    """8-bit pages: a bf16 pool quantised by quantize_kv_pages (one scale per page and KV head),
+    the kernel against the fp64 reference on the dequantised values, code * scale."""
+    from attn_lineage import dequantize_kv_pages, flash_attn_with_kvcache, quantize_kv_pages
+    d = 128
+    q, pk, pv, lens_t, table, _, _ = _paged_case(b, hq, hkv, d, page_size, lens, seed, layout)
+    # outlier channels and a page of zeros: scales that differ by pages and heads, and scale 0
+    pk[..., 5] *= 8
+    pv[3] = 0
+    (kc, ks), (vc, vs) = quantize_kv_pages(pk, kv_dtype, layout), quantize_kv_pages(pv, kv_dtype, layout)
+    assert ks.shape == vs.shape == (pk.shape[0], hkv) and bool((vs[3] == 0).all())
+    o, lse = flash_attn_with_kvcache(q, kc, vc, lens_t, table, return_softmax_lse=True, kv_layout=layout, k_scale=ks,
+                                     v_scale=vs)
+    torch.cuda.synchronize()
+    assert o.shape == q.shape and lse.shape == (b, hq, 1)
+    kd, vd = dequantize_kv_pages(kc, ks, layout), dequantize_kv_pages(vc, vs, layout)
+    if layout == "NHD":
+        kd, vd = kd.transpose(1, 2), vd.transpose(1, 2)
+    tau = 1.0 / math.sqrt(d)
+    for s in range(b):
+        rows = table[s].long()
+        k = kd[rows].transpose(0, 1).reshape(hkv, -1, d)[:, :lens[s]].unsqueeze(0)  # [1, Hkv, n, d] fp32
+        v = vd[rows].transpose(0, 1).reshape(hkv, -1, d)[:, :lens[s]].unsqueeze(0)
+        qs = q[s].transpose(0, 1).unsqueeze(0)
+        o_ref, lse_ref = R.forward_reference(qs, k, v, False, tau)
+        n_o, n_lse, *_ = R.naive_same_precision(qs, k, v, None, False, tau)
+        tag = f"{kv_dtype} decode b{s} len {lens[s]} page {page_size} {layout}"
+        _check(f"{tag} O", o[s].transpose(0, 1).unsqueeze(0), o_ref, n_o, torch.bfloat16, "row")
+        _check(f"{tag} LSE", lse[s].reshape(1, hq, 1), lse_ref, n_lse, torch.bfloat16, "log")
+
+
+def test_paged_decode_8bit_pages():
+    need_gpu()
+    _decode8_case(3, 8, 2, 8, [1, 77, 300], 31, "fp8")                        # the smallest page, GQA 4:1
+    _decode8_case(4, 32, 4, 16, [5000, 17, 2049, 64], 32, "int8", "NHD")     # FlashAttention's layout
+    _decode8_case(2, 16, 1, 64, [33000, 129], 33, "fp8", "NHD")               # MQA, long: three blocks an SM
+    # long splits for every block: the four-blocks-an-SM row of the final kernel's table
+    _decode8_case(8, 32, 8, 256, [32768, 1, 20000, 300, 32768, 7, 16000, 9000], 34, "int8")
+
+
+def test_paged_decode_8bit_compiles_and_matches_the_dequantised_bf16_pages():
+    """The same pool as codes and as bf16 values (code * scale rounded to bf16): the two kernels
+    agree to bf16's rounding of those values; and torch.compile traces the 8-bit call whole."""
+    need_gpu()
+    from attn_lineage import dequantize_kv_pages, flash_attn_with_kvcache, quantize_kv_pages
+    q, pk, pv, lens_t, table, _, _ = _paged_case(2, 8, 2, 128, 16, [100, 2000], 35, "HND")
+    for kv_dtype in ("fp8", "int8"):
+        (kc, ks), (vc, vs) = quantize_kv_pages(pk, kv_dtype, "HND"), quantize_kv_pages(pv, kv_dtype, "HND")
+        f = lambda *a: flash_attn_with_kvcache(*a, kv_layout="HND", k_scale=ks, v_scale=vs)  # noqa: E731
+        torch._dynamo.reset()
+        o8 = f(q, kc, vc, lens_t, table)
+        assert torch.equal(torch.compile(f, fullgraph=True)(q, kc, vc, lens_t, table), o8)
+        kb, vb = (dequantize_kv_pages(c, sc, "HND").to(torch.bfloat16) for c, sc in ((kc, ks), (vc, vs)))
+        ob = flash_attn_with_kvcache(q, kb, vb, lens_t, table, kv_layout="HND")
+        err = (o8.float() - ob.float()).abs().max().item()
+        assert err < 0.02, f"{kv_dtype}: 8-bit and bf16 pages of the same values differ by {err}"
+
+
 def test_paged_decode_compiles():
     need_gpu()
     from attn_lineage import flash_attn_with_kvcache

@@ -101,3 +101,69 @@ def test_llama_paged_greedy_matches_the_contiguous_cache():
             assert ok, f"page_size {page_size}: {why} (margin {margin:.2f})"
     finally:
         paged.flash_attn_with_kvcache = kernel
+
+
+def _paged_forced_logits(model, prompt, tokens, page_size, kv_dtype=None, decode_fn=None):
+    """paged_greedy's loop with the tokens given (teacher-forced): [B, len(tokens), vocab] fp32."""
+    import attn_lineage.paged as paged
+    b, n0 = prompt.shape
+    cache = paged.PagedKVCache(b, n0 + tokens.shape[1], page_size, device="cuda", kv_dtype=kv_dtype)
+    if decode_fn is not None:
+        cache.decode_fn = decode_fn
+    out = []
+    with torch.no_grad(), cache.active():
+        pos = torch.arange(n0, device="cuda").expand(b, n0)
+        out.append(model(prompt, position_ids=pos, use_cache=False).logits[:, -1].float())
+        for i in range(tokens.shape[1] - 1):
+            pos = torch.full((b, 1), n0 + i, device="cuda")
+            out.append(model(tokens[:, i:i + 1], position_ids=pos, use_cache=False).logits[:, -1].float())
+    return torch.stack(out, 1)
+
+
+def test_llama_greedy_over_8bit_pages():
+    """paged_greedy over FP8 and INT8 pages (d = 128: the final 8-bit decode kernel). Each step's
+    logits, teacher-forced on the greedy tokens, against the same 8-bit cache read by the bf16
+    kernel after dequantising it (code * scale rounded to bf16): the two differ by the kernels'
+    arithmetic and bf16's rounding of the values, so by at most 8x what the bf16 path differs
+    from itself over pages and over transformers' contiguous cache."""
+    need_gpu()
+    _need_transformers()
+    import attn_lineage.hf as hf
+    import attn_lineage.paged as paged
+    from attn_lineage import dequantize_kv_pages, flash_attn_with_kvcache
+    from transformers import AutoModelForCausalLM, LlamaConfig
+    hf.register()
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=512, hidden_size=512, intermediate_size=1408, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                      initializer_range=0.1)  # head dim 128
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="lineage", torch_dtype=torch.float32).to(
+        device="cuda", dtype=torch.bfloat16)
+    prompt = torch.randint(0, 512, (2, 37), device="cuda", generator=torch.Generator("cuda").manual_seed(5))
+    new = 24
+    # the bf16 path's own spread: over pages against over the contiguous cache, on its greedy tokens
+    tb, lb = paged.paged_greedy(model, prompt, new_tokens=new, page_size=16, return_logits=True)
+    spread = (lb - _contiguous_decode_logits(model, prompt, tb)).abs().max().item()
+
+    def dequantised(q, kc, vc, seqlens, table, softmax_scale, kv_layout, k_scale, v_scale):
+        kb, vb = (dequantize_kv_pages(c, s, "HND").to(torch.bfloat16) for c, s in ((kc, k_scale), (vc, v_scale)))
+        return flash_attn_with_kvcache(q, kb, vb, seqlens, table, softmax_scale=softmax_scale, kv_layout=kv_layout)
+
+    for kv_dtype in ("fp8", "int8"):
+        calls = []
+        kernel = paged.flash_attn_with_kvcache
+        paged.flash_attn_with_kvcache = lambda *a, **kw: calls.append(a[1].dtype) or kernel(*a, **kw)
+        try:
+            tokens, logits = paged.paged_greedy(model, prompt, new_tokens=new, page_size=16, return_logits=True,
+                                                kv_dtype=kv_dtype)
+        finally:
+            paged.flash_attn_with_kvcache = kernel
+        code = torch.float8_e4m3fn if kv_dtype == "fp8" else torch.int8
+        assert calls == [code] * (2 * (new - 1)), f"{kv_dtype}: decode calls {calls[:4]}..."
+        assert torch.equal(tokens, logits.argmax(-1))
+        forced = _paged_forced_logits(model, prompt, tokens, 16, kv_dtype)
+        assert torch.equal(forced.argmax(-1), tokens), f"{kv_dtype}: the teacher-forced run picks other tokens"
+        ref = _paged_forced_logits(model, prompt, tokens, 16, kv_dtype, decode_fn=dequantised)
+        diff = (forced - ref).abs().max().item()
+        assert diff <= 8 * spread + 1e-3, (f"{kv_dtype}: 8-bit kernel vs the dequantised pages: {diff:.4g}, "
+                                           f"the bf16 path's spread {spread:.4g}")

@@ -23,7 +23,7 @@ bool have_device() {
 }  // namespace
 
 TEST_CASE("lineage C ABI: version and scratch sizes") {
-  CHECK(attn_lineage_abi_version() == 3);
+  CHECK(attn_lineage_abi_version() == 4);
   char err[256];
   size_t small = 0, big = 0;
   REQUIRE(attn_lineage_fa3_backward_workspace(1, 1, 100, 64, &small, err, sizeof err) == ATTN_LINEAGE_OK);
@@ -67,6 +67,50 @@ TEST_CASE("lineage C ABI: refused calls return a code and a message") {
   CHECK(attn_lineage_device_ready(0, tiny, 1) != ATTN_LINEAGE_OK);
   CHECK(tiny[0] == '\0');
   CHECK(attn_lineage_device_ready(0, nullptr, 0) != ATTN_LINEAGE_OK);
+}
+
+TEST_CASE("lineage C ABI: the 8-bit paged decode refuses bad arguments before the device") {
+  char err[256];
+  const void* p = reinterpret_cast<const void*>(uintptr_t(0x10000));
+  const float* sc = reinterpret_cast<const float*>(uintptr_t(0x40000));
+  const int* table = reinterpret_cast<const int*>(uintptr_t(0x50000));
+  void* o = reinterpret_cast<void*>(uintptr_t(0x20000));
+  float* lse = reinterpret_cast<float*>(uintptr_t(0x30000));
+  void* ws = reinterpret_cast<void*>(uintptr_t(0x60000));
+  // kv_format, heads, kv_heads, d, page_size, k_scale: each case changes one, the rest valid
+  auto call = [&](int fmt, int heads, int kv_heads, int d, int page_size, const float* k_scale) {
+    std::memset(err, 'x', sizeof err);
+    return attn_lineage_paged_decode_8bit(0, nullptr, fmt, p, p, p, k_scale, sc, table, table, o, lse, ws, 1 << 20, 2,
+                                          heads, kv_heads, d, 40, 8, page_size, 0.f, err, sizeof err);
+  };
+  auto refused = [&](int code, const char* why) {
+    INFO("code " << code << ": " << err);
+    return code == ATTN_LINEAGE_BAD_ARGUMENT && std::string(err).find(why) != std::string::npos;
+  };
+  CHECK(refused(call(ATTN_LINEAGE_BF16, 8, 2, 128, 16, sc), "kv_format"));
+  CHECK(refused(call(ATTN_LINEAGE_KV_INT8, 8, 3, 128, 16, sc), "multiple of kv_heads"));
+  CHECK(refused(call(ATTN_LINEAGE_KV_FP8_E4M3, 8, 2, 64, 16, sc), "head dim 64"));
+  CHECK(refused(call(ATTN_LINEAGE_KV_FP8_E4M3, 8, 2, 128, 12, sc), "power of two"));
+  CHECK(refused(call(ATTN_LINEAGE_KV_INT8, 8, 2, 128, 4, sc), "at least 8 tokens"));
+  CHECK(refused(call(ATTN_LINEAGE_KV_INT8, 8, 2, 128, 16, nullptr), "k_scale and v_scale"));
+  size_t bytes = 0;
+  CHECK(refused(attn_lineage_paged_decode_8bit_workspace(0, ATTN_LINEAGE_KV_FP8_E4M3, 2, 8, 2, 128, 8, 4, &bytes, err,
+                                                         sizeof err),
+                "at least 8 tokens"));
+  CHECK(refused(attn_lineage_paged_decode_8bit_workspace(0, 9, 2, 8, 2, 128, 8, 16, &bytes, err, sizeof err),
+                "kv_format"));
+  // Valid arguments get as far as the device: refused without a GPU, a size with one.
+  const int code = attn_lineage_paged_decode_8bit_workspace(0, ATTN_LINEAGE_KV_INT8, 2, 8, 2, 128, 8, 16, &bytes, err,
+                                                            sizeof err);
+  if (have_device()) {
+    CHECK(code == ATTN_LINEAGE_OK);
+    CHECK(bytes > 0);
+    CHECK(bytes % 256 == 0);
+  } else {
+    CHECK(code != ATTN_LINEAGE_OK);
+    CHECK(code != ATTN_LINEAGE_BAD_ARGUMENT);
+    CHECK(std::strlen(err) > 0);
+  }
 }
 
 namespace {

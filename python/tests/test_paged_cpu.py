@@ -110,3 +110,93 @@ def test_the_lineage_attention_function_hands_its_call_to_the_active_cache():
         o, weights = hf.lineage_attention_forward(layer, q, k, v, None, scaling=0.25)
     assert weights is None and tuple(o.shape) == (1, 3, 2, 8) and seen == [0.25]
     assert cache.lengths[0] == 3 and torch.equal(cache.gather(0)[1], v)
+
+
+def _steps8(seed, n, scale=1.0):
+    return [tuple(t * scale for t in _kv(2, 3, 1, 16, seed=seed + i)) for i in range(n)]
+
+
+def test_8bit_pages_hold_the_values_within_a_step_of_their_grid():
+    """fp8 and int8 pages, a prompt across page boundaries then decode tokens, one of them larger
+    than everything before it: gather() gives code * scale within one step of the final grid (INT8)
+    or E4M3's rounding; the scales are [pages, Hkv] fp32, the codes E4M3 or int8 in [-127, 127]."""
+    need_torch()
+    for kv_dtype, code_dtype in (("fp8", torch.float8_e4m3fn), ("int8", torch.int8)):
+        for page_size in (8, 16):
+            cache = PagedKVCache(2, 48, page_size=page_size, device="cpu", kv_dtype=kv_dtype)
+            k0, v0 = _kv(2, 3, 21, 16, seed=1)
+            cache.append(0, k0, v0)
+            steps = _steps8(20, 4) + _steps8(30, 1, scale=5.0) + _steps8(40, 3)
+            for k, v in steps:
+                cache.append(0, k, v)
+            assert cache.k_pages[0].dtype == code_dtype and cache.k_scales[0].dtype == torch.float32
+            assert tuple(cache.k_scales[0].shape) == (2 * cache.max_pages, 3)
+            assert cache.lengths[0] == 29 and cache.cache_seqlens(0).tolist() == [29, 29]
+            k_all = torch.cat([k0] + [k for k, _ in steps], 2).float()
+            v_all = torch.cat([v0] + [v for _, v in steps], 2).float()
+            for got, want, scales in zip(cache.gather(0), (k_all, v_all), (cache.k_scales[0], cache.v_scales[0])):
+                # each token's scale: its page's (block_table[b, t // page_size]) for its head
+                t = torch.arange(29)
+                page = cache.block_table[:, t // page_size].long()                   # [2, 29]
+                step = scales[page].permute(0, 2, 1)[..., None].expand_as(got)       # [2, 3, 29, 16]
+                err = (got - want).abs()
+                if kv_dtype == "int8":
+                    assert bool((err <= step * 1.0001).all()), (page_size, float((err / step).max()))
+                else:
+                    assert bool((err <= want.abs() * 2.0 ** -3 + step * 2.0 ** -8).all()), page_size
+
+
+def test_8bit_page_scale_rule():
+    """A page's first write sets its scale to amax / Q; a token under the scale keeps it and the
+    earlier codes; a token three times the page's amax doubles the scale twice (x4), and the earlier
+    slots are quantised again from their values."""
+    need_torch()
+    cache = PagedKVCache(1, 16, page_size=8, device="cpu", kv_dtype="int8")
+    x = torch.zeros(1, 1, 1, 4)
+    x[..., 0] = 2.0
+    cache.append(0, x, x)
+    page = int(cache.block_table[0, 0])
+    s0 = float(cache.k_scales[0][page, 0])
+    assert s0 == float(torch.tensor(2.0) / 127) and int(cache.k_pages[0][page, 0, 0, 0]) == 127
+    before = cache.k_pages[0][page].clone()
+    y = torch.full((1, 1, 1, 4), 0.75)
+    cache.append(0, y, y)
+    assert float(cache.k_scales[0][page, 0]) == s0 and torch.equal(cache.k_pages[0][page, :, :1], before[:, :1])
+    assert int(cache.k_pages[0][page, 0, 1, 0]) == 48  # 0.75 / s0 = 47.6
+    z = torch.full((1, 1, 1, 4), -6.0)  # 3x the amax: the scale grows by 2^2
+    cache.append(0, z, z)
+    s2 = float(cache.k_scales[0][page, 0])
+    assert s2 == s0 * 4
+    assert int(cache.k_pages[0][page, 0, 0, 0]) == round(127 / 4)  # 2.0 again from its value
+    assert int(cache.k_pages[0][page, 0, 2, 0]) == round(-6.0 / s2)
+    kg, _ = cache.gather(0)
+    assert int(cache.k_pages[0][page, 0, 1, 0]) == 12  # 48 s0 / (4 s0)
+    assert torch.allclose(kg[0, 0, :, 0], torch.tensor([2.0, 0.75, -6.0]), atol=s2 / 2 + 1e-6)
+    # an all-zero write to a fresh page keeps scale 0 and zero codes (never 0 * inf)
+    zero = PagedKVCache(1, 16, page_size=8, device="cpu", kv_dtype="fp8")
+    zero.append(0, torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4))
+    assert bool((zero.k_scales[0] == 0).all()) and bool((zero.gather(0)[0] == 0).all())
+    with raises(ValueError, r"^page_size: 4; 8-bit pages hold at least 8 tokens"):
+        PagedKVCache(1, 16, page_size=4, device="cpu", kv_dtype="int8")
+    with raises(ValueError, r"^kv_dtype"):
+        PagedKVCache(1, 16, page_size=8, device="cpu", kv_dtype="int4")
+
+
+def test_8bit_decode_passes_the_scales():
+    need_torch()
+    cache = PagedKVCache(2, 32, page_size=8, device="cpu", kv_dtype="fp8")
+    seen = []
+    cache.prefill_fn = lambda q, k, v, causal, softmax_scale: torch.zeros(q.shape[0], q.shape[2], q.shape[1],
+                                                                          q.shape[3])
+
+    def decode(q, k_pages, v_pages, seqlens, block_table, softmax_scale, kv_layout, k_scale, v_scale):
+        seen.append((k_pages.dtype, k_scale is cache.k_scales[0], v_scale is cache.v_scales[0], seqlens.tolist()))
+        return torch.zeros(q.shape)
+
+    cache.decode_fn = decode
+    layer = SimpleNamespace(layer_idx=0)
+    q = torch.zeros(2, 4, 10, 16, dtype=torch.bfloat16)
+    with cache.active():
+        cache.attend(layer, q, *_kv(2, 2, 10, 16, seed=8))
+        cache.attend(layer, q[:, :, :1], *_kv(2, 2, 1, 16, seed=9))
+    assert seen == [(torch.float8_e4m3fn, True, True, [11, 11])]
