@@ -203,7 +203,7 @@ def main():
 
     # Ours: one profiler run per shape (ncu's CSV does not list processes in the order they ran),
     # each over one process launching the chosen steps alone. (With `--step all`, every step of the
-    # shape, a process took about 8 s under the profiler at 21:09 UTC against 2.5 s at 18:01; why
+    # shape, a process once took about 8 s under the profiler against 2.5 s in another run; why
     # was not measured, but fewer launches leave the profiler less to intercept.)
     rows, per_shape = [], []
     for d, c, steps, h, n, b in ([] if a.no_ours else shapes):
