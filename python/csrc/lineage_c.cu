@@ -287,6 +287,38 @@ DecodePlan decode_plan(int device, int batch, int heads, int kv_heads, int d, in
 
 
 
+/// The decode kernels' parameters for a plan: q, o, lse and the lengths as the caller's, the
+/// partials and counters in its workspace; scale 0 is 1/sqrt(d).
+attn::ch07::gpu::DecodeParams decode_params(const DecodePlan& pl, const void* q, void* o, float* lse,
+                                            const int* seqlens, void* workspace, int heads, int kv_heads, int d,
+                                            float scale) {
+  namespace gpu = attn::ch07::gpu;
+  char* ws = static_cast<char*>(workspace);
+  gpu::DecodeParams p{};
+  p.q = static_cast<const gpu::bf16*>(q);
+  p.o = static_cast<gpu::bf16*>(o);
+  p.lse = lse;
+  p.lens = seqlens;
+  p.heads = heads;
+  p.group = heads / kv_heads;
+  p.chunks = pl.chunks;
+  p.scale = scale > 0 ? scale : float(1.0 / std::sqrt(double(d)));
+  p.splits = pl.splits;
+  p.split_keys = pl.split_keys;
+  p.part_m = reinterpret_cast<float*>(ws + pl.part_m);
+  p.part_l = reinterpret_cast<float*>(ws + pl.part_l);
+  p.part_o = reinterpret_cast<float*>(ws + pl.part_o);
+  p.arrivals = reinterpret_cast<int*>(ws + pl.arrivals);
+  return p;
+}
+
+/// log2 of a power-of-two page size (the kernels' page_shift).
+int log2_page(int page_size) {
+  int shift = 0;
+  while ((1 << shift) < page_size) ++shift;
+  return shift;
+}
+
 /// Chapter 06's MLA decode: gqa_mla_gpu.cu's absorb_run() on the final path (mla_final.cu's plan),
 /// and its partials' place in the workspace.
 struct MlaPlan {
@@ -548,24 +580,8 @@ int attn_lineage_paged_decode(int device, void* stream, const void* q, const voi
     check_tensors({{q, "q"}, {k_pool, "k_pool"}, {v_pool, "v_pool"}, {o, "o"}, {workspace, "workspace"}});
     require(block_table != nullptr && seqlens != nullptr && lse != nullptr, "block_table, seqlens and lse must not be null");
     check_workspace(workspace, workspace_bytes, pl.total);
-    char* ws = static_cast<char*>(workspace);
-    gpu::DecodeParams p{};
-    p.q = static_cast<const gpu::bf16*>(q);
-    p.o = static_cast<gpu::bf16*>(o);
-    p.lse = lse;
-    p.lens = seqlens;
-    p.heads = heads;
-    p.group = heads / kv_heads;
-    p.chunks = pl.chunks;
-    p.scale = scale > 0 ? scale : float(1.0 / std::sqrt(double(d)));
-    p.splits = pl.splits;
-    p.split_keys = pl.split_keys;
-    p.part_m = reinterpret_cast<float*>(ws + pl.part_m);
-    p.part_l = reinterpret_cast<float*>(ws + pl.part_l);
-    p.part_o = reinterpret_cast<float*>(ws + pl.part_o);
-    p.arrivals = reinterpret_cast<int*>(ws + pl.arrivals);
-    int shift = 0;
-    while ((1 << shift) < page_size) ++shift;
+    const gpu::DecodeParams p = decode_params(pl, q, o, lse, seqlens, workspace, heads, kv_heads, d, scale);
+    const int shift = log2_page(page_size);
     const gpu::PagedKv kv{static_cast<const gpu::bf16*>(k_pool), static_cast<const gpu::bf16*>(v_pool), block_table,
                           max_pages, kv_heads, shift};
     StreamBridge bridge(stream);
@@ -624,24 +640,8 @@ int attn_lineage_paged_decode_8bit(int device, void* stream, int kv_format, cons
     using attn::ch07::KvDtype;
     const DecodePlan pl = decode_plan(device, batch, heads, kv_heads, d, max_pages, page_size, true);
     check_workspace(workspace, workspace_bytes, pl.total);
-    char* ws = static_cast<char*>(workspace);
-    gpu::DecodeParams p{};
-    p.q = static_cast<const gpu::bf16*>(q);
-    p.o = static_cast<gpu::bf16*>(o);
-    p.lse = lse;
-    p.lens = seqlens;
-    p.heads = heads;
-    p.group = heads / kv_heads;
-    p.chunks = pl.chunks;
-    p.scale = scale > 0 ? scale : float(1.0 / std::sqrt(double(d)));
-    p.splits = pl.splits;
-    p.split_keys = pl.split_keys;
-    p.part_m = reinterpret_cast<float*>(ws + pl.part_m);
-    p.part_l = reinterpret_cast<float*>(ws + pl.part_l);
-    p.part_o = reinterpret_cast<float*>(ws + pl.part_o);
-    p.arrivals = reinterpret_cast<int*>(ws + pl.arrivals);
-    int shift = 0;
-    while ((1 << shift) < page_size) ++shift;
+    const gpu::DecodeParams p = decode_params(pl, q, o, lse, seqlens, workspace, heads, kv_heads, d, scale);
+    const int shift = log2_page(page_size);
     // decode_gpu.cu's code_maps(): each pool as [page x KV head][slot][d bytes], boxes of
     // min(page_size, 64) slots
     const uint32_t box = uint32_t(std::min(page_size, 64));

@@ -166,17 +166,24 @@ def _decode_case(b, hq, hkv, d, page_size, lens, seed, layout="HND"):
     from attn_lineage import flash_attn_with_kvcache
     q, pk, pv, lens_t, table, ks, vs = _paged_case(b, hq, hkv, d, page_size, lens, seed, layout)
     o, lse = flash_attn_with_kvcache(q, pk, pv, lens_t, table, return_softmax_lse=True, kv_layout=layout)
+    _check_decode(q, o, lse, ks, vs, f"decode page {page_size} {layout}")
+
+
+def _check_decode(q, o, lse, ks, vs, tag):
+    """Each sequence of a decode step its own problem (Nq = 1, Nk = its length, keys ks[s] and
+    values vs[s] [Hkv, n, d]): O and the LSE against the fp64 reference under the rule."""
     torch.cuda.synchronize()
+    b, _, hq, d = q.shape
     assert o.shape == q.shape and lse.shape == (b, hq, 1)
     tau = 1.0 / math.sqrt(d)
-    for s in range(b):  # each sequence its own problem: Nq = 1, Nk = its length
+    for s in range(b):
         qs = q[s].transpose(0, 1).unsqueeze(0)  # [1, Hq, 1, d]
         k, v = ks[s].unsqueeze(0), vs[s].unsqueeze(0)
         o_ref, lse_ref = R.forward_reference(qs, k, v, False, tau)
         n_o, n_lse, *_ = R.naive_same_precision(qs, k, v, None, False, tau)
-        tag = f"decode b{s} len {lens[s]} page {page_size} {layout}"
-        _check(f"{tag} O", o[s].transpose(0, 1).unsqueeze(0), o_ref, n_o, torch.bfloat16, "row")
-        _check(f"{tag} LSE", lse[s].reshape(1, hq, 1), lse_ref, n_lse, torch.bfloat16, "log")
+        what = f"{tag} b{s} len {k.shape[2]}"
+        _check(f"{what} O", o[s].transpose(0, 1).unsqueeze(0), o_ref, n_o, torch.bfloat16, "row")
+        _check(f"{what} LSE", lse[s].reshape(1, hq, 1), lse_ref, n_lse, torch.bfloat16, "log")
 
 
 def test_paged_decode_page_size_1_and_256():
@@ -204,22 +211,15 @@ def _decode8_case(b, hq, hkv, page_size, lens, seed, kv_dtype, layout="HND"):
     assert ks.shape == vs.shape == (pk.shape[0], hkv) and bool((vs[3] == 0).all())
     o, lse = flash_attn_with_kvcache(q, kc, vc, lens_t, table, return_softmax_lse=True, kv_layout=layout, k_scale=ks,
                                      v_scale=vs)
-    torch.cuda.synchronize()
-    assert o.shape == q.shape and lse.shape == (b, hq, 1)
     kd, vd = dequantize_kv_pages(kc, ks, layout), dequantize_kv_pages(vc, vs, layout)
     if layout == "NHD":
         kd, vd = kd.transpose(1, 2), vd.transpose(1, 2)
-    tau = 1.0 / math.sqrt(d)
-    for s in range(b):
+    keys, values = [], []
+    for s in range(b):  # each sequence's keys and values [Hkv, n, d] fp32, read through its block table
         rows = table[s].long()
-        k = kd[rows].transpose(0, 1).reshape(hkv, -1, d)[:, :lens[s]].unsqueeze(0)  # [1, Hkv, n, d] fp32
-        v = vd[rows].transpose(0, 1).reshape(hkv, -1, d)[:, :lens[s]].unsqueeze(0)
-        qs = q[s].transpose(0, 1).unsqueeze(0)
-        o_ref, lse_ref = R.forward_reference(qs, k, v, False, tau)
-        n_o, n_lse, *_ = R.naive_same_precision(qs, k, v, None, False, tau)
-        tag = f"{kv_dtype} decode b{s} len {lens[s]} page {page_size} {layout}"
-        _check(f"{tag} O", o[s].transpose(0, 1).unsqueeze(0), o_ref, n_o, torch.bfloat16, "row")
-        _check(f"{tag} LSE", lse[s].reshape(1, hq, 1), lse_ref, n_lse, torch.bfloat16, "log")
+        keys.append(kd[rows].transpose(0, 1).reshape(hkv, -1, d)[:, :lens[s]])
+        values.append(vd[rows].transpose(0, 1).reshape(hkv, -1, d)[:, :lens[s]])
+    _check_decode(q, o, lse, keys, values, f"{kv_dtype} decode page {page_size} {layout}")
 
 
 def test_paged_decode_8bit_pages():
