@@ -284,7 +284,7 @@ def test_kvcache_8bit_argument_checks():
         q2, kc2, vc2, _, _, ks2, vs2 = _decode8_args("meta", page_size=4, kv_dtype=torch.int8)
         f(q2, kc2, vc2, lens, table, kv_layout="HND", k_scale=ks2, v_scale=vs2)
     with raises(ValueError, r"^k_scale: the kernels run on a CUDA device, got a cpu tensor"):
-        f(q, kc, vc, lens, table, kv_layout="HND", k_scale=ks.to("cpu"), v_scale=vs)
+        f(q, kc, vc, lens, table, kv_layout="HND", k_scale=torch.zeros(10, 2), v_scale=vs)
 
 
 def test_kvcache_8bit_fake_shapes_and_compile():
