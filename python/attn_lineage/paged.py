@@ -1,18 +1,24 @@
-"""Greedy decoding through chapter 07's paged decode kernel, inside a transformers model.
+"""Decoding through chapter 07's paged decode kernel, inside a transformers model.
 
     import attn_lineage.hf as hf
-    from attn_lineage.paged import paged_greedy
+    from attn_lineage.paged import paged_generate, paged_greedy
     hf.register()
     tokens = paged_greedy(model, prompt_ids, new_tokens=64, page_size=16)   # model: attn_implementation="lineage"
+    out = paged_generate(model, prompt_ids, max_new_tokens=64, do_sample=False)   # model.generate() over the pages
 
-The model keeps no cache of its own: it is called with use_cache=False and explicit position_ids,
-so the key and value states that reach the attention function are exactly the new tokens'
-(after RoPE for Llama; GPT-2 has none). While a PagedKVCache is active (`with cache.active():`),
+With paged_greedy the model keeps no cache of its own: it is called with use_cache=False and
+explicit position_ids, so the key and value states that reach the attention function are
+exactly the new tokens' (after RoPE for Llama; GPT-2 has none). While a PagedKVCache is active (`with cache.active():`),
 the "lineage" attention function hands them to it: on prefill (no past, Nq = Nk) it writes them
 into the pages of `module.layer_idx` and runs chapter 05's causal forward; on a decode step
 (Nq = Nk = 1) it appends the token's key and value to the pages and runs flash_attn_with_kvcache
-over them. Nothing here imports transformers; the model only has to pass its attention module
-(with a `layer_idx`) as the attention function's first argument, as Llama's and GPT-2's do.
+over them. The model only has to pass its attention module (with a `layer_idx`) as the
+attention function's first argument, as Llama's and GPT-2's do.
+
+model.generate() runs over the same pages through PagedKVCache.hf_cache(), a transformers Cache
+(transformers 5) whose update() writes each layer's new tokens into the pages and hands back the
+new tokens only; paged_generate() builds the store and calls generate() inside `active()`.
+Only hf_cache() imports transformers.
 """
 
 from contextlib import contextmanager
@@ -64,6 +70,7 @@ class PagedKVCache:
         self.block_table = (j * batch + b).to(self.device)
         self.k_pages, self.v_pages, self.lengths, self._seqlens = {}, {}, {}, {}
         self.k_scales, self.v_scales = {}, {}  # 8-bit pages only
+        self._written = {}  # layer -> tokens write() put in that its attention call has not seen yet
         # the attention calls, replaceable by stand-ins in tests without a GPU
         self.prefill_fn, self.decode_fn = attention_bhnd, flash_attn_with_kvcache
 
@@ -144,27 +151,45 @@ class PagedKVCache:
         return tuple((c[layer][page, :, slot].float() * sc[layer][page][..., None]).transpose(1, 2)
                      for c, sc in ((self.k_pages, self.k_scales), (self.v_pages, self.v_scales)))
 
+    def write(self, layer, key, value):
+        """append() on behalf of transformers' cache (hf_cache()): the attention call that follows
+        for `layer` finds these tokens already in the pages and does not append them again."""
+        self.append(layer, key, value)
+        self._written[layer] = key.shape[2]
+
     def attend(self, module, query, key, value, scaling=None):
         """The attention function's work while the cache is active: query [B, Hq, Nq, d], key and
-        value [B, Hkv, Nk, d], the new tokens' only. Returns O [B, Nq, Hq, d]."""
+        value [B, Hkv, Nk, d], the new tokens' only (appended here, unless write() has). Returns
+        O [B, Nq, Hq, d]."""
         layer = getattr(module, "layer_idx", None)
         if not isinstance(layer, int):
             raise ValueError(f"module: {type(module).__name__} has no integer layer_idx, so the paged cache cannot "
                              f"tell its layers apart (decode with transformers' own cache instead)")
         nq, nk = query.shape[2], key.shape[2]
-        if self.lengths.get(layer, 0) == 0 and nq == nk:  # prefill: write the prompt, run the causal forward
-            self.append(layer, key, value)
+        written = self._written.pop(layer, 0)
+        if written not in (0, nk):
+            raise ValueError(f"key: {nk} tokens at layer {layer}, but the cache was just given {written}")
+        held = self.lengths.get(layer, 0) - written  # the tokens before this call's
+        if held == 0 and nq == nk:  # prefill: write the prompt, run the causal forward
+            if not written:
+                self.append(layer, key, value)
             return self.prefill_fn(query, key, value, causal=True, softmax_scale=scaling)
         if nq == 1 and nk == 1:  # decode: append the token, read the whole sequence through the pages
-            self.append(layer, key, value)
+            if not written:
+                self.append(layer, key, value)
             q = query.transpose(1, 2)  # [B, 1, Hq, d]
             scales = {} if self.codes is None else {"k_scale": self.k_scales[layer], "v_scale": self.v_scales[layer]}
             return self.decode_fn(q, self.k_pages[layer], self.v_pages[layer], self.cache_seqlens(layer),
                                   self.block_table, softmax_scale=scaling, kv_layout="HND", **scales)
-        held = self.lengths.get(layer, 0)
         raise ValueError(f"query: {nq} query and {nk} key tokens at layer {layer} holding {held}; the paged "
-                         f"cache takes a prompt (no past, Nq = Nk) or one token a step (call the model with "
-                         f"use_cache=False)")
+                         f"cache takes a prompt (no past, Nq = Nk) or one token a step")
+
+    def hf_cache(self, num_layers):
+        """These pages as a transformers Cache (transformers 5), for model.generate(past_key_values=...)
+        inside `active()`: each layer's update() writes the new tokens into the pages and hands back
+        the new tokens only, which the "lineage" attention function passes to attend(). Needs
+        transformers (imported here, not by the package)."""
+        return _hf_cache_class()(self, num_layers)
 
     @contextmanager
     def active(self):
@@ -198,3 +223,87 @@ def paged_greedy(model, prompt_ids, new_tokens=64, page_size=16, return_logits=F
                 logits = model(nxt[:, None], position_ids=pos, use_cache=False).logits[:, -1]
     out = torch.stack(tokens, 1)
     return (out, torch.stack(logits_seen, 1)) if return_logits else out
+
+
+def _hf_cache_class():
+    """The transformers Cache class over a PagedKVCache (defined on first use: transformers is
+    imported only here)."""
+    global _HF_CACHE
+    if _HF_CACHE is not None:
+        return _HF_CACHE
+    from transformers.cache_utils import Cache, CacheLayerMixin
+
+    class PagedLayer(CacheLayerMixin):
+        """One model layer's view of the pages: update() writes, the lengths are the store's."""
+        is_compileable = False
+        is_croppable = False
+        is_sliding = False
+
+        def __init__(self, store, layer_idx):
+            super().__init__()
+            self.store, self.layer_idx, self.batch_size = store, layer_idx, store.batch
+
+        def lazy_initialization(self, key_states, value_states):
+            self.is_initialized = True
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            self.store.write(self.layer_idx, key_states, value_states)
+            return key_states, value_states
+
+        def get_mask_sizes(self, query_length):
+            return self.get_seq_length() + query_length, 0
+
+        def get_seq_length(self):
+            return self.store.lengths.get(self.layer_idx, 0)
+
+        def get_max_length(self):
+            return self.store.capacity
+
+        def reset(self):
+            raise ValueError("reset: a paged cache is not reused; make a new PagedKVCache")
+
+        def reorder_cache(self, beam_idx):
+            raise ValueError("beam search: the paged cache keeps one sequence a row (no reordering)")
+
+        def crop(self, tokens_to_remove):
+            raise ValueError("crop: the paged cache does not roll back (assisted decoding is not supported)")
+
+        def batch_repeat_interleave(self, repeats):
+            raise ValueError("num_return_sequences > 1: the paged cache holds one sequence a row")
+
+        def batch_select_indices(self, indices):
+            raise ValueError("batch selection: the paged cache holds a fixed batch")
+
+    class PagedCache(Cache):
+        """A transformers Cache whose layers are a PagedKVCache's pages (attn_lineage.paged)."""
+
+        def __init__(self, store, num_layers):
+            super().__init__(layers=[PagedLayer(store, i) for i in range(num_layers)])
+            self.store = store
+
+    _HF_CACHE = PagedCache
+    return PagedCache
+
+
+_HF_CACHE = None
+
+
+@torch.no_grad()
+def paged_generate(model, input_ids, max_new_tokens=64, page_size=16, kv_dtype=None, **generate_kwargs):
+    """model.generate() through the pages: a PagedKVCache for `input_ids` [B, N0] and
+    `max_new_tokens`, handed to generate() as its past_key_values (hf_cache()) while active, so
+    every prefill runs chapter 05's causal forward and every decode step chapter 07's paged
+    decode (bf16, or 8-bit pages with kv_dtype "fp8" / "int8"). generate_kwargs go to generate()
+    (greedy or sampling; not beam search, which reorders a cache). Returns what generate() does."""
+    for name in ("num_beams", "num_return_sequences"):
+        if generate_kwargs.get(name, 1) != 1:
+            raise ValueError(f"{name}: {generate_kwargs[name]}; the paged cache holds one sequence a row of "
+                             f"input_ids (no beam search, one sequence returned a prompt)")
+    b, n0 = input_ids.shape
+    store = PagedKVCache(b, n0 + max_new_tokens, page_size, device=input_ids.device, kv_dtype=kv_dtype)
+    layers = model.config.get_text_config().num_hidden_layers
+    with store.active():
+        return model.generate(input_ids, past_key_values=store.hf_cache(layers), max_new_tokens=max_new_tokens,
+                              **generate_kwargs)

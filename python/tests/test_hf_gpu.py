@@ -167,3 +167,29 @@ def test_llama_greedy_over_8bit_pages():
         diff = (forced - ref).abs().max().item()
         assert diff <= 8 * spread + 1e-3, (f"{kv_dtype}: 8-bit kernel vs the dequantised pages: {diff:.4g}, "
                                            f"the bf16 path's spread {spread:.4g}")
+
+
+def test_llama_generate_through_the_pages():
+    """model.generate() with the pages as its cache (paged_generate: hf_cache, transformers 5):
+    the same greedy tokens as paged_greedy's loop, which runs the same kernels on the same pages,
+    over bf16 and INT8 pages (head dim 128: the 8-bit kernel has only that one)."""
+    need_gpu()
+    _need_transformers()
+    import attn_lineage.hf as hf
+    import attn_lineage.paged as paged
+    from transformers import AutoModelForCausalLM, LlamaConfig
+    hf.register()
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=512, hidden_size=512, intermediate_size=1408, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                      initializer_range=0.1)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="lineage", torch_dtype=torch.float32).to(
+        device="cuda", dtype=torch.bfloat16)
+    prompt = torch.randint(0, 512, (2, 29), device="cuda", generator=torch.Generator("cuda").manual_seed(6))
+    new = 32
+    for kv_dtype in (None, "int8"):
+        loop = paged.paged_greedy(model, prompt, new_tokens=new, page_size=16, kv_dtype=kv_dtype)
+        out = paged.paged_generate(model, prompt, max_new_tokens=new, page_size=16, kv_dtype=kv_dtype,
+                                   do_sample=False, min_new_tokens=new, attention_mask=torch.ones_like(prompt),
+                                   pad_token_id=0)
+        assert torch.equal(out[:, :29], prompt) and torch.equal(out[:, 29:], loop), (kv_dtype, out[:, 29:], loop)

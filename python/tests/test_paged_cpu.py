@@ -200,3 +200,76 @@ def test_8bit_decode_passes_the_scales():
         cache.attend(layer, q, *_kv(2, 2, 10, 16, seed=8))
         cache.attend(layer, q[:, :, :1], *_kv(2, 2, 1, 16, seed=9))
     assert seen == [(torch.float8_e4m3fn, True, True, [11, 11])]
+
+
+def _ref_prefill(query, key, value, causal, softmax_scale):
+    o = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=causal, scale=softmax_scale,
+                                                         enable_gqa=True)
+    return o.transpose(1, 2)
+
+
+def _ref_decode(q, k_pages, v_pages, seqlens, block_table, softmax_scale, kv_layout):
+    """A decode step read through the block table (HND pages, one length a batch): what the
+    paged kernel computes, in the pages' dtype's values and fp32 arithmetic."""
+    assert kv_layout == "HND"
+    n, ps = int(seqlens[0]), k_pages.shape[2]
+    pos = torch.arange(n)
+    page = block_table[:, pos // ps].long()
+    slot = (pos % ps).expand(page.shape[0], n)
+    k, v = (p[page, :, slot].transpose(1, 2).float() for p in (k_pages, v_pages))  # [B, Hkv, n, d]
+    o = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2).float(), k, v, scale=softmax_scale,
+                                                         enable_gqa=True)
+    return o.transpose(1, 2).to(q.dtype)
+
+
+def _tiny_llama(impl):
+    from transformers import AutoModelForCausalLM, LlamaConfig
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      initializer_range=0.1)
+    return AutoModelForCausalLM.from_config(cfg, attn_implementation=impl, dtype=torch.float32).eval()
+
+
+def test_generate_through_the_pages():
+    """model.generate() with the pages as its cache (hf_cache, transformers 5), the attention calls
+    replaced by fp32 references that read the pages through the block table: the same greedy
+    tokens as SDPA over transformers' own cache; every step a page write, one prefill and one
+    decode call a layer a step; what generate() cannot do with pages (beam search) refused."""
+    need_torch()
+    import importlib.util
+    if importlib.util.find_spec("transformers") is None:
+        from harness import skip
+        skip("transformers is not importable")
+    import attn_lineage.hf as hf
+    import attn_lineage.paged as paged
+    hf.register()
+    sdpa, lin = _tiny_llama("sdpa"), _tiny_llama("lineage")
+    ids = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(1))
+    new = 12
+    kw = dict(do_sample=False, min_new_tokens=new, attention_mask=torch.ones_like(ids), pad_token_id=0)
+    want = sdpa.generate(ids, max_new_tokens=new, **kw)
+    store = PagedKVCache(2, 9 + new, page_size=4, device="cpu", dtype=torch.float32)
+    calls = []
+    store.prefill_fn = lambda *a, **kw: calls.append("prefill") or _ref_prefill(*a, **kw)
+    store.decode_fn = lambda *a, **kw: calls.append("decode") or _ref_decode(*a, **kw)
+    with store.active():
+        got = lin.generate(ids, past_key_values=store.hf_cache(2), max_new_tokens=new, **kw)
+    assert torch.equal(got, want), (got[:, 9:].tolist(), want[:, 9:].tolist())
+    assert calls == ["prefill"] * 2 + ["decode"] * (2 * (new - 1)), calls[:6]
+    assert store.lengths == {0: 9 + new - 1, 1: 9 + new - 1} and store._written == {}
+    # paged_generate makes the same store (bf16 pages, the package's attention calls: here the
+    # references) and returns generate()'s tokens
+    kernels = paged.attention_bhnd, paged.flash_attn_with_kvcache
+    paged.attention_bhnd, paged.flash_attn_with_kvcache = _ref_prefill, _ref_decode
+    try:
+        bf16 = paged.paged_generate(lin, ids, max_new_tokens=new, page_size=4, **kw)
+        store16 = PagedKVCache(2, 9 + new, page_size=4, device="cpu")
+        store16.prefill_fn, store16.decode_fn = _ref_prefill, _ref_decode
+        with store16.active():
+            manual = lin.generate(ids, past_key_values=store16.hf_cache(2), max_new_tokens=new, **kw)
+        assert torch.equal(bf16, manual)
+        with raises(ValueError, r"^num_beams: 2; the paged cache holds one sequence a row"):
+            paged.paged_generate(lin, ids, max_new_tokens=4, page_size=4, num_beams=2, **kw)
+    finally:
+        paged.attention_bhnd, paged.flash_attn_with_kvcache = kernels
