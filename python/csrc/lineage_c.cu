@@ -285,8 +285,6 @@ DecodePlan decode_plan(int device, int batch, int heads, int kv_heads, int d, in
   return pl;
 }
 
-
-
 /// The decode kernels' parameters for a plan: q, o, lse and the lengths as the caller's, the
 /// partials and counters in its workspace; scale 0 is 1/sqrt(d).
 attn::ch07::gpu::DecodeParams decode_params(const DecodePlan& pl, const void* q, void* o, float* lse,
