@@ -514,6 +514,15 @@ def _paged_decode_8bit_fake(q, k_codes, v_codes, k_scale, v_scale, block_table, 
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty((b, hq), dtype=torch.float32)
 
 
+def _codes_of(x, scale, target):
+    """x / scale as 8-bit codes of `target` (scale broadcast against x; a scale of 0 gives code 0):
+    E4M3's rounding, or int8 rounded to nearest; every code within the format's largest."""
+    qmax = _KV8[target][1]
+    inv = torch.where(scale > 0, 1.0 / scale, torch.zeros_like(scale))
+    y = (x * inv).clamp(-qmax, qmax)
+    return y.to(target) if target == torch.float8_e4m3fn else torch.round(y).to(torch.int8)
+
+
 def _kv8_dtype(kv_dtype):
     if kv_dtype in ("fp8", "e4m3", torch.float8_e4m3fn):
         return torch.float8_e4m3fn
@@ -540,12 +549,8 @@ def quantize_kv_pages(cache, kv_dtype, kv_layout="NHD"):
     x = cache.float()
     slot_dim = 1 if kv_layout == "NHD" else 2
     amax = x.abs().amax(dim=(slot_dim, 3))  # [pages, Hkv]
-    qmax = _KV8[target][1]
-    scale = amax / qmax
-    inv = torch.where(scale > 0, 1.0 / scale, torch.zeros_like(scale))
-    inv = inv[:, None, :, None] if kv_layout == "NHD" else inv[:, :, None, None]
-    y = (x * inv).clamp(-qmax, qmax)
-    codes = y.to(target) if target == torch.float8_e4m3fn else torch.round(y).to(torch.int8)
+    scale = amax / _KV8[target][1]
+    codes = _codes_of(x, scale[:, None, :, None] if kv_layout == "NHD" else scale[:, :, None, None], target)
     return codes, scale
 
 

@@ -8,11 +8,11 @@
 
 With paged_greedy the model keeps no cache of its own: it is called with use_cache=False and
 explicit position_ids, so the key and value states that reach the attention function are
-exactly the new tokens' (after RoPE for Llama; GPT-2 has none). While a PagedKVCache is active (`with cache.active():`),
-the "lineage" attention function hands them to it: on prefill (no past, Nq = Nk) it writes them
-into the pages of `module.layer_idx` and runs chapter 05's causal forward; on a decode step
-(Nq = Nk = 1) it appends the token's key and value to the pages and runs flash_attn_with_kvcache
-over them. The model only has to pass its attention module (with a `layer_idx`) as the
+exactly the new tokens' (after RoPE for Llama; GPT-2 has none). While a PagedKVCache is active
+(`with cache.active():`), the "lineage" attention function hands them to it: on prefill (no
+past, Nq = Nk) it writes them into the pages of `module.layer_idx` and runs chapter 05's causal
+forward; on a decode step (Nq = Nk = 1) it appends the token's key and value to the pages and
+runs flash_attn_with_kvcache over them. The model only has to pass its attention module (with a `layer_idx`) as the
 attention function's first argument, as Llama's and GPT-2's do.
 
 model.generate() runs over the same pages through PagedKVCache.hf_cache(), a transformers Cache
@@ -25,7 +25,7 @@ from contextlib import contextmanager
 
 import torch
 
-from .ops import _KV8, DECODE_8BIT_MIN_PAGE, _kv8_dtype, attention_bhnd, flash_attn_with_kvcache
+from .ops import _KV8, DECODE_8BIT_MIN_PAGE, _codes_of, _kv8_dtype, attention_bhnd, flash_attn_with_kvcache
 
 _ACTIVE = []  # the PagedKVCache that the "lineage" attention function writes to, if any
 
@@ -134,9 +134,7 @@ class PagedKVCache:
             grown = s_old * torch.exp2(torch.ceil(torch.log2((a / (s_old * qmax)).clamp_min(1.0))))
             grown = torch.where(grown * qmax < a, grown * 2, grown)
             s = torch.where(s_old > 0, grown, a / qmax)
-            inv = torch.where(s > 0, 1.0 / s, torch.zeros_like(s))[:, :, None, None]
-            y = (values * inv).clamp(-qmax, qmax)
-            codes[page] = y.to(self.codes) if self.codes == torch.float8_e4m3fn else torch.round(y).to(torch.int8)
+            codes[page] = _codes_of(values, s[:, :, None, None], self.codes)
             scales[page] = s
 
     def gather(self, layer):

@@ -242,6 +242,13 @@ void check_decode_shape(int batch, int heads, int kv_heads, int d, int max_pages
   require(long(max_pages) * page_size < (1L << 30), "max_pages * page_size must be below 2^30 tokens");
 }
 
+/// check_decode_shape() for the 8-bit decode, and its format (before the device).
+void check_decode_8bit(int kv_format, int batch, int heads, int kv_heads, int d, int max_pages, int page_size) {
+  require(kv_format == ATTN_LINEAGE_KV_FP8_E4M3 || kv_format == ATTN_LINEAGE_KV_INT8,
+          "kv_format: ATTN_LINEAGE_KV_FP8_E4M3 or ATTN_LINEAGE_KV_INT8");
+  check_decode_shape(batch, heads, kv_heads, d, max_pages, page_size, true);
+}
+
 DecodePlan decode_plan(int device, int batch, int heads, int kv_heads, int d, int max_pages, int page_size,
                        bool eight_bit = false) {
   using G = attn::ch07::DecodeGeometry;
@@ -598,9 +605,7 @@ int attn_lineage_paged_decode_8bit_workspace(int device, int kv_format, int batc
                                              int max_pages, int page_size, size_t* bytes, char* err,
                                              size_t err_len) {
   const int checked = guarded(err, err_len, [&] {
-    require(kv_format == ATTN_LINEAGE_KV_FP8_E4M3 || kv_format == ATTN_LINEAGE_KV_INT8,
-            "kv_format: ATTN_LINEAGE_KV_FP8_E4M3 or ATTN_LINEAGE_KV_INT8");
-    check_decode_shape(batch, heads, kv_heads, d, max_pages, page_size, true);
+    check_decode_8bit(kv_format, batch, heads, kv_heads, d, max_pages, page_size);
     require(bytes != nullptr, "bytes is null");
     return ATTN_LINEAGE_OK;
   });
@@ -620,9 +625,7 @@ int attn_lineage_paged_decode_8bit(int device, void* stream, int kv_format, cons
                                    int max_pages, int page_size, float scale, char* err, size_t err_len) {
   // Every argument before the device: a bad one is refused even where no GPU is.
   const int checked = guarded(err, err_len, [&] {
-    require(kv_format == ATTN_LINEAGE_KV_FP8_E4M3 || kv_format == ATTN_LINEAGE_KV_INT8,
-            "kv_format: ATTN_LINEAGE_KV_FP8_E4M3 or ATTN_LINEAGE_KV_INT8");
-    check_decode_shape(batch, heads, kv_heads, d, max_pages, page_size, true);
+    check_decode_8bit(kv_format, batch, heads, kv_heads, d, max_pages, page_size);
     require(num_pages > 0, "num_pages must be positive");
     require(std::isfinite(scale) && scale >= 0, "scale must be finite and >= 0 (0: 1/sqrt(d))");
     check_tensors({{q, "q"}, {k_codes, "k_codes"}, {v_codes, "v_codes"}, {o, "o"}, {workspace, "workspace"}});

@@ -11,12 +11,12 @@ def _need_transformers():
         skip("transformers is not importable")
 
 
-def _llama(impl, dtype, layers=2):
+def _llama(impl, dtype, layers=2, head_dim=64):
     from transformers import AutoModelForCausalLM, LlamaConfig
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=704, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                      initializer_range=0.1)
+    cfg = LlamaConfig(vocab_size=512, hidden_size=4 * head_dim, intermediate_size=11 * head_dim,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=1024, initializer_range=0.1)
     return AutoModelForCausalLM.from_config(cfg, attn_implementation=impl, torch_dtype=torch.float32).to(
         device="cuda", dtype=dtype)
 
@@ -131,14 +131,8 @@ def test_llama_greedy_over_8bit_pages():
     import attn_lineage.hf as hf
     import attn_lineage.paged as paged
     from attn_lineage import dequantize_kv_pages, flash_attn_with_kvcache
-    from transformers import AutoModelForCausalLM, LlamaConfig
     hf.register()
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=512, hidden_size=512, intermediate_size=1408, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                      initializer_range=0.1)  # head dim 128
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="lineage", torch_dtype=torch.float32).to(
-        device="cuda", dtype=torch.bfloat16)
+    model = _llama("lineage", torch.bfloat16, head_dim=128)
     prompt = torch.randint(0, 512, (2, 37), device="cuda", generator=torch.Generator("cuda").manual_seed(5))
     new = 24
     # the bf16 path's own spread: over pages against over the contiguous cache, on its greedy tokens
@@ -177,14 +171,8 @@ def test_llama_generate_through_the_pages():
     _need_transformers()
     import attn_lineage.hf as hf
     import attn_lineage.paged as paged
-    from transformers import AutoModelForCausalLM, LlamaConfig
     hf.register()
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=512, hidden_size=512, intermediate_size=1408, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                      initializer_range=0.1)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="lineage", torch_dtype=torch.float32).to(
-        device="cuda", dtype=torch.bfloat16)
+    model = _llama("lineage", torch.bfloat16, head_dim=128)
     prompt = torch.randint(0, 512, (2, 29), device="cuda", generator=torch.Generator("cuda").manual_seed(6))
     new = 32
     for kv_dtype in (None, "int8"):
