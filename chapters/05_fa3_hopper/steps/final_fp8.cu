@@ -13,8 +13,14 @@
 //     d = 64, no mask     v12: key blocks of 128, 1 exponential in 4 on the FMA pipe, O *= alpha every block
 //     d = 64, causal      v15: v12 with O rescaled only when a row's max grows by more than 2^8
 //     d = 128, no mask    v27: v15 with key blocks of 192 (S as two wgmmas, V8^T as two boxes), 3 stages
-//     d = 128, causal     v15: v27's wider blocks were slower with the mask, so the causal row stays v15's
-//     d = 256, both       v29: v15 with key blocks of 128, every exponential on MUFU
+//     d = 128, causal     v15: v27's wider blocks were slower with the mask, so the causal row stays v15's,
+//                         on v6's grid (v32)
+//     d = 256, both       v29: v15 with key blocks of 128, every exponential on MUFU; causal on v6's grid (v32)
+//
+// v32's grid (kGrid) launches one thread block a tile, blockIdx.x a query tile of head
+// blockIdx.y, the diagonal's heaviest tile first, as v6 did, instead of one block an SM
+// walking the persistent snake over every head's tiles: the blocks running together then
+// read one or two heads' K and V, which stay in L2.
 //
 // One head dim and mask may have two rows by sequence length: d = 128 without the mask takes
 // v12's row up to 1K keys and v27's above, the launcher choosing by Nk (kShortKeys).
@@ -86,6 +92,10 @@ template <> struct Config<128, false, true> : Row<128, 4, 4, 0, 1> {};  // v12: 
 template <> struct Config<128, true>  : Row<128, 4, 4, 8, 1> {};  // v15 (v27's wider blocks lost with the mask)
 template <> struct Config<256, false> : Row<128, 2, 0, 8, 1> {};  // v29
 template <> struct Config<256, true>  : Row<128, 2, 0, 8, 1> {};  // v29
+// kGrid: one thread block a tile on v6's grid (v32) instead of the persistent walk.
+template <int D, bool kCausal> constexpr bool kGrid = false;
+template <> constexpr bool kGrid<128, true> = true;
+template <> constexpr bool kGrid<256, true> = true;
 constexpr int kVBoxKeys = 128;  // keys a V8^T box: a 128-byte swizzled row
 constexpr int kScaleRows = 64;  // rows of Q or K per quantisation scale
 constexpr int kExpDegree = 3;   // exp2_fma's polynomial: degree 3 (v11, v12)
@@ -94,11 +104,19 @@ constexpr int kConsumerWarps = 8;
 constexpr int kTurnBarrier = 1;  // named barriers 1 and 2: consumer 0's and 1's turn (0 is __syncthreads)
 constexpr int kConsumerThreads = 256;
 
-/// The list of tiles of this thread block: entry `round` of the snake, as (m_block, bh).
+/// The list of tiles of this thread block: entry `round` of the snake, as (m_block, bh); on the
+/// grid (kGrid), one tile: blockIdx.x a query tile of head blockIdx.y, the heaviest first.
+template <bool kOnGrid>
 struct TileWalk {
   int cta, ctas, n_tiles, n_qtiles, bh_count;
   bool causal;
   __device__ __forceinline__ bool next(int round, int* m_block, int* bh) const {
+    if constexpr (kOnGrid) {
+      if (round > 0) return false;
+      *m_block = causal ? ctas - 1 - cta : cta;
+      *bh = fresh_block_index_y();
+      return true;
+    }
     const int t = snake_tile(cta, round, ctas);
     if (t >= n_tiles) return false;
     tile_coords(t, n_qtiles, bh_count, causal, m_block, bh);
@@ -106,7 +124,8 @@ struct TileWalk {
   }
 };
 
-__device__ __forceinline__ TileWalk tile_walk(const Fa3Params& p) {
+template <int D, bool kCausal>
+__device__ __forceinline__ TileWalk<kGrid<D, kCausal>> tile_walk(const Fa3Params& p) {
   return {fresh_block_index_x(), fresh_grid_size_x(), p.n_qtiles * p.batch * p.heads, p.n_qtiles, p.batch * p.heads, p.causal};
 }
 
@@ -161,7 +180,7 @@ __device__ __forceinline__ void producer(const CUtensorMap& tm_q, const CUtensor
                                          const Fa3Params& p, unsigned char* smem) {
   constexpr int kStages = Config<D, kCausal, kShort>::kStages;
   if (fresh_thread_index() != 0) return;
-  const TileWalk walk = tile_walk(p);
+  const auto walk = tile_walk<D, kCausal>(p);
   RingState<kStages> ring;  // runs on from tile to tile
   int loaded = 0;           // tiles whose Q this block has loaded: the phase of full_q / empty_q
   int m_block, bh;
@@ -345,7 +364,7 @@ template <class TO, int D, bool kCausal, bool kShort>
 __device__ __forceinline__ void consumer(const Fa3Params& p, unsigned char* smem) {
   constexpr int kStages = Config<D, kCausal, kShort>::kStages;
   const int wg = (fresh_thread_index() - 128) / 128;
-  const TileWalk walk = tile_walk(p);
+  const auto walk = tile_walk<D, kCausal>(p);
   auto my_turn = [&] { named_barrier_sync(kTurnBarrier + wg, kConsumerThreads); };
   auto your_turn = [&] { named_barrier_arrive(kTurnBarrier + 1 - wg, kConsumerThreads); };
   if (wg == 1) your_turn();  // warpgroup 2 hands the first turn to warpgroup 1
@@ -403,10 +422,12 @@ PreparedStep prepare(const StepArgs& a) {
   const CUtensorMap tv = make_tensor_map_3d(a.v, ty, 1, a.nk_pad, D, bhk, kVBoxKeys, D);  // V8^T: [d][Nk_pad]
   CUDA_CHECK(cudaFuncSetAttribute(kernel<TO, D, kCausal, kShort>, cudaFuncAttributeMaxDynamicSharedMemorySize, Plan::kBytes));
   const long tiles = long(a.params.n_qtiles) * long(bhq);
-  const int grid = int(tiles < a.sms ? tiles : a.sms);  // one block per SM, each walking its tiles
+  // one block per SM, each walking its tiles; kGrid: one block a tile, (query tile, head)
+  const dim3 grid = kGrid<D, kCausal> ? dim3(unsigned(a.params.n_qtiles), unsigned(bhq))
+                                      : dim3(unsigned(tiles < a.sms ? tiles : a.sms));
   const Fa3Params params = a.params;
   PreparedStep s;
-  s.grid = grid;
+  s.grid = int(grid.x * grid.y);
   s.smem_bytes = Plan::kBytes;
   s.launch = [=] {
     kernel<TO, D, kCausal, kShort><<<grid, kThreads, Plan::kBytes>>>(tq, tk, tv, params);
