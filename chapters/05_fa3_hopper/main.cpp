@@ -127,7 +127,8 @@ int main(int argc, char** argv) {
                    1, kLastLabStep, {{"final", int(Step::final_fwd)}, {"final-fp8", int(Step::final_fp8)}});
   bool lab = false;
   cli.add_flag("--lab", &lab,
-               "also run the lab's steps (steps/lab/, LAB.md): forward v9-v31 and backward b3, b4, b7-b9, b12-b17; "
+               "also run the lab's steps (steps/lab/, LAB.md): forward v9-v" + std::to_string(kLastLabStep) +
+                   " and backward b3, b4, b7-b9, b12-b17; "
                "needs a build configured with -DTUTORIAL_LAB=ON");
   bool no_table = false;
   cli.add_flag("--no-fp8-table", &no_table, "skip the CPU FP8 accuracy table");
