@@ -66,7 +66,8 @@ FINAL_KERNEL = {"04": "ch04 final forward", "05": "ch05 final forward", "06": "c
                 "07": "ch07 final-bf16 paged"}
 # Each lab step's parent, as the step files' headers say ("What changes from vN", "(from vN)"): used
 # where the headers cannot be read (bench_report.step_parents reads them; bench/test_bench.py checks
-# that the two agree).
+# that the two agree). A step whose file is gone keeps its entry for the recorded runs that timed it:
+# v32 (final_fp8's causal rows on v6's grid) became final_fp8's own rows.
 LAB_PARENTS = {
     "04": {"v7": "v6", "v8": "v7", "v9": "v8"},
     "05": {"v9": "v8", "v10": "v8", "v11": "v10", "v12": "v9", "v13": "v11", "v14": "v13", "v15": "v12",

@@ -72,7 +72,6 @@ PreparedStep prepare_step(Step s, const StepArgs& a) {
     case Step::v29_fp8_mufu_exp_d256: return v29::prepare(a);
     case Step::v30_final_causal_grid: return v30::prepare(a);
     case Step::v31_final_causal_grid_bc128: return v31::prepare(a);
-    case Step::v32_fp8_causal_grid: return v32::prepare(a);
 #else
     default: break;
 #endif

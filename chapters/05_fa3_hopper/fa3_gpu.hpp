@@ -24,8 +24,8 @@
 /// v16 causal grid, v17-v19 causal key blocks, v20 one exponential in eight, v21 reductions
 /// in chains, v22 chains on three consumers, v23 descriptors by addition, v24 causal L2
 /// sections, v25 descriptors on three consumers, v26/v27 FP8 key blocks, v28/v29 every
-/// exponential on MUFU, v30/v31 the final kernel's d = 128 causal row as v6's grid, v32 the
-/// final FP8 kernel's causal rows at d = 128 and 256 on that grid.
+/// exponential on MUFU, v30/v31 the final kernel's d = 128 causal row as v6's grid (the
+/// final FP8 kernel's causal rows at d = 128 and 256 run on that grid too).
 
 #include <cstdint>
 #include <memory>
@@ -69,7 +69,6 @@ enum class Step {
   v29_fp8_mufu_exp_d256,            ///< v26 (fp8, d = 256, Bc = 128) with every exponential on MUFU
   v30_final_causal_grid,            ///< final with its d = 128 causal row launched as v6's grid
   v31_final_causal_grid_bc128,      ///< v30 with v6's key block (Bc = 128) at d = 128 causal
-  v32_fp8_causal_grid,              ///< final_fp8 with its causal rows at d = 128, 256 launched as v6's grid
   final_fwd = 40,                   ///< the final bf16/fp16 forward: `--step final`
   final_fp8 = 41,                   ///< the final FP8 forward: `--step final-fp8`
 };
@@ -90,8 +89,7 @@ constexpr Step kLabSteps[] = {Step::v9_fp8,
                               Step::v24_causal_l2_sections, Step::v25_three_consumers_descriptors,
                               Step::v26_fp8_wide_blocks_d256, Step::v27_fp8_wide_blocks_d128,
                               Step::v28_three_consumers_mufu_exp, Step::v29_fp8_mufu_exp_d256,
-                              Step::v30_final_causal_grid, Step::v31_final_causal_grid_bc128,
-                              Step::v32_fp8_causal_grid};
+                              Step::v30_final_causal_grid, Step::v31_final_causal_grid_bc128};
 /// True for a lab step.
 constexpr bool step_in_lab(Step s) {
   for (Step l : kLabSteps)
@@ -114,8 +112,7 @@ constexpr Step kAllSteps[] = {Step::v1_tma,        Step::v2_wgmma,         Step:
                               Step::v24_causal_l2_sections, Step::v25_three_consumers_descriptors,
                               Step::v26_fp8_wide_blocks_d256, Step::v27_fp8_wide_blocks_d128,
                               Step::v28_three_consumers_mufu_exp, Step::v29_fp8_mufu_exp_d256,
-                              Step::v30_final_causal_grid, Step::v31_final_causal_grid_bc128,
-                              Step::v32_fp8_causal_grid};
+                              Step::v30_final_causal_grid, Step::v31_final_causal_grid_bc128};
 #else
 constexpr Step kAllSteps[] = {Step::v1_tma,        Step::v2_wgmma,         Step::v3_warp_specialized,
                               Step::v4_pingpong,   Step::v5_intra_overlap, Step::v6_masked_first,
@@ -128,8 +125,7 @@ constexpr bool step_built(Step s) { return !step_in_lab(s) || TUTORIAL_LAB; }
 /// True for the steps that compute in E4M3 (their inputs go through fp8_prepare first).
 constexpr bool step_is_fp8(Step s) {
   return s == Step::final_fp8 || s == Step::v9_fp8 || s == Step::v12_fp8_two_pipes || s == Step::v15_fp8_lazy_rescale ||
-         s == Step::v26_fp8_wide_blocks_d256 || s == Step::v27_fp8_wide_blocks_d128 || s == Step::v29_fp8_mufu_exp_d256 ||
-         s == Step::v32_fp8_causal_grid;
+         s == Step::v26_fp8_wide_blocks_d256 || s == Step::v27_fp8_wide_blocks_d128 || s == Step::v29_fp8_mufu_exp_d256;
 }
 
 /// "v3 warp-specialised" etc.

@@ -38,7 +38,6 @@ const char* step_name(Step s) {
     case Step::v29_fp8_mufu_exp_d256: return "v29 fp8 d = 256, every exponential on MUFU";
     case Step::v30_final_causal_grid: return "v30 final, d = 128 causal as v6's grid";
     case Step::v31_final_causal_grid_bc128: return "v31 v30 with key blocks of 128";
-    case Step::v32_fp8_causal_grid: return "v32 final fp8, causal d = 128 and 256 as v6's grid";
     case Step::final_fwd: return "final forward";
     case Step::final_fp8: return "final fp8 forward";
   }
@@ -92,8 +91,6 @@ bool step_supports(Step s, const Problem& p, std::string* why) {
   if (s == Step::v29_fp8_mufu_exp_d256 && p.d != 256) return no("built for d = 256 only (as v26)");
   if ((s == Step::v30_final_causal_grid || s == Step::v31_final_causal_grid_bc128) && !(p.d == 128 && p.causal))
     return no("built for d = 128 causal only (elsewhere it is the final kernel)");
-  if (s == Step::v32_fp8_causal_grid && !((p.d == 128 || p.d == 256) && p.causal))
-    return no("built for d = 128 and 256 causal only (elsewhere it is the final fp8 kernel)");
   if (s == Step::v19_causal_grid_wide_blocks && p.d == 64) return no("built for d = 128 and 256 (the grid lost at d = 64: v16)");
   return true;
 }

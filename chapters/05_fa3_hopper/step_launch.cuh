@@ -69,7 +69,6 @@ namespace v28 { PreparedStep prepare(const StepArgs& a); }
 namespace v29 { PreparedStep prepare(const StepArgs& a); }
 namespace v30 { PreparedStep prepare(const StepArgs& a); }
 namespace v31 { PreparedStep prepare(const StepArgs& a); }
-namespace v32 { PreparedStep prepare(const StepArgs& a); }
 // The final kernels (steps/final.cu, steps/final_fp8.cu).
 namespace final_fwd { PreparedStep prepare(const StepArgs& a); }
 namespace final_fp8 { PreparedStep prepare(const StepArgs& a); }

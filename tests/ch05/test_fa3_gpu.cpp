@@ -107,6 +107,23 @@ TEST_CASE("the final fp8 forward at every head dim against the plain FP8 computa
   check_step(s, shape().heads(2, 1).n(150, 400).d(128).causal().dtype(DType::bf16));
 }
 
+TEST_CASE("the final fp8 forward's causal rows on the grid (d = 128 and 256) at awkward causal shapes") {
+  require_hopper();
+  const Step s = Step::final_fp8;  // one block a tile, a head's tiles together (kGrid)
+  for (int d : {128, 256}) {
+    CAPTURE(d);
+    for (DType t : {DType::bf16, DType::f16}) {
+      check_step(s, shape().heads(2).n(100).d(d).causal().dtype(t));                  // N below one tile
+      check_step(s, shape().batch(2).heads(4, 2).n(130, 67).d(d).causal().dtype(t));  // Nq > Nk: empty rows; GQA
+      check_step(s, shape().heads(2, 1).n(67, 300).d(d).causal().dtype(t));           // Nq < Nk, bottom-right
+      check_step(s, shape().heads(2).n(300, 40).d(d).causal().dtype(t));              // whole tiles see no key
+    }
+    check_step(s, shape().batch(2).heads(8, 4).n(2100).d(d).causal().dtype(DType::bf16));  // many tiles a head
+    check_step(s, shape().heads(2).n(500).d(d).causal().dtype(DType::bf16), Dist::outliers);
+    check_repeatable(s, shape().batch(2).heads(4, 2).n(1000, 1100).d(d).causal().dtype(DType::bf16));
+  }
+}
+
 TEST_CASE("the final kernels' rows by sequence length: each side of the switch, at awkward shapes") {
   require_hopper();
   // final-fp8, d = 128 not causal: v12's row up to 1K keys, v27's above (blocks of 192, V^T in two boxes).

@@ -277,22 +277,3 @@ TEST_CASE("steps 30 and 31 (the final kernel's d = 128 causal row as v6's grid) 
     CHECK_FALSE(step_supports(s, shape().n(256).d(64).causal()));  // another head dim: the final kernel's row
   }
 }
-
-TEST_CASE("step 32 (the final FP8 kernel's causal rows at d = 128 and 256 as v6's grid) at awkward causal shapes against the plain FP8 computation") {
-  require_hopper();
-  const Step s = Step::v32_fp8_causal_grid;
-  for (int d : {128, 256}) {
-    CAPTURE(d);
-    for (DType t : {DType::bf16, DType::f16}) {
-      check_step(s, shape().heads(2).n(100).d(d).causal().dtype(t));                  // N below one tile
-      check_step(s, shape().batch(2).heads(4, 2).n(130, 67).d(d).causal().dtype(t));  // Nq > Nk: empty rows; GQA
-      check_step(s, shape().heads(2, 1).n(67, 300).d(d).causal().dtype(t));           // Nq < Nk, bottom-right
-      check_step(s, shape().heads(2).n(300, 40).d(d).causal().dtype(t));              // whole tiles see no key
-    }
-    check_step(s, shape().batch(2).heads(8, 4).n(2100).d(d).causal().dtype(DType::bf16));  // many tiles a head
-    check_step(s, shape().heads(2).n(500).d(d).causal().dtype(DType::bf16), Dist::outliers);
-    check_repeatable(s, shape().batch(2).heads(4, 2).n(1000, 1100).d(d).causal().dtype(DType::bf16));
-    CHECK_FALSE(step_supports(s, shape().n(256).d(d)));  // not causal: the final fp8 kernel's row
-  }
-  CHECK_FALSE(step_supports(s, shape().n(256).d(64).causal()));  // d = 64: the final fp8 kernel's row
-}
