@@ -86,13 +86,19 @@ def provenance(res, run_path):
                 commit, rel, rel))
 
 
-def section_text(name, res, md, run_path, readme_dir, tables_md=None):
+def section_text(name, res, md, run_path, readme_dir, tables_md=None, again=False):
+    """A section of a recorded run, under its provenance line; again: a page's later section from
+    the run an earlier section of that page named in full, whose line then only points back."""
     body = bench_report.extract_section(md, name)
     if body is None:
         return None
     body = "\n".join(l for l in body.splitlines() if not l.startswith("### "))  # the README has its own heading
     tables_md = tables_md or os.path.join(RECORDED, "results.md")
     rec = os.path.relpath(tables_md, readme_dir)
+    if again:
+        text = "Measured in the run named above on this page ([%s](%s)). All tables: [%s](%s).\n\n" % (
+            os.path.relpath(run_path, ROOT), os.path.relpath(run_path, readme_dir), os.path.relpath(tables_md, ROOT), rec)
+        return text + body.strip("\n") + "\n"
     text = provenance(res, run_path).replace("](%s)" % os.path.relpath(run_path, ROOT),
                                               "](%s)" % os.path.relpath(run_path, readme_dir))
     text += " All tables: [%s](%s).\n\n" % (os.path.relpath(tables_md, ROOT), rec)
@@ -174,13 +180,17 @@ def generate(run_path=None):
             continue
         old = open(path).read()
         missing = []
+        named = set()  # the runs this page has named in full so far (sections are filled in page order)
 
         def fill(m):
             src = section_run(m.group(2), runs, main_run) if not run_path else run_path
             t = None
             if src is not None:
                 res, md = runs[src]
-                t = section_text(m.group(2), res, md, src, os.path.dirname(path), results_md_path(src, main_run))
+                t = section_text(m.group(2), res, md, src, os.path.dirname(path), results_md_path(src, main_run),
+                                 again=src in named)
+                if t is not None:
+                    named.add(src)
             if t is None and m.group(2) in PLACEHOLDER:
                 return m.group(1) + PLACEHOLDER[m.group(2)] + "\n" + m.group(4)
             if t is None:

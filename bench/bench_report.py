@@ -191,8 +191,10 @@ def has_lab_rows(rows):
 def attention_table(res, rows, chapters, pss, which="all"):
     """One row per shape; a column per kernel of the chapters, then the peers, then the
     best kernel over each peer. Chapter 06's model cases and sparse patterns beside FlexAttention have
-    tables of their own (model_table, sparse_table)."""
-    rows = [r for r in rows if r.get("variant") not in CH06_MODEL_CASES and r.get("table") != CH06_SPARSE_TABLE]
+    tables of their own (model_table, sparse_table); the sparse patterns' rows of the mask sweep
+    (B = 16K tokens / N, the backward too) are left to the lab's table (which="lab") and results.json."""
+    rows = [r for r in rows if r.get("variant") not in CH06_MODEL_CASES and r.get("table") != CH06_SPARSE_TABLE
+            and not (which == "main" and r.get("variant") in CH06_SPARSE)]
     kernels = [k for c in chapters for k in chapter_kernels(rows, c, pss, which)]
     if not kernels:
         return None
@@ -565,7 +567,7 @@ def lab_ratio_table(rows, chapter="05", parents=None):
     body = []
     for e in entries:
         if e["parent"]:
-            parent = e["parent"][5:]
+            parent = e["parent_step"]  # the parent's own row names it in full
         elif e["parent_step"]:
             parent = "%s (not in this run)" % e["parent_step"]
         else:

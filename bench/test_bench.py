@@ -708,7 +708,7 @@ class MainPathReport(unittest.TestCase):
         t = bench_report.lab_ratio_table(rows, "05", dict(parents, v11="v99"))
         lines = {l.split("|")[2].strip(): [c.strip() for c in l.strip("|").split("|")] for l in t.splitlines()[2:]}
         v10 = lines["v10 key blocks"]
-        self.assertEqual(v10[2:], ["v8 every head dim", "2", "%.2fx" % (600 / 700), "%.2fx" % (1.1 * 600 / 700),
+        self.assertEqual(v10[2:], ["v8", "2", "%.2fx" % (600 / 700), "%.2fx" % (1.1 * 600 / 700),
                                    "%.2fx" % (1.2 * 600 / 700)])
         self.assertEqual(lines["v11 two pipes"][2:], ["v99 (not in this run)", "0", "-", "-", "-"])
 

@@ -43,9 +43,9 @@
 // Everything else is v9's code as the steps above left it. Shared memory, Q + kStages x (K +
 // V8^T) and the barriers: 72 KB at d = 64, 184 KB at d = 128 (144 KB causal), 160 KB at d = 256.
 //
-// In the recorded H100 run of 2026-12-06 (bench/recorded/h100-80gb-hbm3-2026-12-06-1352.json) it
-// reaches 870 TFLOP/s at d = 128, N = 8K (753 causal) and 1,195 at d = 256 (1,001 causal), the
-// kernel alone, against the lab's v9 at 759 (676) and 939 (799).
+// In the recorded H100 run of 2026-12-07 (bench/recorded/h100-80gb-hbm3-2026-12-07-1331.json) it
+// reaches 856 TFLOP/s at d = 128, N = 8K (748 causal) and 1,208 at d = 256 (1,072 causal), the
+// kernel alone, against the lab's v9 at 746 (672) and 925 (798).
 #include <string>
 
 #include "common/cuda/check.cuh"
