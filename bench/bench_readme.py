@@ -96,11 +96,11 @@ def section_text(name, res, md, run_path, readme_dir, tables_md=None, again=Fals
     tables_md = tables_md or os.path.join(RECORDED, "results.md")
     rec = os.path.relpath(tables_md, readme_dir)
     if again:
-        text = "Measured in the run named above on this page ([%s](%s)). All tables: [%s](%s).\n\n" % (
-            os.path.relpath(run_path, ROOT), os.path.relpath(run_path, readme_dir), os.path.relpath(tables_md, ROOT), rec)
-        return text + body.strip("\n") + "\n"
-    text = provenance(res, run_path).replace("](%s)" % os.path.relpath(run_path, ROOT),
-                                              "](%s)" % os.path.relpath(run_path, readme_dir))
+        text = "Measured in the run named above on this page ([%s](%s))." % (os.path.relpath(run_path, ROOT),
+                                                                            os.path.relpath(run_path, readme_dir))
+    else:
+        text = provenance(res, run_path).replace("](%s)" % os.path.relpath(run_path, ROOT),
+                                                  "](%s)" % os.path.relpath(run_path, readme_dir))
     text += " All tables: [%s](%s).\n\n" % (os.path.relpath(tables_md, ROOT), rec)
     text += body.strip("\n") + "\n"
     if name == "lineage" and os.path.exists(os.path.join(RECORDED, "lineage.png")):
