@@ -288,7 +288,8 @@ TEST_CASE("backward, deterministic mode: bitwise repeatable, and dK and dV in ei
   require_hopper();
   // Many key blocks add into every dQ tile (Nk = 1500: 12 blocks), several heads per group.
   for (const Problem p : {shape().batch(2).heads(8, 2).n(1000, 1500).d(128).causal().dtype(DType::bf16),
-                          shape().heads(4).n(1536).d(64).dtype(DType::f16)}) {
+                          shape().heads(4).n(1536).d(64).dtype(DType::f16),
+                          shape().heads(4, 2).n(1100, 1536).d(64).causal().dtype(DType::bf16)}) {
     CAPTURE(p.describe());
     const AttnInputs in = make_inputs(p, Dist::normal, 5, true);
     for (BwdStep s : kAllBwdSteps) {

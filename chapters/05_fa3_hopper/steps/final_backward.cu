@@ -21,8 +21,11 @@
 // stmatrix for dS^T: the lab's b16; generic loads had lost the pointer's origin), LSE_i and D_i
 // are read while S^T and dP^T run, and the products go in FA4's order (the lab's b17): dV, the
 // meeting, dQ, dK, each wait leaving the next product running, and dQ's tile handed to the writer
-// under dK. ptxas: no spills at d = 64 or 128. Each instantiation compiles to b17's machine code
-// (scripts/same_machine_code.py --pair); b12 and b13 give the step sizes.
+// under dK. One exception: at d = 64 with causal rows in the deterministic mode, b16's order (dV
+// and dK as one group, then dQ, one wait) measured faster, and the host launches that instance
+// (kFa4Order = false). ptxas: no spills at d = 64 or 128. Each FA4-order instantiation compiles to
+// b17's machine code, the other to b16's (scripts/same_machine_code.py --pair); b12 and b13 give
+// the step sizes.
 //
 // Operands of a step (A x B; "smem" a descriptor, "regs" the accumulator as A fragments):
 //
@@ -256,7 +259,7 @@ __device__ __forceinline__ void producer(const CUtensorMap& tm_q, const CUtensor
 }
 
 // ---------------------------------------------------------------- consumer warpgroups (warps 4-11)
-template <class T, int D>
+template <class T, int D, bool kFa4Order>
 __device__ __forceinline__ void consumer(const Fa3BwdParams& p, unsigned char* smem) {
   using Plan = BwdPlan<T, D>;
   constexpr int Br = Plan::Br;
@@ -424,40 +427,69 @@ __device__ __forceinline__ void consumer(const Fa3BwdParams& p, unsigned char* s
     fence_proxy_async_shared();  // visible to wgmma (the async proxy)
     named_barrier_arrive(1 + 2 * wg + s % 2, 256);  // half[wg][s % 2]: this consumer's half is written
 
-    // dV_w += P^T dO_i: K = the Br queries, issued before the meeting (it needs nothing of the other consumer's).
-    fence_operand(dv);
-    wgmma_fence();
+    if constexpr (kFa4Order) {
+      // dV_w += P^T dO_i: K = the Br queries, issued before the meeting (it needs nothing of the other consumer's).
+      fence_operand(dv);
+      wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < Br / 16; ++kk) {
-      const uint32_t a[4] = {pT[4 * kk], pT[4 * kk + 1], pT[4 * kk + 2], pT[4 * kk + 3]};
-      WgmmaRS<T, D>::mma(dv, a, mnmajor(dot, Br, 0, kk), 1);
-    }
-    wgmma_commit();
+      for (int kk = 0; kk < Br / 16; ++kk) {
+        const uint32_t a[4] = {pT[4 * kk], pT[4 * kk + 1], pT[4 * kk + 2], pT[4 * kk + 3]};
+        WgmmaRS<T, D>::mma(dv, a, mnmajor(dot, Br, 0, kk), 1);
+      }
+      wgmma_commit();
 
-    // This consumer's dQ tile of step sd = s - lag (K = the 128 keys), after meeting the other's half.
-    const int sd = s - lag;
-    float dq[Plan::kdQRegs];
-    dq_product(sd, dq);
-    wgmma_wait<1>();  // dV is done, dQ runs
-    fence_operand(dv);
-    fence_operand(pT);
+      // This consumer's dQ tile of step sd = s - lag (K = the 128 keys), after meeting the other's half.
+      const int sd = s - lag;
+      float dq[Plan::kdQRegs];
+      dq_product(sd, dq);
+      wgmma_wait<1>();  // dV is done, dQ runs
+      fence_operand(dv);
+      fence_operand(pT);
 
-    // dK_w += dS^T Q_i: K = the Br queries.
-    fence_operand(dk);
-    wgmma_fence();
+      // dK_w += dS^T Q_i: K = the Br queries.
+      fence_operand(dk);
+      wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < Br / 16; ++kk) {
-      const uint32_t a[4] = {dsT[4 * kk], dsT[4 * kk + 1], dsT[4 * kk + 2], dsT[4 * kk + 3]};
-      WgmmaRS<T, D>::mma(dk, a, mnmajor(qt, Br, 0, kk), 1);
+      for (int kk = 0; kk < Br / 16; ++kk) {
+        const uint32_t a[4] = {dsT[4 * kk], dsT[4 * kk + 1], dsT[4 * kk + 2], dsT[4 * kk + 3]};
+        WgmmaRS<T, D>::mma(dk, a, mnmajor(qt, Br, 0, kk), 1);
+      }
+      wgmma_commit();
+      wgmma_wait<1>();  // dQ is done, dK runs: its tile goes to the writer under dK
+      fence_operand(dq);
+      dq_handover(sd, dq);
+      wgmma_wait<0>();
+      fence_operand(dk);
+      fence_operand(dsT);
+      named_barrier_arrive(5 + st, 288);  // Q_i, dO_i, LSE_i, D_i no longer read by this thread
+    } else {
+      // b16's order: dV and dK as one group after the meeting, dQ after them, one wait for all three.
+      fence_operand(dv);
+      fence_operand(dk);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < Br / 16; ++kk) {
+        const uint32_t a[4] = {pT[4 * kk], pT[4 * kk + 1], pT[4 * kk + 2], pT[4 * kk + 3]};
+        WgmmaRS<T, D>::mma(dv, a, mnmajor(dot, Br, 0, kk), 1);
+      }
+#pragma unroll
+      for (int kk = 0; kk < Br / 16; ++kk) {
+        const uint32_t a[4] = {dsT[4 * kk], dsT[4 * kk + 1], dsT[4 * kk + 2], dsT[4 * kk + 3]};
+        WgmmaRS<T, D>::mma(dk, a, mnmajor(qt, Br, 0, kk), 1);
+      }
+      wgmma_commit();
+      const int sd = s - lag;
+      float dq[Plan::kdQRegs];
+      dq_product(sd, dq);
+      wgmma_wait<0>();
+      fence_operand(dv);
+      fence_operand(dk);
+      fence_operand(dq);
+      fence_operand(pT);
+      fence_operand(dsT);
+      named_barrier_arrive(5 + st, 288);  // Q_i, dO_i, LSE_i, D_i no longer read by this thread
+      dq_handover(sd, dq);
     }
-    wgmma_commit();
-    wgmma_wait<1>();  // dQ is done, dK runs: its tile goes to the writer under dK
-    fence_operand(dq);
-    dq_handover(sd, dq);
-    wgmma_wait<0>();
-    fence_operand(dk);
-    fence_operand(dsT);
-    named_barrier_arrive(5 + st, 288);  // Q_i, dO_i, LSE_i, D_i no longer read by this thread
   }
   if (lag && n_steps > 0) {  // consumer 0: the last step's dQ
     float dq[Plan::kdQRegs];
@@ -483,7 +515,7 @@ __device__ __forceinline__ void consumer(const Fa3BwdParams& p, unsigned char* s
   }
 }
 
-template <class T, int D>
+template <class T, int D, bool kFa4Order>
 __global__ void __launch_bounds__(kThreads, 1)
     kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
            const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -509,7 +541,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     producer<T, D>(tm_q, tm_k, tm_v, tm_do, p, fresh_smem(smem_raw));
   } else {
     setmaxnreg_inc<240>();
-    consumer<T, D>(p, fresh_smem(smem_raw));
+    consumer<T, D, kFa4Order>(p, fresh_smem(smem_raw));
   }
 }
 
@@ -532,7 +564,12 @@ PreparedStep prepare_d(const BwdStepArgs& a) {
   const CUtensorMap tdo = make_tensor_map_3d(a.dout, ty, 2, D, pr.nq, bhq, Plan::kBoxCols, Br);
   const CUtensorMap tk = make_tensor_map_3d(a.k, ty, 2, D, pr.nk, bhk, Plan::kBoxCols, Bc);
   const CUtensorMap tv = make_tensor_map_3d(a.v, ty, 2, D, pr.nk, bhk, Plan::kBoxCols, Bc);
-  CUDA_CHECK(cudaFuncSetAttribute(kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, Plan::kBytes));
+  // The order of a step's products (see consumer()): FA4's, except at d = 64 with causal rows and
+  // dQ's adds in order, where b16's measured faster (LAB.md, b17's row).
+  auto kern = kernel<T, D, true>;
+  if constexpr (D == 64)
+    if (pr.causal && hp.deterministic) kern = kernel<T, D, false>;
+  CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, Plan::kBytes));
   const unsigned n_kblocks = unsigned(ceil_div(pr.nk, Bc));
   const dim3 grid = pr.causal ? dim3(unsigned(bhk), n_kblocks) : dim3(n_kblocks, unsigned(bhk));  // x fastest
   const Fa3BwdParams params = a.params;
@@ -540,7 +577,7 @@ PreparedStep prepare_d(const BwdStepArgs& a) {
   s.grid = int(grid.x * grid.y);
   s.smem_bytes = Plan::kBytes;
   s.launch = [=] {
-    kernel<T, D><<<grid, kThreads, Plan::kBytes>>>(tq, tk, tv, tdo, params);
+    kern<<<grid, kThreads, Plan::kBytes>>>(tq, tk, tv, tdo, params);
     CUDA_CHECK_LAUNCH("backward final");
   };
   return s;
