@@ -175,3 +175,27 @@ def fp8_prep(row):
     if not m:
         return None
     return float(m.group(1)), float(m.group(2)), float(m.group(3))
+
+
+def cpu_name():
+    """The CPU's model name (/proc/cpuinfo), for a record computed on the CPU."""
+    import platform
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def git_state(root):
+    """(full commit, dirty) of the tree at root: dirty is True when tracked files differ from the
+    commit, None if unknown."""
+    import subprocess
+    head = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True)
+    st = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+                        capture_output=True, text=True)
+    commit = head.stdout.strip() if head.returncode == 0 else ""
+    return commit or None, (bool(st.stdout.strip()) if st.returncode == 0 else None)

@@ -29,6 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import bench_report  # noqa: E402
+from bench_common import cpu_name, git_state  # noqa: E402
 
 CH = os.path.join(ROOT, "chapters", "07_paged_radix")
 README = os.path.join(CH, "README.md")
@@ -38,29 +39,9 @@ INPUTS = ("normal", "outliers", "outlier channels")
 MARK = re.compile(r"(<!-- int4-accuracy:begin -->\n)(.*?)(<!-- int4-accuracy:end -->)", re.S)
 
 
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
-
-
-def git_state():
-    """(full commit, dirty): dirty is True when tracked files differ from the commit, None if unknown."""
-    head = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True)
-    st = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
-                        capture_output=True, text=True)
-    commit = head.stdout.strip() if head.returncode == 0 else ""
-    return commit or None, (bool(st.stdout.strip()) if st.returncode == 0 else None)
-
-
 def record(binary):
     """Run the binary, return the record: {"run": provenance, "accuracy": the binary's JSON}."""
-    head, dirty = git_state()  # before anything is written
+    head, dirty = git_state(ROOT)  # before anything is written
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     r = subprocess.run([binary] + ARGS, capture_output=True, text=True)
     if r.returncode != 0:

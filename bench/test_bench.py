@@ -942,7 +942,7 @@ class Ch03Linear(unittest.TestCase):
 
     def test_readme_table_is_the_recorded_output(self):
         import ch03_linear
-        self.assertEqual(ch03_linear.check(), 0, "bench/ch03_linear.py --from-text chapters/03_fa1/linear_study.txt")
+        self.assertEqual(ch03_linear.check(), 0, "bench/ch03_linear.py --from-record")
 
     def test_table_marks_failures_from_the_verdict(self):
         import ch03_linear

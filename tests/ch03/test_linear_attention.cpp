@@ -349,7 +349,7 @@ TEST_CASE("ch03_fa1 --linear-study: runs, prints the table and csv lines, and ba
   }
 }
 
-TEST_CASE("the recorded study (chapters/03_fa1/linear_study.txt) is what the binary prints now") {
+TEST_CASE("the recorded study (bench/recorded/cpu/ch03_linear_study.txt) is what the binary prints now") {
   const std::string rec = testing_support::slurp(CH03_LINEAR_RECORD);
   REQUIRE(rec.rfind("$ ch03_fa1 ", 0) == 0);
   const std::string args = rec.substr(11, rec.find('\n') - 11);
