@@ -961,6 +961,29 @@ class Ch03Linear(unittest.TestCase):
             ch03_linear.parse("csv,error,too,few")
 
 
+class HfModels(unittest.TestCase):
+    """python/README.md's model table is the newest model record's (bench/hf_models.py)."""
+
+    def test_readme_table_is_the_newest_record(self):
+        import hf_models
+        self.assertIsNotNone(hf_models.newest_record(), "no record in bench/recorded/models/")
+        old = sys.argv
+        try:
+            sys.argv = ["hf_models.py", "--check"]
+            self.assertEqual(hf_models.main(), 0, "bench/hf_models.py --from-record")
+        finally:
+            sys.argv = old
+
+    def test_a_failed_check_has_no_time(self):
+        import hf_models
+        rows = [{"model": "llama", "impl": i, "batch": 2, "n": 500, "prefill_pass": i != "fa4", "grad_pass": True,
+                 "prefill_ms": t, "train_ms": 2 * t} for i, t in (("sdpa", 2.0), ("fa4", 1.0), ("lineage", 4.0))]
+        rec = {"run": {"gpu": "G", "date": "2026-01-01T00:00Z", "command": "c", "versions": {}, "reps": 1,
+                       "rounds": 1}, "rows": rows}
+        t = hf_models.table(rec, os.path.join(hf_models.RECORDED, "g-2026-01-01-0000.json"))
+        self.assertIn("| llama | 2 x 500 | 2.00 | failed the check | 4.00 | 4.00 | failed the check | 8.00 | 0.50x, 0.50x |", t)
+
+
 class Ch07Int4(unittest.TestCase):
     """Chapter 07's INT4 accuracy table is the recorded run's (bench/ch07_int4.py)."""
 
