@@ -725,8 +725,9 @@ class Bench:
 
     def launch_rows(self, chapter, runs, d, n, causal, shape):
         """Runs each argument list of `runs` with the chapter's binary and keeps the rows of its
-        report; with --before, the older build too, alternating --rounds times (each kernel's best
-        time kept; a kernel that fails in any round is failed). Returns the rows of this build."""
+        report, --rounds times (odd rounds in the reverse order, so that no kernel is always timed
+        first or last; each kernel's best time kept; a kernel that fails in any round is failed);
+        with --before, the older build too, the builds alternating. Returns the rows of this build."""
         builds = [("ours", self.bins[chapter])]
         if self.before_bins is not None:
             if chapter in self.before_bins:
@@ -734,9 +735,10 @@ class Bench:
             else:
                 self.notes.append("--before: %s is not in the older build" % self.bins[chapter].name)
         best = {kind: {} for kind, _ in builds}  # kind -> {(kernel, pass): row}
-        for rnd in range(max(1, self.a.rounds) if self.before_bins is not None else 1):
+        for rnd in range(max(1, self.a.rounds)):
             for kind, binary in (builds if rnd % 2 == 0 else builds[::-1]):
-                for a in [x for run in runs for x in split_step_list(binary, run)]:
+                launches = [x for run in runs for x in split_step_list(binary, run)]
+                for a in (launches if rnd % 2 == 0 else launches[::-1]):
                     if "--lab" in a and "--lab" not in binary.flags():  # --before: an older build's binary
                         a = [x for x in a if x != "--lab"]
                     for r in self.one_launch(chapter, binary, a, d, n, causal, shape):
@@ -1126,6 +1128,7 @@ class Bench:
             bwd_here = bwd_here or bwd
             tasks.append(Task("ours", "ch%s %s%s" % (c, label, " + lab" if self.lab_for(c) else ""), est,
                               lambda c=c, bwd=bwd: self.ours_task(c, d, n, causal, bwd)))
+            tasks[-1].rounds = True  # its launches run --rounds times
         if not tasks:
             return tasks
         for p in PEERS:
@@ -1286,6 +1289,7 @@ class Bench:
         if os.environ.get("BENCH_COMMIT"):  # the commit the tree was copied from, where .git is not that tree's
             m["commit"] = os.environ["BENCH_COMMIT"]
             m["git_head"], m["git_dirty"] = os.environ["BENCH_COMMIT"], None  # this machine's .git says nothing of it
+        m["rounds"] = max(1, self.a.rounds)  # launches of each of ours, the best time kept
         if self.before_dir:
             m["before"] = {"build": self.before_dir, "rounds": max(1, self.a.rounds)}
         if self.lab:
@@ -1381,10 +1385,9 @@ class Bench:
             log("bench: " + line)
         if self.use_peers and any(t.kind == "peer" or "+ peers" in t.label or "softmax" in t.label for t in tasks):
             self.start_preimport()
-        if self.before_bins is not None:  # every launch of ours runs in both builds, --rounds times
-            for t in tasks:
-                if t.kind == "ours":
-                    t.est *= 2 * max(1, self.a.rounds)
+        for t in tasks:  # every launch of ours --rounds times (with --before, in both builds)
+            if t.kind == "ours" and (self.before_bins is not None or getattr(t, "rounds", False)):
+                t.est *= (2 if self.before_bins is not None else 1) * max(1, self.a.rounds)
         total = sum(t.est for t in tasks)
         log("bench: %d tasks, about %d:%02d on an H200%s" % (len(tasks), total // 60, total % 60,
                                                             " (--budget %d s)" % self.a.budget if self.a.budget else ""))
@@ -1478,6 +1481,16 @@ def int_list(text):
     if not out or min(out) < 1:
         raise argparse.ArgumentTypeError("not a list of positive integers: %r" % text)
     return out
+
+
+def positive_int(text):
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("not an integer: %r" % text)
+    if v < 1:
+        raise argparse.ArgumentTypeError("not a positive integer: %r" % text)
+    return v
 
 
 STEP_NAMES = ("final", "final-fp8")
@@ -1576,7 +1589,9 @@ def main(argv=None):
     ap.add_argument("--before", metavar="BUILD_OR_BINARY",
                     help="compare with an older build (its folder, or one binary): every launch of ours runs in "
                          "both, alternating; results.md gets a before/after table; no peers")
-    ap.add_argument("--rounds", type=int, default=1, help="with --before: runs of each build, best time kept")
+    ap.add_argument("--rounds", type=positive_int, default=1,
+                    help="runs of each launch of the chapters' binaries (with --before: of each build), odd rounds "
+                         "in reverse order; each kernel's best time kept")
     ap.add_argument("--batch", type=int, help="B of every attention shape (default: 16K tokens / N)")
     ap.add_argument("--extra", help="more flags for every chapter binary of the attention shapes, e.g. "
                                     "--extra=--check-all")

@@ -478,6 +478,37 @@ class Modes(unittest.TestCase):
                                                                      "ch05-fwd"))
 
 
+    def test_rounds_repeat_each_launch_in_alternating_order_one_row_a_kernel(self):
+        with tempfile.TemporaryDirectory() as d:
+            new = self.build(d, "new")
+            out = os.path.join(d, "out")
+            launches = self.run_bench(["--build-dir", new, "--out", out, "--n", "8192", "--d", "128", "--mask",
+                                       "causal", "--steps", "1,8", "--no-peers", "--no-backward", "--rounds", "3"],
+                                      os.path.join(d, "log"))
+            one = self.run_bench(["--build-dir", new, "--out", os.path.join(d, "o1"), "--n", "8192", "--d", "128",
+                                  "--mask", "causal", "--steps", "1,8", "--no-peers", "--no-backward"],
+                                 os.path.join(d, "log1"))
+            self.assertEqual(len(one), 2)  # this binary takes one step a launch
+            self.assertEqual(len(launches), 3 * len(one))
+            self.assertEqual(launches[2:4], launches[0:2][::-1])  # the second round the other way round
+            self.assertEqual(launches[4:6], launches[0:2])
+            res = read_json(os.path.join(out, "results.json"))
+            self.assertEqual(res["run"]["rounds"], 3)
+            ours = [(r["kernel"], r["pass"]) for r in res["rows"] if r["kind"] == "ours" and r.get("chapter") == "05"]
+            self.assertEqual(len(ours), len(set(ours)))  # one row a kernel, whatever the rounds
+            self.assertTrue(ours)
+
+    def test_rounds_must_be_positive(self):
+        err = io.StringIO()
+        old, sys.stderr = sys.stderr, err
+        try:
+            with self.assertRaises(SystemExit) as e:
+                lineage.main(["--plan", "--rounds", "0"])
+        finally:
+            sys.stderr = old
+        self.assertEqual(e.exception.code, 2)
+        self.assertIn("not a positive integer", err.getvalue())
+
     def test_only_runs_the_matching_tasks_of_the_plan_and_the_ceilings(self):
         with tempfile.TemporaryDirectory() as d:
             new = self.build(d, "new")
