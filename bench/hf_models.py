@@ -83,7 +83,7 @@ def run():
     from transformers import AttentionInterface
     import attn_lineage.hf as hf
     from attn_lineage.reference import accept
-    import hf_lineage as ex  # the example's configs, build() and step()
+    import hf_lineage as ex  # the example's configs, build(), step() and timed()
 
     hf.register()
     example_configs = dict(ex.CONFIGS)
@@ -110,16 +110,6 @@ def run():
             versions["fa4"] = md.version("flash-attn-4")
         except Exception:
             versions["fa4"] = "flash_attn.cute"
-
-    def timed(fn):
-        fn()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(REPS):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / REPS
 
     rows = []
     for kind in ex.CONFIGS:
@@ -156,9 +146,9 @@ def run():
                     m = models[r["impl"]]
                     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                         with torch.no_grad():
-                            r["prefill_ms"].append(timed(lambda: m(ids)))
+                            r["prefill_ms"].append(ex.timed(lambda: m(ids), REPS))
                         m.zero_grad(set_to_none=True)
-                        r["train_ms"].append(timed(lambda: m(ids, labels=ids).loss.backward()))
+                        r["train_ms"].append(ex.timed(lambda: m(ids, labels=ids).loss.backward(), REPS))
             for r in mine:
                 for key in ("prefill_ms", "train_ms"):
                     v = sorted(r[key])
