@@ -427,42 +427,7 @@ __device__ __forceinline__ void consumer(const Fa3BwdParams& p, unsigned char* s
     fence_proxy_async_shared();  // visible to wgmma (the async proxy)
     named_barrier_arrive(1 + 2 * wg + s % 2, 256);  // half[wg][s % 2]: this consumer's half is written
 
-    if constexpr (kFa4Order) {
-      // dV_w += P^T dO_i: K = the Br queries, issued before the meeting (it needs nothing of the other consumer's).
-      fence_operand(dv);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < Br / 16; ++kk) {
-        const uint32_t a[4] = {pT[4 * kk], pT[4 * kk + 1], pT[4 * kk + 2], pT[4 * kk + 3]};
-        WgmmaRS<T, D>::mma(dv, a, mnmajor(dot, Br, 0, kk), 1);
-      }
-      wgmma_commit();
-
-      // This consumer's dQ tile of step sd = s - lag (K = the 128 keys), after meeting the other's half.
-      const int sd = s - lag;
-      float dq[Plan::kdQRegs];
-      dq_product(sd, dq);
-      wgmma_wait<1>();  // dV is done, dQ runs
-      fence_operand(dv);
-      fence_operand(pT);
-
-      // dK_w += dS^T Q_i: K = the Br queries.
-      fence_operand(dk);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < Br / 16; ++kk) {
-        const uint32_t a[4] = {dsT[4 * kk], dsT[4 * kk + 1], dsT[4 * kk + 2], dsT[4 * kk + 3]};
-        WgmmaRS<T, D>::mma(dk, a, mnmajor(qt, Br, 0, kk), 1);
-      }
-      wgmma_commit();
-      wgmma_wait<1>();  // dQ is done, dK runs: its tile goes to the writer under dK
-      fence_operand(dq);
-      dq_handover(sd, dq);
-      wgmma_wait<0>();
-      fence_operand(dk);
-      fence_operand(dsT);
-      named_barrier_arrive(5 + st, 288);  // Q_i, dO_i, LSE_i, D_i no longer read by this thread
-    } else {
+    if constexpr (!kFa4Order) {
       // b16's order: dV and dK as one group after the meeting, dQ after them, one wait for all three.
       fence_operand(dv);
       fence_operand(dk);
@@ -489,7 +454,43 @@ __device__ __forceinline__ void consumer(const Fa3BwdParams& p, unsigned char* s
       fence_operand(dsT);
       named_barrier_arrive(5 + st, 288);  // Q_i, dO_i, LSE_i, D_i no longer read by this thread
       dq_handover(sd, dq);
+      continue;
     }
+
+    // dV_w += P^T dO_i: K = the Br queries, issued before the meeting (it needs nothing of the other consumer's).
+    fence_operand(dv);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Br / 16; ++kk) {
+      const uint32_t a[4] = {pT[4 * kk], pT[4 * kk + 1], pT[4 * kk + 2], pT[4 * kk + 3]};
+      WgmmaRS<T, D>::mma(dv, a, mnmajor(dot, Br, 0, kk), 1);
+    }
+    wgmma_commit();
+
+    // This consumer's dQ tile of step sd = s - lag (K = the 128 keys), after meeting the other's half.
+    const int sd = s - lag;
+    float dq[Plan::kdQRegs];
+    dq_product(sd, dq);
+    wgmma_wait<1>();  // dV is done, dQ runs
+    fence_operand(dv);
+    fence_operand(pT);
+
+    // dK_w += dS^T Q_i: K = the Br queries.
+    fence_operand(dk);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Br / 16; ++kk) {
+      const uint32_t a[4] = {dsT[4 * kk], dsT[4 * kk + 1], dsT[4 * kk + 2], dsT[4 * kk + 3]};
+      WgmmaRS<T, D>::mma(dk, a, mnmajor(qt, Br, 0, kk), 1);
+    }
+    wgmma_commit();
+    wgmma_wait<1>();  // dQ is done, dK runs: its tile goes to the writer under dK
+    fence_operand(dq);
+    dq_handover(sd, dq);
+    wgmma_wait<0>();
+    fence_operand(dk);
+    fence_operand(dsT);
+    named_barrier_arrive(5 + st, 288);  // Q_i, dO_i, LSE_i, D_i no longer read by this thread
   }
   if (lag && n_steps > 0) {  // consumer 0: the last step's dQ
     float dq[Plan::kdQRegs];
