@@ -33,6 +33,7 @@
 #include <initializer_list>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -99,12 +100,27 @@ void require_hopper(int device) {
   }
   if (device < 0 || device >= count) throw UsageError("device " + std::to_string(device) + " does not exist");
   CUDA_CHECK(cudaSetDevice(device));
-  cudaDeviceProp prop;
-  CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-  if (prop.major != 9 || prop.minor != 0)
+  // Every call of the library passes here, so a device found to be sm_90 is remembered: the
+  // compute capability is read as two attributes, and cudaGetDeviceProperties (which reads
+  // every property, far slower) runs only to name a device that has no kernel.
+  static std::mutex mutex;
+  static std::set<int> hopper;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (hopper.count(device)) return;
+  }
+  int major = 0, minor = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  if (major != 9 || minor != 0) {
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     throw std::logic_error(std::string("no kernel for ") + prop.name + " (compute capability " +
-                           std::to_string(prop.major) + "." + std::to_string(prop.minor) +
+                           std::to_string(major) + "." + std::to_string(minor) +
                            "): the lineage kernels are built for sm_90a (Hopper) alone");
+  }
+  std::lock_guard<std::mutex> lock(mutex);
+  hopper.insert(device);
 }
 
 void require(bool ok, const std::string& what) {
