@@ -1013,6 +1013,10 @@ class HfModels(unittest.TestCase):
                        "rounds": 1}, "rows": rows}
         t = hf_models.table(rec, os.path.join(hf_models.RECORDED, "g-2026-01-01-0000.json"))
         self.assertIn("| llama | 2 x 500 | 2.00 | failed the check | 4.00 | 4.00 | failed the check | 8.00 | 0.50x, 0.50x |", t)
+        rows[1].update(error="RuntimeError: no kernel", prefill_ms=None, train_ms=None)
+        t = hf_models.table(rec, os.path.join(hf_models.RECORDED, "g-2026-01-01-0000.json"))
+        self.assertIn("| llama | 2 x 500 | 2.00 | did not run | 4.00 | 4.00 | did not run | 8.00 |", t)
+        self.assertIn("Did not run: FA4 llama, 2 x 500: RuntimeError: no kernel.", t)
 
 
 class Ch07Int4(unittest.TestCase):
