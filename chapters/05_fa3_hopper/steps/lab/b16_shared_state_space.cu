@@ -4,8 +4,9 @@
 // A lab step beside the backward's main path (b1, b2, b5, b6, b10, b11, final_backward.cu).
 //
 // Its parent is the final backward as it was before this step and b17 (b13's configuration at
-// d = 128, b12's at d = 64). final_backward.cu has since taken both (it is b17's machine code),
-// so `diff ../final_backward.cu b16_shared_state_space.cu` now shows b17's order undone; read
+// d = 128, b12's at d = 64). final_backward.cu has since taken both (it is b17's machine code,
+// and this step's at d = 64 for causal rows in the deterministic mode), so `diff
+// ../final_backward.cu b16_shared_state_space.cu` now shows b17's order undone; read
 // this step's change in the list below, and b17's in `diff b16_shared_state_space.cu
 // b17_fa4_order.cu`.
 //
