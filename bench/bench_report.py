@@ -82,6 +82,18 @@ def commit_text(run):
                                else "tree state not recorded")
 
 
+def cpu_record_line(run, record, page_dir, script):
+    """The provenance line of a table computed by a CPU model (bench/ch03_linear.py,
+    bench/ch07_int4.py): the CPU, date, command and commit of `run`, and the record's link as seen
+    from the page's folder."""
+    commit = commit_text(run)
+    return ("Computed by the CPU model on one %s on %s by `%s`, %s; generated from [%s](%s) by "
+            "`%s` (never typed by hand)." % (
+                run.get("cpu"), (run.get("date") or "?")[:10], run.get("command"),
+                "at " + commit if commit else "commit not recorded", os.path.relpath(record, ROOT),
+                os.path.relpath(record, page_dir), script))
+
+
 def run_line(res):
     r = res.get("run", {})
     clocks = r.get("clocks") or {}

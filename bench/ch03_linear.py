@@ -59,12 +59,7 @@ def parse(text):
 
 
 def provenance(run):
-    commit = bench_report.commit_text(run)
-    return ("Computed by the CPU model on one %s on %s by `%s`, %s; generated from [%s](%s) by "
-            "`bench/ch03_linear.py` (never typed by hand)." % (
-                run.get("cpu"), (run.get("date") or "?")[:10], run.get("command"),
-                "at " + commit if commit else "commit not recorded", os.path.relpath(RECORD, ROOT),
-                os.path.relpath(RECORD, CH)))
+    return bench_report.cpu_record_line(run, RECORD, CH, "bench/ch03_linear.py")
 
 
 def table(err, cross, run=None):

@@ -74,12 +74,7 @@ def int4_rows(acc):
 
 
 def provenance(run):
-    commit = bench_report.commit_text(run)
-    rel = os.path.relpath(RECORD, CH)
-    return ("Computed by the CPU model on one %s on %s by `%s`, %s; generated from [%s](%s) by "
-            "`bench/ch07_int4.py` (never typed by hand)." % (
-                run.get("cpu"), (run.get("date") or "?")[:10], run.get("command"),
-                "at " + commit if commit else "commit not recorded", os.path.relpath(RECORD, ROOT), rel))
+    return bench_report.cpu_record_line(run, RECORD, CH, "bench/ch07_int4.py")
 
 
 def table(rec):

@@ -28,12 +28,13 @@ import json
 import os
 import platform
 import re
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+import bench_common  # noqa: E402
+import bench_readme  # noqa: E402
 import bench_report  # noqa: E402
 
 README = os.path.join(ROOT, "python", "README.md")
@@ -50,11 +51,7 @@ def git_state():
     """(commit, dirty), or BENCH_COMMIT's commit and None where the tree is a copy."""
     if os.environ.get("BENCH_COMMIT"):
         return os.environ["BENCH_COMMIT"], None
-    head = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True)
-    st = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
-                        capture_output=True, text=True)
-    return (head.stdout.strip() or None if head.returncode == 0 else None,
-            bool(st.stdout.strip()) if st.returncode == 0 else None)
+    return bench_common.git_state(ROOT)
 
 
 def fa4_attention():
@@ -178,15 +175,12 @@ def run():
 
 
 def record_name(rec):
-    r = rec["run"]
-    gpu = re.sub(r"[^a-z0-9]+", "-", (r.get("gpu") or "gpu").lower().replace("nvidia", "")).strip("-") or "gpu"
-    d = r.get("date") or "0000-00-00T00:00Z"
-    return os.path.join(RECORDED, "%s-%s-%s.json" % (gpu, d[:10], d[11:16].replace(":", "")))
+    """bench/recorded/models/<gpu>-<date>-<HHMM>.json, named as the attention runs are."""
+    return os.path.join(RECORDED, bench_readme.run_name(rec))
 
 
 def newest_record():
-    runs = sorted(glob.glob(os.path.join(RECORDED, "*.json")),
-                  key=lambda p: re.search(r"(\d{4}-\d\d-\d\d-\d{4})\.json$", p).group(1))
+    runs = sorted(glob.glob(os.path.join(RECORDED, "*.json")), key=bench_readme.run_time)
     return runs[-1] if runs else None
 
 

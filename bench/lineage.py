@@ -542,8 +542,9 @@ def sparse_rows(out, peers=("fa4", "flex")):
 
 
 class Task:
-    def __init__(self, kind, label, est, fn):
+    def __init__(self, kind, label, est, fn, rounds=False):
         self.kind, self.label, self.est, self.fn = kind, label, est, fn
+        self.rounds = rounds  # its launches run --rounds times (the attention shapes' launches of ours)
 
 
 class Bench:
@@ -1127,8 +1128,7 @@ class Bench:
                 continue
             bwd_here = bwd_here or bwd
             tasks.append(Task("ours", "ch%s %s%s" % (c, label, " + lab" if self.lab_for(c) else ""), est,
-                              lambda c=c, bwd=bwd: self.ours_task(c, d, n, causal, bwd)))
-            tasks[-1].rounds = True  # its launches run --rounds times
+                              lambda c=c, bwd=bwd: self.ours_task(c, d, n, causal, bwd), rounds=True))
         if not tasks:
             return tasks
         for p in PEERS:
@@ -1386,7 +1386,7 @@ class Bench:
         if self.use_peers and any(t.kind == "peer" or "+ peers" in t.label or "softmax" in t.label for t in tasks):
             self.start_preimport()
         for t in tasks:  # every launch of ours --rounds times (with --before, in both builds)
-            if t.kind == "ours" and (self.before_bins is not None or getattr(t, "rounds", False)):
+            if t.kind == "ours" and (self.before_bins is not None or t.rounds):
                 t.est *= (2 if self.before_bins is not None else 1) * max(1, self.a.rounds)
         total = sum(t.est for t in tasks)
         log("bench: %d tasks, about %d:%02d on an H200%s" % (len(tasks), total // 60, total % 60,
