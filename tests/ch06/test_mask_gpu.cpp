@@ -98,21 +98,25 @@ std::vector<GpuForwardOptions> every_hopper_step(int ctas = 0) {
   return v;
 }
 
-void check_backward(const MaskSpec& s, const Problem& user, Dist dist = Dist::normal, bool deterministic = false) {
+void check_backward(const MaskSpec& s, const Problem& user, Dist dist = Dist::normal, bool deterministic = false,
+                    BwdKernel kernel = BwdKernel::sm80, bool sampled = false) {
   CAPTURE(s.describe());
   CAPTURE(user.describe());
   CAPTURE(deterministic);
+  CAPTURE(bwd_kernel_name(kernel));
   const Inputs x = inputs(s, user, dist);
   const auto mod = reference_mod(s, x.p);
-  const BackwardOracle oracle(x.p, x.in, BackwardPlan::full(x.p), mod.get());
-  const GpuMaskForward f = mask_forward_gpu(x.p, s, x.L, x.lin, GpuPath::sm80, false);
-  const GpuMaskBackward g = mask_backward_gpu(x.p, s, x.L, x.lin, f.o, f.lse, false, deterministic);
+  const BackwardOracle oracle(x.p, x.in, sampled ? BackwardPlan::sampled(x.p, 2e9) : BackwardPlan::full(x.p), mod.get());
+  // O and LSE from a forward that runs the problem: the sm80 one is bf16 at d = 128 only.
+  const GpuPath fwd = kernel == BwdKernel::sm90a ? GpuPath::sm90a : GpuPath::sm80;
+  const GpuMaskForward f = mask_forward_gpu(x.p, s, x.L, x.lin, fwd, false);
+  const GpuMaskBackward g = mask_backward_gpu(x.p, s, x.L, x.lin, f.o, f.lse, false, deterministic, kernel);
   const CheckResult c = oracle.judge(from_layout(g.dq, x.p.heads, x.p.nq, x.p.d, x.L.packed),
                                      from_layout(g.dk, x.p.kv_heads, x.p.nk, x.p.d, x.L.packed),
                                      from_layout(g.dv, x.p.kv_heads, x.p.nk, x.p.dv, x.L.packed));
   CHECK_MESSAGE(c.pass(), c.failures());
   if (deterministic) {  // a second run gives the same bits (dK, dV never had atomics; dQ no longer has)
-    const GpuMaskBackward g2 = mask_backward_gpu(x.p, s, x.L, x.lin, f.o, f.lse, false, true);
+    const GpuMaskBackward g2 = mask_backward_gpu(x.p, s, x.L, x.lin, f.o, f.lse, false, true, kernel);
     CHECK(g2.dq == g.dq);
     CHECK(g2.dk == g.dk);
     CHECK(g2.dv == g.dv);
@@ -256,22 +260,30 @@ TEST_CASE("backward, deterministic dQ: every variant passes the fp64 reference, 
   every_variant([](const MaskSpec& s, const Problem& p, Dist d) { check_backward(s, p, d, true); });
 }
 
-TEST_CASE("backward: the learnable sink's gradient on the GPU matches the CPU model's") {
+TEST_CASE("backward: the learnable sink's gradient on the GPU matches the CPU model's, sm80 and sm90a") {
   require_path(GpuPath::backward);
+  std::string why;
+  const auto dev = query_device(&why);
+  REQUIRE(dev);
   // The model's dsink is checked against a finite difference of the fp64 reference
-  // (test_masks.cpp); here the GPU's, from its own bf16 O and LSE, against it.
-  for (const Problem user : {Problem(shape().batch(2).heads(4, 2).n(200).d(128)), Problem(shape().heads(2).n(300, 130).d(128))})
+  // (test_masks.cpp); here the GPU's, from its own bf16 O and LSE, against it. The sm90a
+  // backward where this GPU runs it (Hopper), at d = 64 and 128.
+  for (const auto& [kernel, hd] : {std::pair{BwdKernel::sm80, 128}, std::pair{BwdKernel::sm90a, 64}, std::pair{BwdKernel::sm90a, 128}})
+  for (const Problem user : {Problem(shape().batch(2).heads(4, 2).n(200).d(hd)), Problem(shape().heads(2).n(300, 130).d(hd))})
     for (const bool causal : {false, true}) {
       const MaskSpec s = spec_of(MaskKind::learned_sink, user, causal);
+      if (!mask_backward_unsupported(user, s, kernel, *dev).empty()) continue;
+      CAPTURE(bwd_kernel_name(kernel));
       CAPTURE(s.describe());
       CAPTURE(user.describe());
       const Inputs x = inputs(s, user, Dist::normal);
       const BlockMap map = build_block_map(s, x.p, kModelBr, kModelBc);
       const MaskForwardResult mf = mask_forward_model(x.p, s, x.L, x.lin, map, 224 * 1024);
       const MaskBackwardResult mb = mask_backward_model(x.p, s, x.L, x.lin, mf.o, mf.lse, map, 224 * 1024);
-      const GpuMaskForward f = mask_forward_gpu(x.p, s, x.L, x.lin, GpuPath::sm80, false);
-      const GpuMaskBackward g = mask_backward_gpu(x.p, s, x.L, x.lin, f.o, f.lse, false);
-      const GpuMaskBackward gd = mask_backward_gpu(x.p, s, x.L, x.lin, f.o, f.lse, false, true);
+      const GpuPath fwd = kernel == BwdKernel::sm90a ? GpuPath::sm90a : GpuPath::sm80;
+      const GpuMaskForward f = mask_forward_gpu(x.p, s, x.L, x.lin, fwd, false);
+      const GpuMaskBackward g = mask_backward_gpu(x.p, s, x.L, x.lin, f.o, f.lse, false, false, kernel);
+      const GpuMaskBackward gd = mask_backward_gpu(x.p, s, x.L, x.lin, f.o, f.lse, false, true, kernel);
       REQUIRE(g.dsink.size() == std::size_t(x.p.heads));
       REQUIRE(mb.dsink.size() == std::size_t(x.p.heads));
       for (int h = 0; h < x.p.heads; ++h) {
@@ -293,6 +305,59 @@ TEST_CASE("backward: the learnable sink's gradient on the GPU matches the CPU mo
         CHECK(scale > 1e-3);
         CHECK(gd.dsink[h] == g.dsink[h]);  // a fixed-order sum, whatever the dQ path
       }
+    }
+}
+
+/// Exits 77 (a ctest skip) unless this GPU runs the sm90a masked backward (hopper_backward.cu).
+void require_sm90a_backward() {
+  std::string why;
+  const auto dev = query_device(&why);
+  REQUIRE(dev);
+  const Problem p = shape().n(64).d(128);
+  const std::string no = mask_backward_unsupported(p, spec_of(MaskKind::causal, p), BwdKernel::sm90a, *dev);
+  if (!no.empty()) {
+    std::cout << "SKIPPED: sm90a backward: " << no << "\n";
+    std::exit(77);
+  }
+}
+
+TEST_CASE("sm90a backward: every variant passes the fp64 reference at awkward shapes, d = 64 and 128, bf16 and fp16, "
+          "both modes; two deterministic runs agree bit for bit") {
+  require_sm90a_backward();
+  std::string why;
+  const auto dev = query_device(&why);
+  REQUIRE(dev);
+  for (const int hd : {64, 128})
+    for (const DType t : {DType::bf16, DType::f16}) {
+      CAPTURE(hd);
+      CAPTURE(dtype_name(t));
+      every_variant(
+          [&](const MaskSpec& s, const Problem& p, Dist d) {
+            if (s.kind == MaskKind::document) {  // packed rows: the sm80 backward's, and the kernel says so
+              CHECK_FALSE(mask_backward_unsupported(p, s, BwdKernel::sm90a, *dev).empty());
+              return;
+            }
+            check_backward(s, p, d, false, BwdKernel::sm90a);
+            check_backward(s, p, d, true, BwdKernel::sm90a);
+          },
+          hd, t);
+    }
+  // d = 256 and fp32 are refused with a reason, never run.
+  const Problem p256 = shape().n(64).d(256), p32 = shape().n(64).d(128).dtype(DType::f32);
+  CHECK_FALSE(mask_backward_unsupported(p256, spec_of(MaskKind::causal, p256), BwdKernel::sm90a, *dev).empty());
+  CHECK_FALSE(mask_backward_unsupported(p32, spec_of(MaskKind::causal, p32), BwdKernel::sm90a, *dev).empty());
+}
+
+TEST_CASE("sm90a backward: more thread blocks than the GPU holds at once, deterministic, every walk shape") {
+  require_sm90a_backward();
+  // 2 x 4 KV heads x 32 key blocks = 256 thread blocks, more than an H100's or H200's SMs hold
+  // at once (one a SM): a block waits only for blocks started before it, or this hangs. Window,
+  // causal, sparse (steps skipped inside a walk) and dense; GQA 2:1. Sampled fp64 checks.
+  for (const int hd : {64, 128})
+    for (MaskKind k : {MaskKind::causal, MaskKind::window, MaskKind::bigbird, MaskKind::alibi}) {
+      CAPTURE(hd);
+      const Problem p = shape().batch(2).heads(8, 4).n(4096).d(hd);
+      check_backward(spec_of(k, p, k == MaskKind::causal), p, Dist::normal, true, BwdKernel::sm90a, true);
     }
 }
 

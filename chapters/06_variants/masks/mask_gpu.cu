@@ -2,10 +2,12 @@
 // data, poison the outputs, launch, download, time.
 #include "masks/mask_gpu.hpp"
 
+#include "chapters/05_fa3_hopper/backward_args.cuh"  // chapter 05's backward parameters and dQ layout
 #include "common/cuda/buffer.cuh"
 #include "common/cuda/check.cuh"
 #include "common/cuda/device_problem.cuh"
 #include "common/cuda/timing.cuh"
+#include "common/errors.hpp"
 #include "common/online_softmax.hpp"
 #include "masks/block_map.hpp"
 #include "masks/mask_kernels.cuh"
@@ -37,6 +39,21 @@ std::string mask_gpu_unsupported(const Problem& p, GpuPath path, const DeviceInf
     if (!hopper_mask::available()) return "sm90a kernels not built";
     if (dev.cc_major != 9) return "needs an sm_90 GPU (Hopper)";
   }
+  return "";
+}
+
+const char* bwd_kernel_name(BwdKernel k) { return k == BwdKernel::sm90a ? "sm90a backward" : "sm80 backward"; }
+
+std::string mask_backward_unsupported(const Problem& p, const MaskSpec& s, BwdKernel k, const DeviceInfo& dev) {
+  if (k == BwdKernel::sm80) return mask_gpu_unsupported(p, GpuPath::backward, dev);
+  if (!(p.d == p.dv && (p.d == 64 || p.d == 128)))
+    return "not built for d = " + std::to_string(p.d) + " (the sm90a backward: d = 64 and 128)";
+  if (p.dtype != DType::bf16 && p.dtype != DType::f16)
+    return std::string("not built for ") + dtype_name(p.dtype) + " (the sm90a backward: bf16 and fp16)";
+  if (s.kind == MaskKind::document)
+    return "the document mask's packed rows: the sm80 backward (the sm90a backward reads the standard layout)";
+  if (!hopper_bwd::available()) return "sm90a kernels not built";
+  if (dev.cc_major != 9) return "needs an sm_90 GPU (Hopper)";
   return "";
 }
 
@@ -166,9 +183,101 @@ GpuMaskForward mask_forward_gpu(const Problem& p, const MaskSpec& s, const Token
   return r;
 }
 
+namespace {
+
+/// The sm90a backward's walk from its block map (MaskWalks, mask_kernels.cuh): each key block's
+/// partial and full query steps merged in ascending order, and its rank among each step's visitors.
+struct HostWalks {
+  std::vector<int> list, count, rank;
+  int tq = 0, tk = 0, maps = 0;
+};
+HostWalks walks_of(const BlockMap& m) {
+  if (m.map_heads != 1) throw std::runtime_error("the sm90a masked backward: one block map for every head");
+  HostWalks w;
+  w.tq = m.tq, w.tk = m.tk, w.maps = m.maps();
+  w.list.assign(std::size_t(w.maps) * m.tk * m.tq, 0);
+  w.rank.assign(w.list.size(), 0);
+  w.count.assign(std::size_t(w.maps) * m.tk, 0);
+  for (int mi = 0; mi < w.maps; ++mi) {
+    std::vector<int> visitors(m.tq, 0);  // key blocks below kb that visit each step
+    for (int kb = 0; kb < m.tk; ++kb) {
+      const std::size_t f = std::size_t(mi) * m.tk + kb;
+      const int* part = &m.q_part[f * m.tq];
+      const int* full = &m.q_full[f * m.tq];
+      const int np = m.q_n_part[f], nf = m.q_n_full[f];
+      int a = 0, c = 0, n = 0;
+      while (a < np || c < nf) {  // both lists ascend
+        const bool take_part = c >= nf || (a < np && part[a] < full[c]);
+        const int qb = take_part ? part[a++] : full[c++];
+        w.list[f * m.tq + n] = qb << 1 | (take_part ? 1 : 0);
+        w.rank[f * m.tq + n] = visitors[qb]++;
+        ++n;
+      }
+      w.count[f] = n;
+    }
+  }
+  return w;
+}
+
+GpuMaskBackward hopper_backward_gpu(const Problem& p, const MaskSpec& s, const TokenLayout& layout, const AttnInputs& in,
+                                    const std::vector<float>& o_host, const std::vector<float>& lse_host, bool time,
+                                    bool deterministic) {
+  if (layout.packed) throw UsageError("the sm90a masked backward reads the standard layout, not packed rows");
+  const BlockMap map = build_block_map(s, p, hopper_bwd::step_rows(p.d), hopper_bwd::kBc);
+  const HostWalks hw = walks_of(map);
+  const DeviceBuffer<int> wl = upload(hw.list), wc = upload(hw.count), wr = upload(hw.rank);
+  const DeviceTensor q = DeviceTensor::from_host(in.q, p.dtype), k = DeviceTensor::from_host(in.k, p.dtype),
+                     v = DeviceTensor::from_host(in.v, p.dtype), dout = DeviceTensor::from_host(in.dout, p.dtype),
+                     o = DeviceTensor::from_host(o_host, p.dtype);
+  DeviceBuffer<float> lse(p.lse_elems());
+  lse.upload(lse_host);
+  DeviceTensor dq(p.dtype, p.q_elems()), dk(p.dtype, p.k_elems()), dv(p.dtype, p.v_elems());
+  HopperBwdArgs a;
+  a.problem = p;
+  ch05::Fa3BwdParams& b = a.params;
+  ch05::set_bwd_problem(b, p);
+  ch05::set_bwd_layout(b, ch05::layout_step(ch05::BwdStep::final_bwd, p.d), p.nq);  // chapter 05's final backward's
+  b.deterministic = deterministic;
+  const std::size_t rows_pad = std::size_t(p.batch) * p.heads * b.n_qblocks * b.block_rows;
+  DeviceBuffer<float> lse2(rows_pad), delta(rows_pad), dq_acc(rows_pad * p.d);
+  DeviceBuffer<int> order(std::size_t(p.batch) * p.heads * b.n_qblocks * 2);
+  // Every output and every scratch buffer poisoned: whatever a run leaves unwritten is NaN.
+  dq.poison();
+  dk.poison();
+  dv.poison();
+  lse2.poison();
+  delta.poison();
+  dq_acc.poison();
+  order.poison();
+  const DevicePolicyData pd = upload_policy_data(s);
+  const bool sink = s.kind == MaskKind::learned_sink;
+  DeviceBuffer<float> dsink(std::max(1, sink ? p.heads : 1));
+  if (sink) dsink.poison();
+  b.o = o.data(), b.dout = dout.data(), b.lse = lse.get(), b.lse2 = lse2.get(), b.delta = delta.get();
+  b.dq_accum = dq_acc.get(), b.dq_order = order.get(), b.dq = dq.data(), b.dk = dk.data(), b.dv = dv.data();
+  a.walks = {wl.get(), wc.get(), wr.get(), hw.tq, hw.tk, map.map_batch};
+  a.q = q.data(), a.k = k.data(), a.v = v.data(), a.dout = dout.data();
+  a.dsink = sink ? dsink.get() : nullptr;
+  const std::function<void()> run = hopper_bwd::prepare(a, s, pd.view(), 0);
+  if (!run) throw std::runtime_error("no sm90a masked backward for this problem");
+  run();
+  CUDA_CHECK(cudaGetLastError());
+  CUDA_CHECK(cudaDeviceSynchronize());
+  GpuMaskBackward r;
+  r.dq = dq.to_host();
+  r.dk = dk.to_host();
+  r.dv = dv.to_host();
+  if (sink) r.dsink = dsink.download();
+  if (time) r.time_ms = time_gpu(run).median_ms;
+  return r;
+}
+
+}  // namespace
+
 GpuMaskBackward mask_backward_gpu(const Problem& p, const MaskSpec& s, const TokenLayout& layout, const AttnInputs& in,
                                   const std::vector<float>& o_host, const std::vector<float>& lse_host, bool time,
-                                  bool deterministic) {
+                                  bool deterministic, BwdKernel kernel) {
+  if (kernel == BwdKernel::sm90a) return hopper_backward_gpu(p, s, layout, in, o_host, lse_host, time, deterministic);
   const BlockMap map = build_block_map(s, p, backward_mask::Br, backward_mask::Bc);
   // The deterministic dQ kernel walks key blocks of 64 per query block of 64: the forward lists of its own map.
   const BlockMap dq_map = deterministic ? build_block_map(s, p, backward_mask::Br, backward_mask::DqBc) : BlockMap{};

@@ -12,7 +12,9 @@
 ///     steps/lab/v5_epilogue_in_place.cu  sm_90a lab step 5 (TUTORIAL_LAB builds): v4 without v2's deferred epilogue
 ///     steps/final.cu              the final masked forward (sm_90a): v4 with one configuration table (the default)
 ///     final_fp16.cu               its fp16 kernels: steps/final.cu included with CH06_FINAL_FP16 set
-///     backward_mask.cu        the final masked backward: chapter 04's backward + the policy (score' included)
+///     backward_mask.cu        the sm80 masked backward: chapter 04's backward + the policy (score' included)
+///     hopper_backward.cu      the sm90a masked backward: chapter 05's final backward + the policy
+///     hopper_backward_fp16.cu its fp16 kernels
 ///
 /// Every kernel is instantiated for d = 128 and bf16, once per policy; the final sm90a forward
 /// for d = 64, 128 and 256, in bf16 and fp16.
@@ -78,11 +80,20 @@ struct GpuForwardOptions {
 /// Forward on the GPU (`path` sm80 or sm90a). Inputs in the layout's order.
 GpuMaskForward mask_forward_gpu(const Problem& p, const MaskSpec& s, const TokenLayout& layout, const AttnInputs& in,
                                 GpuPath path, bool time, const GpuForwardOptions& opt = {});
+/// The two masked backwards. sm80: backward_mask.cu, chapter 04's backward with the policy (sm_80
+/// and newer; d = 128, bf16; either layout), the portable path. sm90a: hopper_backward.cu, chapter
+/// 05's final backward with the policy (Hopper; d = 64 and 128, bf16 and fp16; the standard
+/// layout, so not the document mask's packed rows).
+enum class BwdKernel { sm80, sm90a };
+const char* bwd_kernel_name(BwdKernel k);  ///< "sm80 backward", "sm90a backward"
+/// Empty when `k` runs this problem and mask on `dev`; otherwise why not.
+std::string mask_backward_unsupported(const Problem& p, const MaskSpec& s, BwdKernel k, const DeviceInfo& dev);
+
 /// Backward on the GPU from the forward's O and LSE.
-/// `deterministic`: dQ from chapter 04's fixed-order dQ kernel instead of fp32 atomics
-/// (the same bits on every run).
+/// `deterministic`: dQ's adds in a fixed order (sm80: chapter 04's fixed-order dQ kernel; sm90a:
+/// each query step's key blocks in ascending order), the same bits on every run.
 GpuMaskBackward mask_backward_gpu(const Problem& p, const MaskSpec& s, const TokenLayout& layout, const AttnInputs& in,
                                   const std::vector<float>& o, const std::vector<float>& lse, bool time,
-                                  bool deterministic = false);
+                                  bool deterministic = false, BwdKernel kernel = BwdKernel::sm80);
 
 }  // namespace attn::ch06

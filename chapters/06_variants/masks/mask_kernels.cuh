@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 
+#include "chapters/05_fa3_hopper/backward_launch.cuh"  // chapter 05's Fa3BwdParams (the sm90a backward)
 #include "mask_spec.hpp"
 
 namespace attn::ch06 {
@@ -146,5 +147,39 @@ bool launch(const BwdParams& p, const MaskSpec& s, const Problem& prob, const Po
 constexpr int Br = 64, Bc = 128;
 constexpr int DqBc = 64;  ///< keys per step of the deterministic dQ kernel (chapter 04's)
 }  // namespace backward_mask
+
+/// The sm90a masked backward's walk (hopper_backward.cu): for each key block of each map (one, or
+/// one per batch: BlockMap::map_batch), the query steps it visits, ascending, as step << 1 | 1
+/// where the step's tile is partial; and, for the deterministic mode, its rank among the key
+/// blocks that visit each of them (the number of lower key blocks that do).
+struct MaskWalks {
+  const int* list = nullptr;   ///< [maps][tk][tq]
+  const int* count = nullptr;  ///< [maps][tk]
+  const int* rank = nullptr;   ///< [maps][tk][tq]
+  int tq = 0, tk = 0, map_batch = 1;
+};
+/// What the sm90a masked backward runs on: chapter 05's parameters (pointers, sizes, the final
+/// backward's dQ layout), the walk, Q K V dO for the tensor maps (standard layout), and
+/// dLoss/dsink ([H], or null).
+struct HopperBwdArgs {
+  Problem problem;
+  ch05::Fa3BwdParams params;
+  MaskWalks walks;
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const void* dout = nullptr;
+  float* dsink = nullptr;
+};
+namespace hopper_bwd {
+bool available();
+/// The preprocess, the kernel, the postprocess and the sink's gradient as one ready launch
+/// (empty when no kernel fits: d not 64 or 128, a dtype other than bf16 and fp16, a document mask).
+std::function<void()> prepare(const HopperBwdArgs& a, const MaskSpec& s, const PolicyData& d, cudaStream_t st);
+std::function<void()> prepare_fp16(const HopperBwdArgs& a, const MaskSpec& s, const PolicyData& d, cudaStream_t st);
+constexpr int kBc = 128;  ///< keys a thread block (chapter 05's kBwdBc)
+/// Queries a step: chapter 05's final backward's Config<D>::kBr.
+constexpr int step_rows(int d) { return d == 64 ? 128 : 80; }
+}  // namespace hopper_bwd
 
 }  // namespace attn::ch06

@@ -300,35 +300,59 @@ void run_variant(const MaskSpec& spec, const Problem& user, const Options& opt, 
       row.device = "cuda";
       row.flops = path == GpuPath::backward ? 2.5 * fwd_flops : fwd_flops;
       row.bound = Bound::compute;
+      if (path == GpuPath::backward) {
+        // The final backward is the sm90a one (hopper_backward.cu) where it runs, else the sm80 one
+        // (backward_mask.cu); on Hopper the sm80 one runs too, as its own rows ("sm80 backward").
+        const std::string why90 = mask_backward_unsupported(p, spec, BwdKernel::sm90a, *dev);
+        const std::string why80 = mask_backward_unsupported(p, spec, BwdKernel::sm80, *dev);
+        std::vector<std::pair<BwdKernel, bool>> kernels;  // (kernel, is the final one)
+        if (why90.empty()) kernels.push_back({BwdKernel::sm90a, true});
+        kernels.push_back({BwdKernel::sm80, !why90.empty()});
+        if (!why90.empty() && !why80.empty()) {
+          row.note = why80 + "; " + why90;
+          rep.rows.push_back(row);
+          continue;
+        }
+        // O and LSE from a forward that runs this problem: the final sm90a one with the sm90a backward.
+        const GpuMaskForward f =
+            mask_forward_gpu(p, spec, layout, lin, why90.empty() ? GpuPath::sm90a : GpuPath::sm80, /*time=*/false);
+        for (const auto& [kernel, final_kernel] : kernels) {
+          const std::string base = name + ": " + (final_kernel ? "final backward" : bwd_kernel_name(kernel));
+          if (kernel == BwdKernel::sm80 && !why80.empty()) {
+            ResultRow nr = row;
+            nr.impl = base;
+            nr.note = why80;
+            rep.rows.push_back(nr);
+            continue;
+          }
+          row.impl = base;
+          // Two rows: dQ's adds in any order, and in a fixed order (deterministic).
+          for (const bool det : {false, true}) {
+            ResultRow br = row;
+            if (det) br.impl = base + ", deterministic dQ";
+            const GpuMaskBackward g = mask_backward_gpu(p, spec, layout, lin, f.o, f.lse, !a.no_time, det, kernel);
+            br.set_check(boracle().judge(from_layout(g.dq, p.heads, p.nq, p.d, layout.packed),
+                                       from_layout(g.dk, p.kv_heads, p.nk, p.d, layout.packed),
+                                       from_layout(g.dv, p.kv_heads, p.nk, p.dv, layout.packed)));
+            if (!a.no_time) br.set_time(g.time_ms);
+            br.note = kernel == BwdKernel::sm90a ? "hopper_backward.cu" : "backward_mask.cu";
+            if (!g.dsink.empty()) {
+              std::string d = "dLoss/dsink_h (GPU):";
+              for (std::size_t h = 0; h < g.dsink.size() && h < 4; ++h) d += " " + fmt("%.4g", g.dsink[h]);
+              br.note += "; " + d + (g.dsink.size() > 4 ? " ..." : "");
+            }
+            rep.rows.push_back(br);
+          }
+        }
+        continue;
+      }
       const std::string why = mask_gpu_unsupported(p, path, *dev, step);
       if (!why.empty()) {
         row.note = why;
         rep.rows.push_back(row);
         continue;
       }
-      if (path == GpuPath::backward) {
-        const GpuMaskForward f = mask_forward_gpu(p, spec, layout, lin, GpuPath::sm80, /*time=*/false);
-        // Two rows: dQ by fp32 atomics, and by chapter 04's deterministic dQ kernel.
-        for (const bool det : {false, true}) {
-          ResultRow br = row;
-          if (det) br.impl = name + ": final backward, deterministic dQ";
-          const GpuMaskBackward g = mask_backward_gpu(p, spec, layout, lin, f.o, f.lse, !a.no_time, det);
-          br.set_check(boracle().judge(from_layout(g.dq, p.heads, p.nq, p.d, layout.packed),
-                                     from_layout(g.dk, p.kv_heads, p.nk, p.d, layout.packed),
-                                     from_layout(g.dv, p.kv_heads, p.nk, p.dv, layout.packed)));
-          if (!a.no_time) br.set_time(g.time_ms);
-          if (!g.dsink.empty()) {
-            std::string d = "dLoss/dsink_h (GPU):";
-            for (std::size_t h = 0; h < g.dsink.size() && h < 4; ++h) d += " " + fmt("%.4g", g.dsink[h]);
-            br.note = d + (g.dsink.size() > 4 ? " ..." : "");
-          }
-          if (!det) {
-            rep.rows.push_back(br);
-          } else {
-            row = br;
-          }
-        }
-      } else {
+      {
         GpuForwardOptions fo;
         fo.hopper_step = step;
         fo.ctas = a.ctas;
