@@ -155,16 +155,29 @@ struct Walk {
     steps_per_head = mw.count[f];
     n_steps = steps_per_head * group;
   }
-  /// The list entry of step s: ascending, or (deterministic) descending from the last.
+  /// The list's index of step s: ascending, or (deterministic) descending from the last.
   __device__ __forceinline__ int entry(int s, const Fa3BwdParams& p) const {
     const int k = s % steps_per_head;
     return p.deterministic ? steps_per_head - 1 - k : k;
   }
-  __device__ __forceinline__ int block_of(int s, const Fa3BwdParams& p) const { return list[entry(s, p)] >> 1; }
-  __device__ __forceinline__ bool partial(int s, const Fa3BwdParams& p) const { return list[entry(s, p)] & 1; }
-  __device__ __forceinline__ int rank_of(int s, const Fa3BwdParams& p) const { return rank[entry(s, p)]; }
+  /// Step s's list entry (step << 1 | partial), or 0 past the last step. Every role reads it a
+  /// step ahead (Ahead below): a load from global memory on the way to a step's copies or
+  /// products would add its latency to every step.
+  __device__ __forceinline__ int at(int s, const Fa3BwdParams& p) const { return s < n_steps ? list[entry(s, p)] : 0; }
+  __device__ __forceinline__ int rank_at(int s, const Fa3BwdParams& p) const { return s < n_steps ? rank[entry(s, p)] : 0; }
   __device__ __forceinline__ int head_of(int s, const Fa3BwdParams& p) const {
     return b * p.heads + hk * group + s / steps_per_head;
+  }
+};
+
+/// A value of step s read while step s - 1 runs: take() gives step s's and loads step s + 1's.
+struct Ahead {
+  int next;
+  template <class F>
+  __device__ __forceinline__ int take(int s, F&& load) {
+    const int v = next;
+    next = load(s + 1);
+    return v;
   }
 };
 
@@ -186,8 +199,11 @@ __device__ __forceinline__ void dq_writer(const Fa3BwdParams& p, const MaskWalks
   uint64_t* dq_full = dq_bars<Plan>(smem);
   uint64_t* dq_empty = dq_full + 4;
   const Walk<Plan> w(p, mw);
+  Ahead entry{w.at(0, p)}, rank{p.deterministic ? w.rank_at(0, p) : 0};
   for (int s = 0; s < w.n_steps; ++s) {
-    const int buf = s % Plan::kdQBuffers, bh = w.head_of(s, p), i = w.block_of(s, p);
+    const int buf = s % Plan::kdQBuffers, bh = w.head_of(s, p);
+    const int i = entry.take(s, [&](int x) { return w.at(x, p); }) >> 1;
+    const int r = p.deterministic ? rank.take(s, [&](int x) { return w.rank_at(x, p); }) : 0;
     for (int x = 0; x < 2; ++x) {
       const int wg = Plan::kdQBuffers == 1 ? 1 - x : x;
       mbarrier_wait(&dq_full[2 * wg + buf], (s / Plan::kdQBuffers) & 1);
@@ -202,7 +218,7 @@ __device__ __forceinline__ void dq_writer(const Fa3BwdParams& p, const MaskWalks
         dst = p.dq_accum + blk * (kBlk * D);
         order = p.dq_order + blk * 2;
       }
-      if (p.deterministic) ordered_wait(order, w.rank_of(s, p));
+      if (p.deterministic) ordered_wait(order, r);
       bulk_reduce_add_f32(dst, sdq, Plan::kdQTileBytes);
       bulk_commit();
       if (p.deterministic) {
@@ -248,8 +264,9 @@ __device__ __forceinline__ void producer(const CUtensorMap& tm_q, const CUtensor
     }
   }
   RingState<kStages> ring;
+  Ahead entry{w.at(0, p)};
   for (int s = 0; s < w.n_steps; ++s, ring.advance()) {
-    const int st = ring.stage, bh = w.head_of(s, p), i = w.block_of(s, p);
+    const int st = ring.stage, bh = w.head_of(s, p), i = entry.take(s, [&](int x) { return w.at(x, p); }) >> 1;
     if (s >= kStages) named_barrier_sync(5 + st, 288);  // the consumers are done with step s - 2
     if (!leader) continue;
     mbarrier_arrive_expect_tx(&full[st], Plan::kStepBytes);
@@ -352,8 +369,10 @@ __device__ __forceinline__ void consumer(const Fa3BwdParams& p, const MaskWalks&
 
   if (n_steps > 0) mbarrier_wait(bar_kv, 0);
   RingState<kStages> ring;
+  Ahead entry{w.at(0, p)};
   for (int s = 0; s < n_steps; ++s, ring.advance()) {
-    const int st = ring.stage, bh = w.head_of(s, p), i = w.block_of(s, p), row0 = i * Br;
+    const int e = entry.take(s, [&](int x) { return w.at(x, p); });
+    const int st = ring.stage, bh = w.head_of(s, p), i = e >> 1, row0 = i * Br;
     const int qt = Plan::kQ + st * Plan::kQBytes, dot = Plan::kdO + st * Plan::kQBytes;
     mbarrier_wait(&full[st], ring.phase);
     tiles = smem + fresh_zero();
@@ -377,7 +396,7 @@ __device__ __forceinline__ void consumer(const Fa3BwdParams& p, const MaskWalks&
     // P^T = 2^(S^T tau log2 e - LSE_i log2 e). Element 4c + e: key key_local + 8 (e / 2),
     // query 8c + 2t + e % 2 of Q_i. A partial step asks keep() of each element (a key past Nk
     // is masked too); a full step has no mask arithmetic.
-    const bool masked = w.partial(s, p);
+    const bool masked = e & 1;
     const int h = bh - w.b * p.heads;  // the query head, for the policy
     auto query = [&](int x) { return row0 + 8 * (x / 4) + 2 * t + (x & 1); };
     auto key = [&](int x) { return col0 + key_local + 8 * ((x >> 1) & 1); };
