@@ -108,6 +108,8 @@ CROSS: dict[str, Last | File | New] = {
     # (chapter 05's v8: its later bf16 steps came after chapter 06 was derived from it)
     "chapters/06_variants/masks/hopper_mask.cu": File("chapters/05_fa3_hopper/steps/v8_head_dims.cu"),
     "chapters/06_variants/masks/backward_mask.cu": File("chapters/04_fa2/backward.cu"),
+    # the sm90a masked backward: chapter 05's final backward with the policy
+    "chapters/06_variants/masks/hopper_backward.cu": File("chapters/05_fa3_hopper/steps/final_backward.cu"),
     # the main path's sm90a mask steps v1-v4 improve hopper_mask.cu
     "chapters/06_variants/masks/steps": File("chapters/06_variants/masks/hopper_mask.cu"),
     # chapter 06's final masked forward: v4, the main path's last step, with its configuration as one table

@@ -12,7 +12,7 @@ import os
 import threading
 from pathlib import Path
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 LIB_NAME = "libattn_lineage_c.so"
 
 OK, BAD_ARGUMENT, NO_KERNEL, CUDA_ERROR = 0, 1, 2, 3
@@ -74,6 +74,10 @@ def _declare(lib):
                                                 [c_float, c_int, c_int, c_int, c_float, c_void_p,
                                                  ctypes.POINTER(c_int), c_int, c_char_p, c_size_t])
     lib.attn_lineage_masked_forward.restype = c_int
+    lib.attn_lineage_masked_backward.argtypes = ([c_int, c_void_p, c_int] + [c_void_p] * 11 + [c_size_t] +
+                                                 [c_int] * 6 + [c_float, c_int, c_int, c_int, c_float, c_void_p,
+                                                                c_int, c_char_p, c_size_t])
+    lib.attn_lineage_masked_backward.restype = c_int
     lib.attn_lineage_mla_decode_workspace.argtypes = [c_int] * 5 + [ctypes.POINTER(c_size_t), c_char_p, c_size_t]
     lib.attn_lineage_mla_decode_workspace.restype = c_int
     lib.attn_lineage_mla_decode.argtypes = ([c_int] + [c_void_p] * 5 + [c_size_t] + [c_int] * 4 +
@@ -220,6 +224,20 @@ def masked_forward(device, stream, dtype, q, k, v, o, lse, batch, heads, kv_head
                                            float(scale), int(causal), int(window_left), int(window_right),
                                            float(softcap), sinks, cu, docs, err, _ERR_LEN)
     check(code, err, "attn_lineage masked forward")
+
+
+def masked_backward(device, stream, dtype, q, k, v, o, dout, lse, dq, dk, dv, dsink, workspace, workspace_bytes,
+                    batch, heads, kv_heads, nq, nk, d, scale, causal, window_left, window_right, softcap, sinks,
+                    deterministic):
+    """Chapter 06's sm90a masked backward. sinks, dsink: device pointers or None; the workspace is
+    fa3_backward_workspace()'s."""
+    lib = load()
+    err = _buffer()
+    code = lib.attn_lineage_masked_backward(device, stream, dtype, q, k, v, o, dout, lse, dq, dk, dv, dsink, workspace,
+                                            workspace_bytes, batch, heads, kv_heads, nq, nk, d, float(scale),
+                                            int(causal), int(window_left), int(window_right), float(softcap), sinks,
+                                            int(deterministic), err, _ERR_LEN)
+    check(code, err, "attn_lineage masked backward")
 
 
 def mla_decode_workspace(device, batch, heads, nq, nk):

@@ -8,6 +8,8 @@ torch.compile traces them as single nodes without graph breaks:
     attn_lineage::paged_decode(q, k_pool, v_pool, block_table, seqlens, softmax_scale) -> (o, lse)
     attn_lineage::masked_fwd(q, k, v, sinks, causal, softmax_scale, window_left, window_right,
                              softcap) -> (o, lse)
+    attn_lineage::masked_bwd(dout, q, k, v, o, lse, sinks, causal, softmax_scale, window_left,
+                             window_right, softcap) -> (dq, dk, dv, dsink)
     attn_lineage::varlen_fwd(q, k, v, cu_seqlens, causal, softmax_scale) -> (o, lse)
     attn_lineage::mla_decode(q, kv, softmax_scale) -> o_c
 
@@ -223,6 +225,62 @@ def _masked_fwd_fake(q, k, v, sinks, causal, softmax_scale, window_left, window_
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty((b, hq, nq), dtype=torch.float32)
 
 
+@torch.library.custom_op("attn_lineage::masked_bwd", mutates_args=(), device_types="cuda")
+def _masked_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                lse: torch.Tensor, sinks: Optional[torch.Tensor], causal: bool, softmax_scale: float, window_left: int,
+                window_right: int, softcap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Chapter 06's sm90a masked backward on [B, H, N, d] tensors: (dQ, dK, dV, dsink), dsink [Hq]
+    fp32 with sinks, else empty."""
+    dout, q, k, v, o = (_aligned(t) for t in (dout, q, k, v, o))
+    lse = lse.contiguous()
+    b, hq, nq, d = q.shape
+    hkv, nk = k.shape[1], k.shape[2]
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    sinks = None if sinks is None else sinks.contiguous()
+    dsink = torch.empty((hq if sinks is not None else 0,), dtype=torch.float32, device=q.device)
+    nbytes = _lib.fa3_backward_workspace(b, hq, nq, d)  # chapter 05's scratch layout
+    workspace = torch.empty(nbytes, dtype=torch.uint8, device=q.device)
+    with torch.cuda.device(q.device):
+        _lib.masked_backward(q.device.index, _stream(q), _DTYPES[q.dtype], q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                             o.data_ptr(), dout.data_ptr(), lse.data_ptr(), dq.data_ptr(), dk.data_ptr(),
+                             dv.data_ptr(), None if sinks is None else dsink.data_ptr(), workspace.data_ptr(), nbytes,
+                             b, hq, hkv, nq, nk, d, softmax_scale, causal, window_left, window_right, softcap,
+                             None if sinks is None else sinks.data_ptr(), False)
+    return dq, dk, dv, dsink
+
+
+@_masked_bwd.register_fake
+def _masked_bwd_fake(dout, q, k, v, o, lse, sinks, causal, softmax_scale, window_left, window_right, softcap):
+    hq = q.shape[1]
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            torch.empty_like(k, memory_format=torch.contiguous_format),
+            torch.empty_like(v, memory_format=torch.contiguous_format),
+            q.new_empty((hq if sinks is not None else 0,), dtype=torch.float32))
+
+
+class _MaskedAttn(torch.autograd.Function):
+    """Chapter 06's masked attention on [B, H, N, d]: the final masked forward, and the sm90a
+    masked backward (with the learnable sink's gradient)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sink, causal, softmax_scale, window_left, window_right, softcap):
+        sinks = None if sink is None else sink.detach().float()
+        o, lse = torch.ops.attn_lineage.masked_fwd(q, k, v, sinks, causal, softmax_scale, window_left, window_right,
+                                                   softcap)
+        ctx.save_for_backward(q, k, v, o, lse, sinks)
+        ctx.args = (causal, softmax_scale, window_left, window_right, softcap)
+        ctx.sink_dtype = None if sink is None else sink.dtype
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, o, lse, sinks = ctx.saved_tensors
+        dq, dk, dv, dsink = torch.ops.attn_lineage.masked_bwd(dout, q, k, v, o, lse, sinks, *ctx.args)
+        dsink = dsink.to(ctx.sink_dtype) if ctx.sink_dtype is not None and ctx.needs_input_grad[3] else None
+        return dq, dk, dv, dsink, None, None, None, None, None
+
+
 @torch.library.custom_op("attn_lineage::varlen_fwd", mutates_args=(), device_types="cuda")
 def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, causal: bool,
                 softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -299,9 +357,9 @@ def flash_attn_func(q, k, v, causal=False, window_size=(-1, -1), softcap=0.0, le
     learnable_sink: [Hq] logits (gpt-oss, FA4; natural log, not scaled), one more term
     e^sink_h in every row's denominator with no value row; the LSE includes it. softcap and
     learnable_sink take a dense or causal mask or a causal sliding window (right = 0), and not
-    each other. Any of these runs chapter 06's final masked forward, which has no backward
-    here: gradients are refused at the forward (ValueError). A window that is only causal or
-    dense runs chapter 05's kernels, backward included.
+    each other. Any of these runs chapter 06's final masked forward and, for gradients (d = 64
+    or 128), its sm90a masked backward, which also gives learnable_sink its gradient. A window
+    that is only causal or dense runs chapter 05's kernels.
 
     Returns O, [B, Nq, Hq, d] (a transposed view of the kernel's [B, Hq, Nq, d] output), and
     with return_lse=True also the LSE, [B, Hq, Nq] fp32 (natural log), which carries no
@@ -323,7 +381,7 @@ def flash_attn_func(q, k, v, causal=False, window_size=(-1, -1), softcap=0.0, le
     tensors = (q, k, v) + ((sink,) if sink is not None else ())
     need_backward = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
                                                     for t in tensors)
-    check_qkv(q, k, v, need_backward=need_backward and not masked)
+    check_qkv(q, k, v, need_backward=need_backward)
     sink = _check_sink(sink, q, q.shape[2])
     if masked:
         if cap > 0 and sink is not None:
@@ -333,16 +391,12 @@ def flash_attn_func(q, k, v, causal=False, window_size=(-1, -1), softcap=0.0, le
             what = "softcap" if cap > 0 else "learnable_sink"
             raise ValueError(f"window_size: {tuple(window_size)!r} with {what}: chapter 06's kernel takes a dense "
                              f"or causal mask or a causal sliding window (left, 0) there")
-        if need_backward:
-            raise ValueError("window_size, softcap, learnable_sink: chapter 06's masked forward has no backward "
-                             "here; run it without gradients (torch.no_grad(), or inputs that do not require grad)")
     scale = check_scale(softmax_scale, q.shape[-1])
     if not torch.compiler.is_compiling():  # traced: the C library refuses a GPU without kernels
         check_device(q)
     qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
     if masked:
-        sinks = None if sink is None else sink.detach().float()
-        o, lse = torch.ops.attn_lineage.masked_fwd(qt, kt, vt, sinks, causal, scale, left, right, cap)
+        o, lse = _MaskedAttn.apply(qt, kt, vt, sink, causal, scale, left, right, cap)
     else:
         o, lse = _FlashAttn.apply(qt, kt, vt, right == 0, scale)
     o = o.transpose(1, 2)

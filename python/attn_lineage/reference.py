@@ -90,23 +90,26 @@ def forward_reference(q, k, v, causal, scale, dtype=torch.float64, *, visible=No
     return o, lse
 
 
-def backward_reference(q, k, v, dout, causal, scale):
-    """fp64 dQ, dK, dV (dK, dV summed over each KV head's group)."""
+def backward_reference(q, k, v, dout, causal, scale, *, visible=None, softcap=0.0, sink=None):
+    """fp64 dQ, dK, dV (dK, dV summed over each KV head's group); visible, softcap and sink as
+    forward_reference's, and with a sink also dLoss/dsink [H] (a fourth)."""
     q64, k64, v64 = (t.detach().to(torch.float64).requires_grad_() for t in (q, k, v))
-    o, _ = forward_reference(q64, k64, v64, causal, scale)
-    dq, dk, dv = torch.autograd.grad(o, (q64, k64, v64), dout.to(torch.float64))
-    return dq, dk, dv
+    s64 = None if sink is None else sink.detach().to(torch.float64).requires_grad_()
+    o, _ = forward_reference(q64, k64, v64, causal, scale, visible=visible, softcap=softcap, sink=s64)
+    ins = (q64, k64, v64) + (() if s64 is None else (s64,))
+    return torch.autograd.grad(o, ins, dout.to(torch.float64))
 
 
 def naive_same_precision(q, k, v, dout, causal, scale, *, visible=None, softcap=0.0, sink=None):
     """The yardstick: fp32 arithmetic, P, O (and dS and the gradients) rounded to the inputs'
     dtype, as common/reference.cpp's naive_forward/backward_same_precision. Returns
-    (O, LSE, dQ, dK, dV) in fp32; dQ, dK, dV are None when dout is None. visible, softcap
-    and sink as forward_reference's (forward only: dout must be None with softcap or sink)."""
+    (O, LSE, dQ, dK, dV) in fp32, and with a sink and dout also dLoss/dsink [H] (fp32, a sixth);
+    dQ, dK, dV are None when dout is None. visible, softcap and sink as forward_reference's."""
     dt = q.dtype
     hq, hkv = q.shape[1], k.shape[1]
     qf, kf, vf = q.float(), _expand_kv(k.float(), hq), _expand_kv(v.float(), hq)
-    s = _scores(scale * (qf @ kf.transpose(-1, -2)), softcap)
+    raw = scale * (qf @ kf.transpose(-1, -2))
+    s = _scores(raw, softcap)
     vis = visible if visible is not None else _visible(q.shape[2], k.shape[2], causal, q.device)
     s = s.masked_fill(~vis, -math.inf)
     m = s.amax(-1, keepdim=True)
@@ -124,18 +127,21 @@ def naive_same_precision(q, k, v, dout, causal, scale, *, visible=None, softcap=
     o_stored = o.to(dt).float()
     if dout is None:
         return o_stored, lse, None, None, None
-    if softcap or sink is not None:
-        raise ValueError("dout: the yardstick's backward takes no softcap and no sink")
     do = dout.float()
     dp = do @ vf.transpose(-1, -2)
     dsum = (do * o_stored).sum(-1, keepdim=True)
-    ds = (p * (dp - dsum)).to(dt).float()
+    dscore = 1 - torch.tanh(raw / softcap) ** 2 if softcap else 1.0  # score'(tau S)
+    ds = (p * (dp - dsum) * dscore).to(dt).float()
     dq = (scale * (ds @ kf)).to(dt).float()
     b, nk, d = k.shape[0], k.shape[2], k.shape[3]
     g = hq // hkv
     dk = (scale * (ds.transpose(-1, -2) @ qf)).reshape(b, hkv, g, nk, d).sum(2).to(dt).float()
     dv = (p.transpose(-1, -2) @ do).reshape(b, hkv, g, nk, v.shape[3]).sum(2).to(dt).float()
-    return o_stored, lse, dq, dk, dv
+    if sink is None:
+        return o_stored, lse, dq, dk, dv
+    # dLoss/dsink_h = -sum_i e^(sink_h - LSE_i) D_i over the batch and the rows
+    dsink = -(torch.exp(sink.float().reshape(1, hq, 1) - lse) * dsum.squeeze(-1)).sum((0, 2))
+    return o_stored, lse, dq, dk, dv, dsink
 
 
 def _stats(out, ref, width):

@@ -13,6 +13,8 @@
 // strides: it runs in the caller's stream directly, on [B][H][N][d] or packed [total][H][d]
 // tensors. Its block map is built on the host (masks/mask_spec.cpp, block_map.cpp) and copied
 // to the device in that stream, as masks/mask_gpu.cu's mask_forward_gpu() does for the chapter.
+// Its sm90a masked backward (masks/hopper_backward.cu) likewise, with chapter 05's preprocess,
+// postprocess and scratch layout.
 //
 // Chapter 06's MLA decode (gqa_mla/mla_final.cu) launches on the legacy default stream, so it is
 // bracketed as chapter 05's kernels are.
@@ -63,7 +65,7 @@ namespace {
 using namespace attn;
 using namespace attn::ch05;
 
-constexpr int kAbiVersion = 4;
+constexpr int kAbiVersion = 5;
 
 void put(char* err, size_t len, const std::string& what) {
   if (err == nullptr || len == 0) return;
@@ -431,33 +433,34 @@ MaskedCall masked_call(int dtype, int batch, int heads, int kv_heads, int nq, in
   return c;
 }
 
-/// A block map's lists in one device allocation, made and freed in the stream's order.
-class DeviceMapCopy {
+/// Integer arrays (a block map's lists, a backward's walks) in one device allocation, made and
+/// freed in the stream's order.
+class DeviceInts {
  public:
-  DeviceMapCopy(const attn::ch06::BlockMap& m, const std::vector<int>& doc, cudaStream_t st) : st_(st) {
-    const std::vector<int>* parts[] = {&m.n_part, &m.part, &m.n_full, &m.full, &m.order, &m.q_row0, &m.q_row1, &doc};
+  DeviceInts(std::initializer_list<const std::vector<int>*> parts, cudaStream_t st) : st_(st) {
     size_t total = 0;
-    for (int i = 0; i < 8; ++i) {
-      offset_[i] = total;
-      total += round256(std::max<size_t>(1, parts[i]->size()) * sizeof(int));
+    for (const std::vector<int>* v : parts) {
+      offset_.push_back(total);
+      total += round256(std::max<size_t>(1, v->size()) * sizeof(int));
     }
     std::vector<int> host(total / sizeof(int), 0);
-    for (int i = 0; i < 8; ++i) std::copy(parts[i]->begin(), parts[i]->end(), host.begin() + offset_[i] / sizeof(int));
+    size_t i = 0;
+    for (const std::vector<int>* v : parts) std::copy(v->begin(), v->end(), host.begin() + offset_[i++] / sizeof(int));
     CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&base_), total, st_));
     // From pageable memory: staged before the call returns, so `host` may go.
     CUDA_CHECK(cudaMemcpyAsync(base_, host.data(), total, cudaMemcpyHostToDevice, st_));
   }
-  ~DeviceMapCopy() {
+  ~DeviceInts() {
     if (base_) cudaFreeAsync(base_, st_);  // after the kernel, in the stream's order
   }
-  DeviceMapCopy(const DeviceMapCopy&) = delete;
-  DeviceMapCopy& operator=(const DeviceMapCopy&) = delete;
+  DeviceInts(const DeviceInts&) = delete;
+  DeviceInts& operator=(const DeviceInts&) = delete;
   int* at(int i) { return reinterpret_cast<int*>(base_ + offset_[i]); }
 
  private:
   cudaStream_t st_;
   char* base_ = nullptr;
-  size_t offset_[8] = {};
+  std::vector<size_t> offset_;
 };
 
 }  // namespace
@@ -712,7 +715,7 @@ int attn_lineage_masked_forward(int device, void* stream, int dtype, const void*
     const ch06::BlockMap map = c.packed ? ch06::build_document_block_map(s, p, ch06::hopper_final::Br, bc)
                                         : ch06::build_block_map(s, p, ch06::hopper_final::Br, bc);
     const std::vector<int> doc = c.packed ? ch06::doc_of_tokens(s.doc_lens) : std::vector<int>{};
-    DeviceMapCopy dm(map, doc, st);
+    DeviceInts dm({&map.n_part, &map.part, &map.n_full, &map.full, &map.order, &map.q_row0, &map.q_row1, &doc}, st);
     const ch06::TokenLayout layout = c.packed ? ch06::TokenLayout::varlen(p) : ch06::TokenLayout::standard(p);
     auto strides = [](const ch06::Strides& x) { return ch06::DevStrides{x.batch, x.head, x.row}; };
     ch06::FwdParams f{};
@@ -727,6 +730,66 @@ int attn_lineage_masked_forward(int device, void* stream, int dtype, const void*
     const ch06::PolicyData pd{c.packed ? dm.at(7) : nullptr, sinks};
     const std::function<void()> run = ch06::hopper_final::prepare(f, s, p, pd, st);
     require(bool(run), "no masked kernel for this problem");
+    run();
+    return ATTN_LINEAGE_OK;
+  });
+}
+
+int attn_lineage_masked_backward(int device, void* stream, int dtype, const void* q, const void* k, const void* v,
+                                 const void* o, const void* dout, const float* lse, void* dq, void* dk, void* dv,
+                                 float* dsink, void* workspace, size_t workspace_bytes, int batch, int heads,
+                                 int kv_heads, int nq, int nk, int d, float scale, int causal, int window_left,
+                                 int window_right, float softcap, const float* sinks, int deterministic, char* err,
+                                 size_t err_len) {
+  namespace ch06 = attn::ch06;
+  MaskedCall c;
+  // Every argument before the device, as the forward's.
+  const int checked = guarded(err, err_len, [&] {
+    c = masked_call(dtype, batch, heads, kv_heads, nq, nk, d, scale, causal, window_left, window_right, softcap,
+                    sinks, nullptr, 0);
+    require(d == 64 || d == 128, "head dim " + std::to_string(d) + ": the masked backward has kernels for 64, 128");
+    check_tensors({{q, "q"}, {k, "k"}, {v, "v"}, {o, "o"}, {dout, "dout"}, {dq, "dq"}, {dk, "dk"}, {dv, "dv"},
+                   {workspace, "workspace"}});
+    require(lse != nullptr, "lse is null");
+    require(dsink == nullptr || sinks != nullptr, "dsink without sinks: there is no sink to differentiate");
+    check_workspace(workspace, workspace_bytes, bwd_scratch(batch, heads, nq, d).total);
+    return ATTN_LINEAGE_OK;
+  });
+  if (checked != ATTN_LINEAGE_OK) return checked;
+  const int ready = attn_lineage_device_ready(device, err, err_len);
+  if (ready != ATTN_LINEAGE_OK) return ready;
+  return guarded(err, err_len, [&] {
+    const Problem& p = c.problem;
+    const ch06::MaskSpec& s = c.spec;
+    const cudaStream_t st = static_cast<cudaStream_t>(stream);
+    // masks/mask_gpu.cu's hopper_backward_gpu(): the map of the kernel's steps, and its walks.
+    const ch06::BlockMap map = ch06::build_block_map(s, p, ch06::hopper_bwd::step_rows(d), ch06::hopper_bwd::kBc);
+    const ch06::BackwardWalks w = ch06::backward_walks(map);
+    DeviceInts dw({&w.list, &w.count, &w.rank}, st);
+    const BwdScratch sc = bwd_scratch(batch, heads, nq, d);
+    char* ws = static_cast<char*>(workspace);
+    ch06::HopperBwdArgs a;
+    a.problem = p;
+    Fa3BwdParams& b = a.params;
+    b.o = o;
+    b.dout = dout;
+    b.lse = lse;
+    b.lse2 = reinterpret_cast<float*>(ws + sc.lse2);
+    b.delta = reinterpret_cast<float*>(ws + sc.delta);
+    b.dq_accum = reinterpret_cast<float*>(ws + sc.accum);
+    b.dq_order = reinterpret_cast<int*>(ws + sc.order);
+    b.dq = dq;
+    b.dk = dk;
+    b.dv = dv;
+    set_bwd_problem(b, p);
+    set_bwd_layout(b, layout_step(BwdStep::final_bwd, d), nq);
+    b.deterministic = deterministic != 0;
+    a.walks = {dw.at(0), dw.at(1), dw.at(2), w.tq, w.tk, map.map_batch};
+    a.q = q, a.k = k, a.v = v, a.dout = dout;
+    a.dsink = dsink;
+    const ch06::PolicyData pd{nullptr, sinks};
+    const std::function<void()> run = ch06::hopper_bwd::prepare(a, s, pd, st);
+    require(bool(run), "no masked backward for this problem");
     run();
     return ATTN_LINEAGE_OK;
   });

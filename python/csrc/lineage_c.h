@@ -34,7 +34,8 @@ extern "C" {
 #define ATTN_LINEAGE_KV_INT8 3
 
 /* The ABI version: changes whenever a signature below changes (2: the paged decode; 3: the
- * masked forward and the MLA decode; 4: the paged decode over 8-bit pages). */
+ * masked forward and the MLA decode; 4: the paged decode over 8-bit pages; 5: the masked
+ * backward). */
 int attn_lineage_abi_version(void);
 
 /* 0 when `device` runs the kernels of this library (compute capability 9.0, built for
@@ -93,7 +94,7 @@ int attn_lineage_paged_decode_8bit(int device, void* stream, int kv_format, cons
                                    size_t workspace_bytes, int batch, int heads, int kv_heads, int d, int num_pages,
                                    int max_pages, int page_size, float scale, char* err, size_t err_len);
 
-/* Chapter 06's final masked forward (masks/steps/final.cu), forward only: O and the LSE as
+/* Chapter 06's final masked forward (masks/steps/final.cu): O and the LSE as
  * attn_lineage_fa3_forward's, bf16 or fp16, d in {64, 128, 256}, GQA. The mask, one of:
  *
  *  - a window (FlashAttention's window_size): query i at key position q = i + nk - nq sees key
@@ -116,6 +117,19 @@ int attn_lineage_masked_forward(int device, void* stream, int dtype, const void*
                                 void* o, float* lse, int batch, int heads, int kv_heads, int nq, int nk, int d,
                                 float scale, int causal, int window_left, int window_right, float softcap,
                                 const float* sinks, const int* cu_seqlens, int docs, char* err, size_t err_len);
+
+/* Chapter 06's sm90a masked backward (masks/hopper_backward.cu, with chapter 05's preprocess and
+ * postprocess): dQ, dK, dV as attn_lineage_fa3_backward's, for the masks of
+ * attn_lineage_masked_forward but packed documents, d in {64, 128}, from the masked forward's O
+ * and LSE. With sinks, dsink (a device array [heads] fp32, or NULL for none) receives
+ * dLoss/dsink_h. workspace: attn_lineage_fa3_backward_workspace() bytes, 256-byte aligned.
+ * deterministic = 1: dQ's adds in the order of the key blocks (the same bits on every run). */
+int attn_lineage_masked_backward(int device, void* stream, int dtype, const void* q, const void* k, const void* v,
+                                 const void* o, const void* dout, const float* lse, void* dq, void* dk, void* dv,
+                                 float* dsink, void* workspace, size_t workspace_bytes, int batch, int heads,
+                                 int kv_heads, int nq, int nk, int d, float scale, int causal, int window_left,
+                                 int window_right, float softcap, const float* sinks, int deterministic, char* err,
+                                 size_t err_len);
 
 /* Chapter 06's final absorbed MLA decode (gqa_mla/mla_final.cu), forward only, bf16: each
  * query head attends to one shared latent cache. q [B][heads][nq][576] (the absorbed query

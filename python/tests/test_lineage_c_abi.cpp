@@ -23,7 +23,7 @@ bool have_device() {
 }  // namespace
 
 TEST_CASE("lineage C ABI: version and scratch sizes") {
-  CHECK(attn_lineage_abi_version() == 4);
+  CHECK(attn_lineage_abi_version() == 5);
   char err[256];
   size_t small = 0, big = 0;
   REQUIRE(attn_lineage_fa3_backward_workspace(1, 1, 100, 64, &small, err, sizeof err) == ATTN_LINEAGE_OK);
@@ -265,6 +265,91 @@ TEST_CASE("lineage C ABI: the masked forward refuses bad arguments before the de
   }
 }
 
+
+namespace {
+
+/// attn_lineage_masked_backward with everything valid but what a case changes (fake, aligned
+/// pointers, the workspace its size: only calls refused before the device use them).
+struct MaskedBwd {
+  int dtype = ATTN_LINEAGE_BF16, batch = 1, heads = 4, kv_heads = 2, nq = 100, nk = 100, d = 64;
+  float scale = 0.f, softcap = 0.f;
+  int causal = 0, left = 16, right = 0, deterministic = 0;
+  const float* sinks = nullptr;
+  float* dsink = nullptr;
+  const void* q = reinterpret_cast<const void*>(uintptr_t(0x10000));
+  size_t ws_bytes = 0;  // 0: the size attn_lineage_fa3_backward_workspace() gives
+  char err[256];
+  int run() {
+    std::memset(err, 'x', sizeof err);
+    void* out = reinterpret_cast<void*>(uintptr_t(0x20000));
+    const float* lse = reinterpret_cast<const float*>(uintptr_t(0x30000));
+    void* ws = reinterpret_cast<void*>(uintptr_t(0x40000));
+    size_t need = 0;
+    char e2[256];
+    if (attn_lineage_fa3_backward_workspace(batch, heads, nq, d == 64 || d == 128 ? d : 64, &need, e2, sizeof e2) !=
+        ATTN_LINEAGE_OK)
+      return -1;
+    return attn_lineage_masked_backward(0, nullptr, dtype, q, q, q, q, q, lse, out, out, out, dsink, ws,
+                                        ws_bytes ? ws_bytes : need, batch, heads, kv_heads, nq, nk, d, scale, causal,
+                                        left, right, softcap, sinks, deterministic, err, sizeof err);
+  }
+  bool refused(const char* why) {
+    const int code = run();
+    const std::string msg(err);
+    INFO("code " << code << ": " << msg);
+    return code == ATTN_LINEAGE_BAD_ARGUMENT && msg.find(why) != std::string::npos;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("lineage C ABI: the masked backward refuses bad arguments before the device") {
+  const float sink_logits[4] = {0, 0, 0, 0};
+  float dsink[4];
+  {
+    MaskedBwd m;
+    m.d = 256;  // the masked forward has d = 256, the backward does not
+    CHECK(m.refused("the masked backward has kernels for 64, 128"));
+  }
+  {
+    MaskedBwd m;
+    m.heads = 3;
+    CHECK(m.refused("multiple of kv_heads"));
+  }
+  {
+    MaskedBwd m;
+    m.softcap = 30.f, m.sinks = sink_logits;
+    CHECK(m.refused("softcap and sinks together"));
+  }
+  {
+    MaskedBwd m;
+    m.softcap = 30.f, m.right = 4;
+    CHECK(m.refused("causal sliding window"));
+  }
+  {
+    MaskedBwd m;
+    m.dsink = dsink;  // a sink's gradient with no sink
+    CHECK(m.refused("dsink without sinks"));
+  }
+  {
+    MaskedBwd m;
+    m.ws_bytes = 256;
+    CHECK(m.refused("workspace"));
+  }
+  {
+    MaskedBwd m;
+    m.q = nullptr;
+    CHECK(m.refused("q is null"));
+  }
+  if (!have_device()) {  // a valid call reaches the device check, and is refused there
+    MaskedBwd m;
+    m.sinks = sink_logits, m.dsink = dsink, m.deterministic = 1;
+    const int code = m.run();
+    CHECK(code != ATTN_LINEAGE_OK);
+    CHECK(code != ATTN_LINEAGE_BAD_ARGUMENT);
+    CHECK(std::strlen(m.err) > 0);
+  }
+}
 
 TEST_CASE("lineage C ABI: the MLA decode refuses bad arguments before the device") {
   char err[256];

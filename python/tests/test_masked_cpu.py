@@ -92,15 +92,23 @@ def test_masked_argument_checks():
         flash_attn_func(q, k, v, learnable_sink=sink, window_size=(-1, 4))
     with raises(ValueError, r"^q: head dim 96 has no kernel"):
         flash_attn_func(*_qkv(d=96), window_size=(8, 8))
-    # no backward for the masked forward: refused at the forward, d = 256 or not
-    for kwargs in (dict(window_size=(8, 0)), dict(softcap=3.0), dict(learnable_sink=sink)):
+    # the masked backward (chapter 06's sm90a one): d = 64 and 128 through the fakes, gradients of
+    # the inputs' shapes (the sink's too); d = 256 has a forward but no backward, refused at the forward
+    for kwargs in (dict(window_size=(8, 0)), dict(softcap=3.0), dict(learnable_sink=sink.clone().requires_grad_())):
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-        with raises(ValueError, r"^window_size, softcap, learnable_sink: .*no backward"):
+        flash_attn_func(*leaves, **kwargs).float().sum().backward()
+        assert [t.grad.shape for t in leaves] == [q.shape, k.shape, v.shape]
+        if "learnable_sink" in kwargs:
+            assert kwargs["learnable_sink"].grad.shape == (4,) and kwargs["learnable_sink"].grad.dtype == torch.float32
+    q256, k256, v256 = _qkv(d=256)
+    for kwargs in (dict(window_size=(8, 0)), dict(softcap=3.0), dict(learnable_sink=sink)):
+        leaves = [t.clone().requires_grad_() for t in (q256, k256, v256)]
+        with raises(ValueError, r"^q: head dim 256 has a forward kernel but no backward kernel"):
             flash_attn_func(*leaves, **kwargs)
         with torch.no_grad():
             flash_attn_func(*leaves, **kwargs)
-    with raises(ValueError, r"no backward"):
-        flash_attn_func(q, k, v, learnable_sink=sink.clone().requires_grad_())
+    with raises(ValueError, r"no backward kernel"):
+        flash_attn_func(q256, k256, v256, learnable_sink=sink.clone().requires_grad_())
     # a window that is only causal keeps chapter 05's backward
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     flash_attn_func(*leaves, window_size=(-1, 0)).float().sum().backward()

@@ -1,5 +1,5 @@
-"""Chapter 06's final masked forward through the Python API on a Hopper GPU, against the fp64
-reference under the project's acceptance rule (attn_lineage.reference), forward only: windows
+"""Chapter 06's final masked forward and sm90a masked backward through the Python API on a Hopper
+GPU, against the fp64 reference under the project's acceptance rule (attn_lineage.reference): windows
 (two-sided, causal sliding, left-unbounded) with Nq != Nk and empty rows, softcap, learned sinks,
 GQA, d = 64, 128 and 256, bf16 and fp16; flash_attn_varlen_func on packed documents, one of
 them a single token. Skipped without a GPU, the C library, or an sm_90 device."""
@@ -126,8 +126,77 @@ def test_masked_gpu_argument_errors():
     q, k, v = _inputs(1, 64, 64, 4, 2, 64, torch.bfloat16, seed=305)
     with raises(ValueError, r"^learnable_sink: must be on q's device"):
         flash_attn_func(q, k, v, learnable_sink=torch.zeros(4))
-    with raises(ValueError, r"no backward"):
-        flash_attn_func(q.clone().requires_grad_(), k, v, window_size=(8, 0))
+    q256, k256, v256 = _inputs(1, 64, 64, 4, 2, 256, torch.bfloat16, seed=306)
+    with raises(ValueError, r"no backward kernel"):
+        flash_attn_func(q256.clone().requires_grad_(), k256, v256, window_size=(8, 0))
+
+
+# (batch, nq, nk, heads, kv_heads, d, dtype, causal, window_size, softcap, sink?)
+GRAD_CASES = [
+    (2, 300, 520, 8, 2, 128, torch.bfloat16, False, (100, 20), 0.0, False),   # two-sided, Nq < Nk, GQA 4:1
+    (1, 520, 300, 4, 1, 64, torch.bfloat16, False, (64, 0), 0.0, False),      # causal sliding, 220 empty rows
+    (2, 257, 257, 4, 2, 64, torch.float16, True, (-1, -1), 1.5, False),       # causal softcap
+    (1, 1000, 1000, 4, 2, 128, torch.bfloat16, True, (128, -1), 2.0, False),  # softcap + causal sliding
+    (2, 200, 333, 4, 2, 64, torch.bfloat16, True, (-1, -1), 0.0, True),       # causal sink, GQA
+    (1, 400, 300, 8, 2, 128, torch.float16, False, (64, 0), 0.0, True),       # sink + sliding, empty rows
+]
+
+
+def test_masked_backward_against_the_reference():
+    """dQ, dK, dV (and the sink's gradient) from chapter 06's sm90a masked backward, against fp64."""
+    need_gpu()
+    for i, case in enumerate(GRAD_CASES):
+        b, nq, nk, hq, hkv, d, dtype, causal, window, cap, with_sink = case
+        q, k, v = _inputs(b, nq, nk, hq, hkv, d, dtype, seed=500 + i)
+        g = torch.Generator(device="cuda").manual_seed(600 + i)
+        do = torch.randn(b, nq, hq, d, generator=g, device="cuda").to(dtype)
+        sink = (torch.randn(hq, generator=g, device="cuda") + math.log(nk)).requires_grad_() if with_sink else None
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        o = flash_attn_func(*leaves, causal=causal, window_size=window, softcap=cap, learnable_sink=sink)
+        o.backward(do)
+        torch.cuda.synchronize()
+        left, right = window
+        if causal:
+            right = 0
+        vis = R.window_visible(nq, nk, left, right, q.device)
+        tau = 1.0 / math.sqrt(d)
+        refs = R.backward_reference(_bhnd(q), _bhnd(k), _bhnd(v), _bhnd(do), False, tau, visible=vis, softcap=cap,
+                                    sink=sink)
+        _, _, *naive = R.naive_same_precision(_bhnd(q), _bhnd(k), _bhnd(v), _bhnd(do), False, tau, visible=vis,
+                                              softcap=cap, sink=sink)
+        for name, leaf, ref, n in zip(("dQ", "dK", "dV"), leaves, refs, naive):
+            assert leaf.grad.shape == leaf.shape and leaf.grad.dtype == dtype
+            _check(f"{case} {name}", _bhnd(leaf.grad), ref, n, dtype, "tensor")
+        if with_sink:
+            assert sink.grad.shape == (hq,) and sink.grad.dtype == torch.float32
+            _check(f"{case} dsink", sink.grad.reshape(1, hq), refs[3].reshape(1, hq), naive[3].reshape(1, hq),
+                   dtype, "tensor")
+
+
+def test_masked_backward_side_stream_and_compile():
+    """The masked backward in the caller's stream order, and under torch.compile (no graph break)."""
+    need_gpu()
+    q, k, v = _inputs(2, 333, 333, 4, 2, 64, torch.bfloat16, seed=700)
+
+    def grads(f, q, k, v):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        f(*leaves).float().sum().backward()
+        return [t.grad for t in leaves]
+
+    f = lambda q, k, v: flash_attn_func(q, k, v, window_size=(50, 0), softcap=3.0)  # noqa: E731
+    want = grads(f, q, k, v)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        got = grads(f, q * 1, k, v)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    for a, b in zip(got, want):  # dQ's adds in any order: equal up to rounding, not bit for bit
+        assert torch.allclose(a.float(), b.float(), rtol=1e-2, atol=1e-2)
+    torch._dynamo.reset()
+    got = grads(torch.compile(f, fullgraph=True), q, k, v)
+    for a, b in zip(got, want):
+        assert torch.allclose(a.float(), b.float(), rtol=1e-2, atol=1e-2)
 
 
 # ----------------------------------------------------------------------------- varlen

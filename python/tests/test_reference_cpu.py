@@ -65,6 +65,21 @@ def test_backward_reference_has_no_nan_on_empty_rows():
     assert torch.all(dq[:, :, :10] == 0)
 
 
+def test_masked_gradients_of_the_yardstick_and_the_reference():
+    """The masked backward's yardstick (softcap's score', the sink's gradient) against fp64
+    autograd: in fp32 inputs the two agree to fp32 rounding."""
+    need_torch()
+    q, k, v, do = _inputs(nq=40, nk=60, dtype=torch.float32)
+    vis = R.window_visible(40, 60, 16, 0, q.device)
+    sink = torch.linspace(-1.0, 2.0, 4)
+    for cap, snk in ((2.0, None), (0.0, sink)):
+        refs = R.backward_reference(q, k, v, do, False, 0.3, visible=vis, softcap=cap, sink=snk)
+        _, _, *naive = R.naive_same_precision(q, k, v, do, False, 0.3, visible=vis, softcap=cap, sink=snk)
+        assert len(refs) == len(naive) == (4 if snk is not None else 3)
+        for r, n in zip(refs, naive):
+            assert torch.allclose(n.double(), r, rtol=1e-4, atol=1e-5), float((n.double() - r).abs().max())
+
+
 def _judge_all(q, k, v, do, causal, out, grads):
     scale = 0.125
     o_ref, lse_ref = R.forward_reference(q, k, v, causal, scale)

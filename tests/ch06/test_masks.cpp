@@ -185,6 +185,42 @@ TEST_CASE("classify() is conservative for every variant and tile shape: full kee
   }
 }
 
+TEST_CASE("the sm90a backward's walk: each key block's non-skipped query blocks in ascending order, and its rank") {
+  // hopper_backward.cu walks these lists; a wrong rank deadlocks or reorders the deterministic
+  // mode, a wrong partial bit leaves a tile unmasked.
+  for (const Problem p : {Problem(masked_problem(shape().batch(2).heads(3).n(700, 900).d(32))),
+                          Problem(masked_problem(shape().heads(2).n(900, 333).d(32)))}) {
+    for (MaskKind k : all_mask_kinds()) {
+      if (k == MaskKind::document) continue;
+      for (const bool causal : {false, true}) {
+        const MaskSpec s = spec_of(k, p, causal);
+        CAPTURE(s.describe());
+        CAPTURE(p.describe());
+        const BlockMap m = build_block_map(s, p, 80, 128);
+        const BackwardWalks w = backward_walks(m);
+        REQUIRE(w.maps == m.maps());
+        int wrong = 0;
+        for (int mi = 0; mi < m.maps(); ++mi)
+          for (int kb = 0; kb < m.tk; ++kb) {
+            const std::size_t f = std::size_t(mi) * m.tk + kb;
+            int n = 0;
+            for (int qb = 0; qb < m.tq; ++qb) {
+              const TileKind t = m.kinds[(std::size_t(mi) * m.tq + qb) * m.tk + kb];
+              if (t == TileKind::skip) continue;
+              int lower = 0;  // key blocks below kb that visit qb
+              for (int k2 = 0; k2 < kb; ++k2) lower += m.kinds[(std::size_t(mi) * m.tq + qb) * m.tk + k2] != TileKind::skip;
+              wrong += n >= w.count[f] || w.list[f * m.tq + n] != (qb << 1 | (t == TileKind::partial ? 1 : 0)) ||
+                       w.rank[f * m.tq + n] != lower;
+              ++n;
+            }
+            wrong += n != w.count[f];
+          }
+        CHECK(wrong == 0);
+      }
+    }
+  }
+}
+
 TEST_CASE("the block map's forward and backward lists describe the same tiles") {
   const Problem p = masked_problem(shape().batch(1).heads(3).n(700, 900).d(32));
   for (MaskKind k : all_mask_kinds()) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <sstream>
+#include <stdexcept>
 
 namespace attn::ch06 {
 
@@ -106,6 +107,34 @@ int inject_map_fault(BlockMap& map, Fault f) {
     ++changed;
   }
   return changed;
+}
+
+BackwardWalks backward_walks(const BlockMap& m) {
+  if (m.map_heads != 1) throw std::runtime_error("the sm90a masked backward's walk: one block map for every head");
+  BackwardWalks w;
+  w.tq = m.tq, w.tk = m.tk, w.maps = m.maps();
+  w.list.assign(std::size_t(w.maps) * m.tk * m.tq, 0);
+  w.rank.assign(w.list.size(), 0);
+  w.count.assign(std::size_t(w.maps) * m.tk, 0);
+  for (int mi = 0; mi < w.maps; ++mi) {
+    std::vector<int> visitors(m.tq, 0);  // key blocks below kb that visit each query block
+    for (int kb = 0; kb < m.tk; ++kb) {
+      const std::size_t f = std::size_t(mi) * m.tk + kb;
+      const int* part = &m.q_part[f * m.tq];
+      const int* full = &m.q_full[f * m.tq];
+      const int np = m.q_n_part[f], nf = m.q_n_full[f];
+      int a = 0, c = 0, n = 0;
+      while (a < np || c < nf) {  // both lists ascend
+        const bool take_part = c >= nf || (a < np && part[a] < full[c]);
+        const int qb = take_part ? part[a++] : full[c++];
+        w.list[f * m.tq + n] = qb << 1 | (take_part ? 1 : 0);
+        w.rank[f * m.tq + n] = visitors[qb]++;
+        ++n;
+      }
+      w.count[f] = n;
+    }
+  }
+  return w;
 }
 
 }  // namespace attn::ch06

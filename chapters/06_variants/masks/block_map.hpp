@@ -128,6 +128,18 @@ void finish_block_map(BlockMap& m, const std::vector<int>& map_b, const std::vec
   std::stable_sort(m.order.begin(), m.order.end(), [&](int a, int c) { return work(a) > work(c); });
 }
 
+/// The sm90a backward's walk (hopper_backward.cu; MaskWalks in mask_kernels.cuh) from a map's
+/// backward lists: for each (map, key block), its partial and full query blocks merged in
+/// ascending order, each as block << 1 | 1 where partial; and the key block's rank among the
+/// key blocks that visit each of them (how many lower ones do), the deterministic mode's order.
+/// A map that differs between heads has no such walk (no policy has one).
+struct BackwardWalks {
+  std::vector<int> list, rank;  ///< [maps][tk][tq] (the first count entries used)
+  std::vector<int> count;       ///< [maps][tk]
+  int tq = 0, tk = 0, maps = 0;
+};
+BackwardWalks backward_walks(const BlockMap& m);
+
 /// --inject-fault on the forward lists (common/faults.hpp), as a faulty map builder would
 /// leave them. partial-tile-full: each list's last partial tile that lies inside Nk moves
 /// to the full list, so its element mask is skipped; last-key-block: each list loses its

@@ -185,46 +185,12 @@ GpuMaskForward mask_forward_gpu(const Problem& p, const MaskSpec& s, const Token
 
 namespace {
 
-/// The sm90a backward's walk from its block map (MaskWalks, mask_kernels.cuh): each key block's
-/// partial and full query steps merged in ascending order, and its rank among each step's visitors.
-struct HostWalks {
-  std::vector<int> list, count, rank;
-  int tq = 0, tk = 0, maps = 0;
-};
-HostWalks walks_of(const BlockMap& m) {
-  if (m.map_heads != 1) throw std::runtime_error("the sm90a masked backward: one block map for every head");
-  HostWalks w;
-  w.tq = m.tq, w.tk = m.tk, w.maps = m.maps();
-  w.list.assign(std::size_t(w.maps) * m.tk * m.tq, 0);
-  w.rank.assign(w.list.size(), 0);
-  w.count.assign(std::size_t(w.maps) * m.tk, 0);
-  for (int mi = 0; mi < w.maps; ++mi) {
-    std::vector<int> visitors(m.tq, 0);  // key blocks below kb that visit each step
-    for (int kb = 0; kb < m.tk; ++kb) {
-      const std::size_t f = std::size_t(mi) * m.tk + kb;
-      const int* part = &m.q_part[f * m.tq];
-      const int* full = &m.q_full[f * m.tq];
-      const int np = m.q_n_part[f], nf = m.q_n_full[f];
-      int a = 0, c = 0, n = 0;
-      while (a < np || c < nf) {  // both lists ascend
-        const bool take_part = c >= nf || (a < np && part[a] < full[c]);
-        const int qb = take_part ? part[a++] : full[c++];
-        w.list[f * m.tq + n] = qb << 1 | (take_part ? 1 : 0);
-        w.rank[f * m.tq + n] = visitors[qb]++;
-        ++n;
-      }
-      w.count[f] = n;
-    }
-  }
-  return w;
-}
-
 GpuMaskBackward hopper_backward_gpu(const Problem& p, const MaskSpec& s, const TokenLayout& layout, const AttnInputs& in,
                                     const std::vector<float>& o_host, const std::vector<float>& lse_host, bool time,
                                     bool deterministic) {
   if (layout.packed) throw UsageError("the sm90a masked backward reads the standard layout, not packed rows");
   const BlockMap map = build_block_map(s, p, hopper_bwd::step_rows(p.d), hopper_bwd::kBc);
-  const HostWalks hw = walks_of(map);
+  const BackwardWalks hw = backward_walks(map);
   const DeviceBuffer<int> wl = upload(hw.list), wc = upload(hw.count), wr = upload(hw.rank);
   const DeviceTensor q = DeviceTensor::from_host(in.q, p.dtype), k = DeviceTensor::from_host(in.k, p.dtype),
                      v = DeviceTensor::from_host(in.v, p.dtype), dout = DeviceTensor::from_host(in.dout, p.dtype),
