@@ -160,9 +160,11 @@ struct Walk {
     const int k = s % steps_per_head;
     return p.deterministic ? steps_per_head - 1 - k : k;
   }
-  /// Step s's list entry (step << 1 | partial), or 0 past the last step. Every role reads it a
-  /// step ahead (Ahead below): a load from global memory on the way to a step's copies or
-  /// products would add its latency to every step.
+  /// Step s's list entry (step << 1 | partial), or 0 past the last step. The producer and the
+  /// dQ writer read it a step ahead (Ahead below): a load from global memory between a stage's
+  /// release and its copies would add its latency to every step. The consumers read it in
+  /// the step: they first need it once S^T is done, and a value carried across the loop costs
+  /// a register that d = 128 does not have.
   __device__ __forceinline__ int at(int s, const Fa3BwdParams& p) const { return s < n_steps ? list[entry(s, p)] : 0; }
   __device__ __forceinline__ int rank_at(int s, const Fa3BwdParams& p) const { return s < n_steps ? rank[entry(s, p)] : 0; }
   __device__ __forceinline__ int head_of(int s, const Fa3BwdParams& p) const {
@@ -369,9 +371,8 @@ __device__ __forceinline__ void consumer(const Fa3BwdParams& p, const MaskWalks&
 
   if (n_steps > 0) mbarrier_wait(bar_kv, 0);
   RingState<kStages> ring;
-  Ahead entry{w.at(0, p)};
   for (int s = 0; s < n_steps; ++s, ring.advance()) {
-    const int e = entry.take(s, [&](int x) { return w.at(x, p); });
+    const int e = w.at(s, p);  // first used once S^T is done: its latency hides behind the product
     const int st = ring.stage, bh = w.head_of(s, p), i = e >> 1, row0 = i * Br;
     const int qt = Plan::kQ + st * Plan::kQBytes, dot = Plan::kdO + st * Plan::kQBytes;
     mbarrier_wait(&full[st], ring.phase);
