@@ -14,14 +14,15 @@
 //      block map's backward lists instead of every query step from the causal diagonal on: the
 //      host merges each key block's partial and full query steps into one ascending list
 //      (MaskWalks), a step's number times two plus one where it is partial. Ascending, or
-//      descending in the deterministic mode, as chapter 05 walks.
+//      descending in the deterministic mode, as chapter 05 walks. Every role reads its next
+//      step's entry a step ahead (Ahead), where chapter 05 computed the step from its index.
 //   2. keep(b, h, i, j) masks P on partial steps only (full steps have no mask arithmetic),
 //      where chapter 05 tested the causal diagonal.
 //   3. With Policy::kScore (ALiBi, softcap): P = 2^(score(tau S) log2(e) - LSE log2(e)) and
 //      dS = P o (dP - D) o score'(tau S). tau S is gone once P is made (keeping it costs Br / 2
-//      registers a thread, and ptxas then serialised the wgmma at d = 128 and spilled 568 bytes
-//      at d = 64), so score' comes from the modified score m = ln P + LSE, through the policy's
-//      dscore_of_score(m): for softcap 1 - (m / cap)^2, for ALiBi 1.
+//      registers a thread: ptxas spilled 568 bytes at d = 64), so score' comes from the
+//      modified score m = ln P + LSE, through the policy's dscore_of_score(m): for softcap
+//      1 - (m / cap)^2, for ALiBi 1. At d = 128 ptxas still serialises softcap's wgmma (LAB.md).
 //   4. The deterministic mode's order. Chapter 05's key block j waits for the j blocks before
 //      it; here a query step is visited by the key blocks of its map entry, so block j waits for
 //      its rank among them (MaskWalks::rank, from the host). The grid keeps j the slowest index,
