@@ -231,6 +231,30 @@ BwdScratch bwd_scratch(int batch, int heads, int nq, int d) {
   return s;
 }
 
+/// Chapter 05's final backward's parameters for one call: the problem, its layout and mode, and
+/// the scratch in the caller's workspace (bwd_scratch()'s layout). The unmasked and the masked
+/// backward both take them.
+Fa3BwdParams bwd_params(const Problem& p, const void* o, const void* dout, const float* lse, void* dq, void* dk,
+                        void* dv, void* workspace, int deterministic) {
+  const BwdScratch s = bwd_scratch(p.batch, p.heads, p.nq, p.d);
+  char* ws = static_cast<char*>(workspace);
+  Fa3BwdParams b;
+  b.o = o;
+  b.dout = dout;
+  b.lse = lse;
+  b.lse2 = reinterpret_cast<float*>(ws + s.lse2);
+  b.delta = reinterpret_cast<float*>(ws + s.delta);
+  b.dq_accum = reinterpret_cast<float*>(ws + s.accum);
+  b.dq_order = reinterpret_cast<int*>(ws + s.order);
+  b.dq = dq;
+  b.dk = dk;
+  b.dv = dv;
+  set_bwd_problem(b, p);
+  set_bwd_layout(b, layout_step(BwdStep::final_bwd, p.d), p.nq);
+  b.deterministic = deterministic != 0;
+  return b;
+}
+
 /// Chapter 07's decode: its shape rules (decode_checks.hpp, shared with decode.cpp's validate())
 /// and its split plan (decode.cpp's choose_splits() and keys_per_split(), restated here because
 /// the library does not link chapter 07's CPU code) for the longest sequence the block table can
@@ -528,29 +552,15 @@ int attn_lineage_fa3_backward(int device, void* stream, int dtype, const void* q
     check_tensors({{q, "q"}, {k, "k"}, {v, "v"}, {o, "o"}, {dout, "dout"}, {dq, "dq"}, {dk, "dk"}, {dv, "dv"},
                    {workspace, "workspace"}});
     require(lse != nullptr, "lse is null");
-    const BwdScratch s = bwd_scratch(batch, heads, nq, d);
-    check_workspace(workspace, workspace_bytes, s.total);
-    char* ws = static_cast<char*>(workspace);
+    check_workspace(workspace, workspace_bytes, bwd_scratch(batch, heads, nq, d).total);
     BwdStepArgs a;
     a.problem = p;
     a.q = q;
     a.k = k;
     a.v = v;
     a.dout = dout;
-    Fa3BwdParams& b = a.params;
-    b.o = o;
-    b.dout = dout;
-    b.lse = lse;
-    b.lse2 = reinterpret_cast<float*>(ws + s.lse2);
-    b.delta = reinterpret_cast<float*>(ws + s.delta);
-    b.dq_accum = reinterpret_cast<float*>(ws + s.accum);
-    b.dq_order = reinterpret_cast<int*>(ws + s.order);
-    b.dq = dq;
-    b.dk = dk;
-    b.dv = dv;
-    set_bwd_problem(b, p);
-    set_bwd_layout(b, layout_step(BwdStep::final_bwd, d), nq);
-    b.deterministic = deterministic != 0;
+    a.params = bwd_params(p, o, dout, lse, dq, dk, dv, workspace, deterministic);
+    const Fa3BwdParams& b = a.params;
     const PreparedStep main_kernel = final_bwd::prepare(a);
     const long long rows = (long long)p.batch * p.heads * b.n_qblocks * b.block_rows;
     const unsigned prep_blocks = unsigned((rows + kPrepThreads / (d / 8) - 1) / (kPrepThreads / (d / 8)));
@@ -766,24 +776,9 @@ int attn_lineage_masked_backward(int device, void* stream, int dtype, const void
     const ch06::BlockMap map = ch06::build_block_map(s, p, ch06::hopper_bwd::step_rows(d), ch06::hopper_bwd::kBc);
     const ch06::BackwardWalks w = ch06::backward_walks(map);
     DeviceInts dw({&w.list, &w.count, &w.rank}, st);
-    const BwdScratch sc = bwd_scratch(batch, heads, nq, d);
-    char* ws = static_cast<char*>(workspace);
     ch06::HopperBwdArgs a;
     a.problem = p;
-    Fa3BwdParams& b = a.params;
-    b.o = o;
-    b.dout = dout;
-    b.lse = lse;
-    b.lse2 = reinterpret_cast<float*>(ws + sc.lse2);
-    b.delta = reinterpret_cast<float*>(ws + sc.delta);
-    b.dq_accum = reinterpret_cast<float*>(ws + sc.accum);
-    b.dq_order = reinterpret_cast<int*>(ws + sc.order);
-    b.dq = dq;
-    b.dk = dk;
-    b.dv = dv;
-    set_bwd_problem(b, p);
-    set_bwd_layout(b, layout_step(BwdStep::final_bwd, d), nq);
-    b.deterministic = deterministic != 0;
+    a.params = bwd_params(p, o, dout, lse, dq, dk, dv, workspace, deterministic);
     a.walks = {dw.at(0), dw.at(1), dw.at(2), w.tq, w.tk, map.map_batch};
     a.q = q, a.k = k, a.v = v, a.dout = dout;
     a.dsink = dsink;

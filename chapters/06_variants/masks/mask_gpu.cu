@@ -185,6 +185,22 @@ GpuMaskForward mask_forward_gpu(const Problem& p, const MaskSpec& s, const Token
 
 namespace {
 
+/// One backward run, both kernels: launch, check, download the gradients (and dLoss/dsink), time.
+template <class Run>
+GpuMaskBackward run_backward(const Run& run, const DeviceTensor& dq, const DeviceTensor& dk, const DeviceTensor& dv,
+                             DeviceBuffer<float>* dsink, bool time) {
+  run();
+  CUDA_CHECK(cudaGetLastError());
+  CUDA_CHECK(cudaDeviceSynchronize());
+  GpuMaskBackward r;
+  r.dq = dq.to_host();
+  r.dk = dk.to_host();
+  r.dv = dv.to_host();
+  if (dsink) r.dsink = dsink->download();
+  if (time) r.time_ms = time_gpu(run).median_ms;
+  return r;
+}
+
 GpuMaskBackward hopper_backward_gpu(const Problem& p, const MaskSpec& s, const TokenLayout& layout, const AttnInputs& in,
                                     const std::vector<float>& o_host, const std::vector<float>& lse_host, bool time,
                                     bool deterministic) {
@@ -226,16 +242,7 @@ GpuMaskBackward hopper_backward_gpu(const Problem& p, const MaskSpec& s, const T
   a.dsink = sink ? dsink.get() : nullptr;
   const std::function<void()> run = hopper_bwd::prepare(a, s, pd.view(), 0);
   if (!run) throw std::runtime_error("no sm90a masked backward for this problem");
-  run();
-  CUDA_CHECK(cudaGetLastError());
-  CUDA_CHECK(cudaDeviceSynchronize());
-  GpuMaskBackward r;
-  r.dq = dq.to_host();
-  r.dk = dk.to_host();
-  r.dv = dv.to_host();
-  if (sink) r.dsink = dsink.download();
-  if (time) r.time_ms = time_gpu(run).median_ms;
-  return r;
+  return run_backward(run, dq, dk, dv, sink ? &dsink : nullptr, time);
 }
 
 }  // namespace
@@ -277,16 +284,7 @@ GpuMaskBackward mask_backward_gpu(const Problem& p, const MaskSpec& s, const Tok
   auto run = [&] {
     if (!backward_mask::launch(b, s, p, pd.view(), 0)) throw std::runtime_error("no masked backward for this problem");
   };
-  run();
-  CUDA_CHECK(cudaGetLastError());
-  CUDA_CHECK(cudaDeviceSynchronize());
-  GpuMaskBackward r;
-  r.dq = dq.to_host();
-  r.dk = dk.to_host();
-  r.dv = dv.to_host();
-  if (sink) r.dsink = dsink.download();
-  if (time) r.time_ms = time_gpu(run).median_ms;
-  return r;
+  return run_backward(run, dq, dk, dv, sink ? &dsink : nullptr, time);
 }
 
 }  // namespace attn::ch06
