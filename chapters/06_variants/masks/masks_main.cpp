@@ -352,25 +352,23 @@ void run_variant(const MaskSpec& spec, const Problem& user, const Options& opt, 
         rep.rows.push_back(row);
         continue;
       }
-      {
-        GpuForwardOptions fo;
-        fo.hopper_step = step;
-        fo.ctas = a.ctas;
-        fo.all_partial = a.all_partial;
-        fo.fault = opt.fault;
-        const GpuMaskForward f = mask_forward_gpu(p, spec, layout, lin, path, !a.no_time, fo);
-        row.set_check(oracle.judge(from_layout(f.o, p.heads, p.nq, p.dv, layout.packed), &f.lse));
-        if (!a.no_time) row.set_time(f.time_ms);
-        row.note = fmt("%.0f", f.tiles) + " tiles visited" + (a.all_partial ? " (all partial: --all-partial)" : "");
-        if (path == GpuPath::sm90a) row.note += std::string(", ") + hopper_step_file(step);
-        if (f.faulted_lists)
-          row.note = fault_note(opt.fault) + " (" + std::to_string(f.faulted_lists) + " key lists); " + row.note;
-        // The kernel's own count: Q read once per query block, K and V once per visited tile, O and LSE written once.
-        const double e = dtype_bytes(p.dtype), bc = f.tile_keys;
-        row.hbm_read_bytes = e * (double(p.q_elems()) + f.tiles * bc * (p.d + p.dv));
-        row.hbm_write_bytes = e * double(p.o_elems()) + 4.0 * double(p.lse_elems());
-        row.extra_bytes = 0;
-      }
+      GpuForwardOptions fo;
+      fo.hopper_step = step;
+      fo.ctas = a.ctas;
+      fo.all_partial = a.all_partial;
+      fo.fault = opt.fault;
+      const GpuMaskForward f = mask_forward_gpu(p, spec, layout, lin, path, !a.no_time, fo);
+      row.set_check(oracle.judge(from_layout(f.o, p.heads, p.nq, p.dv, layout.packed), &f.lse));
+      if (!a.no_time) row.set_time(f.time_ms);
+      row.note = fmt("%.0f", f.tiles) + " tiles visited" + (a.all_partial ? " (all partial: --all-partial)" : "");
+      if (path == GpuPath::sm90a) row.note += std::string(", ") + hopper_step_file(step);
+      if (f.faulted_lists)
+        row.note = fault_note(opt.fault) + " (" + std::to_string(f.faulted_lists) + " key lists); " + row.note;
+      // The kernel's own count: Q read once per query block, K and V once per visited tile, O and LSE written once.
+      const double e = dtype_bytes(p.dtype), bc = f.tile_keys;
+      row.hbm_read_bytes = e * (double(p.q_elems()) + f.tiles * bc * (p.d + p.dv));
+      row.hbm_write_bytes = e * double(p.o_elems()) + 4.0 * double(p.lse_elems());
+      row.extra_bytes = 0;
       rep.rows.push_back(row);
     }
   }
