@@ -316,8 +316,10 @@ def model_table(rows):
     keys = sorted({(r["variant"], r.get("N")) for r in mine},
                   key=lambda k: (CH06_MODEL_CASES.index(k[0]), k[1] or 0))
     head = ["case", "N", "B", "d", "Hq/Hkv", "mask", "ours forward (final sm90a)", "FA4", "FlexAttention",
-            "ours / FA4", "ours / Flex", "ours backward (final)"]
-    body = []
+            "ours / FA4", "ours / Flex"]
+    bhead = ["case", "N", "d", "ours backward (final)", "FA4 backward", "FlexAttention backward", "ours / FA4",
+             "ours / Flex"]
+    body, bbody = [], []
     for case, n in keys:
         at = [r for r in mine if r["variant"] == case and r.get("N") == n]
         fwd = next((r for k in MODEL_OURS_FWD for r in at if r["kernel"] == k and r.get("kind") == "ours"), None)
@@ -328,9 +330,19 @@ def model_table(rows):
         ratios = [fmt_ratio(speed(fwd) / speed(pe[p])) if fwd and pe[p] and speed(fwd) and speed(pe[p]) else "-"
                   for p in ("fa4", "flex")]
         body.append([case, n, s0.get("B"), s0.get("d"), "%s/%s" % (s0.get("H"), s0.get("Hkv")), s0.get("mask") or "-",
-                     model_cell(fwd), model_cell(pe["fa4"], True), model_cell(pe["flex"], True)] + ratios +
-                    [model_cell(bwd) if bwd else "-"])
-    return md_table(head, body)
+                     model_cell(fwd), model_cell(pe["fa4"], True), model_cell(pe["flex"], True)] + ratios)
+        pb = {p: next((r for r in at if r.get("kind") == "peer" and r["kernel"] == p and r.get("pass") == "bwd"), None)
+              for p in ("fa4", "flex")}
+        bratios = [fmt_ratio(speed(bwd) / speed(pb[p])) if bwd and pb[p] and speed(bwd) and speed(pb[p]) else "-"
+                   for p in ("fa4", "flex")]
+        bbody.append([case, n, s0.get("d"), model_cell(bwd) if bwd else "-",
+                      model_cell(pb["fa4"], True) if pb["fa4"] else "-",
+                      model_cell(pb["flex"], True) if pb["flex"] else "-"] + bratios)
+    # the backward: a table of its own where the run measured a peer's backward; else our backward
+    # is the forward table's last column
+    if not any(row[4:6] != ["-", "-"] for row in bbody):
+        return md_table(head + ["ours backward (final)"], [r + [b[3]] for r, b in zip(body, bbody)])
+    return md_table(head, body) + "\n\nThe backward (dQ, dK, dV):\n\n" + md_table(bhead, bbody)
 
 
 def sparse_table(rows):
@@ -694,8 +706,9 @@ def markdown(res, lab=None):
     if t:
         out.append(section("ch06-models", "Chapter 06: the masks in the shapes of real models (TFLOP/s)", t,
                            "`ch06_variants mask --model NAME`, B = 16K tokens / N (packed-docs: one packed batch of N), bf16; TFLOP/s over kept pairs "
-                           "(4·B·Hq·kept·d forward, 2.5x backward). FA4 and FlexAttention run forward only, each "
-                           "checked against fp32 on sampled rows before it is timed; ours / peer above 1.00x: ours "
+                           "(4·B·Hq·kept·d forward, 2.5x backward). FA4 and FlexAttention are each checked against fp32 "
+                           "before they are timed (forward: sampled rows; backward: dQ, dK, dV of the first and last "
+                           "KV heads); ours / peer above 1.00x: ours "
                            "faster. not built: no kernel of ours for the head dim; not supported: the peer lacks "
                            "the case (the reason is the row's note in results.json)."))
     t = sparse_table(rows)

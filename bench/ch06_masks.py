@@ -31,8 +31,10 @@ Measures, on one GPU in one run:
     (mask_mod, score_mod for the softcap, the sink from its LSE as for learned-sink,
     enable_gqa=True) and FA4 through its own arguments (causal, window_size=(L, 0), softcap,
     learnable_sink; flash_attn_varlen_func with cu_seqlens for the packed documents), checked
-    as every peer. The peers are timed forward only: this script times no peer backward.
-    FLOPs 4 B Hq (kept pairs) d, the binary's count where it reports one.
+    as every peer. Unless --no-model-backward the peers' backwards run too (torch.autograd.grad
+    of one kept forward, timed alone; their dQ, dK and dV of the first and last KV heads checked
+    against fp32 by the rule of common/compare.hpp: model_grad_check). FLOPs 4 B Hq (kept pairs)
+    d, the binary's count where it reports one; a backward 2.5 times that.
 TFLOP/s are counted over kept pairs (4 d FLOPs per kept pair, the project's halved count
 for causal).
 
@@ -320,15 +322,18 @@ def model_reference(torch, q, k, v, b, mm, sm, sink, heads_to_check, rows):
     return torch.stack(out)
 
 
-def model_inputs(torch, prm, n, hq, d, dev):
-    """A model case's inputs and mask: q [B, Hq, N, d], k and v [B, Hkv, N, d] (bf16, seeded), the
-    sink logits (default_sink_logits() of mask_spec.cpp, as for the learned-sink variant), and
-    mask_mod / score_mod in FlexAttention's form, the definitions of mask_policy.hpp."""
+def model_inputs(torch, prm, n, hq, d, dev, grad=False):
+    """A model case's inputs and mask: q [B, Hq, N, d], k and v [B, Hkv, N, d] (bf16, seeded; with
+    grad, leaves that require their gradient), the sink logits (default_sink_logits() of
+    mask_spec.cpp, as for the learned-sink variant), and mask_mod / score_mod in FlexAttention's
+    form, the definitions of mask_policy.hpp."""
     B, hkv, L = prm["batch"], prm["hkv"], prm.get("left")
     cap, lens = prm.get("softcap"), prm.get("doc_lens")
     g = torch.Generator(device=dev).manual_seed(1)
     q = torch.randn(B, hq, n, d, device=dev, dtype=torch.bfloat16, generator=g)
     k, v = (torch.randn(B, hkv, n, d, device=dev, dtype=torch.bfloat16, generator=g) for _ in range(2))
+    if grad:
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
     sink = (torch.tensor([math.log(n) - 1.0 + 0.5 * (h % 4) for h in range(hq)], device=dev, dtype=torch.float32)
             if prm.get("sink") else None)
     if lens:
@@ -344,15 +349,19 @@ def model_inputs(torch, prm, n, hq, d, dev):
 
 
 def model_peer_call(torch, peer, prm, x, flex=None, create_block_mask=None, fa4=None, fa4_params=(),
-                    fa4_varlen=None, fa4_varlen_params=(), sink_dtype=None):
+                    fa4_varlen=None, fa4_varlen_params=(), sink_dtype=None, grad=False):
     """(fn, out_of, why): the peer's call on a model case's inputs x (model_inputs), and a function
-    giving its output as [B, Hq, N, d]; or why it cannot run the case. FlexAttention: the block mask
+    giving its output as [B, Hq, N, d]; or why it cannot run the case. With grad (x made with
+    grad=True), x["leaves"] are the tensors the peer's gradients are of (FA4: its own [B, N, H, d]
+    copies, so that a timed backward has no transposes in it) and x["grads_bhnd"](dq, dk, dv)
+    gives them as [B, H, N, d]. FlexAttention: the block mask
     of mask_mod, score_mod for the softcap, enable_gqa=True, the sink from its LSE. FA4 through its
     own arguments: causal=True, window_size=(left, 0), softcap, learnable_sink; the packed documents
     through flash_attn_varlen_func with cu_seqlens over every sequence of the batch."""
     q, k, v, sink, mm, sm = x["q"], x["k"], x["v"], x["sink"], x["mm"], x["sm"]
     B, n, hq, d, L, lens = x["B"], x["n"], x["hq"], x["d"], x["left"], x["doc_lens"]
     if peer == "flex":
+        x["leaves"], x["grads_bhnd"] = (q, k, v), lambda *gs: gs
         bm = create_block_mask(mm, None, None, n, n, device=x["dev"])
         if sink is None:
             fn = lambda: flex(q, k, v, score_mod=sm, block_mask=bm, enable_gqa=True)
@@ -381,10 +390,15 @@ def model_peer_call(torch, peer, prm, x, flex=None, create_block_mask=None, fa4=
             if opt not in fa4_varlen_params:
                 kw.pop(opt)
         params, call = fa4_varlen_params, fa4_varlen
-        qt, kt, vt = (t.transpose(1, 2).reshape(B * n, t.shape[1], d).contiguous() for t in (q, k, v))  # [B N, H, d]
+        qt, kt, vt = (t.detach().transpose(1, 2).reshape(B * n, t.shape[1], d).contiguous() for t in (q, k, v))
+        to_bhnd = lambda t: t.reshape(B, n, t.shape[1], d).transpose(1, 2)  # noqa: E731  [B N, H, d] -> [B, H, N, d]
     else:
         params, call = fa4_params, fa4
-        qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # [B, N, H, d]
+        qt, kt, vt = (t.detach().transpose(1, 2).contiguous() for t in (q, k, v))  # [B, N, H, d]
+        to_bhnd = lambda t: t.transpose(1, 2)  # noqa: E731
+    if grad:
+        qt, kt, vt = (t.requires_grad_() for t in (qt, kt, vt))
+    x["leaves"], x["grads_bhnd"] = (qt, kt, vt), lambda *gs: tuple(to_bhnd(t_) for t_ in gs)
     missing = [a for a in kw if a not in params]
     if missing:
         return None, None, "not supported: this FA4 has no " + ", ".join(missing)
@@ -393,6 +407,87 @@ def model_peer_call(torch, peer, prm, x, flex=None, create_block_mask=None, fa4=
         o_ = call(qt, kt, vt, **kw)
         return o_[0] if isinstance(o_, tuple) else o_
     return fn, (lambda: fn().reshape(B, n, hq, d).transpose(1, 2)), None
+
+
+def model_grad_reference(torch, x, dout, b, kh):
+    """dQ (every query head of KV head kh), dK and dV of sequence b, KV head kh, of a model case
+    (model_inputs) with the output gradient dout [B, Hq, N, d]: [grp, N, d], [N, d], [N, d], twice:
+    in fp32 (the reference) and as a plain bf16 computation (P, O and dS rounded to bf16: the
+    yardstick, as bench_peers.py's backward check). The mask, the softcap (its derivative
+    1 - tanh^2(s / cap)) and the sink (a column with no value: dS_j = P_j (dP_j - D) still holds,
+    D = rowsum(dO o O)) as model_reference. One query head at a time: at N = 16K its scores are 1 GB."""
+    q, k, v, mm, sink, cap = x["q"], x["k"], x["v"], x["mm"], x["sink"], x["softcap"]
+    n, g, d = k.shape[2], q.shape[1] // k.shape[1], q.shape[-1]
+    tau = d ** -0.5
+    bf = lambda t: t.bfloat16().float()  # noqa: E731
+    idx = torch.arange(n, device=q.device)
+    keep = mm(b, 0, idx[:, None], idx[None, :])
+    k0, v0 = k[b, kh].detach().float(), v[b, kh].detach().float()
+    out = []
+    for which in (0, 1):
+        dq, dk, dv = [], torch.zeros_like(k0), torch.zeros_like(v0)
+        for h in range(kh * g, (kh + 1) * g):
+            q0, do0 = q[b, h].detach().float(), dout[b, h].float()
+            s = (q0 @ k0.T) * tau
+            dmod = None
+            if cap:
+                s = cap * torch.tanh(s / cap)
+                dmod = 1.0 - (s / cap) ** 2
+            s = s.masked_fill(~keep, float("-inf"))
+            if sink is not None:
+                s = torch.cat([s, sink[h].float().expand(n, 1)], dim=1)
+            m = s.amax(dim=1, keepdim=True).clamp(min=-1e30)
+            p = torch.exp(s - m)
+            p = p / p.sum(dim=1, keepdim=True).clamp(min=1e-30)
+            s = None
+            if sink is not None:
+                p = p[:, :-1]
+            if which:
+                p = bf(p)
+            o0 = p @ v0
+            if which:
+                o0 = bf(o0)
+            ds = p * (do0 @ v0.T - (do0 * o0).sum(-1, keepdim=True))
+            if dmod is not None:
+                ds = ds * dmod
+            dmod = None
+            if which:
+                ds = bf(ds)
+            dq.append(tau * ds @ k0)
+            dk += tau * ds.T @ q0
+            dv += p.T @ do0
+            p = ds = None
+        out.append((torch.stack(dq), dk, dv))
+    return out
+
+
+def model_grad_check(torch, grads, dout, x):
+    """None, or why the gradients fail: grads = (dQ [B, Hq, N, d], dK, dV [B, Hkv, N, d]) of the
+    output gradient dout, for the first and the last KV head of the first and the last sequence,
+    against model_grad_reference's fp32 ones, each tensor judged as one row by the rule of
+    common/compare.hpp with the plain bf16 computation as the yardstick (bench_peers.judge_rows)."""
+    from bench_peers import judge_rows
+    B, hkv = x["B"], x["k"].shape[1]
+    g = x["q"].shape[1] // hkv
+    got, ref, nai = {"dQ": [], "dK": [], "dV": []}, {"dQ": [], "dK": [], "dV": []}, {"dQ": [], "dK": [], "dV": []}
+    for b in sorted({0, B - 1}):
+        for kh in sorted({0, hkv - 1}):
+            (rq, rk, rv), (nq, nk_, nv) = model_grad_reference(torch, x, dout, b, kh)
+            for name, gt, r, nn in (("dQ", grads[0][b, kh * g:(kh + 1) * g], rq, nq),
+                                    ("dK", grads[1][b, kh], rk, nk_), ("dV", grads[2][b, kh], rv, nv)):
+                got[name].append(gt.float().reshape(-1))
+                ref[name].append(r.reshape(-1))
+                nai[name].append(nn.reshape(-1))
+    for name in ("dQ", "dK", "dV"):
+        gt, r, nn = torch.cat(got[name]), torch.cat(ref[name]), torch.cat(nai[name])
+        if r.abs().max().item() > 0 and gt.abs().max().item() == 0:
+            return f"{name} is all zeros"
+        e, ne = (gt - r).abs().max().item(), (nn - r).abs().max().item()
+        _, bad = judge_rows(name, [e], [ne], [r.abs().max().item()], torch.linalg.vector_norm(gt - r).item(),
+                            torch.linalg.vector_norm(nn - r).item(), r.numel())
+        if bad:
+            return bad
+    return None
 
 
 def model_check(torch, out, x):
@@ -534,19 +629,24 @@ def peer_worker(wid, tasks, results, lock, fake=False):
 
     def prepare_model(task):
         """One model case (--models): inputs, the peer's call (model_peer_call), the compile, the
-        fp32 check on sampled rows (model_check); kept for timing only if it passed. Forward only."""
-        _, key, peer, name, prm, n, hq, d, kept_pairs = task
+        fp32 check on sampled rows (model_check); kept for timing only if it passed. A peer named
+        "fa4-bwd" or "flex-bwd" is that peer's backward: one forward whose graph is kept, then
+        torch.autograd.grad of the inputs for a seeded dO, checked on the forward's sampled rows and
+        on dQ, dK, dV of the first and last KV heads (model_grad_check), and timed alone, as
+        bench_peers.py times a backward."""
+        _, key, peer_task, name, prm, n, hq, d, kept_pairs = task
+        peer, bwd = peer_task.split("-")[0], peer_task.endswith("-bwd")
         t0 = time.time()
-        r = {"flops": 4.0 * kept_pairs * d}
+        r = {"flops": (2.5 if bwd else 1.0) * 4.0 * kept_pairs * d}
         try:
             if peer == "flex" and flex is None:
                 return dict(r, why=info["flex_why"])
             if peer == "fa4" and fa4 is None:
                 return dict(r, why=info["fa4_why"])
-            x = model_inputs(torch, prm, n, hq, d, "cuda")
-            fn, out_of, why = model_peer_call(torch, peer, prm, x, flex=flex, create_block_mask=create_block_mask,
-                                              fa4=fa4, fa4_params=fa4_params, fa4_varlen=fa4_varlen,
-                                              fa4_varlen_params=fa4_varlen_params)
+            x = model_inputs(torch, prm, n, hq, d, "cuda", grad=bwd)
+            kw = dict(fa4=fa4, fa4_params=fa4_params, fa4_varlen=fa4_varlen, fa4_varlen_params=fa4_varlen_params,
+                      grad=bwd)
+            fn, out_of, why = model_peer_call(torch, peer, prm, x, flex=flex, create_block_mask=create_block_mask, **kw)
             if why:
                 return dict(r, why=why)
             if x["sink"] is not None and peer == "flex":
@@ -559,12 +659,31 @@ def peer_worker(wid, tasks, results, lock, fake=False):
                 # an FA4 that takes its learnable_sink in bf16 only: the sink rounded to bf16, in the
                 # call and in the reference alike
                 x["sink"] = x["sink"].to(torch.bfloat16).float()
-                fn, out_of, why = model_peer_call(torch, peer, prm, x, fa4=fa4, fa4_params=fa4_params,
-                                                  fa4_varlen=fa4_varlen, fa4_varlen_params=fa4_varlen_params,
-                                                  sink_dtype=torch.bfloat16)
+                fn, out_of, why = model_peer_call(torch, peer, prm, x, sink_dtype=torch.bfloat16, **kw)
                 fn()
                 r["note"] = "learnable_sink passed in bf16 (the reference's sink rounded alike)"
-            check_and_keep(r, key, peer, fn, lambda: model_check(torch, out_of(), x), t0)
+            if not bwd:
+                check_and_keep(r, key, peer_task, fn, lambda: model_check(torch, out_of(), x), t0)
+                return r
+            o = fn()  # the one forward whose graph every timed backward runs
+            dout = torch.randn(o.shape, device="cuda", dtype=o.dtype,
+                               generator=torch.Generator(device="cuda").manual_seed(3))
+            leaves = x["leaves"]
+            grad_fn = lambda: torch.autograd.grad(o, leaves, dout, retain_graph=True)  # noqa: E731
+            grad_fn()  # the backward's compile
+
+            def check():
+                with torch.no_grad():
+                    ok, err = model_check(torch, x["grads_bhnd"](o.detach())[0], x)
+                if not ok:
+                    return False, err
+                bad = model_grad_check(torch, x["grads_bhnd"](*grad_fn()), x["grads_bhnd"](dout)[0], x)
+                if bad:
+                    r["note"] = ("backward: " + bad)[:160]
+                return bad is None, err
+            r["note"] = ((r.get("note", "") + "; ") if r.get("note") else "") + \
+                "the backward alone (torch.autograd.grad of one kept forward); dQ, dK, dV checked"
+            check_and_keep(r, key, peer_task, grad_fn, check, t0)
         except Exception as e:  # noqa: BLE001
             r["why"] = error_why(e)
         return r
@@ -600,7 +719,7 @@ def fake_worker(wid, tasks, results, lock):
             continue
         _, key, peer, name, prm, n, heads, d, kept_pairs = task
         time.sleep(0.1 + 0.2 * rnd_.random())
-        if name == "model" and peer == "fa4" and d == 256:  # to try the cell of a case a peer lacks
+        if name == "model" and peer.split("-")[0] == "fa4" and d == 256:  # to try the cell of a case a peer lacks
             results.put(("prepared", wid, key, peer, {"why": "not supported: head dim 256 (fake peers)"}))
         elif name == "model":
             results.put(("prepared", wid, key, peer, {"flops": 4.0 * kept_pairs * d, "pass": True, "err": 0.0}))
@@ -675,7 +794,7 @@ def main():
                     help="N of the model cases (default 8192,16384)")
     ap.add_argument("--model-tokens", type=int, default=16384, help="B = tokens / N for the model cases")
     ap.add_argument("--model-batch", type=int, default=None, help="B of the model cases (instead of tokens / N)")
-    ap.add_argument("--no-model-backward", action="store_true", help="the model cases: forward only (ours)")
+    ap.add_argument("--no-model-backward", action="store_true", help="the model cases: forward only (ours and the peers)")
     ap.add_argument("--model-timeout", type=int, default=300, help="seconds one model launch of ours may run")
     ap.add_argument("--save", default="/tmp/ch06_masks.json", help="partial results after every stage")
     ap.add_argument("--plot", nargs=2, metavar=("JSON", "PNG"), help="plot time against kept tiles from a BENCH_JSON line")
@@ -748,6 +867,8 @@ def main():
     # the model cases (--models): their peers start compiling at once (the packed documents' once
     # our run has named the documents: below)
     model_cases = []
+    # the peers of a model case: forward, and the backward ("-bwd") unless --no-model-backward
+    model_peers = ("fa4", "flex") + (() if a.no_model_backward else ("fa4-bwd", "flex-bwd"))
     for mname in (a.models.split(",") if a.models else []):
         case = MODELS[mname]
         for nn in a.model_n:
@@ -757,7 +878,7 @@ def main():
                   "softcap": case.get("softcap"), "sink": bool(case.get("sink"))}
             model_cases.append((mname, nn, bb, pr))
             if not case.get("docs"):
-                for peer in ("fa4", "flex"):
+                for peer in model_peers:
                     send(f"model:{mname}:{nn}", peer, "model", pr, nn, bb * case["hq"] * model_kept_pairs(case, nn),
                          case["hq"], case["d"])
     # peers of the sweep's goal points first (they are the headline), then the table in order
@@ -856,12 +977,12 @@ def main():
                 e["doc_lens"] = lens
                 if lens and sum(lens) == nn:
                     pr["doc_lens"] = lens
-                    for peer in ("fa4", "flex"):
+                    for peer in model_peers:
                         send(f"model:{mname}:{nn}", peer, "model", pr, nn, bb * case["hq"] * model_kept_pairs(case, nn, lens),
                              case["hq"], case["d"])
                 else:
                     e["peers"] = {p_: {"why": "our run named no documents (the peers need their lengths)"}
-                                  for p_ in ("fa4", "flex")}
+                                  for p_ in model_peers}
             kp = model_kept_pairs(case, nn, lens)
             e["kept_pairs"] = bb * case["hq"] * kp if kp else None
             e["flops"] = 4.0 * e["kept_pairs"] * case["d"] if kp else None
@@ -961,12 +1082,13 @@ def main():
             (s["ours"] for s in out.get("sweep", []) if s["window"] == a.window), {})
         for r in pe.values():
             recount(r, ours if isinstance(ours, dict) else {})
-    for e in out.get("models", []):  # the forward's FLOPs: the binary's count where it has one
+    for e in out.get("models", []):  # the FLOPs: the binary's count where it has one (the backward's its own)
         fwd = {k_: v_ for k_, v_ in e.get("ours", {}).items() if k_ != "bwd"}
-        for r in e.setdefault("peers", {}).values():
-            recount(r, fwd)
-        for peer in ("fa4", "flex"):
-            e["peers"].setdefault(peer, {"why": info.get(peer + "_why") or why_missing})
+        bwd = {k_: v_ for k_, v_ in e.get("ours", {}).items() if k_ == "bwd"}
+        for peer, r in e.setdefault("peers", {}).items():
+            recount(r, bwd if peer.endswith("-bwd") else fwd)
+        for peer in model_peers:
+            e["peers"].setdefault(peer, {"why": info.get(peer.split("-")[0] + "_why") or why_missing})
     for name, row in out.get("variants", {}).items():
         for r in row.get("peers", {}).values():
             recount(r, row["ours"])
@@ -1056,8 +1178,8 @@ def print_table(out):
             sp = f"{100 * r['spread']:.1f}%" if r.get("spread") is not None else "-"
             print(f"| {label} | {' '.join(f'{m:.3f}' for m in r['ms_rounds'])} | {sp} |")
     if out.get("models"):
-        print("\nThe masks in the shapes of real models (B = %s tokens / N; ms / TFLOP/s over kept pairs; "
-              "peers forward only; peer / ours > 1: ours faster)\n" % out.get("model_tokens", "?"))
+        print("\nThe masks in the shapes of real models, forward (B = %s tokens / N; ms / TFLOP/s over kept pairs; "
+              "peer / ours > 1: ours faster)\n" % out.get("model_tokens", "?"))
         print("| case | N | B | d | Hq/Hkv | mask | ours sm90a | ours sm80 | ours backward | FlexAttention | FA4 | "
               "Flex / ours | FA4 / ours |")
         print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -1069,6 +1191,15 @@ def print_table(out):
                   f"{cell(o9) if o else e.get('ours_error', '-')} | {cell(o.get('sm80'))} | {cell(o.get('bwd'))} | "
                   f"{fmt_cell(pe.get('flex'))} | {fmt_cell(pe.get('fa4'))} | {ratio(o9, pe.get('flex'))} | "
                   f"{ratio(o9, pe.get('fa4'))} |")
+        if any(k_.endswith("-bwd") for e in out["models"] for k_ in (e.get("peers") or {})):
+            print("\nThe same cases, backward (dQ, dK, dV; 2.5 x the forward's FLOPs; peer / ours > 1: ours faster)\n")
+            print("| case | N | d | ours backward | FlexAttention | FA4 | Flex / ours | FA4 / ours |")
+            print("|---|---|---|---|---|---|---|---|")
+            for e in out["models"]:
+                ob, pe = (e.get("ours") or {}).get("bwd"), e.get("peers") or {}
+                print(f"| {e['model']} | {e['n']} | {e['d']} | {cell(ob) if ob else e.get('ours_error', '-')} | "
+                      f"{cell(pe.get('flex-bwd'))} | {cell(pe.get('fa4-bwd'))} | {ratio(ob, pe.get('flex-bwd'))} | "
+                      f"{ratio(ob, pe.get('fa4-bwd'))} |")
     dd = out.get("docs") or {}
     if dd.get("packed"):
         pk = dd["packed"].get("sm90a", {})

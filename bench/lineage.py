@@ -458,7 +458,7 @@ def better(r, old):
 def mask_script_rows(base, ours, ours_error, peer_cells, peers, peer_flops, step):
     """The rows of one entry of bench/ch06_masks.py's report: ours (`ours`: {"sm90a", "sm80", "bwd"}
     cells, each a row in the ch06 mask rows' schema) and each peer's cell as a peer row of the same
-    shape (forward only), on `base`. A kernel or peer that cannot run the entry is a row with status
+    shape (its forward; its backward where the report has a "PEER-bwd" cell), on `base`. A kernel or peer that cannot run the entry is a row with status
     "unsupported" and its reason as the note; a run of ours that gave no rows, "error"."""
     rows = []
     names = (("sm90a", "mask final sm90a forward", "fwd"), ("sm80", "mask sm80 forward", "fwd"),
@@ -483,12 +483,14 @@ def mask_script_rows(base, ours, ours_error, peer_cells, peers, peer_flops, step
         else:
             row["status"] = "unchecked" if c.get("ms") else "not run"
         rows.append(clean_row(row))
-    for p in peers:
-        c = peer_cells.get(p) or {"why": "not run"}
+    # each peer's forward, and its backward where the report has one (the cell "PEER-bwd")
+    for p, pss in [(p, "fwd") for p in peers] + [(p, "bwd") for p in peers if p + "-bwd" in peer_cells]:
+        c = peer_cells.get(p if pss == "fwd" else p + "-bwd") or {"why": "not run"}
         why = c.get("why") or ""
-        row = dict(base, chapter="peer", kind="peer", kernel=p, flops=c.get("flops") or peer_flops,
+        row = dict(base, chapter="peer", kind="peer", kernel=p,
+                   flops=c.get("flops") or (peer_flops if pss == "fwd" else 2.5 * peer_flops if peer_flops else None),
                    max_abs_err=c.get("err"), note=why or c.get("note") or "")
-        row["pass"] = "fwd"
+        row["pass"] = pss
         if why:
             row["status"] = "error" if why.startswith("error") else "unsupported" if (
                 "not supported" in why or "not in FA4" in why or "has no" in why) else "not run"
@@ -506,7 +508,7 @@ def mask_script_rows(base, ours, ours_error, peer_cells, peers, peer_flops, step
 def model_rows(out, peers=("fa4", "flex")):
     """Rows of bench/ch06_masks.py --models' report: ours in the ch06 mask rows' schema (kernel
     `ch06 mask final sm90a forward`, `ch06 mask sm80 forward`, `ch06 mask final backward`), the
-    peers as peer rows of the same shape (forward only); the case's name is the row's variant and
+    peers as peer rows of the same shape (forward, and backward where measured); the case's name is the row's variant and
     its mask the row's `mask`. A kernel not built for the head dim, or a peer without the case, is
     a row with status "unsupported" and its reason as the note; a run that failed, "error"."""
     rows = []

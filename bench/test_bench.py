@@ -31,10 +31,18 @@ def load():
     return read_json(FIXTURE)
 
 
-def table_rows(md, name):
+def table_rows(md, name, which=0):
+    """(head, body) of the section's table number `which` (0: its first)."""
     body = bench_report.extract_section(md, name)
     assert body is not None, "no section %s" % name
-    lines = [l for l in body.splitlines() if l.startswith("|")]
+    tables, last = [], False
+    for l in body.splitlines():
+        if l.startswith("|"):
+            if not last:
+                tables.append([])
+            tables[-1].append(l)
+        last = l.startswith("|")
+    lines = tables[which]
     head = [c.strip() for c in lines[0].strip("|").split("|")]
     return head, [[c.strip() for c in l.strip("|").split("|")] for l in lines[2:]]
 
@@ -1376,7 +1384,8 @@ class ModelCases(FakeCh06Bench):
         with tempfile.TemporaryDirectory() as d:
             res, md = self.run_only(d, "model")
         rows = [r for r in res["rows"] if r.get("variant") in bench_common.CH06_MODEL_CASES]
-        by = {(r["variant"], r["N"], r["kernel"]): r for r in rows}
+        by = {(r["variant"], r["N"], r["kernel"]): r for r in rows if r["pass"] == "fwd" or r["kind"] == "ours"}
+        byb = {(r["variant"], r["N"], r["kernel"]): r for r in rows if r["pass"] == "bwd" and r["kind"] == "peer"}
         self.assertEqual({r["variant"] for r in rows}, set(bench_common.CH06_MODEL_CASES))
         self.assertEqual({r["N"] for r in rows}, {8192, 16384})
         r = by[("gpt-oss", 8192, "ch06 mask sm80 forward")]
@@ -1397,6 +1406,14 @@ class ModelCases(FakeCh06Bench):
         want = "%.2fx" % (m["tflops"] / f["tflops"])
         self.assertEqual(row[head.index("ours / FA4")], want)
         self.assertEqual({(x[0], x[1]): x for x in body}[("gemma2", "8192")][head.index("FA4")], "not supported")
+        # the peers' backwards: their own rows (pass bwd, 2.5 x the forward's FLOPs) and table
+        self.assertEqual(byb[("gemma2", 16384, "fa4")]["status"], "unsupported")
+        fb = byb[("mistral", 8192, "fa4")]
+        self.assertEqual((fb["status"], fb["flops"]), ("ok", 2.5 * f["flops"]))
+        mb = by[("mistral", 8192, "ch06 mask final backward")]
+        bhead, bbody = table_rows(md, "ch06-models", 1)
+        brow = {(x[0], x[1]): x for x in bbody}[("mistral", "8192")]
+        self.assertEqual(brow[bhead.index("ours / FA4")], "%.2fx" % (mb["tflops"] / fb["tflops"]))
 
     def test_the_table_gives_ours_over_each_peer_and_text_where_a_case_is_missing(self):
         md = bench_report.markdown(model_results())
@@ -1406,12 +1423,15 @@ class ModelCases(FakeCh06Bench):
         m = by[("mistral", "8192")]
         self.assertEqual((m["d"], m["Hq/Hkv"], m["mask"]), ("128", "32/8", "causal window 4096"))
         self.assertEqual((m["ours forward (final sm90a)"], m["FA4"], m["FlexAttention"]), ("500", "400", "250"))
+        # no peer backward in this run: our backward is the table's last column
         self.assertEqual((m["ours / FA4"], m["ours / Flex"], m["ours backward (final)"]), ("1.25x", "2.00x", "200"))
+        self.assertNotIn("The backward", bench_report.extract_section(md, "ch06-models"))
+        bb = by
         g = by[("gemma2", "8192")]
         self.assertEqual((g["ours forward (final sm90a)"], g["FA4"], g["FlexAttention"]),
                          ("not built for d = 256", "not supported", "300"))
-        self.assertEqual((g["ours / FA4"], g["ours / Flex"], g["ours backward (final)"]),
-                         ("-", "-", "not built for d = 256"))
+        self.assertEqual((g["ours / FA4"], g["ours / Flex"]), ("-", "-"))
+        self.assertEqual(bb[("gemma2", "8192")]["ours backward (final)"], "not built for d = 256")
         o = by[("gpt-oss", "16384")]
         self.assertEqual((o["FA4"], o["ours / FA4"], o["ours / Flex"]), ("FAIL", "-", "5.00x"))
         # the model rows have their own table: the chapter's forward table leaves them out
@@ -1560,6 +1580,25 @@ class ModelPeers(unittest.TestCase):
                 fn, out_of, why = M.model_peer_call(torch, "fa4", prm, x, fa4=fa, fa4_params={"causal"},
                                                     fa4_varlen=None)
                 self.assertTrue(why.startswith("not supported"), why)
+                # the backward: the peer's gradients through model_peer_call(grad=True) pass
+                # model_grad_check, and a window one key short fails it (FA4's arguments only:
+                # FlexAttention has no backward on the CPU)
+                xg = M.model_inputs(torch, prm, n, hq, d, "cpu", grad=True)
+                for peer, f in (("fa4", fa), ("fa4", lambda *a, **kw: fa(*a, short=1, **kw))):
+                    fn, out_of, why = M.model_peer_call(torch, peer, prm, xg, flex=flex_attention,
+                                                        create_block_mask=create_block_mask, fa4=f, fa4_params=params,
+                                                        fa4_varlen=fa_varlen, fa4_varlen_params=vparams, grad=True)
+                    o = fn()
+                    dout = torch.randn(o.shape, dtype=o.dtype, generator=torch.Generator().manual_seed(3))
+                    grads = xg["grads_bhnd"](*torch.autograd.grad(o, xg["leaves"], dout))
+                    self.assertEqual([tuple(t.shape) for t in grads], [(2, hq, n, d), (2, hkv, n, d), (2, hkv, n, d)])
+                    bad = M.model_grad_check(torch, grads, xg["grads_bhnd"](dout)[0], xg)
+                    short = f is not None and f is not fa
+                    if short and not prm["left"]:
+                        continue
+                    self.assertEqual(bad is None, not short, (name, peer, short, bad))
+                    if short:
+                        self.assertIn("differs", bad)
 
 
 class CudnnFp8Peer(unittest.TestCase):
