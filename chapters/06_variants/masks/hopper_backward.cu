@@ -14,15 +14,14 @@
 //      block map's backward lists instead of every query step from the causal diagonal on: the
 //      host merges each key block's partial and full query steps into one ascending list
 //      (MaskWalks), a step's number times two plus one where it is partial. Ascending, or
-//      descending in the deterministic mode, as chapter 05 walks. Every role reads its next
-//      step's entry a step ahead (Ahead), where chapter 05 computed the step from its index.
+//      descending in the deterministic mode, as chapter 05 walks.
 //   2. keep(b, h, i, j) masks P on partial steps only (full steps have no mask arithmetic),
 //      where chapter 05 tested the causal diagonal.
-//   3. With Policy::kScore (ALiBi, softcap): P = 2^(score(tau S) log2(e) - LSE log2(e)) and
-//      dS = P o (dP - D) o score'(tau S). tau S is gone once P is made (keeping it costs Br / 2
-//      registers a thread: ptxas spilled 568 bytes at d = 64), so score' comes from the
-//      modified score m = ln P + LSE, through the policy's dscore_of_score(m): for softcap
-//      1 - (m / cap)^2, for ALiBi 1. At d = 128 ptxas still serialises softcap's wgmma (LAB.md).
+//   3. With Policy::kScore: P = 2^(score(tau S) log2(e) - LSE log2(e)) and dS = P o (dP - D) o
+//      score'(tau S). Where score' is 1 (ALiBi) dS is chapter 05's. Where it is not
+//      (Policy::kDscore: softcap), P and dS come from tau S in one pass once S^T and dP^T are
+//      done, each group's LSE_i and D_i read from shared memory as it needs them; the forms that
+//      kept more alive across the loop made ptxas serialise the wgmma at d = 128.
 //   4. The deterministic mode's order. Chapter 05's key block j waits for the j blocks before
 //      it; here a query step is visited by the key blocks of its map entry, so block j waits for
 //      its rank among them (MaskWalks::rank, from the host). The grid keeps j the slowest index,
@@ -161,9 +160,11 @@ struct Walk {
     const int k = s % steps_per_head;
     return p.deterministic ? steps_per_head - 1 - k : k;
   }
-  /// Step s's list entry (step << 1 | partial), or 0 past the last step. Every role reads it a
-  /// step ahead (Ahead below): a load from global memory on the way to a step's copies or
-  /// products would add its latency to every step.
+  /// Step s's list entry (step << 1 | partial), or 0 past the last step. The producer and the
+  /// dQ writer read it a step ahead (Ahead below): a load from global memory between a stage's
+  /// release and its copies would add its latency to every step. The consumers read it in
+  /// the step: they first need it once S^T is done, and a value carried across the loop costs
+  /// a register that d = 128 does not have.
   __device__ __forceinline__ int at(int s, const Fa3BwdParams& p) const { return s < n_steps ? list[entry(s, p)] : 0; }
   __device__ __forceinline__ int rank_at(int s, const Fa3BwdParams& p) const { return s < n_steps ? rank[entry(s, p)] : 0; }
   __device__ __forceinline__ int head_of(int s, const Fa3BwdParams& p) const {
@@ -370,9 +371,8 @@ __device__ __forceinline__ void consumer(const Fa3BwdParams& p, const MaskWalks&
 
   if (n_steps > 0) mbarrier_wait(bar_kv, 0);
   RingState<kStages> ring;
-  Ahead entry{w.at(0, p)};
   for (int s = 0; s < n_steps; ++s, ring.advance()) {
-    const int e = entry.take(s, [&](int x) { return w.at(x, p); });
+    const int e = w.at(s, p);  // first used once S^T is done: its latency hides behind the product
     const int st = ring.stage, bh = w.head_of(s, p), i = e >> 1, row0 = i * Br;
     const int qt = Plan::kQ + st * Plan::kQBytes, dot = Plan::kdO + st * Plan::kQBytes;
     mbarrier_wait(&full[st], ring.phase);
@@ -387,8 +387,10 @@ __device__ __forceinline__ void consumer(const Fa3BwdParams& p, const MaskWalks&
     wgmma_commit();
     // LSE_i of this thread's queries 8c + 2t, 8c + 2t + 1 (one ld.shared.v2 each), read while S^T runs.
     float2 lse2[Br / 8];
+    if constexpr (!Policy::kDscore) {
 #pragma unroll
-    for (int c = 0; c < Br / 8; ++c) lse2[c] = lds_f32x2(s32 + Plan::kL + (st * Br + 8 * c + 2 * t) * 4);
+      for (int c = 0; c < Br / 8; ++c) lse2[c] = lds_f32x2(s32 + Plan::kL + (st * Br + 8 * c + 2 * t) * 4);
+    }
 #pragma unroll
     for (int k = 0; k < D / 16; ++k)
       WgmmaSS<T, Br>::mma(dpT, kmajor(Plan::kV, Bc, 64 * wg, k), kmajor(dot, Br, 0, k), k > 0);
@@ -401,46 +403,55 @@ __device__ __forceinline__ void consumer(const Fa3BwdParams& p, const MaskWalks&
     const int h = bh - w.b * p.heads;  // the query head, for the policy
     auto query = [&](int x) { return row0 + 8 * (x / 4) + 2 * t + (x & 1); };
     auto key = [&](int x) { return col0 + key_local + 8 * ((x >> 1) & 1); };
-    wgmma_wait<1>();
-    fence_operand(sT);
-#pragma unroll
-    for (int x = 0; x < Br / 2; ++x) {
-      const float lse = (x & 1) ? lse2[x / 4].y : lse2[x / 4].x;
-      float pv;
-      if constexpr (Policy::kScore)  // P = 2^(score(tau S) log2 e - LSE log2 e)
-        pv = exp2_approx(fmaf(pol.score(sT[x] * p.scale, w.b, h, query(x), key(x)), float(kLog2e), -lse));
-      else
-        pv = exp2_approx(fmaf(sT[x], p.scale_log2, -lse));
-      if (masked && !(key(x) < p.nk && pol.keep(w.b, h, query(x), key(x)))) pv = 0.f;
-      sT[x] = pv;
-    }
-    // dS^T = P^T o (dP^T - D_i) (o score'). D_i of queries 8c + 2t, 8c + 2t + 1 read while dP^T runs.
-    float2 dlt[Br / 8];
-#pragma unroll
-    for (int c = 0; c < Br / 8; ++c) dlt[c] = lds_f32x2(s32 + Plan::kD + (st * Br + 8 * c + 2 * t) * 4);
-    wgmma_wait<0>();
-    fence_operand(dpT);
-#pragma unroll
-    for (int c = 0; c < Br / 8; ++c) {
-      const float2 dd = dlt[c];
-      dpT[4 * c] = sT[4 * c] * (dpT[4 * c] - dd.x);
-      dpT[4 * c + 1] = sT[4 * c + 1] * (dpT[4 * c + 1] - dd.y);
-      dpT[4 * c + 2] = sT[4 * c + 2] * (dpT[4 * c + 2] - dd.x);
-      dpT[4 * c + 3] = sT[4 * c + 3] * (dpT[4 * c + 3] - dd.y);
-    }
-    if constexpr (Policy::kScore) {
-      // score'(tau S) from the modified score m alone (dscore_of_score): tau S is gone, and keeping
-      // it would cost Br / 2 registers a thread that d = 128 does not have. m = (log2 P + LSE log2 e)
-      // ln 2, with LSE_i read again from shared memory; where P = 0, dS is 0 already.
+    if constexpr (Policy::kDscore) {
+      // P = 2^(score(tau S) log2 e - LSE log2 e) and dS = P o (dP - D) o score'(tau S) in one pass
+      // once both products are done, LSE_i and D_i read from shared memory as each group needs
+      // them: tau S lives only inside the pass (LAB.md: kept beside P, or with both rows' LSE and
+      // D held in registers, ptxas serialised the wgmma at d = 128).
+      wgmma_wait<0>();
+      fence_operand(sT);
+      fence_operand(dpT);
 #pragma unroll
       for (int c = 0; c < Br / 8; ++c) {
         const float2 l2 = lds_f32x2(s32 + Plan::kL + (st * Br + 8 * c + 2 * t) * 4);
+        const float2 dd = lds_f32x2(s32 + Plan::kD + (st * Br + 8 * c + 2 * t) * 4);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int x = 4 * c + e;
-          const float m = (__log2f(sT[x]) + ((e & 1) ? l2.y : l2.x)) * float(kLn2);
-          dpT[x] = sT[x] > 0.f ? dpT[x] * pol.dscore_of_score(m, w.b, h, query(x), key(x)) : 0.f;
+          const float ts = sT[x] * p.scale;
+          float pv = exp2_approx(fmaf(pol.score(ts, w.b, h, query(x), key(x)), float(kLog2e), (e & 1) ? -l2.y : -l2.x));
+          if (masked && !(key(x) < p.nk && pol.keep(w.b, h, query(x), key(x)))) pv = 0.f;
+          dpT[x] = pv * (dpT[x] - ((e & 1) ? dd.y : dd.x)) * pol.dscore(ts, w.b, h, query(x), key(x));
+          sT[x] = pv;
         }
+      }
+    } else {
+    wgmma_wait<1>();
+      fence_operand(sT);
+  #pragma unroll
+      for (int x = 0; x < Br / 2; ++x) {
+        const float lse = (x & 1) ? lse2[x / 4].y : lse2[x / 4].x;
+        float pv;
+        if constexpr (Policy::kScore)  // ALiBi: score' = 1, so dS is the plain one below
+          pv = exp2_approx(fmaf(pol.score(sT[x] * p.scale, w.b, h, query(x), key(x)), float(kLog2e), -lse));
+        else
+          pv = exp2_approx(fmaf(sT[x], p.scale_log2, -lse));
+        if (masked && !(key(x) < p.nk && pol.keep(w.b, h, query(x), key(x)))) pv = 0.f;
+        sT[x] = pv;
+      }
+      // dS^T = P^T o (dP^T - D_i). D_i of queries 8c + 2t, 8c + 2t + 1 read while dP^T runs.
+      float2 dlt[Br / 8];
+  #pragma unroll
+      for (int c = 0; c < Br / 8; ++c) dlt[c] = lds_f32x2(s32 + Plan::kD + (st * Br + 8 * c + 2 * t) * 4);
+      wgmma_wait<0>();
+      fence_operand(dpT);
+  #pragma unroll
+      for (int c = 0; c < Br / 8; ++c) {
+        const float2 dd = dlt[c];
+        dpT[4 * c] = sT[4 * c] * (dpT[4 * c] - dd.x);
+        dpT[4 * c + 1] = sT[4 * c + 1] * (dpT[4 * c + 1] - dd.y);
+        dpT[4 * c + 2] = sT[4 * c + 2] * (dpT[4 * c + 2] - dd.x);
+        dpT[4 * c + 3] = sT[4 * c + 3] * (dpT[4 * c + 3] - dd.y);
       }
     }
     uint32_t pT[Br / 4], dsT[Br / 4];

@@ -10,8 +10,6 @@
 ///     bool     keep(b, h, i, j)             may query row i of head (b, h) see key j?
 ///     T        score(s, b, h, i, j)         the modified score of a kept pair (s = tau q.k)
 ///     T        dscore(s, b, h, i, j)        d score / d s, for the backward
-///     T        dscore_of_score(m, b, h, i, j)  the same from m = score(s) alone: the sm90a
-///                                           backward keeps P (so m), not s
 ///     TileKind classify(b, h, TileRange)    skip / full / partial for a whole tile
 ///
 /// plus three compile-time facts the kernel branches on (so an unused feature costs
@@ -91,12 +89,12 @@ struct PolicyBase {
   static constexpr int kSpans = 0;  ///< 0: no span(), the kernels ask keep() per element
   static constexpr bool kRows = false;  ///< true: a row() of the sparse patterns (SparseRow)
   static constexpr bool kScore = false;
+  static constexpr bool kDscore = false;  ///< dscore() is not the constant 1 (softcap; not ALiBi)
   static constexpr bool kSink = false;
   static constexpr bool kPerBatch = false;
   static constexpr bool kPerHead = false;
   template <class T> ATTN_HD T score(T s, int, int, int, int) const { return s; }
   template <class T> ATTN_HD T dscore(T, int, int, int, int) const { return T(1); }
-  template <class T> ATTN_HD T dscore_of_score(T, int, int, int, int) const { return T(1); }
   ATTN_HD float sink(int) const { return 0.f; }
 };
 
@@ -304,7 +302,6 @@ struct Alibi : PolicyBase {
     return s - T(slope(h)) * T(mask_math::abs_(i + diag - j));
   }
   template <class T> ATTN_HD T dscore(T, int, int, int, int) const { return T(1); }
-  template <class T> ATTN_HD T dscore_of_score(T, int, int, int, int) const { return T(1); }
   ATTN_HD TileKind classify(int, int, const TileRange& t) const { return classify_causal(causal, diag, t); }
 };
 
@@ -312,6 +309,7 @@ struct Alibi : PolicyBase {
 /// Causal or none, or a causal sliding window (`window` >= 0; Gemma 2's local layers: 4096).
 struct Softcap : PolicyBase {
   static constexpr bool kScore = true;
+  static constexpr bool kDscore = true;
   static constexpr int kSpans = 1;
   float cap;
   int diag;
@@ -323,11 +321,6 @@ struct Softcap : PolicyBase {
   template <class T> ATTN_HD T score(T s, int, int, int, int) const { return T(cap) * mask_math::tanh_(s * (T(1) / T(cap))); }
   template <class T> ATTN_HD T dscore(T s, int, int, int, int) const {
     const T th = mask_math::tanh_(s * (T(1) / T(cap)));
-    return T(1) - th * th;
-  }
-  /// m = cap tanh(s / cap), so tanh(s / cap) = m / cap.
-  template <class T> ATTN_HD T dscore_of_score(T m, int, int, int, int) const {
-    const T th = m * (T(1) / T(cap));
     return T(1) - th * th;
   }
   ATTN_HD TileKind classify(int, int, const TileRange& t) const { return mask().classify(t); }
