@@ -319,7 +319,7 @@ def model_table(rows):
             "ours / FA4", "ours / Flex"]
     bhead = ["case", "N", "d", "ours backward (final)", "FA4 backward", "FlexAttention backward", "ours / FA4",
              "ours / Flex"]
-    body, bbody = [], []
+    body, bbody, pbs = [], [], []
     for case, n in keys:
         at = [r for r in mine if r["variant"] == case and r.get("N") == n]
         fwd = next((r for k in MODEL_OURS_FWD for r in at if r["kernel"] == k and r.get("kind") == "ours"), None)
@@ -333,14 +333,15 @@ def model_table(rows):
                      model_cell(fwd), model_cell(pe["fa4"], True), model_cell(pe["flex"], True)] + ratios)
         pb = {p: next((r for r in at if r.get("kind") == "peer" and r["kernel"] == p and r.get("pass") == "bwd"), None)
               for p in ("fa4", "flex")}
+        pbs.append(pb)
         bratios = [fmt_ratio(speed(bwd) / speed(pb[p])) if bwd and pb[p] and speed(bwd) and speed(pb[p]) else "-"
                    for p in ("fa4", "flex")]
         bbody.append([case, n, s0.get("d"), model_cell(bwd) if bwd else "-",
                       model_cell(pb["fa4"], True) if pb["fa4"] else "-",
                       model_cell(pb["flex"], True) if pb["flex"] else "-"] + bratios)
-    # the backward: a table of its own where the run measured a peer's backward; else our backward
-    # is the forward table's last column
-    if not any(row[4:6] != ["-", "-"] for row in bbody):
+    # the backward: a table of its own where the run timed a peer's backward; else our backward is
+    # the forward table's last column
+    if not any(speed(r) for p in pbs for r in p.values() if r):
         return md_table(head + ["ours backward (final)"], [r + [b[3]] for r, b in zip(body, bbody)])
     return md_table(head, body) + "\n\nThe backward (dQ, dK, dV):\n\n" + md_table(bhead, bbody)
 

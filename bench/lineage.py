@@ -972,10 +972,11 @@ class Bench:
     MODEL_CASES = list(CH06_MODEL_CASES)
     MODEL_N = [8192, 16384]
     # an estimate: 8 launches of ours (forwards and the backward, each with its sampled fp64 check)
-    # while the peers' processes import PyTorch (15-20 s) and compile 16 peer calls in parallel,
-    # then 3 rounds of 16 timed peer calls
-    MODEL_EST_S = 210  # 208 s on an H100 (ours, the backward included, and the peers' compiles and checks)
-    MODEL_BUDGET_S = 330  # ch06_masks.py --budget, a cap: a peer not done by then is a cell that says so
+    # while the peers' processes import PyTorch (15-20 s) and compile and check 32 peer calls (the
+    # forwards and the backwards) in parallel, then 3 rounds of 32 timed peer calls (on an H100 the
+    # preparations alone can take 330 s: their checks wait for our launches)
+    MODEL_EST_S = 420
+    MODEL_BUDGET_S = 540  # ch06_masks.py --budget, a cap: a peer not done by then is a cell that says so
 
     def masks_script(self, args, save, budget, peers):
         """bench/ch06_masks.py with `args` (its peers, FA4 and FlexAttention, where `peers` names them;
