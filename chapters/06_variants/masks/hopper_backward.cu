@@ -426,9 +426,9 @@ __device__ __forceinline__ void consumer(const Fa3BwdParams& p, const MaskWalks&
         }
       }
     } else {
-    wgmma_wait<1>();
+      wgmma_wait<1>();
       fence_operand(sT);
-  #pragma unroll
+#pragma unroll
       for (int x = 0; x < Br / 2; ++x) {
         const float lse = (x & 1) ? lse2[x / 4].y : lse2[x / 4].x;
         float pv;
@@ -441,11 +441,11 @@ __device__ __forceinline__ void consumer(const Fa3BwdParams& p, const MaskWalks&
       }
       // dS^T = P^T o (dP^T - D_i). D_i of queries 8c + 2t, 8c + 2t + 1 read while dP^T runs.
       float2 dlt[Br / 8];
-  #pragma unroll
+#pragma unroll
       for (int c = 0; c < Br / 8; ++c) dlt[c] = lds_f32x2(s32 + Plan::kD + (st * Br + 8 * c + 2 * t) * 4);
       wgmma_wait<0>();
       fence_operand(dpT);
-  #pragma unroll
+#pragma unroll
       for (int c = 0; c < Br / 8; ++c) {
         const float2 dd = dlt[c];
         dpT[4 * c] = sT[4 * c] * (dpT[4 * c] - dd.x);
