@@ -462,7 +462,7 @@ def model_grad_reference(torch, x, dout, b, kh):
 
 
 def model_grad_check(torch, grads, dout, x):
-    """None, or why the gradients fail: grads = (dQ [B, Hq, N, d], dK, dV [B, Hkv, N, d]) of the
+    """(None, or why the gradients fail; the largest error of dQ, dK and dV): grads = (dQ [B, Hq, N, d], dK, dV [B, Hkv, N, d]) of the
     output gradient dout, for the first and the last KV head of the first and the last sequence,
     against model_grad_reference's fp32 ones, each tensor judged as one row by the rule of
     common/compare.hpp with the plain bf16 computation as the yardstick (bench_peers.judge_rows)."""
@@ -478,16 +478,18 @@ def model_grad_check(torch, grads, dout, x):
                 got[name].append(gt.float().reshape(-1))
                 ref[name].append(r.reshape(-1))
                 nai[name].append(nn.reshape(-1))
+    worst = 0.0
     for name in ("dQ", "dK", "dV"):
         gt, r, nn = torch.cat(got[name]), torch.cat(ref[name]), torch.cat(nai[name])
         if r.abs().max().item() > 0 and gt.abs().max().item() == 0:
-            return f"{name} is all zeros"
+            return f"{name} is all zeros", worst
         e, ne = (gt - r).abs().max().item(), (nn - r).abs().max().item()
+        worst = e if e != e else max(worst, e)
         _, bad = judge_rows(name, [e], [ne], [r.abs().max().item()], torch.linalg.vector_norm(gt - r).item(),
                             torch.linalg.vector_norm(nn - r).item(), r.numel())
         if bad:
-            return bad
-    return None
+            return bad, worst
+    return None, worst
 
 
 def model_check(torch, out, x):
@@ -677,10 +679,10 @@ def peer_worker(wid, tasks, results, lock, fake=False):
                     ok, err = model_check(torch, x["grads_bhnd"](o.detach())[0], x)
                 if not ok:
                     return False, err
-                bad = model_grad_check(torch, x["grads_bhnd"](*grad_fn()), x["grads_bhnd"](dout)[0], x)
+                bad, gerr = model_grad_check(torch, x["grads_bhnd"](*grad_fn()), x["grads_bhnd"](dout)[0], x)
                 if bad:
                     r["note"] = ("backward: " + bad)[:160]
-                return bad is None, err
+                return bad is None, gerr  # the cell's error: the gradients' largest
             r["note"] = ((r.get("note", "") + "; ") if r.get("note") else "") + \
                 "the backward alone (torch.autograd.grad of one kept forward); dQ, dK, dV checked"
             check_and_keep(r, key, peer_task, grad_fn, check, t0)
