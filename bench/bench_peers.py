@@ -102,6 +102,69 @@ def judge_rows(name, err, naive, scale, l2_err, l2_naive, width, u=BF16_U, yards
     return margin, None
 
 
+def judge_tensors(torch, name, got, refs, naives, what, per_row=True):
+    """judge_rows() on checked rows (lists of tensors, concatenated): (the largest error, the failure
+    text or None). `per_row` False judges the tensors as one row (the gradients, as
+    common/compare.hpp's Magnitude::tensor: their rows' errors follow the cancelling terms they
+    sum, not the rows' own size)."""
+    g, r, nv = torch.cat(got), torch.cat(refs), torch.cat(naives)
+    if r.abs().max().item() > 0 and g.abs().max().item() == 0:
+        return 0.0, "%s is all zeros on the %s checked" % (name, what)
+    e, ne = (g - r).abs(), (nv - r).abs()
+    if per_row:
+        err, nerr, scale, width = e.amax(-1).tolist(), ne.amax(-1).tolist(), r.abs().amax(-1).tolist(), r.shape[-1]
+    else:
+        err, nerr, scale, width = [e.max().item()], [ne.max().item()], [r.abs().max().item()], r.numel()
+    margin, bad = judge_rows(name, err, nerr, scale, torch.linalg.vector_norm(g - r).item(),
+                             torch.linalg.vector_norm(nv - r).item(), width)
+    return max(err) if err else 0.0, (bad + " (%s)" % what) if bad else None
+
+
+def group_grads(torch, k0, v0, heads, tau, keep=None, cap=None, sinks=None):
+    """The gradients of one KV group: `heads` is [(q0, do0)], each query head's Q and dO in fp32,
+    k0 and v0 the group's K and V in fp32. Returns (reference, naive), each (dQ of every head
+    [list], dK, dV): the reference in fp32, the naive a plain bf16 computation (P, O, dS and the
+    gradients rounded to bf16), the yardstick. keep: [Nq, Nk] booleans (None: every pair); cap: a
+    softcap (dS takes its derivative 1 - tanh^2(s / cap)); sinks: each head's sink logit (a
+    column with no value: dS_j = P_j (dP_j - D) still holds, D = rowsum(dO o O)). One head's
+    scores at a time: at N = 16K they are 1 GB."""
+    bf = lambda t: t.bfloat16().float()  # noqa: E731
+    dq = ([], [])
+    acc = {x: [torch.zeros_like(k0), torch.zeros_like(k0)] for x in ("dK", "dV")}  # ref, naive
+    for x, (q0, do0) in enumerate(heads):
+        s = (q0 @ k0.T) * tau
+        dmod = None
+        if cap:
+            s = cap * torch.tanh(s / cap)
+            dmod = 1.0 - (s / cap) ** 2
+        if keep is not None:
+            s = s.masked_fill(~keep, float("-inf"))
+        if sinks is not None:
+            s = torch.cat([s, sinks[x].float().expand(s.shape[0], 1)], dim=1)
+        p = torch.softmax(s, -1)
+        s = None
+        if sinks is not None:
+            p = p[:, :-1]
+        for which, pp in ((0, p), (1, bf(p))):
+            o0 = pp @ v0
+            if which:
+                o0 = bf(o0)
+            dp = do0 @ v0.T
+            ds = pp * (dp - (do0 * o0).sum(-1, keepdim=True))
+            dp = None
+            if dmod is not None:
+                ds = ds * dmod
+            if which:
+                ds = bf(ds)
+            dq0 = tau * ds @ k0
+            acc["dK"][which] += tau * ds.T @ q0
+            acc["dV"][which] += pp.T @ do0
+            ds = None
+            dq[which].append(bf(dq0) if which else dq0)
+        p = dmod = None
+    return ((dq[0], acc["dK"][0], acc["dV"][0]), (dq[1], bf(acc["dK"][1]), bf(acc["dV"][1])))
+
+
 class Peers:
     def __init__(self, repeats=20):
         self.repeats = repeats
@@ -232,24 +295,7 @@ class Peers:
             got.append((o[bb, :, hh] if bnhd else o[bb, hh])[idx].float())
             refs.append(ref)
             naives.append(naive)
-        return self._judge("O", got, refs, naives, "%d rows in %d (batch, head) pairs" % (len(rows), len(pairs)))
-
-    def _judge(self, name, got, refs, naives, what, per_row=True):
-        """judge_rows() on the checked rows; `per_row` False judges the tensor as one row (the
-        gradients, as common/compare.hpp's Magnitude::tensor: their rows' errors follow the
-        cancelling terms they sum, not the rows' own size)."""
-        torch = self.torch
-        g, r, nv = torch.cat(got), torch.cat(refs), torch.cat(naives)
-        if r.abs().max().item() > 0 and g.abs().max().item() == 0:
-            return 0.0, "%s is all zeros on the %s checked" % (name, what)
-        e, ne = (g - r).abs(), (nv - r).abs()
-        if per_row:
-            err, nerr, scale, width = e.amax(-1).tolist(), ne.amax(-1).tolist(), r.abs().amax(-1).tolist(), r.shape[-1]
-        else:
-            err, nerr, scale, width = [e.max().item()], [ne.max().item()], [r.abs().max().item()], r.numel()
-        margin, bad = judge_rows(name, err, nerr, scale, torch.linalg.vector_norm(g - r).item(),
-                                 torch.linalg.vector_norm(nv - r).item(), width)
-        return max(err) if err else 0.0, (bad + " (%s)" % what) if bad else None
+        return judge_tensors(self.torch, "O", got, refs, naives, "%d rows in %d (batch, head) pairs" % (len(rows), len(pairs)))
 
     def _check_backward(self, q, k, v, o, do, causal, bnhd):
         """dQ, dK, dV of the first and the last KV group (every query head of the group) against
@@ -262,46 +308,30 @@ class Peers:
         grp = h // hkv
         sl = (lambda t, bb, x: t[bb, :, x]) if bnhd else (lambda t, bb, x: t[bb, x])
         tau = q.shape[-1] ** -0.5
-        bf = lambda t: t.bfloat16().float()  # noqa: E731
         groups = sorted({(0, 0), (b - 1, hkv - 1)})
         got = {"dQ": [], "dK": [], "dV": []}
         refs = {"dQ": [], "dK": [], "dV": []}
         naives = {"dQ": [], "dK": [], "dV": []}
+        keep = None
+        if causal:
+            i = torch.arange(n, device=q.device)[:, None]
+            j = torch.arange(nk, device=q.device)[None, :]
+            keep = j <= i + (nk - n)
         for bb, kh in groups:
             k0, v0 = sl(k, bb, kh).detach().float(), sl(v, bb, kh).detach().float()
-            acc = {x: [torch.zeros_like(k0), torch.zeros_like(k0)] for x in ("dK", "dV")}  # ref, naive
-            for hh in range(kh * grp, (kh + 1) * grp):
-                q0, do0 = sl(q, bb, hh).detach().float(), sl(do, bb, hh).float()
-                s = (q0 @ k0.T) * tau
-                if causal:
-                    i = torch.arange(n, device=s.device)[:, None]
-                    j = torch.arange(nk, device=s.device)[None, :]
-                    s = s.masked_fill(j > i + (nk - n), float("-inf"))
-                p = torch.softmax(s, -1)
-                s = None
-                for which, pp in ((0, p), (1, bf(p))):
-                    o0 = pp @ v0
-                    if which:
-                        o0 = bf(o0)
-                    dp = do0 @ v0.T
-                    ds = pp * (dp - (do0 * o0).sum(-1, keepdim=True))
-                    dp = None
-                    if which:
-                        ds = bf(ds)
-                    dq0 = tau * ds @ k0
-                    acc["dK"][which] += tau * ds.T @ q0
-                    acc["dV"][which] += pp.T @ do0
-                    ds = None
-                    (refs if which == 0 else naives)["dQ"].append(bf(dq0) if which else dq0)
-                got["dQ"].append(sl(dq, bb, hh).float())
-                p = None
-            for x, t in (("dK", dk), ("dV", dv)):
-                refs[x].append(acc[x][0])
-                naives[x].append(bf(acc[x][1]))
+            hs = range(kh * grp, (kh + 1) * grp)
+            ref, naive = group_grads(torch, k0, v0, [(sl(q, bb, hh).detach().float(), sl(do, bb, hh).float())
+                                                     for hh in hs], tau, keep)
+            refs["dQ"] += ref[0]
+            naives["dQ"] += naive[0]
+            got["dQ"] += [sl(dq, bb, hh).float() for hh in hs]
+            for x, i_, t in (("dK", 1, dk), ("dV", 2, dv)):
+                refs[x].append(ref[i_])
+                naives[x].append(naive[i_])
                 got[x].append(sl(t, bb, kh).float())
         for name in ("dQ", "dK", "dV"):
-            _, bad = self._judge(name, got[name], refs[name], naives[name],
-                                 "KV groups %s, every row" % ", ".join("(%d, %d)" % g for g in groups), per_row=False)
+            _, bad = judge_tensors(torch, name, got[name], refs[name], naives[name],
+                                   "KV groups %s, every row" % ", ".join("(%d, %d)" % g for g in groups), per_row=False)
             if bad:
                 return bad
         return None
