@@ -14,8 +14,8 @@ namespace attn::ch05 {
 
 /// Everything the backward's kernels need besides the tensor maps of Q, K, V and dO.
 struct Fa3BwdParams {
-  const void* o = nullptr;     ///< [B][Hq][Nq][d] (or packed, below), the forward's output (preprocess)
-  const void* dout = nullptr;  ///< [B][Hq][Nq][d] (or packed) (preprocess)
+  const void* o = nullptr;     ///< [B][Hq][Nq][d], the forward's output (preprocess)
+  const void* dout = nullptr;  ///< [B][Hq][Nq][d] (preprocess)
   const float* lse = nullptr;  ///< [B][Hq][Nq], natural log, -inf for empty rows (preprocess)
   float* lse2 = nullptr;       ///< [B Hq][Tr block_rows]: LSE log2(e), +inf where P must be 0 (empty and padding rows)
   float* delta = nullptr;      ///< [B Hq][Tr block_rows]: D_i = rowsum(dO_i o O_i), 0 on padding rows
@@ -34,19 +34,6 @@ struct Fa3BwdParams {
   bool dq_fragment_order = false;  ///< the accumulator's tiles in fragment order (b3), else by rows
   bool dq_whole_tiles = false;     ///< whole tiles in fragment order (b7, b12), not halves
   bool dq_transposed = false;      ///< halves in the transposed product's fragment order (b13-b15)
-  /// Rows packed by token, [B][N][H][d] (chapter 06's document mask): Q, O, dO and dQ rows of
-  /// heads x d elements, K, V, dK and dV rows of kv_heads x d. This chapter's steps: false.
-  bool packed = false;
-
-  /// Element offset of row r of head bh = b H + h, in a tensor of `h_count` heads of d columns
-  /// (heads for Q, O, dO, dQ; kv_heads for K, V, dK, dV): [B][H][N][d], or packed [B][N][H][d].
-  __host__ __device__ __forceinline__ long long row_at(long long bh, long long r, int n, int h_count) const {
-    return packed ? ((bh / h_count) * n + r) * h_count * d + (bh % h_count) * d : (bh * n + r) * d;
-  }
-  /// Elements from one row of a head to its next.
-  __host__ __device__ __forceinline__ long long row_stride(int h_count) const {
-    return packed ? (long long)h_count * d : d;
-  }
 };
 
 struct BwdStepArgs {

@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(kPrepThreads) preprocess(const Fa3BwdParams p)
   const int r = live ? int(row % rows_pad) : p.nq;
   float acc = 0.f;
   if (r < p.nq) {
-    const long long at = p.row_at(bh, r, p.nq, p.heads) + 8 * c8;  // [B][H][N][d], or packed rows
+    const long long at = (bh * p.nq + r) * D + 8 * c8;
     const uint4 vo = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.o) + at);
     const uint4 vd = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.dout) + at);
     const T* o = reinterpret_cast<const T*>(&vo);
@@ -93,7 +93,7 @@ __global__ void preprocess_by_warp(const Fa3BwdParams p) {
   }
 }
 
-/// dQ = tau x accumulator, in the input dtype, laid out [B][Hq][Nq][d] (or packed rows): one thread block
+/// dQ = tau x accumulator, in the input dtype, laid out [B][Hq][Nq][d]: one thread block
 /// per query block of one head (Br x d floats, one contiguous run in every layout,
 /// backward_tiles.hpp). The run is read in order, a float4 per thread and load, and each
 /// float4 (four columns of one row in every layout: dq_tile_position()) is stored scaled
@@ -129,13 +129,12 @@ __global__ void __launch_bounds__(kPostThreads) postprocess(const Fa3BwdParams p
     }
   }
   __syncthreads();
-  T* dq = static_cast<T*>(p.dq) + p.row_at(bh, (long long)i * br, p.nq, p.heads);
-  const long long ld = p.row_stride(p.heads);  // d, or heads x d in packed rows
+  T* dq = static_cast<T*>(p.dq) + (bh * p.nq + (long long)i * br) * D;
   const int rows = min(br, p.nq - i * br);  // the padding rows past nq stay behind
   for (int v = threadIdx.x; v < rows * (D / 4); v += kPostThreads) {
     const int r = v / (D / 4), c = 4 * (v % (D / 4));
     const float4 x = *reinterpret_cast<const float4*>(&tile[r * kLd + c]);
-    *reinterpret_cast<uint2*>(dq + r * ld + c) = make_uint2(pack2<T>(x.x, x.y), pack2<T>(x.z, x.w));
+    *reinterpret_cast<uint2*>(dq + r * D + c) = make_uint2(pack2<T>(x.x, x.y), pack2<T>(x.z, x.w));
   }
 }
 

@@ -76,8 +76,7 @@ def _declare(lib):
     lib.attn_lineage_masked_forward.restype = c_int
     lib.attn_lineage_masked_backward.argtypes = ([c_int, c_void_p, c_int] + [c_void_p] * 11 + [c_size_t] +
                                                  [c_int] * 6 + [c_float, c_int, c_int, c_int, c_float, c_void_p,
-                                                                ctypes.POINTER(c_int), c_int, c_int, c_char_p,
-                                                                c_size_t])
+                                                                c_int, c_char_p, c_size_t])
     lib.attn_lineage_masked_backward.restype = c_int
     lib.attn_lineage_mla_decode_workspace.argtypes = [c_int] * 5 + [ctypes.POINTER(c_size_t), c_char_p, c_size_t]
     lib.attn_lineage_mla_decode_workspace.restype = c_int
@@ -229,19 +228,15 @@ def masked_forward(device, stream, dtype, q, k, v, o, lse, batch, heads, kv_head
 
 def masked_backward(device, stream, dtype, q, k, v, o, dout, lse, dq, dk, dv, dsink, workspace, workspace_bytes,
                     batch, heads, kv_heads, nq, nk, d, scale, causal, window_left, window_right, softcap, sinks,
-                    deterministic, cu_seqlens=None):
+                    deterministic):
     """Chapter 06's sm90a masked backward. sinks, dsink: device pointers or None; the workspace is
-    fa3_backward_workspace()'s; cu_seqlens: a list of ints (host) or None, as masked_forward's."""
+    fa3_backward_workspace()'s."""
     lib = load()
     err = _buffer()
-    if cu_seqlens is None:
-        cu, docs = None, 0
-    else:
-        cu, docs = (ctypes.c_int * len(cu_seqlens))(*cu_seqlens), len(cu_seqlens) - 1
     code = lib.attn_lineage_masked_backward(device, stream, dtype, q, k, v, o, dout, lse, dq, dk, dv, dsink, workspace,
                                             workspace_bytes, batch, heads, kv_heads, nq, nk, d, float(scale),
                                             int(causal), int(window_left), int(window_right), float(softcap), sinks,
-                                            cu, docs, int(deterministic), err, _ERR_LEN)
+                                            int(deterministic), err, _ERR_LEN)
     check(code, err, "attn_lineage masked backward")
 
 

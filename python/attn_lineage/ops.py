@@ -11,7 +11,6 @@ torch.compile traces them as single nodes without graph breaks:
     attn_lineage::masked_bwd(dout, q, k, v, o, lse, sinks, causal, softmax_scale, window_left,
                              window_right, softcap) -> (dq, dk, dv, dsink)
     attn_lineage::varlen_fwd(q, k, v, cu_seqlens, causal, softmax_scale) -> (o, lse)
-    attn_lineage::varlen_bwd(dout, q, k, v, o, lse, cu_seqlens, causal, softmax_scale) -> (dq, dk, dv)
     attn_lineage::mla_decode(q, kv, softmax_scale) -> o_c
 
 Both take the kernels' layout, [B][H][N][d] contiguous. flash_attn_func takes FlashAttention's
@@ -306,52 +305,6 @@ def _varlen_fwd_fake(q, k, v, cu_seqlens, causal, softmax_scale):
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty((hq, total), dtype=torch.float32)
 
 
-@torch.library.custom_op("attn_lineage::varlen_bwd", mutates_args=(), device_types="cuda")
-def _varlen_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-                lse: torch.Tensor, cu_seqlens: torch.Tensor, causal: bool,
-                softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Chapter 06's sm90a masked backward, document mask, on packed [total, H, d]: (dQ, dK, dV),
-    packed as q, k, v. cu_seqlens is read to the host, as the forward's."""
-    dout, q, k, v, o = (_aligned(t) for t in (dout, q, k, v, o))
-    lse = lse.contiguous()
-    total, hq, d = q.shape
-    hkv = k.shape[1]
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    cu = [int(x) for x in cu_seqlens.tolist()]
-    nbytes = _lib.fa3_backward_workspace(1, hq, total, d)  # chapter 05's scratch layout
-    workspace = torch.empty(nbytes, dtype=torch.uint8, device=q.device)
-    with torch.cuda.device(q.device):
-        _lib.masked_backward(q.device.index, _stream(q), _DTYPES[q.dtype], q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                             o.data_ptr(), dout.data_ptr(), lse.data_ptr(), dq.data_ptr(), dk.data_ptr(),
-                             dv.data_ptr(), None, workspace.data_ptr(), nbytes, 1, hq, hkv, total, total, d,
-                             softmax_scale, causal, -1, -1, 0.0, None, False, cu_seqlens=cu)
-    return dq, dk, dv
-
-
-@_varlen_bwd.register_fake
-def _varlen_bwd_fake(dout, q, k, v, o, lse, cu_seqlens, causal, softmax_scale):
-    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
-
-
-class _VarlenAttn(torch.autograd.Function):
-    """Chapter 06's document mask on packed [total, H, d]: the final masked forward and the
-    sm90a masked backward, both in packed rows."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens, causal, softmax_scale):
-        o, lse = torch.ops.attn_lineage.varlen_fwd(q, k, v, cu_seqlens, causal, softmax_scale)
-        ctx.save_for_backward(q, k, v, o, lse, cu_seqlens)
-        ctx.args = (causal, softmax_scale)
-        ctx.mark_non_differentiable(lse)
-        return o, lse
-
-    @staticmethod
-    def backward(ctx, dout, _dlse):
-        q, k, v, o, lse, cu_seqlens = ctx.saved_tensors
-        dq, dk, dv = torch.ops.attn_lineage.varlen_bwd(dout, q, k, v, o, lse, cu_seqlens, *ctx.args)
-        return dq, dk, dv, None, None, None
-
-
 def _check_window(window_size):
     if not (isinstance(window_size, (tuple, list)) and len(window_size) == 2
             and all(isinstance(w, int) and not isinstance(w, bool) for w in window_size)):
@@ -475,8 +428,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     [total, Hkv, d], the documents back to back, cu_seqlens [docs + 1] int32 (0, l0, l0 + l1, ...).
 
     Runs chapter 06's final masked forward with its document mask, one packed batch: a token
-    sees the tokens of its own document (causal: not later ones); where q, k or v requires grad,
-    the backward is chapter 06's sm90a masked backward in the same packed rows (d = 64, 128). The kernel
+    sees the tokens of its own document (causal: not later ones), forward only. The kernel
     takes one document boundary list for queries and keys: cu_seqlens_q must equal
     cu_seqlens_k. bf16 or fp16, d = 64, 128 or 256, GQA. window_size, softcap and
     learnable_sink: defaults only (no document kernel takes them). max_seqlen_q and
@@ -503,8 +455,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         raise ValueError(f"k: {k.shape[0]} tokens, q has {q.shape[0]}: the document kernel needs one packing of "
                          f"queries and keys (cu_seqlens_q = cu_seqlens_k)")
     # check_qkv's checks on a batch of one
-    need_backward = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    check_qkv(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), need_backward=need_backward)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise ValueError("q, k, v: chapter 06's document mask has no backward here; run it without gradients "
+                         "(torch.no_grad(), or inputs that do not require grad)")
+    check_qkv(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), need_backward=False)
     total = q.shape[0]
     for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if not isinstance(m, int) or isinstance(m, bool) or m < 1:
@@ -522,10 +476,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     scale = check_scale(softmax_scale, q.shape[-1])
     if not torch.compiler.is_compiling():
         check_device(q)
-    if need_backward:
-        o, lse = _VarlenAttn.apply(q, k, v, cu_seqlens_q, causal, scale)
-    else:
-        o, lse = torch.ops.attn_lineage.varlen_fwd(q, k, v, cu_seqlens_q, causal, scale)
+    o, lse = torch.ops.attn_lineage.varlen_fwd(q, k, v, cu_seqlens_q, causal, scale)
     return (o, lse) if return_lse else o
 
 

@@ -749,14 +749,14 @@ int attn_lineage_masked_backward(int device, void* stream, int dtype, const void
                                  const void* o, const void* dout, const float* lse, void* dq, void* dk, void* dv,
                                  float* dsink, void* workspace, size_t workspace_bytes, int batch, int heads,
                                  int kv_heads, int nq, int nk, int d, float scale, int causal, int window_left,
-                                 int window_right, float softcap, const float* sinks, const int* cu_seqlens, int docs,
-                                 int deterministic, char* err, size_t err_len) {
+                                 int window_right, float softcap, const float* sinks, int deterministic, char* err,
+                                 size_t err_len) {
   namespace ch06 = attn::ch06;
   MaskedCall c;
   // Every argument before the device, as the forward's.
   const int checked = guarded(err, err_len, [&] {
     c = masked_call(dtype, batch, heads, kv_heads, nq, nk, d, scale, causal, window_left, window_right, softcap,
-                    sinks, cu_seqlens, docs);
+                    sinks, nullptr, 0);
     require(d == 64 || d == 128, "head dim " + std::to_string(d) + ": the masked backward has kernels for 64, 128");
     check_tensors({{q, "q"}, {k, "k"}, {v, "v"}, {o, "o"}, {dout, "dout"}, {dq, "dq"}, {dk, "dk"}, {dv, "dv"},
                    {workspace, "workspace"}});
@@ -772,20 +772,17 @@ int attn_lineage_masked_backward(int device, void* stream, int dtype, const void
     const Problem& p = c.problem;
     const ch06::MaskSpec& s = c.spec;
     const cudaStream_t st = static_cast<cudaStream_t>(stream);
-    // masks/mask_gpu.cu's hopper_backward_gpu(): the map of the kernel's steps, and its walks
-    // (packed documents too: the grid map of the document policy).
+    // masks/mask_gpu.cu's hopper_backward_gpu(): the map of the kernel's steps, and its walks.
     const ch06::BlockMap map = ch06::build_block_map(s, p, ch06::hopper_bwd::step_rows(d), ch06::hopper_bwd::kBc);
     const ch06::BackwardWalks w = ch06::backward_walks(map);
-    const std::vector<int> doc = c.packed ? ch06::doc_of_tokens(s.doc_lens) : std::vector<int>{};
-    DeviceInts dw({&w.list, &w.count, &w.rank, &doc}, st);
+    DeviceInts dw({&w.list, &w.count, &w.rank}, st);
     ch06::HopperBwdArgs a;
     a.problem = p;
     a.params = bwd_params(p, o, dout, lse, dq, dk, dv, workspace, deterministic);
-    a.params.packed = c.packed;  // [total][heads][d]
     a.walks = {dw.at(0), dw.at(1), dw.at(2), w.tq, w.tk, map.map_batch};
     a.q = q, a.k = k, a.v = v, a.dout = dout;
     a.dsink = dsink;
-    const ch06::PolicyData pd{c.packed ? dw.at(3) : nullptr, sinks};
+    const ch06::PolicyData pd{nullptr, sinks};
     const std::function<void()> run = ch06::hopper_bwd::prepare(a, s, pd, st);
     require(bool(run), "no masked backward for this problem");
     run();

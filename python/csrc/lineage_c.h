@@ -120,17 +120,16 @@ int attn_lineage_masked_forward(int device, void* stream, int dtype, const void*
 
 /* Chapter 06's sm90a masked backward (masks/hopper_backward.cu, with chapter 05's preprocess and
  * postprocess): dQ, dK, dV as attn_lineage_fa3_backward's, for the masks of
- * attn_lineage_masked_forward, packed documents included (cu_seqlens and docs as there: dQ, dK,
- * dV then packed [total][heads][d] too), d in {64, 128}, from the masked forward's O and LSE.
- * With sinks, dsink (a device array [heads] fp32, or NULL for none) receives dLoss/dsink_h.
- * workspace: attn_lineage_fa3_backward_workspace() bytes, 256-byte aligned. deterministic = 1:
- * dQ's adds in the order of the key blocks (the same bits on every run). */
+ * attn_lineage_masked_forward but packed documents, d in {64, 128}, from the masked forward's O
+ * and LSE. With sinks, dsink (a device array [heads] fp32, or NULL for none) receives
+ * dLoss/dsink_h. workspace: attn_lineage_fa3_backward_workspace() bytes, 256-byte aligned.
+ * deterministic = 1: dQ's adds in the order of the key blocks (the same bits on every run). */
 int attn_lineage_masked_backward(int device, void* stream, int dtype, const void* q, const void* k, const void* v,
                                  const void* o, const void* dout, const float* lse, void* dq, void* dk, void* dv,
                                  float* dsink, void* workspace, size_t workspace_bytes, int batch, int heads,
                                  int kv_heads, int nq, int nk, int d, float scale, int causal, int window_left,
-                                 int window_right, float softcap, const float* sinks, const int* cu_seqlens, int docs,
-                                 int deterministic, char* err, size_t err_len);
+                                 int window_right, float softcap, const float* sinks, int deterministic, char* err,
+                                 size_t err_len);
 
 /* Chapter 06's final absorbed MLA decode (gqa_mla/mla_final.cu), forward only, bf16: each
  * query head attends to one shared latent cache. q [B][heads][nq][576] (the absorbed query

@@ -276,8 +276,6 @@ struct MaskedBwd {
   int causal = 0, left = 16, right = 0, deterministic = 0;
   const float* sinks = nullptr;
   float* dsink = nullptr;
-  const int* cu_seqlens = nullptr;
-  int docs = 0;
   const void* q = reinterpret_cast<const void*>(uintptr_t(0x10000));
   size_t ws_bytes = 0;  // 0: the size attn_lineage_fa3_backward_workspace() gives
   char err[256];
@@ -293,7 +291,7 @@ struct MaskedBwd {
       return -1;
     return attn_lineage_masked_backward(0, nullptr, dtype, q, q, q, q, q, lse, out, out, out, dsink, ws,
                                         ws_bytes ? ws_bytes : need, batch, heads, kv_heads, nq, nk, d, scale, causal,
-                                        left, right, softcap, sinks, cu_seqlens, docs, deterministic, err, sizeof err);
+                                        left, right, softcap, sinks, deterministic, err, sizeof err);
   }
   bool refused(const char* why) {
     const int code = run();
@@ -327,19 +325,6 @@ TEST_CASE("lineage C ABI: the masked backward refuses bad arguments before the d
     MaskedBwd m;
     m.softcap = 30.f, m.right = 4;
     CHECK(m.refused("causal sliding window"));
-  }
-  {  // packed documents: the forward's checks of cu_seqlens
-    const int cu[3] = {0, 40, 100}, cu_bad[3] = {0, 60, 60};
-    MaskedBwd m;
-    m.left = -1, m.right = -1, m.cu_seqlens = cu, m.docs = 2;
-    m.batch = 2;
-    CHECK(m.refused("batch must be 1"));
-    m.batch = 1, m.left = 16;
-    CHECK(m.refused("packed documents take no window"));
-    m.left = -1, m.cu_seqlens = cu_bad;
-    CHECK(m.refused("must increase strictly"));
-    m.cu_seqlens = cu, m.docs = 0;
-    CHECK(m.refused("docs must be >= 1"));
   }
   {
     MaskedBwd m;

@@ -1,6 +1,6 @@
 """Chapter 06's masked forward and the document mask through the Python layer, without a GPU:
 which kernel each window, softcap and sink picks, the argument checks (ValueError naming the
-argument), the fakes of attn_lineage::masked_fwd, ::varlen_fwd and ::varlen_bwd, torch.compile without graph
+argument), the fakes of attn_lineage::masked_fwd and ::varlen_fwd, torch.compile without graph
 breaks, and the reference's masks (window, documents, softcap, sink) against plain formulas."""
 
 import math
@@ -133,10 +133,6 @@ def test_varlen_fake_shapes_and_compile():
     cm = cu.to("meta")
     code = _traced_ops(lambda q, k, v, c: flash_attn_varlen_func(q, k, v, c, c, 200, 200) * 2, q, k, v, cm)
     assert "attn_lineage.varlen_fwd" in code, code
-    # with gradients: the backward's fake gives packed dQ, dK, dV
-    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    flash_attn_varlen_func(*leaves, cu, cu, 200, 200, causal=True).sum().backward()
-    assert all(t.grad is not None and t.grad.shape == t.shape and t.grad.dtype == BF16 for t in leaves)
     torch._dynamo.reset()
     f = torch.compile(lambda q, k, v, c: flash_attn_varlen_func(q, k, v, c, c, 200, 200, return_lse=True),
                       fullgraph=True, backend="aot_eager")
@@ -188,8 +184,8 @@ def test_varlen_argument_checks():
         f(*_packed(d=32), cu, cu, 200, 200)
     with raises(ValueError, r"^k: 3 KV heads"):
         f(*_packed(hkv=3), cu, cu, 200, 200)
-    with raises(ValueError, r"^q: head dim 256 has a forward kernel but no backward kernel"):
-        f(*(t.requires_grad_() for t in _packed(d=256)), cu, cu, 200, 200)
+    with raises(ValueError, r"^q, k, v: .*no backward"):
+        f(q.clone().requires_grad_(), k, v, cu, cu, 200, 200)
     with raises(ValueError, r"^q: the kernels run on a CUDA device"):
         f(*_packed("cpu"), cu, cu, 200, 200)
 

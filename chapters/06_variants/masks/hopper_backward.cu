@@ -32,20 +32,12 @@
 //      here every instance takes FA4's.
 //
 // The preprocess and postprocess are chapter 05's (backward_prepost.cuh), included by path, as
-// are its walk tiles (backward_tiles.hpp) and shared header (fa3_common.cuh).
-//
-//   7. Packed rows. A document mask's tokens are packed, [B][N][H][d] (Fa3BwdParams::packed):
-//      the tensor maps see rows of H d elements with the head as a column offset, as the
-//      masked forward's do, and the dK, dV stores and chapter 05's preprocess and postprocess
-//      take the row stride H d (Fa3BwdParams::row_at). The kernel knows it at compile time
-//      (kPackedRows): a run-time stride in the dK, dV stores cost softcap at d = 128 the
-//      registers that keep its wgmma from being serialised.
+// are its walk tiles (backward_tiles.hpp) and shared header (fa3_common.cuh). The standard
+// layout only ([B][H][N][d]): a document mask's packed rows run on the sm_80 backward
+// (backward_mask.cu), the portable path.
 //
 // Its fp16 instantiations compile apart, in masks/hopper_backward_fp16.cu (CH06_BWD_FP16), as
 // the final forward's do.
-#include <string>
-#include <type_traits>
-
 #include "common/cuda/check.cuh"
 #include "common/errors.hpp"
 #include "common/cuda/fast_math.cuh"
@@ -141,10 +133,6 @@ struct BwdPlan {
   static_assert(kSlack == 1024 || kSlack == 1024 - kAlign, "slack for any alignment, or for the declared one");
   static_assert(kBytes <= 232448, "more shared memory than a block may have");
 };
-
-/// The document mask runs in packed rows (mask_spec.cpp: layout_for), every other policy in [B][H][N][d].
-template <class Policy>
-constexpr bool kPackedRows = std::is_same_v<Policy, Document>;
 
 /// The walk of one thread block, as every role computes it for itself after the split: the
 /// query steps of its key block's list (the block map's, merged by the host: MaskWalks), for
@@ -257,7 +245,7 @@ __device__ __forceinline__ void dq_writer(const Fa3BwdParams& p, const MaskWalks
 // Lane 0 of warp 0 issues every copy: K_j, V_j once; step s's Q_i, dO_i, LSE_i, D_i into stage
 // s % 2 once the consumers have released it (the whole warp waits on the named barrier).
 // One thread of warp 1 is the dQ writer.
-template <class T, int D, class Policy>
+template <class T, int D>
 __device__ __forceinline__ void producer(const CUtensorMap& tm_q, const CUtensorMap& tm_k, const CUtensorMap& tm_v,
                                          const CUtensorMap& tm_do, const Fa3BwdParams& p, const MaskWalks& mw,
                                          unsigned char* smem) {
@@ -270,14 +258,11 @@ __device__ __forceinline__ void producer(const CUtensorMap& tm_q, const CUtensor
   uint64_t* full = bar_kv + 1;
   const Walk<Plan> w(p, mw);
   if (w.n_steps == 0) return;
-  // Tensor-map coordinates: [B H][N][d] with the head outermost, or packed rows [B][N][H d]
-  // with the head a column offset.
   if (leader) {
-    const int kcol = kPackedRows<Policy> ? w.hk * D : 0, kouter = kPackedRows<Policy> ? w.b : w.bk;
     mbarrier_arrive_expect_tx(bar_kv, 2 * Plan::kKVBytes);
     for (int x = 0; x < Plan::kBoxes; ++x) {
-      tma_load_3d(smem + Plan::kK + x * Bc * Plan::kRowBytes, &tm_k, bar_kv, kcol + x * Plan::kBoxCols, w.col0, kouter);
-      tma_load_3d(smem + Plan::kV + x * Bc * Plan::kRowBytes, &tm_v, bar_kv, kcol + x * Plan::kBoxCols, w.col0, kouter);
+      tma_load_3d(smem + Plan::kK + x * Bc * Plan::kRowBytes, &tm_k, bar_kv, x * Plan::kBoxCols, w.col0, w.bk);
+      tma_load_3d(smem + Plan::kV + x * Bc * Plan::kRowBytes, &tm_v, bar_kv, x * Plan::kBoxCols, w.col0, w.bk);
     }
   }
   RingState<kStages> ring;
@@ -287,12 +272,11 @@ __device__ __forceinline__ void producer(const CUtensorMap& tm_q, const CUtensor
     if (s >= kStages) named_barrier_sync(5 + st, 288);  // the consumers are done with step s - 2
     if (!leader) continue;
     mbarrier_arrive_expect_tx(&full[st], Plan::kStepBytes);
-    const int qcol = kPackedRows<Policy> ? (bh - w.b * p.heads) * D : 0, qouter = kPackedRows<Policy> ? w.b : bh;
     for (int x = 0; x < Plan::kBoxes; ++x) {
       tma_load_3d(smem + Plan::kQ + st * Plan::kQBytes + x * Br * Plan::kRowBytes, &tm_q, &full[st],
-                  qcol + x * Plan::kBoxCols, i * Br, qouter);
+                  x * Plan::kBoxCols, i * Br, bh);
       tma_load_3d(smem + Plan::kdO + st * Plan::kQBytes + x * Br * Plan::kRowBytes, &tm_do, &full[st],
-                  qcol + x * Plan::kBoxCols, i * Br, qouter);
+                  x * Plan::kBoxCols, i * Br, bh);
     }
     const size_t row = size_t(bh) * p.n_qblocks * kBlk + size_t(i) * Br;
     bulk_load(smem + Plan::kL + st * Br * 4, p.lse2 + row, Br * 4, &full[st]);
@@ -543,22 +527,18 @@ __device__ __forceinline__ void consumer(const Fa3BwdParams& p, const MaskWalks&
     dq_handover(n_steps - 1, dq);
   }
 
-  // dK_j = tau sum dS^T Q and dV_j = sum P^T dO over every query head of the group; rows ld
-  // elements apart (d, or kv_heads d in packed rows).
-  constexpr bool kPacked = kPackedRows<Policy>;
-  const size_t at = kPacked ? (size_t(w.b) * p.nk * p.kv_heads + w.hk) * D : size_t(w.bk) * p.nk * D;
-  const size_t ld = kPacked ? size_t(p.kv_heads) * D : D;  // Fa3BwdParams::row_at, row_stride
-  T* dK = static_cast<T*>(p.dk) + at;
-  T* dV = static_cast<T*>(p.dv) + at;
+  // dK_j = tau sum dS^T Q and dV_j = sum P^T dO over every query head of the group.
+  T* dK = static_cast<T*>(p.dk) + size_t(w.bk) * p.nk * D;
+  T* dV = static_cast<T*>(p.dv) + size_t(w.bk) * p.nk * D;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int key = col0 + key_local + 8 * h;
     if (key >= p.nk) continue;
 #pragma unroll
     for (int c = 0; c < D / 8; ++c) {
-      *reinterpret_cast<uint32_t*>(dK + size_t(key) * ld + 8 * c + 2 * t) =
+      *reinterpret_cast<uint32_t*>(dK + size_t(key) * D + 8 * c + 2 * t) =
           pack2<T>(p.scale * dk[4 * c + 2 * h], p.scale * dk[4 * c + 2 * h + 1]);
-      *reinterpret_cast<uint32_t*>(dV + size_t(key) * ld + 8 * c + 2 * t) = pack2<T>(dv[4 * c + 2 * h], dv[4 * c + 2 * h + 1]);
+      *reinterpret_cast<uint32_t*>(dV + size_t(key) * D + 8 * c + 2 * t) = pack2<T>(dv[4 * c + 2 * h], dv[4 * c + 2 * h + 1]);
     }
   }
 }
@@ -586,7 +566,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The role split: every value below is computed inside its role.
   if (threadIdx.x < 128) {
     setmaxnreg_dec<24>();
-    producer<T, D, Policy>(tm_q, tm_k, tm_v, tm_do, p, mw, fresh_smem(smem_raw));
+    producer<T, D>(tm_q, tm_k, tm_v, tm_do, p, mw, fresh_smem(smem_raw));
   } else {
     setmaxnreg_inc<240>();
     consumer<T, D, Policy>(p, mw, pol, fresh_smem(smem_raw));
@@ -634,18 +614,12 @@ std::function<void()> prepare_policy(const HopperBwdArgs& a, const Policy& pol, 
     throw UsageError("sm90a masked backward: at d = " + std::to_string(D) + " the host must set block_rows = " +
                      std::to_string(Plan::kBlk) + ", n_qblocks = " + std::to_string(steps * Plan::kBlocksPerStep) +
                      " and a walk of " + std::to_string(Br) + " x " + std::to_string(Bc) + " tiles");
-  if (hp.packed != kPackedRows<Policy>)
-    throw UsageError(std::string("sm90a masked backward: ") +
-                     (kPackedRows<Policy> ? "the document mask reads packed rows" : "packed rows are the document mask's"));
   const CUtensorMapDataType ty = tma_type<T>();
-  const uint64_t bhk = uint64_t(pr.batch) * pr.kv_heads;
-  // [B H][N][d], or packed rows [B][N][H d] (the masked forward's maps, hopper_mask.cu).
-  auto map = [&](const void* base, int n, int heads, int box_rows) {
-    return hp.packed ? make_tensor_map_3d(base, ty, 2, uint64_t(heads) * D, n, pr.batch, Plan::kBoxCols, box_rows)
-                     : make_tensor_map_3d(base, ty, 2, D, n, uint64_t(pr.batch) * heads, Plan::kBoxCols, box_rows);
-  };
-  const CUtensorMap tq = map(a.q, pr.nq, pr.heads, Br), tdo = map(a.dout, pr.nq, pr.heads, Br);
-  const CUtensorMap tk = map(a.k, pr.nk, pr.kv_heads, Bc), tv = map(a.v, pr.nk, pr.kv_heads, Bc);
+  const uint64_t bhq = uint64_t(pr.batch) * pr.heads, bhk = uint64_t(pr.batch) * pr.kv_heads;
+  const CUtensorMap tq = make_tensor_map_3d(a.q, ty, 2, D, pr.nq, bhq, Plan::kBoxCols, Br);
+  const CUtensorMap tdo = make_tensor_map_3d(a.dout, ty, 2, D, pr.nq, bhq, Plan::kBoxCols, Br);
+  const CUtensorMap tk = make_tensor_map_3d(a.k, ty, 2, D, pr.nk, bhk, Plan::kBoxCols, Bc);
+  const CUtensorMap tv = make_tensor_map_3d(a.v, ty, 2, D, pr.nk, bhk, Plan::kBoxCols, Bc);
   static const bool configured = [] {
     CUDA_CHECK(cudaFuncSetAttribute(kernel<T, D, Policy>, cudaFuncAttributeMaxDynamicSharedMemorySize, Plan::kBytes));
     return true;
@@ -673,12 +647,18 @@ std::function<void()> prepare_policy(const HopperBwdArgs& a, const Policy& pol, 
   };
 }
 
-/// Every policy at d = 64 and 128, in element type T.
+/// Every policy but the document mask (packed rows: the sm_80 backward) at d = 64 and 128, in
+/// element type T.
 template <class T>
 std::function<void()> prepare_element(const HopperBwdArgs& a, const MaskSpec& spec, const PolicyData& d,
                                       cudaStream_t st) {
   return visit_policy(spec, a.problem, d, [&](const auto& pol) -> std::function<void()> {
-    return a.problem.d == 64 ? prepare_policy<T, 64>(a, pol, st) : prepare_policy<T, 128>(a, pol, st);
+    using Policy = std::decay_t<decltype(pol)>;
+    if constexpr (std::is_same_v<Policy, Document>) {
+      return {};
+    } else {
+      return a.problem.d == 64 ? prepare_policy<T, 64>(a, pol, st) : prepare_policy<T, 128>(a, pol, st);
+    }
   });
 }
 

@@ -50,6 +50,8 @@ std::string mask_backward_unsupported(const Problem& p, const MaskSpec& s, BwdKe
     return "not built for d = " + std::to_string(p.d) + " (the sm90a backward: d = 64 and 128)";
   if (p.dtype != DType::bf16 && p.dtype != DType::f16)
     return std::string("not built for ") + dtype_name(p.dtype) + " (the sm90a backward: bf16 and fp16)";
+  if (s.kind == MaskKind::document)
+    return "the document mask's packed rows: the sm80 backward (the sm90a backward reads the standard layout)";
   if (!hopper_bwd::available()) return "sm90a kernels not built";
   if (dev.cc_major != 9) return "needs an sm_90 GPU (Hopper)";
   return "";
@@ -202,6 +204,7 @@ GpuMaskBackward run_backward(const Run& run, const DeviceTensor& dq, const Devic
 GpuMaskBackward hopper_backward_gpu(const Problem& p, const MaskSpec& s, const TokenLayout& layout, const AttnInputs& in,
                                     const std::vector<float>& o_host, const std::vector<float>& lse_host, bool time,
                                     bool deterministic) {
+  if (layout.packed) throw UsageError("the sm90a masked backward reads the standard layout, not packed rows");
   const BlockMap map = build_block_map(s, p, hopper_bwd::step_rows(p.d), hopper_bwd::kBc);
   const BackwardWalks hw = backward_walks(map);
   const DeviceBuffer<int> wl = upload(hw.list), wc = upload(hw.count), wr = upload(hw.rank);
@@ -217,7 +220,6 @@ GpuMaskBackward hopper_backward_gpu(const Problem& p, const MaskSpec& s, const T
   ch05::set_bwd_problem(b, p);
   ch05::set_bwd_layout(b, ch05::layout_step(ch05::BwdStep::final_bwd, p.d), p.nq);  // chapter 05's final backward's
   b.deterministic = deterministic;
-  b.packed = layout.packed;  // a document mask's rows: [tokens][heads][d]
   const std::size_t rows_pad = std::size_t(p.batch) * p.heads * b.n_qblocks * b.block_rows;
   DeviceBuffer<float> lse2(rows_pad), delta(rows_pad), dq_acc(rows_pad * p.d);
   DeviceBuffer<int> order(std::size_t(p.batch) * p.heads * b.n_qblocks * 2);

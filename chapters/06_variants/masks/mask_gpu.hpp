@@ -82,7 +82,8 @@ GpuMaskForward mask_forward_gpu(const Problem& p, const MaskSpec& s, const Token
                                 GpuPath path, bool time, const GpuForwardOptions& opt = {});
 /// The two masked backwards. sm80: backward_mask.cu, chapter 04's backward with the policy (sm_80
 /// and newer; d = 128, bf16; either layout), the portable path. sm90a: hopper_backward.cu, chapter
-/// 05's final backward with the policy (Hopper; d = 64 and 128, bf16 and fp16; either layout).
+/// 05's final backward with the policy (Hopper; d = 64 and 128, bf16 and fp16; the standard
+/// layout, so not the document mask's packed rows).
 enum class BwdKernel { sm80, sm90a };
 const char* bwd_kernel_name(BwdKernel k);  ///< "sm80 backward", "sm90a backward"
 /// Empty when `k` runs this problem and mask on `dev`; otherwise why not.
